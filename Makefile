@@ -1,0 +1,49 @@
+# Set-up on a fresh machine is one command each: `make demo`, `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TRACES ?= $(or $(SPECKV_TRACES),../shared/traces)
+PROTOS := $(wildcard protos/speckv/v1/*.proto)
+
+.PHONY: venv protos check-protos test demo up kernels clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+
+# Reinstall when the dependency list changes.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Stubs are generated next to the protos so they import as speckv.v1.*_pb2.
+protos: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I protos --python_out=protos --grpc_python_out=protos --pyi_out=protos $(PROTOS)
+
+# Fails when the committed stubs differ from what the protos generate.
+check-protos: $(STAMP)
+	@tmp=$$(mktemp -d) && \
+	$(PY) -m grpc_tools.protoc -I protos --python_out=$$tmp --grpc_python_out=$$tmp --pyi_out=$$tmp $(PROTOS) && \
+	for f in $$tmp/speckv/v1/*.py*; do \
+	  diff -q $$f protos/speckv/v1/$$(basename $$f) >/dev/null || { echo "stale generated stub: protos/speckv/v1/$$(basename $$f) (run make protos)"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "generated stubs are current"
+
+kernels:
+	@if command -v nvcc >/dev/null; then \
+	  for f in $$(find kernels -name '*.cu'); do nvcc --ptx -arch=sm_90 -o /dev/null $$f || exit 1; echo "nvcc ok: $$f"; done; \
+	else echo "nvcc not found: kernel sources not compiled"; fi
+
+test: $(STAMP) check-protos
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/speckv demo --traces $(TRACES)
+
+up: $(STAMP)
+	$(VENV)/bin/speckv up --nodes 3
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,118 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Arrival(_message.Message):
+    __slots__ = ("time_s", "family", "node_id", "prompt_tokens", "cached_tokens")
+    TIME_S_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    time_s: float
+    family: str
+    node_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    def __init__(self, time_s: _Optional[float] = ..., family: _Optional[str] = ..., node_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class ObserveSummary(_message.Message):
+    __slots__ = ("accepted", "rejected", "first_error")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    rejected: int
+    first_error: str
+    def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., first_error: _Optional[str] = ...) -> None: ...
+
+class ForecastRequest(_message.Message):
+    __slots__ = ("families", "horizons_s", "now_s", "max_families")
+    FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    HORIZONS_S_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    families: _containers.RepeatedScalarFieldContainer[str]
+    horizons_s: _containers.RepeatedScalarFieldContainer[float]
+    now_s: float
+    max_families: int
+    def __init__(self, families: _Optional[_Iterable[str]] = ..., horizons_s: _Optional[_Iterable[float]] = ..., now_s: _Optional[float] = ..., max_families: _Optional[int] = ...) -> None: ...
+
+class HorizonForecast(_message.Message):
+    __slots__ = ("horizon_s", "expected_count", "upper_quantile", "burst_probability")
+    HORIZON_S_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    UPPER_QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    BURST_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    horizon_s: float
+    expected_count: float
+    upper_quantile: float
+    burst_probability: float
+    def __init__(self, horizon_s: _Optional[float] = ..., expected_count: _Optional[float] = ..., upper_quantile: _Optional[float] = ..., burst_probability: _Optional[float] = ...) -> None: ...
+
+class FamilyForecast(_message.Message):
+    __slots__ = ("family", "horizons", "known")
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    HORIZONS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    family: str
+    horizons: _containers.RepeatedCompositeFieldContainer[HorizonForecast]
+    known: bool
+    def __init__(self, family: _Optional[str] = ..., horizons: _Optional[_Iterable[_Union[HorizonForecast, _Mapping]]] = ..., known: _Optional[bool] = ...) -> None: ...
+
+class ForecastResponse(_message.Message):
+    __slots__ = ("forecasts", "model_version", "now_s")
+    FORECASTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    forecasts: _containers.RepeatedCompositeFieldContainer[FamilyForecast]
+    model_version: str
+    now_s: float
+    def __init__(self, forecasts: _Optional[_Iterable[_Union[FamilyForecast, _Mapping]]] = ..., model_version: _Optional[str] = ..., now_s: _Optional[float] = ...) -> None: ...
+
+class ModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HORIZONS_S_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LOADED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    FAMILIES_TRACKED_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BURST_DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    horizons_s: _containers.RepeatedScalarFieldContainer[float]
+    quantile: float
+    features: _containers.RepeatedScalarFieldContainer[str]
+    metrics: _containers.ScalarMap[str, float]
+    source: str
+    loaded_at_s: float
+    families_tracked: int
+    observations_total: int
+    burst_definition: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ...) -> None: ...
+
+class ReloadModelRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,198 @@
+from speckv.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node_id", "address", "capacity_pages", "geometry")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    capacity_pages: int
+    geometry: _common_pb2.KVGeometry
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("node_id", "heartbeat_interval_ms", "re_registered")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    RE_REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    heartbeat_interval_ms: int
+    re_registered: bool
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., re_registered: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    queued_tokens: int
+    running_tokens: int
+    free_pages: int
+    num_running_requests: int
+    num_waiting_requests: int
+    def __init__(self, node_id: _Optional[str] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_pages: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class RouteRequest(_message.Message):
+    __slots__ = ("request_id", "block_hashes", "prompt_tokens", "family", "arrival_time_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    prompt_tokens: int
+    family: str
+    arrival_time_s: float
+    def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., family: _Optional[str] = ..., arrival_time_s: _Optional[float] = ...) -> None: ...
+
+class RouteResponse(_message.Message):
+    __slots__ = ("node_id", "address", "cached_blocks", "expected_ttft_ms", "fetch_from_node", "fetch_blocks", "family", "queue_ms", "prefill_ms", "fetch_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    FETCH_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    cached_blocks: int
+    expected_ttft_ms: float
+    fetch_from_node: str
+    fetch_blocks: int
+    family: str
+    queue_ms: float
+    prefill_ms: float
+    fetch_ms: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., expected_ttft_ms: _Optional[float] = ..., fetch_from_node: _Optional[str] = ..., fetch_blocks: _Optional[int] = ..., family: _Optional[str] = ..., queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ...) -> None: ...
+
+class WatchOrdersRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class SubmitOrderRequest(_message.Message):
+    __slots__ = ("order",)
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    order: _common_pb2.ReplicationOrder
+    def __init__(self, order: _Optional[_Union[_common_pb2.ReplicationOrder, _Mapping]] = ...) -> None: ...
+
+class SubmitOrderResponse(_message.Message):
+    __slots__ = ("order_id",)
+    ORDER_ID_FIELD_NUMBER: _ClassVar[int]
+    order_id: str
+    def __init__(self, order_id: _Optional[str] = ...) -> None: ...
+
+class OrderStatusReport(_message.Message):
+    __slots__ = ("order_id", "state", "message", "bytes_sent", "blocks_sent")
+    ORDER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_SENT_FIELD_NUMBER: _ClassVar[int]
+    order_id: str
+    state: _common_pb2.OrderState
+    message: str
+    bytes_sent: int
+    blocks_sent: int
+    def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., message: _Optional[str] = ..., bytes_sent: _Optional[int] = ..., blocks_sent: _Optional[int] = ...) -> None: ...
+
+class OrderStatusAck(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: _common_pb2.OrderState
+    def __init__(self, state: _Optional[_Union[_common_pb2.OrderState, str]] = ...) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PolicyInfo(_message.Message):
+    __slots__ = ("name", "available", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    available: _containers.RepeatedScalarFieldContainer[str]
+    description: str
+    def __init__(self, name: _Optional[str] = ..., available: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ClusterStateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeState(_message.Message):
+    __slots__ = ("node_id", "address", "alive", "capacity_pages", "free_pages", "queued_tokens", "running_tokens", "num_blocks", "last_heartbeat_age_s", "routes_total")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    alive: bool
+    capacity_pages: int
+    free_pages: int
+    queued_tokens: int
+    running_tokens: int
+    num_blocks: int
+    last_heartbeat_age_s: float
+    routes_total: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., capacity_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., routes_total: _Optional[int] = ...) -> None: ...
+
+class OrderCount(_message.Message):
+    __slots__ = ("state", "count")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    state: _common_pb2.OrderState
+    count: int
+    def __init__(self, state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ClusterState(_message.Message):
+    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ORDERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FAMILIES_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
+    policy: str
+    orders: _containers.RepeatedCompositeFieldContainer[OrderCount]
+    num_families: int
+    now_s: float
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ...) -> None: ...

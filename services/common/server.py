@@ -1,0 +1,150 @@
+"""A production-shaped gRPC server: health checking, reflection, the error
+interceptor, OpenTelemetry, message size limits and graceful shutdown.
+
+Shutdown order: health goes NOT_SERVING (load balancers stop sending), stop
+hooks end long-lived streams, the server refuses new calls and in-flight calls
+drain for up to grace_s, then telemetry is flushed.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from speckv.services.common.config import check_port, check_positive
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.interceptor import ErrorMappingInterceptor
+from speckv.services.common.metrics import RpcMetrics
+from speckv.services.common.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Settings every service shares. Sizes in MiB, times in seconds."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "port to bind; 0 picks a free one"})
+    max_message_mb: int = field(default=64, metadata={"help": "largest gRPC message accepted or sent, MiB"})
+    grace_s: float = field(default=5.0, metadata={"help": "how long in-flight calls may drain on shutdown"})
+    workers: int = field(default=32, metadata={"help": "server handler threads"})
+
+    def validate(self) -> None:
+        check_port("port", self.port)
+        check_positive("grace_s", self.grace_s)
+        if not 1 <= self.max_message_mb <= 1024:
+            raise InvalidArgument(f"max_message_mb={self.max_message_mb}: must be 1..1024")
+        if self.workers < 4:
+            raise InvalidArgument(f"workers={self.workers}: need at least 4 (streams hold threads)")
+
+    @property
+    def max_message_bytes(self) -> int:
+        return self.max_message_mb * MIB
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def open_channel(address: str, telemetry: Telemetry | None, max_message_bytes: int = 64 * MIB) -> grpc.Channel:
+    """An instrumented insecure channel (trace context propagates through it)."""
+    channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    return telemetry.instrument_channel(channel) if telemetry is not None else channel
+
+
+class ServiceServer:
+    """One gRPC server process-part. `register(server)` adds the servicers and
+    returns the full names of the services it added (for health/reflection)."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: ServerSettings,
+        telemetry: Telemetry,
+        register: Callable[[grpc.Server], Sequence[str]],
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.telemetry = telemetry
+        self._stop_hooks: list[Callable[[], None]] = []
+        self._stopped = threading.Event()
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix=name),
+            interceptors=[telemetry.server_interceptor(), ErrorMappingInterceptor(RpcMetrics(telemetry.meter_provider, name))],
+            options=[*channel_options(settings.max_message_bytes), ("grpc.so_reuseport", 0)],
+            maximum_concurrent_rpcs=settings.workers * 8,
+        )
+        self.service_names = list(register(self._server))
+        self._health = health.HealthServicer(experimental_non_blocking=True)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server)
+        self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
+        if self.port == 0:
+            raise InvalidArgument(f"could not bind {settings.host}:{settings.port}")
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.host}:{self.port}"
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """hook runs at shutdown, before draining (end streams, stop threads)."""
+        self._stop_hooks.append(hook)
+
+    def start(self) -> "ServiceServer":
+        self._server.start()
+        for service in ("", *self.service_names):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s serving on %s", self.name, self.address)
+        return self
+
+    def stop(self, grace_s: float | None = None) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._health.enter_graceful_shutdown()
+        for hook in self._stop_hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - one bad hook must not block shutdown
+                log.exception("stop hook failed in %s", self.name)
+        self._server.stop(self.settings.grace_s if grace_s is None else grace_s).wait()
+        self.telemetry.shutdown()
+        log.info("%s stopped", self.name)
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+
+def serve_until_signal(server: ServiceServer) -> int:
+    """Runs server until SIGTERM or SIGINT, then shuts it down gracefully."""
+    done = threading.Event()
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("%s: signal %d, shutting down", server.name, signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    server.start()
+    print(f"{server.name} listening on {server.address}", flush=True)
+    while not done.wait(0.5):
+        pass
+    server.stop()
+    return 0
