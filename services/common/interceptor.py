@@ -59,8 +59,9 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
             code = grpc.StatusCode.OK
             try:
                 return behavior(request_or_iterator, context)
-            except Exception as exc:  # noqa: BLE001 - mapped, never propagated
-                code = _abort(method, exc, context)
+            except Exception as exc:  # noqa: BLE001 - _abort maps it to a status
+                code = _status_for(exc, context)
+                _abort(method, exc, context)
             finally:
                 self._record(method, code, started)
 
@@ -73,7 +74,8 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
             try:
                 yield from behavior(request_or_iterator, context)
             except Exception as exc:  # noqa: BLE001
-                code = _abort(method, exc, context)
+                code = _status_for(exc, context)
+                _abort(method, exc, context)
             finally:
                 self._record(method, code, started)
 
@@ -84,22 +86,25 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
             self._metrics.record(method, code.name, time.perf_counter() - started)
 
 
-def _abort(method: str, exc: Exception, context: grpc.ServicerContext) -> grpc.StatusCode:
-    """Ends the call with the status for exc; returns that status."""
+def _status_for(exc: Exception, context: grpc.ServicerContext) -> grpc.StatusCode:
+    if _is_abort(exc, context):
+        return context.code()
+    if isinstance(exc, errors.SpeckvError):
+        return status_of(exc)
+    return grpc.StatusCode.INTERNAL
+
+
+def _abort(method: str, exc: Exception, context: grpc.ServicerContext) -> None:
+    """Ends the call with the status for exc; always raises."""
     if _is_abort(exc, context):
         raise exc  # the servicer already chose a status
-    if isinstance(exc, errors.SpeckvError):
-        code = status_of(exc)
-        message = str(exc) or type(exc).__name__
-    else:
-        log.exception("unexpected error in %s", method)
-        code = grpc.StatusCode.INTERNAL
+    code = _status_for(exc, context)
+    if code is grpc.StatusCode.INTERNAL:
+        log.error("unexpected error in %s", method, exc_info=exc)
         message = f"internal error in {method}: {type(exc).__name__}: {exc}"
-    try:
-        context.abort(code, message)
-    except Exception:  # context.abort always raises to end the RPC
-        pass
-    return code
+    else:
+        message = str(exc) or type(exc).__name__
+    context.abort(code, message)
 
 
 def _is_abort(exc: Exception, context: grpc.ServicerContext) -> bool:

@@ -15,6 +15,7 @@ from typing import Mapping
 import grpc
 from opentelemetry.instrumentation.grpc import client_interceptor, server_interceptor
 from opentelemetry.instrumentation.grpc.filters import health_check, negate
+from opentelemetry.instrumentation.grpc.grpcext import intercept_channel
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
@@ -42,8 +43,11 @@ class Telemetry:
         return server_interceptor(tracer_provider=self.tracer_provider, filter_=negate(health_check()))
 
     def instrument_channel(self, channel: grpc.Channel) -> grpc.Channel:
+        # OpenTelemetry's client interceptor speaks its own grpcext interface,
+        # not grpc.intercept_channel's. Streaming calls through it return plain
+        # iterators (no .cancel()): close the channel to cancel them.
         interceptor = client_interceptor(tracer_provider=self.tracer_provider, filter_=negate(health_check()))
-        return grpc.intercept_channel(channel, interceptor)
+        return intercept_channel(channel, interceptor)
 
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()

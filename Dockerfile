@@ -1,0 +1,25 @@
+# One image for every speckv service; the command picks the service:
+#   docker run speckv kvstore --port 50051
+FROM python:3.11-slim
+
+# torch is pinned to a CPU build; point pip at a CPU wheel index when building
+# (docker build --build-arg PIP_EXTRA_INDEX_URL=...) to avoid the CUDA wheels.
+ARG PIP_EXTRA_INDEX_URL=""
+ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1 \
+    SPECKV_HOST=0.0.0.0
+
+WORKDIR /opt/speckv
+COPY pyproject.toml README.md ./
+COPY protos ./protos
+COPY services ./services
+COPY kernels ./kernels
+COPY loadgen ./loadgen
+RUN pip install . && useradd --system --uid 10001 speckv
+USER speckv
+
+# Traces are mounted, never baked in: -v /path/to/traces:/traces
+ENV SPECKV_TRACES=/traces
+ENTRYPOINT ["speckv"]
+CMD ["--help"]

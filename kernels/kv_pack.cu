@@ -1,0 +1,64 @@
+// Gather / scatter of KV blocks between a layer-major paged pool and a
+// contiguous staging buffer (the wire order of a replication chunk).
+//
+// Pool layout (as vLLM): [num_layers][2][num_pages][segment], where one
+// segment is block_size * num_kv_heads * head_dim elements of one page, so a
+// block is num_segments = 2 * num_layers separate segments. Staging layout:
+// [num_listed][num_segments][segment], blocks in list order.
+//
+// The kernels move bytes, so fp16, bf16 and fp32 pools are all handled by the
+// same code; segment_bytes is the byte size of one segment. When every
+// segment and both base pointers are 16-byte aligned (use_vec16 != 0) each
+// thread moves uint4 words, otherwise single bytes.
+//
+// One CUDA block per (listed block, segment) pair, grid-stride over pairs;
+// threads stride over the segment's words, so accesses are coalesced.
+
+#include <cstdint>
+
+__device__ __forceinline__ void copy_segment(const unsigned char* __restrict__ src,
+                                             unsigned char* __restrict__ dst,
+                                             long long segment_bytes, int use_vec16) {
+  if (use_vec16) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const long long words = segment_bytes / 16;
+    for (long long w = threadIdx.x; w < words; w += blockDim.x) d[w] = s[w];
+  } else {
+    for (long long b = threadIdx.x; b < segment_bytes; b += blockDim.x) dst[b] = src[b];
+  }
+}
+
+extern "C" __global__ void pack_blocks(const unsigned char* __restrict__ pool,
+                                       const long long* __restrict__ pages,
+                                       unsigned char* __restrict__ staging,
+                                       long long num_listed, long long num_segments,
+                                       long long num_pages, long long segment_bytes,
+                                       int use_vec16) {
+  const long long pairs = num_listed * num_segments;
+  for (long long pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    const long long listed = pair / num_segments;
+    const long long segment = pair % num_segments;
+    const long long page = pages[listed];
+    const unsigned char* src = pool + (segment * num_pages + page) * segment_bytes;
+    unsigned char* dst = staging + pair * segment_bytes;
+    copy_segment(src, dst, segment_bytes, use_vec16);
+  }
+}
+
+extern "C" __global__ void unpack_blocks(const unsigned char* __restrict__ staging,
+                                         const long long* __restrict__ pages,
+                                         unsigned char* __restrict__ pool,
+                                         long long num_listed, long long num_segments,
+                                         long long num_pages, long long segment_bytes,
+                                         int use_vec16) {
+  const long long pairs = num_listed * num_segments;
+  for (long long pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    const long long listed = pair / num_segments;
+    const long long segment = pair % num_segments;
+    const long long page = pages[listed];
+    const unsigned char* src = staging + pair * segment_bytes;
+    unsigned char* dst = pool + (segment * num_pages + page) * segment_bytes;
+    copy_segment(src, dst, segment_bytes, use_vec16);
+  }
+}

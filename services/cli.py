@@ -1,0 +1,69 @@
+"""The `speckv` command: one entry point for every service and tool.
+
+    speckv kvstore|predictor|scheduler [flags]   run one service process
+    speckv up --nodes N                          the local cluster
+    speckv status                                the scheduler's cluster state
+    speckv demo                                  replay a trace slice on a local cluster
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from typing import Mapping, Sequence
+
+from speckv.services.common.errors import SpeckvError
+
+SERVICES = ("kvstore", "predictor", "scheduler")
+TOOLS = {
+    "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
+    "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
+    "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
+    "demo": ("speckv.loadgen.demo", "start a local cluster and replay a slice of a real trace"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: speckv COMMAND [flags]   (speckv COMMAND --help for its flags)", "", "services:"]
+    lines += [f"  {name:<10} run the {name} service" for name in SERVICES]
+    lines += ["", "tools:"] + [f"  {name:<10} {text}" for name, (_, text) in TOOLS.items()]
+    return "\n".join(lines)
+
+
+def configure_logging(environ: Mapping[str, str]) -> None:
+    level = environ.get("SPECKV_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = os.environ if environ is None else environ
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command in SERVICES:
+        module = f"speckv.services.{command}.server"
+    elif command in TOOLS:
+        module = TOOLS[command][0]
+    else:
+        print(f"speckv: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    configure_logging(environ)
+    try:
+        return importlib.import_module(module).main(rest, environ)
+    except SpeckvError as exc:
+        print(f"speckv {command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

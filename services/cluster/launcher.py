@@ -1,0 +1,193 @@
+"""The embedded local cluster: predictor, scheduler and N kvstore nodes, each
+its own `speckv` process on loopback.
+
+Children get SIGTERM when the launcher dies (PR_SET_PDEATHSIG), so no process
+outlives it even on a crash; `stop()` sends SIGTERM to all, lets them drain,
+and SIGKILLs what is left after the grace period. Each child logs to
+`<run_dir>/<name>.log`; the first line a service prints names its address.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from speckv.services.common.errors import Unavailable
+from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+_LISTENING = re.compile(r"listening on (\S+:\d+)")
+_PR_SET_PDEATHSIG = 1
+
+
+def default_run_dir(environ: Mapping[str, str]) -> Path:
+    return Path(environ.get("SPECKV_RUN_DIR") or f"/tmp/speckv-{os.getuid()}/cluster")
+
+
+@dataclass(slots=True)
+class ServiceProcess:
+    """One running service: `address` is host:port of its gRPC server."""
+
+    name: str
+    kind: str
+    address: str
+    pid: int
+    log_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    nodes: int = 3
+    host: str = "127.0.0.1"
+    geometry: str = "tiny"
+    block_size: int = 0  # 0: the geometry preset's
+    num_pages: int = 4096
+    policy: str = "none"
+    extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)  # per kind
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec, run_dir: Path, environ: Mapping[str, str]) -> None:
+        self.spec = spec
+        self.run_dir = run_dir
+        self._environ = dict(environ)
+        self._popens: dict[str, subprocess.Popen] = {}
+        self.services: list[ServiceProcess] = []
+
+    @property
+    def scheduler_address(self) -> str:
+        return self._by_kind("scheduler")[0].address
+
+    @property
+    def predictor_address(self) -> str:
+        return self._by_kind("predictor")[0].address
+
+    def node_addresses(self) -> dict[str, str]:
+        return {s.name: s.address for s in self._by_kind("kvstore")}
+
+    def _by_kind(self, kind: str) -> list[ServiceProcess]:
+        return [s for s in self.services if s.kind == kind]
+
+    def start(self, timeout_s: float = 60.0) -> list[ServiceProcess]:
+        """Starts every service and returns once all are SERVING and every
+        node has registered with the scheduler; stops all on failure."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            predictor = self._spawn("predictor", "predictor", [], deadline)
+            scheduler = self._spawn("scheduler", "scheduler",
+                                    ["--predictor", predictor.address, "--policy", self.spec.policy], deadline)
+            for i in range(self.spec.nodes):
+                node_args = ["--node-id", f"node-{i}", "--scheduler", scheduler.address,
+                             "--geometry", self.spec.geometry, "--num-pages", str(self.spec.num_pages)]
+                if self.spec.block_size:
+                    node_args += ["--block-size", str(self.spec.block_size)]
+                self._spawn(f"node-{i}", "kvstore", node_args, deadline)
+            for service in self.services:
+                wait_serving(service.address, deadline)
+            wait_nodes_registered(scheduler.address, self.spec.nodes, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        self._write_state()
+        return self.services
+
+    def _spawn(self, name: str, kind: str, args: list[str], deadline: float) -> ServiceProcess:
+        log_path = self.run_dir / f"{name}.log"
+        command = [sys.executable, "-m", "speckv.services.cli", kind, "--host", self.spec.host, "--port", "0",
+                   *args, *self.spec.extra_args.get(kind, ())]
+        env = {**self._environ, "PYTHONUNBUFFERED": "1"}
+        with open(log_path, "wb") as log:
+            popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, preexec_fn=_die_with_parent)
+        self._popens[name] = popen
+        address = _await_address(log_path, popen, name, deadline)
+        service = ServiceProcess(name, kind, address, popen.pid, str(log_path))
+        self.services.append(service)
+        return service
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to all (nodes first), wait up to grace_s, then SIGKILL."""
+        order = sorted(self._popens.items(), key=lambda item: item[0].startswith("node-"), reverse=True)
+        for _, popen in order:
+            if popen.poll() is None:
+                popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for _, popen in order:
+            try:
+                popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+        self._popens.clear()
+        (self.run_dir / "cluster.json").unlink(missing_ok=True)
+
+    def _write_state(self) -> None:
+        state = {"scheduler": self.scheduler_address, "services": [asdict(s) for s in self.services]}
+        (self.run_dir / "cluster.json").write_text(json.dumps(state, indent=2))
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _await_address(log_path: Path, popen: subprocess.Popen, name: str, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        match = _LISTENING.search(log_path.read_text(errors="replace"))
+        if match:
+            return match.group(1)
+        if popen.poll() is not None:
+            raise Unavailable(f"{name} exited with code {popen.returncode} before serving; "
+                              f"its log {log_path} ends:\n{_tail(log_path)}")
+        time.sleep(0.05)
+    raise Unavailable(f"{name} did not start in time; its log {log_path} ends:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_serving(address: str, deadline: float) -> None:
+    """Polls the standard gRPC health service until it says SERVING."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise Unavailable(f"{address} is not SERVING")
+            time.sleep(0.1)
+
+
+def wait_nodes_registered(scheduler_address: str, nodes: int, deadline: float) -> None:
+    with grpc.insecure_channel(scheduler_address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while True:
+            state = stub.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=2.0)
+            if sum(1 for n in state.nodes if n.alive) >= nodes:
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(f"only {len(state.nodes)} of {nodes} nodes registered with the scheduler")
+            time.sleep(0.1)

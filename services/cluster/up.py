@@ -1,0 +1,61 @@
+"""`speckv up`: run the local cluster in the foreground until Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from rich.table import Table
+
+from speckv.services.cluster.status import wide_console
+from speckv.services.cluster.launcher import ClusterSpec, LocalCluster, ServiceProcess, default_run_dir
+from speckv.services.common.errors import InvalidArgument
+
+
+def services_table(services: Sequence[ServiceProcess]) -> Table:
+    table = Table(title="speckv local cluster")
+    for column in ("service", "kind", "address", "pid", "log"):
+        table.add_column(column)
+    for s in services:
+        table.add_row(s.name, s.kind, s.address, str(s.pid), s.log_path)
+    return table
+
+
+def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[ClusterSpec, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="speckv up", description="Start the local cluster.")
+    parser.add_argument("--nodes", type=int, default=3, help="kvstore nodes (default 3)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--geometry", default="tiny", help="KV geometry preset of every node")
+    parser.add_argument("--block-size", type=int, default=0, help="tokens per block; 0 = preset's")
+    parser.add_argument("--num-pages", type=int, default=4096, help="pool pages per node")
+    parser.add_argument("--policy", default="none", help="replication policy of the scheduler")
+    parser.add_argument("--run-dir", default=None, help="logs and cluster.json [env SPECKV_RUN_DIR]")
+    args = parser.parse_args(list(argv))
+    if not 1 <= args.nodes <= 64:
+        raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
+    spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
+                       num_pages=args.num_pages, policy=args.policy)
+    return spec, args
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    spec, args = parse_spec(argv, environ)
+    run_dir = default_run_dir(environ) if args.run_dir is None else Path(args.run_dir)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    cluster = LocalCluster(spec, run_dir, environ)
+    console = wide_console()
+    try:
+        services = cluster.start()
+        console.print(services_table(services))
+        console.print(f"scheduler: {cluster.scheduler_address}   (speckv status --run-dir {run_dir})")
+        print("ready; Ctrl-C or SIGTERM stops every service", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        cluster.stop()
+        print("stopped", flush=True)
+    return 0

@@ -1,0 +1,59 @@
+"""Configuration of a kvstore process (flags --field-name, env SPECKV_FIELD_NAME)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from speckv.services.common.config import check_positive
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.server import ServerSettings
+from speckv.services.kvstore.geometry import PRESETS, KVGeometry, preset
+from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
+
+KIB = 1024
+MESSAGE_OVERHEAD = 64 * KIB  # room for the non-data fields of a chunk or block message
+
+
+@dataclass(frozen=True, slots=True)
+class KVStoreConfig(ServerSettings):
+    node_id: str = field(default="node-0", metadata={"help": "this node's id, unique in the cluster"})
+    geometry: str = field(default="tiny", metadata={"help": f"KV geometry preset: {', '.join(PRESETS)}"})
+    block_size: int = field(default=0, metadata={"help": "tokens per block; 0 keeps the preset's"})
+    num_pages: int = field(default=4096, metadata={"help": "blocks the pool holds"})
+    scheduler: str = field(default="", metadata={"help": "scheduler address host:port to register with; empty: none"})
+    advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
+    heartbeat_interval_s: float = field(default=1.0, metadata={"help": "seconds between heartbeats to the scheduler (unless it asks for another)"})
+    chunk_kib: int = field(default=1024, metadata={"help": "replication chunk size, KiB (256..4096)"})
+    event_retention: int = field(default=100_000, metadata={"help": "KV events kept for subscribers that resume"})
+    reservation_lease_s: float = field(default=10.0, metadata={"help": "lease of a replication reservation, renewed by each chunk, seconds"})
+    peer_timeout_s: float = field(default=10.0, metadata={"help": "deadline of unary calls to peers and the scheduler, seconds"})
+
+    def validate(self) -> None:
+        ServerSettings.validate(self)
+        if not self.node_id.strip():
+            raise InvalidArgument("node_id is empty")
+        geometry = self.kv_geometry()  # names geometry / block_size on error
+        if self.num_pages <= 0:
+            raise InvalidArgument(f"num_pages={self.num_pages}: must be > 0")
+        if not MIN_CHUNK <= self.chunk_kib * KIB <= MAX_CHUNK:
+            raise InvalidArgument(f"chunk_kib={self.chunk_kib}: must be {MIN_CHUNK // KIB}..{MAX_CHUNK // KIB}")
+        largest = max(self.chunk_kib * KIB, geometry.bytes_per_block) + MESSAGE_OVERHEAD
+        if largest > self.max_message_bytes:
+            raise InvalidArgument(
+                f"max_message_mb={self.max_message_mb}: too small for chunk_kib={self.chunk_kib} and "
+                f"{geometry.bytes_per_block}-byte blocks (need {largest} bytes per message)")
+        if self.event_retention <= 0:
+            raise InvalidArgument(f"event_retention={self.event_retention}: must be > 0")
+        check_positive("heartbeat_interval_s", self.heartbeat_interval_s)
+        check_positive("reservation_lease_s", self.reservation_lease_s)
+        check_positive("peer_timeout_s", self.peer_timeout_s)
+
+    def kv_geometry(self) -> KVGeometry:
+        if self.geometry not in PRESETS:
+            raise InvalidArgument(f"geometry={self.geometry!r}: expected one of {', '.join(PRESETS)}")
+        if self.block_size < 0:
+            raise InvalidArgument(f"block_size={self.block_size}: must be >= 0 (0 keeps the preset's)")
+        return preset(self.geometry, self.block_size)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk_kib * KIB

@@ -1,0 +1,79 @@
+"""ReplicationTarget over the target kvstore's gRPC API (Reserve,
+WriteChunks, Commit, Abort). Not core: it owns a channel.
+
+Every call carries a deadline: unary calls `timeout_s`; the chunk stream
+timeout_s plus the time its bytes take at `min_rate_bytes_s`. gRPC errors come
+back as the domain error of the same status (UNAVAILABLE and
+DEADLINE_EXCEEDED as Unavailable), prefixed with the target address.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Mapping
+
+import grpc
+
+from speckv.services.common import errors
+from speckv.services.common.interceptor import STATUS_OF_ERROR
+from speckv.services.common.server import MIB, open_channel
+from speckv.services.common.telemetry import Telemetry
+from speckv.services.kvstore.index import BlockHash
+from speckv.services.kvstore.replication import Chunk, Order
+from speckv.services.kvstore.reservations import Grant, Handle
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+ERROR_OF_STATUS = {code: cls for cls, code in STATUS_OF_ERROR.items()}
+
+
+def domain_error(exc: grpc.RpcError, address: str, what: str) -> errors.SpeckvError:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    cls = ERROR_OF_STATUS.get(code, errors.Unavailable)
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return cls(f"target {address}: {what}: {code.name}: {details}")
+
+
+class GrpcReplicationTarget:
+    def __init__(self, address: str, telemetry: Telemetry | None, *, timeout_s: float = 10.0,
+                 min_rate_bytes_s: float = 20 * MIB, max_message_bytes: int = 64 * MIB) -> None:
+        self.address = address
+        self._timeout_s = timeout_s
+        self._min_rate = min_rate_bytes_s
+        self._channel = open_channel(address, telemetry, max_message_bytes)
+        self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
+
+    def reserve(self, order: Order, lease_s: float) -> Grant:
+        request = kvstore_pb2.ReserveRequest(
+            order_id=order.order_id, block_hashes=order.block_hashes, lease_ms=max(1, round(lease_s * 1000)),
+            source_node=order.source_node, family=order.family,
+            parent_hash=order.parent or 0, has_parent=order.parent is not None)
+        try:
+            reply = self._stub.Reserve(request, timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            raise domain_error(exc, self.address, f"Reserve for order {order.order_id}") from None
+        return Grant(Handle(reply.handle), tuple(BlockHash(h) for h in reply.block_hashes),
+                     reply.bytes_per_block, reply.lease_deadline_s)
+
+    def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
+        requests = (kvstore_pb2.WriteChunkRequest(handle=handle, offset=c.offset, data=c.data, crc32c=c.crc32c)
+                    for c in chunks)
+        timeout = self._timeout_s + total_bytes / self._min_rate
+        try:
+            return self._stub.WriteChunks(requests, timeout=timeout).bytes_received
+        except grpc.RpcError as exc:
+            raise domain_error(exc, self.address, f"WriteChunks to {handle}") from None
+
+    def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
+        request = kvstore_pb2.CommitRequest(
+            handle=handle, chunk_crc32c=dict(chunk_crcs), replica_lease_ms=round(replica_lease_s * 1000))
+        try:
+            return self._stub.Commit(request, timeout=self._timeout_s).blocks_committed
+        except grpc.RpcError as exc:
+            raise domain_error(exc, self.address, f"Commit of {handle}") from None
+
+    def abort(self, handle: str, reason: str) -> None:
+        try:
+            self._stub.Abort(kvstore_pb2.AbortRequest(handle=handle, reason=reason[:1000]), timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            raise domain_error(exc, self.address, f"Abort of {handle}") from None
+
+    def close(self) -> None:
+        self._channel.close()

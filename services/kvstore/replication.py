@@ -1,0 +1,181 @@
+"""Source half of the replication handshake: execute one order.
+
+  1. pin the order's blocks locally (FAILED_PRECONDITION naming any missing);
+  2. target.reserve -> handle + the hashes the target lacks;
+  3. pack those blocks group by group (gather kernel) into two alternating
+     staging buffers and stream them as chunks of at most chunk_bytes; chunks
+     never straddle a group, a group is max(1, chunk_bytes // bytes_per_block)
+     blocks. The chunk source is a generator, so the transport sends chunk i
+     while chunk i+1 is packed (gRPC drains request iterators on its own
+     thread);
+  4. target.commit with the crc32c of every chunk, keyed by offset;
+  any failure after the reserve -> target.abort (best effort), order FAILED.
+
+The transport sits behind ReplicationTarget so the bulk TCP data plane of
+issue 3 can replace gRPC without touching this module.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from speckv.services.common.clock import Clock
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError
+from speckv.services.kvstore import validate
+from speckv.services.kvstore.checksum import crc32c
+from speckv.services.kvstore.index import BlockHash
+from speckv.services.kvstore.reservations import Grant
+from speckv.services.kvstore.store import KVStoreCore
+
+log = logging.getLogger(__name__)
+KIB = 1024
+MIN_CHUNK, MAX_CHUNK = 256 * KIB, 4096 * KIB
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """A replication order as the kvstore needs it (times in seconds)."""
+
+    order_id: str
+    block_hashes: tuple[BlockHash, ...]
+    target_address: str
+    family: str = ""
+    source_node: str = ""
+    target_node: str = ""
+    replica_lease_s: float = 0.0  # 0: the copies are ordinary blocks
+    parent: BlockHash | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Bytes for offset..offset+len(data) of a reservation. data is bytes
+    today (gRPC and google-crc32c need bytes); a zero-copy transport may pass
+    a memoryview of the staging buffer instead."""
+
+    offset: int
+    data: bytes
+    crc32c: int
+
+
+class ReplicationTarget(Protocol):
+    """The target kvstore as seen by the source; one instance per order."""
+
+    def reserve(self, order: Order, lease_s: float) -> Grant: ...
+
+    def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
+        """Sends every chunk; returns the bytes the target acknowledged."""
+        ...
+
+    def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int: ...
+
+    def abort(self, handle: str, reason: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+TargetFactory = Callable[[str], ReplicationTarget]  # target address -> transport
+
+
+class Outcome(Enum):
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class ReplicationResult:
+    order_id: str
+    outcome: Outcome
+    blocks_sent: int = 0
+    blocks_skipped: int = 0  # already on the target
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    message: str = ""
+    error: SpeckvError | None = None  # set when FAILED
+
+
+class Replicator:
+    def __init__(self, store: KVStoreCore, connect: TargetFactory, clock: Clock, *,
+                 chunk_bytes: int = 1024 * KIB, reservation_lease_s: float = 10.0) -> None:
+        if not MIN_CHUNK <= chunk_bytes <= MAX_CHUNK:
+            raise InvalidArgument(f"chunk_bytes={chunk_bytes}: must be {MIN_CHUNK}..{MAX_CHUNK}")
+        self._store = store
+        self._connect = connect
+        self._clock = clock
+        self.chunk_bytes = chunk_bytes
+        self.reservation_lease_s = reservation_lease_s
+
+    def replicate(self, order: Order) -> ReplicationResult:
+        """Runs the handshake. Input errors and missing source blocks raise;
+        failures after that are returned as a FAILED result (with the error)."""
+        validate.identifier(order.order_id, "order.order_id")
+        validate.identifier(order.target_address, "order.target_address")
+        validate.hash_list(order.block_hashes, "order.block_hashes", self._store.max_hashes, unique=True)
+        if order.replica_lease_s < 0:
+            raise InvalidArgument(f"order.replica_lease_s={order.replica_lease_s}: must be >= 0")
+        started = self._clock.now()
+        result = ReplicationResult(order.order_id, Outcome.FAILED)
+        with self._store.hold(order.block_hashes, f"replicate order {order.order_id}"):
+            target = self._connect(order.target_address)
+            try:
+                self._run(order, target, result)
+            except SpeckvError as exc:
+                result.outcome, result.error, result.message = Outcome.FAILED, exc, str(exc)
+            finally:
+                target.close()
+        result.seconds = self._clock.now() - started
+        return result
+
+    def _run(self, order: Order, target: ReplicationTarget, result: ReplicationResult) -> None:
+        grant = target.reserve(order, self.reservation_lease_s)
+        try:
+            self._check_grant(order, grant)
+            result.blocks_skipped = len(order.block_hashes) - len(grant.hashes)
+            crcs: dict[int, int] = {}
+            total = len(grant.hashes) * grant.bytes_per_block
+            if grant.hashes:
+                target.write_chunks(grant.handle, self._chunks(grant.hashes, crcs, result), total)
+            target.commit(grant.handle, crcs, order.replica_lease_s)
+            result.blocks_sent = len(grant.hashes)
+            result.outcome = Outcome.COMMITTED
+        except BaseException as exc:
+            self._abort(target, grant.handle, exc)
+            raise
+
+    def _check_grant(self, order: Order, grant: Grant) -> None:
+        if grant.bytes_per_block != self._store.bytes_per_block:
+            raise FailedPrecondition(
+                f"order {order.order_id}: target {order.target_address} has {grant.bytes_per_block} bytes "
+                f"per block, this node {self._store.bytes_per_block}: different KV geometry")
+        unknown = set(grant.hashes) - set(order.block_hashes)
+        if unknown:
+            raise FailedPrecondition(f"order {order.order_id}: target reserved hashes not in the order: "
+                                     f"{validate.quote(sorted(unknown))}")
+
+    def _chunks(self, hashes: Sequence[BlockHash], crcs: dict[int, int],
+                result: ReplicationResult) -> Iterator[Chunk]:
+        """Packs and yields the chunks; records each crc and counts bytes."""
+        bpb = self._store.bytes_per_block
+        per_group = max(1, self.chunk_bytes // bpb)
+        staging = [np.empty(per_group * bpb, dtype=np.uint8) for _ in range(2)]
+        for group_no, first in enumerate(range(0, len(hashes), per_group)):
+            group = hashes[first:first + per_group]
+            buffer = staging[group_no % 2]
+            self._store.pack(group, buffer)
+            size = len(group) * bpb
+            for lo in range(0, size, self.chunk_bytes):
+                data = buffer[lo:min(size, lo + self.chunk_bytes)].tobytes()  # the wire needs bytes
+                offset = first * bpb + lo
+                crcs[offset] = crc32c(data)
+                result.bytes_sent += len(data)
+                yield Chunk(offset, data, crcs[offset])
+
+    @staticmethod
+    def _abort(target: ReplicationTarget, handle: str, exc: BaseException) -> None:
+        try:
+            target.abort(handle, f"source gave up: {exc}")
+        except Exception:  # noqa: BLE001 - the lease reaps it anyway
+            log.warning("abort of reservation %s failed; its lease will reap it", handle, exc_info=True)

@@ -1,0 +1,258 @@
+"""Target half of the RDMA-style replication handshake.
+
+  reserve  pages are allocated for the blocks the target lacks and named by a
+           handle with a lease deadline (like a registered memory region);
+  write    chunks land straight in the reserved pages at a byte offset of the
+           reservation (blocks in reserved order, canonical layout); chunks
+           may come in any order and be resent; each renews the lease;
+  commit   succeeds only if every byte arrived and the writer's per-chunk
+           crc32c map equals what was received; only then are the blocks
+           published in the index (the store's publish callback);
+  abort    frees the pages; nothing is published.
+
+Nothing half-written is ever visible: reserved pages are in no index until
+commit. A reservation whose lease lapses is reaped (on every call here and by
+the store's maintenance) and frees its pages. A chunk whose crc32c does not
+match its bytes aborts the whole reservation (the writer's stream is broken
+anyway; it must start over). Closed handles are remembered (bounded) so a late
+chunk is told ABORTED rather than NOT_FOUND, and a repeated commit returns the
+first answer.
+
+Not thread-safe: the store serializes every call.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, NewType, Sequence
+
+from speckv.services.common.clock import Clock
+from speckv.services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.kvstore.checksum import crc32c
+from speckv.services.kvstore.index import BlockHash
+from speckv.services.kvstore.pool import Buffer, PagePool, PageId
+
+Handle = NewType("Handle", str)
+OrderId = NewType("OrderId", str)
+MAX_TOMBSTONES = 4096
+
+
+class ReservationState(Enum):
+    OPEN = "open"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    EXPIRED = "expired"
+
+
+class Intervals:
+    """Union of half-open byte ranges, kept sorted and merged."""
+
+    __slots__ = ("_starts", "_ends")
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def add(self, lo: int, hi: int) -> None:
+        i = bisect.bisect_left(self._ends, lo)  # first range that may touch [lo, hi)
+        j = bisect.bisect_right(self._starts, hi)  # ranges from i to j-1 touch it
+        if i < j:
+            lo, hi = min(lo, self._starts[i]), max(hi, self._ends[j - 1])
+        self._starts[i:j] = [lo]
+        self._ends[i:j] = [hi]
+
+    def covered(self) -> int:
+        return sum(e - s for s, e in zip(self._starts, self._ends))
+
+    def gaps(self, total: int) -> list[tuple[int, int]]:
+        """Missing ranges of [0, total)."""
+        gaps, pos = [], 0
+        for s, e in zip(self._starts, self._ends):
+            if s > pos:
+                gaps.append((pos, s))
+            pos = max(pos, e)
+        if pos < total:
+            gaps.append((pos, total))
+        return gaps
+
+
+@dataclass(slots=True)
+class Reservation:
+    """Pages held for hashes, in reserved order (page i holds hashes[i])."""
+
+    handle: Handle
+    order_id: OrderId
+    hashes: list[BlockHash]
+    pages: list[PageId]
+    lease_s: float
+    deadline: float  # node clock, seconds
+    parents: list[BlockHash | None] = field(default_factory=list)  # chain parent of each hash
+    family: str = ""
+    parent: BlockHash | None = None  # parent of the order's first block
+    source_node: str = ""
+    bytes_per_block: int = 0
+    received: Intervals = field(default_factory=Intervals)
+    chunk_crcs: dict[int, int] = field(default_factory=dict)  # offset -> crc32c as received
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.hashes) * self.bytes_per_block
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """What became of a handle that is no longer open."""
+
+    state: ReservationState
+    detail: str
+    committed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a reserve returns to the writer: send bytes for `hashes` (those the
+    target lacks, in this order) at offsets i * bytes_per_block."""
+
+    handle: Handle
+    hashes: tuple[BlockHash, ...]
+    bytes_per_block: int
+    deadline_s: float  # target clock
+
+
+# publish(reservation, replica_lease_s) -> blocks newly made visible; it takes
+# over the reservation's pages (freeing those it does not publish).
+PublishFn = Callable[[Reservation, float], int]
+
+
+class ReservationBook:
+    def __init__(self, pool: PagePool, clock: Clock, publish: PublishFn, prefix: str = "r") -> None:
+        self._pool = pool
+        self._clock = clock
+        self._publish = publish
+        self._prefix = prefix
+        self._open: dict[Handle, Reservation] = {}
+        self._closed: OrderedDict[Handle, Closed] = OrderedDict()
+        self._serial = itertools.count(1)
+        self.reserved_pages = 0
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(
+        self, order_id: OrderId, hashes: Sequence[BlockHash], pages: Sequence[PageId], lease_s: float, *,
+        parents: Sequence[BlockHash | None] = (), family: str = "", parent: BlockHash | None = None,
+        source_node: str = "",
+    ) -> Reservation:
+        """Registers pages already allocated (by the store, evicting as needed)
+        for hashes; the book owns them from now on."""
+        handle = Handle(f"{self._prefix}-{next(self._serial)}-{secrets.token_hex(6)}")
+        reservation = Reservation(
+            handle, order_id, list(hashes), list(pages), lease_s, self._clock.now() + lease_s,
+            list(parents) or [None] * len(hashes), family, parent, source_node, self._pool.bytes_per_block)
+        self._open[handle] = reservation
+        self.reserved_pages += len(pages)
+        return reservation
+
+    def write(self, handle: Handle, offset: int, data: Buffer, checksum: int) -> int:
+        """Stores one chunk; returns the reservation's covered byte count."""
+        reservation = self._live(handle)
+        size = len(data) if not hasattr(data, "nbytes") else data.nbytes  # type: ignore[union-attr]
+        if size == 0:
+            raise InvalidArgument(f"chunk at offset {offset} of {handle} is empty")
+        if offset < 0 or offset + size > reservation.total_bytes:
+            raise InvalidArgument(
+                f"chunk {offset}+{size} outside reservation {handle} of {reservation.total_bytes} bytes")
+        actual = crc32c(data)
+        if actual != checksum:
+            self._close(reservation, ReservationState.ABORTED, f"chunk at offset {offset} failed its crc32c")
+            raise Aborted(f"chunk at offset {offset} of {handle}: crc32c {actual:#010x} != sent "
+                          f"{checksum:#010x}; reservation aborted")
+        self._pool.write_range(reservation.pages, offset, data)
+        reservation.received.add(offset, offset + size)
+        reservation.chunk_crcs[offset] = checksum
+        reservation.deadline = self._clock.now() + reservation.lease_s
+        return reservation.received.covered()
+
+    def commit(self, handle: Handle, chunk_crcs: dict[int, int], replica_lease_s: float) -> int:
+        """Publishes the blocks once complete and verified; returns how many
+        became visible (a repeated commit returns the first answer)."""
+        closed = self._closed.get(handle)
+        if closed is not None and closed.state is ReservationState.COMMITTED:
+            return closed.committed
+        reservation = self._live(handle)
+        gaps = reservation.received.gaps(reservation.total_bytes)
+        if gaps:
+            shown = ", ".join(f"{lo}..{hi}" for lo, hi in gaps[:5])
+            raise FailedPrecondition(
+                f"reservation {handle} is missing {len(gaps)} byte range(s): {shown}")
+        if dict(chunk_crcs) != reservation.chunk_crcs:
+            detail = _crc_mismatch(chunk_crcs, reservation.chunk_crcs)
+            self._close(reservation, ReservationState.ABORTED, f"commit checksums: {detail}")
+            raise Aborted(f"reservation {handle}: {detail}; aborted, nothing published")
+        published = self._publish(reservation, replica_lease_s)
+        self._close(reservation, ReservationState.COMMITTED, "committed", published, free_pages=False)
+        return published
+
+    def abort(self, handle: Handle, reason: str) -> int:
+        """Frees the pages; returns how many. Aborting twice frees nothing."""
+        reservation = self._open.get(handle)
+        if reservation is None:
+            closed = self._closed.get(handle)
+            if closed is None:
+                raise NotFound(f"reservation {handle!r} is unknown")
+            if closed.state is ReservationState.COMMITTED:
+                raise FailedPrecondition(f"reservation {handle} is already committed")
+            return 0
+        freed = len(reservation.pages)
+        self._close(reservation, ReservationState.ABORTED, reason or "aborted by the writer")
+        return freed
+
+    def reap(self) -> int:
+        """Expires every reservation whose lease has lapsed; returns how many."""
+        now = self._clock.now()
+        lapsed = [r for r in self._open.values() if r.deadline <= now]
+        for reservation in lapsed:
+            self._close(reservation, ReservationState.EXPIRED, f"lease lapsed at {reservation.deadline:.3f}")
+        return len(lapsed)
+
+    def _live(self, handle: Handle) -> Reservation:
+        reservation = self._open.get(handle)
+        if reservation is None:
+            closed = self._closed.get(handle)
+            if closed is None:
+                raise NotFound(f"reservation {handle!r} is unknown")
+            if closed.state is ReservationState.COMMITTED:
+                raise FailedPrecondition(f"reservation {handle} is already committed")
+            raise Aborted(f"reservation {handle} is {closed.state.value}: {closed.detail}")
+        if reservation.deadline <= self._clock.now():
+            self._close(reservation, ReservationState.EXPIRED, f"lease lapsed at {reservation.deadline:.3f}")
+            raise Aborted(f"reservation {handle} expired (lease lapsed at {reservation.deadline:.3f})")
+        return reservation
+
+    def _close(self, reservation: Reservation, state: ReservationState, detail: str,
+               committed: int = 0, free_pages: bool = True) -> None:
+        del self._open[reservation.handle]
+        self.reserved_pages -= len(reservation.pages)
+        if free_pages:
+            self._pool.free(reservation.pages)
+        self._closed[reservation.handle] = Closed(state, detail, committed)
+        while len(self._closed) > MAX_TOMBSTONES:
+            self._closed.popitem(last=False)
+
+
+def _crc_mismatch(sent: dict[int, int], received: dict[int, int]) -> str:
+    missing = sorted(set(received) - set(sent))
+    unknown = sorted(set(sent) - set(received))
+    wrong = sorted(o for o in set(sent) & set(received) if sent[o] != received[o])
+    parts = []
+    if wrong:
+        parts.append(f"crc32c differs at offsets {wrong[:5]}")
+    if missing:
+        parts.append(f"no crc32c sent for offsets {missing[:5]}")
+    if unknown:
+        parts.append(f"crc32c for offsets never written {unknown[:5]}")
+    return "; ".join(parts)

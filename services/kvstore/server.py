@@ -1,0 +1,111 @@
+"""The kvstore process: config, core, replication, scheduler agent, metrics and
+a gRPC server; shutdown ends event streams, maintenance and the agent.
+
+Background threads (maintenance, and the agent when a scheduler is named)
+start here, when the server is built: the port is already bound, and
+serve_until_signal starts the server right after, so a scheduler that routes
+to this node at once only waits for the server to start.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Mapping
+
+import grpc
+
+from speckv.services.common.clock import Clock, SystemClock
+from speckv.services.common.config import parse_config
+from speckv.services.common.metrics import register_gauges
+from speckv.services.common.server import ServiceServer, serve_until_signal
+from speckv.services.common.telemetry import Telemetry, build_telemetry
+from speckv.services.kvstore.agent import SchedulerAgent
+from speckv.services.kvstore.config import KVStoreConfig
+from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
+from speckv.services.kvstore.replication import Replicator
+from speckv.services.kvstore.servicer import KVStoreServicer
+from speckv.services.kvstore.store import KVStoreCore
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+SERVICE = "kvstore"
+SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
+MAINTENANCE_S = 1.0  # how often lapsed reservations are reaped at the latest
+
+
+def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
+    return KVStoreCore(config.node_id, config.kv_geometry(), config.num_pages, clock,
+                       event_retention=config.event_retention)
+
+
+def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
+    clock = clock or SystemClock()
+    store = build_core(config, clock)
+
+    def connect(address: str) -> GrpcReplicationTarget:
+        return GrpcReplicationTarget(address, telemetry, timeout_s=config.peer_timeout_s,
+                                     max_message_bytes=config.max_message_bytes)
+
+    replicator = Replicator(store, connect, clock, chunk_bytes=config.chunk_bytes,
+                            reservation_lease_s=config.reservation_lease_s)
+    stopping = threading.Event()
+    servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s)
+
+    def register(server: grpc.Server) -> list[str]:
+        kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
+
+    server = ServiceServer(SERVICE, config, telemetry, register)
+    _register_metrics(telemetry, store)
+    maintenance = threading.Thread(target=_maintain, args=(store, stopping), name=f"{config.node_id}-maintenance",
+                                   daemon=True)
+    maintenance.start()
+    agent = None
+    if config.scheduler:
+        agent = SchedulerAgent(store, replicator, config.scheduler, config.advertise_address or server.address,
+                               telemetry, heartbeat_interval_s=config.heartbeat_interval_s,
+                               timeout_s=config.peer_timeout_s).start()
+
+    def stop() -> None:
+        stopping.set()
+        store.close()
+        if agent is not None:
+            agent.stop()
+        maintenance.join(timeout=config.grace_s)
+
+    server.on_stop(stop)
+    return server
+
+
+def _maintain(store: KVStoreCore, stopping: threading.Event) -> None:
+    while not stopping.wait(MAINTENANCE_S):
+        store.maintenance()
+
+
+def _register_metrics(telemetry: Telemetry, store: KVStoreCore) -> None:
+    def pages():
+        s = store.stats()
+        return [(float(s.used_pages), {"state": "used"}), (float(s.free_pages), {"state": "free"}),
+                (float(s.pinned_pages), {"state": "pinned"}), (float(s.reserved_pages), {"state": "reserved"}),
+                (float(s.replica_pages), {"state": "replica"}), (float(s.evictable_pages), {"state": "evictable"})]
+
+    def totals():
+        s = store.stats()
+        return [(float(s.blocks_stored_total), {"kind": "stored"}),
+                (float(s.blocks_evicted_total), {"kind": "evicted"}),
+                (float(s.blocks_committed_total), {"kind": "committed"})]
+
+    def occupancy():
+        s = store.stats()
+        return [(s.used_pages / s.num_pages, {})]
+
+    register_gauges(telemetry.meter_provider, SERVICE, {
+        "speckv.kvstore.pages": pages,
+        "speckv.kvstore.pool.occupancy": occupancy,
+        "speckv.kvstore.blocks": totals,
+        "speckv.kvstore.events.last_sequence": lambda: [(float(store.stats().last_event_sequence), {})],
+    })
+
+
+def main(argv: list[str], environ: Mapping[str, str]) -> int:
+    config = parse_config(KVStoreConfig, argv, environ, prog="speckv kvstore")
+    telemetry = build_telemetry(SERVICE, environ)
+    return serve_until_signal(build_server(config, telemetry))

@@ -1,0 +1,135 @@
+"""gRPC face of the kvstore: unpack, call the core, pack. No logic here."""
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import grpc
+
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.kvstore.checksum import crc32c
+from speckv.services.kvstore.events import KVEvent
+from speckv.services.kvstore.index import BlockHash
+from speckv.services.kvstore.replication import Order, Outcome, ReplicationResult, Replicator
+from speckv.services.kvstore.store import BlockWrite, KVStoreCore, StoreStats
+from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
+
+MS = 1000.0
+
+
+class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
+    def __init__(self, store: KVStoreCore, replicator: Replicator, stopping: threading.Event,
+                 default_reservation_lease_s: float) -> None:
+        self._store = store
+        self._replicator = replicator
+        self._stopping = stopping
+        self._default_lease_s = default_reservation_lease_s
+
+    def Lookup(self, request: kvstore_pb2.LookupRequest, context: grpc.ServicerContext) -> kvstore_pb2.LookupResponse:
+        result = self._store.lookup(list(request.block_hashes))
+        return kvstore_pb2.LookupResponse(present=result.present, prefix_blocks=result.prefix_blocks)
+
+    def PutBlocks(self, request_iterator: Iterator[kvstore_pb2.PutBlockRequest],
+                  context: grpc.ServicerContext) -> kvstore_pb2.PutBlocksResponse:
+        blocks: list[BlockWrite] = []
+        for message in request_iterator:
+            if len(blocks) >= self._store.max_hashes:
+                raise InvalidArgument(f"put_blocks: more than {self._store.max_hashes} blocks in one stream")
+            blocks.append(BlockWrite(BlockHash(message.block_hash), message.data, message.family,
+                                     BlockHash(message.parent_hash) if message.has_parent else None))
+        result = self._store.put_blocks(blocks)
+        return kvstore_pb2.PutBlocksResponse(stored=result.stored, already_present=result.already_present,
+                                             evicted=result.evicted)
+
+    def GetBlocks(self, request: kvstore_pb2.GetBlocksRequest,
+                  context: grpc.ServicerContext) -> Iterator[kvstore_pb2.BlockData]:
+        blocks = self._store.get_blocks(list(request.block_hashes))
+        try:
+            for block_hash, buffer in blocks:
+                data = buffer.tobytes()  # protobuf needs bytes
+                yield kvstore_pb2.BlockData(block_hash=block_hash, data=data, crc32c=crc32c(data))
+        finally:
+            blocks.close()  # drops the read pins even when the client goes away
+
+    def Pin(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinResponse:
+        return kvstore_pb2.PinResponse(changed=self._store.pin(list(request.block_hashes)))
+
+    def Unpin(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinResponse:
+        return kvstore_pb2.PinResponse(changed=self._store.unpin(list(request.block_hashes)))
+
+    def GetStats(self, request: kvstore_pb2.StatsRequest, context: grpc.ServicerContext) -> kvstore_pb2.StatsResponse:
+        return stats_to_proto(self._store.stats())
+
+    def SubscribeEvents(self, request: kvstore_pb2.SubscribeEventsRequest,
+                        context: grpc.ServicerContext) -> Iterator[kvstore_pb2.KVEvent]:
+        def keep_going() -> bool:
+            return context.is_active() and not self._stopping.is_set()
+
+        for event in self._store.subscribe(request.after_sequence, keep_going):
+            yield event_to_proto(event)
+
+    def Replicate(self, request: kvstore_pb2.ReplicateRequest,
+                  context: grpc.ServicerContext) -> kvstore_pb2.ReplicateResponse:
+        result = self._replicator.replicate(order_from_proto(request.order))
+        if result.error is not None:
+            raise result.error  # the error interceptor maps it to its status
+        return result_to_proto(result)
+
+    def Reserve(self, request: kvstore_pb2.ReserveRequest,
+                context: grpc.ServicerContext) -> kvstore_pb2.ReserveResponse:
+        lease_s = request.lease_ms / MS if request.lease_ms else self._default_lease_s
+        grant = self._store.reserve(
+            request.order_id, list(request.block_hashes), lease_s, family=request.family,
+            parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=request.source_node)
+        return kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
+                                           bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s)
+
+    def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
+                    context: grpc.ServicerContext) -> kvstore_pb2.WriteChunksResponse:
+        handle, received = "", 0
+        for message in request_iterator:
+            if handle and message.handle != handle:
+                raise InvalidArgument(f"write_chunks: one stream writes one reservation ({handle!r}, "
+                                      f"then {message.handle!r})")
+            handle = message.handle
+            received = self._store.write_chunk(message.handle, message.offset, message.data, message.crc32c)
+        return kvstore_pb2.WriteChunksResponse(bytes_received=received)
+
+    def Commit(self, request: kvstore_pb2.CommitRequest, context: grpc.ServicerContext) -> kvstore_pb2.CommitResponse:
+        committed = self._store.commit(request.handle, dict(request.chunk_crc32c), request.replica_lease_ms / MS)
+        return kvstore_pb2.CommitResponse(blocks_committed=committed)
+
+    def Abort(self, request: kvstore_pb2.AbortRequest, context: grpc.ServicerContext) -> kvstore_pb2.AbortResponse:
+        return kvstore_pb2.AbortResponse(pages_freed=self._store.abort(request.handle, request.reason))
+
+
+def order_from_proto(message: common_pb2.ReplicationOrder) -> Order:
+    return Order(
+        order_id=message.order_id, block_hashes=tuple(BlockHash(h) for h in message.block_hashes),
+        target_address=message.target_address, family=message.family, source_node=message.source_node,
+        target_node=message.target_node, replica_lease_s=message.lease_ms / MS)
+
+
+def result_to_proto(result: ReplicationResult) -> kvstore_pb2.ReplicateResponse:
+    state = (common_pb2.ORDER_STATE_COMMITTED if result.outcome is Outcome.COMMITTED
+             else common_pb2.ORDER_STATE_FAILED)
+    return kvstore_pb2.ReplicateResponse(
+        order_id=result.order_id, state=state, blocks_sent=result.blocks_sent,
+        blocks_skipped=result.blocks_skipped, bytes_sent=result.bytes_sent, seconds=result.seconds,
+        message=result.message)
+
+
+def stats_to_proto(stats: StoreStats) -> kvstore_pb2.StatsResponse:
+    return kvstore_pb2.StatsResponse(
+        node_id=stats.node_id, geometry=stats.geometry.to_proto(), num_pages=stats.num_pages,
+        used_pages=stats.used_pages, free_pages=stats.free_pages, pinned_pages=stats.pinned_pages,
+        reserved_pages=stats.reserved_pages, replica_pages=stats.replica_pages, pool_bytes=stats.pool_bytes,
+        last_event_sequence=stats.last_event_sequence, blocks_stored_total=stats.blocks_stored_total,
+        blocks_evicted_total=stats.blocks_evicted_total, blocks_committed_total=stats.blocks_committed_total)
+
+
+def event_to_proto(event: KVEvent) -> kvstore_pb2.KVEvent:
+    return kvstore_pb2.KVEvent(
+        sequence=event.sequence, type=int(event.type), block_hashes=event.block_hashes,
+        parent_hash=event.parent or 0, has_parent=event.parent is not None, block_size=event.block_size,
+        family=event.family, node_id=event.node_id, time_s=event.time_s, order_id=event.order_id)

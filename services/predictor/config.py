@@ -1,0 +1,62 @@
+"""Configuration of the predictor process (flags --field-name, env SPECKV_FIELD_NAME)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.server import ServerSettings
+from speckv.services.predictor.core import CoreSettings
+from speckv.services.predictor.models import HISTORY_HALFLIVES, EwmaModel, EwmaParams
+
+
+@dataclass(frozen=True, slots=True)
+class PredictorConfig(ServerSettings):
+    step_s: float = field(default=1.0, metadata={"help": "time step of the arrival series, seconds"})
+    window_s: float = field(default=600.0, metadata={"help": "history kept per family, seconds (a whole number of steps)"})
+    horizons: str = field(default="1,2,5,10", metadata={"help": "builtin model's forecast horizons, comma-separated seconds"})
+    quantile: float = field(default=0.9, metadata={"help": "builtin model's upper quantile, in (0, 1)"})
+    halflife_s: float = field(default=10.0, metadata={"help": "builtin EWMA rate half-life, seconds"})
+    long_halflife_s: float = field(default=120.0, metadata={"help": "half-life of the slow EWMA that sets a family's burst threshold, seconds"})
+    burst_ratio: float = field(default=3.0, metadata={"help": "a burst is more than burst_ratio x the family's long-run count over the horizon"})
+    min_burst_count: float = field(default=5.0, metadata={"help": "a burst is never fewer arrivals than this over the horizon"})
+    model_dir: str = field(default="", metadata={"help": "model directory with manifest.json to load at start; empty: builtin EWMA"})
+    max_families_per_call: int = field(default=100_000, metadata={"help": "most families one Forecast may name or return"})
+    max_horizon_s: float = field(default=600.0, metadata={"help": "longest horizon a forecast may ask for, seconds"})
+    max_future_s: float = field(default=60.0, metadata={"help": "refuse observations further than this ahead of the predictor's clock, seconds; 0: no limit"})
+
+    def validate(self) -> None:
+        ServerSettings.validate(self)
+        self.core_settings().validate()
+        try:
+            horizons = self.horizon_list()
+        except ValueError:
+            raise InvalidArgument(f"horizons={self.horizons!r}: expected comma-separated numbers, e.g. 1,2,5,10") from None
+        if not all(0 < h <= self.max_horizon_s for h in horizons) or list(horizons) != sorted(set(horizons)):
+            raise InvalidArgument(f"horizons={self.horizons!r}: must be strictly increasing, each > 0 and "
+                                  f"<= max_horizon_s={self.max_horizon_s:g}")
+        self.builtin_params().validate()  # names halflife_s, quantile, burst_ratio, ... on error
+        slowest = max(self.halflife_s, self.long_halflife_s)
+        if HISTORY_HALFLIVES * slowest > self.window_s:
+            raise InvalidArgument(f"long_halflife_s={self.long_halflife_s:g}, halflife_s={self.halflife_s:g}: "
+                                  f"window_s={self.window_s:g} must hold {HISTORY_HALFLIVES:g} half-lives")
+
+    def horizon_list(self) -> tuple[float, ...]:
+        """horizons parsed; raises ValueError when it is not a list of numbers."""
+        values = tuple(float(part) for part in self.horizons.split(",") if part.strip())
+        if not values or not all(math.isfinite(v) for v in values):
+            raise ValueError(self.horizons)
+        return values
+
+    def core_settings(self) -> CoreSettings:
+        return CoreSettings(step_s=self.step_s, window_s=self.window_s,
+                            max_families_per_call=self.max_families_per_call,
+                            max_horizon_s=self.max_horizon_s, max_future_s=self.max_future_s)
+
+    def builtin_params(self) -> EwmaParams:
+        return EwmaParams(version="builtin-ewma", horizons_s=self.horizon_list(), quantile=self.quantile,
+                          long_halflife_s=self.long_halflife_s, burst_ratio=self.burst_ratio,
+                          min_burst_count=self.min_burst_count, halflife_s=self.halflife_s)
+
+    def builtin_model(self) -> EwmaModel:
+        return EwmaModel(self.builtin_params())

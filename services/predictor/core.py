@@ -1,0 +1,262 @@
+"""The predictor core: arrival series in, per-family count forecasts out.
+
+Thread-safety: one lock guards the series, the counters and the model in
+service; forecasts run under it (they read the ring), model loading does not
+(file IO and validation happen first, then the swap is one assignment under
+the lock). A model that fails to load or validate is never swapped in.
+
+Time: observations carry their own time_s; forecasts are made at `now_s`
+(default: the injected clock), clamped up to the newest observation counted so
+the series never holds arrivals "after now".
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from speckv.services.common.clock import Clock
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.predictor.arrivals import Arrival, ObserveResult, RejectReason, Rejection, check_arrival
+from speckv.services.predictor.manifest import load_model
+from speckv.services.predictor.models import CountModel, SeriesState
+from speckv.services.predictor.series import ArrivalSeries, Placement
+
+BUILTIN_SOURCE = "builtin"
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    """Series shape and request limits. Seconds throughout."""
+
+    step_s: float = 1.0
+    window_s: float = 600.0
+    max_families_per_call: int = 100_000
+    max_horizons_per_call: int = 64
+    max_horizon_s: float = 600.0
+    max_future_s: float = 60.0  # observations further ahead of the clock are refused; 0: no limit
+    max_family_len: int = 1024
+
+    @property
+    def window_steps(self) -> int:
+        return round(self.window_s / self.step_s)
+
+    def validate(self) -> None:
+        for name in ("step_s", "window_s", "max_horizon_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InvalidArgument(f"{name}={value}: must be finite and > 0")
+        if self.window_steps < 2 or abs(self.window_steps * self.step_s - self.window_s) > 1e-9 * self.window_s:
+            raise InvalidArgument(f"window_s={self.window_s}: must be a whole number (>= 2) of step_s={self.step_s}")
+        if not (math.isfinite(self.max_future_s) and self.max_future_s >= 0):
+            raise InvalidArgument(f"max_future_s={self.max_future_s}: must be finite and >= 0")
+        for name in ("max_families_per_call", "max_horizons_per_call", "max_family_len"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 1")
+
+
+@dataclass(slots=True)
+class ForecastResult:
+    """Rows follow `families`; arrays have shape (families, horizons)."""
+
+    families: list[str]
+    known: np.ndarray  # bool: False where the family's prior was used
+    horizons_s: np.ndarray
+    expected: np.ndarray
+    upper: np.ndarray
+    burst_probability: np.ndarray
+    model_version: str
+    now_s: float
+
+
+@dataclass(slots=True)
+class ModelInfoRecord:
+    name: str
+    version: str
+    horizons_s: tuple[float, ...]
+    quantile: float
+    features: tuple[str, ...]
+    metrics: dict[str, float]
+    source: str
+    loaded_at_s: float
+    families_tracked: int
+    observations_total: int
+    burst_definition: str
+
+
+@dataclass(slots=True)
+class _Serving:
+    model: CountModel
+    source: str
+    loaded_at_s: float
+
+
+@dataclass(slots=True)
+class _Counters:
+    accepted: int = 0
+    late: int = 0  # accepted into an older step the window still holds
+    rejected: dict[RejectReason, int] = field(default_factory=lambda: {r: 0 for r in RejectReason})
+
+
+class PredictorCore:
+    def __init__(self, clock: Clock, model: CountModel, settings: CoreSettings,
+                 source: str = BUILTIN_SOURCE) -> None:
+        settings.validate()
+        self._clock = clock
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._series = ArrivalSeries(settings.step_s, settings.window_steps)
+        self._counters = _Counters()
+        self._check_fits(model)
+        self._serving = _Serving(model, source, clock.now())
+
+    # --- observations --------------------------------------------------------
+
+    def observe(self, arrivals: Iterable[Arrival]) -> ObserveResult:
+        """Counts every valid arrival; rejects the others one by one, each with
+        a counted reason. Never raises for a bad observation."""
+        s = self._settings
+        latest_allowed = self._clock.now() + s.max_future_s if s.max_future_s > 0 else math.inf
+        result = ObserveResult()
+        with self._lock:
+            for arrival in arrivals:
+                rejection = check_arrival(arrival, s.max_family_len, latest_allowed)
+                if rejection is None:
+                    placement = self._series.add(arrival.family, arrival.time_s)
+                    if placement is Placement.TOO_OLD:
+                        rejection = Rejection(RejectReason.TOO_OLD, f"time_s={arrival.time_s!r} is before the "
+                                              f"{s.window_s:g} s window the predictor holds")
+                    elif placement is Placement.COUNTED_LATE:
+                        self._counters.late += 1
+                if rejection is None:
+                    result.accepted += 1
+                else:
+                    self._counters.rejected[rejection.reason] += 1
+                    result.reject(rejection)
+            self._counters.accepted += result.accepted
+        return result
+
+    # --- forecasts -----------------------------------------------------------
+
+    def forecast(self, families: Sequence[str], horizons_s: Sequence[float] = (), now_s: float | None = None,
+                 max_families: int = 0) -> ForecastResult:
+        """Forecasts for `families` (one row each, in order). With no
+        families: every tracked family, ranked by expected count at the first
+        horizon and cut to max_families (0: all, up to max_families_per_call)."""
+        self._check_families(families)
+        if max_families < 0:
+            raise InvalidArgument(f"max_families={max_families}: must be >= 0")
+        horizons = self._horizons(horizons_s)
+        now = self._now(now_s)
+        with self._lock:
+            model = self._serving.model
+            horizons = horizons if horizons is not None else np.asarray(model.horizons_s, dtype=np.float64)
+            if len(families):
+                names, rows = list(families), self._series.rows_of(families)
+            else:
+                names, rows = self._series.tracked()
+            now = max(now, self._series.latest_time_s)
+            out = model.forecast(SeriesState(self._series, rows), now, horizons)
+        result = ForecastResult(names, rows >= 0, horizons, out.expected, out.upper, out.burst_probability,
+                                model.version, now)
+        if not len(families):
+            limit = min(max_families or self._settings.max_families_per_call, self._settings.max_families_per_call)
+            result = _top(result, limit)
+        return result
+
+    def top_families(self, k: int, horizons_s: Sequence[float] = (), now_s: float | None = None) -> ForecastResult:
+        """The k tracked families with the largest expected count at the first horizon."""
+        if k < 1:
+            raise InvalidArgument(f"k={k}: must be >= 1")
+        return self.forecast((), horizons_s, now_s, max_families=k)
+
+    # --- models --------------------------------------------------------------
+
+    def model_info(self) -> ModelInfoRecord:
+        with self._lock:
+            serving, tracked, total = self._serving, self._series.families_tracked, self._counters.accepted
+        m = serving.model
+        return ModelInfoRecord(m.name, m.version, tuple(m.horizons_s), m.quantile, tuple(m.features),
+                               dict(m.metrics), serving.source, serving.loaded_at_s, tracked, total,
+                               m.burst_definition)
+
+    def reload(self, path: str) -> ModelInfoRecord:
+        """Loads the model in directory path and swaps it in; on any error the
+        model in service stays and the error propagates."""
+        model = load_model(path)  # off the lock: file IO and validation
+        self.install(model, str(Path(path)))
+        return self.model_info()
+
+    def install(self, model: CountModel, source: str) -> None:
+        """Swaps model in atomically after checking it fits this series."""
+        self._check_fits(model)
+        serving = _Serving(model, source, self._clock.now())
+        with self._lock:
+            self._serving = serving
+
+    # --- counters for metrics ------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        """accepted, late and rejected_<reason> totals since start."""
+        with self._lock:
+            out = {"accepted": self._counters.accepted, "late": self._counters.late}
+            out.update({f"rejected_{r.value}": n for r, n in self._counters.rejected.items()})
+        return out
+
+    @property
+    def families_tracked(self) -> int:
+        with self._lock:
+            return self._series.families_tracked
+
+    # --- checks --------------------------------------------------------------
+
+    def _check_fits(self, model: CountModel) -> None:
+        s = self._settings
+        if model.history_s > s.window_s:
+            raise InvalidArgument(f"the model reads {model.history_s:g} s of history but window_s={s.window_s:g}; "
+                                  "shorten its half-lives or widen the window")
+        if max(model.horizons_s) > s.max_horizon_s:
+            raise InvalidArgument(f"horizons_s={list(model.horizons_s)}: above max_horizon_s={s.max_horizon_s:g}")
+
+    def _check_families(self, families: Sequence[str]) -> None:
+        s = self._settings
+        if len(families) > s.max_families_per_call:
+            raise InvalidArgument(f"families: {len(families)} given, at most {s.max_families_per_call} per call")
+        for i, family in enumerate(families):
+            if not family:
+                raise InvalidArgument(f"families[{i}] is empty")
+            if len(family) > s.max_family_len:
+                raise InvalidArgument(f"families[{i}] is longer than {s.max_family_len} characters")
+
+    def _horizons(self, horizons_s: Sequence[float]) -> np.ndarray | None:
+        s = self._settings
+        if not len(horizons_s):
+            return None
+        if len(horizons_s) > s.max_horizons_per_call:
+            raise InvalidArgument(f"horizons_s: {len(horizons_s)} given, at most {s.max_horizons_per_call}")
+        for i, h in enumerate(horizons_s):
+            if not (math.isfinite(h) and 0 < h <= s.max_horizon_s):
+                raise InvalidArgument(f"horizons_s[{i}]={h}: must be > 0 and <= {s.max_horizon_s:g}")
+        return np.asarray(horizons_s, dtype=np.float64)
+
+    def _now(self, now_s: float | None) -> float:
+        if now_s is None:
+            return self._clock.now()
+        if not (math.isfinite(now_s) and now_s >= 0):
+            raise InvalidArgument(f"now_s={now_s}: must be finite and >= 0")
+        return float(now_s)
+
+
+def _top(result: ForecastResult, limit: int) -> ForecastResult:
+    """The rows of result with the largest expected count at the first
+    horizon, best first (ties: row order)."""
+    if len(result.families) == 0:
+        return result
+    order = np.argsort(-result.expected[:, 0], kind="stable")[:limit]
+    return ForecastResult([result.families[i] for i in order.tolist()], result.known[order], result.horizons_s,
+                          result.expected[order], result.upper[order], result.burst_probability[order],
+                          result.model_version, result.now_s)

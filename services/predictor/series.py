@@ -1,0 +1,205 @@
+"""Per-family arrival counts on a fixed time step, many families in one NumPy ring.
+
+Layout: `counts[row, step % W]` holds the arrivals of the family in `row`
+during absolute step `step = floor(time_s / step_s)`, for the W steps that end
+at `head`, the newest step any accepted observation fell in. `total[step % W]`
+is the cluster-wide count of the same step.
+
+Invariants:
+- a column that does not hold a step in (head - W, head] is zero in every row
+  and in `total` (columns are zeroed as the head moves past them);
+- a row that no family owns is all zero, so a freed row is reusable as is;
+- a tracked family has at least one arrival in (head - W, head]: a family idle
+  for a whole window is forgotten (its row freed) when the head moves on.
+
+Time comes only from observations: the series never reads a clock. An
+observation in a step the head has passed but the window still holds
+(late-but-in-window) is counted in its own step; one from before the window
+is rejected as TOO_OLD, because its step's column now holds a newer step.
+
+Cost: O(1) per observation; when the head moves on, O(families) per step
+crossed (zeroing the columns that leave the window, dropping idle families).
+Memory: capacity * W * 4 bytes; rows grow by doubling. Counts are float32 so
+weighted sums run as one BLAS matrix-vector product; float32 is exact up to
+2**24 arrivals per family per step.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from typing import NewType, Sequence
+
+import numpy as np
+
+Family = NewType("Family", str)
+INITIAL_ROWS = 64
+
+
+class Placement(enum.Enum):
+    COUNTED = "counted"  # in the head step or a newer one
+    COUNTED_LATE = "counted_late"  # in an older step the window still holds
+    TOO_OLD = "too_old"  # before the window: not counted
+
+
+class ArrivalSeries:
+    """The ring of counts. Not thread-safe: the core serialises access."""
+
+    def __init__(self, step_s: float, window_steps: int, initial_rows: int = INITIAL_ROWS) -> None:
+        if not (math.isfinite(step_s) and step_s > 0):
+            raise ValueError(f"step_s={step_s}: must be finite and > 0")
+        if window_steps < 2:
+            raise ValueError(f"window_steps={window_steps}: need at least 2")
+        self.step_s = float(step_s)
+        self.window_steps = int(window_steps)
+        capacity = max(1, initial_rows)
+        self._counts = np.zeros((capacity, self.window_steps), dtype=np.float32)
+        self._last_step = np.zeros(capacity, dtype=np.int64)  # newest step with an arrival, per row
+        self._total = np.zeros(self.window_steps, dtype=np.float32)
+        self._row_of: dict[str, int] = {}
+        self._family_of: list[str | None] = [None] * capacity
+        self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() hands out low rows first
+        self._head: int | None = None
+        self._origin: int | None = None  # oldest step ever counted: history starts here
+        self._latest_time_s = 0.0
+
+    # --- reading -------------------------------------------------------------
+
+    @property
+    def head_step(self) -> int | None:
+        """Newest step with a counted observation; None before the first."""
+        return self._head
+
+    @property
+    def origin_step(self) -> int | None:
+        """Oldest step ever counted; steps before it were never observed."""
+        return self._origin
+
+    @property
+    def latest_time_s(self) -> float:
+        """Largest observation time counted so far (0.0 before the first)."""
+        return self._latest_time_s
+
+    @property
+    def families_tracked(self) -> int:
+        return len(self._row_of)
+
+    @property
+    def capacity(self) -> int:
+        return self._counts.shape[0]
+
+    def step_of(self, time_s: float) -> int:
+        return math.floor(time_s / self.step_s)
+
+    def row_of(self, family: str) -> int:
+        """The family's row, or -1 when it is not tracked."""
+        return self._row_of.get(family, -1)
+
+    def rows_of(self, families: Sequence[str]) -> np.ndarray:
+        get = self._row_of.get
+        return np.fromiter((get(f, -1) for f in families), dtype=np.int64, count=len(families))
+
+    def tracked(self) -> tuple[list[Family], np.ndarray]:
+        """Every tracked family and its row, in row order."""
+        rows = np.fromiter(sorted(self._row_of.values()), dtype=np.int64, count=len(self._row_of))
+        return [Family(self._family_of[r] or "") for r in rows.tolist()], rows
+
+    def column_steps(self) -> np.ndarray:
+        """Absolute step held by each ring column (int64, shape (W,)); only
+        meaningful for columns in (head - W, head]. Empty series: all -1."""
+        cols = np.arange(self.window_steps, dtype=np.int64)
+        if self._head is None:
+            return np.full(self.window_steps, -1, dtype=np.int64)
+        return self._head - ((self._head - cols) % self.window_steps)
+
+    def weighted_sums(self, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """counts[rows] @ weights as float64, shape (len(rows),). rows must be
+        valid (>= 0); weights has one float per column."""
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        if len(rows) * 4 >= self.capacity:  # most rows: one product over the whole ring, no gather copy
+            return (self._counts @ w)[rows].astype(np.float64)
+        return (self._counts[rows] @ w).astype(np.float64)
+
+    def weighted_total(self, weights: np.ndarray) -> float:
+        return float(self._total.astype(np.float64) @ np.asarray(weights, dtype=np.float64))
+
+    def count_in_step(self, rows: np.ndarray, step: int) -> tuple[np.ndarray, float]:
+        """Arrivals of rows in one absolute step, and the cluster total;
+        zeros when the window does not hold that step."""
+        if self._head is None or not (self._head - self.window_steps < step <= self._head):
+            return np.zeros(len(rows), dtype=np.float64), 0.0
+        col = step % self.window_steps
+        return self._counts[rows, col].astype(np.float64), float(self._total[col])
+
+    # --- writing -------------------------------------------------------------
+
+    def add(self, family: str, time_s: float, count: float = 1.0) -> Placement:
+        """Counts `count` arrivals of family at time_s (finite, >= 0: the
+        caller validates). Moves the head on when time_s is in a newer step."""
+        step = self.step_of(time_s)
+        if self._head is None or step > self._head:
+            self._advance(step)
+            placement = Placement.COUNTED
+        elif step <= self._head - self.window_steps:
+            return Placement.TOO_OLD
+        else:
+            placement = Placement.COUNTED if step == self._head else Placement.COUNTED_LATE
+        row = self._row_of.get(family)
+        if row is None:
+            row = self._take_row(family)
+        col = step % self.window_steps
+        self._counts[row, col] += count
+        self._total[col] += count
+        if step > self._last_step[row]:
+            self._last_step[row] = step
+        self._origin = step if self._origin is None else min(self._origin, step)
+        self._latest_time_s = max(self._latest_time_s, time_s)
+        return placement
+
+    def _advance(self, step: int) -> None:
+        """Moves the head to step: zeroes the columns of the steps that leave
+        the window and forgets families with no arrival left in it."""
+        if self._head is not None:
+            crossed = step - self._head
+            if crossed >= self.window_steps:
+                self._counts.fill(0.0)
+                self._total.fill(0.0)
+            else:
+                cols = np.arange(self._head + 1, step + 1, dtype=np.int64) % self.window_steps
+                self._counts[:, cols] = 0.0
+                self._total[cols] = 0.0
+        self._head = step
+        self._forget_idle(step - self.window_steps)
+
+    def _forget_idle(self, cutoff_step: int) -> None:
+        """Frees rows whose newest arrival is at or before cutoff_step (all
+        their counts have left the window, so the rows are already zero)."""
+        if not self._row_of:
+            return
+        idle = np.flatnonzero(self._last_step <= cutoff_step)
+        for row in idle.tolist():
+            family = self._family_of[row]
+            if family is None:
+                continue
+            del self._row_of[family]
+            self._family_of[row] = None
+            self._free.append(row)
+
+    def _take_row(self, family: str) -> int:
+        if not self._free:
+            self._grow()
+        row = self._free.pop()
+        self._row_of[family] = row
+        self._family_of[row] = family
+        self._last_step[row] = np.iinfo(np.int64).min
+        return row
+
+    def _grow(self) -> None:
+        old = self.capacity
+        new = old * 2
+        counts = np.zeros((new, self.window_steps), dtype=np.float32)
+        counts[:old] = self._counts
+        last = np.zeros(new, dtype=np.int64)
+        last[:old] = self._last_step
+        self._counts, self._last_step = counts, last
+        self._family_of.extend([None] * (new - old))
+        self._free.extend(range(new - 1, old - 1, -1))

@@ -1,0 +1,58 @@
+"""The predictor process: config, core, servicer, metrics, and a gRPC server."""
+from __future__ import annotations
+
+import threading
+from typing import Mapping
+
+import grpc
+
+from speckv.services.common.clock import Clock, SystemClock
+from speckv.services.common.config import parse_config
+from speckv.services.common.metrics import register_gauges
+from speckv.services.common.server import ServiceServer, serve_until_signal
+from speckv.services.common.telemetry import Telemetry, build_telemetry
+from speckv.services.predictor.config import PredictorConfig
+from speckv.services.predictor.core import BUILTIN_SOURCE, PredictorCore
+from speckv.services.predictor.manifest import load_model
+from speckv.services.predictor.servicer import PredictorServicer
+from speckv.v1 import predictor_pb2, predictor_pb2_grpc
+
+SERVICE = "predictor"
+
+
+def build_core(config: PredictorConfig, clock: Clock) -> PredictorCore:
+    """The core with the model of config.model_dir, or the builtin EWMA."""
+    if config.model_dir:
+        return PredictorCore(clock, load_model(config.model_dir), config.core_settings(), source=config.model_dir)
+    return PredictorCore(clock, config.builtin_model(), config.core_settings(), source=BUILTIN_SOURCE)
+
+
+def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
+    core = build_core(config, clock or SystemClock())
+    stopping = threading.Event()
+    servicer = PredictorServicer(core, stopping)
+
+    def register(server: grpc.Server) -> list[str]:
+        predictor_pb2_grpc.add_PredictorServicer_to_server(servicer, server)
+        return [predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name]
+
+    server = ServiceServer(SERVICE, config, telemetry, register)
+    server.on_stop(stopping.set)
+    _register_metrics(telemetry, core)
+    return server
+
+
+def _register_metrics(telemetry: Telemetry, core: PredictorCore) -> None:
+    def observations():
+        return [(float(n), {"outcome": name}) for name, n in core.counters().items()]
+
+    register_gauges(telemetry.meter_provider, SERVICE, {
+        "speckv.predictor.families_tracked": lambda: [(float(core.families_tracked), {})],
+        "speckv.predictor.observations": observations,
+    })
+
+
+def main(argv: list[str], environ: Mapping[str, str]) -> int:
+    config = parse_config(PredictorConfig, argv, environ, prog="speckv predictor")
+    telemetry = build_telemetry(SERVICE, environ)
+    return serve_until_signal(build_server(config, telemetry))

@@ -1,0 +1,74 @@
+"""gRPC face of the predictor: unpack, call the core, pack. No logic here."""
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import grpc
+
+from speckv.services.predictor.arrivals import Arrival, ObserveResult
+from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
+from speckv.v1 import predictor_pb2, predictor_pb2_grpc
+
+
+class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
+    def __init__(self, core: PredictorCore, stopping: threading.Event) -> None:
+        self._core = core
+        self._stopping = stopping
+
+    def ObserveArrivals(self, request_iterator: Iterator[predictor_pb2.Arrival],
+                        context: grpc.ServicerContext) -> predictor_pb2.ObserveSummary:
+        # Each message is counted as it arrives (forecasts see it at once).
+        # When the server stops, the stream is answered after the next message;
+        # a client that stays silent is cut off by the server's grace period.
+        total = ObserveResult()
+        for message in request_iterator:
+            total.merge(self._core.observe((arrival_from_proto(message),)))
+            if self._stopping.is_set():
+                break
+        return predictor_pb2.ObserveSummary(accepted=total.accepted, rejected=total.rejected,
+                                            first_error=total.first_error)
+
+    def Forecast(self, request: predictor_pb2.ForecastRequest,
+                 context: grpc.ServicerContext) -> predictor_pb2.ForecastResponse:
+        result = self._core.forecast(
+            list(request.families), list(request.horizons_s),
+            now_s=request.now_s if request.now_s else None, max_families=request.max_families)
+        return forecast_to_proto(result)
+
+    def GetModelInfo(self, request: predictor_pb2.ModelInfoRequest,
+                     context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
+        return model_info_to_proto(self._core.model_info())
+
+    def ReloadModel(self, request: predictor_pb2.ReloadModelRequest,
+                    context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
+        return model_info_to_proto(self._core.reload(request.path))
+
+
+def arrival_from_proto(message: predictor_pb2.Arrival) -> Arrival:
+    return Arrival(time_s=message.time_s, family=message.family, node_id=message.node_id,
+                   prompt_tokens=message.prompt_tokens, cached_tokens=message.cached_tokens)
+
+
+def forecast_to_proto(result: ForecastResult) -> predictor_pb2.ForecastResponse:
+    horizons = result.horizons_s.tolist()
+    expected, upper, burst = result.expected.tolist(), result.upper.tolist(), result.burst_probability.tolist()
+    known = result.known.tolist()
+    HorizonForecast, FamilyForecast = predictor_pb2.HorizonForecast, predictor_pb2.FamilyForecast
+    forecasts = [
+        FamilyForecast(family=family, known=known[i], horizons=[
+            HorizonForecast(horizon_s=h, expected_count=expected[i][j], upper_quantile=upper[i][j],
+                            burst_probability=burst[i][j])
+            for j, h in enumerate(horizons)])
+        for i, family in enumerate(result.families)
+    ]
+    return predictor_pb2.ForecastResponse(forecasts=forecasts, model_version=result.model_version,
+                                          now_s=result.now_s)
+
+
+def model_info_to_proto(info: ModelInfoRecord) -> predictor_pb2.ModelInfo:
+    return predictor_pb2.ModelInfo(
+        name=info.name, version=info.version, horizons_s=list(info.horizons_s), quantile=info.quantile,
+        features=list(info.features), metrics=info.metrics, source=info.source, loaded_at_s=info.loaded_at_s,
+        families_tracked=info.families_tracked, observations_total=info.observations_total,
+        burst_definition=info.burst_definition)

@@ -1,0 +1,157 @@
+"""Which node holds which KV block, fed by the kvstores' KV events.
+
+Two maps kept in step, so every update is O(1) per block:
+  holders:   block hash -> set of nodes holding it
+  inventory: node -> set of block hashes it holds
+plus prefix families: family -> the hash of its first block (a chain root),
+so "nodes holding the family" is holders(root). Roots are learnt from events
+whose blocks start a chain (has_parent false) and from routed requests; a
+family is forgotten once no node holds its root, so the map is bounded by the
+resident blocks.
+
+Event semantics (vLLM KV events): STORED and COMMITTED add blocks, REMOVED
+drops them, SNAPSHOT replaces the node's whole inventory. Not thread-safe:
+SchedulerCore serialises access.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from speckv.services.scheduler.ids import BlockHash, Family, NodeId, default_family
+
+
+class EventKind(enum.Enum):
+    STORED = "stored"
+    REMOVED = "removed"
+    COMMITTED = "committed"
+    SNAPSHOT = "snapshot"
+
+
+@dataclass(slots=True)
+class IndexEvent:
+    """A KV event as the index needs it (decoupled from the proto)."""
+
+    kind: EventKind
+    block_hashes: list[int]
+    has_parent: bool = False
+    family: str = ""
+    sequence: int = 0
+
+
+@dataclass(slots=True)
+class BlockIndex:
+    _holders: dict[int, set[NodeId]] = field(default_factory=dict)
+    _inventory: dict[NodeId, set[int]] = field(default_factory=dict)
+    _family_root: dict[Family, int] = field(default_factory=dict)
+    _root_families: dict[int, set[Family]] = field(default_factory=dict)
+
+    def apply(self, node: NodeId, event: IndexEvent) -> None:
+        if event.kind is EventKind.SNAPSHOT:
+            self.drop_node(node)
+            self._add(node, event.block_hashes)
+        elif event.kind in (EventKind.STORED, EventKind.COMMITTED):
+            self._add(node, event.block_hashes)
+            if not event.has_parent and event.block_hashes:
+                family = Family(event.family) if event.family else default_family(event.block_hashes)
+                self.note_family(family, event.block_hashes[0])
+        elif event.kind is EventKind.REMOVED:
+            for h in event.block_hashes:
+                self._remove(node, h)
+
+    def drop_node(self, node: NodeId) -> None:
+        """Forgets everything node holds (re-registration, snapshot, removal)."""
+        for h in self._inventory.pop(node, set()):
+            self._unhold(node, h)
+
+    def note_family(self, family: Family, root: int) -> None:
+        """Records root as family's first block, if some node holds it."""
+        if not family or root not in self._holders:
+            return
+        old = self._family_root.get(family)
+        if old == root:
+            return
+        if old is not None:
+            self._forget_root_family(old, family)
+        self._family_root[family] = root
+        self._root_families.setdefault(root, set()).add(family)
+
+    def holders(self, block_hash: int) -> frozenset[NodeId]:
+        return frozenset(self._holders.get(block_hash, ()))
+
+    def family_nodes(self, family: Family) -> frozenset[NodeId]:
+        root = self._family_root.get(family)
+        return self.holders(root) if root is not None else frozenset()
+
+    def family_root(self, family: Family) -> BlockHash | None:
+        root = self._family_root.get(family)
+        return BlockHash(root) if root is not None else None
+
+    def families(self) -> list[Family]:
+        return list(self._family_root)
+
+    def longest_prefix(self, node: NodeId, block_hashes: Sequence[int]) -> int:
+        """Number of leading hashes node holds."""
+        held = self._inventory.get(node, ())
+        count = 0
+        for h in block_hashes:
+            if h not in held:
+                break
+            count += 1
+        return count
+
+    def prefix_lengths(self, block_hashes: Sequence[int]) -> dict[NodeId, int]:
+        """longest_prefix for every node holding at least the first block.
+
+        One walk down the chain, intersecting holder sets: the cost is the sum
+        of holders over the prefix, not nodes x blocks."""
+        if not block_hashes:
+            return {}
+        alive = set(self._holders.get(block_hashes[0], ()))
+        lengths: dict[NodeId, int] = {}
+        for i, h in enumerate(block_hashes):
+            holding = self._holders.get(h, set())
+            for node in [n for n in alive if n not in holding]:
+                lengths[node] = i
+                alive.discard(node)
+            if not alive:
+                break
+        for node in alive:
+            lengths[node] = len(block_hashes)
+        return lengths
+
+    def num_blocks(self, node: NodeId) -> int:
+        return len(self._inventory.get(node, ()))
+
+    def num_families(self) -> int:
+        return len(self._family_root)
+
+    def _add(self, node: NodeId, hashes: Iterable[int]) -> None:
+        held = self._inventory.setdefault(node, set())
+        for h in hashes:
+            held.add(h)
+            self._holders.setdefault(h, set()).add(node)
+
+    def _remove(self, node: NodeId, h: int) -> None:
+        held = self._inventory.get(node)
+        if held is not None and h in held:
+            held.discard(h)
+            self._unhold(node, h)
+
+    def _unhold(self, node: NodeId, h: int) -> None:
+        nodes = self._holders.get(h)
+        if nodes is None:
+            return
+        nodes.discard(node)
+        if not nodes:
+            del self._holders[h]
+            for family in self._root_families.pop(h, set()):
+                self._family_root.pop(family, None)
+
+    def _forget_root_family(self, root: int, family: Family) -> None:
+        families = self._root_families.get(root)
+        if families is not None:
+            families.discard(family)
+            if not families:
+                del self._root_families[root]

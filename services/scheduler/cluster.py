@@ -1,0 +1,165 @@
+"""The nodes the scheduler knows: address, capacity, geometry, load and liveness.
+
+Invariants:
+- A node is *alive* iff its last heartbeat (registration counts as one) is at
+  most `node_timeout_s` seconds old on the injected clock. Liveness is a pure
+  function of the clock, so a node that stops heartbeating stops receiving
+  routes and orders at once, even between sweeps; `sweep()` only records the
+  UP -> DOWN transition (for logs and metrics).
+- A heartbeat from a known node revives it; one from an unknown node is
+  answered `known=False` so the node re-registers.
+- Re-registering replaces the address and geometry, clears the load, and bumps
+  `generation`; whoever tracks per-registration state (block inventory, event
+  streams) compares generations to drop stale work.
+- `pending_tokens` / `pending_requests` count work routed to a node since its
+  last heartbeat, so a burst between two heartbeats is not piled on one node.
+  The next heartbeat's queue figures include that work, so it resets them.
+- All nodes share one block size: block hashes are chained over block_size
+  tokens, so nodes with different block sizes could never share a block.
+
+Not thread-safe: SchedulerCore serialises access. Times are clock seconds.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.scheduler.geometry import Geometry
+from speckv.services.scheduler.ids import NodeId
+
+
+class NodeStatus(enum.Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(slots=True)
+class NodeLoad:
+    """Load as last reported by the node's heartbeat."""
+
+    queued_tokens: int = 0  # prefill tokens waiting
+    running_tokens: int = 0  # tokens in running sequences
+    free_pages: int = 0
+    running_requests: int = 0
+    waiting_requests: int = 0
+
+
+@dataclass(slots=True)
+class Node:
+    node_id: NodeId
+    address: str
+    capacity_pages: int
+    geometry: Geometry
+    registered_at: float
+    last_heartbeat: float
+    generation: int
+    load: NodeLoad = field(default_factory=NodeLoad)
+    status: NodeStatus = NodeStatus.UP
+    pending_tokens: int = 0
+    pending_requests: int = 0
+    routes_total: int = 0
+
+    @property
+    def queued_tokens(self) -> int:
+        """Reported queue plus what was routed here since the last heartbeat."""
+        return self.load.queued_tokens + self.pending_tokens
+
+    @property
+    def waiting_requests(self) -> int:
+        return self.load.waiting_requests + self.pending_requests
+
+
+class Cluster:
+    def __init__(self, node_timeout_s: float) -> None:
+        if node_timeout_s <= 0:
+            raise InvalidArgument(f"node_timeout_s={node_timeout_s}: must be > 0")
+        self._timeout_s = node_timeout_s
+        self._nodes: dict[NodeId, Node] = {}
+        self._generations = 0
+
+    @property
+    def node_timeout_s(self) -> float:
+        return self._timeout_s
+
+    def register(self, node_id: NodeId, address: str, capacity_pages: int,
+                 geometry: Geometry, now: float) -> tuple[Node, bool]:
+        """Adds or replaces a node; returns it and whether it was known."""
+        if not node_id:
+            raise InvalidArgument("node_id is empty")
+        if not address or ":" not in address:
+            raise InvalidArgument(f"address={address!r}: expected host:port")
+        if capacity_pages <= 0:
+            raise InvalidArgument(f"capacity_pages={capacity_pages}: must be > 0")
+        geometry.validate()
+        self._check_block_size(node_id, geometry.block_size)
+        self._generations += 1
+        previous = self._nodes.get(node_id)
+        node = Node(node_id, address, capacity_pages, geometry, registered_at=now,
+                    last_heartbeat=now, generation=self._generations,
+                    load=NodeLoad(free_pages=capacity_pages),
+                    routes_total=previous.routes_total if previous else 0)
+        self._nodes[node_id] = node
+        return node, previous is not None
+
+    def heartbeat(self, node_id: NodeId, load: NodeLoad, now: float) -> bool:
+        """Records load; False when the node is unknown (it must register)."""
+        if not node_id:
+            raise InvalidArgument("node_id is empty")
+        node = self._nodes.get(node_id)
+        if node is None:
+            return False
+        node.load = load
+        node.last_heartbeat = max(node.last_heartbeat, now)
+        node.status = NodeStatus.UP
+        node.pending_tokens = 0
+        node.pending_requests = 0
+        return True
+
+    def get(self, node_id: NodeId) -> Node:
+        if not node_id:
+            raise InvalidArgument("node_id is empty")
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise NotFound(f"node {node_id!r} is not registered")
+        return node
+
+    def find(self, node_id: NodeId) -> Node | None:
+        return self._nodes.get(node_id)
+
+    def is_alive(self, node: Node, now: float) -> bool:
+        return now - node.last_heartbeat <= self._timeout_s
+
+    def nodes(self) -> list[Node]:
+        return sorted(self._nodes.values(), key=lambda n: n.node_id)
+
+    def live_nodes(self, now: float) -> list[Node]:
+        return [n for n in self.nodes() if self.is_alive(n, now)]
+
+    def sweep(self, now: float) -> list[NodeId]:
+        """Marks timed-out nodes DOWN; returns those that just went down."""
+        went_down = []
+        for node in self._nodes.values():
+            if node.status is NodeStatus.UP and not self.is_alive(node, now):
+                node.status = NodeStatus.DOWN
+                went_down.append(node.node_id)
+        return sorted(went_down)
+
+    def add_pending(self, node_id: NodeId, tokens: int) -> None:
+        node = self._nodes[node_id]
+        node.pending_tokens += tokens
+        node.pending_requests += 1
+        node.routes_total += 1
+
+    def block_size(self) -> int | None:
+        """The cluster's block size, or None while no node is registered."""
+        for node in self._nodes.values():
+            return node.geometry.block_size
+        return None
+
+    def _check_block_size(self, node_id: NodeId, block_size: int) -> None:
+        for other in self._nodes.values():
+            if other.node_id != node_id and other.geometry.block_size != block_size:
+                raise FailedPrecondition(
+                    f"geometry.block_size={block_size} differs from node {other.node_id!r} "
+                    f"({other.geometry.block_size}); all nodes must share one block size")

@@ -1,0 +1,52 @@
+"""Configuration of the scheduler service (flags --field-name, env SPECKV_FIELD_NAME)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from speckv.services.common.config import check_positive
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.server import ServerSettings
+from speckv.services.scheduler.engine_profile import get_profile
+from speckv.services.scheduler.policies.registry import default_registry
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig(ServerSettings):
+    node_timeout_s: float = field(default=5.0, metadata={"help": "a node silent this long is down (no routes, no orders)"})
+    heartbeat_interval_ms: int = field(default=1000, metadata={"help": "heartbeat interval told to nodes at registration"})
+    policy: str = field(default="none", metadata={"help": "replication policy at start"})
+    tick_s: float = field(default=0.25, metadata={"help": "seconds between policy ticks (also lease and liveness sweeps)"})
+    predictor: str = field(default="", metadata={"help": "predictor address host:port for arrival reports; empty = off"})
+    engine_profile: str = field(default="llama-3-8b-h100", metadata={"help": "prefill-time profile (services/config/engine_profiles.json)"})
+    engine_profiles_path: str = field(default="", metadata={"help": "engine profiles JSON; empty = the packaged one"})
+    link_gbps: float = field(default=25.0, metadata={"help": "node-to-node link bandwidth for fetch-time estimates, Gbit/s"})
+    link_overhead_ms: float = field(default=1.0, metadata={"help": "fixed cost of one node-to-node transfer, ms"})
+    lookup_timeout_s: float = field(default=0.2, metadata={"help": "deadline of Route's confirming KVStore.Lookup, s"})
+    ttft_target_ms: float = field(default=2000.0, metadata={"help": "TTFT SLO the planners aim for, ms"})
+    router_seed: int = field(default=0, metadata={"help": "seed of the router's tie-break RNG"})
+    tie_ms: float = field(default=1.0, metadata={"help": "expected TTFTs this close (ms) count as a tie and are spread"})
+    arrival_queue: int = field(default=10000, metadata={"help": "arrival reports buffered for the predictor before dropping"})
+    predictor_timeout_s: float = field(default=2.0, metadata={"help": "deadline of one ObserveArrivals batch, s"})
+
+    def validate(self) -> None:
+        ServerSettings.validate(self)
+        for name in ("node_timeout_s", "tick_s", "link_gbps", "lookup_timeout_s", "ttft_target_ms",
+                     "predictor_timeout_s"):
+            check_positive(name, getattr(self, name))
+        if self.heartbeat_interval_ms <= 0:
+            raise InvalidArgument(f"heartbeat_interval_ms={self.heartbeat_interval_ms}: must be > 0")
+        if self.heartbeat_interval_ms >= self.node_timeout_s * 1000:
+            raise InvalidArgument(f"heartbeat_interval_ms={self.heartbeat_interval_ms}: must be shorter "
+                                  f"than node_timeout_s={self.node_timeout_s}")
+        if self.link_overhead_ms < 0:
+            raise InvalidArgument(f"link_overhead_ms={self.link_overhead_ms}: must be >= 0")
+        if self.tie_ms < 0:
+            raise InvalidArgument(f"tie_ms={self.tie_ms}: must be >= 0")
+        if self.arrival_queue <= 0:
+            raise InvalidArgument(f"arrival_queue={self.arrival_queue}: must be > 0")
+        if self.predictor and ":" not in self.predictor:
+            raise InvalidArgument(f"predictor={self.predictor!r}: expected host:port or empty")
+        registry = default_registry()
+        if self.policy not in registry.available():
+            raise InvalidArgument(f"policy={self.policy!r} is unknown; available: {', '.join(registry.available())}")
+        get_profile(self.engine_profile, self.engine_profiles_path or None)

@@ -1,0 +1,1 @@
+"""Replication policies: what to copy where, each tick. See base.py."""

@@ -1,0 +1,66 @@
+"""The policy interface: every tick the scheduler shows the active policy a
+read-only view of the cluster and submits the orders it returns.
+
+A policy is a small object with a `name`, a one-paragraph `description` and
+`plan(now, view) -> list[OrderSpec]`. `plan` runs on the ticker thread with
+the scheduler's lock held, so it must be quick and must not do I/O; a policy
+that needs remote inputs (forecasts) fetches them in `prepare(now)`, which runs
+first, without the lock. The same objects run in the live cluster and in the
+discrete-event simulator, so they take time only from `now`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from speckv.services.scheduler.ids import BlockHash, Family, NodeId
+from speckv.services.scheduler.orders import Order, OrderSpec
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    node_id: NodeId
+    address: str
+    alive: bool
+    capacity_pages: int
+    free_pages: int
+    queued_tokens: int
+    running_tokens: int
+    waiting_requests: int
+    block_size: int
+    bytes_per_block: int
+    num_blocks: int
+
+
+class IndexReader(Protocol):
+    """Read-only block index (valid only during plan())."""
+
+    def holders(self, block_hash: int) -> frozenset[NodeId]: ...
+    def family_nodes(self, family: Family) -> frozenset[NodeId]: ...
+    def family_root(self, family: Family) -> BlockHash | None: ...
+    def families(self) -> list[Family]: ...
+    def longest_prefix(self, node: NodeId, block_hashes: Sequence[int]) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    now: float
+    nodes: tuple[NodeView, ...]
+    index: IndexReader
+    active_orders: tuple[Order, ...]
+
+    def live_nodes(self) -> list[NodeView]:
+        return [n for n in self.nodes if n.alive]
+
+
+class Policy(Protocol):
+    name: str
+    description: str
+
+    def prepare(self, now: float) -> None:
+        """Gathers remote inputs before plan(); runs without the scheduler lock."""
+        ...
+
+    def plan(self, now: float, view: ClusterView) -> list[OrderSpec]:
+        """Orders to issue now; invalid ones are logged and dropped."""
+        ...

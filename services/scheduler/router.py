@@ -1,0 +1,133 @@
+"""Routing: pick the node with the least expected time to first token.
+
+KV-aware, load-aware router (the `none` policy's router, like Dynamo's KV
+router or llm-d's precise prefix-cache scorer, plus on-demand pulls as in
+llm-d P2P / Mooncake's conductor). For a request of P prompt tokens whose
+chain of full blocks is h_1..h_B (block size S), and each live node n:
+
+  c_n       = longest prefix of h_1..h_B that n holds (block index), blocks
+  queue_n   = ms_per_token * (queued tokens reported + routed since the last
+              heartbeat) + overhead_ms * (waiting requests + routed since)
+  local_n   = prefill_ms(new = P - c_n*S, cached = c_n*S)
+  fetch_n   = with H the live node holding the longest prefix c_H > c_n:
+              transfer_ms((c_H - c_n) * bytes_per_block)
+              + prefill_ms(new = P - c_H*S, cached = c_H*S)
+  TTFT_n    = queue_n + min(local_n, fetch_n)
+
+The pull is chosen only when fetch_n < local_n (strictly cheaper); the
+response then names H and c_H - c_n blocks. Cached tokens are capped at P - 1
+because the engine always computes the last prompt token.
+
+Spreading: nodes within `tie_ms` (default 1 ms) of the best TTFT tie; among
+them the one with the fewest routes in flight (routed since its last
+heartbeat) wins, then a seeded RNG picks. The caller adds each routed
+request's uncached tokens to the node's pending load, so a burst between two
+heartbeats sees its own queue build up and spreads instead of piling on the
+first winner.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
+from speckv.services.scheduler.ids import Family, NodeId
+
+
+@dataclass(slots=True)
+class RouteQuery:
+    request_id: str
+    block_hashes: list[int]
+    prompt_tokens: int
+    family: Family
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A live node as the router sees it."""
+
+    node_id: NodeId
+    queued_tokens: int
+    waiting_requests: int
+    routes_in_flight: int
+    cached_blocks: int
+    block_size: int
+    bytes_per_block: int
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    node_id: NodeId
+    cached_blocks: int
+    expected_ttft_ms: float
+    queue_ms: float
+    prefill_ms: float
+    fetch_ms: float = 0.0
+    fetch_from: NodeId | None = None
+    fetch_blocks: int = 0
+
+
+class RoutingStrategy(Protocol):
+    name: str
+
+    def choose(self, query: RouteQuery, candidates: Sequence[Candidate]) -> RouteDecision:
+        """Picks one of candidates (non-empty, all live)."""
+        ...
+
+    def estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> RouteDecision:
+        """The decision for routing query to node, pulling from holder if cheaper."""
+        ...
+
+
+class KvAwareRouter:
+    name = "kv-aware"
+
+    def __init__(self, profile: EngineProfile, link: LinkModel, seed: int = 0, tie_ms: float = 1.0) -> None:
+        self._profile = profile
+        self._link = link
+        self._rng = random.Random(seed)
+        self._tie_ms = tie_ms
+
+    def choose(self, query: RouteQuery, candidates: Sequence[Candidate]) -> RouteDecision:
+        if not candidates:
+            raise ValueError("no candidates")
+        holder = best_holder(candidates)
+        decisions = {c.node_id: self.estimate(query, c, holder) for c in candidates}
+        best = min(d.expected_ttft_ms for d in decisions.values())
+        tied = [c for c in candidates if decisions[c.node_id].expected_ttft_ms <= best + self._tie_ms]
+        fewest = min(c.routes_in_flight for c in tied)
+        tied = sorted((c for c in tied if c.routes_in_flight == fewest), key=lambda c: c.node_id)
+        return decisions[self._rng.choice(tied).node_id]
+
+    def estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> RouteDecision:
+        queue_ms = self._profile.queue_ms(node.queued_tokens, node.waiting_requests)
+        local_ms = self._prefill(query, node.cached_blocks, node.block_size)
+        decision = RouteDecision(node.node_id, node.cached_blocks, queue_ms + local_ms, queue_ms, local_ms)
+        if holder is None or holder.node_id == node.node_id or holder.cached_blocks <= node.cached_blocks:
+            return decision
+        missing = holder.cached_blocks - node.cached_blocks
+        fetch_ms = self._link.transfer_ms(missing * node.bytes_per_block)
+        after_ms = self._prefill(query, holder.cached_blocks, node.block_size)
+        if fetch_ms + after_ms < local_ms:
+            return RouteDecision(node.node_id, node.cached_blocks, queue_ms + fetch_ms + after_ms,
+                                 queue_ms, after_ms, fetch_ms, holder.node_id, missing)
+        return decision
+
+    def _prefill(self, query: RouteQuery, cached_blocks: int, block_size: int) -> float:
+        cached = min(cached_blocks * block_size, query.prompt_tokens - 1)
+        return self._profile.prefill_ms(query.prompt_tokens - cached, cached)
+
+
+def best_holder(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The candidate with the longest cached prefix (ties: least busy, then id)."""
+    holders = [c for c in candidates if c.cached_blocks > 0]
+    if not holders:
+        return None
+    return min(holders, key=lambda c: (-c.cached_blocks, c.queued_tokens, c.node_id))
+
+
+def uncached_tokens(decision: RouteDecision, query: RouteQuery, block_size: int) -> int:
+    """Tokens the chosen node must prefill (its pending load until the next heartbeat)."""
+    cached_blocks = decision.cached_blocks + decision.fetch_blocks
+    return max(1, query.prompt_tokens - min(cached_blocks * block_size, query.prompt_tokens - 1))

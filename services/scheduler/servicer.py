@@ -1,0 +1,114 @@
+"""Scheduler gRPC servicer: unpack, call SchedulerCore, pack. Errors are the
+core's domain errors, mapped to status codes by the shared interceptor."""
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+from speckv.services.common.errors import Aborted, InvalidArgument
+from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.geometry import Geometry
+from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.orders import Order, OrderSpec, OrderState
+from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+STATE_TO_PROTO = {s: common_pb2.OrderState.Value(f"ORDER_STATE_{s.name}") for s in OrderState}
+STATE_FROM_PROTO = {v: k for k, v in STATE_TO_PROTO.items()}
+WATCH_POLL_S = 1.0  # how often an idle WatchOrders stream checks that its client is still there
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, core: SchedulerCore, stopping: threading.Event) -> None:
+        self._core = core
+        self._stopping = stopping
+
+    def RegisterNode(self, request, context):
+        again, interval_ms = self._core.register_node(
+            request.node_id, request.address, request.capacity_pages, _geometry(request))
+        return scheduler_pb2.RegisterNodeResponse(
+            node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again)
+
+    def Heartbeat(self, request, context):
+        load = NodeLoad(request.queued_tokens, request.running_tokens, request.free_pages,
+                        request.num_running_requests, request.num_waiting_requests)
+        return scheduler_pb2.HeartbeatResponse(known=self._core.heartbeat(request.node_id, load))
+
+    def Route(self, request, context):
+        r = self._core.route(request.request_id, request.block_hashes, request.prompt_tokens,
+                             request.family, request.arrival_time_s)
+        return scheduler_pb2.RouteResponse(
+            node_id=r.node_id, address=r.address, cached_blocks=r.cached_blocks,
+            expected_ttft_ms=r.expected_ttft_ms, fetch_from_node=r.fetch_from or "",
+            fetch_blocks=r.fetch_blocks, family=r.family, queue_ms=r.queue_ms,
+            prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms)
+
+    def WatchOrders(self, request, context) -> Iterator[common_pb2.ReplicationOrder]:
+        watcher = self._core.watch_orders(request.node_id)
+        context.add_callback(watcher.close)  # client gone: wake the loop at once
+        try:
+            while not self._stopping.is_set():
+                order = watcher.next(WATCH_POLL_S)
+                if order is not None:
+                    yield order_to_proto(order)
+                elif watcher.closed or not context.is_active():
+                    break
+            if watcher.overflowed:
+                raise Aborted("this WatchOrders reader fell behind; reconnect to get the issued orders")
+        finally:
+            self._core.unwatch(watcher)
+
+    def SubmitOrder(self, request, context):
+        if not request.HasField("order"):
+            raise InvalidArgument("order is missing")
+        o = request.order
+        spec = OrderSpec(Family(o.family), list(o.block_hashes), NodeId(o.source_node), NodeId(o.target_node),
+                         o.lease_ms, o.priority, o.expected_benefit_ms, o.policy, o.target_address, o.order_id)
+        return scheduler_pb2.SubmitOrderResponse(order_id=self._core.submit_order(spec).order_id)
+
+    def ReportOrderStatus(self, request, context):
+        state = STATE_FROM_PROTO.get(request.state)
+        if state is None:
+            raise InvalidArgument(f"state={request.state}: report IN_FLIGHT, COMMITTED, FAILED, "
+                                  "CANCELLED or EXPIRED")
+        new_state = self._core.report_order(request.order_id, state, request.message,
+                                            request.bytes_sent, request.blocks_sent)
+        return scheduler_pb2.OrderStatusAck(state=STATE_TO_PROTO[new_state])
+
+    def SetPolicy(self, request, context):
+        return _policy_info(self._core.set_policy(request.name))
+
+    def GetPolicy(self, request, context):
+        return _policy_info(self._core.get_policy())
+
+    def GetClusterState(self, request, context):
+        snap = self._core.cluster_state()
+        nodes = [scheduler_pb2.NodeState(
+            node_id=r.view.node_id, address=r.view.address, alive=r.view.alive,
+            capacity_pages=r.view.capacity_pages, free_pages=r.view.free_pages,
+            queued_tokens=r.view.queued_tokens, running_tokens=r.view.running_tokens,
+            num_blocks=r.view.num_blocks, last_heartbeat_age_s=r.last_heartbeat_age_s,
+            routes_total=r.routes_total) for r in snap.nodes]
+        orders = [scheduler_pb2.OrderCount(state=STATE_TO_PROTO[s], count=c) for s, c in snap.order_counts.items()]
+        return scheduler_pb2.ClusterState(nodes=nodes, policy=snap.policy, orders=orders,
+                                          num_families=snap.num_families, now_s=snap.now)
+
+
+def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:
+    s = order.spec
+    return common_pb2.ReplicationOrder(
+        order_id=order.order_id, family=s.family, block_hashes=s.block_hashes, source_node=s.source,
+        target_node=s.target, target_address=s.target_address, lease_ms=s.lease_ms, priority=s.priority,
+        expected_benefit_ms=s.expected_benefit_ms, policy=s.policy)
+
+
+def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> Geometry | None:
+    """The node's geometry, or None (the engine profile's) when it sent none."""
+    g = request.geometry
+    if not request.HasField("geometry") or not (g.num_layers or g.num_kv_heads or g.head_dim or g.block_size or g.dtype):
+        return None
+    return Geometry(g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name)
+
+
+def _policy_info(info) -> scheduler_pb2.PolicyInfo:
+    return scheduler_pb2.PolicyInfo(name=info.name, available=list(info.available), description=info.description)

@@ -1,0 +1,56 @@
+"""Two kvstore nodes with their scheduler agents against the real scheduler."""
+from __future__ import annotations
+
+import threading
+
+from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
+from tests.services.conftest_kvstore import TIMEOUT, block_bytes, get, kvstore, put, wait_until
+from tests.services.conftest_scheduler import scheduler
+
+
+def cluster_state(sched):
+    return sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT)
+
+
+def order_counts(sched):
+    return {c.state: c.count for c in cluster_state(sched).orders}
+
+
+def alive(sched):
+    return {n.node_id: n for n in cluster_state(sched).nodes if n.alive}
+
+
+def test_nodes_register_heartbeat_and_execute_orders():
+    with scheduler(policy="none") as (sched_server, sched):
+        agents = dict(scheduler=sched_server.address, heartbeat_interval_s=0.1, num_pages=32)
+        with kvstore(node_id="a", **agents) as (server_a, a), kvstore(node_id="b", **agents) as (server_b, b):
+            assert wait_until(lambda: set(alive(sched)) == {"a", "b"})
+            nodes = alive(sched)
+            assert nodes["a"].address == server_a.address and nodes["a"].capacity_pages == 32
+            put(a, 11, 12, 13)
+            assert wait_until(lambda: alive(sched)["a"].num_blocks == 3)  # the scheduler follows a's events
+
+            order = common_pb2.ReplicationOrder(block_hashes=[11, 12, 13], source_node="a", target_node="b",
+                                                lease_ms=60_000, family="fam")
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=order), timeout=TIMEOUT)
+            assert wait_until(lambda: order_counts(sched).get(common_pb2.ORDER_STATE_COMMITTED) == 1)
+            assert [x.data for x in get(b, 11, 12, 13)] == [block_bytes(h) for h in (11, 12, 13)]
+            assert b.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).replica_pages == 0  # read: now used
+
+            missing = common_pb2.ReplicationOrder(block_hashes=[99], source_node="a", target_node="b",
+                                                  lease_ms=60_000)
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=missing), timeout=TIMEOUT)
+            assert wait_until(lambda: order_counts(sched).get(common_pb2.ORDER_STATE_FAILED) == 1)
+
+
+def test_node_re_registers_with_a_restarted_scheduler_and_stops_cleanly():
+    with scheduler(policy="none") as (first_server, first):
+        port = first_server.port
+        with kvstore(node_id="a", scheduler=first_server.address, heartbeat_interval_s=0.1):
+            assert wait_until(lambda: "a" in alive(first))
+            first_server.stop(grace_s=0.5)
+            with scheduler(policy="none", port=port) as (_, second):
+                # The new scheduler answers heartbeats known=false; the node registers again.
+                assert wait_until(lambda: "a" in alive(second), timeout=3 * TIMEOUT)
+        # kvstore stopped with its agent: no thread left talking to the scheduler.
+        assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("a-")])

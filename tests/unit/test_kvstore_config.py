@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+
+from speckv.services.common.config import parse_config
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.kvstore.config import KVStoreConfig
+
+
+def parse(argv=(), environ=None):
+    return parse_config(KVStoreConfig, list(argv), environ or {}, prog="speckv kvstore")
+
+
+def test_defaults():
+    config = parse()
+    assert (config.node_id, config.geometry, config.num_pages, config.scheduler) == ("node-0", "tiny", 4096, "")
+    assert config.kv_geometry().bytes_per_block == 512 and config.chunk_bytes == 1 << 20
+
+
+def test_flags_beat_environment():
+    config = parse(["--geometry", "llama-3-8b", "--block-size", "32"],
+                   {"SPECKV_GEOMETRY": "tiny", "SPECKV_NODE_ID": "n7", "SPECKV_CHUNK_KIB": "256"})
+    assert config.node_id == "n7" and config.chunk_bytes == 256 * 1024
+    assert config.kv_geometry().block_size == 32 and config.kv_geometry().bytes_per_block == 4 << 20
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--node-id", " "], "node_id"),
+    (["--geometry", "gpt-9"], "geometry"),
+    (["--block-size", "-1"], "block_size"),
+    (["--num-pages", "0"], "num_pages"),
+    (["--chunk-kib", "128"], "chunk_kib"),
+    (["--chunk-kib", "8192"], "chunk_kib"),
+    (["--event-retention", "0"], "event_retention"),
+    (["--heartbeat-interval-s", "0"], "heartbeat_interval_s"),
+    (["--reservation-lease-s", "-1"], "reservation_lease_s"),
+    (["--max-message-mb", "4", "--geometry", "llama-3-70b", "--block-size", "16"], "max_message_mb"),
+    (["--port", "70000"], "port"),
+])
+def test_invalid_values_name_the_field(argv, field):
+    with pytest.raises(InvalidArgument, match=field):
+        parse(argv)

@@ -1,0 +1,106 @@
+"""ArrivalSeries: bucketing, ring wrap, late and too-old observations, idle families, growth."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speckv.services.predictor.series import ArrivalSeries, Placement
+
+
+def counts(series: ArrivalSeries, family: str, step: int) -> float:
+    row = series.row_of(family)
+    assert row >= 0, f"{family} not tracked"
+    got, _ = series.count_in_step(np.array([row]), step)
+    return float(got[0])
+
+
+@pytest.mark.parametrize("step_s", [0.25, 1.0, 2.0])
+def test_observations_fall_in_the_step_of_their_time(step_s: float) -> None:
+    series = ArrivalSeries(step_s, window_steps=8)
+    for t in (0.0, 0.2 * step_s, 0.99 * step_s, 1.0 * step_s, 2.5 * step_s):
+        assert series.add("f", t) is not Placement.TOO_OLD
+    assert counts(series, "f", 0) == 3
+    assert counts(series, "f", 1) == 1
+    assert counts(series, "f", 2) == 1
+    assert series.head_step == 2
+    assert series.latest_time_s == pytest.approx(2.5 * step_s)
+
+
+def test_ring_wraps_and_keeps_only_the_last_window() -> None:
+    series = ArrivalSeries(1.0, window_steps=4)
+    for step in range(10):
+        for _ in range(step + 1):
+            series.add("f", step + 0.5)
+    assert series.head_step == 9
+    assert sorted(series.column_steps().tolist()) == [6, 7, 8, 9]
+    for step in range(6):
+        assert counts(series, "f", step) == 0  # left the window
+    for step in range(6, 10):
+        assert counts(series, "f", step) == step + 1
+    _, total = series.count_in_step(np.zeros(0, dtype=np.int64), 9)
+    assert total == 10
+
+
+def test_late_observation_in_window_is_counted_and_too_old_is_rejected() -> None:
+    series = ArrivalSeries(1.0, window_steps=4)
+    assert series.add("f", 10.2) is Placement.COUNTED
+    assert series.add("f", 8.9) is Placement.COUNTED_LATE  # step 8 is in (6, 10]
+    assert series.add("f", 6.9) is Placement.TOO_OLD  # step 6 is not
+    assert counts(series, "f", 8) == 1
+    assert counts(series, "f", 10) == 1
+    assert series.origin_step == 8
+    assert series.latest_time_s == 10.2
+
+
+def test_a_jump_longer_than_the_window_clears_everything() -> None:
+    series = ArrivalSeries(1.0, window_steps=4)
+    series.add("old", 1.0)
+    series.add("new", 100.0)
+    assert series.row_of("old") == -1
+    assert counts(series, "new", 100) == 1
+    assert np.count_nonzero(series.column_steps() > 96) == 4
+    _, total = series.count_in_step(np.zeros(0, dtype=np.int64), 100)
+    assert total == 1
+
+
+def test_idle_families_are_forgotten_and_their_rows_reused_clean() -> None:
+    series = ArrivalSeries(1.0, window_steps=4, initial_rows=2)
+    series.add("idle", 0.5)
+    series.add("busy", 0.5)
+    for step in range(1, 5):
+        series.add("busy", step + 0.5)
+    assert series.row_of("idle") == -1  # its only arrival (step 0) left the window at head 4
+    assert series.families_tracked == 1
+    series.add("fresh", 4.5)
+    row = series.row_of("fresh")
+    weights = np.ones(series.window_steps)
+    assert series.weighted_sums(np.array([row]), weights)[0] == 1.0
+
+
+def test_rows_grow_by_doubling_without_losing_counts() -> None:
+    series = ArrivalSeries(1.0, window_steps=4, initial_rows=2)
+    for i in range(100):
+        for _ in range(i % 7 + 1):
+            series.add(f"f{i}", 3.0)
+    assert series.capacity == 128
+    families, rows = series.tracked()
+    assert len(families) == 100
+    sums = series.weighted_sums(series.rows_of([f"f{i}" for i in range(100)]), np.ones(4))
+    np.testing.assert_array_equal(sums, [i % 7 + 1 for i in range(100)])
+    assert series.rows_of(["nope"]).tolist() == [-1]
+
+
+def test_total_is_the_sum_over_families() -> None:
+    rng = np.random.default_rng(3)
+    series = ArrivalSeries(1.0, window_steps=16)
+    for t, f in zip(np.sort(rng.uniform(0, 40, 2000)), rng.integers(0, 30, 2000)):
+        series.add(f"f{f}", float(t))
+    weights = rng.uniform(0, 1, 16)
+    _, rows = series.tracked()
+    assert series.weighted_total(weights) == pytest.approx(series.weighted_sums(rows, weights).sum(), rel=1e-5)
+
+
+@pytest.mark.parametrize("step_s, window_steps", [(0.0, 4), (-1.0, 4), (float("nan"), 4), (1.0, 1)])
+def test_bad_shapes_are_refused(step_s: float, window_steps: int) -> None:
+    with pytest.raises(ValueError):
+        ArrivalSeries(step_s, window_steps)

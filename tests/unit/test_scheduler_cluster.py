@@ -1,0 +1,85 @@
+import pytest
+
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.scheduler.cluster import Cluster, NodeLoad, NodeStatus
+from speckv.services.scheduler.geometry import Geometry
+from speckv.services.scheduler.ids import NodeId
+
+GEO = Geometry(2, 2, 8, "float16", 4)
+
+
+def make(timeout=5.0):
+    return Cluster(node_timeout_s=timeout)
+
+
+def test_node_goes_down_after_timeout_and_heartbeat_revives_it():
+    c = make()
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
+    assert [n.node_id for n in c.live_nodes(5.0)] == ["a"]
+    assert c.live_nodes(5.01) == []
+    assert c.sweep(5.01) == ["a"]
+    assert c.sweep(6.0) == []  # reported once
+    assert c.get(NodeId("a")).status is NodeStatus.DOWN
+    assert c.heartbeat(NodeId("a"), NodeLoad(queued_tokens=7), now=9.0)
+    assert c.get(NodeId("a")).status is NodeStatus.UP
+    assert [n.node_id for n in c.live_nodes(9.0)] == ["a"]
+
+
+def test_unknown_heartbeat_is_not_known():
+    assert make().heartbeat(NodeId("ghost"), NodeLoad(), now=0.0) is False
+
+
+def test_reregistration_replaces_address_and_resets_load():
+    c = make()
+    first, again = c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
+    assert not again
+    c.heartbeat(NodeId("a"), NodeLoad(queued_tokens=50, free_pages=3), now=1.0)
+    c.add_pending(NodeId("a"), 10)
+    node, again = c.register(NodeId("a"), "h:2", 200, GEO, now=2.0)
+    assert again and node.address == "h:2" and node.capacity_pages == 200
+    assert node.queued_tokens == 0 and node.load.free_pages == 200
+    assert node.generation > first.generation
+    assert node.routes_total == 1  # history survives
+
+
+def test_heartbeat_clears_pending_load():
+    c = make()
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
+    c.add_pending(NodeId("a"), 40)
+    assert c.get(NodeId("a")).queued_tokens == 40
+    c.heartbeat(NodeId("a"), NodeLoad(queued_tokens=45), now=0.5)
+    node = c.get(NodeId("a"))
+    assert node.queued_tokens == 45 and node.pending_requests == 0
+
+
+@pytest.mark.parametrize("node_id,address,capacity,exc", [
+    ("", "h:1", 10, InvalidArgument),
+    ("a", "", 10, InvalidArgument),
+    ("a", "nocolon", 10, InvalidArgument),
+    ("a", "h:1", 0, InvalidArgument),
+])
+def test_register_rejects_malformed(node_id, address, capacity, exc):
+    with pytest.raises(exc):
+        make().register(NodeId(node_id), address, capacity, GEO, now=0.0)
+
+
+def test_register_rejects_bad_geometry_and_mixed_block_sizes():
+    c = make()
+    with pytest.raises(InvalidArgument, match="dtype"):
+        c.register(NodeId("a"), "h:1", 10, Geometry(2, 2, 8, "int8", 4), now=0.0)
+    c.register(NodeId("a"), "h:1", 10, GEO, now=0.0)
+    with pytest.raises(FailedPrecondition, match="block_size"):
+        c.register(NodeId("b"), "h:2", 10, Geometry(2, 2, 8, "float16", 8), now=0.0)
+    # the only node may change its own block size
+    c.register(NodeId("a"), "h:1", 10, Geometry(2, 2, 8, "float16", 8), now=0.0)
+
+
+def test_get_unknown_is_not_found():
+    with pytest.raises(NotFound):
+        make().get(NodeId("x"))
+
+
+def test_geometry_bytes():
+    llama = Geometry(32, 8, 128, "bfloat16", 16)
+    assert llama.bytes_per_token == 128 * 1024
+    assert llama.bytes_per_block == 2 * 1024 * 1024

@@ -1,0 +1,164 @@
+from collections import Counter
+
+import pytest
+
+from speckv.services.common.clock import ManualClock
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from speckv.services.scheduler.block_index import EventKind, IndexEvent
+from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.core import CoreSettings, SchedulerCore
+from speckv.services.scheduler.engine_profile import get_profile
+from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.orders import OrderSpec, OrderState
+
+CHAIN = list(range(100, 164))  # 64 blocks of 4 tokens (tiny profile)
+BS = 4
+
+
+class Confirmer:
+    def __init__(self, answer=None):
+        self.answer = answer
+        self.calls = []
+
+    def confirm(self, address, hashes):
+        self.calls.append(address)
+        return self.answer
+
+
+class Sink:
+    def __init__(self):
+        self.arrivals = []
+
+    def offer(self, a):
+        self.arrivals.append(a)
+        return True
+
+
+class Listener:
+    def __init__(self):
+        self.seen = []
+
+    def node_registered(self, node_id, address, generation, old_address):
+        self.seen.append((node_id, address, generation, old_address))
+
+
+@pytest.fixture
+def env():
+    clock = ManualClock(1000.0)
+    confirmer, sink, listener = Confirmer(), Sink(), Listener()
+    core = SchedulerCore(CoreSettings(node_timeout_s=5.0, link_gbps=1e-3), clock, get_profile("tiny"),
+                         confirmer=confirmer, arrivals=sink, listener=listener)
+    for n in "abc":
+        core.register_node(n, f"h:{n}", 1000, None)
+    return core, clock, confirmer, sink, listener
+
+
+def gen(listener, node):
+    return [g for n, _, g, _ in listener.seen if n == node][-1]
+
+
+def store(core, listener, node, hashes):
+    assert core.apply_kv_event(NodeId(node), gen(listener, node), IndexEvent(EventKind.STORED, hashes))
+
+
+def test_routes_to_cached_node_and_reports_arrival(env):
+    core, clock, confirmer, sink, listener = env
+    store(core, listener, "b", CHAIN)
+    r = core.route("r1", CHAIN, 64 * BS + 5)
+    assert r.node_id == "b" and r.cached_blocks == 64 and r.family == str(CHAIN[0])
+    assert r.confirmed is False and confirmer.calls == ["h:b"]
+    assert sink.arrivals[0].node_id == "b" and sink.arrivals[0].cached_tokens == 64 * BS
+    assert sink.arrivals[0].time_s == 1000.0
+    assert core.cluster_state().num_families == 1
+
+
+def test_confirmation_overrides_the_index(env):
+    core, clock, confirmer, sink, listener = env
+    store(core, listener, "b", CHAIN)
+    confirmer.answer = 10  # the node evicted the tail since its last event
+    r = core.route("r1", CHAIN, 64 * BS + 5, arrival_time_s=5.0)
+    assert r.node_id == "b" and r.cached_blocks == 10 and r.confirmed
+    assert sink.arrivals[0].time_s == 5.0 and sink.arrivals[0].cached_tokens == 10 * BS
+
+
+def test_burst_spreads_over_nodes_via_pending_load(env):
+    core, *_ = env
+    picks = Counter(core.route(f"r{i}", [], 2000).node_id for i in range(30))
+    assert set(picks) == {"a", "b", "c"} and max(picks.values()) - min(picks.values()) <= 1
+
+
+def test_down_nodes_get_no_routes_and_come_back(env):
+    core, clock, *_ = env
+    clock.advance(4.0)
+    core.heartbeat("a", NodeLoad())
+    clock.advance(2.0)  # b and c are now 6 s silent
+    assert {core.route("r", [], 10).node_id for _ in range(5)} == {"a"}
+    clock.advance(10.0)
+    with pytest.raises(Unavailable):
+        core.route("r", [], 10)
+    assert core.heartbeat("c", NodeLoad()) is True
+    assert core.route("r", [], 10).node_id == "c"
+    assert core.heartbeat("zz", NodeLoad()) is False
+
+
+def test_reregistration_resets_inventory_and_stales_old_streams(env):
+    core, clock, confirmer, sink, listener = env
+    store(core, listener, "b", CHAIN)
+    old = gen(listener, "b")
+    again, interval = core.register_node("b", "h:b2", 1000, None)
+    assert again and interval == 1000 and listener.seen[-1][3] == "h:b"
+    assert core.apply_kv_event(NodeId("b"), old, IndexEvent(EventKind.STORED, [1])) is False
+    assert core.reset_inventory(NodeId("b"), old) is False
+    state = {n.view.node_id: n for n in core.cluster_state().nodes}
+    assert state["b"].view.num_blocks == 0 and state["b"].view.address == "h:b2"
+
+
+@pytest.mark.parametrize("hashes,prompt,match", [
+    ([1], 0, "prompt_tokens"),
+    ([1, 2, 3], 2, "at least one token"),
+    ([1, 2, 3], 10, "exceed"),  # 3 blocks of 4 tokens > 10
+    ([1, 1], 100, "repeats"),
+    ([-1], 100, "uint64"),
+])
+def test_route_rejects_malformed(env, hashes, prompt, match):
+    with pytest.raises(InvalidArgument, match=match):
+        env[0].route("r", hashes, prompt)
+
+
+def test_route_rejects_negative_arrival_time(env):
+    with pytest.raises(InvalidArgument, match="arrival_time_s"):
+        env[0].route("r", [], 10, arrival_time_s=-1.0)
+
+
+def test_route_with_no_nodes_is_unavailable():
+    core = SchedulerCore(CoreSettings(), ManualClock(), get_profile("tiny"))
+    with pytest.raises(Unavailable):
+        core.route("r", [1], 100)
+
+
+def test_orders_need_known_live_nodes(env):
+    core, clock, *_ = env
+    with pytest.raises(NotFound):
+        core.submit_order(OrderSpec(Family(""), [1], NodeId("a"), NodeId("nope"), 100))
+    order = core.submit_order(OrderSpec(Family(""), [7, 8], NodeId("a"), NodeId("b"), 1000))
+    assert order.spec.target_address == "h:b" and order.spec.family == "7" and order.spec.policy == "manual"
+    clock.advance(6.0)
+    core.heartbeat("a", NodeLoad())
+    with pytest.raises(FailedPrecondition, match="down"):
+        core.submit_order(OrderSpec(Family(""), [7, 8], NodeId("a"), NodeId("b"), 1000))
+
+
+def test_watch_gets_backlog_then_new_orders(env):
+    core, *_ = env
+    first = core.submit_order(OrderSpec(Family("f"), [1], NodeId("a"), NodeId("b"), 5000))
+    done = core.submit_order(OrderSpec(Family("f"), [2], NodeId("a"), NodeId("b"), 5000))
+    core.report_order(done.order_id, OrderState.COMMITTED)
+    w = core.watch_orders("a")
+    assert w.next(0.01).order_id == first.order_id and w.next(0.01) is None
+    later = core.submit_order(OrderSpec(Family("f"), [3], NodeId("a"), NodeId("c"), 5000))
+    core.submit_order(OrderSpec(Family("f"), [3], NodeId("b"), NodeId("c"), 5000))  # other source
+    assert w.next(0.01).order_id == later.order_id and w.next(0.01) is None
+    with pytest.raises(NotFound):
+        core.watch_orders("ghost")
+    core.close()
+    assert w.closed
