@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from speckv.services.common.config import check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
-from speckv.services.kvstore.geometry import PRESETS, KVGeometry, preset
+from speckv.services.common.geometry import PRESETS, KVGeometry, preset
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 
 KIB = 1024

@@ -21,7 +21,7 @@ import numpy as np
 
 from speckv.kernels import reference
 from speckv.services.common.errors import InvalidArgument, ResourceExhausted
-from speckv.services.kvstore.geometry import KVGeometry
+from speckv.services.common.geometry import KVGeometry
 
 PageId = NewType("PageId", int)
 Buffer = bytes | bytearray | memoryview | np.ndarray

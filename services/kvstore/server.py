@@ -2,9 +2,7 @@
 a gRPC server; shutdown ends event streams, maintenance and the agent.
 
 Background threads (maintenance, and the agent when a scheduler is named)
-start here, when the server is built: the port is already bound, and
-serve_until_signal starts the server right after, so a scheduler that routes
-to this node at once only waits for the server to start.
+start with the server, so a node registers only once it accepts calls.
 """
 from __future__ import annotations
 
@@ -57,20 +55,26 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     _register_metrics(telemetry, store)
     maintenance = threading.Thread(target=_maintain, args=(store, stopping), name=f"{config.node_id}-maintenance",
                                    daemon=True)
-    maintenance.start()
     agent = None
     if config.scheduler:
         agent = SchedulerAgent(store, replicator, config.scheduler, config.advertise_address or server.address,
                                telemetry, heartbeat_interval_s=config.heartbeat_interval_s,
-                               timeout_s=config.peer_timeout_s).start()
+                               timeout_s=config.peer_timeout_s)
+
+    def start() -> None:
+        maintenance.start()
+        if agent is not None:
+            agent.start()
 
     def stop() -> None:
         stopping.set()
         store.close()
         if agent is not None:
             agent.stop()
-        maintenance.join(timeout=config.grace_s)
+        if maintenance.is_alive():
+            maintenance.join(timeout=config.grace_s)
 
+    server.on_start(start)
     server.on_stop(stop)
     return server
 

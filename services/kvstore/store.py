@@ -27,7 +27,7 @@ from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.events import EventLog, EventType, KVEvent
-from speckv.services.kvstore.geometry import KVGeometry
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.kvstore.index import BlockEntry, BlockHash, BlockIndex
 from speckv.services.kvstore.pool import Buffer, PagePool, PageId
 from speckv.services.kvstore.reservations import Grant, Handle, OrderId, Reservation, ReservationBook

@@ -25,7 +25,7 @@ import enum
 from dataclasses import dataclass, field
 
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from speckv.services.scheduler.geometry import Geometry
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import NodeId
 
 
@@ -50,7 +50,7 @@ class Node:
     node_id: NodeId
     address: str
     capacity_pages: int
-    geometry: Geometry
+    geometry: KVGeometry
     registered_at: float
     last_heartbeat: float
     generation: int
@@ -83,7 +83,7 @@ class Cluster:
         return self._timeout_s
 
     def register(self, node_id: NodeId, address: str, capacity_pages: int,
-                 geometry: Geometry, now: float) -> tuple[Node, bool]:
+                 geometry: KVGeometry, now: float) -> tuple[Node, bool]:
         """Adds or replaces a node; returns it and whether it was known."""
         if not node_id:
             raise InvalidArgument("node_id is empty")
@@ -91,7 +91,6 @@ class Cluster:
             raise InvalidArgument(f"address={address!r}: expected host:port")
         if capacity_pages <= 0:
             raise InvalidArgument(f"capacity_pages={capacity_pages}: must be > 0")
-        geometry.validate()
         self._check_block_size(node_id, geometry.block_size)
         self._generations += 1
         previous = self._nodes.get(node_id)

@@ -23,7 +23,7 @@ from speckv.services.scheduler.arrivals import ArrivalRecord
 from speckv.services.scheduler.block_index import BlockIndex, IndexEvent
 from speckv.services.scheduler.cluster import Cluster, Node, NodeLoad
 from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
-from speckv.services.scheduler.geometry import Geometry
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import UINT64_MAX, Family, NodeId, default_family
 from speckv.services.scheduler.order_feed import OrderFeed, Watcher
 from speckv.services.scheduler.orders import Order, OrderSpec, OrderState, OrderTracker, validate_spec
@@ -117,7 +117,7 @@ class SchedulerCore:
 
     # --- nodes -----------------------------------------------------------
     def register_node(self, node_id: str, address: str, capacity_pages: int,
-                      geometry: Geometry | None) -> tuple[bool, int]:
+                      geometry: KVGeometry | None) -> tuple[bool, int]:
         """Returns (re_registered, heartbeat_interval_ms)."""
         with self._lock:
             old = self._cluster.find(NodeId(node_id))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.scheduler.geometry import Geometry
+from speckv.services.common.geometry import KVGeometry
 
 DEFAULT_PROFILES_PATH = Path(__file__).resolve().parent.parent / "config" / "engine_profiles.json"
 
@@ -37,7 +37,7 @@ class EngineProfile:
     overhead_ms: float
     ms_per_token: float
     ms_per_token_pair: float
-    geometry: Geometry
+    geometry: KVGeometry
     measured: bool = False
     source: str = ""
 
@@ -89,11 +89,10 @@ def _profile(name: str, spec: dict, source: Path) -> EngineProfile:
             name=name, model=str(spec["model"]), hardware=str(spec.get("hardware", "")),
             overhead_ms=float(spec["overhead_ms"]), ms_per_token=float(spec["ms_per_token"]),
             ms_per_token_pair=float(spec.get("ms_per_token_pair", 0.0)),
-            geometry=Geometry(name=str(spec["model"]), **spec["geometry"]),
+            geometry=KVGeometry(name=str(spec["model"]), **spec["geometry"]),
             measured=bool(spec.get("measured", False)), source=str(spec.get("source", "")))
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, InvalidArgument) as exc:
         raise InvalidArgument(f"engine profile {name!r} in {source}: bad or missing field ({exc})") from None
     if profile.ms_per_token <= 0 or profile.overhead_ms < 0 or profile.ms_per_token_pair < 0:
         raise InvalidArgument(f"engine profile {name!r} in {source}: costs must be >= 0 (ms_per_token > 0)")
-    profile.geometry.validate(f"profile {name!r} geometry")
     return profile

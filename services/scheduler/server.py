@@ -63,9 +63,12 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         return [SERVICE_NAME]
 
     server = ServiceServer("scheduler", config, telemetry, register)
-    ticker = Ticker(config.tick_s, core.tick).start()
-    if reporter is not None:
-        reporter.start()
+    ticker = Ticker(config.tick_s, core.tick)
+
+    def start() -> None:
+        ticker.start()
+        if reporter is not None:
+            reporter.start()
 
     def stop() -> None:
         stopping.set()
@@ -78,6 +81,7 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
             sender.close()
         confirmer.close()
 
+    server.on_start(start)
     server.on_stop(stop)
     register_gauges(telemetry.meter_provider, "scheduler", {
         "speckv.scheduler.orders": lambda: [(float(n), {"state": s.name.lower()})

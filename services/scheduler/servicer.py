@@ -8,7 +8,7 @@ from typing import Iterator
 from speckv.services.common.errors import Aborted, InvalidArgument
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.geometry import Geometry
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import Family, NodeId
 from speckv.services.scheduler.orders import Order, OrderSpec, OrderState
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -102,12 +102,12 @@ def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:
         expected_benefit_ms=s.expected_benefit_ms, policy=s.policy)
 
 
-def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> Geometry | None:
+def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> KVGeometry | None:
     """The node's geometry, or None (the engine profile's) when it sent none."""
     g = request.geometry
     if not request.HasField("geometry") or not (g.num_layers or g.num_kv_heads or g.head_dim or g.block_size or g.dtype):
         return None
-    return Geometry(g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name)
+    return KVGeometry.from_proto(g)
 
 
 def _policy_info(info) -> scheduler_pb2.PolicyInfo:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from speckv.services.common.errors import InvalidArgument, ResourceExhausted
-from speckv.services.kvstore.geometry import KVGeometry, preset
+from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.kvstore.pool import PagePool
 
 ODD = KVGeometry(3, 1, 5, "float32", 3)  # segments of 60 bytes, blocks of 360

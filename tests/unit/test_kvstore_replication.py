@@ -7,7 +7,7 @@ import pytest
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import Aborted, FailedPrecondition, InvalidArgument, ResourceExhausted
 from speckv.services.kvstore.events import EventType
-from speckv.services.kvstore.geometry import KVGeometry
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.kvstore.local_target import LocalTarget
 from speckv.services.kvstore.replication import Order, Outcome, Replicator
 from tests.services.conftest_kvstore import TINY, block_bytes, make_store, read, retained_events, writes

@@ -2,10 +2,10 @@ import pytest
 
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.scheduler.cluster import Cluster, NodeLoad, NodeStatus
-from speckv.services.scheduler.geometry import Geometry
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import NodeId
 
-GEO = Geometry(2, 2, 8, "float16", 4)
+GEO = KVGeometry(2, 2, 8, "float16", 4)
 
 
 def make(timeout=5.0):
@@ -66,12 +66,12 @@ def test_register_rejects_malformed(node_id, address, capacity, exc):
 def test_register_rejects_bad_geometry_and_mixed_block_sizes():
     c = make()
     with pytest.raises(InvalidArgument, match="dtype"):
-        c.register(NodeId("a"), "h:1", 10, Geometry(2, 2, 8, "int8", 4), now=0.0)
+        c.register(NodeId("a"), "h:1", 10, KVGeometry(2, 2, 8, "int8", 4), now=0.0)
     c.register(NodeId("a"), "h:1", 10, GEO, now=0.0)
     with pytest.raises(FailedPrecondition, match="block_size"):
-        c.register(NodeId("b"), "h:2", 10, Geometry(2, 2, 8, "float16", 8), now=0.0)
+        c.register(NodeId("b"), "h:2", 10, KVGeometry(2, 2, 8, "float16", 8), now=0.0)
     # the only node may change its own block size
-    c.register(NodeId("a"), "h:1", 10, Geometry(2, 2, 8, "float16", 8), now=0.0)
+    c.register(NodeId("a"), "h:1", 10, KVGeometry(2, 2, 8, "float16", 8), now=0.0)
 
 
 def test_get_unknown_is_not_found():
@@ -80,6 +80,6 @@ def test_get_unknown_is_not_found():
 
 
 def test_geometry_bytes():
-    llama = Geometry(32, 8, 128, "bfloat16", 16)
+    llama = KVGeometry(32, 8, 128, "bfloat16", 16)
     assert llama.bytes_per_token == 128 * 1024
     assert llama.bytes_per_block == 2 * 1024 * 1024

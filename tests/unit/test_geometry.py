@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.kvstore.geometry import PRESETS, KVGeometry, preset
+from speckv.services.common.geometry import PRESETS, KVGeometry, preset
 
 
 @pytest.mark.parametrize("name, per_block", [
