@@ -21,6 +21,7 @@ TOOLS = {
     "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
     "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
     "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
+    "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),
     "demo": ("speckv.loadgen.demo", "start a local cluster and replay a slice of a real trace"),
 }
 
