@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from speckv.services.common.config import check_positive
+from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
@@ -11,6 +11,7 @@ from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 
 KIB = 1024
 MESSAGE_OVERHEAD = 64 * KIB  # room for the non-data fields of a chunk or block message
+TRANSPORTS = ("tcp", "grpc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,9 @@ class KVStoreConfig(ServerSettings):
     event_retention: int = field(default=100_000, metadata={"help": "KV events kept for subscribers that resume"})
     reservation_lease_s: float = field(default=10.0, metadata={"help": "lease of a replication reservation, renewed by each chunk, seconds"})
     peer_timeout_s: float = field(default=10.0, metadata={"help": "deadline of unary calls to peers and the scheduler, seconds"})
+    transport: str = field(default="tcp", metadata={"help": "replication data plane: tcp (bulk TCP, listens on data_port) or grpc (WriteChunks only)"})
+    data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is tcp; 0 picks a free one"})
+    link_gbps: float = field(default=0.0, metadata={"help": "cap on replication bytes this node sends, Gbit/s (emulates a network link); 0: no cap"})
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -46,6 +50,11 @@ class KVStoreConfig(ServerSettings):
         check_positive("heartbeat_interval_s", self.heartbeat_interval_s)
         check_positive("reservation_lease_s", self.reservation_lease_s)
         check_positive("peer_timeout_s", self.peer_timeout_s)
+        if self.transport not in TRANSPORTS:
+            raise InvalidArgument(f"transport={self.transport!r}: expected one of {', '.join(TRANSPORTS)}")
+        check_port("data_port", self.data_port)
+        if not self.link_gbps >= 0:
+            raise InvalidArgument(f"link_gbps={self.link_gbps}: must be >= 0 (0: no cap)")
 
     def kv_geometry(self) -> KVGeometry:
         if self.geometry not in PRESETS:

@@ -8,6 +8,7 @@ DEADLINE_EXCEEDED as Unavailable), prefixed with the target address.
 """
 from __future__ import annotations
 
+import time
 from typing import Iterator, Mapping
 
 import grpc
@@ -19,6 +20,7 @@ from speckv.services.common.telemetry import Telemetry
 from speckv.services.kvstore.index import BlockHash
 from speckv.services.kvstore.replication import Chunk, Order
 from speckv.services.kvstore.reservations import Grant, Handle
+from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 ERROR_OF_STATUS = {code: cls for cls, code in STATUS_OF_ERROR.items()}
@@ -31,10 +33,30 @@ def domain_error(exc: grpc.RpcError, address: str, what: str) -> errors.SpeckvEr
     return cls(f"target {address}: {what}: {code.name}: {details}")
 
 
+def paced(chunks: Iterator[Chunk], bucket: TokenBucket | None) -> Iterator[Chunk]:
+    """chunks, each let through only when the link cap allows its bytes."""
+    for chunk in chunks:
+        if bucket is not None:
+            wait = bucket.take(len(chunk.data))
+            if wait > 0:
+                time.sleep(wait)
+        yield chunk
+
+
+def _as_bytes(data: object) -> bytes:
+    return data if isinstance(data, bytes) else bytes(memoryview(data))  # type: ignore[arg-type]
+
+
 class GrpcReplicationTarget:
+    """The control calls, and the WriteChunks fallback data plane."""
+
+    transport = "grpc"
+
     def __init__(self, address: str, telemetry: Telemetry | None, *, timeout_s: float = 10.0,
-                 min_rate_bytes_s: float = 20 * MIB, max_message_bytes: int = 64 * MIB) -> None:
+                 min_rate_bytes_s: float = 20 * MIB, max_message_bytes: int = 64 * MIB,
+                 bucket: TokenBucket | None = None) -> None:
         self.address = address
+        self.bucket = bucket
         self._timeout_s = timeout_s
         self._min_rate = min_rate_bytes_s
         self._channel = open_channel(address, telemetry, max_message_bytes)
@@ -50,12 +72,14 @@ class GrpcReplicationTarget:
         except grpc.RpcError as exc:
             raise domain_error(exc, self.address, f"Reserve for order {order.order_id}") from None
         return Grant(Handle(reply.handle), tuple(BlockHash(h) for h in reply.block_hashes),
-                     reply.bytes_per_block, reply.lease_deadline_s)
+                     reply.bytes_per_block, reply.lease_deadline_s, reply.data_address)
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
-        requests = (kvstore_pb2.WriteChunkRequest(handle=handle, offset=c.offset, data=c.data, crc32c=c.crc32c)
-                    for c in chunks)
-        timeout = self._timeout_s + total_bytes / self._min_rate
+        # protobuf needs bytes: the one copy this fallback cannot avoid.
+        requests = (kvstore_pb2.WriteChunkRequest(handle=handle, offset=c.offset, data=_as_bytes(c.data),
+                                                  crc32c=c.crc32c) for c in paced(chunks, self.bucket))
+        rate = min(self._min_rate, self.bucket.rate) if self.bucket is not None else self._min_rate
+        timeout = self._timeout_s + total_bytes / rate
         try:
             return self._stub.WriteChunks(requests, timeout=timeout).bytes_received
         except grpc.RpcError as exc:

@@ -11,6 +11,8 @@ from speckv.services.kvstore.store import KVStoreCore
 
 
 class LocalTarget:
+    transport = "local"
+
     def __init__(self, target: KVStoreCore) -> None:
         self.target = target
 

@@ -5,14 +5,15 @@
   3. pack those blocks group by group (gather kernel) into two alternating
      staging buffers and stream them as chunks of at most chunk_bytes; chunks
      never straddle a group, a group is max(1, chunk_bytes // bytes_per_block)
-     blocks. The chunk source is a generator, so the transport sends chunk i
-     while chunk i+1 is packed (gRPC drains request iterators on its own
-     thread);
+     blocks. Packing runs on its own thread (pack_pipeline.py), so the
+     transport sends chunk i while chunk i+1 is packed;
   4. target.commit with the crc32c of every chunk, keyed by offset;
   any failure after the reserve -> target.abort (best effort), order FAILED.
 
-The transport sits behind ReplicationTarget so the bulk TCP data plane of
-issue 3 can replace gRPC without touching this module.
+The transport sits behind ReplicationTarget: the bulk TCP data plane
+(tcp_target.py), the gRPC WriteChunks fallback (grpc_target.py) or a core in
+the same process (local_target.py). An order may name the transport and the
+chunk size; otherwise the node's defaults apply.
 """
 from __future__ import annotations
 
@@ -21,13 +22,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
-import numpy as np
-
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError
 from speckv.services.kvstore import validate
-from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.index import BlockHash
+from speckv.services.kvstore.pack_pipeline import pipelined_chunks
+from speckv.services.kvstore.pool import Buffer
 from speckv.services.kvstore.reservations import Grant
 from speckv.services.kvstore.store import KVStoreCore
 
@@ -52,17 +52,19 @@ class Order:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Bytes for offset..offset+len(data) of a reservation. data is bytes
-    today (gRPC and google-crc32c need bytes); a zero-copy transport may pass
-    a memoryview of the staging buffer instead."""
+    """Bytes for offset..offset+len(data) of a reservation. data is a view of
+    a staging buffer, valid until the transport asks for the next chunk (a
+    transport that must keep it, like gRPC, copies it to bytes)."""
 
     offset: int
-    data: bytes
+    data: Buffer
     crc32c: int
 
 
 class ReplicationTarget(Protocol):
     """The target kvstore as seen by the source; one instance per order."""
+
+    transport: str  # the data plane the chunks went over ("tcp", "grpc", "local")
 
     def reserve(self, order: Order, lease_s: float) -> Grant: ...
 
@@ -94,42 +96,54 @@ class ReplicationResult:
     bytes_sent: int = 0
     seconds: float = 0.0
     message: str = ""
+    transport: str = ""
     error: SpeckvError | None = None  # set when FAILED
 
 
 class Replicator:
     def __init__(self, store: KVStoreCore, connect: TargetFactory, clock: Clock, *,
-                 chunk_bytes: int = 1024 * KIB, reservation_lease_s: float = 10.0) -> None:
-        if not MIN_CHUNK <= chunk_bytes <= MAX_CHUNK:
-            raise InvalidArgument(f"chunk_bytes={chunk_bytes}: must be {MIN_CHUNK}..{MAX_CHUNK}")
+                 chunk_bytes: int = 1024 * KIB, reservation_lease_s: float = 10.0,
+                 transports: Mapping[str, TargetFactory] | None = None) -> None:
+        """connect: the node's default transport; transports: the ones an order
+        may ask for by name."""
+        _check_chunk(chunk_bytes, "chunk_bytes")
         self._store = store
         self._connect = connect
+        self._transports = dict(transports or {})
         self._clock = clock
         self.chunk_bytes = chunk_bytes
         self.reservation_lease_s = reservation_lease_s
 
-    def replicate(self, order: Order) -> ReplicationResult:
+    def replicate(self, order: Order, *, chunk_bytes: int = 0, transport: str = "") -> ReplicationResult:
         """Runs the handshake. Input errors and missing source blocks raise;
-        failures after that are returned as a FAILED result (with the error)."""
+        failures after that are returned as a FAILED result (with the error).
+        chunk_bytes 0 and transport "" keep the node's defaults."""
         validate.identifier(order.order_id, "order.order_id")
         validate.identifier(order.target_address, "order.target_address")
         validate.hash_list(order.block_hashes, "order.block_hashes", self._store.max_hashes, unique=True)
         if order.replica_lease_s < 0:
             raise InvalidArgument(f"order.replica_lease_s={order.replica_lease_s}: must be >= 0")
+        if chunk_bytes:
+            _check_chunk(chunk_bytes, "chunk_bytes")
+        if transport and transport not in self._transports:
+            raise InvalidArgument(f"transport={transport!r}: expected one of {', '.join(self._transports) or '(none)'}")
+        connect = self._transports[transport] if transport else self._connect
+        chunk_bytes = chunk_bytes or self.chunk_bytes
         started = self._clock.now()
         result = ReplicationResult(order.order_id, Outcome.FAILED)
         with self._store.hold(order.block_hashes, f"replicate order {order.order_id}"):
-            target = self._connect(order.target_address)
+            target = connect(order.target_address)
             try:
-                self._run(order, target, result)
+                self._run(order, target, result, chunk_bytes)
             except SpeckvError as exc:
                 result.outcome, result.error, result.message = Outcome.FAILED, exc, str(exc)
             finally:
+                result.transport = target.transport
                 target.close()
         result.seconds = self._clock.now() - started
         return result
 
-    def _run(self, order: Order, target: ReplicationTarget, result: ReplicationResult) -> None:
+    def _run(self, order: Order, target: ReplicationTarget, result: ReplicationResult, chunk_bytes: int) -> None:
         grant = target.reserve(order, self.reservation_lease_s)
         try:
             self._check_grant(order, grant)
@@ -137,7 +151,7 @@ class Replicator:
             crcs: dict[int, int] = {}
             total = len(grant.hashes) * grant.bytes_per_block
             if grant.hashes:
-                target.write_chunks(grant.handle, self._chunks(grant.hashes, crcs, result), total)
+                target.write_chunks(grant.handle, self._chunks(grant.hashes, chunk_bytes, crcs, result), total)
             target.commit(grant.handle, crcs, order.replica_lease_s)
             result.blocks_sent = len(grant.hashes)
             result.outcome = Outcome.COMMITTED
@@ -155,23 +169,14 @@ class Replicator:
             raise FailedPrecondition(f"order {order.order_id}: target reserved hashes not in the order: "
                                      f"{validate.quote(sorted(unknown))}")
 
-    def _chunks(self, hashes: Sequence[BlockHash], crcs: dict[int, int],
+    def _chunks(self, hashes: Sequence[BlockHash], chunk_bytes: int, crcs: dict[int, int],
                 result: ReplicationResult) -> Iterator[Chunk]:
-        """Packs and yields the chunks; records each crc and counts bytes."""
-        bpb = self._store.bytes_per_block
-        per_group = max(1, self.chunk_bytes // bpb)
-        staging = [np.empty(per_group * bpb, dtype=np.uint8) for _ in range(2)]
-        for group_no, first in enumerate(range(0, len(hashes), per_group)):
-            group = hashes[first:first + per_group]
-            buffer = staging[group_no % 2]
-            self._store.pack(group, buffer)
-            size = len(group) * bpb
-            for lo in range(0, size, self.chunk_bytes):
-                data = buffer[lo:min(size, lo + self.chunk_bytes)].tobytes()  # the wire needs bytes
-                offset = first * bpb + lo
-                crcs[offset] = crc32c(data)
-                result.bytes_sent += len(data)
-                yield Chunk(offset, data, crcs[offset])
+        """Packs (on the pipeline's thread) and yields the chunks; records each
+        crc and counts bytes."""
+        for packed in pipelined_chunks(self._store.pack, hashes, self._store.bytes_per_block, chunk_bytes):
+            crcs[packed.offset] = packed.crc32c
+            result.bytes_sent += packed.data.nbytes
+            yield Chunk(packed.offset, packed.data, packed.crc32c)
 
     @staticmethod
     def _abort(target: ReplicationTarget, handle: str, exc: BaseException) -> None:
@@ -179,3 +184,8 @@ class Replicator:
             target.abort(handle, f"source gave up: {exc}")
         except Exception:  # noqa: BLE001 - the lease reaps it anyway
             log.warning("abort of reservation %s failed; its lease will reap it", handle, exc_info=True)
+
+
+def _check_chunk(chunk_bytes: int, name: str) -> None:
+    if not MIN_CHUNK <= chunk_bytes <= MAX_CHUNK:
+        raise InvalidArgument(f"{name}={chunk_bytes}: must be {MIN_CHUNK}..{MAX_CHUNK}")

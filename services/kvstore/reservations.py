@@ -121,6 +121,7 @@ class Grant:
     hashes: tuple[BlockHash, ...]
     bytes_per_block: int
     deadline_s: float  # target clock
+    data_address: str = ""  # the target's TCP data plane, host:port; "": WriteChunks only
 
 
 # publish(reservation, replica_lease_s) -> blocks newly made visible; it takes
@@ -157,16 +158,25 @@ class ReservationBook:
         self.reserved_pages += len(pages)
         return reservation
 
-    def write(self, handle: Handle, offset: int, data: Buffer, checksum: int) -> int:
-        """Stores one chunk; returns the reservation's covered byte count."""
+    def check(self, handle: Handle, offset: int, size: int) -> Reservation:
+        """The live reservation a chunk of size bytes at offset may be written
+        to; raises (NotFound, Aborted, InvalidArgument) otherwise. The data
+        plane calls this before it accepts a chunk's payload."""
         reservation = self._live(handle)
-        size = len(data) if not hasattr(data, "nbytes") else data.nbytes  # type: ignore[union-attr]
-        if size == 0:
+        if size <= 0:
             raise InvalidArgument(f"chunk at offset {offset} of {handle} is empty")
         if offset < 0 or offset + size > reservation.total_bytes:
             raise InvalidArgument(
                 f"chunk {offset}+{size} outside reservation {handle} of {reservation.total_bytes} bytes")
-        actual = crc32c(data)
+        return reservation
+
+    def write(self, handle: Handle, offset: int, data: Buffer, checksum: int, actual: int | None = None) -> int:
+        """Stores one chunk; returns the reservation's covered byte count.
+        actual: the crc32c of data if the caller already computed it (the data
+        plane does, piece by piece while the bytes are hot in cache)."""
+        size = len(data) if not hasattr(data, "nbytes") else data.nbytes  # type: ignore[union-attr]
+        reservation = self.check(handle, offset, size)
+        actual = crc32c(data) if actual is None else actual
         if actual != checksum:
             self._close(reservation, ReservationState.ABORTED, f"chunk at offset {offset} failed its crc32c")
             raise Aborted(f"chunk at offset {offset} of {handle}: crc32c {actual:#010x} != sent "

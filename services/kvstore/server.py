@@ -1,5 +1,6 @@
-"""The kvstore process: config, core, replication, scheduler agent, metrics and
-a gRPC server; shutdown ends event streams, maintenance and the agent.
+"""The kvstore process: config, core, replication, scheduler agent, metrics,
+the TCP data plane listener (transport tcp) and a gRPC server; shutdown ends
+event streams, the data plane, maintenance and the agent.
 
 Background threads (maintenance, and the agent when a scheduler is named)
 start with the server, so a node registers only once it accepts calls.
@@ -18,8 +19,11 @@ from speckv.services.common.server import ServiceServer, serve_until_signal
 from speckv.services.common.telemetry import Telemetry, build_telemetry
 from speckv.services.kvstore.agent import SchedulerAgent
 from speckv.services.kvstore.config import KVStoreConfig
+from speckv.services.kvstore.data_plane import DataPlaneServer
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
-from speckv.services.kvstore.replication import Replicator
+from speckv.services.kvstore.replication import Replicator, TargetFactory
+from speckv.services.kvstore.tcp_target import TcpReplicationTarget
+from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.servicer import KVStoreServicer
 from speckv.services.kvstore.store import KVStoreCore
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -37,15 +41,14 @@ def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
 def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
     clock = clock or SystemClock()
     store = build_core(config, clock)
-
-    def connect(address: str) -> GrpcReplicationTarget:
-        return GrpcReplicationTarget(address, telemetry, timeout_s=config.peer_timeout_s,
-                                     max_message_bytes=config.max_message_bytes)
-
-    replicator = Replicator(store, connect, clock, chunk_bytes=config.chunk_bytes,
-                            reservation_lease_s=config.reservation_lease_s)
+    transports = build_transports(config, telemetry, clock)
+    replicator = Replicator(store, transports[config.transport], clock, chunk_bytes=config.chunk_bytes,
+                            reservation_lease_s=config.reservation_lease_s, transports=transports)
+    data_plane = DataPlaneServer(store, config.host, config.data_port, config.node_id) \
+        if config.transport == "tcp" else None
     stopping = threading.Event()
-    servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s)
+    servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s,
+                               data_address=_data_address(config, data_plane))
 
     def register(server: grpc.Server) -> list[str]:
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)
@@ -62,6 +65,8 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
                                timeout_s=config.peer_timeout_s)
 
     def start() -> None:
+        if data_plane is not None:
+            data_plane.start()
         maintenance.start()
         if agent is not None:
             agent.start()
@@ -69,6 +74,8 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     def stop() -> None:
         stopping.set()
         store.close()
+        if data_plane is not None:
+            data_plane.stop()
         if agent is not None:
             agent.stop()
         if maintenance.is_alive():
@@ -77,6 +84,28 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     server.on_start(start)
     server.on_stop(stop)
     return server
+
+
+def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock) -> dict[str, TargetFactory]:
+    """Name -> factory of the per-order target; both share the node's link cap."""
+    bucket = TokenBucket(gbit_to_bytes_per_s(config.link_gbps), clock) if config.link_gbps > 0 else None
+
+    def grpc_target(address: str) -> GrpcReplicationTarget:
+        return GrpcReplicationTarget(address, telemetry, timeout_s=config.peer_timeout_s,
+                                     max_message_bytes=config.max_message_bytes, bucket=bucket)
+
+    def tcp_target(address: str) -> TcpReplicationTarget:
+        return TcpReplicationTarget(grpc_target(address), timeout_s=config.peer_timeout_s, bucket=bucket)
+
+    return {"tcp": tcp_target, "grpc": grpc_target}
+
+
+def _data_address(config: KVStoreConfig, data_plane: DataPlaneServer | None) -> str:
+    """host:port peers send chunks to: the advertised host, else the bound one."""
+    if data_plane is None:
+        return ""
+    host = config.advertise_address.rpartition(":")[0] if config.advertise_address else ""
+    return data_plane.address(host)
 
 
 def _maintain(store: KVStoreCore, stopping: threading.Event) -> None:

@@ -19,8 +19,9 @@ MS = 1000.0
 
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, store: KVStoreCore, replicator: Replicator, stopping: threading.Event,
-                 default_reservation_lease_s: float) -> None:
+                 default_reservation_lease_s: float, data_address: str = "") -> None:
         self._store = store
+        self._data_address = data_address
         self._replicator = replicator
         self._stopping = stopping
         self._default_lease_s = default_reservation_lease_s
@@ -70,7 +71,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Replicate(self, request: kvstore_pb2.ReplicateRequest,
                   context: grpc.ServicerContext) -> kvstore_pb2.ReplicateResponse:
-        result = self._replicator.replicate(order_from_proto(request.order))
+        result = self._replicator.replicate(order_from_proto(request.order), chunk_bytes=request.chunk_bytes,
+                                            transport=request.transport)
         if result.error is not None:
             raise result.error  # the error interceptor maps it to its status
         return result_to_proto(result)
@@ -82,7 +84,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             request.order_id, list(request.block_hashes), lease_s, family=request.family,
             parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=request.source_node)
         return kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
-                                           bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s)
+                                           bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,
+                                           data_address=self._data_address)
 
     def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
                     context: grpc.ServicerContext) -> kvstore_pb2.WriteChunksResponse:
@@ -116,7 +119,7 @@ def result_to_proto(result: ReplicationResult) -> kvstore_pb2.ReplicateResponse:
     return kvstore_pb2.ReplicateResponse(
         order_id=result.order_id, state=state, blocks_sent=result.blocks_sent,
         blocks_skipped=result.blocks_skipped, bytes_sent=result.bytes_sent, seconds=result.seconds,
-        message=result.message)
+        message=result.message, transport=result.transport)
 
 
 def stats_to_proto(stats: StoreStats) -> kvstore_pb2.StatsResponse:

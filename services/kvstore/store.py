@@ -226,11 +226,20 @@ class KVStoreCore:
                 family=family, parent=parent, source_node=source_node)
             return Grant(reservation.handle, tuple(reservation.hashes), self.bytes_per_block, reservation.deadline)
 
-    def write_chunk(self, handle: str, offset: int, data: Buffer, crc32c: int) -> int:
+    def check_write(self, handle: str, offset: int, size: int) -> None:
+        """Raises unless a chunk of size bytes at offset may go to handle (a
+        live reservation, inside it); changes nothing but reaping."""
         validate.identifier(handle, "handle")
         with self._lock:
             self._book.reap()
-            return self._book.write(Handle(handle), offset, data, crc32c)
+            self._book.check(Handle(handle), offset, size)
+
+    def write_chunk(self, handle: str, offset: int, data: Buffer, crc32c: int, actual_crc: int | None = None) -> int:
+        """actual_crc: crc32c of data when the caller computed it already."""
+        validate.identifier(handle, "handle")
+        with self._lock:
+            self._book.reap()
+            return self._book.write(Handle(handle), offset, data, crc32c, actual_crc)
 
     def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
         """replica_lease_s 0: the blocks are kept like any other block."""

@@ -91,7 +91,8 @@ class CorruptingTarget(LocalTarget):
         def corrupted():
             for i, chunk in enumerate(chunks):
                 if i == 1:
-                    data = bytes([chunk.data[0] ^ 1]) + chunk.data[1:]
+                    sent = bytes(memoryview(chunk.data))  # a view of the staging buffer
+                    data = bytes([sent[0] ^ 1]) + sent[1:]
                     chunk = dataclasses.replace(chunk, data=data)
                 yield chunk
         return super().write_chunks(handle, corrupted(), total_bytes)

@@ -152,13 +152,17 @@ class KVEvent(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[KVEventType, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., block_size: _Optional[int] = ..., family: _Optional[str] = ..., node_id: _Optional[str] = ..., time_s: _Optional[float] = ..., order_id: _Optional[str] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("order",)
+    __slots__ = ("order", "chunk_bytes", "transport")
     ORDER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     order: _common_pb2.ReplicationOrder
-    def __init__(self, order: _Optional[_Union[_common_pb2.ReplicationOrder, _Mapping]] = ...) -> None: ...
+    chunk_bytes: int
+    transport: str
+    def __init__(self, order: _Optional[_Union[_common_pb2.ReplicationOrder, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ReplicateResponse(_message.Message):
-    __slots__ = ("order_id", "state", "blocks_sent", "blocks_skipped", "bytes_sent", "seconds", "message")
+    __slots__ = ("order_id", "state", "blocks_sent", "blocks_skipped", "bytes_sent", "seconds", "message", "transport")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +170,7 @@ class ReplicateResponse(_message.Message):
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     state: _common_pb2.OrderState
     blocks_sent: int
@@ -173,7 +178,8 @@ class ReplicateResponse(_message.Message):
     bytes_sent: int
     seconds: float
     message: str
-    def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., seconds: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+    transport: str
+    def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., seconds: _Optional[float] = ..., message: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent")
@@ -194,16 +200,18 @@ class ReserveRequest(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s")
+    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     LEASE_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     handle: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     bytes_per_block: int
     lease_deadline_s: float
-    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ...) -> None: ...
+    data_address: str
+    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class WriteChunkRequest(_message.Message):
     __slots__ = ("handle", "offset", "data", "crc32c")

@@ -1,0 +1,106 @@
+"""Ceilings and component rates for the transfer benchmark, measured in the
+same run as the replication numbers. Every rate is GB/s (1e9 bytes/s), the
+best of `repeats` timed passes after one untimed warm-up pass over reused,
+already-touched buffers.
+
+- memcpy: np.copyto between two reused buffers.
+- socket: Python loopback TCP, sendall of a reused 1 MiB buffer in this
+  process, recv_into a reused 1 MiB buffer in a spawned process (spawn, not
+  fork: the parent holds large buffers, DESIGN.md), default socket options.
+- pack / unpack: the NumPy reference kernels (kernels/reference.py) between a
+  layer-major pool and a staging buffer, for a real geometry.
+- crc32c: google-crc32c over a reused buffer (what each chunk costs twice).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+from typing import Callable
+
+import numpy as np
+
+from speckv.kernels import reference
+from speckv.services.common.geometry import KVGeometry
+from speckv.services.kvstore.checksum import crc32c
+
+MIB = 1 << 20
+
+
+def best_rate(nbytes: int, run: Callable[[], None], repeats: int) -> float:
+    run()  # warm-up: page faults, caches
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return nbytes / best / 1e9
+
+
+def memcpy_gbps(nbytes: int, repeats: int) -> float:
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.ones(nbytes, dtype=np.uint8)
+    return best_rate(nbytes, lambda: np.copyto(dst, src), repeats)
+
+
+def crc32c_gbps(nbytes: int, repeats: int) -> float:
+    data = np.ones(nbytes, dtype=np.uint8)
+    return best_rate(nbytes, lambda: crc32c(data), repeats)
+
+
+def pack_unpack_gbps(geometry: KVGeometry, blocks: int, repeats: int) -> tuple[float, float]:
+    g = geometry
+    pool = np.ones((g.num_layers, 2, blocks * 2, g.block_size, g.num_kv_heads, g.head_dim), dtype=g.storage_dtype)
+    staging = np.ones(blocks * g.bytes_per_block // g.itemsize, dtype=g.storage_dtype)
+    pages = list(range(0, blocks * 2, 2))  # every other page: a scattered, realistic list
+    nbytes = blocks * g.bytes_per_block
+    pack = best_rate(nbytes, lambda: reference.pack(pool, pages, staging), repeats)
+    unpack = best_rate(nbytes, lambda: reference.unpack(staging, pool, pages), repeats)
+    return pack, unpack
+
+
+def _receiver(port_queue: "mp.Queue[int]", chunk: int) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port_queue.put(listener.getsockname()[1])
+    conn, _ = listener.accept()
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
+    header = bytearray(8)
+    while True:
+        if conn.recv_into(header, 8, socket.MSG_WAITALL) < 8:
+            return
+        remaining = int.from_bytes(header, "little")
+        while remaining:
+            n = conn.recv_into(view, min(chunk, remaining))
+            if n == 0:
+                return
+            remaining -= n
+        conn.sendall(b"k")
+
+
+def socket_gbps(nbytes: int, repeats: int, chunk: int = MIB) -> float:
+    """Each pass: announce nbytes, sendall them in chunk-sized pieces of one
+    reused buffer, wait for the receiver's one-byte ack."""
+    context = mp.get_context("spawn")
+    ports: mp.Queue[int] = context.Queue()
+    child = context.Process(target=_receiver, args=(ports, chunk), daemon=True)
+    child.start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", ports.get(timeout=60)))
+        payload = memoryview(np.ones(chunk, dtype=np.uint8))
+        ack = bytearray(1)
+        total = nbytes // chunk * chunk
+
+        def one_pass() -> None:
+            sock.sendall(total.to_bytes(8, "little"))
+            for _ in range(total // chunk):
+                sock.sendall(payload)
+            sock.recv_into(ack, 1, socket.MSG_WAITALL)
+
+        rate = best_rate(total, one_pass, repeats)
+        sock.close()
+        return rate
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()

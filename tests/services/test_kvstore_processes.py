@@ -1,0 +1,65 @@
+"""Two real kvstore processes replicating over the TCP data plane and the
+gRPC fallback, and what survives when either is SIGKILLed mid-transfer."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from speckv.v1 import common_pb2
+from tests.services.conftest_kvstore import wait_until
+from tests.support.kvstore_procs import TIMEOUT, block, blocks_of, present, processes, put, replicate_request, stats
+
+HASHES = list(range(1, 301))  # 300 blocks of 32 KiB: 9.4 MiB
+SLOW = ["--link-gbps", "0.04"]  # 5 MB/s: the 9.4 MiB take ~2 s, long enough to kill in the middle
+
+
+@pytest.mark.parametrize("transport, chunk_kib", [("tcp", 256), ("tcp", 1024), ("grpc", 1024)])
+def test_two_processes_replicate_hundreds_of_blocks_byte_for_byte(transport, chunk_kib):
+    with processes(("a", []), ("b", [])) as (a, b):
+        put(a, HASHES)
+        reply = a.stub.Replicate(replicate_request(a, b, HASHES, transport=transport, chunk_bytes=chunk_kib * 1024),
+                                 timeout=TIMEOUT)
+        assert reply.state == common_pb2.ORDER_STATE_COMMITTED and reply.transport == transport
+        assert reply.blocks_sent == len(HASHES) and reply.bytes_sent == len(HASHES) * len(block(1))
+        assert blocks_of(b, HASHES) == [block(h) for h in HASHES]
+        assert stats(b).reserved_pages == 0 and stats(a).pinned_pages == 0
+
+
+def test_target_without_data_plane_gets_the_grpc_fallback():
+    with processes(("a", []), ("b", ["--transport", "grpc"])) as (a, b):
+        put(a, HASHES[:20])
+        reply = a.stub.Replicate(replicate_request(a, b, HASHES[:20]), timeout=TIMEOUT)  # a's default: tcp
+        assert reply.state == common_pb2.ORDER_STATE_COMMITTED and reply.transport == "grpc"
+        assert blocks_of(b, HASHES[:20]) == [block(h) for h in HASHES[:20]]
+
+
+def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact():
+    with processes(("a", SLOW), ("b", [])) as (a, b), ThreadPoolExecutor(1) as pool:
+        put(a, HASHES)
+        call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport="tcp"), timeout=TIMEOUT)
+        assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
+        b.kill()
+        with pytest.raises(grpc.RpcError) as failed:
+            call.result(timeout=TIMEOUT)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
+        after = stats(a)
+        assert after.pinned_pages == 0 and after.used_pages == len(HASHES)
+        assert blocks_of(a, HASHES) == [block(h) for h in HASHES]
+
+
+def test_source_killed_mid_transfer_publishes_nothing_and_frees_the_reservation():
+    with processes(("a", SLOW), ("b", ["--reservation-lease-s", "3"])) as (a, b), ThreadPoolExecutor(1) as pool:
+        put(a, HASHES)
+        call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport="tcp"), timeout=TIMEOUT)
+        assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
+        a.kill()
+        with pytest.raises(grpc.RpcError):
+            call.result(timeout=TIMEOUT)
+        # The dropped connection aborts the reservation at once; its lease
+        # (3 s) would free it otherwise. Either way: freed, nothing published.
+        assert wait_until(lambda: stats(b).reserved_pages == 0, timeout=TIMEOUT)
+        after = stats(b)
+        assert after.used_pages == 0 and after.blocks_committed_total == 0
+        assert present(b, HASHES) == [False] * len(HASHES)
