@@ -1,17 +1,22 @@
-"""The paged block pool of one node (NumPy backend).
+"""The paged block pool of one node, on the host (NumPy) or a GPU (CuPy).
 
 One array, layer-major like vLLM:
 
     data[num_layers][2][num_pages][block_size][num_kv_heads][head_dim]
 
 A page holds one block; its bytes are 2 * num_layers separate contiguous
-segments, which is why whole-block I/O goes through the pack/unpack kernels
-(speckv.kernels.reference) and byte ranges that cut a block are copied segment
-by segment. Free pages sit on a stack: alloc and free are O(1) per page.
+segments, which is why whole-block I/O goes through the backend's pack/unpack
+(speckv.kernels.backend: the NumPy reference or the CUDA kernels) and byte
+ranges that cut a block are copied segment by segment. Free pages sit on a
+stack: alloc and free are O(1) per page.
 
-Not thread-safe: the store serializes every call. Buffers passed in may be
-bytes, bytearray, memoryview or NumPy arrays; nothing is copied through an
-intermediate `bytes` object.
+Buffers passed in or out may be bytes, bytearray, memoryview, NumPy arrays,
+CuPy arrays or PyTorch tensors (CPU or CUDA). Each is seen through DLPack as
+bytes where it lies: a buffer in the pool's memory is packed into or unpacked
+from directly, with no copy; one in the other memory goes through a staging
+buffer in the pool's memory, reused across calls, and one copy across.
+
+Not thread-safe: the store serializes every call.
 """
 from __future__ import annotations
 
@@ -19,36 +24,52 @@ from typing import Iterator, NewType, Sequence
 
 import numpy as np
 
-from speckv.kernels import reference
+from speckv.kernels import arrays
+from speckv.kernels.arrays import Array, SupportsDLPack
+from speckv.kernels.backend import Backend, NumpyBackend
 from speckv.services.common.errors import InvalidArgument, ResourceExhausted
 from speckv.services.common.geometry import KVGeometry
 
 PageId = NewType("PageId", int)
-Buffer = bytes | bytearray | memoryview | np.ndarray
+Buffer = bytes | bytearray | memoryview | np.ndarray | SupportsDLPack
 
 
 def as_bytes_array(buffer: Buffer) -> np.ndarray:
-    """A flat uint8 view of buffer (no copy)."""
-    if isinstance(buffer, np.ndarray):
-        if not buffer.flags.c_contiguous:
-            raise InvalidArgument("buffer must be C-contiguous")
-        return buffer.reshape(-1).view(np.uint8)
-    return np.frombuffer(buffer, dtype=np.uint8)
+    """A flat uint8 view of a host buffer (no copy); InvalidArgument if it is
+    not contiguous or lives on a device."""
+    try:
+        return arrays.host_bytes(buffer)
+    except ValueError as error:
+        raise InvalidArgument(f"buffer: {error}") from None
+
+
+def bytes_view(buffer: Buffer) -> Array:
+    """A flat uint8 view of buffer where it lies (NumPy or CuPy), no copy."""
+    try:
+        return arrays.bytes_view(buffer)
+    except ValueError as error:
+        raise InvalidArgument(f"buffer: {error}") from None
 
 
 class PagePool:
-    """num_pages blocks of one geometry, plus the free-page stack."""
+    """num_pages blocks of one geometry, plus the free-page stack.
 
-    def __init__(self, geometry: KVGeometry, num_pages: int) -> None:
+    backend decides where the bytes live (default: plain host memory); pass
+    speckv.kernels.backend.select_backend(choice) for CuPy or pinned memory.
+    """
+
+    def __init__(self, geometry: KVGeometry, num_pages: int, backend: Backend | None = None) -> None:
         if num_pages <= 0:
             raise InvalidArgument(f"num_pages={num_pages}: must be > 0")
         self.geometry = geometry
         self.num_pages = num_pages
+        self.backend: Backend = backend if backend is not None else NumpyBackend()
         g = geometry
         shape = (g.num_layers, 2, num_pages, g.block_size, g.num_kv_heads, g.head_dim)
-        self.data = np.zeros(shape, dtype=g.storage_dtype)
+        self.data = self.backend.zeros(shape, g.storage_dtype)
         # Same memory seen as bytes: last axis becomes head_dim * itemsize.
         self._bytes = self.data.view(np.uint8)
+        self._staging: Array | None = None  # for buffers in the other memory
         # Highest page on top so pages are handed out 0, 1, 2, ... at first.
         self._free: list[PageId] = [PageId(p) for p in range(num_pages - 1, -1, -1)]
         self._is_free = np.ones(num_pages, dtype=bool)
@@ -60,6 +81,16 @@ class PagePool:
     @property
     def nbytes(self) -> int:
         return self.data.nbytes
+
+    @property
+    def on_device(self) -> bool:
+        return self.backend.on_device
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """A uint8 host buffer for staging transfers into or out of this pool:
+        page-locked where CuPy and a device are present, so copies to the GPU
+        run at full speed (receive chunks into it, then unpack from it)."""
+        return self.backend.host_empty(nbytes)
 
     @property
     def free_count(self) -> int:
@@ -83,43 +114,91 @@ class PagePool:
     # ---- whole blocks -------------------------------------------------
     def pack(self, pages: Sequence[PageId], out: Buffer) -> None:
         """Canonical bytes of pages, in list order, into the start of out."""
-        staging = as_bytes_array(out)
-        self._check_room(staging, len(pages))
-        reference.pack(self.data, pages, staging.view(self.data.dtype))
+        target = bytes_view(out)
+        size = self._check_room(target, len(pages))
+        if self.backend.holds(target):
+            self.backend.pack(self.data, pages, target)
+            return
+        staging = self._staging_for(size)
+        self.backend.pack(self.data, pages, staging)
+        arrays.copy_bytes(staging, target[:size])
 
     def unpack(self, data: Buffer, pages: Sequence[PageId]) -> None:
         """Canonical bytes (len(pages) blocks, list order) into pages."""
-        staging = as_bytes_array(data)
-        self._check_room(staging, len(pages))
-        usable = staging[: len(pages) * self.bytes_per_block]
-        reference.unpack(usable.view(self.data.dtype), self.data, pages)
+        source = bytes_view(data)
+        size = self._check_room(source, len(pages))
+        if not self.backend.holds(source):
+            staging = self._staging_for(size)
+            arrays.copy_bytes(source[:size], staging)
+            source = staging
+        self.backend.unpack(source, self.data, pages)
 
-    def _check_room(self, staging: np.ndarray, count: int) -> None:
-        if staging.size < count * self.bytes_per_block:
+    def _check_room(self, buffer: Array, count: int) -> int:
+        """Bytes count blocks need; InvalidArgument if buffer is smaller."""
+        size = count * self.bytes_per_block
+        if buffer.size < size:
             raise InvalidArgument(
-                f"buffer of {staging.size} bytes is too small for {count} blocks of {self.bytes_per_block}")
+                f"buffer of {buffer.size} bytes is too small for {count} blocks of {self.bytes_per_block}")
+        return size
+
+    def _staging_for(self, size: int) -> Array:
+        """size bytes of reusable staging in the pool's memory."""
+        if self._staging is None or self._staging.size < size:
+            self._staging = self.backend.empty((size,), np.dtype(np.uint8))
+        return self._staging[:size]
 
     # ---- byte ranges over a list of pages -----------------------------
     def write_range(self, pages: Sequence[PageId], offset: int, data: Buffer) -> None:
         """Writes data at byte offset of the concatenated canonical blocks of
         pages. The caller checks the range lies inside len(pages) blocks."""
-        src = as_bytes_array(data)
-        for lo, hi, block, start, stop in self._spans(len(pages), offset, src.size):
+        src = bytes_view(data)
+        local = self.backend.holds(src)  # plain slice assignment, no transfer
+        for lo, hi, run, start, stop in self._pieces(pages, offset, src.size):
             if stop - start == self.bytes_per_block:
-                self.unpack(src[lo:hi], [pages[block]])
-            else:
-                for seg, s_lo, s_hi in self._segments(pages[block], start, stop):
-                    seg[: s_hi - s_lo] = src[lo + s_lo - start: lo + s_hi - start]
+                self.unpack(src[lo:hi], run)
+                continue
+            for seg, s_lo, s_hi in self._segments(run[0], start, stop):
+                piece = src[lo + s_lo - start: lo + s_hi - start]
+                if local:
+                    seg[: s_hi - s_lo] = piece
+                else:
+                    arrays.copy_bytes(piece, seg[: s_hi - s_lo])
 
     def read_range(self, pages: Sequence[PageId], offset: int, out: Buffer) -> None:
         """Fills out with the bytes at offset of the concatenated blocks."""
-        dst = as_bytes_array(out)
-        for lo, hi, block, start, stop in self._spans(len(pages), offset, dst.size):
+        dst = bytes_view(out)
+        local = self.backend.holds(dst)
+        for lo, hi, run, start, stop in self._pieces(pages, offset, dst.size):
             if stop - start == self.bytes_per_block:
-                self.pack([pages[block]], dst[lo:hi])
-            else:
-                for seg, s_lo, s_hi in self._segments(pages[block], start, stop):
-                    dst[lo + s_lo - start: lo + s_hi - start] = seg[: s_hi - s_lo]
+                self.pack(run, dst[lo:hi])
+                continue
+            for seg, s_lo, s_hi in self._segments(run[0], start, stop):
+                piece = dst[lo + s_lo - start: lo + s_hi - start]
+                if local:
+                    piece[:] = seg[: s_hi - s_lo]
+                else:
+                    arrays.copy_bytes(seg[: s_hi - s_lo], piece)
+
+    def _pieces(self, pages: Sequence[PageId], offset: int,
+                length: int) -> Iterator[tuple[int, int, list[PageId], int, int]]:
+        """(buffer lo, hi, pages, start, stop within block): consecutive whole
+        blocks merged into one run (one pack/unpack, so one kernel launch on a
+        GPU), a cut block alone with its [start, stop)."""
+        bpb = self.bytes_per_block
+        run: list[PageId] = []
+        run_lo = run_hi = 0
+        for lo, hi, block, start, stop in self._spans(len(pages), offset, length):
+            if stop - start == bpb:
+                run_lo = run_lo if run else lo
+                run.append(pages[block])
+                run_hi = hi
+                continue
+            if run:
+                yield run_lo, run_hi, run, 0, bpb
+                run = []
+            yield lo, hi, [pages[block]], start, stop
+        if run:
+            yield run_lo, run_hi, run, 0, bpb
 
     def _spans(self, count: int, offset: int, length: int) -> Iterator[tuple[int, int, int, int, int]]:
         """(buffer lo, hi, block index, start, stop within block) pieces."""
@@ -133,7 +212,7 @@ class PagePool:
             yield pos, pos + stop - start, block, start, stop
             pos += stop - start
 
-    def _segments(self, page: PageId, start: int, stop: int) -> Iterator[tuple[np.ndarray, int, int]]:
+    def _segments(self, page: PageId, start: int, stop: int) -> Iterator[tuple[Array, int, int]]:
         """Segments of page overlapping block bytes [start, stop): yields a
         byte view beginning at max(start, segment start) and that overlap."""
         seg_bytes = self.geometry.segment_bytes

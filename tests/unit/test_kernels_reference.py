@@ -6,40 +6,10 @@ import pytest
 
 from speckv.kernels import reference
 
-# (layers, pages, block_size, heads, head_dim, dtype): odd sizes on purpose.
-GEOMETRIES = [
-    (2, 5, 4, 2, 8, np.float16),
-    (3, 7, 3, 1, 5, np.float32),
-    (1, 4, 1, 3, 1, np.uint16),  # bf16 bit patterns
-]
+from kernels_cases import GEOMETRIES, brute_pack, geometry_id, make_pool, page_lists
 
 
-def make_pool(layers, pages, block, heads, dim, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    bits = rng.integers(0, 2**16, size=(layers, 2, pages, block, heads, dim), dtype=np.uint16)
-    if np.dtype(dtype).itemsize == 4:
-        return rng.standard_normal((layers, 2, pages, block, heads, dim)).astype(dtype)
-    return bits.view(dtype)
-
-
-def brute_pack(pool, pages):
-    layers, _, _, block, heads, dim = pool.shape
-    out = np.zeros((len(pages), layers, 2, block, heads, dim), dtype=pool.dtype)
-    for i, page in enumerate(pages):
-        for l, kv, t, h, d in np.ndindex(layers, 2, block, heads, dim):
-            out[i, l, kv, t, h, d] = pool[l, kv, page, t, h, d]
-    return out
-
-
-def page_lists(num_pages):
-    rng = np.random.default_rng(1)
-    n = num_pages
-    return [[], [n - 1], list(range(n - 1)), list(range(n)),
-            [int(p) for p in rng.permutation(n)] + [0],  # n + 1, with a repeat
-            [int(p) for p in rng.permutation(n)]]
-
-
-@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=geometry_id)
 def test_pack_matches_brute_force(geometry):
     pool = make_pool(*geometry)
     for pages in page_lists(pool.shape[2]):
@@ -50,7 +20,7 @@ def test_pack_matches_brute_force(geometry):
         assert np.all(out[expected.size:] == 7)  # the tail is untouched
 
 
-@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=geometry_id)
 def test_unpack_matches_brute_force(geometry):
     pool = make_pool(*geometry, seed=2)
     for pages in page_lists(pool.shape[2]):
