@@ -29,12 +29,13 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from speckv.kernels import arrays, reference
+from speckv.services.common.errors import FailedPrecondition
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 CHOICES = ("auto", "numpy", "cupy")
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(FailedPrecondition):
     """The requested backend cannot run here (no CuPy, no CUDA device)."""
 
 

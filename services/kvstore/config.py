@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
+from speckv.kernels.backend import CHOICES as BACKEND_CHOICES
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 
@@ -29,6 +30,7 @@ class KVStoreConfig(ServerSettings):
     peer_timeout_s: float = field(default=10.0, metadata={"help": "deadline of unary calls to peers and the scheduler, seconds"})
     transport: str = field(default="tcp", metadata={"help": "replication data plane: tcp (bulk TCP, listens on data_port) or grpc (WriteChunks only)"})
     data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is tcp; 0 picks a free one"})
+    backend: str = field(default="numpy", metadata={"help": f"pool memory: {' | '.join(BACKEND_CHOICES)} (auto: CuPy when a CUDA device is present)"})
     link_gbps: float = field(default=0.0, metadata={"help": "cap on replication bytes this node sends, Gbit/s (emulates a network link); 0: no cap"})
 
     def validate(self) -> None:
@@ -53,6 +55,8 @@ class KVStoreConfig(ServerSettings):
         if self.transport not in TRANSPORTS:
             raise InvalidArgument(f"transport={self.transport!r}: expected one of {', '.join(TRANSPORTS)}")
         check_port("data_port", self.data_port)
+        if self.backend not in BACKEND_CHOICES:
+            raise InvalidArgument(f"backend={self.backend!r}: expected one of {', '.join(BACKEND_CHOICES)}")
         if not self.link_gbps >= 0:
             raise InvalidArgument(f"link_gbps={self.link_gbps}: must be >= 0 (0: no cap)")
 

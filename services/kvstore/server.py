@@ -12,6 +12,7 @@ from typing import Mapping
 
 import grpc
 
+from speckv.kernels.backend import select_backend
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
 from speckv.services.common.metrics import register_gauges
@@ -35,7 +36,7 @@ MAINTENANCE_S = 1.0  # how often lapsed reservations are reaped at the latest
 
 def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
     return KVStoreCore(config.node_id, config.kv_geometry(), config.num_pages, clock,
-                       event_retention=config.event_retention)
+                       event_retention=config.event_retention, backend=select_backend(config.backend))
 
 
 def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:

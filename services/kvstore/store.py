@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from speckv.kernels.backend import Backend
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from speckv.services.kvstore import validate
@@ -81,14 +82,15 @@ class StoreStats:
 class KVStoreCore:
     def __init__(
         self, node_id: str, geometry: KVGeometry, num_pages: int, clock: Clock, *,
-        event_retention: int = 100_000, max_hashes_per_request: int = 65_536,
+        event_retention: int = 100_000, max_hashes_per_request: int = 65_536, backend: Backend | None = None,
     ) -> None:
+        """backend: where the pool lives (None: host memory through NumPy)."""
         self.node_id = validate.identifier(node_id, "node_id")
         self.geometry = geometry
         self.clock = clock
         self.max_hashes = max_hashes_per_request
         self._lock = threading.RLock()
-        self._pool = PagePool(geometry, num_pages)
+        self._pool = PagePool(geometry, num_pages, backend)
         self._index = BlockIndex()
         self._events = EventLog(node_id, geometry.block_size, event_retention, clock)
         self._book = ReservationBook(self._pool, clock, self._publish, prefix=node_id)
