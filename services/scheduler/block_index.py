@@ -110,8 +110,11 @@ class BlockIndex:
             return {}
         alive = set(self._holders.get(block_hashes[0], ()))
         lengths: dict[NodeId, int] = {}
+        empty: set[NodeId] = set()
         for i, h in enumerate(block_hashes):
-            holding = self._holders.get(h, set())
+            holding = self._holders.get(h, empty)
+            if alive <= holding:
+                continue  # every node still in the walk holds this block too (the usual case)
             for node in [n for n in alive if n not in holding]:
                 lengths[node] = i
                 alive.discard(node)

@@ -14,6 +14,9 @@ Invariants:
 - `pending_tokens` / `pending_requests` count work routed to a node since its
   last heartbeat, so a burst between two heartbeats is not piled on one node.
   The next heartbeat's queue figures include that work, so it resets them.
+- `least_loaded(k)` answers from a LoadBoard keyed by `queue_cost(queued
+  tokens, waiting requests)` (ms, the engine profile's queueing model), kept
+  current on every register, heartbeat and routed request.
 - All nodes share one block size: block hashes are chained over block_size
   tokens, so nodes with different block sizes could never share a block.
 
@@ -23,10 +26,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Callable, Collection
 
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import NodeId
+from speckv.services.scheduler.load_board import LoadBoard
+
+QueueCost = Callable[[int, int], float]  # (queued tokens, waiting requests) -> ms
 
 
 class NodeStatus(enum.Enum):
@@ -59,6 +66,10 @@ class Node:
     pending_tokens: int = 0
     pending_requests: int = 0
     routes_total: int = 0
+    bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
+
+    def __post_init__(self) -> None:
+        self.bytes_per_block = self.geometry.bytes_per_block
 
     @property
     def queued_tokens(self) -> int:
@@ -71,12 +82,14 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, node_timeout_s: float) -> None:
+    def __init__(self, node_timeout_s: float, queue_cost: QueueCost | None = None) -> None:
         if node_timeout_s <= 0:
             raise InvalidArgument(f"node_timeout_s={node_timeout_s}: must be > 0")
         self._timeout_s = node_timeout_s
         self._nodes: dict[NodeId, Node] = {}
         self._generations = 0
+        self._queue_cost: QueueCost = queue_cost or (lambda tokens, waiting: float(tokens))
+        self._board = LoadBoard()
 
     @property
     def node_timeout_s(self) -> float:
@@ -99,6 +112,7 @@ class Cluster:
                     load=NodeLoad(free_pages=capacity_pages),
                     routes_total=previous.routes_total if previous else 0)
         self._nodes[node_id] = node
+        self._board.upsert(node_id, 0.0, now)
         return node, previous is not None
 
     def heartbeat(self, node_id: NodeId, load: NodeLoad, now: float) -> bool:
@@ -113,6 +127,7 @@ class Cluster:
         node.status = NodeStatus.UP
         node.pending_tokens = 0
         node.pending_requests = 0
+        self._board.upsert(node_id, self.queue_ms(node), node.last_heartbeat)
         return True
 
     def get(self, node_id: NodeId) -> Node:
@@ -149,6 +164,15 @@ class Cluster:
         node.pending_tokens += tokens
         node.pending_requests += 1
         node.routes_total += 1
+        self._board.set_load(node_id, self.queue_ms(node))
+
+    def queue_ms(self, node: Node) -> float:
+        """Expected queueing delay of node, ms (reported plus routed-since load)."""
+        return self._queue_cost(node.queued_tokens, node.waiting_requests)
+
+    def least_loaded(self, k: int, now: float, exclude: Collection[NodeId] = ()) -> list[NodeId]:
+        """Up to k live nodes outside exclude, least expected queueing first."""
+        return self._board.least_loaded(k, now, self._timeout_s, exclude)
 
     def block_size(self) -> int | None:
         """The cluster's block size, or None while no node is registered."""

@@ -8,6 +8,7 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
 from speckv.services.scheduler.engine_profile import get_profile
 from speckv.services.scheduler.policies.registry import default_registry
+from speckv.services.scheduler.policy_config import load_policy_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,11 @@ class SchedulerConfig(ServerSettings):
     link_gbps: float = field(default=25.0, metadata={"help": "node-to-node link bandwidth for fetch-time estimates, Gbit/s"})
     link_overhead_ms: float = field(default=1.0, metadata={"help": "fixed cost of one node-to-node transfer, ms"})
     lookup_timeout_s: float = field(default=0.2, metadata={"help": "deadline of Route's confirming KVStore.Lookup, s"})
-    ttft_target_ms: float = field(default=2000.0, metadata={"help": "TTFT SLO the planners aim for, ms"})
+    policies_path: str = field(default="", metadata={"help": "policy/planner thresholds JSON; empty = the committed services/config/policies.json"})
+    oracle_trace: str = field(default="", metadata={"help": "Mooncake-format trace the oracle policy reads the true future from; empty = no oracle"})
+    oracle_offset_s: float = field(default=0.0, metadata={"help": "scheduler clock time at which the oracle trace's t=0 falls, s"})
+    forecast_timeout_s: float = field(default=1.0, metadata={"help": "deadline of one predictor Forecast call, s"})
+    confirm_routes: bool = field(default=True, metadata={"help": "confirm each routed prefix with the chosen kvstore (one Lookup per Route)"})
     router_seed: int = field(default=0, metadata={"help": "seed of the router's tie-break RNG"})
     tie_ms: float = field(default=1.0, metadata={"help": "expected TTFTs this close (ms) count as a tie and are spread"})
     arrival_queue: int = field(default=10000, metadata={"help": "arrival reports buffered for the predictor before dropping"})
@@ -30,8 +35,8 @@ class SchedulerConfig(ServerSettings):
 
     def validate(self) -> None:
         ServerSettings.validate(self)
-        for name in ("node_timeout_s", "tick_s", "link_gbps", "lookup_timeout_s", "ttft_target_ms",
-                     "predictor_timeout_s"):
+        for name in ("node_timeout_s", "tick_s", "link_gbps", "lookup_timeout_s", "predictor_timeout_s",
+                     "forecast_timeout_s"):
             check_positive(name, getattr(self, name))
         if self.heartbeat_interval_ms <= 0:
             raise InvalidArgument(f"heartbeat_interval_ms={self.heartbeat_interval_ms}: must be > 0")
@@ -50,3 +55,8 @@ class SchedulerConfig(ServerSettings):
         if self.policy not in registry.available():
             raise InvalidArgument(f"policy={self.policy!r} is unknown; available: {', '.join(registry.available())}")
         get_profile(self.engine_profile, self.engine_profiles_path or None)
+        load_policy_config(self.policies_path or None)
+        if self.policy == "predictive" and not self.predictor:
+            raise InvalidArgument("policy='predictive' needs --predictor (where forecasts come from)")
+        if self.policy == "oracle" and not self.oracle_trace:
+            raise InvalidArgument("policy='oracle' needs --oracle-trace (the true future arrivals)")

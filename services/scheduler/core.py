@@ -9,27 +9,42 @@ remote consultations go through small interfaces injected by the server:
 - ArrivalSink: every routed request is offered as an arrival (never blocks).
 A NodeListener hears about (re-)registrations so the server can (re)start
 that node's KV event stream.
+
+Routing scores only the live holders of the request's first block plus the
+`router.spread_candidates` least-queued other live nodes (Cluster's
+LoadBoard): every non-holder costs the same prefill, so the least-queued ones
+dominate the rest and the choice equals scoring all nodes. Each routed
+request feeds the family catalog (chain, prompt length, heat) and marks a
+replica of its family on the chosen node as used. Order transitions go
+through OrderLifecycle (retries, replicas, commits seen in KV events).
 """
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
 from speckv.services.scheduler.arrivals import ArrivalRecord
-from speckv.services.scheduler.block_index import BlockIndex, IndexEvent
+from speckv.services.scheduler.block_index import BlockIndex, EventKind, IndexEvent
 from speckv.services.scheduler.cluster import Cluster, Node, NodeLoad
 from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.geometry import KVGeometry
+from speckv.services.scheduler.families import FamilyCatalog
+from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
 from speckv.services.scheduler.ids import UINT64_MAX, Family, NodeId, default_family
+from speckv.services.scheduler.lifecycle import OrderLifecycle
 from speckv.services.scheduler.order_feed import OrderFeed, Watcher
 from speckv.services.scheduler.orders import Order, OrderSpec, OrderState, OrderTracker, validate_spec
-from speckv.services.scheduler.policies.base import ClusterView, NodeView, Policy
+from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan, Policy
+from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
-from speckv.services.scheduler.router import Candidate, KvAwareRouter, RouteQuery, best_holder, uncached_tokens
+from speckv.services.scheduler.policy_config import PolicyConfig, load_policy_config
+from speckv.services.scheduler.replicas import ReplicaLedger, ReplicaStats
+from speckv.services.scheduler.router import (Candidate, KvAwareRouter, RouteDecision, RouteQuery, best_holder,
+                                              uncached_tokens)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +71,7 @@ class CoreSettings:
     router_seed: int = 0
     tie_ms: float = 1.0
     watch_queue: int = 1024
+    policy_config: PolicyConfig | None = None  # None: the committed services/config/policies.json
 
 
 @dataclass(slots=True)
@@ -74,6 +90,25 @@ class RouteResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteRequestItem:
+    """One request of a batched route (mirrors RouteRequest)."""
+
+    request_id: str
+    block_hashes: Sequence[int]
+    prompt_tokens: int
+    family: str = ""
+    arrival_time_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Picked:
+    decision: RouteDecision
+    candidates: list[Candidate]
+    address: str
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeReport:
     view: NodeView
     last_heartbeat_age_s: float
@@ -87,6 +122,8 @@ class ClusterSnapshot:
     order_counts: dict[OrderState, int]
     num_families: int
     now: float
+    replicas: ReplicaStats = field(default_factory=ReplicaStats)
+    retries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,19 +136,27 @@ class PolicyInfo:
 class SchedulerCore:
     def __init__(self, settings: CoreSettings, clock: Clock, profile: EngineProfile,
                  registry: PolicyRegistry | None = None, confirmer: PrefixConfirmer | None = None,
-                 arrivals: ArrivalSink | None = None, listener: NodeListener | None = None) -> None:
+                 arrivals: ArrivalSink | None = None, listener: NodeListener | None = None,
+                 forecasts: ForecastSource | None = None, future: FutureArrivals | None = None) -> None:
         self.settings = settings
         self._clock = clock
         self._profile = profile
-        self._registry = registry or default_registry()
+        self._pcfg = settings.policy_config or load_policy_config()
+        link = LinkModel(settings.link_gbps, settings.link_overhead_ms)
+        self._link_bytes_per_s = settings.link_gbps * 1e9 / 8
+        self.context = PolicyContext(self._pcfg, profile, link, forecasts, future)
+        self._registry = registry or default_registry(self.context)
         self._policy: Policy = self._registry.create(settings.policy)
         self._confirmer, self._arrivals, self._listener = confirmer, arrivals, listener
-        self._cluster = Cluster(settings.node_timeout_s)
+        self._cluster = Cluster(settings.node_timeout_s, profile.queue_ms)
         self._index = BlockIndex()
+        self._families = FamilyCatalog(self._pcfg.families)
         self._orders = OrderTracker()
+        self._lifecycle = OrderLifecycle(self._orders, ReplicaLedger(), self._index, self._submit_locked,
+                                         self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
-        self._router = KvAwareRouter(profile, LinkModel(settings.link_gbps, settings.link_overhead_ms),
-                                     settings.router_seed, settings.tie_ms)
+        self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms)
+        self._spread = self._pcfg.router.spread_candidates
         self._lock = threading.Lock()
         self._unconfirmed: set[str] = set()  # addresses whose last Lookup failed (log transitions only)
 
@@ -125,11 +170,17 @@ class SchedulerCore:
             node, again = self._cluster.register(NodeId(node_id), address, capacity_pages,
                                                  geometry or self._profile.geometry, self._clock.now())
             self._index.drop_node(node.node_id)
+            self._lifecycle.ledger.drop_node(node.node_id)
             generation = node.generation
         log.info("node %s %sregistered at %s", node_id, "re-" if again else "", address)
         if self._listener is not None:
             self._listener.node_registered(NodeId(node_id), address, generation, old_address)
         return again, self.settings.heartbeat_interval_ms
+
+    def generation(self, node_id: str) -> int:
+        """The current registration's generation (what KV event feeders pass)."""
+        with self._lock:
+            return self._cluster.get(NodeId(node_id)).generation
 
     def heartbeat(self, node_id: str, load: NodeLoad) -> bool:
         with self._lock:
@@ -147,6 +198,8 @@ class SchedulerCore:
             if node is None or node.generation != generation:
                 return False
             self._index.apply(node_id, event)
+            if event.kind is EventKind.COMMITTED:
+                self._lifecycle.kv_committed(node_id, self._clock.now())
             return True
 
     def reset_inventory(self, node_id: NodeId, generation: int) -> bool:
@@ -160,45 +213,76 @@ class SchedulerCore:
     # --- routing ---------------------------------------------------------
     def route(self, request_id: str, block_hashes: Sequence[int], prompt_tokens: int,
               family: str = "", arrival_time_s: float = 0.0) -> RouteResult:
-        hashes = list(block_hashes)
-        _validate_route(hashes, prompt_tokens)
-        if not arrival_time_s >= 0:
-            raise InvalidArgument(f"arrival_time_s={arrival_time_s}: must be >= 0 (0: the scheduler's clock)")
-        query = RouteQuery(request_id, hashes, prompt_tokens, Family(family) if family else default_family(hashes))
+        query = _query(request_id, block_hashes, prompt_tokens, family, arrival_time_s)
         with self._lock:
             now = self._clock.now()
-            block_size = self._cluster.block_size()
-            if block_size and len(hashes) * block_size > prompt_tokens:
-                raise InvalidArgument(f"{len(hashes)} block hashes of {block_size} tokens exceed "
-                                      f"prompt_tokens={prompt_tokens}")
-            candidates = self._candidates(hashes, now)
-            if not candidates:
-                raise Unavailable("no live node to route to")
-            decision = self._router.choose(query, candidates)
-            node = self._cluster.get(decision.node_id)
-            address, node_block_size = node.address, node.geometry.block_size
-            self._cluster.add_pending(node.node_id, uncached_tokens(decision, query, node_block_size))
-            if hashes:
-                self._index.note_family(query.family, hashes[0])
-        confirmed = self._confirm(address, hashes)
+            picked = self._route_locked(query, now)
+        return self._finish(query, picked, arrival_time_s or now)
+
+    def route_batch(self, requests: Sequence[RouteRequestItem]) -> list[RouteResult]:
+        """Routes many requests under one lock acquisition, in order. A
+        malformed item fails the whole batch, naming its index."""
+        queries = []
+        for i, r in enumerate(requests):
+            try:
+                queries.append(_query(r.request_id, r.block_hashes, r.prompt_tokens, r.family, r.arrival_time_s))
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"requests[{i}]: {exc}") from None
+        with self._lock:
+            now = self._clock.now()
+            picked = []
+            for i, query in enumerate(queries):
+                try:
+                    picked.append(self._route_locked(query, now))
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"requests[{i}]: {exc}") from None
+        return [self._finish(q, p, r.arrival_time_s or now) for q, p, r in zip(queries, picked, requests)]
+
+    def _route_locked(self, query: RouteQuery, now: float) -> _Picked:
+        hashes = query.block_hashes
+        block_size = self._cluster.block_size()
+        if block_size and len(hashes) * block_size > query.prompt_tokens:
+            raise InvalidArgument(f"{len(hashes)} block hashes of {block_size} tokens exceed "
+                                  f"prompt_tokens={query.prompt_tokens}")
+        candidates = self._candidates(hashes, now)
+        if not candidates:
+            raise Unavailable("no live node to route to")
+        decision = self._router.choose(query, candidates)
+        node = self._cluster.get(decision.node_id)
+        self._cluster.add_pending(node.node_id, uncached_tokens(decision, query, node.geometry.block_size))
+        if hashes:
+            self._index.note_family(query.family, hashes[0])
+            self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
+            if decision.cached_blocks or decision.fetch_blocks:
+                self._lifecycle.ledger.mark_used(query.family, node.node_id)
+        return _Picked(decision, candidates, node.address, node.geometry.block_size)
+
+    def _finish(self, query: RouteQuery, picked: _Picked, arrival_s: float) -> RouteResult:
+        """Confirms the prefix with the chosen node (outside the lock) and reports the arrival."""
+        decision = picked.decision
+        confirmed = self._confirm(picked.address, query.block_hashes)
         if confirmed is not None and confirmed != decision.cached_blocks:
-            chosen = next(c for c in candidates if c.node_id == decision.node_id)
-            others = [c for c in candidates if c.node_id != decision.node_id]
+            chosen = next(c for c in picked.candidates if c.node_id == decision.node_id)
+            others = [c for c in picked.candidates if c.node_id != decision.node_id]
             decision = self._router.estimate(query, replace(chosen, cached_blocks=confirmed), best_holder(others))
-        result = RouteResult(decision.node_id, address, decision.cached_blocks, decision.expected_ttft_ms,
+        result = RouteResult(decision.node_id, picked.address, decision.cached_blocks, decision.expected_ttft_ms,
                              decision.queue_ms, decision.prefill_ms, decision.fetch_ms, decision.fetch_from,
                              decision.fetch_blocks, query.family, confirmed is not None)
         if self._arrivals is not None:
-            cached_tokens = min(result.cached_blocks * node_block_size, prompt_tokens)
-            self._arrivals.offer(ArrivalRecord(arrival_time_s or now, query.family, result.node_id,
-                                               prompt_tokens, cached_tokens))
+            cached_tokens = min(result.cached_blocks * picked.block_size, query.prompt_tokens)
+            self._arrivals.offer(ArrivalRecord(arrival_s, query.family, result.node_id,
+                                               query.prompt_tokens, cached_tokens))
         return result
 
     def _candidates(self, hashes: list[int], now: float) -> list[Candidate]:
+        """Live holders of the first block, plus the least-queued other live nodes."""
         lengths = self._index.prefix_lengths(hashes)
+        cluster = self._cluster
+        nodes = [n for n in (cluster.find(node_id) for node_id in lengths) if n is not None and cluster.is_alive(n, now)]
+        nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
         return [Candidate(n.node_id, n.queued_tokens, n.waiting_requests, n.pending_requests,
-                          lengths.get(n.node_id, 0), n.geometry.block_size, n.geometry.bytes_per_block)
-                for n in self._cluster.live_nodes(now)]
+                          lengths.get(n.node_id, 0), n.geometry.block_size, n.bytes_per_block)
+                for n in nodes]
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:
         if self._confirmer is None or not hashes:
@@ -220,8 +304,13 @@ class SchedulerCore:
     def report_order(self, order_id: str, state: OrderState, message: str = "",
                      bytes_sent: int = 0, blocks_sent: int = 0) -> OrderState:
         with self._lock:
-            order = self._orders.report(order_id, state, self._clock.now(), message, bytes_sent, blocks_sent)
-            return order.state
+            return self._lifecycle.report(order_id, state, self._clock.now(), message, bytes_sent,
+                                          blocks_sent).state
+
+    def cancel_order(self, order_id: str, reason: str = "cancelled") -> Order:
+        """Cancels an order not yet started (ISSUED); FailedPrecondition otherwise."""
+        with self._lock:
+            return self._lifecycle.cancel(order_id, self._clock.now(), reason).snapshot()
 
     def get_order(self, order_id: str) -> Order:
         with self._lock:
@@ -249,8 +338,17 @@ class SchedulerCore:
                        family=spec.family or default_family(spec.block_hashes),
                        policy=spec.policy or "manual")
         order = self._orders.submit(spec, now)
+        self._lifecycle.issued(order)
         self._feed.publish(order.snapshot())
         return order.snapshot()
+
+    def _alive(self, node_id: NodeId, now: float) -> bool:
+        node = self._cluster.find(node_id)
+        return node is not None and self._cluster.is_alive(node, now)
+
+    def _bytes_per_block(self, node_id: NodeId) -> int:
+        node = self._cluster.find(node_id)
+        return node.geometry.bytes_per_block if node else 0
 
     # --- policy and ticking ---------------------------------------------
     def set_policy(self, name: str) -> PolicyInfo:
@@ -266,23 +364,40 @@ class SchedulerCore:
         return PolicyInfo(policy.name, tuple(self._registry.available()), policy.description)
 
     def tick(self) -> list[Order]:
-        """Sweeps liveness and leases, then issues what the policy plans."""
+        """Sweeps liveness, orders and replica leases, then applies what the
+        policy plans: cancellations first, then new orders."""
         with self._lock:
             policy = self._policy
         policy.prepare(self._clock.now())
         issued: list[Order] = []
         with self._lock:
             now = self._clock.now()
-            for node_id in self._cluster.sweep(now):
-                log.warning("node %s missed heartbeats for %.1f s: down", node_id, self._cluster.node_timeout_s)
-            for order in self._orders.sweep(now):
-                log.info("order %s expired (%s -> %s)", order.order_id, order.spec.source, order.spec.target)
-            for spec in policy.plan(now, self._view(now)):
+            self._sweep_locked(now)
+            if self._policy is not policy:
+                return []  # SetPolicy raced with prepare(); the next tick plans with the new one
+            plan = policy.plan(now, self._view(now))
+            plan = plan if isinstance(plan, Plan) else Plan(list(plan))
+            for order_id in plan.cancel:
+                try:
+                    self._lifecycle.cancel(order_id, now, f"{policy.name}: burst no longer forecast")
+                except SpeckvError as exc:
+                    log.debug("policy %s could not cancel %s: %s", policy.name, order_id, exc)
+            for spec in plan.orders:
                 try:
                     issued.append(self._submit_locked(replace(spec, policy=spec.policy or policy.name), now))
                 except SpeckvError as exc:
                     log.warning("policy %s planned an invalid order: %s", policy.name, exc)
         return issued
+
+    def _sweep_locked(self, now: float) -> None:
+        for node_id in self._cluster.sweep(now):
+            log.warning("node %s missed heartbeats for %.1f s: down", node_id, self._cluster.node_timeout_s)
+            self._lifecycle.node_down(node_id, now)
+        expired, released = self._lifecycle.sweep(now)
+        for order in expired:
+            log.info("order %s expired (%s -> %s)", order.order_id, order.spec.source, order.spec.target)
+        for replica in released:
+            log.debug("replica of %s on %s released unused", replica.family, replica.node)
 
     # --- state -------------------------------------------------------------
     def cluster_state(self) -> ClusterSnapshot:
@@ -290,8 +405,9 @@ class SchedulerCore:
             now = self._clock.now()
             reports = tuple(NodeReport(self._node_view(n, now), max(0.0, now - n.last_heartbeat), n.routes_total)
                             for n in self._cluster.nodes())
+            stats = self._lifecycle.ledger.stats
             return ClusterSnapshot(reports, self._policy.name, self._orders.counts(),
-                                   self._index.num_families(), now)
+                                   self._index.num_families(), now, replace(stats), self._lifecycle.retries_issued)
 
     def order_counts(self) -> dict[OrderState, int]:
         with self._lock:
@@ -306,13 +422,25 @@ class SchedulerCore:
         self._feed.close_all()
 
     def _view(self, now: float) -> ClusterView:
+        ledger = self._lifecycle.ledger
         return ClusterView(now, tuple(self._node_view(n, now) for n in self._cluster.nodes()),
-                           self._index, tuple(o.snapshot() for o in self._orders.active()))
+                           self._index, tuple(o.snapshot() for o in self._orders.active()),
+                           self._families, {n.node_id: ledger.blocks_on(n.node_id) for n in self._cluster.nodes()},
+                           self._link_bytes_per_s)
 
     def _node_view(self, n: Node, now: float) -> NodeView:
         return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
                         n.geometry.block_size, n.geometry.bytes_per_block, self._index.num_blocks(n.node_id))
+
+
+def _query(request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str,
+           arrival_time_s: float) -> RouteQuery:
+    hashes = list(block_hashes)
+    _validate_route(hashes, prompt_tokens)
+    if not arrival_time_s >= 0:
+        raise InvalidArgument(f"arrival_time_s={arrival_time_s}: must be >= 0 (0: the scheduler's clock)")
+    return RouteQuery(request_id, hashes, prompt_tokens, Family(family) if family else default_family(hashes))
 
 
 def _validate_route(hashes: list[int], prompt_tokens: int) -> None:

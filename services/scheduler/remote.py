@@ -1,6 +1,7 @@
 """gRPC clients the scheduler core uses through small interfaces: prefix
-confirmation against a node's kvstore (KVStore.Lookup) and arrival reports to
-the predictor (Predictor.ObserveArrivals). Every call carries a deadline.
+confirmation against a node's kvstore (KVStore.Lookup), arrival reports to
+the predictor (Predictor.ObserveArrivals) and forecasts from it
+(Predictor.Forecast, a ForecastSource). Every call carries a deadline.
 Channels are instrumented, so a Route's Lookup joins the Route's trace."""
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import grpc
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
 from speckv.services.scheduler.arrivals import ArrivalRecord
+from speckv.services.scheduler.forecasts import Forecast
+from speckv.services.scheduler.ids import Family
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, predictor_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,41 @@ class PredictorSender:
         if summary.rejected:
             self.rejected_total += summary.rejected
             log.debug("predictor rejected %d arrivals: %s", summary.rejected, summary.first_error)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class PredictorForecasts:
+    """ForecastSource over Predictor.Forecast. An unreachable predictor
+    yields [] (logged once per outage): no forecast, no speculation."""
+
+    def __init__(self, address: str, telemetry: Telemetry | None, timeout_s: float = 1.0) -> None:
+        self._channel = open_channel(address, telemetry)
+        self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
+        self._timeout_s = timeout_s
+        self._failing = False
+
+    def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
+        request = predictor_pb2.ForecastRequest(horizons_s=[horizon_s], now_s=now, max_families=max_families)
+        try:
+            reply = self._stub.Forecast(request, timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            if not self._failing:
+                log.warning("predictor Forecast failed (planning nothing until it answers): %s",
+                            exc.code() if hasattr(exc, "code") else exc)
+            self._failing = True
+            return []
+        if self._failing:
+            log.info("predictor Forecast answers again")
+        self._failing = False
+        out = []
+        for family in reply.forecasts:
+            for h in family.horizons:
+                if abs(h.horizon_s - horizon_s) < 1e-9:
+                    out.append(Forecast(Family(family.family), h.horizon_s, h.expected_count,
+                                        h.upper_quantile, h.burst_probability))
+        return out
 
     def close(self) -> None:
         self._channel.close()

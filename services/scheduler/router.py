@@ -93,7 +93,8 @@ class KvAwareRouter:
         if not candidates:
             raise ValueError("no candidates")
         holder = best_holder(candidates)
-        decisions = {c.node_id: self.estimate(query, c, holder) for c in candidates}
+        memo: dict[tuple[int, int, int], tuple[float, float, float, int]] = {}
+        decisions = {c.node_id: self._estimate(query, c, holder, memo) for c in candidates}
         best = min(d.expected_ttft_ms for d in decisions.values())
         tied = [c for c in candidates if decisions[c.node_id].expected_ttft_ms <= best + self._tie_ms]
         fewest = min(c.routes_in_flight for c in tied)
@@ -101,18 +102,36 @@ class KvAwareRouter:
         return decisions[self._rng.choice(tied).node_id]
 
     def estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> RouteDecision:
+        return self._estimate(query, node, holder, {})
+
+    def _estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
+                  memo: dict[tuple[int, int, int], tuple[float, float, float, int]]) -> RouteDecision:
+        """The decision for node; memo shares the prefill/fetch figures between
+        candidates with the same cached prefix (most non-holders: none)."""
         queue_ms = self._profile.queue_ms(node.queued_tokens, node.waiting_requests)
+        pulls = holder is not None and holder.node_id != node.node_id and holder.cached_blocks > node.cached_blocks
+        key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls else -1)
+        figures = memo.get(key)
+        if figures is None:
+            figures = memo[key] = self._figures(query, node, holder if pulls else None)
+        prefill_ms, fetch_ms, _, missing = figures
+        if missing:
+            assert holder is not None
+            return RouteDecision(node.node_id, node.cached_blocks, queue_ms + fetch_ms + prefill_ms,
+                                 queue_ms, prefill_ms, fetch_ms, holder.node_id, missing)
+        return RouteDecision(node.node_id, node.cached_blocks, queue_ms + prefill_ms, queue_ms, prefill_ms)
+
+    def _figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> tuple[float, float, float, int]:
+        """(prefill ms, fetch ms, local prefill ms, blocks to pull): pull only when strictly cheaper."""
         local_ms = self._prefill(query, node.cached_blocks, node.block_size)
-        decision = RouteDecision(node.node_id, node.cached_blocks, queue_ms + local_ms, queue_ms, local_ms)
-        if holder is None or holder.node_id == node.node_id or holder.cached_blocks <= node.cached_blocks:
-            return decision
+        if holder is None:
+            return local_ms, 0.0, local_ms, 0
         missing = holder.cached_blocks - node.cached_blocks
         fetch_ms = self._link.transfer_ms(missing * node.bytes_per_block)
         after_ms = self._prefill(query, holder.cached_blocks, node.block_size)
         if fetch_ms + after_ms < local_ms:
-            return RouteDecision(node.node_id, node.cached_blocks, queue_ms + fetch_ms + after_ms,
-                                 queue_ms, after_ms, fetch_ms, holder.node_id, missing)
-        return decision
+            return after_ms, fetch_ms, local_ms, missing
+        return local_ms, 0.0, local_ms, 0
 
     def _prefill(self, query: RouteQuery, cached_blocks: int, block_size: int) -> float:
         cached = min(cached_blocks * block_size, query.prompt_tokens - 1)

@@ -3,7 +3,7 @@ feed and the policy ticker, and stops them all on shutdown."""
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from typing import Callable, Mapping
 
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
@@ -16,7 +16,10 @@ from speckv.services.scheduler.core import CoreSettings, SchedulerCore
 from speckv.services.scheduler.engine_profile import get_profile
 from speckv.services.scheduler.event_sync import EventSync
 from speckv.services.scheduler.ids import NodeId
-from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorSender
+from speckv.loadgen.traces.mooncake import load_mooncake
+from speckv.services.scheduler.forecasts import TraceFutureArrivals
+from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecasts, PredictorSender
 from speckv.services.scheduler.servicer import SchedulerServicer
 from speckv.services.scheduler.ticker import Ticker
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -42,19 +45,37 @@ class _NodeWiring:
 def core_settings(config: SchedulerConfig) -> CoreSettings:
     return CoreSettings(node_timeout_s=config.node_timeout_s, heartbeat_interval_ms=config.heartbeat_interval_ms,
                         policy=config.policy, link_gbps=config.link_gbps, link_overhead_ms=config.link_overhead_ms,
-                        router_seed=config.router_seed, tie_ms=config.tie_ms)
+                        router_seed=config.router_seed, tie_ms=config.tie_ms,
+                        policy_config=load_policy_config(config.policies_path or None))
 
 
-def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
+def future_arrivals(config: SchedulerConfig) -> TraceFutureArrivals | None:
+    """The oracle's true future, from --oracle-trace shifted by --oracle-offset-s."""
+    if not config.oracle_trace:
+        return None
+    return TraceFutureArrivals(load_mooncake(config.oracle_trace), config.oracle_offset_s)
+
+
+def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | None = None,
+                 inventory: Callable[[SchedulerCore], None] | None = None) -> ServiceServer:
+    """The scheduler server. `inventory`, when given, fills the core's nodes
+    and block index before serving *instead of* the kvstores' event streams
+    (benchmarks of a synthetic cluster whose nodes do not exist)."""
     clock = clock or SystemClock()
     profile = get_profile(config.engine_profile, config.engine_profiles_path or None)
     confirmer = KVStoreConfirmer(telemetry, config.lookup_timeout_s)
     sender = PredictorSender(config.predictor, telemetry, config.predictor_timeout_s) if config.predictor else None
+    forecasts = PredictorForecasts(config.predictor, telemetry, config.forecast_timeout_s) if config.predictor else None
     reporter = ArrivalReporter(sender, capacity=config.arrival_queue) if sender else None
     wiring = _NodeWiring(confirmer)
-    core = SchedulerCore(core_settings(config), clock, profile, confirmer=confirmer, arrivals=reporter,
-                         listener=wiring)
-    wiring.event_sync = event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry)
+    core = SchedulerCore(core_settings(config), clock, profile,
+                         confirmer=confirmer if config.confirm_routes else None, arrivals=reporter,
+                         listener=wiring, forecasts=forecasts, future=future_arrivals(config))
+    event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry)
+    if inventory is not None:
+        inventory(core)
+    else:
+        wiring.event_sync = event_sync
     stopping = threading.Event()
     servicer = SchedulerServicer(core, stopping)
 
@@ -79,6 +100,8 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
             reporter.stop()
         if sender is not None:
             sender.close()
+        if forecasts is not None:
+            forecasts.close()
         confirmer.close()
 
     server.on_start(start)
@@ -87,11 +110,18 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         "speckv.scheduler.orders": lambda: [(float(n), {"state": s.name.lower()})
                                             for s, n in core.order_counts().items()],
         "speckv.scheduler.live_nodes": lambda: [(float(core.live_node_count()), {})],
+        "speckv.scheduler.replicas": lambda: _replica_gauges(core),
         "speckv.scheduler.arrivals_dropped": lambda: [] if reporter is None else [
             (float(reporter.stats().dropped_full), {"reason": "queue_full"}),
             (float(reporter.stats().dropped_send), {"reason": "predictor_down"})],
     })
     return server
+
+
+def _replica_gauges(core: SchedulerCore) -> list[tuple[float, dict[str, str]]]:
+    stats = core.cluster_state().replicas
+    return [(float(stats.committed), {"outcome": "committed"}), (float(stats.kept), {"outcome": "kept"}),
+            (float(stats.released_unused), {"outcome": "released_unused"})]
 
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:

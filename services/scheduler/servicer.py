@@ -7,7 +7,7 @@ from typing import Iterator
 
 from speckv.services.common.errors import Aborted, InvalidArgument
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.core import RouteRequestItem, RouteResult, SchedulerCore
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import Family, NodeId
 from speckv.services.scheduler.orders import Order, OrderSpec, OrderState
@@ -35,13 +35,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.HeartbeatResponse(known=self._core.heartbeat(request.node_id, load))
 
     def Route(self, request, context):
-        r = self._core.route(request.request_id, request.block_hashes, request.prompt_tokens,
-                             request.family, request.arrival_time_s)
-        return scheduler_pb2.RouteResponse(
-            node_id=r.node_id, address=r.address, cached_blocks=r.cached_blocks,
-            expected_ttft_ms=r.expected_ttft_ms, fetch_from_node=r.fetch_from or "",
-            fetch_blocks=r.fetch_blocks, family=r.family, queue_ms=r.queue_ms,
-            prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms)
+        return _route_response(self._core.route(request.request_id, request.block_hashes, request.prompt_tokens,
+                                                request.family, request.arrival_time_s))
+
+    def RouteBatch(self, request, context):
+        items = [RouteRequestItem(r.request_id, r.block_hashes, r.prompt_tokens, r.family, r.arrival_time_s)
+                 for r in request.requests]
+        return scheduler_pb2.RouteBatchResponse(responses=[_route_response(r) for r in self._core.route_batch(items)])
 
     def WatchOrders(self, request, context) -> Iterator[common_pb2.ReplicationOrder]:
         watcher = self._core.watch_orders(request.node_id)
@@ -90,8 +90,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             num_blocks=r.view.num_blocks, last_heartbeat_age_s=r.last_heartbeat_age_s,
             routes_total=r.routes_total) for r in snap.nodes]
         orders = [scheduler_pb2.OrderCount(state=STATE_TO_PROTO[s], count=c) for s, c in snap.order_counts.items()]
-        return scheduler_pb2.ClusterState(nodes=nodes, policy=snap.policy, orders=orders,
-                                          num_families=snap.num_families, now_s=snap.now)
+        r = snap.replicas
+        return scheduler_pb2.ClusterState(
+            nodes=nodes, policy=snap.policy, orders=orders, num_families=snap.num_families, now_s=snap.now,
+            replicas_committed=r.committed, replicas_kept=r.kept, replicas_released_unused=r.released_unused,
+            bytes_replicated=r.bytes_committed, bytes_wasted=r.bytes_wasted, order_retries=snap.retries)
+
+
+def _route_response(r: RouteResult) -> scheduler_pb2.RouteResponse:
+    return scheduler_pb2.RouteResponse(
+        node_id=r.node_id, address=r.address, cached_blocks=r.cached_blocks,
+        expected_ttft_ms=r.expected_ttft_ms, fetch_from_node=r.fetch_from or "",
+        fetch_blocks=r.fetch_blocks, family=r.family, queue_ms=r.queue_ms,
+        prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms)
 
 
 def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:

@@ -10,15 +10,15 @@ from speckv.services.scheduler.policies.none import NonePolicy
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
 
 
-def test_default_registry_has_none():
+def test_default_registry_has_the_five_policies():
     reg = default_registry()
-    assert reg.available() == ["none"]
+    assert reg.available() == ["none", "oracle", "predictive", "reactive-heat", "reactive-migrate"]
     policy = reg.create("none")
     assert policy.name == "none" and "no speculative" in policy.description
 
 
 def test_unknown_policy_lists_available():
-    with pytest.raises(InvalidArgument, match="available: none"):
+    with pytest.raises(InvalidArgument, match="available: none, oracle"):
         default_registry().create("psychic")
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from speckv.v1 import common_pb2 as speckv_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19speckv/v1/scheduler.proto\x12\tspeckv.v1\x1a\x16speckv/v1/common.proto\"x\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_pages\x18\x03 \x01(\r\x12\'\n\x08geometry\x18\x04 \x01(\x0b\x32\x15.speckv.v1.KVGeometry\"]\n\x14RegisterNodeResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x15\n\rre_registered\x18\x03 \x01(\x08\"\xa2\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rqueued_tokens\x18\x02 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x03 \x01(\x04\x12\x12\n\nfree_pages\x18\x04 \x01(\r\x12\x1c\n\x14num_running_requests\x18\x05 \x01(\r\x12\x1c\n\x14num_waiting_requests\x18\x06 \x01(\r\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"w\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x16\n\x0e\x61rrival_time_s\x18\x05 \x01(\x01\"\xd9\x01\n\rRouteResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\x18\n\x10\x65xpected_ttft_ms\x18\x04 \x01(\x01\x12\x17\n\x0f\x66\x65tch_from_node\x18\x05 \x01(\t\x12\x14\n\x0c\x66\x65tch_blocks\x18\x06 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x07 \x01(\t\x12\x10\n\x08queue_ms\x18\x08 \x01(\x01\x12\x12\n\nprefill_ms\x18\t \x01(\x01\x12\x10\n\x08\x66\x65tch_ms\x18\n \x01(\x01\"%\n\x12WatchOrdersRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"@\n\x12SubmitOrderRequest\x12*\n\x05order\x18\x01 \x01(\x0b\x32\x1b.speckv.v1.ReplicationOrder\"\'\n\x13SubmitOrderResponse\x12\x10\n\x08order_id\x18\x01 \x01(\t\"\x85\x01\n\x11OrderStatusReport\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.speckv.v1.OrderState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x12\n\nbytes_sent\x18\x04 \x01(\x04\x12\x13\n\x0b\x62locks_sent\x18\x05 \x01(\r\"6\n\x0eOrderStatusAck\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.speckv.v1.OrderState\" \n\x10SetPolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x12\n\x10GetPolicyRequest\"B\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"\x15\n\x13\x43lusterStateRequest\"\xdf\x01\n\tNodeState\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x16\n\x0e\x63\x61pacity_pages\x18\x04 \x01(\r\x12\x12\n\nfree_pages\x18\x05 \x01(\r\x12\x15\n\rqueued_tokens\x18\x06 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x07 \x01(\x04\x12\x12\n\nnum_blocks\x18\x08 \x01(\x04\x12\x1c\n\x14last_heartbeat_age_s\x18\t \x01(\x01\x12\x14\n\x0croutes_total\x18\n \x01(\x04\"A\n\nOrderCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.speckv.v1.OrderState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\"\x8f\x01\n\x0c\x43lusterState\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.speckv.v1.NodeState\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12%\n\x06orders\x18\x03 \x03(\x0b\x32\x15.speckv.v1.OrderCount\x12\x14\n\x0cnum_families\x18\x04 \x01(\x04\x12\r\n\x05now_s\x18\x05 \x01(\x01\x32\x97\x05\n\tScheduler\x12O\n\x0cRegisterNode\x12\x1e.speckv.v1.RegisterNodeRequest\x1a\x1f.speckv.v1.RegisterNodeResponse\x12\x46\n\tHeartbeat\x12\x1b.speckv.v1.HeartbeatRequest\x1a\x1c.speckv.v1.HeartbeatResponse\x12:\n\x05Route\x12\x17.speckv.v1.RouteRequest\x1a\x18.speckv.v1.RouteResponse\x12K\n\x0bWatchOrders\x12\x1d.speckv.v1.WatchOrdersRequest\x1a\x1b.speckv.v1.ReplicationOrder0\x01\x12L\n\x0bSubmitOrder\x12\x1d.speckv.v1.SubmitOrderRequest\x1a\x1e.speckv.v1.SubmitOrderResponse\x12L\n\x11ReportOrderStatus\x12\x1c.speckv.v1.OrderStatusReport\x1a\x19.speckv.v1.OrderStatusAck\x12?\n\tSetPolicy\x12\x1b.speckv.v1.SetPolicyRequest\x1a\x15.speckv.v1.PolicyInfo\x12?\n\tGetPolicy\x12\x1b.speckv.v1.GetPolicyRequest\x1a\x15.speckv.v1.PolicyInfo\x12J\n\x0fGetClusterState\x12\x1e.speckv.v1.ClusterStateRequest\x1a\x17.speckv.v1.ClusterStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19speckv/v1/scheduler.proto\x12\tspeckv.v1\x1a\x16speckv/v1/common.proto\"x\n\x13RegisterNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0e\x63\x61pacity_pages\x18\x03 \x01(\r\x12\'\n\x08geometry\x18\x04 \x01(\x0b\x32\x15.speckv.v1.KVGeometry\"]\n\x14RegisterNodeResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\x12\x15\n\rre_registered\x18\x03 \x01(\x08\"\xa2\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x15\n\rqueued_tokens\x18\x02 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x03 \x01(\x04\x12\x12\n\nfree_pages\x18\x04 \x01(\r\x12\x1c\n\x14num_running_requests\x18\x05 \x01(\r\x12\x1c\n\x14num_waiting_requests\x18\x06 \x01(\r\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\"w\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x04 \x01(\t\x12\x16\n\x0e\x61rrival_time_s\x18\x05 \x01(\x01\"\xd9\x01\n\rRouteResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rcached_blocks\x18\x03 \x01(\r\x12\x18\n\x10\x65xpected_ttft_ms\x18\x04 \x01(\x01\x12\x17\n\x0f\x66\x65tch_from_node\x18\x05 \x01(\t\x12\x14\n\x0c\x66\x65tch_blocks\x18\x06 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x07 \x01(\t\x12\x10\n\x08queue_ms\x18\x08 \x01(\x01\x12\x12\n\nprefill_ms\x18\t \x01(\x01\x12\x10\n\x08\x66\x65tch_ms\x18\n \x01(\x01\">\n\x11RouteBatchRequest\x12)\n\x08requests\x18\x01 \x03(\x0b\x32\x17.speckv.v1.RouteRequest\"A\n\x12RouteBatchResponse\x12+\n\tresponses\x18\x01 \x03(\x0b\x32\x18.speckv.v1.RouteResponse\"%\n\x12WatchOrdersRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"@\n\x12SubmitOrderRequest\x12*\n\x05order\x18\x01 \x01(\x0b\x32\x1b.speckv.v1.ReplicationOrder\"\'\n\x13SubmitOrderResponse\x12\x10\n\x08order_id\x18\x01 \x01(\t\"\x85\x01\n\x11OrderStatusReport\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.speckv.v1.OrderState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x12\n\nbytes_sent\x18\x04 \x01(\x04\x12\x13\n\x0b\x62locks_sent\x18\x05 \x01(\r\"6\n\x0eOrderStatusAck\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.speckv.v1.OrderState\" \n\x10SetPolicyRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x12\n\x10GetPolicyRequest\"B\n\nPolicyInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\"\x15\n\x13\x43lusterStateRequest\"\xdf\x01\n\tNodeState\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x61live\x18\x03 \x01(\x08\x12\x16\n\x0e\x63\x61pacity_pages\x18\x04 \x01(\r\x12\x12\n\nfree_pages\x18\x05 \x01(\r\x12\x15\n\rqueued_tokens\x18\x06 \x01(\x04\x12\x16\n\x0erunning_tokens\x18\x07 \x01(\x04\x12\x12\n\nnum_blocks\x18\x08 \x01(\x04\x12\x1c\n\x14last_heartbeat_age_s\x18\t \x01(\x01\x12\x14\n\x0croutes_total\x18\n \x01(\x04\"A\n\nOrderCount\x12$\n\x05state\x18\x01 \x01(\x0e\x32\x15.speckv.v1.OrderState\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\"\xab\x02\n\x0c\x43lusterState\x12#\n\x05nodes\x18\x01 \x03(\x0b\x32\x14.speckv.v1.NodeState\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12%\n\x06orders\x18\x03 \x03(\x0b\x32\x15.speckv.v1.OrderCount\x12\x14\n\x0cnum_families\x18\x04 \x01(\x04\x12\r\n\x05now_s\x18\x05 \x01(\x01\x12\x1a\n\x12replicas_committed\x18\x06 \x01(\x04\x12\x15\n\rreplicas_kept\x18\x07 \x01(\x04\x12 \n\x18replicas_released_unused\x18\x08 \x01(\x04\x12\x18\n\x10\x62ytes_replicated\x18\t \x01(\x04\x12\x14\n\x0c\x62ytes_wasted\x18\n \x01(\x04\x12\x15\n\rorder_retries\x18\x0b \x01(\x04\x32\xe2\x05\n\tScheduler\x12O\n\x0cRegisterNode\x12\x1e.speckv.v1.RegisterNodeRequest\x1a\x1f.speckv.v1.RegisterNodeResponse\x12\x46\n\tHeartbeat\x12\x1b.speckv.v1.HeartbeatRequest\x1a\x1c.speckv.v1.HeartbeatResponse\x12:\n\x05Route\x12\x17.speckv.v1.RouteRequest\x1a\x18.speckv.v1.RouteResponse\x12I\n\nRouteBatch\x12\x1c.speckv.v1.RouteBatchRequest\x1a\x1d.speckv.v1.RouteBatchResponse\x12K\n\x0bWatchOrders\x12\x1d.speckv.v1.WatchOrdersRequest\x1a\x1b.speckv.v1.ReplicationOrder0\x01\x12L\n\x0bSubmitOrder\x12\x1d.speckv.v1.SubmitOrderRequest\x1a\x1e.speckv.v1.SubmitOrderResponse\x12L\n\x11ReportOrderStatus\x12\x1c.speckv.v1.OrderStatusReport\x1a\x19.speckv.v1.OrderStatusAck\x12?\n\tSetPolicy\x12\x1b.speckv.v1.SetPolicyRequest\x1a\x15.speckv.v1.PolicyInfo\x12?\n\tGetPolicy\x12\x1b.speckv.v1.GetPolicyRequest\x1a\x15.speckv.v1.PolicyInfo\x12J\n\x0fGetClusterState\x12\x1e.speckv.v1.ClusterStateRequest\x1a\x17.speckv.v1.ClusterStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,30 +44,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTEREQUEST']._serialized_end=601
   _globals['_ROUTERESPONSE']._serialized_start=604
   _globals['_ROUTERESPONSE']._serialized_end=821
-  _globals['_WATCHORDERSREQUEST']._serialized_start=823
-  _globals['_WATCHORDERSREQUEST']._serialized_end=860
-  _globals['_SUBMITORDERREQUEST']._serialized_start=862
-  _globals['_SUBMITORDERREQUEST']._serialized_end=926
-  _globals['_SUBMITORDERRESPONSE']._serialized_start=928
-  _globals['_SUBMITORDERRESPONSE']._serialized_end=967
-  _globals['_ORDERSTATUSREPORT']._serialized_start=970
-  _globals['_ORDERSTATUSREPORT']._serialized_end=1103
-  _globals['_ORDERSTATUSACK']._serialized_start=1105
-  _globals['_ORDERSTATUSACK']._serialized_end=1159
-  _globals['_SETPOLICYREQUEST']._serialized_start=1161
-  _globals['_SETPOLICYREQUEST']._serialized_end=1193
-  _globals['_GETPOLICYREQUEST']._serialized_start=1195
-  _globals['_GETPOLICYREQUEST']._serialized_end=1213
-  _globals['_POLICYINFO']._serialized_start=1215
-  _globals['_POLICYINFO']._serialized_end=1281
-  _globals['_CLUSTERSTATEREQUEST']._serialized_start=1283
-  _globals['_CLUSTERSTATEREQUEST']._serialized_end=1304
-  _globals['_NODESTATE']._serialized_start=1307
-  _globals['_NODESTATE']._serialized_end=1530
-  _globals['_ORDERCOUNT']._serialized_start=1532
-  _globals['_ORDERCOUNT']._serialized_end=1597
-  _globals['_CLUSTERSTATE']._serialized_start=1600
-  _globals['_CLUSTERSTATE']._serialized_end=1743
-  _globals['_SCHEDULER']._serialized_start=1746
-  _globals['_SCHEDULER']._serialized_end=2409
+  _globals['_ROUTEBATCHREQUEST']._serialized_start=823
+  _globals['_ROUTEBATCHREQUEST']._serialized_end=885
+  _globals['_ROUTEBATCHRESPONSE']._serialized_start=887
+  _globals['_ROUTEBATCHRESPONSE']._serialized_end=952
+  _globals['_WATCHORDERSREQUEST']._serialized_start=954
+  _globals['_WATCHORDERSREQUEST']._serialized_end=991
+  _globals['_SUBMITORDERREQUEST']._serialized_start=993
+  _globals['_SUBMITORDERREQUEST']._serialized_end=1057
+  _globals['_SUBMITORDERRESPONSE']._serialized_start=1059
+  _globals['_SUBMITORDERRESPONSE']._serialized_end=1098
+  _globals['_ORDERSTATUSREPORT']._serialized_start=1101
+  _globals['_ORDERSTATUSREPORT']._serialized_end=1234
+  _globals['_ORDERSTATUSACK']._serialized_start=1236
+  _globals['_ORDERSTATUSACK']._serialized_end=1290
+  _globals['_SETPOLICYREQUEST']._serialized_start=1292
+  _globals['_SETPOLICYREQUEST']._serialized_end=1324
+  _globals['_GETPOLICYREQUEST']._serialized_start=1326
+  _globals['_GETPOLICYREQUEST']._serialized_end=1344
+  _globals['_POLICYINFO']._serialized_start=1346
+  _globals['_POLICYINFO']._serialized_end=1412
+  _globals['_CLUSTERSTATEREQUEST']._serialized_start=1414
+  _globals['_CLUSTERSTATEREQUEST']._serialized_end=1435
+  _globals['_NODESTATE']._serialized_start=1438
+  _globals['_NODESTATE']._serialized_end=1661
+  _globals['_ORDERCOUNT']._serialized_start=1663
+  _globals['_ORDERCOUNT']._serialized_end=1728
+  _globals['_CLUSTERSTATE']._serialized_start=1731
+  _globals['_CLUSTERSTATE']._serialized_end=2030
+  _globals['_SCHEDULER']._serialized_start=2033
+  _globals['_SCHEDULER']._serialized_end=2771
 # @@protoc_insertion_point(module_scope)

@@ -89,6 +89,18 @@ class RouteResponse(_message.Message):
     fetch_ms: float
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., expected_ttft_ms: _Optional[float] = ..., fetch_from_node: _Optional[str] = ..., fetch_blocks: _Optional[int] = ..., family: _Optional[str] = ..., queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ...) -> None: ...
 
+class RouteBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[RouteRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[RouteRequest, _Mapping]]] = ...) -> None: ...
+
+class RouteBatchResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[RouteResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[RouteResponse, _Mapping]]] = ...) -> None: ...
+
 class WatchOrdersRequest(_message.Message):
     __slots__ = ("node_id",)
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -184,15 +196,27 @@ class OrderCount(_message.Message):
     def __init__(self, state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClusterState(_message.Message):
-    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s")
+    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s", "replicas_committed", "replicas_kept", "replicas_released_unused", "bytes_replicated", "bytes_wasted", "order_retries")
     NODES_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     ORDERS_FIELD_NUMBER: _ClassVar[int]
     NUM_FAMILIES_FIELD_NUMBER: _ClassVar[int]
     NOW_S_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_RELEASED_UNUSED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WASTED_FIELD_NUMBER: _ClassVar[int]
+    ORDER_RETRIES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
     policy: str
     orders: _containers.RepeatedCompositeFieldContainer[OrderCount]
     num_families: int
     now_s: float
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ...) -> None: ...
+    replicas_committed: int
+    replicas_kept: int
+    replicas_released_unused: int
+    bytes_replicated: int
+    bytes_wasted: int
+    order_retries: int
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ..., replicas_committed: _Optional[int] = ..., replicas_kept: _Optional[int] = ..., replicas_released_unused: _Optional[int] = ..., bytes_replicated: _Optional[int] = ..., bytes_wasted: _Optional[int] = ..., order_retries: _Optional[int] = ...) -> None: ...

@@ -50,6 +50,11 @@ class SchedulerStub:
                 request_serializer=speckv_dot_v1_dot_scheduler__pb2.RouteRequest.SerializeToString,
                 response_deserializer=speckv_dot_v1_dot_scheduler__pb2.RouteResponse.FromString,
                 _registered_method=True)
+        self.RouteBatch = channel.unary_unary(
+                '/speckv.v1.Scheduler/RouteBatch',
+                request_serializer=speckv_dot_v1_dot_scheduler__pb2.RouteBatchRequest.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_scheduler__pb2.RouteBatchResponse.FromString,
+                _registered_method=True)
         self.WatchOrders = channel.unary_stream(
                 '/speckv.v1.Scheduler/WatchOrders',
                 request_serializer=speckv_dot_v1_dot_scheduler__pb2.WatchOrdersRequest.SerializeToString,
@@ -99,6 +104,14 @@ class SchedulerServicer:
 
     def Route(self, request, context):
         """For inference routers: pick the node with the least expected TTFT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RouteBatch(self, request, context):
+        """Many routes in one call, answered in order (for routers that need more
+        than one process's unary call rate). A malformed item fails the batch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -159,6 +172,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Route,
                     request_deserializer=speckv_dot_v1_dot_scheduler__pb2.RouteRequest.FromString,
                     response_serializer=speckv_dot_v1_dot_scheduler__pb2.RouteResponse.SerializeToString,
+            ),
+            'RouteBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RouteBatch,
+                    request_deserializer=speckv_dot_v1_dot_scheduler__pb2.RouteBatchRequest.FromString,
+                    response_serializer=speckv_dot_v1_dot_scheduler__pb2.RouteBatchResponse.SerializeToString,
             ),
             'WatchOrders': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchOrders,
@@ -272,6 +290,33 @@ class Scheduler:
             '/speckv.v1.Scheduler/Route',
             speckv_dot_v1_dot_scheduler__pb2.RouteRequest.SerializeToString,
             speckv_dot_v1_dot_scheduler__pb2.RouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouteBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.Scheduler/RouteBatch',
+            speckv_dot_v1_dot_scheduler__pb2.RouteBatchRequest.SerializeToString,
+            speckv_dot_v1_dot_scheduler__pb2.RouteBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

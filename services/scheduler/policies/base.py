@@ -2,7 +2,8 @@
 read-only view of the cluster and submits the orders it returns.
 
 A policy is a small object with a `name`, a one-paragraph `description` and
-`plan(now, view) -> list[OrderSpec]`. `plan` runs on the ticker thread with
+`plan(now, view) -> list[OrderSpec] | Plan` (a Plan also names ISSUED orders
+to cancel). `plan` runs on the ticker thread with
 the scheduler's lock held, so it must be quick and must not do I/O; a policy
 that needs remote inputs (forecasts) fetches them in `prepare(now)`, which runs
 first, without the lock. The same objects run in the live cluster and in the
@@ -10,10 +11,11 @@ discrete-event simulator, so they take time only from `now`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
 
-from speckv.services.scheduler.ids import BlockHash, Family, NodeId
+from speckv.services.scheduler.families import FamilyProfile
+from speckv.services.scheduler.ids import BlockHash, Family, NodeId, OrderId
 from speckv.services.scheduler.orders import Order, OrderSpec
 
 
@@ -40,6 +42,16 @@ class IndexReader(Protocol):
     def family_root(self, family: Family) -> BlockHash | None: ...
     def families(self) -> list[Family]: ...
     def longest_prefix(self, node: NodeId, block_hashes: Sequence[int]) -> int: ...
+    def prefix_lengths(self, block_hashes: Sequence[int]) -> dict[NodeId, int]: ...
+
+
+class FamilyReader(Protocol):
+    """Read-only family catalog (valid only during plan()); see families.py."""
+
+    def profile(self, family: Family) -> FamilyProfile | None: ...
+    def heat(self, family: Family, now: float) -> int: ...
+    def hot(self, now: float, threshold: int) -> list[tuple[Family, int]]: ...
+    def hottest_by_node(self, now: float) -> dict[NodeId, tuple[Family, int]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +60,20 @@ class ClusterView:
     nodes: tuple[NodeView, ...]
     index: IndexReader
     active_orders: tuple[Order, ...]
+    families: FamilyReader | None = None
+    replica_blocks: Mapping[NodeId, int] = field(default_factory=dict)  # blocks under a running replica lease
+    link_bytes_per_s: float = 0.0  # every node's link rate (the router's link model)
 
     def live_nodes(self) -> list[NodeView]:
         return [n for n in self.nodes if n.alive]
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a policy wants this tick: new orders, and ISSUED orders to cancel."""
+
+    orders: list[OrderSpec] = field(default_factory=list)
+    cancel: list[OrderId] = field(default_factory=list)
 
 
 class Policy(Protocol):
@@ -61,6 +84,6 @@ class Policy(Protocol):
         """Gathers remote inputs before plan(); runs without the scheduler lock."""
         ...
 
-    def plan(self, now: float, view: ClusterView) -> list[OrderSpec]:
+    def plan(self, now: float, view: ClusterView) -> "list[OrderSpec] | Plan":
         """Orders to issue now; invalid ones are logged and dropped."""
         ...

@@ -1,15 +1,23 @@
 """Known policies by name. SetPolicy accepts only these; an unknown name is
-InvalidArgument listing the available ones. Issue 5 registers reactive,
-predictive and oracle here."""
+InvalidArgument listing the available ones. A known policy whose input is
+missing (predictive without a forecast source, oracle without a trace, any
+replicating policy without a PolicyContext) is FailedPrecondition saying
+which flag supplies it."""
 from __future__ import annotations
 
 from typing import Callable
 
-from speckv.services.common.errors import AlreadyExists, InvalidArgument
+from speckv.services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
 from speckv.services.scheduler.policies.base import Policy
+from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.none import NonePolicy
+from speckv.services.scheduler.policies.oracle import OraclePolicy
+from speckv.services.scheduler.policies.predictive import PredictivePolicy
+from speckv.services.scheduler.policies.reactive_heat import ReactiveHeatPolicy
+from speckv.services.scheduler.policies.reactive_migrate import ReactiveMigratePolicy
 
 PolicyFactory = Callable[[], Policy]
+POLICY_NAMES = ("none", "reactive-heat", "reactive-migrate", "predictive", "oracle")
 
 
 class PolicyRegistry:
@@ -36,7 +44,33 @@ class PolicyRegistry:
         return factory()
 
 
-def default_registry() -> PolicyRegistry:
+def default_registry(context: PolicyContext | None = None) -> PolicyRegistry:
+    """The five policies; those needing inputs are built from context."""
     registry = PolicyRegistry()
     registry.register(NonePolicy.name, NonePolicy, NonePolicy.description)
+
+    def needs(name: str) -> PolicyContext:
+        if context is None:
+            raise FailedPrecondition(f"policy {name!r} needs the scheduler's policy context")
+        return context
+
+    def predictive() -> Policy:
+        ctx = needs("predictive")
+        if ctx.forecasts is None:
+            raise FailedPrecondition("policy 'predictive' needs forecasts: start the scheduler with --predictor")
+        return PredictivePolicy(ctx, ctx.forecasts)
+
+    def oracle() -> Policy:
+        ctx = needs("oracle")
+        if ctx.future is None:
+            raise FailedPrecondition("policy 'oracle' needs the true arrivals: start the scheduler with "
+                                     "--oracle-trace (and --oracle-offset-s)")
+        return OraclePolicy(ctx, ctx.future)
+
+    registry.register(ReactiveHeatPolicy.name, lambda: ReactiveHeatPolicy(needs("reactive-heat")),
+                      ReactiveHeatPolicy.description)
+    registry.register(ReactiveMigratePolicy.name, lambda: ReactiveMigratePolicy(needs("reactive-migrate")),
+                      ReactiveMigratePolicy.description)
+    registry.register(PredictivePolicy.name, predictive, PredictivePolicy.description)
+    registry.register(OraclePolicy.name, oracle, OraclePolicy.description)
     return registry

@@ -1,0 +1,184 @@
+"""`speckv bench scheduler [--quick] [--json PATH]`: how fast the placement
+scheduler routes and plans on a synthetic cluster of 1,000 nodes, 1,000,000
+indexed blocks and 100,000 prefix families (see _scheduler_synth.py).
+
+Measured, in this order:
+- route_inproc_us: SchedulerCore.route in this process (p50/p99, us);
+- plan_tick_ms: SchedulerCore.tick with the `predictive` policy fed by a
+  synthetic forecast of the 256 most popular families, a tenth of them
+  bursting (p50/p99, ms; issued orders are reported committed between ticks);
+- route_grpc_ms next to empty_grpc_ms: Route against a real scheduler process
+  over loopback, alternating call by call with the standard health Check (the
+  empty unary call: the floor of Python gRPC on this machine), p50/p99 ms;
+- route_grpc_per_s: Route calls/s from 4 client threads, next to the same for
+  the empty call (empty_grpc_per_s), and routes/s through RouteBatch of 64
+  (route_batch_per_s).
+Targets (issue 5): in-process route p99 < 100 us; tick p99 < 100 ms; gRPC
+route p99 <= 1.5 x the empty call's p99; >= 1,500 routes/s. Numbers, not
+pass/fail tests: a shared 2-core machine is noisy, so read them with the
+ceiling measured beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import json
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Mapping
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
+from speckv.services.common.clock import ManualClock
+from speckv.services.scheduler.core import CoreSettings, RouteRequestItem, SchedulerCore
+from speckv.services.scheduler.engine_profile import get_profile
+from speckv.services.scheduler.orders import OrderState
+from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+def main(argv: list[str], environ: Mapping[str, str]) -> int:
+    parser = argparse.ArgumentParser(prog="speckv bench scheduler")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (same cluster shape)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--blocks", type=int, default=1_000_000)
+    parser.add_argument("--families", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.getLogger("speckv.services.scheduler").setLevel(logging.WARNING)  # 1,000 registrations
+    shape = SynthShape(args.nodes, args.blocks, args.families, seed=args.seed)
+    n_routes, n_ticks, n_calls, seconds = (5_000, 20, 1_000, 3.0) if args.quick else (50_000, 100, 5_000, 10.0)
+    print(f"synthetic cluster: {shape.nodes} nodes, {shape.blocks} blocks, {shape.families} families "
+          f"(profile {PROFILE})", flush=True)
+    results: dict[str, object] = {"shape": {"nodes": shape.nodes, "blocks": shape.blocks,
+                                            "families": shape.families}, "quick": args.quick}
+    results.update(_inproc(shape, n_routes, n_ticks))
+    _show("in-process route", results["route_inproc_us"], "us", 100.0)
+    _show("planner tick", results["plan_tick_ms"], "ms", 100.0)
+    results.update(_grpc(shape, n_calls, seconds))
+    _show("gRPC route", results["route_grpc_ms"], "ms", 1.5 * results["empty_grpc_ms"]["p99"])
+    _show("gRPC empty call", results["empty_grpc_ms"], "ms", None)
+    print(f"gRPC route throughput: {results['route_grpc_per_s']:.0f}/s (target >= 1500; empty call "
+          f"{results['empty_grpc_per_s']:.0f}/s); RouteBatch(64): {results['route_batch_per_s']:.0f} routes/s")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(results, out, indent=2)
+    return 0
+
+
+def _inproc(shape: SynthShape, n_routes: int, n_ticks: int) -> dict[str, object]:
+    cluster = SyntheticCluster(shape)
+    clock = ManualClock(1000.0)
+    core = SchedulerCore(CoreSettings(node_timeout_s=3600.0, heartbeat_interval_ms=1000, policy="predictive"),
+                         clock, get_profile(PROFILE), forecasts=SyntheticForecasts(cluster))
+    cluster.populate(core)
+    gc.freeze()
+    requests = cluster.requests(n_routes + 2_000)
+    route_us = []
+    for i, r in enumerate(requests):
+        if i % 20 == 0:
+            cluster.heartbeat(core, cluster.node_ids[i % len(cluster.node_ids)])
+        start = time.perf_counter_ns()
+        core.route(r.request_id, r.block_hashes, r.prompt_tokens, r.family)
+        elapsed = time.perf_counter_ns() - start
+        if i >= 2_000:  # the first 2,000 warm up
+            route_us.append(elapsed / 1e3)
+    tick_ms, issued = [], 0
+    for _ in range(n_ticks):
+        clock.advance(0.25)
+        start = time.perf_counter_ns()
+        orders = core.tick()
+        tick_ms.append((time.perf_counter_ns() - start) / 1e6)
+        issued += len(orders)
+        for order in orders:
+            core.report_order(order.order_id, OrderState.COMMITTED)
+    print(f"planner: {issued} orders over {n_ticks} ticks", flush=True)
+    return {"route_inproc_us": _pcts(route_us), "plan_tick_ms": _pcts(tick_ms), "plan_orders": issued}
+
+
+def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
+    server = subprocess.Popen([sys.executable, "-m", "speckv.loadgen.bench._scheduler_server", str(shape.nodes),
+                               str(shape.blocks), str(shape.families), str(shape.seed)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"the scheduler process did not start (said {line!r})")
+        address = line.split()[1]
+        requests = [_proto(r) for r in SyntheticCluster(shape).requests(max(n_calls, 20_000))]
+        with grpc.insecure_channel(address) as channel:
+            route = scheduler_pb2_grpc.SchedulerStub(channel).Route
+            batch = scheduler_pb2_grpc.SchedulerStub(channel).RouteBatch
+            check = health_pb2_grpc.HealthStub(channel).Check
+            empty = health_pb2.HealthCheckRequest()
+            route_ms, empty_ms = _alternate(lambda i: route(requests[i % len(requests)], timeout=10),
+                                            lambda i: check(empty, timeout=10), n_calls)
+            route_rate = _rate(lambda i: route(requests[i % len(requests)], timeout=10), seconds)
+            empty_rate = _rate(lambda i: check(empty, timeout=10), seconds)
+            batches = [scheduler_pb2.RouteBatchRequest(requests=requests[j:j + 64])
+                       for j in range(0, len(requests) - 64, 64)]
+            batch_rate = 64 * _rate(lambda i: batch(batches[i % len(batches)], timeout=10), seconds)
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return {"route_grpc_ms": _pcts(route_ms), "empty_grpc_ms": _pcts(empty_ms), "route_grpc_per_s": route_rate,
+            "empty_grpc_per_s": empty_rate, "route_batch_per_s": batch_rate}
+
+
+def _alternate(a: Callable[[int], object], b: Callable[[int], object], n: int) -> tuple[list[float], list[float]]:
+    """Calls a and b in turn n times each (after 200 warm-up pairs); ms each."""
+    times_a, times_b = [], []
+    for i in range(n + 200):
+        for fn, times in ((a, times_a), (b, times_b)):
+            start = time.perf_counter_ns()
+            fn(i)
+            if i >= 200:
+                times.append((time.perf_counter_ns() - start) / 1e6)
+    return times_a, times_b
+
+
+def _rate(fn: Callable[[int], object], seconds: float, threads: int = 4) -> float:
+    """Calls per second of fn from `threads` threads for `seconds`."""
+    stop = threading.Event()
+    counts = [0] * threads
+
+    def work(t: int) -> None:
+        i = t * 1_000_003
+        while not stop.is_set():
+            fn(i)
+            i += 1
+            counts[t] += 1
+
+    workers = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(threads)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    stop.wait(seconds)
+    stop.set()
+    for w in workers:
+        w.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def _proto(r: RouteRequestItem) -> scheduler_pb2.RouteRequest:
+    return scheduler_pb2.RouteRequest(request_id=r.request_id, block_hashes=r.block_hashes,
+                                      prompt_tokens=r.prompt_tokens, family=r.family)
+
+
+def _pcts(samples: list[float]) -> dict[str, float]:
+    a = np.asarray(samples)
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "n": int(a.size)}
+
+
+def _show(what: str, p: dict[str, float], unit: str, target: float | None) -> None:
+    goal = f" (target p99 < {target:.3g} {unit})" if target is not None else ""
+    print(f"{what}: p50 {p['p50']:.3f} {unit}, p99 {p['p99']:.3f} {unit}{goal}", flush=True)

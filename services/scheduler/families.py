@@ -1,0 +1,122 @@
+"""What the scheduler learns about each prefix family from the requests it
+routes: the chain of blocks the family's requests share, their mean prompt
+length, and their heat (routes within a sliding window, per family and per
+family-on-node).
+
+- chain: the longest common prefix of the block chains routed for the family
+  (the first request's whole chain, then shortened as requests disagree),
+  capped at `max_chain_blocks`. It is what a replica of the family copies.
+- prompt_tokens: exponentially weighted mean, weight `prompt_ewma_alpha` on
+  the newest request.
+- heat: one window of `heat_window_s` seconds over every route, kept as a
+  deque plus counters, so `observe` and the `hot()` query are O(1) amortised
+  per route and never scan the families that were quiet in the window.
+
+Bounded: at most `max_families` profiles; the least recently routed one is
+forgotten first. Not thread-safe: SchedulerCore serialises access. Times are
+clock seconds.
+"""
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.policy_config import FamilySettings
+
+
+@dataclass(slots=True)
+class FamilyProfile:
+    chain: list[int]
+    prompt_tokens: float
+    routes: int = 0
+    last_route: float = 0.0
+
+
+class FamilyCatalog:
+    def __init__(self, settings: FamilySettings) -> None:
+        self._s = settings
+        self._profiles: OrderedDict[Family, FamilyProfile] = OrderedDict()
+        self._window: deque[tuple[float, Family, NodeId]] = deque()
+        self._heat: Counter[Family] = Counter()
+        self._node_heat: Counter[tuple[Family, NodeId]] = Counter()
+
+    def observe(self, family: Family, hashes: Sequence[int], prompt_tokens: int, node: NodeId, now: float) -> None:
+        profile = self._profiles.get(family)
+        if profile is None:
+            profile = FamilyProfile(list(hashes[: self._s.max_chain_blocks]), float(prompt_tokens))
+            self._profiles[family] = profile
+            if len(self._profiles) > self._s.max_families:
+                self._profiles.popitem(last=False)
+        else:
+            self._profiles.move_to_end(family)
+            _shorten_to_common(profile.chain, hashes)
+            a = self._s.prompt_ewma_alpha
+            profile.prompt_tokens += a * (prompt_tokens - profile.prompt_tokens)
+        profile.routes += 1
+        profile.last_route = now
+        self._window.append((now, family, node))
+        self._heat[family] += 1
+        self._node_heat[(family, node)] += 1
+        self._expire(now)
+
+    def profile(self, family: Family) -> FamilyProfile | None:
+        return self._profiles.get(family)
+
+    def heat(self, family: Family, now: float) -> int:
+        """Routes of family within the heat window ending at now."""
+        self._expire(now)
+        return self._heat.get(family, 0)
+
+    def node_heat(self, family: Family, node: NodeId, now: float) -> int:
+        self._expire(now)
+        return self._node_heat.get((family, node), 0)
+
+    def hot(self, now: float, threshold: int) -> list[tuple[Family, int]]:
+        """Families with heat >= threshold, hottest first (ties: name)."""
+        self._expire(now)
+        hot = [(f, n) for f, n in self._heat.items() if n >= threshold]
+        return sorted(hot, key=lambda item: (-item[1], item[0]))
+
+    def hottest_by_node(self, now: float) -> dict[NodeId, tuple[Family, int]]:
+        """Per node, the family routed to it most within the window (ties: name)."""
+        self._expire(now)
+        best: dict[NodeId, tuple[Family, int]] = {}
+        for (family, node), n in self._node_heat.items():
+            current = best.get(node)
+            if current is None or (-n, family) < (-current[1], current[0]):
+                best[node] = (family, n)
+        return best
+
+    def __len__(self) -> int:
+        return len(self._profiles)
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self._s.heat_window_s
+        window = self._window
+        while window and window[0][0] <= horizon:
+            _, family, node = window.popleft()
+            _decrement(self._heat, family)
+            _decrement(self._node_heat, (family, node))
+
+
+def _shorten_to_common(chain: list[int], hashes: Sequence[int]) -> None:
+    """Cuts chain to its common prefix with hashes, in place."""
+    n = len(chain)
+    if len(hashes) >= n and list(hashes[:n]) == chain:
+        return  # the usual case, one C-level comparison
+    common = 0
+    for a, b in zip(chain, hashes):
+        if a != b:
+            break
+        common += 1
+    del chain[common:]
+
+
+def _decrement(counter: Counter, key: object) -> None:
+    left = counter[key] - 1
+    if left > 0:
+        counter[key] = left
+    else:
+        del counter[key]

@@ -1,0 +1,74 @@
+"""Where the planner's foresight comes from, behind two small interfaces.
+
+- ForecastSource: per family, how many requests are expected in
+  (now, now + horizon]. The live `predictive` policy reads the predictor
+  service (remote.PredictorForecasts); the simulator plugs an in-process
+  predictor in; `oracle` reads the truth (FutureForecasts below).
+- FutureArrivals: the true arrival counts in a window, read from a trace.
+  TraceFutureArrivals maps scheduler time t to trace time t - time_offset_s,
+  so a replay that started the trace at scheduler time T uses offset T.
+
+Sources are called from a policy's prepare(), outside the scheduler lock;
+they may block on I/O there but must not raise for a transient outage: they
+return [] and the planner simply plans nothing new that tick.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from speckv.loadgen.traces.records import TraceRequest
+from speckv.services.scheduler.ids import Family
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    family: Family
+    horizon_s: float
+    expected_count: float  # arrivals expected in (now, now + horizon]
+    upper_quantile: float  # a high quantile of that count (== expected for the truth)
+    burst_probability: float
+
+
+class ForecastSource(Protocol):
+    def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
+        """The top max_families families by expected count; [] when unavailable."""
+        ...
+
+
+class FutureArrivals(Protocol):
+    def counts(self, start: float, end: float) -> dict[Family, int]:
+        """True arrivals per family in (start, end], scheduler seconds."""
+        ...
+
+
+class TraceFutureArrivals:
+    """The future as a trace says it will be (the oracle's input)."""
+
+    def __init__(self, requests: Sequence[TraceRequest], time_offset_s: float = 0.0) -> None:
+        ordered = sorted(requests, key=lambda r: r.arrival_s)
+        self._times = [r.arrival_s for r in ordered]
+        self._families = [Family(r.family) for r in ordered]
+        self._offset = time_offset_s
+
+    def counts(self, start: float, end: float) -> dict[Family, int]:
+        lo = bisect.bisect_right(self._times, start - self._offset)
+        hi = bisect.bisect_right(self._times, end - self._offset)
+        return dict(Counter(self._families[lo:hi]))
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+
+class FutureForecasts:
+    """A ForecastSource that knows the future exactly (oracle)."""
+
+    def __init__(self, future: FutureArrivals) -> None:
+        self._future = future
+
+    def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
+        counts = self._future.counts(now, now + horizon_s)
+        top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:max_families]
+        return [Forecast(family, horizon_s, float(n), float(n), 1.0) for family, n in top]

@@ -1,0 +1,48 @@
+"""Policy `predictive` (ours): replicate ahead of forecast bursts.
+
+Every tick, prepare() asks the ForecastSource (the predictor service in the
+live cluster, an in-process predictor in the simulator) for the top
+`planner.max_families_per_tick` families by expected arrivals within
+`planner.horizon_s` seconds; plan() hands them to the Planner (planner.py),
+which turns each family's demand beyond what its current holders can serve
+within `planner.ttft_target_ms` into replicas on the least-queued nodes,
+chosen greedily by benefit/cost under the per-link and per-node budgets
+(`budgets.*`), each with a lease of `leases.replica_lease_ms`. Orders still
+unstarted for families no longer forecast are cancelled. If the source is
+unavailable (returns nothing), the tick plans nothing and cancels the
+policy's unstarted orders: no forecast, no speculation. Thresholds: the
+`planner`, `budgets` and `leases` sections of services/config/policies.json.
+"""
+from __future__ import annotations
+
+from speckv.services.scheduler.forecasts import Forecast, ForecastSource
+from speckv.services.scheduler.planner import Planner
+from speckv.services.scheduler.policies.base import ClusterView, Plan
+from speckv.services.scheduler.policies.context import PolicyContext
+
+
+class PlanningPolicy:
+    """The planner driven by one ForecastSource (predictive and oracle)."""
+
+    name = "planning"
+    description = ""
+
+    def __init__(self, context: PolicyContext, source: ForecastSource) -> None:
+        self._planner = Planner(context.config, context.profile, context.link)
+        self._source = source
+        self._horizon_s = context.config.planner.horizon_s
+        self._max_families = context.config.planner.max_families_per_tick
+        self._forecasts: list[Forecast] = []
+
+    def prepare(self, now: float) -> None:
+        self._forecasts = self._source.forecast(now, self._horizon_s, self._max_families)
+
+    def plan(self, now: float, view: ClusterView) -> Plan:
+        return self._planner.plan(now, view, self._forecasts, self.name)
+
+
+class PredictivePolicy(PlanningPolicy):
+    name = "predictive"
+    description = ("Forecast-driven speculative replication: the planner turns forecast per-family "
+                   "demand beyond what current holders serve within the TTFT target into replicas, "
+                   "greedy by benefit/cost under link and memory budgets, with leases.")

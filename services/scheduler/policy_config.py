@@ -1,0 +1,150 @@
+"""The one committed configuration of every policy and planner threshold
+(services/config/policies.json), as frozen, validated records.
+
+Every run (live cluster, simulator, benchmark) loads the same file, so a
+number changed there changes it everywhere; the policy modules hold no
+thresholds of their own. A missing key or a value out of range is
+InvalidArgument naming `section.key`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from speckv.services.common.errors import InvalidArgument
+
+DEFAULT_POLICIES_PATH = Path(__file__).resolve().parent.parent / "config" / "policies.json"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    spread_candidates: int  # least-loaded non-holders scored per route besides the holders
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySettings:
+    max_families: int  # families remembered (least recently routed forgotten first)
+    max_chain_blocks: int  # longest shared prefix remembered per family, blocks
+    heat_window_s: float  # routes counted as a family's heat within this window
+    prompt_ewma_alpha: float  # weight of the newest prompt length in the family's mean
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSettings:
+    replica_lease_ms: int  # lease of a speculative order and of its replica once committed
+    max_retries: int  # re-issues of a failed order from another source
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSettings:
+    link_budget_fraction: float  # share of a node's link speculation may use
+    link_budget_window_s: float  # bytes in flight per link <= fraction * link rate * window
+    replica_memory_fraction: float  # share of a node's pages speculative replicas may hold
+    max_orders_per_tick: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSettings:
+    horizon_s: float  # forecast horizon the planner acts on
+    demand: str  # "upper_quantile" or "expected_count": which forecast figure is the demand
+    min_expected_requests: float  # families forecast below this are not considered
+    min_burst_probability: float
+    ttft_target_ms: float  # holders serve a family only while they stay within this TTFT
+    max_families_per_tick: int
+    candidates_per_family: int  # least-loaded non-holders considered as targets per family
+    evict_weight: float  # cost of evicting a target's whole capacity, in link-budget units
+    min_benefit_ms: float  # replicas expected to save less are not worth an order
+
+
+@dataclass(frozen=True, slots=True)
+class HeatSettings:
+    heat_threshold: int  # routes in the heat window that make a family hot
+    heat_per_replica: int  # one more replica per this many routes in the window
+    max_replicas: int  # holders a family may reach through fan-out
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateSettings:
+    queue_threshold_ms: float  # a node whose queue exceeds this sheds its hottest family
+    target_queue_below_ms: float  # only nodes queued under this receive it
+    min_family_heat: int  # routes in the heat window for a family to be worth moving
+    cooldown_s: float  # a family is not moved again within this time
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    router: RouterSettings
+    families: FamilySettings
+    leases: LeaseSettings
+    budgets: BudgetSettings
+    planner: PlannerSettings
+    reactive_heat: HeatSettings
+    reactive_migrate: MigrateSettings
+    source: str = ""
+
+    def validate(self) -> None:
+        _positive(self, "router.spread_candidates", "families.max_families", "families.max_chain_blocks",
+                  "families.heat_window_s", "leases.replica_lease_ms", "budgets.link_budget_window_s",
+                  "budgets.max_orders_per_tick", "planner.horizon_s", "planner.ttft_target_ms",
+                  "planner.max_families_per_tick", "planner.candidates_per_family",
+                  "reactive_heat.heat_threshold", "reactive_heat.heat_per_replica", "reactive_heat.max_replicas",
+                  "reactive_migrate.queue_threshold_ms", "reactive_migrate.min_family_heat")
+        _fraction(self, "families.prompt_ewma_alpha", "budgets.link_budget_fraction",
+                  "budgets.replica_memory_fraction", "planner.min_burst_probability")
+        if self.planner.demand not in ("upper_quantile", "expected_count"):
+            raise InvalidArgument(f"planner.demand={self.planner.demand!r}: upper_quantile or expected_count")
+        if self.reactive_migrate.target_queue_below_ms >= self.reactive_migrate.queue_threshold_ms:
+            raise InvalidArgument("reactive_migrate.target_queue_below_ms must be below queue_threshold_ms")
+
+
+_SECTIONS: dict[str, type] = {"router": RouterSettings, "families": FamilySettings, "leases": LeaseSettings,
+                              "budgets": BudgetSettings, "planner": PlannerSettings,
+                              "reactive_heat": HeatSettings, "reactive_migrate": MigrateSettings}
+
+
+def load_policy_config(path: Path | str | None = None) -> PolicyConfig:
+    source = Path(path) if path else DEFAULT_POLICIES_PATH
+    try:
+        raw = json.loads(source.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(f"policy configuration {source}: {exc}") from None
+    sections = {name: _section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
+    config = PolicyConfig(**sections, source=str(source))
+    config.validate()
+    return config
+
+
+def _section(name: str, cls: type[T], raw: Any) -> T:
+    if not isinstance(raw, Mapping):
+        raise InvalidArgument(f"policy configuration: section {name!r} is missing")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            raise InvalidArgument(f"policy configuration: {name}.{f.name} is missing")
+        kind = {"int": int, "float": float, "str": str}[str(f.type)]
+        try:
+            values[f.name] = kind(raw[f.name])
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"policy configuration: {name}.{f.name}={raw[f.name]!r} is not {kind.__name__}") from None
+    return cls(**values)
+
+
+def _get(config: PolicyConfig, dotted: str) -> float:
+    section, key = dotted.split(".")
+    return getattr(getattr(config, section), key)
+
+
+def _positive(config: PolicyConfig, *names: str) -> None:
+    for name in names:
+        if not _get(config, name) > 0:
+            raise InvalidArgument(f"policy configuration: {name}={_get(config, name)} must be > 0")
+
+
+def _fraction(config: PolicyConfig, *names: str) -> None:
+    for name in names:
+        if not 0 <= _get(config, name) <= 1:
+            raise InvalidArgument(f"policy configuration: {name}={_get(config, name)} must be in [0, 1]")

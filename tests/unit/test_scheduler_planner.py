@@ -1,0 +1,130 @@
+"""The planner through the `predictive` policy on scripted forecasts, and the
+order lifecycle around it (leases, retries, commits seen in KV events)."""
+import pytest
+
+from speckv.services.common.errors import FailedPrecondition
+from speckv.services.scheduler.block_index import EventKind
+from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.orders import OrderSpec, OrderState
+from tests.support.scheduler_scenarios import (BS, CHAIN, FAMILY, ScriptedForecasts, heartbeat_all, make_core,
+                                               route_family, store)
+
+TIGHT = {"planner": {"ttft_target_ms": 200.0, "horizon_s": 1.0}}  # one holder serves ~76 requests
+
+
+def predictive(nodes=4, **overrides):
+    forecasts = ScriptedForecasts()
+    core, clock = make_core(nodes, "predictive", forecasts, **{**TIGHT, **overrides})
+    store(core, "n0", CHAIN)
+    route_family(core, 2)  # the catalog learns the family's chain and prompt length
+    heartbeat_all(core, nodes)
+    return core, clock, forecasts
+
+
+def test_replicates_ahead_of_a_forecast_burst_and_not_without_one():
+    core, clock, forecasts = predictive()
+    assert core.tick() == []  # nothing forecast
+    forecasts.counts = {FAMILY: 3.0}
+    assert core.tick() == []  # forecast, but the holder serves it within the target
+    forecasts.counts = {FAMILY: 200.0}
+    orders = core.tick()
+    assert len(orders) == 2  # 200 - ~76 on the holder = ~124 excess; ~71 per replica
+    assert {o.spec.source for o in orders} == {"n0"} and "n0" not in {o.spec.target for o in orders}
+    assert all(o.spec.block_hashes == CHAIN and o.spec.policy == "predictive" for o in orders)
+    assert all(o.spec.lease_ms == 15000 and o.spec.expected_benefit_ms > 0 for o in orders)
+    assert core.tick() == []  # orders landing count as supply: nothing more to add
+
+
+def test_unstarted_orders_are_cancelled_when_the_burst_is_no_longer_forecast():
+    core, clock, forecasts = predictive()
+    forecasts.counts = {FAMILY: 200.0}
+    first, second = core.tick()
+    core.report_order(first.order_id, OrderState.IN_FLIGHT)
+    forecasts.counts = {}
+    core.tick()
+    assert core.get_order(second.order_id).state is OrderState.CANCELLED
+    assert core.get_order(first.order_id).state is OrderState.IN_FLIGHT  # started: left to finish
+    with pytest.raises(FailedPrecondition):
+        core.cancel_order(first.order_id)
+
+
+def test_link_and_memory_budgets_are_never_exceeded():
+    core, clock, forecasts = predictive(nodes=6, budgets={"max_orders_per_tick": 1000})
+    families = {}
+    for k in range(30):  # 30 bursting families, all held only by n0: its egress is the bottleneck
+        chain = list(range(100_000 * (k + 1), 100_000 * (k + 1) + 128))
+        store(core, "n0", chain, family=f"f{k}")
+        route_family(core, 1, family=f"f{k}", chain=chain)
+        families[f"f{k}"] = 500.0
+    heartbeat_all(core, 6)
+    forecasts.counts = families
+    for _ in range(3):
+        clock.advance(0.25)
+        heartbeat_all(core, 6)
+        core.tick()
+    active = [core.get_order(f"o-{i:08d}") for i in range(1, 1000) if _exists(core, f"o-{i:08d}")]
+    config = core.context.config.budgets
+    budget = config.link_budget_fraction * 25e9 / 8 * config.link_budget_window_s
+    block_bytes = 2 * 1024 * 1024
+    egress = sum(len(o.spec.block_hashes) * block_bytes for o in active if o.spec.source == "n0")
+    assert 0 < egress <= budget
+    for target in {o.spec.target for o in active}:
+        blocks = sum(len(o.spec.block_hashes) for o in active if o.spec.target == target)
+        assert blocks <= config.replica_memory_fraction * 4096
+        assert blocks * block_bytes <= budget
+
+
+def _exists(core, order_id):
+    try:
+        core.get_order(order_id)
+        return True
+    except Exception:
+        return False
+
+
+def test_leases_release_unused_replicas_and_keep_used_ones():
+    core, clock = make_core(3)
+    store(core, "n0", CHAIN)
+    used = core.submit_order(OrderSpec(FAMILY, CHAIN, NodeId("n0"), NodeId("n1"), lease_ms=2000))
+    unused = core.submit_order(OrderSpec(FAMILY, CHAIN, NodeId("n0"), NodeId("n2"), lease_ms=2000))
+    core.report_order(used.order_id, OrderState.COMMITTED, bytes_sent=100)
+    store(core, "n2", CHAIN, kind=EventKind.COMMITTED)  # n2's events show the replica: committed
+    assert core.get_order(unused.order_id).state is OrderState.COMMITTED
+    store(core, "n1", CHAIN, kind=EventKind.COMMITTED)
+    heartbeat_all(core, 3)
+    core.heartbeat("n0", NodeLoad(queued_tokens=10_000_000))  # n0 is swamped: the next request goes to a replica
+    core.heartbeat("n2", NodeLoad(queued_tokens=5_000_000))
+    assert route_family(core, 1) == ["n1"]
+    clock.advance(2.5)
+    heartbeat_all(core, 3)
+    core.tick()
+    stats = core.cluster_state().replicas
+    assert (stats.committed, stats.kept, stats.released_unused) == (2, 1, 1)
+    assert stats.bytes_wasted == 128 * 2 * 1024 * 1024
+
+
+def test_a_failed_order_is_retried_from_another_holder():
+    core, clock = make_core(4)
+    store(core, "n0", CHAIN)
+    store(core, "n1", CHAIN)
+    order = core.submit_order(OrderSpec(FAMILY, CHAIN, NodeId("n0"), NodeId("n3"), lease_ms=5000))
+    w = core.watch_orders("n1")
+    core.report_order(order.order_id, OrderState.FAILED, "source lost the blocks")
+    retry = w.next(1.0)
+    assert retry is not None and retry.spec.source == "n1" and retry.spec.target == "n3"
+    core.report_order(retry.order_id, OrderState.FAILED, "again")
+    assert w.next(0.01) is None  # no holder left untried
+    assert core.cluster_state().retries == 1
+
+
+def test_a_node_going_down_fails_its_orders():
+    core, clock = make_core(3)
+    store(core, "n0", CHAIN)
+    order = core.submit_order(OrderSpec(FAMILY, CHAIN, NodeId("n0"), NodeId("n1"), lease_ms=60_000))
+    clock.advance(4.0)
+    core.heartbeat("n0", NodeLoad())
+    clock.advance(2.0)  # n1 (the target) is now 6 s silent
+    core.tick()
+    failed = core.get_order(order.order_id)
+    assert failed.state is OrderState.FAILED and "target node n1 is down" in failed.message

@@ -1,0 +1,106 @@
+"""Each policy on a small scripted scenario does what its prose says; routing
+with candidate pruning picks what scoring every node would."""
+import random
+
+from speckv.loadgen.traces.records import TraceRequest
+from speckv.services.scheduler.block_index import EventKind, IndexEvent
+from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.forecasts import TraceFutureArrivals
+from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.router import Candidate, RouteQuery
+from tests.support.scheduler_scenarios import (BS, CHAIN, FAMILY, heartbeat_all, load, make_core, route_family,
+                                               store)
+
+
+def test_none_never_replicates():
+    core, clock = make_core(3, "none")
+    store(core, "n0", CHAIN)
+    route_family(core, 50)
+    assert core.tick() == []
+
+
+def test_reactive_heat_fans_a_hot_family_out_one_replica_per_heat_step():
+    core, clock = make_core(6, "reactive-heat", reactive_heat={"heat_threshold": 8, "heat_per_replica": 8,
+                                                               "max_replicas": 3})
+    store(core, "n0", CHAIN)
+    load(core, "n3", 50_000)  # busy: not a target
+    route_family(core, 7)
+    assert core.tick() == []  # 7 routes in the window: not hot yet
+    route_family(core, 17)  # 24 routes: wants 1 + 24 // 8 = 4, capped at 3 holders
+    orders = core.tick()
+    assert [o.spec.source for o in orders] == ["n0", "n0"]
+    assert "n3" not in {o.spec.target for o in orders} and all(o.spec.block_hashes == CHAIN for o in orders)
+    assert core.tick() == []  # the two landing replicas count: nothing more
+    clock.advance(11.0)  # the heat window passes
+    heartbeat_all(core, 6)
+    assert core.tick() == []
+
+
+def test_reactive_migrate_moves_the_hottest_family_off_an_overloaded_node():
+    core, clock = make_core(4, "reactive-migrate")
+    store(core, "n0", CHAIN)
+    store(core, "n0", list(range(9000, 9010)), family="cold")
+    route_family(core, 5)
+    route_family(core, 1, family="cold", chain=list(range(9000, 9010)))
+    assert core.tick() == []  # n0's queue is short: nothing to move
+    load(core, "n0", 100_000)  # 3.5 s of queued prefill > 1 s threshold
+    load(core, "n1", 20_000)  # 0.7 s: above the 250 ms a target may have
+    orders = core.tick()
+    assert len(orders) == 1 and orders[0].spec.family == FAMILY and orders[0].spec.source == "n0"
+    assert orders[0].spec.target in {"n2", "n3"} and orders[0].spec.policy == "reactive-migrate"
+    assert core.tick() == []  # cooldown
+
+
+def test_oracle_replicates_before_the_burst_the_trace_holds():
+    burst = [TraceRequest(30.0 + i * 0.001, 2067, 10, tuple(CHAIN), BS, FAMILY) for i in range(200)]
+    future = TraceFutureArrivals(burst, time_offset_s=80.0)  # scheduler t=110 is trace t=30
+    core, clock = make_core(4, "oracle", future=future, planner={"ttft_target_ms": 200.0, "horizon_s": 1.0})
+    store(core, "n0", CHAIN)
+    route_family(core, 1)
+    clock.set(107.0)
+    heartbeat_all(core, 4)
+    assert core.tick() == []  # the burst is 3 s away, beyond the 1 s horizon
+    clock.set(109.5)
+    heartbeat_all(core, 4)
+    orders = core.tick()
+    assert len(orders) >= 1 and all(o.spec.policy == "oracle" and o.spec.source == "n0" for o in orders)
+    assert future.counts(109.5, 110.5) == {FAMILY: 200} and future.counts(100.0, 109.5) == {}
+
+
+def test_routing_prefers_the_longest_prefix_until_its_queue_makes_another_node_cheaper():
+    core, clock = make_core(3)
+    store(core, "n0", CHAIN)
+    store(core, "n1", CHAIN[:32])
+    assert route_family(core, 1) == ["n0"]
+    load(core, "n0", 60_000)  # ~2.1 s of queue: recomputing 1,536 tokens on n1 is cheaper
+    assert route_family(core, 1) == ["n1"]
+    load(core, "n1", 60_000)
+    assert route_family(core, 1) == ["n2"]  # pulls or recomputes on the idle node
+
+
+def test_pruned_candidates_choose_what_scoring_every_node_would():
+    rng = random.Random(3)
+    core, clock = make_core(60)
+    for i in range(60):
+        load(core, f"n{i}", rng.randrange(0, 80_000))
+    for k in range(20):
+        chain = [1_000_000 * (k + 1) + j for j in range(rng.randrange(1, 64))]
+        for node in rng.sample(range(60), rng.randrange(0, 4)):
+            store(core, f"n{node}", chain[: rng.randrange(1, len(chain) + 1)], family=f"f{k}")
+        query = RouteQuery("r", chain, len(chain) * BS + 5, Family(f"f{k}"))
+        best = min(_full_estimate(core, query), key=lambda d: d.expected_ttft_ms)
+        got = core.route("r", chain, len(chain) * BS + 5, f"f{k}")
+        assert got.expected_ttft_ms <= best.expected_ttft_ms + 1.0 + 1e-6  # within the tie band
+        load(core, got.node_id, rng.randrange(0, 80_000))
+
+
+def _full_estimate(core, query):
+    """Every live node scored (what pruning must match), from the core's own parts."""
+    now = core._clock.now()
+    lengths = core._index.prefix_lengths(query.block_hashes)
+    cands = [Candidate(n.node_id, n.queued_tokens, n.waiting_requests, n.pending_requests,
+                       lengths.get(n.node_id, 0), n.geometry.block_size, n.bytes_per_block)
+             for n in core._cluster.live_nodes(now)]
+    from speckv.services.scheduler.router import best_holder
+    holder = best_holder(cands)
+    return [core._router.estimate(query, c, holder) for c in cands]
