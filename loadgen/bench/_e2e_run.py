@@ -1,0 +1,210 @@
+"""One policy, one fresh local cluster, one replayed slice (used by `speckv
+bench e2e` and `speckv demo`).
+
+Steps: start the cluster from the committed E2EConfig; SetPolicy (a name the
+scheduler rejects raises, loudly); warm the predictor with the trace's
+arrivals from the `warmup_s` before the slice only (ObserveArrivals, times
+mapped onto the services' clock as if the replay had been running then: the
+predictor has no training entry point yet, so its builtin model is warmed,
+never trained on the slice); follow the KV events; replay the slice open
+loop through the reference router onto the emulated engines; wait for the
+engines to drain; collect orders by outcome and forecasts of the hottest
+families (polled during the run).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import grpc
+
+from speckv.loadgen.e2e_config import E2EConfig, SliceSpec
+from speckv.loadgen.engine import EmulatedEngine
+from speckv.loadgen.engine_driver import LiveEngines, TraceClock
+from speckv.loadgen.kv_events import EventCollector
+from speckv.loadgen.metrics import RequestRecord
+from speckv.loadgen.replay import SleepWaiter, TimeMap, replay_open_loop
+from speckv.loadgen.replica_ledger import ReplicaLedger, ReplicaTotals
+from speckv.loadgen.router import ReferenceRouter
+from speckv.loadgen.traces import TraceRequest
+from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
+from speckv.services.common.clock import SystemClock
+from speckv.services.common.errors import Unavailable
+from speckv.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+DRAIN_TIMEOUT_S = 120.0
+# The replay's origin is fixed before launch (the oracle must know it as a
+# flag); the cluster must be up and the predictor warmed within this.
+START_BUDGET_S = 12.0
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    policy: str
+    records: list[RequestRecord]
+    replicas: ReplicaTotals
+    orders: dict[str, int]
+    forecasts: list[tuple[float, str, float]] = field(default_factory=list)  # (trace s, family, expected count)
+    wall_s: float = 0.0
+    sent: int = 0
+
+
+def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, speed: float) -> ClusterSpec:
+    """The committed cluster, identical for every policy. The oracle's trace
+    is the slice re-stamped onto the replay's wall clock (speed applied), its
+    t=0 at oracle_offset_s on the scheduler's clock."""
+    extra = {k: list(v) for k, v in config.extra_args.items()}
+    extra["scheduler"] = ["--engine-profile", config.profile.name,
+                          "--link-gbps", repr(config.scaled_link_gbps()),
+                          "--link-overhead-ms", repr(config.link.overhead_ms),
+                          "--tick-s", repr(config.scheduler_tick_s),
+                          "--oracle-trace", str(oracle_trace), "--oracle-offset-s", repr(oracle_offset_s),
+                          # Engines heartbeat load every heartbeat_interval_s; the kvstores'
+                          # own heartbeats carry no queue, so they are spaced out (see report).
+                          "--heartbeat-interval-ms", "4000", "--node-timeout-s", "6",
+                          *extra.get("scheduler", [])]
+    # Replication moves scaled bytes on the wall clock: the kvstore's link cap
+    # is the real link / byte scale x the replay's compression.
+    extra["kvstore"] = ["--link-gbps", repr(config.scaled_link_gbps(speed)), *extra.get("kvstore", [])]
+    return ClusterSpec(nodes=config.nodes, geometry=config.store_geometry, block_size=config.block_tokens,
+                       num_pages=config.pool_pages, policy="none", extra_args=extra)
+
+
+def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], slice_: SliceSpec,
+               environ: Mapping[str, str], on_progress: Callable[[int, int, RequestRecord | None], None],
+               run_dir: Path | None = None) -> PolicyRun:
+    requests = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
+    warm = [r for r in trace if slice_.start_s - config.warmup_s <= r.arrival_s < slice_.start_s]
+    with tempfile.TemporaryDirectory(prefix=f"speckv-e2e-{policy}-") as tmp:
+        directory = run_dir or Path(tmp)
+        directory.mkdir(parents=True, exist_ok=True)
+        wall0 = time.monotonic() + START_BUDGET_S
+        unix0 = SystemClock().now() + START_BUDGET_S
+        oracle = directory / "oracle_trace.jsonl"
+        write_restamped_trace(oracle, requests, slice_)
+        cluster = LocalCluster(cluster_spec(config, oracle, unix0, slice_.speed), directory, environ)
+        with cluster:
+            times = TimeMap(wall0, slice_.start_s, slice_.speed)
+            unix_times = TimeMap(unix0, slice_.start_s, slice_.speed)
+            return _run_on(cluster, config, policy, requests, warm, times, unix_times, on_progress)
+
+
+def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: SliceSpec) -> None:
+    """Mooncake JSONL of the slice with timestamps (ms) on the replay's clock from its origin."""
+    with open(path, "w", encoding="utf-8") as out:
+        for r in requests:
+            ms = round((r.arrival_s - slice_.start_s) / slice_.speed * 1000)
+            out.write(json.dumps({"timestamp": ms, "input_length": r.prompt_tokens,
+                                  "output_length": r.output_tokens, "hash_ids": list(r.block_hashes)}) + "\n")
+
+
+def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: list[TraceRequest],
+            warm: list[TraceRequest], times: TimeMap, unix_times: TimeMap,
+            on_progress: Callable[[int, int, RequestRecord | None], None]) -> PolicyRun:
+    nodes = cluster.node_addresses()
+    scheduler_channel = grpc.insecure_channel(cluster.scheduler_address)
+    predictor_channel = grpc.insecure_channel(cluster.predictor_address)
+    kv_channels = {n: grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for n, a in nodes.items()}
+    scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
+    try:
+        scheduler.SetPolicy(scheduler_pb2.SetPolicyRequest(name=policy), timeout=10.0)
+        _warm_predictor(predictor_channel, warm, unix_times)
+        if time.monotonic() > times.origin:
+            raise Unavailable(f"the cluster took over {START_BUDGET_S:g} s to start and warm; the replay's "
+                              "origin (given to the oracle) has passed")
+        ledger, ledger_lock = ReplicaLedger(), threading.Lock()
+        collector = EventCollector(kv_channels, ledger, ledger_lock, unix_times.to_trace).start()
+        done = [0]
+        done_lock = threading.Lock()
+
+        def finished(record: RequestRecord) -> None:
+            with done_lock:
+                done[0] += 1
+                count = done[0]
+            on_progress(len(requests), count, record)
+
+        router_box: list[ReferenceRouter] = []
+        engines = LiveEngines(
+            {n: EmulatedEngine(n, config.profile, config.engine, config.link, config.real_geometry.bytes_per_token)
+             for n in nodes}, TraceClock(times), scheduler_channel, kv_channels,
+            lambda events: router_box[0].on_engine_events(events), config.heartbeat_interval_s)
+        router = ReferenceRouter(scheduler_channel, kv_channels, engines, config.profile, ledger, ledger_lock,
+                                 config.scaled_geometry.bytes_per_block, config.real_geometry.bytes_per_token,
+                                 on_done=finished)
+        router_box.append(router)
+        forecasts: list[tuple[float, str, float]] = []
+        poller = _ForecastPoller(predictor_channel, config, unix_times, forecasts).start()
+        engines.start()
+        started = time.monotonic()
+        try:
+            sent = replay_open_loop(requests, times, SleepWaiter(_Monotonic()), router.send)
+            deadline = time.monotonic() + DRAIN_TIMEOUT_S
+            while router.pending() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            poller.stop()
+            engines.stop()
+            router.close()
+            collector.stop()
+        state = scheduler.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=10.0)
+        orders = {common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_"): o.count for o in state.orders}
+        with ledger_lock:
+            totals = ledger.totals()
+        for record in router.records:
+            if not record.served and not record.error:
+                record.error = "not finished before the drain timeout"
+        return PolicyRun(policy, list(router.records), totals, orders, forecasts, time.monotonic() - started, sent)
+    finally:
+        for channel in (scheduler_channel, predictor_channel, *kv_channels.values()):
+            channel.close()
+
+
+class _Monotonic:
+    def now(self) -> float:
+        return time.monotonic()
+
+
+def _warm_predictor(channel: grpc.Channel, warm: list[TraceRequest], unix_times: TimeMap) -> None:
+    """Pre-slice arrivals only, stamped where they would sit on the services' clock."""
+    if not warm:
+        return
+    arrivals = (predictor_pb2.Arrival(time_s=unix_times.to_clock(r.arrival_s), family=r.family,
+                                      prompt_tokens=r.prompt_tokens) for r in warm)
+    predictor_pb2_grpc.PredictorStub(channel).ObserveArrivals(arrivals, timeout=60.0)
+
+
+class _ForecastPoller:
+    """Every forecast_poll_s (wall), the top families' expected count at the configured horizon."""
+
+    def __init__(self, channel: grpc.Channel, config: E2EConfig, unix_times: TimeMap,
+                 out: list[tuple[float, str, float]]) -> None:
+        self._stub = predictor_pb2_grpc.PredictorStub(channel)
+        self._config, self._times, self._out = config, unix_times, out
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="forecast-poller", daemon=True)
+
+    def start(self) -> "_ForecastPoller":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._config.forecast_poll_s):
+            try:
+                reply = self._stub.Forecast(predictor_pb2.ForecastRequest(
+                    horizons_s=[self._config.forecast_horizon_s], max_families=5), timeout=2.0)
+            except grpc.RpcError:
+                continue
+            t = self._times.to_trace(reply.now_s) if reply.now_s else self._times.to_trace(SystemClock().now())
+            for f in reply.forecasts:
+                if f.horizons:
+                    self._out.append((t, f.family, f.horizons[0].expected_count))

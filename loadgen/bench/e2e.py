@@ -1,0 +1,162 @@
+"""`speckv bench e2e`: the same trace slice under each policy, each against a
+freshly started local cluster built from the one committed configuration
+(services/config/e2e.json), with emulated engines, the reference router and
+open-loop replay. Prints a table per policy and writes JSON (--json) and an
+HTML report (--report DIR).
+
+The ceiling of this benchmark is the `oracle` policy measured in the same
+run; `none` is the floor. Burst windows are fixed from the whole trace.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
+from speckv.loadgen.e2e_config import E2EConfig, SliceSpec, load_e2e_config
+from speckv.loadgen.metrics import burst_seconds, percentile, summarize
+from speckv.loadgen.report import TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.traces import load_mooncake
+from speckv.services.cluster.status import wide_console
+from speckv.services.common.errors import InvalidArgument, NotFound
+
+ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="speckv bench e2e", description=__doc__)
+    parser.add_argument("--trace", required=True, help="Mooncake JSONL trace")
+    parser.add_argument("--policies", default=ALL_POLICIES, help="comma-separated, run in this order")
+    parser.add_argument("--quick", action="store_true", help="the config's short 'quick' slice")
+    parser.add_argument("--start-s", type=float, default=None, help="override the slice start (trace s)")
+    parser.add_argument("--duration-s", type=float, default=None, help="override the slice length (trace s)")
+    parser.add_argument("--speed", type=float, default=None, help="override the time compression")
+    parser.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
+    parser.add_argument("--json", default=None, help="write the result JSON here")
+    parser.add_argument("--report", default=None, help="write the HTML report into this directory")
+    args = parser.parse_args(list(argv))
+    args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not args.policy_list or len(set(args.policy_list)) != len(args.policy_list):
+        raise InvalidArgument(f"--policies={args.policies!r}: name each policy once")
+    return args
+
+
+def choose_slice(config: E2EConfig, args: argparse.Namespace) -> SliceSpec:
+    base = config.slices["quick" if args.quick else "full"]
+    chosen = SliceSpec(base.start_s if args.start_s is None else args.start_s,
+                       base.duration_s if args.duration_s is None else args.duration_s,
+                       base.speed if args.speed is None else args.speed)
+    if chosen.duration_s <= 0 or chosen.speed <= 0 or chosen.start_s < 0:
+        raise InvalidArgument("--start-s >= 0, --duration-s > 0 and --speed > 0 are required")
+    return chosen
+
+
+def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: SliceSpec,
+            environ: Mapping[str, str], console) -> tuple[dict, dict[str, PolicyRun]]:
+    trace = load_mooncake(trace_path)
+    bursts = burst_seconds(r.arrival_s for r in trace)
+    in_slice = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
+    if not in_slice:
+        raise InvalidArgument(f"the slice [{slice_.start_s}, {slice_.start_s + slice_.duration_s}) s of "
+                              f"{trace_path.name} holds no request")
+    console.print(f"{trace_path.name}: {len(in_slice)} requests in [{slice_.start_s:g}, "
+                  f"{slice_.start_s + slice_.duration_s:g}) s, {sum(1 for r in in_slice if int(r.arrival_s) in bursts)}"
+                  f" in burst seconds; {config.nodes} nodes, replayed {slice_.speed:g}x faster; "
+                  f"KV bytes scaled 1/{config.byte_scale}")
+    runs: dict[str, PolicyRun] = {}
+    summaries: dict[str, dict] = {}
+    for policy in policies:
+        runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console)
+        run = runs[policy]
+        summaries[policy] = summarize(run.records, bursts, config.ttft_target_ms, run.replicas,
+                                      config.real_bytes_per_block, run.orders)
+        summaries[policy]["wall_s"] = run.wall_s
+    result = {
+        "trace": trace_path.name, "slice": {"start_s": slice_.start_s, "duration_s": slice_.duration_s,
+                                           "speed": slice_.speed},
+        "ttft_target_ms": config.ttft_target_ms, "byte_scale_factor": config.byte_scale,
+        "nodes": config.nodes, "engine_profile": config.profile.name, "link_gbps": config.link.gbps,
+        "real_bytes_per_block": config.real_bytes_per_block,
+        "burst_seconds_in_trace": len(bursts), "policies": summaries,
+        "notes": _notes(config, slice_),
+    }
+    return result, runs
+
+
+def _notes(config: E2EConfig, slice_: SliceSpec) -> list[str]:
+    return [
+        f"Engines emulate {config.profile.model} on {config.profile.hardware} (profile {config.profile.name}, "
+        f"measured={config.profile.measured}); TTFT is in that model's time.",
+        f"KV bytes are scaled down by {config.byte_scale} (kvstore geometry {config.store_geometry} at "
+        f"{config.block_tokens} tokens/block) and every emulated link by the same factor; bytes reported are "
+        "the real model's.",
+        "The predictor runs its builtin model warmed with the trace's arrivals from before the slice only "
+        "(no LightGBM training entry point was available).",
+        f"Forecast horizons are wall seconds of the services: at speed {slice_.speed:g} a horizon covers "
+        f"{slice_.speed:g}x as much trace time.",
+    ]
+
+
+def _run_with_progress(config, policy, trace, slice_, environ, console) -> PolicyRun:
+    columns = (TextColumn(f"{policy:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[status]}"))
+    ttfts: list[float] = []
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(policy, total=None, status="starting cluster")
+
+        def update(total: int, done: int, record) -> None:
+            if record is not None and record.ttft_ms is not None:
+                ttfts.append(record.ttft_ms)
+            p99 = percentile(ttfts[-500:], 99)
+            progress.update(task, total=total, completed=done,
+                            status=f"sent {total} done {done} p99 {p99:.0f} ms" if p99 else f"done {done}")
+
+        return run_policy(config, policy, trace, slice_, environ, update)
+
+
+def print_table(console, policies: Mapping[str, Mapping[str, object]]) -> None:
+    table = Table(title="end-to-end comparison (TTFT in real-model ms)")
+    table.add_column("policy")
+    for _, title in TABLE_COLUMNS:
+        table.add_column(title, justify="right")
+    for name, m in policies.items():
+        table.add_row(name, *(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS))
+    console.print(table)
+
+
+def write_outputs(result: dict, runs: Mapping[str, PolicyRun], args_json: str | None, report: str | None,
+                  console) -> Path | None:
+    if args_json:
+        Path(args_json).write_text(json.dumps(result, indent=2))
+        console.print(f"JSON written to {args_json}")
+    if not report:
+        return None
+    any_run = next(iter(runs.values()))
+    arrivals = [(r.arrival_s, r.family) for r in any_run.records]
+    timelines = {name: {"forecasts": run.forecasts,
+                        "commits": [(t, blocks * result["real_bytes_per_block"], f)
+                                    for t, blocks, f in run.replicas.commits]}
+                 for name, run in runs.items()}
+    ttfts = {name: [r.ttft_ms for r in run.records if r.served] for name, run in runs.items()}
+    index = write_report(Path(report), result, ttfts, timelines, arrivals)
+    console.print(f"report: {index}")
+    return index
+
+
+def main(argv: list[str], environ: Mapping[str, str]) -> int:
+    args = parse_args(argv)
+    trace_path = Path(args.trace)
+    if not trace_path.exists():
+        raise NotFound(f"trace {trace_path} not found")
+    config = load_e2e_config(args.config)
+    console = wide_console()
+    result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console)
+    print_table(console, result["policies"])
+    console.print(markdown_table(result["policies"]), markup=False)
+    write_outputs(result, runs, args.json, args.report, console)
+    return 1 if any(m["served"] == 0 for m in result["policies"].values()) else 0

@@ -1,0 +1,41 @@
+"""`speckv bench e2e`: the live quick comparison runs end to end, and a
+policy the scheduler rejects fails loudly."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+KEYS = {"ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "slo_attainment", "bytes_replicated",
+        "replica_hit_ratio", "wasted_bytes_ratio"}
+
+
+def _bench(traces_dir, *args):
+    return subprocess.run([sys.executable, "-m", "speckv.services.cli", "bench", "e2e", "--trace",
+                           str(traces_dir / "mooncake_conversation_trace.jsonl"), *args],
+                          capture_output=True, text=True, timeout=280)
+
+
+def test_quick_comparison_runs_end_to_end(tmp_path, traces_dir):
+    out = tmp_path / "e2e.json"
+    result = _bench(traces_dir, "--policies", "none,reactive-heat", "--quick", "--duration-s", "12",
+                    "--json", str(out), "--report", str(tmp_path / "report"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["byte_scale_factor"] == 1024
+    for name in ("none", "reactive-heat"):
+        metrics = data["policies"][name]
+        assert KEYS <= set(metrics)
+        assert metrics["requests"] > 0 and metrics["errors"] == 0
+        assert metrics["ttft_p50_ms"] > 0 and 0 <= metrics["slo_attainment"] <= 1
+    # Routing is KV-aware: conversation turns find their earlier prefix.
+    assert data["policies"]["none"]["prefix_hit_ratio"] > 0
+    assert data["policies"]["none"]["bytes_replicated"] == 0
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert "data:image/png;base64," in html and "ttft_cdf.png" in html
+
+
+def test_a_policy_the_scheduler_rejects_fails_loudly(tmp_path, traces_dir):
+    result = _bench(traces_dir, "--policies", "no-such-policy,none", "--quick", "--duration-s", "6")
+    assert result.returncode != 0
+    assert "no-such-policy" in result.stderr + result.stdout

@@ -1,0 +1,74 @@
+"""Metrics of a scripted scenario match hand-computed values."""
+from __future__ import annotations
+
+import pytest
+
+from speckv.loadgen.metrics import RequestRecord, burst_seconds, summarize
+from speckv.loadgen.replica_ledger import KVEventKind, ReplicaLedger
+
+
+def test_burst_seconds_are_the_top_five_percent_of_all_trace_seconds():
+    # 40 seconds: second 7 has 9 arrivals, second 20 has 6, the rest 0 or 1.
+    arrivals = [s + 0.5 for s in range(0, 40, 2)] + [7.1] * 8 + [20.2] * 5
+    # ceil(0.05 * 40) = 2nd busiest second has 6 arrivals: seconds 7 and 20.
+    assert burst_seconds(arrivals) == frozenset({7, 20})
+
+
+def test_burst_seconds_never_include_empty_seconds():
+    assert burst_seconds([0.1, 5.0]) == frozenset({0, 5})
+
+
+def _record(i, arrival, ttft, replica=0, error="", cached=0):
+    return RequestRecord(f"r{i}", arrival, "f", 1000, 10, "node-0", cached_tokens=cached, ttft_ms=ttft,
+                         tpot_ms=10.0 if ttft is not None else None, e2e_ms=ttft, replica_blocks=replica,
+                         error=error)
+
+
+def test_summary_of_a_scripted_scenario_matches_hand_computed_values():
+    ledger = ReplicaLedger()
+    ledger.apply("node-1", KVEventKind.COMMITTED, [1, 2, 3, 4], 1.0, "o1", "f")
+    ledger.apply("node-1", KVEventKind.COMMITTED, [4, 5], 1.5, "o2", "f")  # 4 is already a replica
+    ledger.apply("node-1", KVEventKind.STORED, [9], 1.6)
+    assert ledger.note_read("node-1", [1, 2, 9]) == 2
+    assert ledger.note_read("node-1", [1]) == 1  # read again: still one block read
+    ledger.apply("node-1", KVEventKind.REMOVED, [3, 1], 2.0)  # 3 wasted, 1 was read
+    records = [
+        _record(0, 10.2, 100.0, cached=500),
+        _record(1, 10.7, 300.0, replica=2),
+        _record(2, 11.1, 2500.0),
+        _record(3, 12.0, None, error="route: UNAVAILABLE"),
+        _record(4, 13.5, 1000.0, replica=1),
+    ]
+    s = summarize(records, frozenset({10}), ttft_target_ms=2000.0, replicas=ledger.totals(),
+                  bytes_per_block=64, orders={"COMMITTED": 2})
+    assert s["requests"] == 5 and s["served"] == 4 and s["errors"] == 1
+    # TTFTs sorted: 100, 300, 1000, 2500. Linear percentiles: p50 = 650,
+    # p99 = 1000 + 0.97 * 1500 = 2455.
+    assert s["ttft_p50_ms"] == pytest.approx(650.0)
+    assert s["ttft_p99_ms"] == pytest.approx(2455.0)
+    # Burst second 10 holds requests 0 and 1: p99 = 100 + 0.99 * 200.
+    assert s["burst_requests"] == 2
+    assert s["burst_ttft_p99_ms"] == pytest.approx(298.0)
+    # 3 of 5 requests within 2000 ms (the error counts as a miss).
+    assert s["slo_attainment"] == pytest.approx(0.6)
+    # 5 distinct replica blocks of 64 bytes; read: 1 and 2; wasted: 3 (removed), 4 and 5 (never read).
+    assert s["bytes_replicated"] == 320
+    assert s["replica_blocks_read"] == 2
+    assert s["wasted_bytes_ratio"] == pytest.approx(3 / 5)
+    assert s["replica_hit_ratio"] == pytest.approx(2 / 4)
+    assert s["prefix_hit_ratio"] == pytest.approx(500 / 4000)
+
+
+def test_no_replication_means_no_waste_and_no_hits():
+    s = summarize([_record(0, 1.0, 50.0)], frozenset(), 2000.0, ReplicaLedger().totals(), 64, {})
+    assert s["bytes_replicated"] == 0 and s["wasted_bytes_ratio"] == 0.0 and s["replica_hit_ratio"] == 0.0
+    assert s["burst_ttft_p99_ms"] is None
+
+
+def test_a_snapshot_drops_replicas_the_node_no_longer_has():
+    ledger = ReplicaLedger()
+    ledger.apply("n", KVEventKind.COMMITTED, [1, 2], 0.0, "o", "f")
+    ledger.apply("n", KVEventKind.SNAPSHOT, [2, 7], 1.0)
+    assert ledger.note_read("n", [1, 2]) == 1
+    totals = ledger.totals()
+    assert (totals.committed_blocks, totals.read_blocks, totals.wasted_blocks) == (2, 1, 1)
