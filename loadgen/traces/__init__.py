@@ -2,9 +2,14 @@
 
 Traces are never shipped with speckv; they are read from a directory chosen by
 `--traces`, else SPECKV_TRACES, else ../shared/traces (see README for where the
-public traces come from).
+public traces come from). Formats: Mooncake JSONL (mooncake.py), Azure LLM
+inference CSV (azure.py), BurstGPT CSV (burstgpt.py); `load_trace` picks by file.
 """
 from speckv.loadgen.traces.records import TraceRequest, TraceFormatError, resolve_traces_dir
 from speckv.loadgen.traces.mooncake import load_mooncake
+from speckv.loadgen.traces.azure import load_azure
+from speckv.loadgen.traces.burstgpt import load_burstgpt
+from speckv.loadgen.traces.loader import load_trace, trace_format
 
-__all__ = ["TraceRequest", "TraceFormatError", "resolve_traces_dir", "load_mooncake"]
+__all__ = ["TraceRequest", "TraceFormatError", "resolve_traces_dir", "load_mooncake", "load_azure",
+           "load_burstgpt", "load_trace", "trace_format"]

@@ -3,9 +3,19 @@
 (chained ids of 512-token blocks: sharing the id at position i means sharing
 the whole prefix up to i).
 
-Family: the first block id. In the conversation trace it is the shared
-system-prompt block for most requests, so a family is a prompt template; the
-finer conversation-level family comes with the predictor's loaders.
+Families (`family=`):
+- "prefix" (default): the first block id. In the conversation trace it is
+  block 0 for every request (a shared system prompt), so this family is the
+  prompt template: one family for the whole trace.
+- "conversation": the first two block ids, "<h0>/<h1>". Because ids are
+  chained, two requests share h1 exactly when they share the whole prefix
+  through block 1, so every later turn of a conversation (whose prompt is the
+  earlier turns plus more) lands in the family of its first turn: the family
+  is the conversation as its chain of hash_ids grows, keyed by its first
+  non-shared block. Turns that share a long document also share h1, which is
+  what a KV family should mean. A one-block request (and a first turn whose
+  second block was still partial, so later turns got a new id for it) cannot
+  be linked and stays in its own "<h0>" or new family.
 """
 from __future__ import annotations
 
@@ -17,22 +27,29 @@ from speckv.loadgen.traces.records import TraceFormatError, TraceRequest
 MOONCAKE_BLOCK_TOKENS = 512
 
 
-def load_mooncake(path: Path | str, start_s: float = 0.0, duration_s: float | None = None) -> list[TraceRequest]:
-    """Requests with start_s <= arrival < start_s + duration_s, sorted by arrival."""
+FAMILY_MODES = ("prefix", "conversation")
+
+
+def load_mooncake(path: Path | str, start_s: float = 0.0, duration_s: float | None = None,
+                  family: str = "prefix") -> list[TraceRequest]:
+    """Requests with start_s <= arrival < start_s + duration_s, sorted by
+    arrival; family is one of FAMILY_MODES (see the module docstring)."""
+    if family not in FAMILY_MODES:
+        raise ValueError(f"family={family!r}: expected one of {', '.join(FAMILY_MODES)}")
     requests: list[TraceRequest] = []
     end_s = float("inf") if duration_s is None else start_s + duration_s
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            request = _parse(path, number, line)
+            request = _parse(path, number, line, family)
             if start_s <= request.arrival_s < end_s:
                 requests.append(request)
     requests.sort(key=lambda r: r.arrival_s)
     return requests
 
 
-def _parse(path: Path | str, number: int, line: str) -> TraceRequest:
+def _parse(path: Path | str, number: int, line: str, mode: str) -> TraceRequest:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -47,5 +64,6 @@ def _parse(path: Path | str, number: int, line: str) -> TraceRequest:
     for name, value in (("timestamp", timestamp_ms), ("input_length", prompt), ("output_length", output)):
         if not isinstance(value, int) or value < 0:
             raise TraceFormatError(path, number, f"{name}={value!r} must be a non-negative integer")
-    family = str(hashes[0]) if hashes else f"len-{prompt}"
+    depth = 2 if mode == "conversation" else 1
+    family = "/".join(str(h) for h in hashes[:depth]) if hashes else f"len-{prompt}"
     return TraceRequest(timestamp_ms / 1000.0, prompt, output, tuple(hashes), MOONCAKE_BLOCK_TOKENS, family)

@@ -23,6 +23,9 @@ class PredictorConfig(ServerSettings):
     model_dir: str = field(default="", metadata={"help": "model directory with manifest.json to load at start; empty: builtin EWMA"})
     max_families_per_call: int = field(default=100_000, metadata={"help": "most families one Forecast may name or return"})
     max_horizon_s: float = field(default=600.0, metadata={"help": "longest horizon a forecast may ask for, seconds"})
+    retrain_interval_s: float = field(default=0.0, metadata={"help": "retrain LightGBM on the window every this many seconds in the background; 0: never"})
+    retrain_dir: str = field(default="", metadata={"help": "directory for retrained model versions (required with retrain_interval_s)"})
+    retrain_quick: bool = field(default=False, metadata={"help": "retrain with the quick hyperparameters of services/config/predictor.json"})
     max_future_s: float = field(default=60.0, metadata={"help": "refuse observations further than this ahead of the predictor's clock, seconds; 0: no limit"})
 
     def validate(self) -> None:
@@ -35,6 +38,10 @@ class PredictorConfig(ServerSettings):
         if not all(0 < h <= self.max_horizon_s for h in horizons) or list(horizons) != sorted(set(horizons)):
             raise InvalidArgument(f"horizons={self.horizons!r}: must be strictly increasing, each > 0 and "
                                   f"<= max_horizon_s={self.max_horizon_s:g}")
+        if not (math.isfinite(self.retrain_interval_s) and self.retrain_interval_s >= 0):
+            raise InvalidArgument(f"retrain_interval_s={self.retrain_interval_s}: must be finite and >= 0")
+        if self.retrain_interval_s > 0 and not self.retrain_dir:
+            raise InvalidArgument("retrain_dir: required when retrain_interval_s > 0")
         self.builtin_params().validate()  # names halflife_s, quantile, burst_ratio, ... on error
         slowest = max(self.halflife_s, self.long_halflife_s)
         if HISTORY_HALFLIVES * slowest > self.window_s:

@@ -5,6 +5,11 @@ service; forecasts run under it (they read the ring), model loading does not
 (file IO and validation happen first, then the swap is one assignment under
 the lock). A model that fails to load or validate is never swapped in.
 
+Features: when the model in service reads features (LightGBM), the core keeps
+LiveFeatures in step with the series (live_features.py): updated
+incrementally as steps complete, rebuilt from the window on a swap to a
+model with other feature parameters.
+
 Time: observations carry their own time_s; forecasts are made at `now_s`
 (default: the injected clock), clamped up to the newest observation counted so
 the series never holds arrivals "after now".
@@ -22,6 +27,7 @@ import numpy as np
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor.arrivals import Arrival, ObserveResult, RejectReason, Rejection, check_arrival
+from speckv.services.predictor.live_features import LiveFeatures
 from speckv.services.predictor.manifest import load_model
 from speckv.services.predictor.models import CountModel, SeriesState
 from speckv.services.predictor.series import ArrivalSeries, Placement
@@ -113,6 +119,8 @@ class PredictorCore:
         self._counters = _Counters()
         self._check_fits(model)
         self._serving = _Serving(model, source, clock.now())
+        self._features: LiveFeatures | None = None
+        self._follow_features(model)
 
     # --- observations --------------------------------------------------------
 
@@ -126,6 +134,7 @@ class PredictorCore:
             for arrival in arrivals:
                 rejection = check_arrival(arrival, s.max_family_len, latest_allowed)
                 if rejection is None:
+                    self._complete_steps_before(arrival.time_s)
                     placement = self._series.add(arrival.family, arrival.time_s)
                     if placement is Placement.TOO_OLD:
                         rejection = Rejection(RejectReason.TOO_OLD, f"time_s={arrival.time_s!r} is before the "
@@ -160,7 +169,11 @@ class PredictorCore:
             else:
                 names, rows = self._series.tracked()
             now = max(now, self._series.latest_time_s)
-            out = model.forecast(SeriesState(self._series, rows), now, horizons)
+            features = None
+            if self._features is not None:
+                self._features.sync(self._series, self._series.step_of(now) - 1)
+                features = self._features.online
+            out = model.forecast(SeriesState(self._series, rows, features), now, horizons)
         result = ForecastResult(names, rows >= 0, horizons, out.expected, out.upper, out.burst_probability,
                                 model.version, now)
         if not len(families):
@@ -196,7 +209,42 @@ class PredictorCore:
         self._check_fits(model)
         serving = _Serving(model, source, self._clock.now())
         with self._lock:
+            self._follow_features(model)
             self._serving = serving
+
+    def snapshot(self) -> tuple[list[str], np.ndarray, int, float]:
+        """(families, counts (families, window steps), first step, step_s):
+        a copy of the window, for retraining off the lock."""
+        with self._lock:
+            families, counts, first = self._series.snapshot()
+        return families, counts, first, self._settings.step_s
+
+    @property
+    def serving_model(self) -> CountModel:
+        with self._lock:
+            return self._serving.model
+
+    # --- features --------------------------------------------------------------
+
+    def _follow_features(self, model: CountModel) -> None:
+        """Keeps (or builds, replaying the window) the features model reads.
+        Call under the lock or before the core is shared."""
+        spec = getattr(model, "feature_spec", None)
+        if spec is None:
+            self._features = None
+        elif self._features is None or self._features.spec != spec:
+            features = LiveFeatures(spec, self._series)
+            head = self._series.head_step
+            if head is not None:
+                features.sync(self._series, head - 1)
+            self._features = features
+
+    def _complete_steps_before(self, time_s: float) -> None:
+        """An observation in a newer step completes the steps before it:
+        the features take them in before the ring can move past them."""
+        head = self._series.head_step
+        if self._features is not None and head is not None and self._series.step_of(time_s) > head:
+            self._features.sync(self._series, self._series.step_of(time_s) - 1)
 
     # --- counters for metrics ------------------------------------------------
 
@@ -219,6 +267,10 @@ class PredictorCore:
         if model.history_s > s.window_s:
             raise InvalidArgument(f"the model reads {model.history_s:g} s of history but window_s={s.window_s:g}; "
                                   "shorten its half-lives or widen the window")
+        spec = getattr(model, "feature_spec", None)
+        if spec is not None and abs(spec.step_s - s.step_s) > 1e-12:
+            raise InvalidArgument(f"the model's features use step_s={spec.step_s:g} but the series steps "
+                                  f"{s.step_s:g} s")
         if max(model.horizons_s) > s.max_horizon_s:
             raise InvalidArgument(f"horizons_s={list(model.horizons_s)}: above max_horizon_s={s.max_horizon_s:g}")
 

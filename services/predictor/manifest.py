@@ -9,8 +9,9 @@ Validation is strict, so a typo cannot silently fall back to a default: an
 unknown kind, an unknown key, a key of the wrong type or a value out of range
 is InvalidArgument naming the key; a missing directory or manifest is
 NotFound. `load_model` only reads and builds; it never touches a model in
-service (the core swaps a loaded model in). Further kinds (e.g. a LightGBM
-booster file beside the manifest) register a builder in MODEL_KINDS.
+service (the core swaps a loaded model in). Kinds whose manifest carries more
+than numbers (kind "lightgbm": booster files beside the manifest, see
+lgbm_model.py) register a `parse` function and their extra keys.
 """
 from __future__ import annotations
 
@@ -32,15 +33,28 @@ COMMON_KEYS = ("kind", "version", "horizons_s", "quantile", "metrics")
 class ModelKind:
     params_type: type[RateParams]
     build: Callable[[Any, Mapping[str, float], Path], CountModel]  # (params, metrics, directory)
+    # (manifest, metrics, directory, version, horizons_s, quantile) -> model, for non-numeric manifests
+    parse: Callable[..., CountModel] | None = None
+    extra_keys: tuple[str, ...] = ()
 
     @property
     def param_keys(self) -> tuple[str, ...]:
+        if self.parse is not None:
+            return self.extra_keys
         return tuple(f.name for f in dataclasses.fields(self.params_type) if f.name not in COMMON_KEYS)
+
+
+def _parse_lightgbm(*args: Any) -> CountModel:
+    from speckv.services.predictor.lgbm_model import load_lightgbm  # lightgbm loads only when used
+
+    return load_lightgbm(*args)
 
 
 MODEL_KINDS: dict[str, ModelKind] = {
     "ewma": ModelKind(EwmaParams, lambda params, metrics, _dir: EwmaModel(params, metrics)),
     "last-value": ModelKind(RateParams, lambda params, metrics, _dir: LastValueModel(params, metrics)),
+    "lightgbm": ModelKind(RateParams, lambda *_: None, parse=_parse_lightgbm,  # type: ignore[arg-type]
+                          extra_keys=("features", "feature_spec", "alarm_threshold", "trace", "files")),
 }
 
 
@@ -64,6 +78,11 @@ def load_model(path: str | Path) -> CountModel:
         "horizons_s": tuple(_number_list(manifest, "horizons_s")),
         "quantile": _number(manifest, "quantile"),
     }
+    if kind.parse is not None:
+        probe = RateParams(values["version"], values["horizons_s"], values["quantile"])
+        probe.validate()  # version, horizons and quantile as strictly as for every kind
+        return kind.parse(manifest, _metrics(manifest), directory, values["version"], values["horizons_s"],
+                          values["quantile"])
     values.update({key: _number(manifest, key) for key in kind.param_keys if key in manifest})
     params = kind.params_type(**values)
     params.validate()

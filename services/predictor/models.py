@@ -4,7 +4,8 @@ Interface (`CountModel`): a model is stateless with respect to traffic. It
 reads the arrival history from the `SeriesState` it is handed (the shared
 ring plus the rows asked about), so a freshly loaded model serves at once with
 the full window behind it, and hot-swapping needs no warm-up or state copy.
-Later models (LightGBM on lag features) implement the same interface.
+LightGBM (lgbm_model.py) implements the same interface on the core's
+incremental features (SeriesState.features).
 
 Baselines here:
 - `EwmaModel` ("ewma"): rate = exposure-weighted EWMA of the family's
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, NamedTuple, Protocol
+from typing import TYPE_CHECKING, ClassVar, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor import poisson
 from speckv.services.predictor.rates import RateEstimate, ewma_rates, last_step_rates
 from speckv.services.predictor.series import ArrivalSeries
+
+if TYPE_CHECKING:
+    from speckv.services.predictor.features import OnlineFeatures
 
 BURST_DEFINITION = (
     "A burst of family f over horizon h is more than "
@@ -49,6 +53,7 @@ class SeriesState:
 
     series: ArrivalSeries
     rows: np.ndarray  # int64, one per family asked about
+    features: "OnlineFeatures | None" = None  # the core's incremental features, when the model reads them
 
 
 class CountForecast(NamedTuple):

@@ -54,6 +54,8 @@ class ArrivalSeries:
         capacity = max(1, initial_rows)
         self._counts = np.zeros((capacity, self.window_steps), dtype=np.float32)
         self._last_step = np.zeros(capacity, dtype=np.int64)  # newest step with an arrival, per row
+        self._serial = np.zeros(capacity, dtype=np.int64)  # bumped whenever a row is handed to a family
+        self._serials_issued = 0
         self._total = np.zeros(self.window_steps, dtype=np.float32)
         self._row_of: dict[str, int] = {}
         self._family_of: list[str | None] = [None] * capacity
@@ -130,6 +132,30 @@ class ArrivalSeries:
         col = step % self.window_steps
         return self._counts[rows, col].astype(np.float64), float(self._total[col])
 
+    @property
+    def row_serials(self) -> np.ndarray:
+        """Per row, a number that changes whenever the row gets a new family
+        (so state kept per row elsewhere knows when to forget it)."""
+        return self._serial
+
+    def column(self, step: int) -> tuple[np.ndarray, float]:
+        """Every row's arrivals in one absolute step (float64, capacity
+        long) and the cluster total; zeros when the window does not hold it."""
+        if self._head is None or not (self._head - self.window_steps < step <= self._head):
+            return np.zeros(self.capacity, dtype=np.float64), 0.0
+        col = step % self.window_steps
+        return self._counts[:, col].astype(np.float64), float(self._total[col])
+
+    def snapshot(self) -> tuple[list[str], np.ndarray, int]:
+        """(families, counts (families, W) oldest step first, first step):
+        a copy of the window for training off the lock."""
+        if self._head is None:
+            return [], np.zeros((0, self.window_steps), dtype=np.float32), 0
+        families, rows = self.tracked()
+        first = self._head - self.window_steps + 1
+        order = (np.arange(first, self._head + 1) % self.window_steps)
+        return [str(f) for f in families], self._counts[rows][:, order].copy(), first
+
     # --- writing -------------------------------------------------------------
 
     def add(self, family: str, time_s: float, count: float = 1.0) -> Placement:
@@ -191,6 +217,8 @@ class ArrivalSeries:
         self._row_of[family] = row
         self._family_of[row] = family
         self._last_step[row] = np.iinfo(np.int64).min
+        self._serials_issued += 1
+        self._serial[row] = self._serials_issued
         return row
 
     def _grow(self) -> None:
@@ -200,6 +228,8 @@ class ArrivalSeries:
         counts[:old] = self._counts
         last = np.zeros(new, dtype=np.int64)
         last[:old] = self._last_step
-        self._counts, self._last_step = counts, last
+        serial = np.zeros(new, dtype=np.int64)
+        serial[:old] = self._serial
+        self._counts, self._last_step, self._serial = counts, last, serial
         self._family_of.extend([None] * (new - old))
         self._free.extend(range(new - 1, old - 1, -1))

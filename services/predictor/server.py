@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
+from pathlib import Path
 from typing import Mapping
 
 import grpc
@@ -14,6 +16,8 @@ from speckv.services.common.telemetry import Telemetry, build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.core import BUILTIN_SOURCE, PredictorCore
 from speckv.services.predictor.manifest import load_model
+from speckv.services.predictor.retrain import Retrainer, RetrainSettings
+from speckv.services.predictor.training import load_config
 from speckv.services.predictor.servicer import PredictorServicer
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
@@ -27,6 +31,13 @@ def build_core(config: PredictorConfig, clock: Clock) -> PredictorCore:
     return PredictorCore(clock, config.builtin_model(), config.core_settings(), source=BUILTIN_SOURCE)
 
 
+def build_retrainer(config: PredictorConfig, core: PredictorCore) -> Retrainer:
+    training = load_config(quick=config.retrain_quick)
+    training = replace(training, spec=replace(training.spec, step_s=config.step_s))
+    settings = RetrainSettings(Path(config.retrain_dir), interval_s=config.retrain_interval_s)
+    return Retrainer(core, training, settings)
+
+
 def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
     core = build_core(config, clock or SystemClock())
     stopping = threading.Event()
@@ -38,6 +49,10 @@ def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | N
 
     server = ServiceServer(SERVICE, config, telemetry, register)
     server.on_stop(stopping.set)
+    if config.retrain_interval_s > 0:
+        retrainer = build_retrainer(config, core)
+        server.on_start(retrainer.start)
+        server.on_stop(retrainer.stop)
     _register_metrics(telemetry, core)
     return server
 

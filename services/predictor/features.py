@@ -1,0 +1,315 @@
+"""Features of a family's arrival history, in a batch form and an incremental form.
+
+A row of features describes family f at the end of step s (what a live
+predictor knows once step s is complete). Counts are arrivals per step; the
+history starts at the origin step (no arrivals were observed before it, so
+they count as zeros). With `spec = FeatureSpec(...)`, in `spec.names()` order:
+
+- lag_k: the count of step s - k + 1 (lag_1 is step s itself), k in `lags`;
+- mean_w, max_w, std_w: over the trailing w steps (s - w, s], w in `windows`
+  (std is the population std, from exact integer sums);
+- ewma_hl<h>s: exponentially weighted mean count per step, half-life h
+  seconds, divided by the same EWMA of a series of ones (exposure
+  correction, so a short history is not read as a low level);
+- level_hl<L>s: the family's long-run level in arrivals per second, the EWMA
+  with half-life long_halflife_s: the trailing level of BURST_DEFINITION;
+- ratio_hl<h>s: ewma_hl<h>s / (level per step + RATIO_EPS): how far the
+  family is above its own long-run level;
+- since_burst_s: seconds since the family's last burst step, capped at cap_s.
+  Step s is a burst step when the arrivals of (s - burst_span, s] exceed
+  max(burst_ratio * level * burst_span * step_s, min_burst_count), the level
+  taken at s - 1: BURST_DEFINITION over a span of burst_span steps;
+- since_arrival_s: seconds since the family's last arrival (capped);
+- turns: arrivals so far, capped at turn_cap (a conversation's turn index);
+- cluster_lag_1, cluster_ewma_hl<h>s: the same for the cluster-wide total;
+- tod_sin, tod_cos: time of day of the end of step s (tod_offset_s is the
+  wall-clock second of day of absolute step 0's start).
+
+Exactness: both forms compute every feature from the same primitives in
+float64 (integer sums, one shared EWMA recursion), so on the same history
+they agree bit for bit (tests assert equality). The incremental form keeps a
+ring of the last `ring` counts per row, running window sums and EWMA states:
+O(rows) per step; max_w is read from the ring when features are asked for.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+from scipy.ndimage import maximum_filter1d
+
+RATIO_EPS = 1e-3
+NEVER = np.iinfo(np.int64).min // 4
+SECONDS_PER_DAY = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSpec:
+    """Feature parameters. Windows and lags in steps, half-lives in seconds."""
+
+    step_s: float = 1.0
+    lags: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 10)
+    windows: tuple[int, ...] = (3, 5, 10, 30, 60, 300)
+    halflives_s: tuple[float, ...] = (2.0, 10.0, 60.0)
+    long_halflife_s: float = 120.0
+    burst_ratio: float = 3.0
+    min_burst_count: float = 5.0
+    burst_span: int = 5
+    cluster_halflives_s: tuple[float, ...] = (10.0, 60.0)
+    cap_s: float = 3600.0
+    turn_cap: float = 64.0
+    tod_offset_s: float = 0.0
+
+    @property
+    def ring(self) -> int:
+        """Steps of raw history the incremental form keeps per row."""
+        return max(max(self.lags), max(self.windows), self.burst_span)
+
+    def names(self) -> tuple[str, ...]:
+        out = [f"lag_{k}" for k in self.lags]
+        for w in self.windows:
+            out += [f"mean_{w}", f"max_{w}", f"std_{w}"]
+        out += [f"ewma_hl{h:g}s" for h in self.halflives_s]
+        out.append(f"level_hl{self.long_halflife_s:g}s")
+        out += [f"ratio_hl{h:g}s" for h in self.halflives_s]
+        out += ["since_burst_s", "since_arrival_s", "turns", "cluster_lag_1"]
+        out += [f"cluster_ewma_hl{h:g}s" for h in self.cluster_halflives_s]
+        return tuple(out + ["tod_sin", "tod_cos"])
+
+    def decay(self, halflife_s: float) -> float:
+        return 2.0 ** (-self.step_s / halflife_s)
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.step_s) and self.step_s > 0):
+            raise ValueError(f"step_s={self.step_s}: must be > 0")
+        for name in ("lags", "windows"):
+            if not getattr(self, name) or min(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: need at least one, each >= 1 step")
+        if self.burst_span < 1:
+            raise ValueError(f"burst_span={self.burst_span}: must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "FeatureSpec":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown feature parameter")
+        out = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items()}
+        spec = cls(**out)
+        spec.validate()
+        return spec
+
+
+def _ewma_update(state: np.ndarray, counts: np.ndarray, a: float) -> np.ndarray:
+    """The one EWMA recursion both forms use: a * state + (1 - a) * counts."""
+    return a * state + (1.0 - a) * counts
+
+
+def _corrected(state: np.ndarray, exposure: float) -> np.ndarray:
+    return state / exposure if exposure > 0 else np.zeros_like(state)
+
+
+def _std(sums: np.ndarray, sumsq: np.ndarray, w: int) -> np.ndarray:
+    mean = sums / w
+    return np.sqrt(np.maximum(sumsq / w - mean * mean, 0.0))
+
+
+def _tod(spec: FeatureSpec, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    angle = (2.0 * np.pi / SECONDS_PER_DAY) * (((steps + 1) * spec.step_s + spec.tod_offset_s) % SECONDS_PER_DAY)
+    return np.sin(angle), np.cos(angle)
+
+
+def _since(spec: FeatureSpec, step: np.ndarray | int, last: np.ndarray) -> np.ndarray:
+    return np.where(last == NEVER, spec.cap_s, np.minimum((step - last) * spec.step_s, spec.cap_s))
+
+
+def batch_features(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, first_step: int = 0) -> np.ndarray:
+    """Features of every (row, step): float32 (rows, steps, features).
+    counts: (rows, steps) arrivals of absolute steps first_step..; total:
+    (steps,) the cluster-wide count; history starts at first_step."""
+    counts = np.asarray(counts, dtype=np.float64)
+    n, T = counts.shape
+    cols: list[np.ndarray] = []
+    for k in spec.lags:
+        lagged = np.zeros_like(counts)
+        lagged[:, k - 1:] = counts[:, :T - k + 1]
+        cols.append(lagged)
+    cs = np.concatenate([np.zeros((n, 1)), np.cumsum(counts, axis=1)], axis=1)
+    cs2 = np.concatenate([np.zeros((n, 1)), np.cumsum(counts * counts, axis=1)], axis=1)
+    idx = np.arange(T)
+
+    def trailing(cum: np.ndarray, w: int) -> np.ndarray:
+        return cum[:, idx + 1] - cum[:, np.maximum(idx + 1 - w, 0)]
+
+    for w in spec.windows:
+        sums, sumsq = trailing(cs, w), trailing(cs2, w)
+        peak = maximum_filter1d(counts, w, axis=1, mode="constant", cval=0.0, origin=(w - 1) // 2)
+        cols += [sums / w, peak, _std(sums, sumsq, w)]
+    span = trailing(cs, spec.burst_span)
+    halflives = (*spec.halflives_s, spec.long_halflife_s)
+    ewmas = [np.empty((n, T)) for _ in halflives]
+    cluster = [np.empty(T) for _ in spec.cluster_halflives_s]
+    level_prev = np.empty((n, T))  # long level per second at s - 1
+    e = [np.zeros(n) for _ in halflives]
+    x = [0.0 for _ in halflives]
+    ce = [np.zeros(1) for _ in spec.cluster_halflives_s]
+    cx = [0.0 for _ in spec.cluster_halflives_s]
+    decays = [spec.decay(h) for h in halflives]
+    cdecays = [spec.decay(h) for h in spec.cluster_halflives_s]
+    for t in range(T):
+        level_prev[:, t] = _corrected(e[-1], x[-1]) / spec.step_s
+        for i, a in enumerate(decays):
+            e[i] = _ewma_update(e[i], counts[:, t], a)
+            x[i] = float(_ewma_update(np.float64(x[i]), np.float64(1.0), a))
+            ewmas[i][:, t] = _corrected(e[i], x[i])
+        for i, a in enumerate(cdecays):
+            ce[i] = _ewma_update(ce[i], total[t:t + 1].astype(np.float64), a)
+            cx[i] = float(_ewma_update(np.float64(cx[i]), np.float64(1.0), a))
+            cluster[i][t] = _corrected(ce[i], cx[i])[0]
+    cols += ewmas[:-1]
+    level = ewmas[-1] / spec.step_s
+    cols.append(level)
+    cols += [ew / (level * spec.step_s + RATIO_EPS) for ew in ewmas[:-1]]
+    steps = first_step + idx
+    burst = span > np.maximum(spec.burst_ratio * level_prev * spec.burst_span * spec.step_s, spec.min_burst_count)
+    cols.append(_since(spec, steps[None, :], _last_true(burst, steps)))
+    cols.append(_since(spec, steps[None, :], _last_true(counts > 0, steps)))
+    cols.append(np.minimum(cs[:, 1:], spec.turn_cap))
+    cols.append(np.broadcast_to(np.asarray(total, dtype=np.float64), (n, T)))
+    cols += [np.broadcast_to(c, (n, T)) for c in cluster]
+    sin, cos = _tod(spec, steps.astype(np.float64))
+    cols += [np.broadcast_to(sin, (n, T)), np.broadcast_to(cos, (n, T))]
+    return np.stack(cols, axis=-1).astype(np.float32)
+
+
+def _last_true(mask: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    marked = np.where(mask, steps[None, :], NEVER)
+    return np.maximum.accumulate(marked, axis=1)
+
+
+@dataclass(slots=True)
+class OnlineFeatures:
+    """Incremental features for `capacity` rows (grows on demand). Call
+    advance() once per completed step, in order; features() reads any rows."""
+
+    spec: FeatureSpec
+    capacity: int = 64
+    next_step: int | None = None  # the step advance() expects next
+    _ring: np.ndarray = field(init=False)
+    _sums: np.ndarray = field(init=False)  # (windows + span, capacity)
+    _sumsq: np.ndarray = field(init=False)
+    _ewma: np.ndarray = field(init=False)  # (halflives + long, capacity)
+    _exposure: list[float] = field(init=False)
+    _cluster: list[float] = field(init=False)
+    _cluster_exposure: list[float] = field(init=False)
+    _cluster_last: float = field(init=False, default=0.0)
+    _last_burst: np.ndarray = field(init=False)
+    _last_arrival: np.ndarray = field(init=False)
+    _turns: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spec.validate()
+        nh = len(self.spec.halflives_s) + 1
+        self._exposure = [0.0] * nh
+        self._cluster = [0.0] * len(self.spec.cluster_halflives_s)
+        self._cluster_exposure = [0.0] * len(self.spec.cluster_halflives_s)
+        self._allocate(self.capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        nw, nh, R = len(self.spec.windows) + 1, len(self.spec.halflives_s) + 1, self.spec.ring
+        self.capacity = capacity
+        self._ring = np.zeros((capacity, R))
+        self._sums, self._sumsq = np.zeros((nw, capacity)), np.zeros((nw, capacity))
+        self._ewma = np.zeros((nh, capacity))
+        self._last_burst = np.full(capacity, NEVER, dtype=np.int64)
+        self._last_arrival = np.full(capacity, NEVER, dtype=np.int64)
+        self._turns = np.zeros(capacity)
+
+    def grow(self, capacity: int) -> None:
+        """Makes room for `capacity` rows; new rows start with no history."""
+        if capacity <= self.capacity:
+            return
+        old = (self._ring, self._sums, self._sumsq, self._ewma, self._last_burst, self._last_arrival, self._turns)
+        n = self.capacity
+        self._allocate(capacity)
+        self._ring[:n], self._sums[:, :n], self._sumsq[:, :n], self._ewma[:, :n] = old[0], old[1], old[2], old[3]
+        self._last_burst[:n], self._last_arrival[:n], self._turns[:n] = old[4], old[5], old[6]
+
+    def reset_rows(self, rows: np.ndarray) -> None:
+        """Forgets rows' history (a row handed to a new family)."""
+        self._ring[rows] = 0.0
+        self._sums[:, rows] = self._sumsq[:, rows] = self._ewma[:, rows] = 0.0
+        self._last_burst[rows] = self._last_arrival[rows] = NEVER
+        self._turns[rows] = 0.0
+
+    def advance(self, step: int, counts: np.ndarray, total: float) -> None:
+        """Takes in completed step `step` (counts per row, float, capacity
+        long; total: the cluster count). Steps must come in order from the
+        first one (the history's origin)."""
+        spec = self.spec
+        if self.next_step is not None and step != self.next_step:
+            raise ValueError(f"step {step}: expected step {self.next_step}")
+        counts = np.asarray(counts, dtype=np.float64)
+        level_prev = _corrected(self._ewma[-1], self._exposure[-1]) / spec.step_s
+        col, R = step % spec.ring, spec.ring
+        for i, w in enumerate((*spec.windows, spec.burst_span)):
+            old = self._ring[:, (step - w) % R] if w < R else self._ring[:, col]
+            self._sums[i] += counts - old
+            self._sumsq[i] += counts * counts - old * old
+        self._ring[:, col] = counts
+        for i, h in enumerate((*spec.halflives_s, spec.long_halflife_s)):
+            a = spec.decay(h)
+            self._ewma[i] = _ewma_update(self._ewma[i], counts, a)
+            self._exposure[i] = float(_ewma_update(np.float64(self._exposure[i]), np.float64(1.0), a))
+        for i, h in enumerate(spec.cluster_halflives_s):
+            a = spec.decay(h)
+            self._cluster[i] = float(_ewma_update(np.array([self._cluster[i]]), np.array([float(total)]), a)[0])
+            self._cluster_exposure[i] = float(_ewma_update(np.float64(self._cluster_exposure[i]), np.float64(1.0), a))
+        threshold = np.maximum(spec.burst_ratio * level_prev * spec.burst_span * spec.step_s, spec.min_burst_count)
+        self._last_burst[self._sums[-1] > threshold] = step
+        self._last_arrival[counts > 0] = step
+        self._turns = self._turns + counts
+        self._cluster_last = float(total)
+        self.next_step = step + 1
+
+    def features(self, rows: np.ndarray) -> np.ndarray:
+        """float32 (len(rows), features) as of the end of step next_step - 1;
+        a row of -1 reads as a family with no history (the prior)."""
+        spec = self.spec
+        rows = np.asarray(rows, dtype=np.int64)
+        known = rows >= 0
+        r = np.where(known, rows, 0)
+        step = (self.next_step or 0) - 1
+        R = spec.ring
+
+        def get(values: np.ndarray, fill: float | int = 0.0) -> np.ndarray:
+            return np.where(known, values[r], fill)
+
+        cols: list[np.ndarray] = []
+        for k in spec.lags:
+            cols.append(get(self._ring[:, (step - k + 1) % R]))
+        # newest step first, so a running max read at w - 1 is the max over the last w steps
+        recent = np.maximum.accumulate(self._ring[r][:, (step - np.arange(max(spec.windows))) % R], axis=1)
+        for i, w in enumerate(spec.windows):
+            sums, sumsq = get(self._sums[i]), get(self._sumsq[i])
+            peak = np.where(known, recent[:, w - 1], 0.0)
+            cols += [sums / w, peak, _std(sums, sumsq, w)]
+        ewmas = [_corrected(get(self._ewma[i]), x) for i, x in enumerate(self._exposure)]
+        cols += ewmas[:-1]
+        level = ewmas[-1] / spec.step_s
+        cols.append(level)
+        cols += [ew / (level * spec.step_s + RATIO_EPS) for ew in ewmas[:-1]]
+        cols.append(_since(spec, step, get(self._last_burst, NEVER)))
+        cols.append(_since(spec, step, get(self._last_arrival, NEVER)))
+        cols.append(np.minimum(get(self._turns), spec.turn_cap))
+        n = len(rows)
+        cols.append(np.full(n, self._cluster_last))
+        cols += [np.full(n, _corrected(np.array([c]), x)[0]) for c, x in zip(self._cluster, self._cluster_exposure)]
+        sin, cos = _tod(spec, np.full(n, float(step)))
+        cols += [sin, cos]
+        return np.stack(cols, axis=-1).astype(np.float32)

@@ -1,0 +1,118 @@
+"""The predictor server with LightGBM: forecasts from a stream fed over gRPC,
+and background retraining swapping models while Forecast keeps answering."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+
+from predictor_synthetic import planted_arrivals, planted_counts
+from speckv.services.common.clock import ManualClock
+from speckv.services.common.server import ServiceServer, open_channel
+from speckv.services.common.telemetry import build_telemetry
+from speckv.services.predictor.config import PredictorConfig
+from speckv.services.predictor.lgbm_model import LightGbmModel, save_model
+from speckv.services.predictor.server import build_server
+from speckv.services.predictor.training import load_config, train_on_counts
+from speckv.v1 import predictor_pb2 as pb
+from speckv.v1 import predictor_pb2_grpc
+
+NOW = 5_000.0
+FEED_S = 900.0
+DEADLINE_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    result = train_on_counts(planted_counts(1200.0, seed=1), load_config(quick=True))
+    directory = tmp_path_factory.mktemp("model") / "v1"
+    save_model(directory, LightGbmModel(result.bundle, "lgbm-v1", trace="planted"))
+    return directory
+
+
+def _serve(config: PredictorConfig) -> ServiceServer:
+    config.validate()
+    return build_server(config, build_telemetry("predictor", {}), clock=ManualClock(NOW)).start()
+
+
+def _stub(server: ServiceServer) -> tuple[grpc.Channel, predictor_pb2_grpc.PredictorStub]:
+    channel = open_channel(server.address, None)
+    return channel, predictor_pb2_grpc.PredictorStub(channel)
+
+
+def _feed(stub: predictor_pb2_grpc.PredictorStub) -> int:
+    times, names = planted_arrivals(FEED_S, seed=9, start_s=NOW - FEED_S)
+    stream = (pb.Arrival(time_s=float(t), family=n) for t, n in zip(times, names))
+    summary = stub.ObserveArrivals(stream, timeout=DEADLINE_S)
+    assert summary.rejected == 0, summary.first_error
+    return summary.accepted
+
+
+def test_lightgbm_forecasts_from_a_stream_fed_over_grpc(model_dir: Path) -> None:
+    server = _serve(PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir)))
+    channel, stub = _stub(server)
+    try:
+        assert _feed(stub) > 1000
+        response = stub.Forecast(pb.ForecastRequest(families=["bursty", "steady-a", "steady-b", "new"]),
+                                 timeout=DEADLINE_S)
+        assert response.model_version == "lgbm-v1"
+        bursty, steady_a, steady_b, new = response.forecasts
+        assert [f.known for f in response.forecasts] == [True, True, True, False]
+        assert [h.horizon_s for h in steady_a.horizons] == [1.0, 2.0, 5.0, 10.0]
+        # steady-a arrives at 1/s, steady-b at 0.2/s: the 10 s forecasts say so
+        assert 4.0 < steady_a.horizons[3].expected_count < 20.0
+        assert steady_b.horizons[3].expected_count < steady_a.horizons[3].expected_count
+        assert all(0.0 <= h.burst_probability <= 1.0 for f in response.forecasts for h in f.horizons)
+        assert new.horizons[3].expected_count >= 0.0
+        odd = stub.Forecast(pb.ForecastRequest(families=["steady-a"], horizons_s=[3.0]), timeout=DEADLINE_S)
+        assert odd.forecasts[0].horizons[0].horizon_s == 3.0
+        info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
+        assert info.name == "lightgbm" and "level_hl120s" in info.features
+    finally:
+        channel.close()
+        server.stop(grace_s=0.5)
+
+
+def test_service_survives_retraining_while_serving(tmp_path: Path) -> None:
+    server = _serve(PredictorConfig(port=0, window_s=900.0, retrain_interval_s=0.2, retrain_quick=True,
+                                    retrain_dir=str(tmp_path), workers=8))
+    channel, stub = _stub(server)
+    errors: list[BaseException] = []
+    versions: set[str] = set()
+    stop = threading.Event()
+
+    def forecaster() -> None:
+        while not stop.is_set():
+            try:
+                r = stub.Forecast(pb.ForecastRequest(families=["bursty", "steady-a"]), timeout=DEADLINE_S)
+                versions.add(r.model_version)
+                assert len(r.forecasts) == 2 and all(h.expected_count >= 0 for h in r.forecasts[0].horizons)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+                return
+
+    try:
+        _feed(stub)
+        thread = threading.Thread(target=forecaster)
+        thread.start()
+        deadline = time.monotonic() + 240.0
+        swapped = 0
+        while time.monotonic() < deadline and swapped < 2:
+            info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
+            swapped = len([d for d in tmp_path.iterdir() if (d / "manifest.json").is_file()])
+            time.sleep(0.2)
+        stop.set()
+        thread.join(DEADLINE_S)
+        assert not errors, errors[0]
+        assert swapped >= 2, "two retrains swapped in"
+        info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
+        assert info.name == "lightgbm" and info.version.startswith("online-")
+        assert info.source.startswith(str(tmp_path))
+    finally:
+        stop.set()
+        channel.close()
+        server.stop(grace_s=0.5)
