@@ -51,6 +51,7 @@ class GrpcReplicationTarget:
     """The control calls, and the WriteChunks fallback data plane."""
 
     transport = "grpc"
+    zero_copy = False  # protobuf needs the bytes packed
 
     def __init__(self, address: str, telemetry: Telemetry | None, *, timeout_s: float = 10.0,
                  min_rate_bytes_s: float = 20 * MIB, max_message_bytes: int = 64 * MIB,

@@ -12,6 +12,7 @@ from speckv.services.kvstore.store import KVStoreCore
 
 class LocalTarget:
     transport = "local"
+    zero_copy = False  # chunks are written with write_chunk, from packed bytes
 
     def __init__(self, target: KVStoreCore) -> None:
         self.target = target

@@ -16,7 +16,15 @@ bytes where it lies: a buffer in the pool's memory is packed into or unpacked
 from directly, with no copy; one in the other memory goes through a staging
 buffer in the pool's memory, reused across calls, and one copy across.
 
-Not thread-safe: the store serializes every call.
+A host pool also offers zero-copy access for the TCP data plane
+(services/kvstore/segments.py): `pieces` maps a byte range of a page list to
+segment ranges of the flat pool, `views` turns them into memoryviews to
+recv_into / sendmsg, and `crcs` caches each segment's crc32c. Every write
+path here clears the written pages' cached checksums.
+
+Not thread-safe: the store serializes every call. (Bytes may be written
+through views outside the store lock only while the store guarantees the
+pages stay reserved; see KVStoreCore.begin_write.)
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ from speckv.kernels.arrays import Array, SupportsDLPack
 from speckv.kernels.backend import Backend, NumpyBackend
 from speckv.services.common.errors import InvalidArgument, ResourceExhausted
 from speckv.services.common.geometry import KVGeometry
+from speckv.services.kvstore.segments import Piece, SegmentCrcs, SegmentLayout, Span
 
 PageId = NewType("PageId", int)
 Buffer = bytes | bytearray | memoryview | np.ndarray | SupportsDLPack
@@ -73,6 +82,11 @@ class PagePool:
         # Highest page on top so pages are handed out 0, 1, 2, ... at first.
         self._free: list[PageId] = [PageId(p) for p in range(num_pages - 1, -1, -1)]
         self._is_free = np.ones(num_pages, dtype=bool)
+        self.layout = SegmentLayout(2 * g.num_layers, num_pages, g.segment_bytes)
+        self.crcs = SegmentCrcs(self.layout)
+        # Flat byte views of host memory for the zero-copy data plane (None on a device).
+        self._flat: np.ndarray | None = None if self.on_device else self._bytes.reshape(-1)
+        self._flat_mv: memoryview | None = None if self._flat is None else memoryview(self._flat)
 
     @property
     def bytes_per_block(self) -> int:
@@ -102,6 +116,7 @@ class PagePool:
             raise ResourceExhausted(f"need {count} free pages, have {len(self._free)}")
         pages = [self._free.pop() for _ in range(count)]
         self._is_free[pages] = False
+        self.crcs.invalidate(pages)
         return pages
 
     def free(self, pages: Sequence[PageId]) -> None:
@@ -127,6 +142,7 @@ class PagePool:
         """Canonical bytes (len(pages) blocks, list order) into pages."""
         source = bytes_view(data)
         size = self._check_room(source, len(pages))
+        self.crcs.invalidate(pages)
         if not self.backend.holds(source):
             staging = self._staging_for(size)
             arrays.copy_bytes(source[:size], staging)
@@ -147,12 +163,66 @@ class PagePool:
             self._staging = self.backend.empty((size,), np.dtype(np.uint8))
         return self._staging[:size]
 
+    # ---- zero-copy segment access (host pools) -------------------------
+    @property
+    def zero_copy(self) -> bool:
+        """Whether pieces/views/seal work: the pool is in host memory."""
+        return self._flat is not None
+
+    def pieces(self, pages: Sequence[PageId], offset: int, length: int) -> list[Piece]:
+        """Segment ranges holding canonical bytes [offset, offset+length) of
+        pages' blocks; InvalidArgument if outside len(pages) blocks."""
+        if offset < 0 or length < 0 or offset + length > len(pages) * self.bytes_per_block:
+            raise InvalidArgument(
+                f"byte range {offset}+{length} outside {len(pages)} blocks of {self.bytes_per_block}")
+        return self.layout.pieces(pages, offset, length)
+
+    def spans(self, pages: Sequence[PageId], offset: int, length: int) -> list[Span] | None:
+        """Like pieces, as whole-segment spans; None if the range does not
+        start and end on segment boundaries (then use pieces)."""
+        if offset < 0 or length < 0 or offset + length > len(pages) * self.bytes_per_block:
+            raise InvalidArgument(
+                f"byte range {offset}+{length} outside {len(pages)} blocks of {self.bytes_per_block}")
+        return self.layout.spans(pages, offset, length)
+
+    def views(self, pieces: Sequence[Piece]) -> list[memoryview]:
+        """Writable memoryviews of the pool for pieces (host pools only)."""
+        flat = self._require_host()
+        return [flat[p.lo:p.hi] for p in pieces]
+
+    def span_views(self, spans: Sequence[Span]) -> list[memoryview]:
+        """Writable memoryviews of every segment of spans, in order."""
+        flat, seg = self._require_host(), self.layout.segment_bytes
+        return [flat[lo:lo + seg] for lo in self.layout.span_starts(spans)]
+
+    def spans_crc(self, spans: Sequence[Span]) -> int:
+        self._require_host()
+        return self.crcs.spans_crc(self._flat, spans)  # type: ignore[arg-type]
+
+    def range_crc(self, pieces: Sequence[Piece]) -> int:
+        """crc32c of the pieces' bytes, from cached segment checksums where
+        known (see segments.py)."""
+        self._require_host()
+        return self.crcs.range_crc(self._flat, pieces)  # type: ignore[arg-type]
+
+    def seal(self, pages: Sequence[PageId]) -> None:
+        """Caches the segment checksums of pages just written (host only; a
+        device pool keeps none and is checksummed through staging)."""
+        if self._flat is not None:
+            self.crcs.seal(self._flat, pages)
+
+    def _require_host(self) -> memoryview:
+        if self._flat_mv is None:
+            raise InvalidArgument("zero-copy segment access needs a host pool")
+        return self._flat_mv
+
     # ---- byte ranges over a list of pages -----------------------------
     def write_range(self, pages: Sequence[PageId], offset: int, data: Buffer) -> None:
         """Writes data at byte offset of the concatenated canonical blocks of
         pages. The caller checks the range lies inside len(pages) blocks."""
         src = bytes_view(data)
         local = self.backend.holds(src)  # plain slice assignment, no transfer
+        self.crcs.invalidate(pages)
         for lo, hi, run, start, stop in self._pieces(pages, offset, src.size):
             if stop - start == self.bytes_per_block:
                 self.unpack(src[lo:hi], run)

@@ -1,14 +1,18 @@
 """Target side of the TCP data plane: one connection's frames into the store.
 
 For each CHUNK frame the receiver first asks the sink whether the handle is a
-live reservation and the range fits (check_write); only then does it read the
-payload, into a staging buffer reused for the whole connection, checksumming
-it piece by piece as it lands (hot in cache), and hands it to the sink's
-write_chunk, which compares the crc32c and copies it into the reserved pages
-under the store lock. Receiving straight into the pool pages (no copy) would
-save one pass, but the pages may only be written while the reservation is
-known live, i.e. under the lock, and a socket read must never hold the store
-lock; it was not built (see the issue 3 report).
+live reservation and the range fits (begin_write); only then does it read the
+payload. On a host pool it is received straight into the reserved pages (no
+copy): begin_write registers the write, so the pages cannot be freed or
+reused while the socket fills them even though the store lock is not held,
+and hands out memoryviews of the page segments; they are filled
+PIECE_BYTES at a time with one recvmsg_into (scatter) each, and every
+segment is checksummed right after it lands, while hot in cache; the
+chunk's crc32c is folded from those (checksum.combine) and finish_write
+compares it with the header's and keeps the segment checksums for when this
+node is the source. On a device pool the payload goes through a staging
+buffer reused for the whole connection (checksummed piece by piece as it
+lands) and write_chunk copies it into the pages (pinned staging + unpack).
 
 Failure rules (nothing half-written is ever published):
 - a bad frame, an unknown or dead handle, a range outside the reservation or
@@ -29,16 +33,23 @@ import numpy as np
 
 from speckv.services.common import errors
 from speckv.services.kvstore import wire
+from speckv.services.kvstore.checksum import combine
 from speckv.services.kvstore.pool import Buffer
+from speckv.services.kvstore.store import ZeroCopyWrite
 
 log = logging.getLogger(__name__)
 PIECE = 256 * 1024  # bytes received and checksummed at a time (fits in L2)
+MAX_VIEWS = 512  # segment views per recvmsg_into (the kernel allows IOV_MAX = 1024)
 
 
 class ChunkSink(Protocol):
     """What the receiver needs of the store (KVStoreCore satisfies it)."""
 
-    def check_write(self, handle: str, offset: int, size: int) -> None: ...
+    def begin_write(self, handle: str, offset: int, size: int) -> ZeroCopyWrite | None: ...
+
+    def finish_write(self, write: ZeroCopyWrite, crc32c: int, actual_crc: int, piece_crcs: list[int]) -> int: ...
+
+    def cancel_write(self, write: ZeroCopyWrite) -> None: ...
 
     def write_chunk(self, handle: str, offset: int, data: Buffer, crc32c: int,
                     actual_crc: int | None = None) -> int: ...
@@ -84,8 +95,11 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: np.ndarray, 
                 received = written.pop(frame.handle, 0)
                 wire.send_reply(sock, wire.OK, received, "")
                 continue
-            sink.check_write(frame.handle, frame.offset, frame.length)  # before accepting any payload
+            write = sink.begin_write(frame.handle, frame.offset, frame.length)  # before any payload
             written.setdefault(frame.handle, 0)
+            if write is not None:
+                written[frame.handle] = _receive_into(sock, sink, write, frame.crc32c)
+                continue
             actual = _receive(sock, payload, staging, frame.length)
             written[frame.handle] = sink.write_chunk(frame.handle, frame.offset, staging[:frame.length],
                                                      frame.crc32c, actual)
@@ -110,6 +124,39 @@ def _receive(sock: socket.socket, payload: memoryview, staging: np.ndarray, leng
         wire.recv_exact(sock, payload[lo:hi])
         crc = google_crc32c.extend(crc, staging[lo:hi])
     return crc
+
+
+def _receive_into(sock: socket.socket, sink: ChunkSink, write: ZeroCopyWrite, sent_crc: int) -> int:
+    """Receives the chunk straight into write.views, checksumming each view
+    right after it lands; ends the write (cancelled on any failure)."""
+    crc, piece_crcs = 0, []
+    try:
+        for group in _groups(write.views):
+            wire.recv_views(sock, group)
+            for view in group:
+                piece = google_crc32c.value(np.frombuffer(view, np.uint8))  # it refuses memoryviews
+                piece_crcs.append(piece)
+                crc = combine(crc, piece, len(view))
+    except BaseException:
+        sink.cancel_write(write)
+        raise
+    return sink.finish_write(write, sent_crc, crc, piece_crcs)
+
+
+def _groups(views: list[memoryview]) -> list[list[memoryview]]:
+    """Consecutive views of about PIECE bytes (at least one view each)."""
+    groups: list[list[memoryview]] = []
+    current: list[memoryview] = []
+    size = 0
+    for view in views:
+        if current and (size + len(view) > PIECE or len(current) >= MAX_VIEWS):
+            groups.append(current)
+            current, size = [], 0
+        current.append(view)
+        size += len(view)
+    if current:
+        groups.append(current)
+    return groups
 
 
 def _answer_error(sock: socket.socket, exc: errors.SpeckvError, written: dict[str, int]) -> None:

@@ -2,11 +2,17 @@
 
   1. pin the order's blocks locally (FAILED_PRECONDITION naming any missing);
   2. target.reserve -> handle + the hashes the target lacks;
-  3. pack those blocks group by group (gather kernel) into two alternating
-     staging buffers and stream them as chunks of at most chunk_bytes; chunks
-     never straddle a group, a group is max(1, chunk_bytes // bytes_per_block)
-     blocks. Packing runs on its own thread (pack_pipeline.py), so the
-     transport sends chunk i while chunk i+1 is packed;
+  3. stream the blocks' canonical bytes as chunks of at most chunk_bytes.
+     Zero-copy when the pool is in host memory and the transport can send
+     from views (the TCP data plane): chunk i is bytes [i * chunk_bytes, ...)
+     of the transfer, handed over as memoryviews of the pinned pages'
+     segments (sendmsg gathers them) with its crc32c folded from the
+     segments' cached checksums, so no byte is copied or re-read here.
+     Otherwise packed: blocks are packed group by group (gather kernel) into
+     two alternating staging buffers; chunks never straddle a group, a group
+     is max(1, chunk_bytes // bytes_per_block) blocks; packing runs on its
+     own thread (pack_pipeline.py), so the transport sends chunk i while
+     chunk i+1 is packed;
   4. target.commit with the crc32c of every chunk, keyed by offset;
   any failure after the reserve -> target.abort (best effort), order FAILED.
 
@@ -52,19 +58,29 @@ class Order:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Bytes for offset..offset+len(data) of a reservation. data is a view of
-    a staging buffer, valid until the transport asks for the next chunk (a
-    transport that must keep it, like gRPC, copies it to bytes)."""
+    """Bytes for offset..offset+nbytes of a reservation. data is a view of a
+    staging buffer, valid until the transport asks for the next chunk (a
+    transport that must keep it, like gRPC, copies it to bytes). A zero-copy
+    chunk (only for a target whose zero_copy is True) has data None and its
+    bytes in `pieces`, memoryviews of the source pool, in order."""
 
     offset: int
-    data: Buffer
+    data: Buffer | None
     crc32c: int
+    pieces: tuple[memoryview, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        if self.data is None:
+            return sum(len(p) for p in self.pieces)
+        return self.data.nbytes if hasattr(self.data, "nbytes") else len(self.data)  # type: ignore[union-attr]
 
 
 class ReplicationTarget(Protocol):
     """The target kvstore as seen by the source; one instance per order."""
 
     transport: str  # the data plane the chunks went over ("tcp", "grpc", "local")
+    zero_copy: bool  # after reserve: whether write_chunks takes zero-copy chunks (pieces)
 
     def reserve(self, order: Order, lease_s: float) -> Grant: ...
 
@@ -151,7 +167,8 @@ class Replicator:
             crcs: dict[int, int] = {}
             total = len(grant.hashes) * grant.bytes_per_block
             if grant.hashes:
-                target.write_chunks(grant.handle, self._chunks(grant.hashes, chunk_bytes, crcs, result), total)
+                make = self._views if target.zero_copy and self._store.zero_copy else self._chunks
+                target.write_chunks(grant.handle, make(grant.hashes, chunk_bytes, crcs, result), total)
             target.commit(grant.handle, crcs, order.replica_lease_s)
             result.blocks_sent = len(grant.hashes)
             result.outcome = Outcome.COMMITTED
@@ -177,6 +194,19 @@ class Replicator:
             crcs[packed.offset] = packed.crc32c
             result.bytes_sent += packed.data.nbytes
             yield Chunk(packed.offset, packed.data, packed.crc32c)
+
+    def _views(self, hashes: Sequence[BlockHash], chunk_bytes: int, crcs: dict[int, int],
+               result: ReplicationResult) -> Iterator[Chunk]:
+        """Zero-copy chunks: views of the held pages, crc32c from cached
+        segment checksums; records each crc and counts bytes."""
+        pages = self._store.pages_of(hashes)
+        total = len(hashes) * self._store.bytes_per_block
+        for offset in range(0, total, chunk_bytes):
+            size = min(chunk_bytes, total - offset)
+            views, crc = self._store.source_chunk(pages, offset, size)
+            crcs[offset] = crc
+            result.bytes_sent += size
+            yield Chunk(offset, None, crc, tuple(views))
 
     @staticmethod
     def _abort(target: ReplicationTarget, handle: str, exc: BaseException) -> None:

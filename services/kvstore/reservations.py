@@ -4,7 +4,14 @@
            handle with a lease deadline (like a registered memory region);
   write    chunks land straight in the reserved pages at a byte offset of the
            reservation (blocks in reserved order, canonical layout); chunks
-           may come in any order and be resent; each renews the lease;
+           may come in any order and be resent; each renews the lease.
+           Either in one call (write: the bytes are copied in under the
+           store lock) or zero-copy (begin_write, then the caller receives
+           straight into the pages outside the lock, then finish_write or
+           cancel_write). While such a write is in progress the reservation
+           has a writer: closing it (abort, expiry, bad crc) marks it closed
+           at once but frees its pages only when the last writer is done, so
+           pages are never reused under a socket read; commit refuses;
   commit   succeeds only if every byte arrived and the writer's per-chunk
            crc32c map equals what was received; only then are the blocks
            published in the index (the store's publish callback);
@@ -97,6 +104,18 @@ class Reservation:
     bytes_per_block: int = 0
     received: Intervals = field(default_factory=Intervals)
     chunk_crcs: dict[int, int] = field(default_factory=dict)  # offset -> crc32c as received
+    writing: list[tuple[int, int]] = field(default_factory=list)  # zero-copy writes in progress, [lo, hi)
+
+    @property
+    def writers(self) -> int:
+        return len(self.writing)
+
+    def check_no_overlap(self, lo: int, hi: int) -> None:
+        """Bytes being written zero-copy must not be written by anyone else."""
+        for w_lo, w_hi in self.writing:
+            if lo < w_hi and w_lo < hi:
+                raise FailedPrecondition(
+                    f"chunk {lo}+{hi - lo} of {self.handle} overlaps a chunk still being written ({w_lo}..{w_hi})")
 
     @property
     def total_bytes(self) -> int:
@@ -137,6 +156,7 @@ class ReservationBook:
         self._prefix = prefix
         self._open: dict[Handle, Reservation] = {}
         self._closed: OrderedDict[Handle, Closed] = OrderedDict()
+        self._draining: dict[Handle, Reservation] = {}  # closed, pages held until writers finish
         self._serial = itertools.count(1)
         self.reserved_pages = 0
 
@@ -176,6 +196,7 @@ class ReservationBook:
         plane does, piece by piece while the bytes are hot in cache)."""
         size = len(data) if not hasattr(data, "nbytes") else data.nbytes  # type: ignore[union-attr]
         reservation = self.check(handle, offset, size)
+        reservation.check_no_overlap(offset, offset + size)
         actual = crc32c(data) if actual is None else actual
         if actual != checksum:
             self._close(reservation, ReservationState.ABORTED, f"chunk at offset {offset} failed its crc32c")
@@ -187,6 +208,40 @@ class ReservationBook:
         reservation.deadline = self._clock.now() + reservation.lease_s
         return reservation.received.covered()
 
+    def begin_write(self, handle: Handle, offset: int, size: int) -> Reservation:
+        """Registers a zero-copy write of [offset, offset+size): the caller may
+        then write those bytes of reservation.pages without the store lock,
+        and must end with finish_write or cancel_write."""
+        reservation = self.check(handle, offset, size)
+        reservation.check_no_overlap(offset, offset + size)
+        reservation.writing.append((offset, offset + size))
+        return reservation
+
+    def finish_write(self, reservation: Reservation, offset: int, size: int, checksum: int, actual: int) -> int:
+        """Ends a zero-copy write whose bytes had crc32c `actual`; records it
+        like write. Raises Aborted (pages freed) on a crc mismatch or if the
+        reservation was closed meanwhile."""
+        self._release(reservation, offset, size)
+        reservation = self._live(reservation.handle)
+        if actual != checksum:
+            self._close(reservation, ReservationState.ABORTED, f"chunk at offset {offset} failed its crc32c")
+            raise Aborted(f"chunk at offset {offset} of {reservation.handle}: crc32c {actual:#010x} != sent "
+                          f"{checksum:#010x}; reservation aborted")
+        reservation.received.add(offset, offset + size)
+        reservation.chunk_crcs[offset] = checksum
+        reservation.deadline = self._clock.now() + reservation.lease_s
+        return reservation.received.covered()
+
+    def cancel_write(self, reservation: Reservation, offset: int, size: int) -> None:
+        """Ends a zero-copy write that failed (its bytes are garbage: the
+        caller aborts the reservation too)."""
+        self._release(reservation, offset, size)
+
+    def _release(self, reservation: Reservation, offset: int, size: int) -> None:
+        reservation.writing.remove((offset, offset + size))  # ValueError: a bug (no such write)
+        if not reservation.writing and self._draining.pop(reservation.handle, None) is not None:
+            self._free(reservation)
+
     def commit(self, handle: Handle, chunk_crcs: dict[int, int], replica_lease_s: float) -> int:
         """Publishes the blocks once complete and verified; returns how many
         became visible (a repeated commit returns the first answer)."""
@@ -194,6 +249,8 @@ class ReservationBook:
         if closed is not None and closed.state is ReservationState.COMMITTED:
             return closed.committed
         reservation = self._live(handle)
+        if reservation.writers:
+            raise FailedPrecondition(f"reservation {handle} has a chunk still being written; commit after END")
         gaps = reservation.received.gaps(reservation.total_bytes)
         if gaps:
             shown = ", ".join(f"{lo}..{hi}" for lo, hi in gaps[:5])
@@ -246,12 +303,20 @@ class ReservationBook:
     def _close(self, reservation: Reservation, state: ReservationState, detail: str,
                committed: int = 0, free_pages: bool = True) -> None:
         del self._open[reservation.handle]
-        self.reserved_pages -= len(reservation.pages)
-        if free_pages:
-            self._pool.free(reservation.pages)
+        if not free_pages:
+            self.reserved_pages -= len(reservation.pages)  # handed over to the index
+        elif reservation.writers:
+            self._draining[reservation.handle] = reservation  # freed by the last writer
+        else:
+            self._free(reservation)
         self._closed[reservation.handle] = Closed(state, detail, committed)
         while len(self._closed) > MAX_TOMBSTONES:
             self._closed.popitem(last=False)
+
+
+    def _free(self, reservation: Reservation) -> None:
+        self.reserved_pages -= len(reservation.pages)
+        self._pool.free(reservation.pages)
 
 
 def _crc_mismatch(sent: dict[int, int], received: dict[int, int]) -> str:

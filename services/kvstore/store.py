@@ -12,7 +12,11 @@ Invariants:
   while the lock is held, so event order is state order.
 
 Thread-safe: every public method takes the lock. Byte copies run under it too
-(a block is at most a few MiB: tens to hundreds of microseconds).
+(a block is at most a few MiB: tens to hundreds of microseconds), except the
+zero-copy data plane's socket reads and sends: begin_write hands out views of
+reserved pages that the reservation book keeps from being freed until
+finish_write / cancel_write, and source_chunk hands out views of pages the
+caller holds pinned (hold), so neither can be reused underneath.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from speckv.services.common.geometry import KVGeometry
 from speckv.services.kvstore.index import BlockEntry, BlockHash, BlockIndex
 from speckv.services.kvstore.pool import Buffer, PagePool, PageId
 from speckv.services.kvstore.reservations import Grant, Handle, OrderId, Reservation, ReservationBook
+from speckv.services.kvstore.segments import Piece, Span
 
 
 @dataclass(slots=True)
@@ -40,6 +45,19 @@ class BlockWrite:
     data: Buffer  # canonical bytes, bytes_per_block long
     family: str = ""
     parent: BlockHash | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroCopyWrite:
+    """A chunk being received straight into reserved pages: write `views`
+    (in order, `size` bytes in all), then finish_write or cancel_write."""
+
+    reservation: Reservation
+    offset: int
+    size: int
+    spans: list[Span] | None  # whole segments (the common case), or
+    pieces: list[Piece]  # segment pieces, when the range cuts segments
+    views: list[memoryview]
 
 
 @dataclass(slots=True)
@@ -178,6 +196,7 @@ class KVStoreCore:
             pages, evicted = self._allocate(len(fresh), protect=present, what="put_blocks")
             for block, page in zip(fresh, pages):
                 self._pool.unpack(block.data, [page])
+                self._pool.seal([page])  # segment checksums now, while the bytes are hot
                 self._index.insert(BlockEntry(block.block_hash, page, block.family, block.parent))
             for h in present:
                 self._index.touch(h)
@@ -243,6 +262,41 @@ class KVStoreCore:
             self._book.reap()
             return self._book.write(Handle(handle), offset, data, crc32c, actual_crc)
 
+    def begin_write(self, handle: str, offset: int, size: int) -> ZeroCopyWrite | None:
+        """Checks like check_write; on a host pool also registers a zero-copy
+        write and returns the views of the reserved pages to fill. None on a
+        device pool: stage the bytes and call write_chunk instead."""
+        validate.identifier(handle, "handle")
+        with self._lock:
+            self._book.reap()
+            if not self._pool.zero_copy:
+                self._book.check(Handle(handle), offset, size)
+                return None
+            reservation = self._book.begin_write(Handle(handle), offset, size)
+            spans = self._pool.spans(reservation.pages, offset, size)  # in range: checked above
+            if spans is not None:
+                return ZeroCopyWrite(reservation, offset, size, spans, [], self._pool.span_views(spans))
+            pieces = self._pool.pieces(reservation.pages, offset, size)
+            return ZeroCopyWrite(reservation, offset, size, None, pieces, self._pool.views(pieces))
+
+    def finish_write(self, write: ZeroCopyWrite, crc32c: int, actual_crc: int, piece_crcs: Sequence[int]) -> int:
+        """Ends a zero-copy write: its bytes had crc32c actual_crc, the sender
+        said crc32c; piece_crcs are the crc32c of each of write.pieces, kept
+        for the whole segments. Returns the reservation's covered bytes."""
+        with self._lock:
+            covered = self._book.finish_write(write.reservation, write.offset, write.size, crc32c, actual_crc)
+            if write.spans is not None:
+                self._pool.crcs.record_spans(write.spans, piece_crcs)
+            for piece, crc in zip(write.pieces, piece_crcs):
+                if piece.whole:
+                    self._pool.crcs.record(piece.page, piece.segment, crc)
+            return covered
+
+    def cancel_write(self, write: ZeroCopyWrite) -> None:
+        """Ends a zero-copy write that did not complete (abort it too)."""
+        with self._lock:
+            self._book.cancel_write(write.reservation, write.offset, write.size)
+
     def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
         """replica_lease_s 0: the blocks are kept like any other block."""
         validate.identifier(handle, "handle")
@@ -278,6 +332,28 @@ class KVStoreCore:
             with self._lock:
                 for h in wanted:
                     self._index.unpin(h)
+
+    def pages_of(self, hashes: Sequence[BlockHash]) -> list[PageId]:
+        """The pages of resident blocks (the caller holds them pinned)."""
+        with self._lock:
+            self._require_resident(hashes, "pages_of")
+            return [self._index.get(h).page for h in hashes]  # type: ignore[union-attr]
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether source_chunk and begin_write views work (a host pool)."""
+        return self._pool.zero_copy
+
+    def source_chunk(self, pages: Sequence[PageId], offset: int, length: int) -> tuple[list[memoryview], int]:
+        """Views of canonical bytes [offset, offset+length) of pages' blocks
+        (pinned by the caller, so they stay put and unchanged) and their
+        crc32c, folded from cached segment checksums (host pools only)."""
+        with self._lock:
+            spans = self._pool.spans(pages, offset, length)
+            if spans is not None:
+                return self._pool.span_views(spans), self._pool.spans_crc(spans)
+            pieces = self._pool.pieces(pages, offset, length)
+            return self._pool.views(pieces), self._pool.range_crc(pieces)
 
     # ---- housekeeping ---------------------------------------------------
     def maintenance(self) -> int:

@@ -5,8 +5,9 @@ ReserveResponse, framed as in services/kvstore/wire.py. Not core: it owns
 sockets.
 
 Per chunk: pace against the node's link cap (token bucket, if any), send the
-header with MSG_MORE and the payload straight from the staging buffer (no
-copy); peek for an early error reply from the target so a refused chunk stops
+header and the payload in one sendmsg, gathering the payload straight from
+the source pool's segment views (zero-copy chunks) or the staging buffer
+(packed chunks, e.g. from a GPU pool); peek for an early error reply from the target so a refused chunk stops
 the transfer at once. At the end, an END frame and the target's reply confirm
 that every byte landed before the source commits.
 
@@ -45,6 +46,11 @@ class TcpReplicationTarget:
         self._data_address = ""
         self.transport = "tcp"
 
+    @property
+    def zero_copy(self) -> bool:
+        """Chunks given as views go out with sendmsg; the gRPC fallback needs bytes."""
+        return bool(self._data_address)
+
     def reserve(self, order: Order, lease_s: float) -> Grant:
         grant = self._control.reserve(order, lease_s)
         self._data_address = grant.data_address
@@ -70,10 +76,10 @@ class TcpReplicationTarget:
         poller.register(sock, select.POLLIN)
         try:
             for chunk in chunks:
-                self._pace(len(chunk.data))
-                sock.sendall(wire.encode_header(header, wire.Kind.CHUNK, handle, chunk.offset, len(chunk.data),
-                                                chunk.crc32c), socket.MSG_MORE)
-                sock.sendall(chunk.data)
+                size = chunk.nbytes
+                self._pace(size)
+                head = wire.encode_header(header, wire.Kind.CHUNK, handle, chunk.offset, size, chunk.crc32c)
+                wire.send_views(sock, [head, *(chunk.pieces or (memoryview(chunk.data).cast("B"),))])
                 if _readable(poller):
                     break  # the target answered early: an error; read it below
             else:

@@ -131,6 +131,39 @@ def recv_exact(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -
     return True
 
 
+def recv_views(sock: socket.socket, views: list[memoryview]) -> None:
+    """Fills views in order: one recvmsg_into (scatter, MSG_WAITALL) in the
+    common case. EOF before all is filled raises ConnectionLost."""
+    total = sum(len(v) for v in views)
+    got = sock.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
+    while got < total:
+        if got == 0:
+            raise ConnectionLost(f"data plane: connection closed before {total} bytes of a chunk arrived")
+        views = _advance(views, got)
+        total -= got
+        got = sock.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
+
+
+def send_views(sock: socket.socket, views: list[memoryview]) -> None:
+    """Sends every byte of views in order: one sendmsg (gather) in the
+    common case; a partial send is resumed where it stopped."""
+    total = sum(len(v) for v in views)
+    sent = sock.sendmsg(views)
+    while sent < total:
+        views = _advance(views, sent)
+        total -= sent
+        sent = sock.sendmsg(views)
+
+
+def _advance(views: list[memoryview], done: int) -> list[memoryview]:
+    """views without their first `done` bytes."""
+    for i, view in enumerate(views):
+        if done < len(view):
+            return [view[done:], *views[i + 1:]]
+        done -= len(view)
+    return []
+
+
 def send_reply(sock: socket.socket, status: int, bytes_received: int, message: str) -> None:
     text = message.encode("utf-8")[:MAX_MESSAGE_BYTES]
     sock.sendall(REPLY.pack(REPLY_MAGIC, status, bytes_received, len(text)) + text)
