@@ -1,7 +1,7 @@
 """Configuration of a kvstore process (flags --field-name, env SPECKV_FIELD_NAME)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
@@ -20,6 +20,10 @@ class KVStoreConfig(ServerSettings):
     node_id: str = field(default="node-0", metadata={"help": "this node's id, unique in the cluster"})
     geometry: str = field(default="tiny", metadata={"help": f"KV geometry preset: {', '.join(PRESETS)}"})
     block_size: int = field(default=0, metadata={"help": "tokens per block; 0 keeps the preset's"})
+    num_layers: int = field(default=0, metadata={"help": "override the preset's layer count (0: preset's)"})
+    num_kv_heads: int = field(default=0, metadata={"help": "override the preset's KV heads (0: preset's)"})
+    head_dim: int = field(default=0, metadata={"help": "override the preset's head dimension (0: preset's)"})
+    dtype: str = field(default="", metadata={"help": "override the preset's dtype: float16 | bfloat16 | float32 (empty: preset's)"})
     num_pages: int = field(default=4096, metadata={"help": "blocks the pool holds"})
     scheduler: str = field(default="", metadata={"help": "scheduler address host:port to register with; empty: none"})
     advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
@@ -65,7 +69,14 @@ class KVStoreConfig(ServerSettings):
             raise InvalidArgument(f"geometry={self.geometry!r}: expected one of {', '.join(PRESETS)}")
         if self.block_size < 0:
             raise InvalidArgument(f"block_size={self.block_size}: must be >= 0 (0 keeps the preset's)")
-        return preset(self.geometry, self.block_size)
+        base = preset(self.geometry, self.block_size)
+        overrides = {name: getattr(self, name) for name in ("num_layers", "num_kv_heads", "head_dim", "dtype")
+                     if getattr(self, name)}
+        for name in ("num_layers", "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 0 (0 keeps the preset's)")
+        # A custom shape is no longer the named model: keep the preset's name only when nothing changed.
+        return replace(base, name="custom", **overrides) if overrides else base
 
     @property
     def chunk_bytes(self) -> int:

@@ -62,21 +62,18 @@ def run(engine_: TorchEngine, *jobs: TorchJob) -> list:
     return events
 
 
-@dataclass(frozen=True, slots=True)
-class ModelKVStoreConfig(KVStoreConfig):
-    """KVStoreConfig with a custom geometry: the kvstore's config only takes
-    presets today, and the model's fp32 KV matches none of them."""
-
-    model_geometry: KVGeometry = GEOMETRY
-
-    def kv_geometry(self) -> KVGeometry:
-        return self.model_geometry
+def model_kvstore_config(node_id: str, **overrides) -> KVStoreConfig:
+    """A kvstore config whose geometry is the model's (preset tiny, overridden)."""
+    return KVStoreConfig(node_id=node_id, num_pages=256, geometry="tiny", num_layers=GEOMETRY.num_layers,
+                         num_kv_heads=GEOMETRY.num_kv_heads, head_dim=GEOMETRY.head_dim, dtype=GEOMETRY.dtype,
+                         block_size=GEOMETRY.block_size, **overrides)
 
 
 @contextlib.contextmanager
 def model_kvstore(node_id: str, **overrides) -> Iterator[tuple[ServiceServer, grpc.Channel]]:
     """A real kvstore server on 127.0.0.1 holding GEOMETRY, and a channel to it."""
-    config = ModelKVStoreConfig(node_id=node_id, num_pages=256, **overrides)
+    config = model_kvstore_config(node_id, **overrides)
+    assert config.kv_geometry().bytes_per_block == GEOMETRY.bytes_per_block
     server = build_server(config, build_telemetry("kvstore", {})).start()
     channel = grpc.insecure_channel(server.address)
     try:

@@ -40,3 +40,19 @@ def test_flags_beat_environment():
 def test_invalid_values_name_the_field(argv, field):
     with pytest.raises(InvalidArgument, match=field):
         parse(argv)
+
+
+def test_geometry_overrides_make_a_custom_shape():
+    config = parse_config(KVStoreConfig, ["--geometry", "tiny", "--num-layers", "3", "--head-dim", "64",
+                                          "--dtype", "float32", "--block-size", "16"], {}, prog="t")
+    g = config.kv_geometry()
+    assert (g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name) == \
+        (3, 2, 64, "float32", 16, "custom")
+    assert g.bytes_per_block == 2 * 3 * 2 * 64 * 4 * 16
+
+
+@pytest.mark.parametrize("argv, fragment", [(["--num-layers", "-1"], "num_layers=-1"),
+                                            (["--dtype", "int8"], "dtype='int8'")])
+def test_bad_geometry_overrides_are_named(argv, fragment):
+    with pytest.raises(InvalidArgument, match=fragment):
+        parse_config(KVStoreConfig, argv, {}, prog="t")
