@@ -23,6 +23,7 @@ TOOLS = {
     "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
     "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),
     "demo": ("speckv.loadgen.demo", "start a local cluster and replay a slice of a real trace"),
+    "simulate": ("speckv.loadgen.sim.cli", "the end-to-end comparison in virtual time, at any node count"),
 }
 
 

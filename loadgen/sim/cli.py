@@ -1,0 +1,263 @@
+"""`speckv simulate`: the end-to-end comparison in virtual time, at any
+number of nodes, with the JSON keys and report of `speckv bench e2e` plus
+wall time and simulated events per second.
+
+    speckv simulate --trace PATH --nodes 8,64,256,1024 --policies ... [--json PATH] [--report DIR]
+    speckv simulate --synthetic mmpp|hawkes --nodes 64 ...
+
+Each (node count, policy) is one Simulation (simulation.py) in a worker
+process (--jobs, default 2: one per core; spawned, never forked). The
+trace is replayed whole by default (--start-s / --duration-s pick a slice);
+for more nodes than the configuration's it is merged with time-rotated
+copies of itself (workload.py), which the notes say. Burst windows are fixed
+from the whole (scaled) workload, as bench e2e fixes them from the trace.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
+from speckv.loadgen.metrics import burst_seconds, summarize
+from speckv.loadgen.report import TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.sim.predictor import PREDICTOR_KINDS
+from speckv.loadgen.sim.settings import SimSettings
+from speckv.loadgen.sim.simulation import Simulation
+from speckv.loadgen.sim.workload import (SYNTHETIC_KINDS, FamilyShape, HawkesParams, MmppParams, ScaledTrace,
+                                         SliceView, copies_for, describe, hawkes, mmpp)
+from speckv.loadgen.traces import load_mooncake, load_trace, trace_format
+from speckv.services.cluster.status import wide_console
+from speckv.services.common.errors import InvalidArgument, NotFound
+
+ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="speckv simulate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", help="trace file (Mooncake JSONL, Azure or BurstGPT CSV)")
+    p.add_argument("--synthetic", choices=SYNTHETIC_KINDS, help="a synthetic bursty workload instead of --trace")
+    p.add_argument("--nodes", default=None, help="node count, or a comma-separated list (default: the config's)")
+    p.add_argument("--policies", default=ALL_POLICIES, help="comma-separated")
+    p.add_argument("--start-s", type=float, default=None, help="slice start, trace s (default: the first arrival)")
+    p.add_argument("--duration-s", type=float, default=None, help="slice length, trace s (default: to the end)")
+    p.add_argument("--predictor", choices=PREDICTOR_KINDS, default="builtin",
+                   help="builtin EWMA (as the live cluster) or LightGBM trained on the trace before the slice")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="match a live run replayed this many times faster (its wall-clock intervals, in trace s)")
+    p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes (one per core)")
+    p.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
+    p.add_argument("--json", default=None, help="write the result JSON here")
+    p.add_argument("--report", default=None, help="write the HTML report(s) into this directory")
+    args = p.parse_args(list(argv))
+    if bool(args.trace) == bool(args.synthetic):
+        raise InvalidArgument("give exactly one of --trace PATH and --synthetic KIND")
+    args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
+    if not args.policy_list or len(set(args.policy_list)) != len(args.policy_list):
+        raise InvalidArgument(f"--policies={args.policies!r}: name each policy once")
+    try:
+        args.node_list = [int(x) for x in args.nodes.split(",")] if args.nodes else []
+    except ValueError:
+        raise InvalidArgument(f"--nodes={args.nodes!r}: expected integers, e.g. 8,64,256") from None
+    if any(n < 1 for n in args.node_list) or args.jobs < 1 or args.speed <= 0:
+        raise InvalidArgument("--nodes >= 1, --jobs >= 1 and --speed > 0 are required")
+    return args
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One simulation, as a worker receives it (everything it needs to rebuild the workload)."""
+
+    source: str  # trace path, or "mmpp" / "hawkes"
+    seed: int
+    nodes: int
+    policy: str
+    start_s: float | None
+    duration_s: float | None
+    predictor: str
+    speed: float
+    config_path: str | None
+
+
+def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
+    """The (scaled) workload and notes saying what it is."""
+    copies = copies_for(job.nodes, config.nodes)
+    if job.source in SYNTHETIC_KINDS:
+        shape = FamilyShape(block_tokens=config.block_tokens)
+        base_nodes = config.nodes
+        params = (MmppParams(seed=job.seed) if job.source == "mmpp" else HawkesParams(seed=job.seed))
+        base = mmpp(params, shape) if job.source == "mmpp" else hawkes(params, shape)
+        notes = [f"Synthetic {job.source} workload, sized for {base_nodes} nodes: {json.dumps(describe(params, shape))}"]
+    else:
+        path = Path(job.source)
+        # Mooncake traces load as bench e2e loads them (family = first block); others by format.
+        base = load_mooncake(path) if trace_format(path) == "mooncake" else load_trace(path)
+        notes = [f"Real trace {path.name}, {len(base)} requests, replayed whole unless a slice is given."]
+    workload = ScaledTrace(base, copies)
+    if copies > 1:
+        notes.append(f"{job.nodes} nodes: the workload is merged with {copies - 1} copies of itself (copy k's "
+                     f"block hashes offset by k x (max hash + 1), families prefixed 'c<k>:', arrivals rotated by "
+                     f"k/{copies} of its span), {len(workload)} requests in all, one copy per {config.nodes} nodes "
+                     "(the live configuration's node count for one trace).")
+    return workload, notes
+
+
+def run_job(job: Job, progress=None) -> dict:
+    """One simulation; returns its summary and what the report draws (small, picklable)."""
+    config = load_e2e_config(job.config_path)
+    workload, notes = build_workload(job, config)
+    start = job.start_s if job.start_s is not None else float(workload.times[0]) if len(workload) else 0.0
+    end = start + job.duration_s if job.duration_s is not None else math.inf
+    lo, hi = workload.window(start, end)
+    hlo, _ = workload.window(start - config.warmup_s, start)
+    history = [workload[i] for i in range(hlo, lo)]
+    settings = SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor)
+
+    def report(total: int, done: int, _record) -> None:
+        if progress is not None and (done % 500 == 0 or done == total):
+            progress.put((job.nodes, job.policy, done, total))
+
+    sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), history, report, future=workload)
+    run = sim.run()
+    bursts = burst_seconds(workload.times.tolist())
+    summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, config.real_bytes_per_block,
+                        run.orders)
+    summary.update({"wall_s": run.wall_s, "simulated_events": run.events,
+                    "events_per_s": run.events / run.wall_s if run.wall_s else None,
+                    "virtual_s": run.virtual_s, "network_bytes": run.network_bytes})
+    return {"nodes": job.nodes, "policy": job.policy, "summary": summary, "notes": notes,
+            "predictor": run.predictor, "requests_in_slice": hi - lo, "burst_seconds": len(bursts),
+            "slice": {"start_s": start, "duration_s": (float(workload.times[hi - 1]) - start) if hi > lo else 0.0,
+                      "speed": job.speed},
+            "ttfts": [r.ttft_ms for r in run.records if r.served],
+            "arrivals": [(r.arrival_s, r.family) for r in run.records] if hi - lo <= 50_000 else [],
+            "timeline": {"forecasts": run.forecasts,
+                         "commits": [(t, b * config.real_bytes_per_block, f) for t, b, f in run.replicas.commits]}}
+
+
+def run_all(jobs: list[Job], workers: int, console) -> list[dict]:
+    columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    results: list[dict] = []
+    with Progress(*columns, console=console) as bar:
+        tasks = {(j.nodes, j.policy): bar.add_task(f"{j.nodes} nodes {j.policy}", total=None) for j in jobs}
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            queue = manager.Queue()
+            futures = [pool.submit(run_job, j, queue) for j in jobs]
+            pending = set(futures)
+            while pending:
+                while not queue.empty():
+                    nodes, policy, done, total = queue.get()
+                    bar.update(tasks[(nodes, policy)], completed=done, total=total)
+                finished = {f for f in pending if f.done()}
+                for f in finished:
+                    results.append(f.result())
+                pending -= finished
+                time.sleep(0.2)
+    return results
+
+
+def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -> dict:
+    """The bench-e2e-shaped result for the largest node count, plus every count under by_nodes."""
+    by_nodes: dict[str, dict] = {}
+    for r in sorted(results, key=lambda r: (r["nodes"], args.policy_list.index(r["policy"]))):
+        entry = by_nodes.setdefault(str(r["nodes"]), {"policies": {}, "requests": r["requests_in_slice"],
+                                                      "notes": r["notes"]})
+        entry["policies"][r["policy"]] = r["summary"]
+    top = max(results, key=lambda r: r["nodes"])
+    nodes = top["nodes"]
+    total_wall = sum(r["summary"]["wall_s"] for r in results)
+    total_events = sum(r["summary"]["simulated_events"] for r in results)
+    return {
+        "trace": Path(args.trace).name if args.trace else f"synthetic:{args.synthetic}",
+        "slice": top["slice"], "ttft_target_ms": config.ttft_target_ms, "byte_scale_factor": 1,
+        "nodes": nodes, "engine_profile": config.profile.name, "link_gbps": config.link.gbps,
+        "real_bytes_per_block": config.real_bytes_per_block, "burst_seconds_in_trace": top["burst_seconds"],
+        "policies": by_nodes[str(nodes)]["policies"], "simulated": True,
+        "wall_s": args.wall_s, "simulated_events": total_events,
+        "events_per_s": total_events / total_wall if total_wall else None,
+        "by_nodes": by_nodes,
+        "scale": {n: {p: {"burst_ttft_p99_ms": m["burst_ttft_p99_ms"], "bytes_replicated": m["bytes_replicated"]}
+                      for p, m in e["policies"].items()} for n, e in by_nodes.items()},
+        "notes": [*top["notes"], f"Simulated in virtual time (speckv simulate): predictor {top['predictor']}; "
+                  "bytes are the real model's (no scaling in simulation); transfers share each node's "
+                  f"{config.link.gbps:g} Gbit/s link (processor sharing), {config.link.overhead_ms:g} ms each."],
+    }
+
+
+def scale_table(result: dict) -> str:
+    policies = list(next(iter(result["by_nodes"].values()))["policies"])
+    lines = ["| nodes | " + " | ".join(f"{p} burst p99 ms" for p in policies) + " | "
+             + " | ".join(f"{p} GiB replicated" for p in policies) + " |",
+             "|---:|" + "---:|" * (2 * len(policies))]
+    for n, entry in result["by_nodes"].items():
+        ps = entry["policies"]
+        lines.append(f"| {n} | " + " | ".join(fmt("burst_ttft_p99_ms", ps[p].get("burst_ttft_p99_ms")) for p in policies)
+                     + " | " + " | ".join(fmt("bytes_replicated", ps[p].get("bytes_replicated")) for p in policies) + " |")
+    return "\n".join(lines)
+
+
+def write_reports(result: dict, results: list[dict], out: Path, console) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for n in result["by_nodes"]:
+        mine = [r for r in results if str(r["nodes"]) == n]
+        sub = {**result, "nodes": int(n), "policies": result["by_nodes"][n]["policies"],
+               "notes": result["by_nodes"][n]["notes"] + result["notes"][-1:]}
+        arrivals = next((r["arrivals"] for r in mine if r["arrivals"]), [])
+        index = write_report(out / f"nodes-{n}", sub, {r["policy"]: r["ttfts"] for r in mine},
+                             {r["policy"]: r["timeline"] for r in mine}, arrivals)
+        console.print(f"report ({n} nodes): {index}")
+    (out / "scale.md").write_text(scale_table(result) + "\n")
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+
+
+def print_tables(result: dict, console) -> None:
+    for n, entry in result["by_nodes"].items():
+        table = Table(title=f"simulated, {n} nodes (TTFT in real-model ms)")
+        table.add_column("policy")
+        for _, title in TABLE_COLUMNS:
+            table.add_column(title, justify="right")
+        table.add_column("wall s", justify="right")
+        table.add_column("events/s", justify="right")
+        for name, m in entry["policies"].items():
+            table.add_row(name, *(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS), f"{m['wall_s']:.1f}",
+                          f"{m['events_per_s']:.0f}")
+        console.print(table)
+        console.print(markdown_table(entry["policies"]), markup=False)
+    console.print(scale_table(result), markup=False)
+
+
+def main(argv: list[str], environ: Mapping[str, str]) -> int:
+    args = parse_args(argv)
+    if args.trace and not Path(args.trace).exists():
+        raise NotFound(f"trace {args.trace} not found")
+    config = load_e2e_config(args.config)
+    nodes = args.node_list or [config.nodes]
+    source = str(Path(args.trace).resolve()) if args.trace else args.synthetic
+    jobs = [Job(source, args.seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config)
+            for n in nodes for p in args.policy_list]
+    console = wide_console()
+    began = time.perf_counter()
+    results = run_all(jobs, min(args.jobs, len(jobs)), console)
+    args.wall_s = time.perf_counter() - began
+    result = assemble(results, args, config)
+    print_tables(result, console)
+    console.print(f"wall {args.wall_s:.1f} s for {len(jobs)} simulations; "
+                  f"{result['simulated_events']} events, {result['events_per_s']:.0f} events/s per worker")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        console.print(f"JSON written to {args.json}")
+    if args.report:
+        write_reports(result, results, Path(args.report), console)
+    return 1 if any(m["served"] == 0 for e in result["by_nodes"].values() for m in e["policies"].values()) else 0

@@ -1,0 +1,82 @@
+"""One node's KV store in simulation: which blocks it holds, without bytes.
+
+It reuses the live kvstore's content-addressed index
+(speckv.services.kvstore.index.BlockIndex), so residency and eviction follow
+the same policy: lapsed speculative replicas first, then least recently
+used. `pages` is the pool's capacity in blocks; a put that does not fit
+evicts exactly as many victims as it needs. Lookups and re-puts touch
+blocks (a replica's first use clears its lease), as the live store does.
+
+Simplifications, said here once: nothing is pinned (a replication source's
+blocks could be evicted mid-copy; the copy still lands), and there are no
+reservations (a replica takes its pages when it commits, not when it starts).
+Not thread-safe; times are virtual seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from speckv.services.kvstore.index import BlockEntry, BlockHash, BlockIndex
+from speckv.services.kvstore.pool import PageId
+
+
+@dataclass(slots=True)
+class PutOutcome:
+    stored: list[int] = field(default_factory=list)  # newly resident, in order
+    evicted: list[int] = field(default_factory=list)
+
+
+class SimKVNode:
+    def __init__(self, node_id: str, pages: int) -> None:
+        if pages <= 0:
+            raise ValueError(f"pages={pages}: must be > 0")
+        self.node_id = node_id
+        self.pages = pages
+        self._index = BlockIndex()
+        self._free: list[int] = list(range(pages - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._index
+
+    @property
+    def free_pages(self) -> int:
+        """What a replica could get: free plus evictable (nothing is pinned here)."""
+        return self.pages
+
+    def lookup(self, hashes: Sequence[int]) -> int:
+        """Blocks of the longest resident prefix; touches them (a use)."""
+        n = self._index.longest_prefix(hashes)
+        for h in hashes[:n]:
+            self._index.touch(BlockHash(h))
+        return n
+
+    def holds_all(self, hashes: Sequence[int]) -> bool:
+        return self._index.longest_prefix(hashes) == len(hashes)
+
+    def put(self, hashes: Sequence[int], now: float, family: str = "", lease_deadline: float | None = None,
+            first_parent: int | None = None) -> PutOutcome:
+        """Stores a chain (each block's parent is the one before it); present
+        blocks are touched, new ones evict as needed. lease_deadline marks
+        new blocks as speculative replicas."""
+        out = PutOutcome()
+        parent = first_parent
+        for h in hashes:
+            if h in self._index:
+                self._index.touch(BlockHash(h))
+            else:
+                if not self._free:
+                    victim = self._index.pop_victim(now)
+                    if victim is None:  # cannot happen: nothing is pinned
+                        break
+                    self._free.append(victim.page)
+                    out.evicted.append(int(victim.block_hash))
+                self._index.insert(BlockEntry(BlockHash(h), PageId(self._free.pop()), family,
+                                              BlockHash(parent) if parent is not None else None,
+                                              lease_deadline=lease_deadline))
+                out.stored.append(h)
+            parent = h
+        return out

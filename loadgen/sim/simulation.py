@@ -1,0 +1,318 @@
+"""One policy over one slice of trace, in virtual time: the live cluster's
+pieces wired without gRPC.
+
+What runs (the live objects, unchanged): SchedulerCore with its router,
+policies, planner, order lifecycle and block index; PredictorCore (builtin
+EWMA or LightGBM trained before the slice); the emulated engines
+(FastEngine = EmulatedEngine with decode stretches jumped exactly); the
+kvstore's block index for each node's residency and eviction. What is
+modelled here instead of a process: the network (network.py), the reference
+router's request path, the engines' heartbeats and the kvstore agents'
+order execution.
+
+Request path (as loadgen/router.py does live): at its arrival time a request
+is routed (Route confirms the prefix with the chosen node's simulated
+kvstore); replica blocks in its cached prefix are counted; a pull named by
+the route moves fetched_tokens x real bytes per token over the network from
+the holder, and the job is submitted to the node's engine when the bytes are
+in (its TTFT counts from the arrival, pull included). At the first token the
+prompt's new full blocks are stored on the node (STORED / REMOVED events to
+the scheduler's index and the replica ledger); at the end the record is
+complete.
+
+Orders: every scheduler tick, the orders the policy issued start at once:
+IN_FLIGHT, the blocks' real bytes flow source -> target over both links,
+then the target stores them as leased replicas (COMMITTED event) and the
+order is reported COMMITTED. Orders whose source no longer holds the chain
+fail (the lifecycle retries them elsewhere). Unlike the live agent (two
+orders at a time per node), every order flows at once and shares the links.
+
+Heartbeats: every heartbeat_s, every node whose engine changed since its
+last heartbeat reports its load (queued and running tokens and requests,
+free pages); an unchanged node still reports every liveness_s.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from speckv.loadgen.e2e_config import E2EConfig
+from speckv.loadgen.engine import EngineEvent, EngineJob, EventKind, job_times
+from speckv.loadgen.metrics import RequestRecord
+from speckv.loadgen.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
+from speckv.loadgen.sim.engine import FastEngine
+from speckv.loadgen.sim.events import EventQueue, Handle, VirtualClock
+from speckv.loadgen.sim.kvnode import SimKVNode
+from speckv.loadgen.sim.network import Network, Transfer
+from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, build_predictor, warm
+from speckv.loadgen.sim.settings import SimSettings
+from speckv.loadgen.traces import TraceRequest
+from speckv.services.common.errors import SpeckvError
+from speckv.services.scheduler.block_index import EventKind as IndexKind
+from speckv.services.scheduler.block_index import IndexEvent
+from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.core import CoreSettings, SchedulerCore
+from speckv.services.scheduler.forecasts import FutureArrivals, TraceFutureArrivals
+from speckv.services.scheduler.ids import NodeId
+from speckv.services.scheduler.orders import Order, OrderState
+
+Progress = Callable[[int, int, RequestRecord | None], None]
+TICK_PRIORITY, HEARTBEAT_PRIORITY = 1, 2  # after arrivals and engine events at the same instant
+
+
+@dataclass(slots=True)
+class SimRun:
+    """One policy's outcome; the first fields mirror bench/_e2e_run.PolicyRun."""
+
+    policy: str
+    records: list[RequestRecord]
+    replicas: ReplicaTotals
+    orders: dict[str, int]
+    forecasts: list[tuple[float, str, float]] = field(default_factory=list)
+    wall_s: float = 0.0
+    sent: int = 0
+    events: int = 0
+    virtual_s: float = 0.0
+    network_bytes: int = 0
+    predictor: str = ""
+
+
+class _Confirmer:
+    """PrefixConfirmer over the simulated kvstores (Lookup touches, as live)."""
+
+    def __init__(self, by_address: dict[str, SimKVNode]) -> None:
+        self._by_address = by_address
+
+    def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None:
+        node = self._by_address.get(address)
+        return None if node is None else node.lookup(block_hashes)
+
+
+@dataclass(slots=True)
+class _Flight:
+    record: RequestRecord
+    request: TraceRequest
+
+
+class Simulation:
+    def __init__(self, config: E2EConfig, settings: SimSettings, policy: str, requests: Sequence[TraceRequest],
+                 history: Sequence[TraceRequest] = (), on_progress: Progress | None = None,
+                 future: FutureArrivals | None = None) -> None:
+        """requests: in arrival order (any Sequence; read once each, in order).
+        future: the oracle's truth (default: the requests themselves)."""
+        self.config, self.settings, self.policy = config, settings, policy
+        self._requests = requests
+        start = requests[0].arrival_s if len(requests) else 0.0
+        self.queue = EventQueue(VirtualClock(start))
+        self._on_progress = on_progress or (lambda total, done, record: None)
+        predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, history)
+        warm(predictor, history)
+        self._predictor = predictor
+        self._forecasts = CoreForecasts(predictor)
+        self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
+        self.kv = {n: SimKVNode(n, settings.pool_pages) for n in self.ids}
+        addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
+        self.core = SchedulerCore(
+            CoreSettings(node_timeout_s=settings.node_timeout_s, policy=policy, link_gbps=config.link.gbps,
+                         link_overhead_ms=config.link.overhead_ms),
+            self.queue.clock, config.profile, confirmer=_Confirmer({addresses[n]: self.kv[n] for n in self.ids}),
+            arrivals=CoreArrivals(predictor), forecasts=self._forecasts,
+            future=future if future is not None else TraceFutureArrivals(list(requests)))
+        self._gen = {}
+        for n in self.ids:
+            self.core.register_node(n, addresses[n], settings.pool_pages, config.real_geometry)
+            self._gen[n] = self.core.generation(n)
+        self.engines = {n: FastEngine(n, config.profile, config.engine, config.link,
+                                      config.real_geometry.bytes_per_token) for n in self.ids}
+        self.network = Network(self.queue, config.link)
+        self.ledger = ReplicaLedger()
+        self.records: list[RequestRecord] = []
+        self.forecast_log: list[tuple[float, str, float]] = []
+        self._inflight: dict[str, _Flight] = {}
+        self._wakes: dict[NodeId, Handle | None] = {n: None for n in self.ids}
+        self._dirty: set[NodeId] = set()
+        self._last_beat = {n: start for n in self.ids}
+        self._next = 0
+        self._done = 0
+        self._upcoming: TraceRequest | None = None
+
+    # --- running ------------------------------------------------------------------
+    def run(self) -> SimRun:
+        began = time.perf_counter()
+        q = self.queue
+        if self._requests:
+            self._upcoming = self._requests[0]
+            q.at(self._upcoming.arrival_s, self._arrive)
+        q.after(self.settings.tick_s, self._tick, TICK_PRIORITY)
+        q.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)
+        q.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)
+        deadline = (self._requests[-1].arrival_s if self._requests else q.now()) + self.settings.drain_s
+        total = len(self._requests)
+        q.run(until_s=deadline, stop=lambda: self._done >= total)
+        for record in self.records:
+            if not record.served and not record.error:
+                record.error = "not finished before the drain deadline"
+        orders = {state.name: n for state, n in self.core.order_counts().items()}
+        return SimRun(self.policy, self.records, self.ledger.totals(), orders, self.forecast_log,
+                      time.perf_counter() - began, self._next, q.processed,
+                      q.now() - (self._requests[0].arrival_s if self._requests else q.now()),
+                      self.network.bytes_total, self.predictor_note)
+
+    # --- requests -------------------------------------------------------------------
+    def _arrive(self) -> None:
+        i, request = self._next, self._upcoming
+        self._next += 1
+        if self._next < len(self._requests):
+            self._upcoming = self._requests[self._next]
+            self.queue.at(self._upcoming.arrival_s, self._arrive)
+        record = RequestRecord(f"r{i}", request.arrival_s, request.family, request.prompt_tokens,
+                               max(1, request.output_tokens))
+        self.records.append(record)
+        hashes = list(request.block_hashes[:request.full_blocks])
+        try:
+            route = self.core.route(record.request_id, hashes, request.prompt_tokens, request.family)
+        except SpeckvError as exc:
+            record.error = f"route: {exc}"
+            self._complete(record)
+            return
+        node = route.node_id
+        record.expected_ttft_ms = route.expected_ttft_ms
+        record.replica_blocks = self.ledger.note_read(node, hashes[:route.cached_blocks])
+        block = request.block_tokens
+        cached = min(route.cached_blocks * block, request.prompt_tokens - 1)
+        fetched = min(route.fetch_blocks * block, request.prompt_tokens - 1 - cached) if route.fetch_from else 0
+        record.node_id, record.cached_tokens, record.fetched_tokens = node, cached, fetched
+        record.fetch_from = route.fetch_from or ""
+        self._inflight[record.request_id] = _Flight(record, request)
+        if fetched:
+            nbytes = fetched * self.config.real_geometry.bytes_per_token
+            self.network.start(record.fetch_from, node, nbytes, lambda _t, r=record: self._submit(r))
+        else:
+            self._submit(record)
+
+    def _submit(self, record: RequestRecord) -> None:
+        node = NodeId(record.node_id)
+        engine = self.engines[node]
+        now = self.queue.now()
+        self._handle(node, engine.advance(now))
+        engine.submit(EngineJob(record.request_id, record.prompt_tokens, record.output_tokens,
+                                cached_tokens=record.cached_tokens + record.fetched_tokens), now)
+        self._dirty.add(node)
+        self._wake(node)
+
+    def _wake(self, node: NodeId) -> None:
+        t = self.engines[node].next_event_s()
+        old = self._wakes[node]
+        if old is not None:
+            if t is not None and old.time_s == t and not old.cancelled:
+                return
+            old.cancel()
+        self._wakes[node] = None if t is None else self.queue.at(max(t, self.queue.now()),
+                                                                  lambda: self._engine_due(node))
+
+    def _engine_due(self, node: NodeId) -> None:
+        self._wakes[node] = None
+        self._handle(node, self.engines[node].advance(self.queue.now()))
+        self._dirty.add(node)
+        self._wake(node)
+
+    def _handle(self, node: NodeId, events: list[EngineEvent]) -> None:
+        for event in events:
+            flight = self._inflight.get(event.job.request_id)
+            if flight is None:
+                continue
+            if event.kind is EventKind.FIRST_TOKEN:
+                self._store(node, flight)
+            else:
+                self._finish(flight, event)
+
+    def _store(self, node: NodeId, flight: _Flight) -> None:
+        request, record = flight.request, flight.record
+        hashes = list(request.block_hashes[:request.full_blocks])
+        first_new = record.cached_tokens // request.block_tokens
+        if first_new >= len(hashes):
+            return
+        now = self.queue.now()
+        out = self.kv[node].put(hashes[first_new:], now, request.family,
+                                first_parent=hashes[first_new - 1] if first_new else None)
+        self._emit(node, IndexKind.STORED, out.stored, hashes[0], request.family)
+        self._evicted(node, out.evicted, now)
+
+    def _finish(self, flight: _Flight, event: EngineEvent) -> None:
+        record, request, job = flight.record, flight.request, event.job
+        skipped = record.cached_tokens + record.fetched_tokens
+        solo = self.config.profile.prefill_ms(request.prompt_tokens - skipped, skipped)
+        times = job_times(job, solo)
+        record.ttft_ms = (job.first_token_s - record.arrival_s) * 1e3
+        record.tpot_ms = times.tpot_ms
+        record.e2e_ms = (job.finished_s - record.arrival_s) * 1e3
+        record.queue_ms = max(0.0, record.ttft_ms - (job.submitted_s - record.arrival_s) * 1e3 - solo)
+        self._complete(record)
+
+    def _complete(self, record: RequestRecord) -> None:
+        self._inflight.pop(record.request_id, None)
+        self._done += 1
+        self._on_progress(len(self._requests), self._done, record)
+
+    # --- KV events --------------------------------------------------------------------
+    def _emit(self, node: NodeId, kind: IndexKind, hashes: list[int], root: int, family: str) -> None:
+        if not hashes:
+            return
+        event = IndexEvent(kind, hashes, has_parent=hashes[0] != root, family=family)
+        self.core.apply_kv_event(node, self._gen[node], event)
+
+    def _evicted(self, node: NodeId, hashes: list[int], now: float) -> None:
+        if hashes:
+            self.core.apply_kv_event(node, self._gen[node], IndexEvent(IndexKind.REMOVED, hashes))
+            self.ledger.apply(node, KVEventKind.REMOVED, hashes, now)
+
+    # --- scheduler: ticks, orders, heartbeats -------------------------------------------
+    def _tick(self) -> None:
+        for order in self.core.tick():
+            self._replicate(order)
+        self.queue.after(self.settings.tick_s, self._tick, TICK_PRIORITY)
+
+    def _replicate(self, order: Order) -> None:
+        spec = order.spec
+        if not self.kv[spec.source].holds_all(spec.block_hashes):
+            self._report(order, OrderState.FAILED, "source no longer holds the chain")
+            return
+        self._report(order, OrderState.IN_FLIGHT)
+        nbytes = len(spec.block_hashes) * self.config.real_bytes_per_block
+        self.network.start(spec.source, spec.target, nbytes, lambda t, o=order: self._commit(o, t))
+
+    def _commit(self, order: Order, transfer: Transfer) -> None:
+        spec, now = order.spec, self.queue.now()
+        target = NodeId(spec.target)
+        out = self.kv[target].put(spec.block_hashes, now, spec.family, lease_deadline=now + spec.lease_ms / 1e3)
+        self.ledger.apply(target, KVEventKind.COMMITTED, out.stored, now, order.order_id, spec.family)
+        self._emit(target, IndexKind.COMMITTED, out.stored, spec.block_hashes[0], spec.family)
+        self._evicted(target, out.evicted, now)
+        self._report(order, OrderState.COMMITTED, "committed", transfer.nbytes, len(spec.block_hashes))
+
+    def _report(self, order: Order, state: OrderState, message: str = "", nbytes: int = 0, blocks: int = 0) -> None:
+        try:
+            self.core.report_order(order.order_id, state, message, nbytes, blocks)
+        except SpeckvError:
+            pass  # expired or already committed from the KV event: the lifecycle has the final word
+
+    def _heartbeat_round(self) -> None:
+        now = self.queue.now()
+        due = [n for n in self.ids if n in self._dirty or now - self._last_beat[n] >= self.settings.liveness_s]
+        self._dirty.clear()
+        for node in due:
+            engine = self.engines[node]
+            self._handle(node, engine.advance(now))
+            load = engine.load()
+            self.core.heartbeat(node, NodeLoad(load.queued_tokens, load.running_tokens, self.kv[node].free_pages,
+                                               load.running_requests, load.waiting_requests))
+            self._last_beat[node] = now
+            self._wake(node)
+        self.queue.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)
+
+    def _poll_forecasts(self) -> None:
+        now = self.queue.now()
+        for f in self._forecasts.forecast(now, self.settings.forecast_horizon_s, 5):
+            self.forecast_log.append((now, str(f.family), f.expected_count))
+        self.queue.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)
