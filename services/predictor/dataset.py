@@ -14,7 +14,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from speckv.services.predictor.features import FeatureSpec, batch_features
+from speckv.services.predictor.features import FeatureSpec, batch_feature_rows, batch_features
 from speckv.services.predictor.targets import burst_threshold, future_counts, horizon_steps, onset_steps
 from speckv.services.predictor.timeseries import FamilyCounts
 
@@ -65,11 +65,13 @@ def build_rows(data: FamilyCounts, spec: FeatureSpec, horizons_s: Sequence[float
     for begin in range(0, len(data.families), block):
         end = min(begin + block, len(data.families))
         counts = data.dense(begin, end)
-        X = batch_features(counts, total, spec)
         mask = ((steps[None, :] >= first[begin:end, None]) & (steps[None, :] <= last[begin:end, None] + track)
                 & (steps[None, :] + kmax <= T - 1))
         fam, st = np.nonzero(mask)
-        level = X[fam, st, level_col].astype(np.float64)
+        # baselines read whole series of features; without them only the tracked rows are built
+        grid = batch_features(counts, total, spec) if forecasters else None
+        X = grid[fam, st] if grid is not None else batch_feature_rows(counts, total, spec, fam, st)
+        level = X[:, level_col].astype(np.float64)
         cnt, thr, lab, ons = [], [], [], []
         for h, k in zip(horizons_s, ks):
             future = future_counts(counts, k)[fam, st]
@@ -80,8 +82,8 @@ def build_rows(data: FamilyCounts, spec: FeatureSpec, horizons_s: Sequence[float
             thr.append(threshold)
             lab.append(future > threshold)
             ons.append(onset_steps(counts, full, k)[fam, st])
-        preds = {f.name: f.predict_block(counts, X, ks)[fam, st].astype(np.float32) for f in forecasters}
-        parts.append(Rows(X[fam, st], np.stack(cnt, 1).astype(np.float32), np.stack(thr, 1).astype(np.float32),
+        preds = {f.name: f.predict_block(counts, grid, ks)[fam, st].astype(np.float32) for f in forecasters}
+        parts.append(Rows(X, np.stack(cnt, 1).astype(np.float32), np.stack(thr, 1).astype(np.float32),
                           np.stack(lab, 1), np.stack(ons, 1), (fam + begin).astype(np.int32), st.astype(np.int32),
                           preds))
     return _concat(parts, len(spec.names()), len(ks))

@@ -23,7 +23,10 @@ they count as zeros). With `spec = FeatureSpec(...)`, in `spec.names()` order:
 - turns: arrivals so far, capped at turn_cap (a conversation's turn index);
 - cluster_lag_1, cluster_ewma_hl<h>s: the same for the cluster-wide total;
 - tod_sin, tod_cos: time of day of the end of step s (tod_offset_s is the
-  wall-clock second of day of absolute step 0's start).
+  wall-clock second of day of absolute step 0's start); only with
+  time_of_day (see periodic_features_usable: a periodic term is kept only
+  when the training history spans MIN_PERIODS of its period, else a tree
+  sees every test phase for the first time and splits on it as a clock).
 
 Exactness: both forms compute every feature from the same primitives in
 float64 (integer sums, one shared EWMA recursion), so on the same history
@@ -43,6 +46,14 @@ from scipy.ndimage import maximum_filter1d
 RATIO_EPS = 1e-3
 NEVER = np.iinfo(np.int64).min // 4
 SECONDS_PER_DAY = 86_400.0
+# A periodic feature generalises only when training saw each phase this many times.
+MIN_PERIODS = 2.0
+
+
+def periodic_features_usable(history_s: float, period_s: float = SECONDS_PER_DAY) -> bool:
+    """The one rule for periodic features: usable when the training history
+    covers MIN_PERIODS periods (a 1-hour trace never shows a time of day twice)."""
+    return history_s >= MIN_PERIODS * period_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,7 @@ class FeatureSpec:
     cap_s: float = 3600.0
     turn_cap: float = 64.0
     tod_offset_s: float = 0.0
+    time_of_day: bool = True
 
     @property
     def ring(self) -> int:
@@ -76,7 +88,9 @@ class FeatureSpec:
         out += [f"ratio_hl{h:g}s" for h in self.halflives_s]
         out += ["since_burst_s", "since_arrival_s", "turns", "cluster_lag_1"]
         out += [f"cluster_ewma_hl{h:g}s" for h in self.cluster_halflives_s]
-        return tuple(out + ["tod_sin", "tod_cos"])
+        if self.time_of_day:
+            out += ["tod_sin", "tod_cos"]
+        return tuple(out)
 
     def decay(self, halflife_s: float) -> float:
         return 2.0 ** (-self.step_s / halflife_s)
@@ -132,6 +146,28 @@ def batch_features(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, fir
     """Features of every (row, step): float32 (rows, steps, features).
     counts: (rows, steps) arrivals of absolute steps first_step..; total:
     (steps,) the cluster-wide count; history starts at first_step."""
+    cols = _batch_columns(counts, total, spec, first_step)
+    out = np.empty((*cols[0].shape, len(cols)), dtype=np.float32)
+    for i, col in enumerate(cols):
+        out[:, :, i] = col
+    return out
+
+
+def batch_feature_rows(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, rows: np.ndarray,
+                       steps: np.ndarray, first_step: int = 0) -> np.ndarray:
+    """batch_features(...)[rows, steps] without the (rows, steps, features)
+    array: each column is gathered as soon as it is computed (float32 (N,
+    features), C order). A sparse family is tracked for a few hundred of a
+    trace's thousands of steps, so this is most of the saving."""
+    cols = _batch_columns(counts, total, spec, first_step)
+    out = np.empty((len(rows), len(cols)), dtype=np.float32)
+    for i, col in enumerate(cols):
+        out[:, i] = col[rows, steps]
+    return out
+
+
+def _batch_columns(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, first_step: int) -> list[np.ndarray]:
+    """Every feature as a (rows, steps) float64 array (or a broadcast view), in names() order."""
     counts = np.asarray(counts, dtype=np.float64)
     n, T = counts.shape
     cols: list[np.ndarray] = []
@@ -182,9 +218,10 @@ def batch_features(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, fir
     cols.append(np.minimum(cs[:, 1:], spec.turn_cap))
     cols.append(np.broadcast_to(np.asarray(total, dtype=np.float64), (n, T)))
     cols += [np.broadcast_to(c, (n, T)) for c in cluster]
-    sin, cos = _tod(spec, steps.astype(np.float64))
-    cols += [np.broadcast_to(sin, (n, T)), np.broadcast_to(cos, (n, T))]
-    return np.stack(cols, axis=-1).astype(np.float32)
+    if spec.time_of_day:
+        sin, cos = _tod(spec, steps.astype(np.float64))
+        cols += [np.broadcast_to(sin, (n, T)), np.broadcast_to(cos, (n, T))]
+    return cols
 
 
 def _last_true(mask: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -201,6 +238,7 @@ class OnlineFeatures:
     capacity: int = 64
     next_step: int | None = None  # the step advance() expects next
     _ring: np.ndarray = field(init=False)
+    _peak: np.ndarray = field(init=False)  # float32 (capacity, 2 * max window): counts twice over, see _peaks
     _sums: np.ndarray = field(init=False)  # (windows + span, capacity)
     _sumsq: np.ndarray = field(init=False)
     _ewma: np.ndarray = field(init=False)  # (halflives + long, capacity)
@@ -224,6 +262,7 @@ class OnlineFeatures:
         nw, nh, R = len(self.spec.windows) + 1, len(self.spec.halflives_s) + 1, self.spec.ring
         self.capacity = capacity
         self._ring = np.zeros((capacity, R))
+        self._peak = np.zeros((capacity, 2 * max(self.spec.windows)), dtype=np.float32)
         self._sums, self._sumsq = np.zeros((nw, capacity)), np.zeros((nw, capacity))
         self._ewma = np.zeros((nh, capacity))
         self._last_burst = np.full(capacity, NEVER, dtype=np.int64)
@@ -235,14 +274,16 @@ class OnlineFeatures:
         if capacity <= self.capacity:
             return
         old = (self._ring, self._sums, self._sumsq, self._ewma, self._last_burst, self._last_arrival, self._turns)
-        n = self.capacity
+        peak, n = self._peak, self.capacity
         self._allocate(capacity)
+        self._peak[:n] = peak
         self._ring[:n], self._sums[:, :n], self._sumsq[:, :n], self._ewma[:, :n] = old[0], old[1], old[2], old[3]
         self._last_burst[:n], self._last_arrival[:n], self._turns[:n] = old[4], old[5], old[6]
 
     def reset_rows(self, rows: np.ndarray) -> None:
         """Forgets rows' history (a row handed to a new family)."""
         self._ring[rows] = 0.0
+        self._peak[rows] = 0.0
         self._sums[:, rows] = self._sumsq[:, rows] = self._ewma[:, rows] = 0.0
         self._last_burst[rows] = self._last_arrival[rows] = NEVER
         self._turns[rows] = 0.0
@@ -262,6 +303,8 @@ class OnlineFeatures:
             self._sums[i] += counts - old
             self._sumsq[i] += counts * counts - old * old
         self._ring[:, col] = counts
+        W = max(spec.windows)
+        self._peak[:, step % W] = self._peak[:, step % W + W] = counts  # exact: counts are small integers
         for i, h in enumerate((*spec.halflives_s, spec.long_halflife_s)):
             a = spec.decay(h)
             self._ewma[i] = _ewma_update(self._ewma[i], counts, a)
@@ -276,6 +319,23 @@ class OnlineFeatures:
         self._turns = self._turns + counts
         self._cluster_last = float(total)
         self.next_step = step + 1
+
+    def _peaks(self, r: np.ndarray, known: np.ndarray, step: int) -> dict[int, np.ndarray]:
+        """max_w for each window. _peak holds each step at columns step % W
+        and step % W + W, so the last w steps are one contiguous slice ending
+        at step % W + W; windows nest, so each reads only the steps the
+        shorter one did not (W column reads per row in all, no ring gather)."""
+        W = max(self.spec.windows)
+        end = step % W + W + 1
+        out: dict[int, np.ndarray] = {}
+        best = np.zeros(len(r), dtype=np.float32)
+        done = 0
+        for w in sorted(set(self.spec.windows)):
+            block = self._peak[r, end - w:end - done]
+            best = np.maximum(best, block.max(axis=1))
+            out[w] = np.where(known, best, 0.0)
+            done = w
+        return out
 
     def features(self, rows: np.ndarray) -> np.ndarray:
         """float32 (len(rows), features) as of the end of step next_step - 1;
@@ -293,12 +353,10 @@ class OnlineFeatures:
         cols: list[np.ndarray] = []
         for k in spec.lags:
             cols.append(get(self._ring[:, (step - k + 1) % R]))
-        # newest step first, so a running max read at w - 1 is the max over the last w steps
-        recent = np.maximum.accumulate(self._ring[r][:, (step - np.arange(max(spec.windows))) % R], axis=1)
+        peaks = self._peaks(r, known, step)
         for i, w in enumerate(spec.windows):
             sums, sumsq = get(self._sums[i]), get(self._sumsq[i])
-            peak = np.where(known, recent[:, w - 1], 0.0)
-            cols += [sums / w, peak, _std(sums, sumsq, w)]
+            cols += [sums / w, peaks[w], _std(sums, sumsq, w)]
         ewmas = [_corrected(get(self._ewma[i]), x) for i, x in enumerate(self._exposure)]
         cols += ewmas[:-1]
         level = ewmas[-1] / spec.step_s
@@ -310,6 +368,10 @@ class OnlineFeatures:
         n = len(rows)
         cols.append(np.full(n, self._cluster_last))
         cols += [np.full(n, _corrected(np.array([c]), x)[0]) for c, x in zip(self._cluster, self._cluster_exposure)]
-        sin, cos = _tod(spec, np.full(n, float(step)))
-        cols += [sin, cos]
-        return np.stack(cols, axis=-1).astype(np.float32)
+        if spec.time_of_day:
+            sin, cos = _tod(spec, np.full(n, float(step)))
+            cols += [sin, cos]
+        out = np.empty((n, len(cols)), dtype=np.float32)  # C order: LightGBM reads it without a copy
+        for i, col in enumerate(cols):
+            out[:, i] = col
+        return out

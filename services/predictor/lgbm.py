@@ -1,14 +1,28 @@
-"""LightGBM forecasters (Booster API): per horizon a count model, an upper
-quantile model and a burst classifier, all on the features of features.py.
+"""LightGBM forecaster (Booster API): per horizon one count model, level-relative,
+with the upper quantile and the burst probability read from its distribution.
 
-- count: objective from the config (poisson or tweedie) on the count over the
-  horizon; its prediction is the expected count;
-- upper: objective "quantile" with alpha = quantile;
-- burst: objective "binary" on the label of targets.py (BURST_DEFINITION);
-  its probability is burst_probability, and alarm_threshold (the probability
-  that maximises event F1 on the validation slice, never on the reported
-  rows) is stored so consumers can act on it.
-Training is seeded (seed, deterministic=true, 2 threads) and reproducible.
+- Level offset. The count over horizon h (k steps) is modelled as
+      expected = k * base * exp(f(x)),
+  f the booster's raw score (objective from the config, poisson or tweedie,
+  log link) trained with init_score = log(k * base). base is a causal level
+  per step: the `ewma_hl<offset_halflife_s>s` feature shrunk toward the
+  training rows' mean count per step mu by prior_steps pseudo-steps,
+      base = (E * ewma + prior_steps * mu) / (E + prior_steps),
+  E = 1 / (1 - decay) the EWMA's steady-state exposure in steps. Trees thus
+  learn a ratio to the family's own recent level, not an absolute count, so
+  a level shift between training and serving moves the forecast with it
+  (absolute trees cannot extrapolate below the smallest level they saw), and
+  a family with no history starts from mu instead of log(0).
+- Distribution. Counts are negative binomial with that mean and dispersion
+  phi_h (variance mu + phi mu^2), phi_h fitted by moments on the validation
+  slice (held out from the trees, so residuals are honest; 0 = Poisson).
+  upper = its `quantile` quantile; burst_probability = P(count > threshold)
+  with the threshold of BURST_DEFINITION. One booster per horizon instead of
+  three: a third of the training and of the forecast time, and the quantile
+  and burst probability follow level shifts for free.
+- alarm_threshold: the burst probability that maximises event F1 on the
+  validation slice (never on reported rows), stored for consumers.
+Training is seeded (seed, deterministic=true, num_threads) and reproducible.
 Rows whose every future count is zero are sampled at keep_zero with weight
 1 / keep_zero: the sums every objective minimises keep their expectation,
 and the long idle tails of thousands of families stop dominating the time.
@@ -23,12 +37,48 @@ from typing import Any, Mapping, Sequence
 import lightgbm as lgb
 import numpy as np
 
+from speckv.services.predictor import negbin
 from speckv.services.predictor.dataset import Rows
 from speckv.services.predictor.evaluation import best_alarm_threshold
 from speckv.services.predictor.features import FeatureSpec
+from speckv.services.predictor.targets import burst_threshold
 
-KINDS = ("count", "upper", "burst")
-BASE_PARAMS = {"verbosity": -1, "deterministic": True, "force_row_wise": True, "num_threads": 2}
+KINDS = ("count",)
+BASE_PARAMS = {"verbosity": -1, "deterministic": True, "force_row_wise": True}
+# Training threads (config "num_threads", default 1): the retrainer shares two
+# cores with the serving path, and OpenMP's barriers collapse when a thread is
+# descheduled: 100 Poisson trees on 200k x 38 rows took 15 s wall (3.1 s CPU)
+# on 1 thread but 141 s wall on 2 at load average 9 on this 2-core machine.
+TRAIN_THREADS = 1
+# Below this many rows predict on one thread: waking a second OpenMP thread
+# costs ~0.03 ms idle but up to tens of ms on a loaded 2-core machine (a
+# 1-row predict measured 0.03 ms median, 23 ms max with 2 threads at load 10),
+# which is what made a one-family Forecast take 58 ms.
+PARALLEL_MIN_ROWS = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class LevelOffset:
+    """base = (exposure * ewma + prior_steps * prior_per_step) / (exposure + prior_steps), per step."""
+
+    halflife_s: float  # the ewma_hl<halflife_s>s feature is the level
+    prior_per_step: float  # mu: mean count per step over the training rows
+    prior_steps: float  # weight of mu, in pseudo-steps of history
+
+    def column(self, spec: FeatureSpec) -> int:
+        name = f"ewma_hl{self.halflife_s:g}s"
+        if name not in spec.names():
+            raise ValueError(f"offset halflife_s={self.halflife_s:g}: {name} is not a feature")
+        return spec.names().index(name)
+
+    def base(self, X: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+        """Level per step of each row, float64 (N,), > 0 when prior_per_step > 0."""
+        exposure = 1.0 / (1.0 - spec.decay(self.halflife_s))
+        ewma = X[:, self.column(spec)].astype(np.float64)
+        return (exposure * ewma + self.prior_steps * self.prior_per_step) / (exposure + self.prior_steps)
+
+    def log_base(self, X: np.ndarray, spec: FeatureSpec, k: int) -> np.ndarray:
+        return np.log(np.maximum(k * self.base(X, spec), 1e-12))
 
 
 @dataclass(slots=True)
@@ -36,19 +86,37 @@ class LgbmBundle:
     spec: FeatureSpec
     horizons_s: tuple[float, ...]
     quantile: float
-    boosters: dict[str, list[lgb.Booster]]  # kind -> one per horizon
+    boosters: dict[str, list[lgb.Booster]]  # "count" -> one per horizon
     alarm_threshold: list[float]
+    offset: LevelOffset
+    dispersion: list[float]  # phi per horizon
     train_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def steps(self) -> list[int]:
+        return [round(h / self.spec.step_s) for h in self.horizons_s]
+
+    def expected(self, X: np.ndarray, num_threads: int = 2) -> np.ndarray:
+        """Expected count per row and horizon, float64 (N, horizons)."""
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        threads = num_threads if len(X) >= PARALLEL_MIN_ROWS else 1
+        base = self.offset.base(X, self.spec)
+        out = np.empty((len(X), len(self.horizons_s)))
+        for i, (k, booster) in enumerate(zip(self.steps(), self.boosters["count"])):
+            out[:, i] = k * base * np.exp(booster.predict(X, raw_score=True, num_threads=threads))
+        return out
+
     def predict(self, X: np.ndarray, num_threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """expected, upper, burst probability: each (N, horizons) float64."""
-        out = []
-        for kind in KINDS:
-            cols = [b.predict(X, num_threads=num_threads) for b in self.boosters[kind]]
-            out.append(np.stack(cols, axis=1) if cols else np.zeros((len(X), 0)))
-        expected, upper, prob = out
-        return np.maximum(expected, 0.0), np.maximum(upper, 0.0), np.clip(prob, 0.0, 1.0)
+        expected = self.expected(X, num_threads)
+        level = X[:, self.spec.names().index(f"level_hl{self.spec.long_halflife_s:g}s")]
+        upper, prob = np.empty_like(expected), np.empty_like(expected)
+        for i, h in enumerate(self.horizons_s):
+            phi = self.dispersion[i]
+            threshold = burst_threshold(level, h, self.spec.burst_ratio, self.spec.min_burst_count)
+            upper[:, i] = negbin.quantile(self.quantile, expected[:, i], phi)
+            prob[:, i] = negbin.exceed_probability(threshold, expected[:, i], phi)
+        return expected, upper, np.clip(prob, 0.0, 1.0)
 
 
 def sample_weights(rows: Rows, keep_zero: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,49 +130,58 @@ def sample_weights(rows: Rows, keep_zero: float, seed: int) -> tuple[np.ndarray,
     return index, np.where(idle[index], 1.0 / keep_zero, 1.0)
 
 
+def fit_offset(train: Rows, weight: np.ndarray, index: np.ndarray, spec: FeatureSpec,
+               params: Mapping[str, Any], kmax: int) -> LevelOffset:
+    """mu from the (weighted) training rows' count over the longest horizon."""
+    counts = train.count[index, -1].astype(np.float64)
+    mu = float(np.sum(weight * counts) / max(np.sum(weight), 1e-12)) / kmax if len(index) else 0.0
+    offset = LevelOffset(float(params.get("offset_halflife_s", 10.0)), max(mu, 1e-6),
+                         float(params.get("prior_steps", 1.0)))
+    offset.column(spec)  # names the parameter when the feature is missing
+    return offset
+
+
 def train_bundle(train: Rows, valid: Rows, spec: FeatureSpec, horizons_s: Sequence[float], quantile: float,
                  params: Mapping[str, Any], step_s: float) -> LgbmBundle:
-    """Trains every booster. params: seed, num_boost_round,
-    early_stopping_rounds, keep_zero, and per kind ("count", "upper",
-    "burst") the LightGBM parameters."""
+    """Trains one count booster per horizon. params: seed, num_boost_round,
+    early_stopping_rounds, keep_zero, offset_halflife_s, prior_steps, and
+    "count": the LightGBM parameters."""
     seed = int(params.get("seed", 0))
+    base_params = {**BASE_PARAMS, "num_threads": int(params.get("num_threads", TRAIN_THREADS))}
     index, weight = sample_weights(train, float(params.get("keep_zero", 1.0)), seed)
     names = list(spec.names())
-    data = lgb.Dataset(train.X[index], weight=weight, feature_name=names, free_raw_data=False,
-                       params={**BASE_PARAMS, "max_bin": int(params.get("max_bin", 63)),
-                               "feature_pre_filter": False})
+    ks = [round(h / step_s) for h in horizons_s]
+    offset = fit_offset(train, weight, index, spec, params, max(ks))
+    X = np.ascontiguousarray(train.X[index])
+    data = lgb.Dataset(X, weight=weight, feature_name=names, free_raw_data=False,
+                       params={**base_params, "max_bin": int(params.get("max_bin", 63)), "feature_pre_filter": False})
     data.construct()
     validation = lgb.Dataset(valid.X, reference=data, free_raw_data=False) if len(valid) else None
-    boosters: dict[str, list[lgb.Booster]] = {k: [] for k in KINDS}
-    for i, _ in enumerate(horizons_s):
-        targets = {"count": train.count[index, i], "upper": train.count[index, i],
-                   "burst": train.label[index, i].astype(np.float64)}
-        vtargets = {"count": valid.count[:, i], "upper": valid.count[:, i], "burst": valid.label[:, i]}
-        for kind in KINDS:
-            kind_params = {**BASE_PARAMS, **dict(params.get(kind, {})), "seed": seed}
-            if kind == "upper":
-                kind_params.update(objective="quantile", alpha=quantile)
-            if kind == "burst":
-                kind_params.update(objective="binary")
-            data.set_label(targets[kind])
-            callbacks, valid_sets = [], []
-            if validation is not None and int(params.get("early_stopping_rounds", 0)) > 0:
-                validation.set_label(vtargets[kind].astype(np.float64))
-                valid_sets = [validation]
-                callbacks = [lgb.early_stopping(int(params["early_stopping_rounds"]), verbose=False)]
-            booster = lgb.train(kind_params, data, num_boost_round=int(params.get("num_boost_round", 100)),
-                                valid_sets=valid_sets, callbacks=callbacks)
-            if booster.best_iteration > 0:
-                booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
-            boosters[kind].append(booster)
-    bundle = LgbmBundle(spec, tuple(float(h) for h in horizons_s), float(quantile), boosters, [])
+    stop = int(params.get("early_stopping_rounds", 0))
+    count_params = {**base_params, **dict(params.get("count", {})), "seed": seed}
+    boosters: list[lgb.Booster] = []
+    for i, k in enumerate(ks):
+        data.set_label(train.count[index, i].astype(np.float64))
+        data.set_init_score(offset.log_base(X, spec, k))
+        callbacks, valid_sets = [], []
+        if validation is not None and stop > 0:
+            validation.set_label(valid.count[:, i].astype(np.float64))
+            validation.set_init_score(offset.log_base(valid.X, spec, k))
+            valid_sets, callbacks = [validation], [lgb.early_stopping(stop, verbose=False)]
+        booster = lgb.train(count_params, data, num_boost_round=int(params.get("num_boost_round", 100)),
+                            valid_sets=valid_sets, callbacks=callbacks)
+        if booster.best_iteration > 0:
+            booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
+        boosters.append(booster)
+    bundle = LgbmBundle(spec, tuple(float(h) for h in horizons_s), float(quantile), {"count": boosters},
+                        [0.5] * len(ks), offset, [0.0] * len(ks))
     if len(valid):
+        expected = bundle.expected(valid.X)
+        bundle.dispersion = [negbin.fit_dispersion(expected[:, i], valid.count[:, i]) for i in range(len(ks))]
         _, _, prob = bundle.predict(valid.X)
         bundle.alarm_threshold = [best_alarm_threshold(prob[:, i], valid.label[:, i], valid.onset[:, i],
                                                        valid.family, valid.step, step_s)
-                                  for i in range(len(horizons_s))]
-    else:
-        bundle.alarm_threshold = [0.5] * len(horizons_s)
+                                  for i in range(len(ks))]
     return bundle
 
 

@@ -1,11 +1,13 @@
 """The LightGBM forecaster as a served CountModel, and its model directory.
 
 Directory layout: manifest.json plus one LightGBM text model file per
-(kind, horizon): count_h5.txt, upper_h5.txt, burst_h5.txt, ... The manifest
-holds kind "lightgbm", version, horizons_s, quantile, features (the names,
-which must equal the names the feature_spec derives), feature_spec,
-alarm_threshold (one per horizon), trace (what it was trained on), files and
-metrics. Loading checks every file parses and expects exactly those features.
+horizon: count_h1.txt, count_h5.txt, ... The manifest holds kind "lightgbm",
+version, horizons_s, quantile, features (the names, which must equal the
+names the feature_spec derives), feature_spec, alarm_threshold and
+dispersion (one per horizon), offset (the level offset of lgbm.py:
+halflife_s, prior_per_step, prior_steps), trace (what it was trained on),
+files and metrics. Loading checks every file parses and expects exactly
+those features.
 
 Serving: features come from the core's OnlineFeatures (state.features), as of
 the last complete step. Families never seen read as a fresh family (all
@@ -25,10 +27,10 @@ import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor.features import FeatureSpec
-from speckv.services.predictor.lgbm import KINDS, LgbmBundle
+from speckv.services.predictor.lgbm import KINDS, LevelOffset, LgbmBundle
 from speckv.services.predictor.models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
 
-EXTRA_KEYS = ("features", "feature_spec", "alarm_threshold", "trace", "files")
+EXTRA_KEYS = ("features", "feature_spec", "alarm_threshold", "dispersion", "offset", "trace", "files")
 
 
 class LightGbmModel:
@@ -86,7 +88,39 @@ def save_model(directory: str | Path, model: LightGbmModel) -> Path:
         "kind": "lightgbm", "version": model.version, "horizons_s": list(model.horizons_s),
         "quantile": model.quantile, "metrics": model.metrics, "features": list(model.features),
         "feature_spec": model.bundle.spec.to_dict(), "alarm_threshold": list(model.bundle.alarm_threshold),
+        "dispersion": list(model.bundle.dispersion), "offset": _offset_dict(model.bundle.offset),
         "trace": model.trace, "files": files})
+
+
+def _offset_dict(offset: LevelOffset) -> dict[str, float]:
+    return {"halflife_s": offset.halflife_s, "prior_per_step": offset.prior_per_step,
+            "prior_steps": offset.prior_steps}
+
+
+def _parse_offset(value: Any, spec: FeatureSpec) -> LevelOffset:
+    keys = ("halflife_s", "prior_per_step", "prior_steps")
+    if not isinstance(value, dict) or sorted(value) != sorted(keys):
+        raise InvalidArgument(f"offset: must be an object with exactly {', '.join(keys)}")
+    for key in keys:
+        v = value[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+            raise InvalidArgument(f"offset.{key}={v!r}: must be a finite number >= 0")
+    offset = LevelOffset(float(value["halflife_s"]), float(value["prior_per_step"]), float(value["prior_steps"]))
+    try:
+        offset.column(spec)
+    except ValueError as exc:
+        raise InvalidArgument(f"offset.halflife_s: {exc}") from None
+    return offset
+
+
+def _per_horizon(manifest: Mapping[str, Any], key: str, horizons: int, low: float, high: float) -> list[float]:
+    values = manifest[key]
+    if not isinstance(values, list) or len(values) != horizons:
+        raise InvalidArgument(f"{key}: must list one number per horizon")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (low <= v <= high):
+            raise InvalidArgument(f"{key}: {v!r} is not a number in [{low:g}, {high:g}]")
+    return [float(v) for v in values]
 
 
 def load_lightgbm(manifest: Mapping[str, Any], metrics: Mapping[str, float], directory: Path,
@@ -100,9 +134,9 @@ def load_lightgbm(manifest: Mapping[str, Any], metrics: Mapping[str, float], dir
         raise InvalidArgument(f"feature_spec: {exc}") from None
     if list(manifest["features"]) != list(spec.names()):
         raise InvalidArgument("features: do not match the names feature_spec derives")
-    thresholds = manifest["alarm_threshold"]
-    if not isinstance(thresholds, list) or len(thresholds) != len(horizons_s):
-        raise InvalidArgument("alarm_threshold: must list one probability per horizon")
+    thresholds = _per_horizon(manifest, "alarm_threshold", len(horizons_s), 0.0, 1.0)
+    dispersion = _per_horizon(manifest, "dispersion", len(horizons_s), 0.0, 1e6)
+    offset = _parse_offset(manifest["offset"], spec)
     files = manifest["files"]
     boosters: dict[str, list[lgb.Booster]] = {}
     for kind in KINDS:
@@ -110,7 +144,7 @@ def load_lightgbm(manifest: Mapping[str, Any], metrics: Mapping[str, float], dir
         if not isinstance(names, list) or len(names) != len(horizons_s):
             raise InvalidArgument(f"files.{kind}: must list one model file per horizon")
         boosters[kind] = [_booster(directory, name, len(spec.names()), f"files.{kind}") for name in names]
-    bundle = LgbmBundle(spec, horizons_s, quantile, boosters, [float(t) for t in thresholds])
+    bundle = LgbmBundle(spec, horizons_s, quantile, boosters, thresholds, offset, dispersion)
     return LightGbmModel(bundle, version, metrics, str(manifest["trace"]))
 
 

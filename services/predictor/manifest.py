@@ -54,7 +54,8 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "ewma": ModelKind(EwmaParams, lambda params, metrics, _dir: EwmaModel(params, metrics)),
     "last-value": ModelKind(RateParams, lambda params, metrics, _dir: LastValueModel(params, metrics)),
     "lightgbm": ModelKind(RateParams, lambda *_: None, parse=_parse_lightgbm,  # type: ignore[arg-type]
-                          extra_keys=("features", "feature_spec", "alarm_threshold", "trace", "files")),
+                          extra_keys=("features", "feature_spec", "alarm_threshold", "dispersion", "offset",
+                                      "trace", "files")),
 }
 
 

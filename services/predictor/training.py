@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from speckv.services.predictor.dataset import BlockForecaster, Rows, build_rows
-from speckv.services.predictor.features import FeatureSpec
+from speckv.services.predictor.features import FeatureSpec, periodic_features_usable
 from speckv.services.predictor.lgbm import LgbmBundle, train_bundle
 from speckv.services.predictor.timeseries import FamilyCounts
 
@@ -76,9 +76,12 @@ class TrainResult:
 
 def train_on_counts(counts: FamilyCounts, config: TrainingConfig,
                     forecasters: Sequence[BlockForecaster] = ()) -> TrainResult:
-    """Builds rows from counts, trains every booster; seconds measured."""
-    spec = replace(config.spec, step_s=counts.step_s)
-    began = time.perf_counter()
+    """Builds rows from counts, trains every booster; seconds measured.
+    Time-of-day terms are dropped when the counts span too little time for
+    them to generalise (features.periodic_features_usable)."""
+    usable = periodic_features_usable(counts.steps * counts.step_s)
+    spec = replace(config.spec, step_s=counts.step_s, time_of_day=config.spec.time_of_day and usable)
+    began, cpu = time.perf_counter(), time.process_time()
     rows = build_rows(counts, spec, config.horizons_s, config.track_s, forecasters)
     built = time.perf_counter()
     train, validation = split_validation(rows, config.validation_fraction)
@@ -86,4 +89,5 @@ def train_on_counts(counts: FamilyCounts, config: TrainingConfig,
                           counts.step_s)
     done = time.perf_counter()
     bundle.train_s = done - began
+    bundle.extra["train_cpu_s"] = time.process_time() - cpu  # this process's CPU: the work, without waits for cores
     return TrainResult(bundle, rows, validation, built - began, done - built)

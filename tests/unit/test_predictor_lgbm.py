@@ -41,7 +41,7 @@ def trained(config):
 
 def test_planted_periodic_bursts_are_flagged_ahead_of_time(config, trained):
     data, split, result = trained
-    test = build_rows(data, config.spec, config.horizons_s, config.track_s)
+    test = build_rows(data, result.bundle.spec, config.horizons_s, config.track_s)
     test = test.take(np.flatnonzero(test.step >= split))
     _, _, prob = result.bundle.predict(test.X)
     score = burst_score(test.label[:, H5], prob[:, H5] >= result.bundle.alarm_threshold[H5], test.onset[:, H5],
@@ -67,7 +67,8 @@ def test_saved_model_loads_through_the_manifest_and_predicts_the_same(trained, t
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert manifest["kind"] == "lightgbm" and manifest["features"] == list(result.bundle.spec.names())
     assert sorted(p.name for p in (tmp_path / "m").glob("*.txt")) == sorted(
-        f"{k}_h{h:g}.txt" for k in ("count", "upper", "burst") for h in result.bundle.horizons_s)
+        f"count_h{h:g}.txt" for h in result.bundle.horizons_s)
+    assert len(manifest["dispersion"]) == len(result.bundle.horizons_s) and manifest["offset"]["prior_per_step"] > 0
     loaded = load_model(tmp_path / "m")
     assert isinstance(loaded, LightGbmModel) and loaded.version == "t-1" and loaded.trace == "planted"
     X = result.rows.X[:500]
@@ -79,7 +80,10 @@ def test_saved_model_loads_through_the_manifest_and_predicts_the_same(trained, t
     (lambda m: m.update(features=m["features"][:-1]), "features"),
     (lambda m: m.update(alarm_threshold=[0.5]), "alarm_threshold"),
     (lambda m: m["files"]["count"].__setitem__(0, "../x.txt"), "files.count"),
-    (lambda m: m["files"]["burst"].__setitem__(0, "absent.txt"), "files.burst"),
+    (lambda m: m["files"]["count"].__setitem__(1, "absent.txt"), "files.count"),
+    (lambda m: m.update(dispersion=[0.1, -1.0, 0.1, 0.1]), "dispersion"),
+    (lambda m: m["offset"].update(halflife_s=7.0), "offset.halflife_s"),
+    (lambda m: m["offset"].pop("prior_steps"), "offset"),
     (lambda m: m.pop("feature_spec"), "feature_spec"),
     (lambda m: m.update(quantile=2.0), "quantile"),
 ])
@@ -96,8 +100,8 @@ def test_broken_model_directories_are_invalid(trained, tmp_path, edit, key):
 def test_garbage_booster_file_is_invalid(trained, tmp_path):
     _, _, result = trained
     save_model(tmp_path, LightGbmModel(result.bundle, "t-1"))
-    (tmp_path / "upper_h2.txt").write_text("not a model")
-    with pytest.raises(InvalidArgument, match="files.upper"):
+    (tmp_path / "count_h2.txt").write_text("not a model")
+    with pytest.raises(InvalidArgument, match="files.count"):
         load_model(tmp_path)
 
 
