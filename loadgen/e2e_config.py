@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speckv.loadgen.traces.mooncake import FAMILY_MODES
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel, get_profile
@@ -58,6 +59,8 @@ class E2EConfig:
     forecast_horizon_s: float
     forecast_poll_s: float
     extra_args: dict[str, list[str]] = field(default_factory=dict)
+    warm_kv_fraction: float = 0.9  # share of the cluster's pages the warm start fills with pre-slice KV
+    family: str = "prefix"  # how trace requests are keyed into families (loadgen.traces.mooncake.FAMILY_MODES)
 
     @property
     def scaled_geometry(self) -> KVGeometry:
@@ -100,7 +103,9 @@ def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
             warmup_s=float(slices["warmup_s"]),
             forecast_horizon_s=float(raw["predictor"]["forecast_horizon_s"]),
             forecast_poll_s=float(raw["predictor"]["forecast_poll_s"]),
-            extra_args={k: [str(a) for a in v] for k, v in cluster.get("extra_args", {}).items()})
+            extra_args={k: [str(a) for a in v] for k, v in cluster.get("extra_args", {}).items()},
+            family=str(model.get("family", "prefix")),
+            warm_kv_fraction=float(slices.get("warm_kv_fraction", 0.9)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidArgument(f"e2e config {source}: bad or missing field ({exc})") from None
     _validate(config, source)
@@ -114,6 +119,11 @@ def _validate(config: E2EConfig, source: Path) -> None:
         raise InvalidArgument(f"e2e config {source}: real bytes per token must be a multiple of the kvstore's")
     if config.engine.max_batched_tokens <= 0 or config.engine.max_num_seqs <= 0:
         raise InvalidArgument(f"e2e config {source}: engine.max_batched_tokens and max_num_seqs must be > 0")
+    if not 0 <= config.warm_kv_fraction <= 1:
+        raise InvalidArgument(f"e2e config {source}: slices.warm_kv_fraction must be in [0, 1]")
+    if config.family not in FAMILY_MODES:
+        raise InvalidArgument(f"e2e config {source}: model.family={config.family!r}: expected one of "
+                              f"{', '.join(FAMILY_MODES)}")
     for name, s in config.slices.items():
         if s.duration_s <= 0 or s.speed <= 0 or s.start_s < 0:
             raise InvalidArgument(f"e2e config {source}: slices.{name} needs start_s >= 0, duration_s > 0, speed > 0")

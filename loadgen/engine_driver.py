@@ -7,8 +7,9 @@ lock. The engine clock is trace time: trace_s = start_s + (wall - origin) *
 speed, so the engines run the real model's step times whatever the replay's
 compression. One heartbeat thread sends Scheduler.Heartbeat for every node
 every `heartbeat_s` with its queued/running tokens and waiting/running
-requests, so Route sees real queues; free pages come from the node's
-kvstore (GetStats, refreshed at most once a second).
+requests only, so Route sees real queues; the node's free pages are its
+kvstore agent's to report (the scheduler merges the fields each report
+carries, so neither reporter wipes the other's figures).
 """
 from __future__ import annotations
 
@@ -21,11 +22,10 @@ import grpc
 
 from speckv.loadgen.engine import Engine, EngineEvent, EngineJob
 from speckv.loadgen.replay import TimeMap
-from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 POLL_S = 0.002
-STATS_EVERY_S = 1.0
 
 
 class TraceClock:
@@ -40,18 +40,14 @@ class TraceClock:
 
 class LiveEngines:
     def __init__(self, engines: Mapping[str, Engine], clock: TraceClock, scheduler: grpc.Channel,
-                 kvstores: Mapping[str, grpc.Channel], on_events: Callable[[list[EngineEvent]], None],
-                 heartbeat_s: float) -> None:
+                 on_events: Callable[[list[EngineEvent]], None], heartbeat_s: float) -> None:
         self._engines = dict(engines)
         self._clock = clock
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler)
-        self._kvstores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
         self._on_events = on_events
         self._heartbeat_s = heartbeat_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._free_pages: dict[str, int] = {}
-        self._stats_at = 0.0
         self._failed: set[str] = set()
         self._threads = [threading.Thread(target=self._step_loop, name="engines-step", daemon=True),
                          threading.Thread(target=self._heartbeat_loop, name="engines-heartbeat", daemon=True)]
@@ -111,7 +107,6 @@ class LiveEngines:
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
-            self._refresh_free_pages()
             for node_id in self.node_ids():
                 if node_id in self._failed:
                     continue
@@ -120,20 +115,8 @@ class LiveEngines:
                 try:
                     self._scheduler.Heartbeat(scheduler_pb2.HeartbeatRequest(
                         node_id=node_id, queued_tokens=load.queued_tokens, running_tokens=load.running_tokens,
-                        free_pages=self._free_pages.get(node_id, 0), num_running_requests=load.running_requests,
-                        num_waiting_requests=load.waiting_requests), timeout=2.0)
+                        num_running_requests=load.running_requests, num_waiting_requests=load.waiting_requests),
+                        timeout=2.0)
                 except grpc.RpcError as exc:
                     log.warning("heartbeat for %s failed: %s", node_id, exc.code().name)
             self._stop.wait(self._heartbeat_s)
-
-    def _refresh_free_pages(self) -> None:
-        if time.monotonic() - self._stats_at < STATS_EVERY_S:
-            return
-        self._stats_at = time.monotonic()
-        for node_id, stub in self._kvstores.items():
-            try:
-                s = stub.GetStats(kvstore_pb2.StatsRequest(), timeout=2.0)
-            except grpc.RpcError:
-                continue
-            # What a replica could get: everything not pinned or reserved.
-            self._free_pages[node_id] = max(0, s.num_pages - s.pinned_pages - s.reserved_pages)

@@ -2,11 +2,12 @@
 bench e2e` and `speckv demo`).
 
 Steps: start the cluster from the committed E2EConfig; SetPolicy (a name the
-scheduler rejects raises, loudly); warm the predictor with the trace's
-arrivals from the `warmup_s` before the slice only (ObserveArrivals, times
-mapped onto the services' clock as if the replay had been running then: the
-predictor has no training entry point yet, so its builtin model is warmed,
-never trained on the slice); follow the KV events; replay the slice open
+scheduler rejects raises, loudly); load the comparison's predictor model
+(ReloadModel; trained before the slice only, see _e2e_model.py); warm start
+the cluster with the `warmup_s` of trace before the slice (_e2e_warm.py:
+routed through the scheduler, so the predictor observes those arrivals at
+their mapped times, and the newest requests' KV stored where they were
+routed); follow the KV events; replay the slice open
 loop through the reference router onto the emulated engines; wait for the
 engines to drain; collect orders by outcome and forecasts of the hottest
 families (polled during the run).
@@ -23,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 import grpc
 
+from speckv.loadgen.bench._e2e_warm import WarmStats, warm_cluster
 from speckv.loadgen.e2e_config import E2EConfig, SliceSpec
 from speckv.loadgen.engine import EmulatedEngine
 from speckv.loadgen.engine_driver import LiveEngines, TraceClock
@@ -39,8 +41,9 @@ from speckv.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc, scheduler_p
 
 DRAIN_TIMEOUT_S = 120.0
 # The replay's origin is fixed before launch (the oracle must know it as a
-# flag); the cluster must be up and the predictor warmed within this.
-START_BUDGET_S = 12.0
+# flag); the cluster must be up, the model loaded and the warm start
+# (_e2e_warm.py) done within this.
+START_BUDGET_S = 25.0
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
 
 
@@ -53,6 +56,7 @@ class PolicyRun:
     forecasts: list[tuple[float, str, float]] = field(default_factory=list)  # (trace s, family, expected count)
     wall_s: float = 0.0
     sent: int = 0
+    warm: WarmStats | None = None
 
 
 def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, speed: float) -> ClusterSpec:
@@ -65,9 +69,7 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
                           "--link-overhead-ms", repr(config.link.overhead_ms),
                           "--tick-s", repr(config.scheduler_tick_s),
                           "--oracle-trace", str(oracle_trace), "--oracle-offset-s", repr(oracle_offset_s),
-                          # Engines heartbeat load every heartbeat_interval_s; the kvstores'
-                          # own heartbeats carry no queue, so they are spaced out (see report).
-                          "--heartbeat-interval-ms", "4000", "--node-timeout-s", "6",
+                          "--oracle-family", config.family,
                           *extra.get("scheduler", [])]
     # Replication moves scaled bytes on the wall clock: the kvstore's link cap
     # is the real link / byte scale x the replay's compression.
@@ -78,7 +80,8 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
 
 def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], slice_: SliceSpec,
                environ: Mapping[str, str], on_progress: Callable[[int, int, RequestRecord | None], None],
-               run_dir: Path | None = None) -> PolicyRun:
+               run_dir: Path | None = None, model_dir: Path | None = None) -> PolicyRun:
+    """model_dir: the predictor model to load before replay (None: its builtin one)."""
     requests = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
     warm = [r for r in trace if slice_.start_s - config.warmup_s <= r.arrival_s < slice_.start_s]
     with tempfile.TemporaryDirectory(prefix=f"speckv-e2e-{policy}-") as tmp:
@@ -92,7 +95,7 @@ def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], sl
         with cluster:
             times = TimeMap(wall0, slice_.start_s, slice_.speed)
             unix_times = TimeMap(unix0, slice_.start_s, slice_.speed)
-            return _run_on(cluster, config, policy, requests, warm, times, unix_times, on_progress)
+            return _run_on(cluster, config, policy, requests, warm, times, unix_times, on_progress, model_dir)
 
 
 def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: SliceSpec) -> None:
@@ -106,7 +109,7 @@ def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: 
 
 def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: list[TraceRequest],
             warm: list[TraceRequest], times: TimeMap, unix_times: TimeMap,
-            on_progress: Callable[[int, int, RequestRecord | None], None]) -> PolicyRun:
+            on_progress: Callable[[int, int, RequestRecord | None], None], model_dir: Path | None) -> PolicyRun:
     nodes = cluster.node_addresses()
     scheduler_channel = grpc.insecure_channel(cluster.scheduler_address)
     predictor_channel = grpc.insecure_channel(cluster.predictor_address)
@@ -114,7 +117,11 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: lis
     scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
     try:
         scheduler.SetPolicy(scheduler_pb2.SetPolicyRequest(name=policy), timeout=10.0)
-        _warm_predictor(predictor_channel, warm, unix_times)
+        if model_dir is not None:
+            predictor_pb2_grpc.PredictorStub(predictor_channel).ReloadModel(
+                predictor_pb2.ReloadModelRequest(path=str(model_dir)), timeout=30.0)
+        warmed = warm_cluster(scheduler_channel, kv_channels, warm, unix_times, config.scaled_geometry.bytes_per_block,
+                              int(config.warm_kv_fraction * config.nodes * config.pool_pages))
         if time.monotonic() > times.origin:
             raise Unavailable(f"the cluster took over {START_BUDGET_S:g} s to start and warm; the replay's "
                               "origin (given to the oracle) has passed")
@@ -132,7 +139,7 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: lis
         router_box: list[ReferenceRouter] = []
         engines = LiveEngines(
             {n: EmulatedEngine(n, config.profile, config.engine, config.link, config.real_geometry.bytes_per_token)
-             for n in nodes}, TraceClock(times), scheduler_channel, kv_channels,
+             for n in nodes}, TraceClock(times), scheduler_channel,
             lambda events: router_box[0].on_engine_events(events), config.heartbeat_interval_s)
         router = ReferenceRouter(scheduler_channel, kv_channels, engines, config.profile, ledger, ledger_lock,
                                  config.scaled_geometry.bytes_per_block, config.real_geometry.bytes_per_token,
@@ -159,7 +166,8 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: lis
         for record in router.records:
             if not record.served and not record.error:
                 record.error = "not finished before the drain timeout"
-        return PolicyRun(policy, list(router.records), totals, orders, forecasts, time.monotonic() - started, sent)
+        return PolicyRun(policy, list(router.records), totals, orders, forecasts, time.monotonic() - started, sent,
+                         warmed)
     finally:
         for channel in (scheduler_channel, predictor_channel, *kv_channels.values()):
             channel.close()
@@ -168,15 +176,6 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: lis
 class _Monotonic:
     def now(self) -> float:
         return time.monotonic()
-
-
-def _warm_predictor(channel: grpc.Channel, warm: list[TraceRequest], unix_times: TimeMap) -> None:
-    """Pre-slice arrivals only, stamped where they would sit on the services' clock."""
-    if not warm:
-        return
-    arrivals = (predictor_pb2.Arrival(time_s=unix_times.to_clock(r.arrival_s), family=r.family,
-                                      prompt_tokens=r.prompt_tokens) for r in warm)
-    predictor_pb2_grpc.PredictorStub(channel).ObserveArrivals(arrivals, timeout=60.0)
 
 
 class _ForecastPoller:

@@ -4,6 +4,12 @@ freshly started local cluster built from the one committed configuration
 open-loop replay. Prints a table per policy and writes JSON (--json) and an
 HTML report (--report DIR).
 
+Before the policies run, the predictor's LightGBM model is trained once on
+the `warmup_s` of trace before the slice (_e2e_model.py) and every policy's
+predictor loads it; each fresh cluster is warm-started with that same
+pre-slice trace (_e2e_warm.py). Requests are keyed into families as the
+config says (`model.family`, the conversation for the Mooncake trace).
+
 The ceiling of this benchmark is the `oracle` policy measured in the same
 run; `none` is the floor. Burst windows are fixed from the whole trace.
 """
@@ -11,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
 from speckv.loadgen.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, percentile, summarize
@@ -57,8 +65,8 @@ def choose_slice(config: E2EConfig, args: argparse.Namespace) -> SliceSpec:
 
 
 def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: SliceSpec,
-            environ: Mapping[str, str], console) -> tuple[dict, dict[str, PolicyRun]]:
-    trace = load_mooncake(trace_path)
+            environ: Mapping[str, str], console, quick: bool = False) -> tuple[dict, dict[str, PolicyRun]]:
+    trace = load_mooncake(trace_path, family=config.family)
     bursts = burst_seconds(r.arrival_s for r in trace)
     in_slice = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
     if not in_slice:
@@ -70,12 +78,20 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
                   f"KV bytes scaled 1/{config.byte_scale}")
     runs: dict[str, PolicyRun] = {}
     summaries: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="speckv-e2e-model-") as model_dir:
+        model = train_before_slice(trace, slice_, Path(model_dir), quick, config.warmup_s)
+        console.print(f"predictor: {model.describe()}")
+        for policy in policies:
+            runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory)
     for policy in policies:
-        runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console)
         run = runs[policy]
         summaries[policy] = summarize(run.records, bursts, config.ttft_target_ms, run.replicas,
                                       config.real_bytes_per_block, run.orders)
         summaries[policy]["wall_s"] = run.wall_s
+        if run.warm is not None:
+            summaries[policy]["warm_routed"] = run.warm.routed
+            summaries[policy]["warm_stored_blocks"] = run.warm.stored_blocks
+            summaries[policy]["warm_s"] = run.warm.seconds
     result = {
         "trace": trace_path.name, "slice": {"start_s": slice_.start_s, "duration_s": slice_.duration_s,
                                            "speed": slice_.speed},
@@ -83,26 +99,31 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
         "nodes": config.nodes, "engine_profile": config.profile.name, "link_gbps": config.link.gbps,
         "real_bytes_per_block": config.real_bytes_per_block,
         "burst_seconds_in_trace": len(bursts), "policies": summaries,
-        "notes": _notes(config, slice_),
+        "family": config.family, "predictor_model": model.describe(),
+        "notes": _notes(config, slice_, model),
     }
     return result, runs
 
 
-def _notes(config: E2EConfig, slice_: SliceSpec) -> list[str]:
+def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel) -> list[str]:
     return [
         f"Engines emulate {config.profile.model} on {config.profile.hardware} (profile {config.profile.name}, "
         f"measured={config.profile.measured}); TTFT is in that model's time.",
         f"KV bytes are scaled down by {config.byte_scale} (kvstore geometry {config.store_geometry} at "
         f"{config.block_tokens} tokens/block) and every emulated link by the same factor; bytes reported are "
         "the real model's.",
-        "The predictor runs its builtin model warmed with the trace's arrivals from before the slice only "
-        "(no LightGBM training entry point was available).",
+        f"Families: '{config.family}' keying of the trace (routes, predictor observations and training, "
+        "planner and oracle alike).",
+        f"Predictor: {model.describe()}.",
+        f"Warm start: before each replay the fresh cluster routes the {config.warmup_s:g} s of trace before the "
+        "slice through the scheduler (the predictor observes them) and stores the newest requests' KV, up to "
+        f"{config.warm_kv_fraction:.0%} of the pages, where they were routed.",
         f"Forecast horizons are wall seconds of the services: at speed {slice_.speed:g} a horizon covers "
         f"{slice_.speed:g}x as much trace time.",
     ]
 
 
-def _run_with_progress(config, policy, trace, slice_, environ, console) -> PolicyRun:
+def _run_with_progress(config, policy, trace, slice_, environ, console, model_dir: Path) -> PolicyRun:
     columns = (TextColumn(f"{policy:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))
     ttfts: list[float] = []
@@ -116,7 +137,7 @@ def _run_with_progress(config, policy, trace, slice_, environ, console) -> Polic
             progress.update(task, total=total, completed=done,
                             status=f"sent {total} done {done} p99 {p99:.0f} ms" if p99 else f"done {done}")
 
-        return run_policy(config, policy, trace, slice_, environ, update)
+        return run_policy(config, policy, trace, slice_, environ, update, model_dir=model_dir)
 
 
 def print_table(console, policies: Mapping[str, Mapping[str, object]]) -> None:
@@ -155,7 +176,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         raise NotFound(f"trace {trace_path} not found")
     config = load_e2e_config(args.config)
     console = wide_console()
-    result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console)
+    result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console,
+                           quick=args.quick)
     print_table(console, result["policies"])
     console.print(markdown_table(result["policies"]), markup=False)
     write_outputs(result, runs, args.json, args.report, console)

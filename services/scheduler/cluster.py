@@ -52,6 +52,36 @@ class NodeLoad:
     waiting_requests: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """The figures one heartbeat carries; None = not in this report. Nodes
+    have two reporters that each know half of the load (the kvstore its free
+    pages, the engine its queue), so a report updates only what it carries
+    and the rest stays as last reported."""
+
+    queued_tokens: int | None = None
+    running_tokens: int | None = None
+    free_pages: int | None = None
+    running_requests: int | None = None
+    waiting_requests: int | None = None
+
+    @classmethod
+    def full(cls, load: NodeLoad) -> "LoadReport":
+        """A report carrying every figure (replaces the whole load)."""
+        return cls(load.queued_tokens, load.running_tokens, load.free_pages, load.running_requests,
+                   load.waiting_requests)
+
+    @property
+    def carries_queue(self) -> bool:
+        return self.queued_tokens is not None or self.waiting_requests is not None
+
+    def merged_into(self, load: NodeLoad) -> NodeLoad:
+        return NodeLoad(*(mine if mine is not None else old for mine, old in (
+            (self.queued_tokens, load.queued_tokens), (self.running_tokens, load.running_tokens),
+            (self.free_pages, load.free_pages), (self.running_requests, load.running_requests),
+            (self.waiting_requests, load.waiting_requests))))
+
+
 @dataclass(slots=True)
 class Node:
     node_id: NodeId
@@ -115,18 +145,23 @@ class Cluster:
         self._board.upsert(node_id, 0.0, now)
         return node, previous is not None
 
-    def heartbeat(self, node_id: NodeId, load: NodeLoad, now: float) -> bool:
-        """Records load; False when the node is unknown (it must register)."""
+    def heartbeat(self, node_id: NodeId, load: NodeLoad | LoadReport, now: float) -> bool:
+        """Merges the figures the report carries (a NodeLoad carries all of
+        them); False when the node is unknown (it must register). Work routed
+        since the last report is forgotten only by a report with queue
+        figures, which counts it; a free-pages-only report leaves it."""
         if not node_id:
             raise InvalidArgument("node_id is empty")
         node = self._nodes.get(node_id)
         if node is None:
             return False
-        node.load = load
+        report = load if isinstance(load, LoadReport) else LoadReport.full(load)
+        node.load = report.merged_into(node.load)
         node.last_heartbeat = max(node.last_heartbeat, now)
         node.status = NodeStatus.UP
-        node.pending_tokens = 0
-        node.pending_requests = 0
+        if report.carries_queue:
+            node.pending_tokens = 0
+            node.pending_requests = 0
         self._board.upsert(node_id, self.queue_ms(node), node.last_heartbeat)
         return True
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from speckv.loadgen.traces.mooncake import FAMILY_MODES
 from speckv.services.common.config import check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
@@ -25,6 +26,7 @@ class SchedulerConfig(ServerSettings):
     lookup_timeout_s: float = field(default=0.2, metadata={"help": "deadline of Route's confirming KVStore.Lookup, s"})
     policies_path: str = field(default="", metadata={"help": "policy/planner thresholds JSON; empty = the committed services/config/policies.json"})
     oracle_trace: str = field(default="", metadata={"help": "Mooncake-format trace the oracle policy reads the true future from; empty = no oracle"})
+    oracle_family: str = field(default="prefix", metadata={"help": "how the oracle keys the trace's families: prefix (first block id) or conversation (first two); must match the families routers send"})
     oracle_offset_s: float = field(default=0.0, metadata={"help": "scheduler clock time at which the oracle trace's t=0 falls, s"})
     forecast_timeout_s: float = field(default=1.0, metadata={"help": "deadline of one predictor Forecast call, s"})
     confirm_routes: bool = field(default=True, metadata={"help": "confirm each routed prefix with the chosen kvstore (one Lookup per Route)"})
@@ -58,5 +60,7 @@ class SchedulerConfig(ServerSettings):
         load_policy_config(self.policies_path or None)
         if self.policy == "predictive" and not self.predictor:
             raise InvalidArgument("policy='predictive' needs --predictor (where forecasts come from)")
+        if self.oracle_family not in FAMILY_MODES:
+            raise InvalidArgument(f"oracle_family={self.oracle_family!r}: expected one of {', '.join(FAMILY_MODES)}")
         if self.policy == "oracle" and not self.oracle_trace:
             raise InvalidArgument("policy='oracle' needs --oracle-trace (the true future arrivals)")

@@ -29,7 +29,7 @@ from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
 from speckv.services.scheduler.arrivals import ArrivalRecord
 from speckv.services.scheduler.block_index import BlockIndex, EventKind, IndexEvent
-from speckv.services.scheduler.cluster import Cluster, Node, NodeLoad
+from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad
 from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.families import FamilyCatalog
@@ -182,7 +182,8 @@ class SchedulerCore:
         with self._lock:
             return self._cluster.get(NodeId(node_id)).generation
 
-    def heartbeat(self, node_id: str, load: NodeLoad) -> bool:
+    def heartbeat(self, node_id: str, load: NodeLoad | LoadReport) -> bool:
+        """Merges a load report (see Cluster.heartbeat); False for an unknown node."""
         with self._lock:
             node = self._cluster.find(NodeId(node_id))
             was_down = node is not None and not self._cluster.is_alive(node, self._clock.now())
@@ -304,17 +305,26 @@ class SchedulerCore:
     def report_order(self, order_id: str, state: OrderState, message: str = "",
                      bytes_sent: int = 0, blocks_sent: int = 0) -> OrderState:
         with self._lock:
-            return self._lifecycle.report(order_id, state, self._clock.now(), message, bytes_sent,
-                                          blocks_sent).state
+            order = self._lifecycle.report(order_id, state, self._clock.now(), message, bytes_sent, blocks_sent)
+            if order.state is OrderState.CANCELLED:
+                self._feed.publish(order.snapshot())  # its source may hold the issued copy
+            return order.state
 
     def cancel_order(self, order_id: str, reason: str = "cancelled") -> Order:
         """Cancels an order not yet started (ISSUED); FailedPrecondition otherwise."""
         with self._lock:
-            return self._lifecycle.cancel(order_id, self._clock.now(), reason).snapshot()
+            return self._cancel_locked(order_id, self._clock.now(), reason)
 
     def get_order(self, order_id: str) -> Order:
         with self._lock:
             return self._orders.get(order_id).snapshot()
+
+    def _cancel_locked(self, order_id: str, now: float, reason: str) -> Order:
+        """Cancels an ISSUED order and tells its source's watchers, which
+        may already hold the issued copy: they get one with `cancelled` set."""
+        order = self._lifecycle.cancel(order_id, now, reason).snapshot()
+        self._feed.publish(order)
+        return order
 
     def watch_orders(self, node_id: str) -> Watcher:
         """A watcher of orders whose source is node_id ("" = all), primed with
@@ -379,7 +389,7 @@ class SchedulerCore:
             plan = plan if isinstance(plan, Plan) else Plan(list(plan))
             for order_id in plan.cancel:
                 try:
-                    self._lifecycle.cancel(order_id, now, f"{policy.name}: burst no longer forecast")
+                    self._cancel_locked(order_id, now, f"{policy.name}: burst no longer forecast")
                 except SpeckvError as exc:
                     log.debug("policy %s could not cancel %s: %s", policy.name, order_id, exc)
             for spec in plan.orders:

@@ -1,4 +1,6 @@
-"""Fan-out of issued orders to WatchOrders streams.
+"""Fan-out of issued orders, and of cancellations of issued orders (a copy in
+state CANCELLED, so a source that already took the order drops it), to
+WatchOrders streams.
 
 Each watcher has its own bounded queue, filtered by source node ("" = all).
 Publishing never blocks: a watcher whose queue is full is closed as

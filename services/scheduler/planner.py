@@ -7,10 +7,13 @@ d_f = the forecast's upper quantile or expected count, per `demand`; at most
 
 1. Supply. A node n holding the family's prefix (L_n blocks, from the block
    index) serves one request in c_n = prefill_ms(P - L_n*S, L_n*S) (P the
-   family's mean prompt, S the block size). Within the horizon plus the TTFT
+   family's mean prompt, S the block size). Only nodes whose L_n saves at
+   least `min_benefit_ms` per request count as holders: one that holds just
+   what every family shares (a system prompt) is a candidate like any other. Within the horizon plus the TTFT
    target T it can take cap_n = (1000*H + T - queue_n) / c_n requests before
-   their TTFT breaks T; queue_n includes work this tick already assigned it
-   for hotter families. Holders (then targets of orders still landing) absorb
+   their TTFT breaks T, and none when queue_n + c_n > T (a request may come
+   at once, before the queue drains); queue_n includes work this tick
+   already assigned it for hotter families. Holders (then targets of orders still landing) absorb
    demand in order of least queue; what is left is the excess E_f.
 2. Candidates. For each family with E_f > 0, the `candidates_per_family`
    least-queued live nodes holding none of it. A replica there (copying the
@@ -103,16 +106,21 @@ class Planner:
         profile = view.families.profile(name) if view.families else None
         if profile is None or not profile.chain:
             return None
+        prompt = max(int(profile.prompt_tokens), 1)
+        block_size = next(iter(live.values())).block_size
+        full_ms = self._prefill(prompt, 0, block_size)
+        # A node whose cached prefix saves less than a replica must save holds
+        # only what the family shares with others (e.g. a system prompt every
+        # conversation starts with): it is a candidate, not a holder.
         lengths = {n: length for n, length in view.index.prefix_lengths(profile.chain).items()
-                   if n in live and length > 0}
+                   if n in live and length > 0
+                   and full_ms - self._prefill(prompt, length, block_size) >= self._cfg.planner.min_benefit_ms}
         if not lengths:
             return None  # nobody holds it: nothing to copy (the first request computes it)
-        prompt = max(int(profile.prompt_tokens), 1)
         held = max(lengths.values())
         source = min((n for n, length in lengths.items() if length == held), key=lambda n: (queue[n], n))
-        block_size = live[source].block_size
         fam = _Family(name, demand, profile.chain[:held], prompt, source, held, demand,
-                      self._prefill(prompt, 0, block_size), self._prefill(prompt, held, block_size),
+                      full_ms, self._prefill(prompt, held, block_size),
                       frozenset(lengths) | landing)
         for node in sorted(fam.nodes, key=lambda n: (queue.get(n, 0.0), n)):
             if node not in live:
@@ -128,7 +136,7 @@ class Planner:
         """(benefit/cost, benefit, bytes) of a replica of fam on target, or None."""
         nbytes = fam.held_blocks * target.bytes_per_block
         transfer = self._link.transfer_ms(nbytes)
-        absorbed = min(fam.excess, self._capacity(queue[target.node_id] + transfer, fam.hit_ms))
+        absorbed = min(fam.excess, self._capacity(queue[target.node_id], fam.hit_ms, transfer))
         benefit = absorbed * (fam.full_ms - fam.hit_ms)
         if benefit < max(self._cfg.planner.min_benefit_ms, 1e-9):
             return None
@@ -163,9 +171,19 @@ class Planner:
                                     expected_benefit_ms=priced[1], policy=policy))
         return orders
 
-    def _capacity(self, queue_ms: float, per_request_ms: float) -> float:
+    def _capacity(self, queue_ms: float, per_request_ms: float, delay_ms: float = 0.0) -> float:
+        """Requests a node can take within the horizon before their TTFT
+        breaks the target. Zero when even one arriving now would miss it
+        (queue + own prefill > T): the forecast does not say when in the
+        horizon a request comes, and a single returning conversation may
+        come at once, before the queue drains. delay_ms (a replica's
+        transfer) shortens the window but not that test: a request arriving
+        before the replica lands is served elsewhere anyway."""
         p = self._cfg.planner
-        return max(0.0, (1000.0 * p.horizon_s + p.ttft_target_ms - queue_ms) / max(per_request_ms, 1e-9))
+        if queue_ms + per_request_ms > p.ttft_target_ms:
+            return 0.0
+        window = 1000.0 * p.horizon_s + p.ttft_target_ms - queue_ms - delay_ms
+        return max(0.0, window / max(per_request_ms, 1e-9))
 
     def _prefill(self, prompt: int, cached_blocks: int, block_size: int) -> float:
         cached = min(cached_blocks * block_size, prompt - 1)

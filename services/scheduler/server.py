@@ -50,10 +50,13 @@ def core_settings(config: SchedulerConfig) -> CoreSettings:
 
 
 def future_arrivals(config: SchedulerConfig) -> TraceFutureArrivals | None:
-    """The oracle's true future, from --oracle-trace shifted by --oracle-offset-s."""
+    """The oracle's true future, from --oracle-trace shifted by --oracle-offset-s,
+    its families keyed by --oracle-family (the routers' keying: a count for a
+    family nobody routes is demand the planner can never place)."""
     if not config.oracle_trace:
         return None
-    return TraceFutureArrivals(load_mooncake(config.oracle_trace), config.oracle_offset_s)
+    return TraceFutureArrivals(load_mooncake(config.oracle_trace, family=config.oracle_family),
+                               config.oracle_offset_s)
 
 
 def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | None = None,

@@ -6,7 +6,7 @@ import threading
 from typing import Iterator
 
 from speckv.services.common.errors import Aborted, InvalidArgument
-from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import RouteRequestItem, RouteResult, SchedulerCore
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import Family, NodeId
@@ -15,6 +15,8 @@ from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 STATE_TO_PROTO = {s: common_pb2.OrderState.Value(f"ORDER_STATE_{s.name}") for s in OrderState}
 STATE_FROM_PROTO = {v: k for k, v in STATE_TO_PROTO.items()}
+# HeartbeatRequest's optional load fields, in LoadReport's order.
+_LOAD_FIELDS = ("queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests")
 WATCH_POLL_S = 1.0  # how often an idle WatchOrders stream checks that its client is still there
 
 
@@ -30,8 +32,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again)
 
     def Heartbeat(self, request, context):
-        load = NodeLoad(request.queued_tokens, request.running_tokens, request.free_pages,
-                        request.num_running_requests, request.num_waiting_requests)
+        load = LoadReport(*(getattr(request, name) if request.HasField(name) else None for name in _LOAD_FIELDS))
         return scheduler_pb2.HeartbeatResponse(known=self._core.heartbeat(request.node_id, load))
 
     def Route(self, request, context):
@@ -110,7 +111,8 @@ def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:
     return common_pb2.ReplicationOrder(
         order_id=order.order_id, family=s.family, block_hashes=s.block_hashes, source_node=s.source,
         target_node=s.target, target_address=s.target_address, lease_ms=s.lease_ms, priority=s.priority,
-        expected_benefit_ms=s.expected_benefit_ms, policy=s.policy)
+        expected_benefit_ms=s.expected_benefit_ms, policy=s.policy,
+        cancelled=order.state is OrderState.CANCELLED)
 
 
 def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> KVGeometry | None:

@@ -12,7 +12,7 @@ def test_demo_compares_policies_on_a_real_trace_slice(tmp_path, traces_dir):
     result = subprocess.run(
         [sys.executable, "-m", "speckv.services.cli", "demo", "--traces", str(traces_dir), "--duration-s", "12",
          "--policies", "none,predictive", "--json", str(out), "--report", str(report)],
-        capture_output=True, text=True, timeout=280)
+        capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(out.read_text())
     assert set(summary["policies"]) == {"none", "predictive"}

@@ -236,3 +236,31 @@ def test_gauges_report_live_nodes_and_orders():
         assert points[("speckv.scheduler.live_nodes", ())] == 2
         assert points[("speckv.scheduler.orders", (("state", "issued"),))] == 1
         assert points[("speckv.scheduler.orders", (("state", "committed"),))] == 0
+
+
+def test_heartbeats_merge_the_fields_they_carry(sched):
+    """A kvstore heartbeat (free pages only) leaves the engine's queue alone."""
+    register(sched, "a", "127.0.0.1:1")
+    sched.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id="a", queued_tokens=4096, running_tokens=70,
+                                                   num_waiting_requests=3, num_running_requests=1), timeout=TIMEOUT)
+    sched.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id="a", free_pages=7), timeout=TIMEOUT)
+    node = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT).nodes[0]
+    assert (node.queued_tokens, node.running_tokens, node.free_pages) == (4096, 70, 7)
+    sched.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id="a", queued_tokens=0, num_waiting_requests=0),
+                    timeout=TIMEOUT)
+    node = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT).nodes[0]
+    assert (node.queued_tokens, node.running_tokens, node.free_pages) == (0, 70, 7)
+
+
+def test_a_cancelled_order_reaches_its_source_watcher_marked_cancelled(sched):
+    register(sched, "a", "127.0.0.1:1")
+    register(sched, "b", "127.0.0.1:2")
+    stream = sched.WatchOrders(scheduler_pb2.WatchOrdersRequest(node_id="a"), timeout=60)
+    order_id = sched.SubmitOrder(order(), timeout=TIMEOUT).order_id
+    issued = next(stream)
+    assert issued.order_id == order_id and not issued.cancelled
+    sched.ReportOrderStatus(scheduler_pb2.OrderStatusReport(order_id=order_id, state=S.ORDER_STATE_CANCELLED),
+                            timeout=TIMEOUT)
+    again = next(stream)
+    assert again.order_id == order_id and again.cancelled
+    stream.cancel()

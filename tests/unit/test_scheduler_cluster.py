@@ -1,7 +1,7 @@
 import pytest
 
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from speckv.services.scheduler.cluster import Cluster, NodeLoad, NodeStatus
+from speckv.services.scheduler.cluster import Cluster, LoadReport, NodeLoad, NodeStatus
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.ids import NodeId
 
@@ -83,3 +83,31 @@ def test_geometry_bytes():
     llama = KVGeometry(32, 8, 128, "bfloat16", 16)
     assert llama.bytes_per_token == 128 * 1024
     assert llama.bytes_per_block == 2 * 1024 * 1024
+
+
+def test_a_free_pages_report_keeps_the_engine_queue_and_its_pending_work():
+    """Two reporters per node: the kvstore's free pages must not wipe the
+    engine's queue figures, nor forget work routed since the engine's report."""
+    c = make()
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
+    c.heartbeat(NodeId("a"), LoadReport(queued_tokens=500, running_tokens=70, running_requests=2,
+                                        waiting_requests=3), now=0.1)
+    c.add_pending(NodeId("a"), 40)
+    c.heartbeat(NodeId("a"), LoadReport(free_pages=17), now=0.2)
+    node = c.get(NodeId("a"))
+    assert (node.load.queued_tokens, node.load.running_tokens, node.load.running_requests,
+            node.load.waiting_requests, node.load.free_pages) == (500, 70, 2, 3, 17)
+    assert node.queued_tokens == 540 and node.waiting_requests == 4
+    assert node.last_heartbeat == 0.2
+    c.heartbeat(NodeId("a"), LoadReport(queued_tokens=0, waiting_requests=0), now=0.3)
+    node = c.get(NodeId("a"))
+    assert node.queued_tokens == 0 and node.waiting_requests == 0 and node.load.free_pages == 17
+    assert node.load.running_tokens == 70  # not in that report: as last reported
+
+
+def test_a_full_node_load_still_replaces_every_figure():
+    c = make()
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
+    c.heartbeat(NodeId("a"), NodeLoad(queued_tokens=9, free_pages=5), now=0.1)
+    c.heartbeat(NodeId("a"), NodeLoad(), now=0.2)
+    assert c.get(NodeId("a")).load == NodeLoad()

@@ -128,3 +128,29 @@ def test_a_node_going_down_fails_its_orders():
     core.tick()
     failed = core.get_order(order.order_id)
     assert failed.state is OrderState.FAILED and "target node n1 is down" in failed.message
+
+
+def test_a_node_holding_only_the_shared_system_prompt_is_a_candidate_not_a_holder():
+    """Conversation families share block 0 (a system prompt) that every node
+    holds: holding it must not count as holding the conversation."""
+    core, clock, forecasts = predictive(nodes=3)
+    for node in ("n1", "n2"):
+        store(core, node, CHAIN[:1], "another-conversation")
+    core.heartbeat("n0", NodeLoad(queued_tokens=10_000_000))  # the holder is swamped
+    forecasts.counts = {FAMILY: 1.0}
+    orders = core.tick()
+    assert len(orders) == 1 and orders[0].spec.source == "n0" and orders[0].spec.target in {"n1", "n2"}
+    assert orders[0].spec.block_hashes == CHAIN
+
+
+def test_a_holder_whose_queue_already_breaks_the_target_serves_no_returning_request():
+    """One request forecast within the horizon may arrive at once: a holder
+    with queue + prefill above the TTFT target cannot take it, even though a
+    late arrival would find its queue drained."""
+    core, clock, forecasts = predictive(planner={"ttft_target_ms": 2000.0, "horizon_s": 2.0})
+    queued = next(t for t in range(0, 10_000_000, 1000)  # a queue between T and H + T
+                  if 2200.0 < core.context.profile.queue_ms(t, 1) < 3000.0)
+    core.heartbeat("n0", NodeLoad(queued_tokens=queued, waiting_requests=1))
+    forecasts.counts = {FAMILY: 1.0}
+    orders = core.tick()
+    assert len(orders) == 1 and orders[0].spec.source == "n0"

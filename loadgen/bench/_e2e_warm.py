@@ -1,0 +1,80 @@
+"""Warm start of one policy's fresh cluster: the state the trace before the
+slice would have left, so the slice does not begin on an empty cluster that
+no real one ever is.
+
+Every request of the `warmup_s` before the slice is routed through the
+scheduler (Route, in arrival order, `arrival_time_s` its time mapped onto the
+services' clock): the scheduler learns its family and reports the arrival to
+the predictor, exactly as during the replay. No engine runs, so the only load
+the router sees is the work routed so far (the scheduler's pending figures,
+which the kvstores' free-pages-only heartbeats no longer wipe); placement is
+KV-aware and spread by routed tokens.
+
+KV: the requests' new full blocks are stored (PutBlocks) on the node they were
+routed to, for the newest requests only, as many as fit in `resident_fraction`
+of the cluster's pages: older KV would have been evicted by now anyway, and
+writing it would only cost start-up time. Blocks are the router's
+deterministic payloads (router.block_payload), so replicas stay checkable.
+
+Invariant: nothing from the slice itself is routed, stored or observed here.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
+
+import grpc
+
+from speckv.loadgen.replay import TimeMap
+from speckv.loadgen.router import block_payload
+from speckv.loadgen.traces import TraceRequest
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+RPC_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStats:
+    routed: int  # pre-slice requests routed (and reported to the predictor)
+    stored_requests: int  # of those, the newest whose KV was stored
+    stored_blocks: int
+    seconds: float  # wall time the warm start took
+
+
+def resident_tail(requests: Sequence[TraceRequest], max_blocks: int) -> int:
+    """Index of the first request of the newest suffix whose distinct full
+    blocks number at most max_blocks."""
+    seen: set[int] = set()
+    for i in range(len(requests) - 1, -1, -1):
+        r = requests[i]
+        seen.update(r.block_hashes[:r.full_blocks])
+        if len(seen) > max_blocks:
+            return i + 1
+    return 0
+
+
+def warm_cluster(scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], warm: Sequence[TraceRequest],
+                 unix_times: TimeMap, stored_bytes_per_block: int, max_blocks: int) -> WarmStats:
+    began = time.monotonic()
+    stub = scheduler_pb2_grpc.SchedulerStub(scheduler)
+    stores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
+    first_stored = resident_tail(warm, max_blocks)
+    blocks = 0
+    for i, r in enumerate(warm):
+        hashes = list(r.block_hashes[:r.full_blocks])
+        route = stub.Route(scheduler_pb2.RouteRequest(
+            request_id=f"warm-{i}", block_hashes=hashes, prompt_tokens=r.prompt_tokens, family=r.family,
+            arrival_time_s=unix_times.to_clock(r.arrival_s)), timeout=RPC_TIMEOUT_S)
+        if i < first_stored or route.cached_blocks >= len(hashes):
+            continue
+        reply = stores[route.node_id].PutBlocks(
+            _puts(hashes, route.cached_blocks, r.family, stored_bytes_per_block), timeout=RPC_TIMEOUT_S)
+        blocks += reply.stored
+    return WarmStats(len(warm), len(warm) - first_stored, blocks, time.monotonic() - began)
+
+
+def _puts(hashes: list[int], first: int, family: str, nbytes: int) -> Iterator[kvstore_pb2.PutBlockRequest]:
+    for i in range(first, len(hashes)):
+        yield kvstore_pb2.PutBlockRequest(block_hash=hashes[i], data=block_payload(hashes[i], nbytes), family=family,
+                                          parent_hash=hashes[i - 1] if i else 0, has_parent=i > 0)
