@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -63,6 +64,7 @@ class SchedulerAgent:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._watch_call: grpc.Future | None = None
+        self._cancelled = CancelledOrders()
         self._orders = ThreadPoolExecutor(ORDER_WORKERS, thread_name_prefix=f"{store.node_id}-order")
         self._threads = [threading.Thread(target=self._heartbeat_loop, name=f"{store.node_id}-heartbeat", daemon=True),
                          threading.Thread(target=self._watch_loop, name=f"{store.node_id}-orders", daemon=True)]
@@ -127,7 +129,10 @@ class SchedulerAgent:
                     self._watch_call = call
                 for order in call:
                     backoff.reset()
-                    self._orders.submit(self._execute, order)
+                    if order.cancelled:
+                        self._cancelled.mark(order.order_id)
+                    else:
+                        self._orders.submit(self._execute, order)
             except (grpc.RpcError, ValueError, RuntimeError) as exc:  # RuntimeError: submit after stop()
                 if self._stop.is_set():
                     return
@@ -135,7 +140,9 @@ class SchedulerAgent:
             self._stop.wait(backoff.next())
 
     def _execute(self, order: common_pb2.ReplicationOrder) -> None:
-        if self._stop.is_set():
+        # An order cancelled while it waited for a worker is dropped unreported:
+        # the scheduler already counts it cancelled. One already sending runs on.
+        if self._stop.is_set() or self._cancelled.contains(order.order_id):
             return
         self._report(order.order_id, common_pb2.ORDER_STATE_IN_FLIGHT, "")
         try:
@@ -156,6 +163,26 @@ class SchedulerAgent:
                 blocks_sent=blocks_sent), timeout=self._timeout_s)
         except (grpc.RpcError, ValueError) as exc:
             log.warning("could not report order %s: %s", order_id, _describe(exc))
+
+
+class CancelledOrders:
+    """The ids of the last `capacity` orders the scheduler cancelled."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def mark(self, order_id: str) -> None:
+        with self._lock:
+            self._ids[order_id] = None
+            self._ids.move_to_end(order_id)
+            while len(self._ids) > self._capacity:
+                self._ids.popitem(last=False)
+
+    def contains(self, order_id: str) -> bool:
+        with self._lock:
+            return order_id in self._ids
 
 
 def _describe(exc: Exception) -> str:
