@@ -14,7 +14,13 @@ Definitions (the same for every policy):
 - Replica hit ratio: share of served requests whose cached prefix on the
   serving node included at least one block committed there by a replication
   order. Wasted bytes ratio: replicated blocks never read / replicated blocks
-  (0 when nothing was replicated). Bytes are the real model's (stored bytes x
+  (0 when nothing was replicated). The hit ratio is bounded by landings /
+  served requests: a conversation family rarely brings more than one
+  request while a replica is fresh, so it reads low even when every replica
+  is used; replica_landings_read_ratio (landings, one per order and target,
+  any of whose blocks a request read) and replica_read_lead_s_p50 (trace
+  seconds from commit to first read, over landings read) say whether the
+  replicas themselves were useful. Bytes are the real model's (stored bytes x
   the byte scale factor).
 """
 from __future__ import annotations
@@ -104,5 +110,10 @@ def summarize(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_tar
         "replica_blocks_read": replicas.read_blocks,
         "replica_hit_ratio": (sum(1 for r in served if r.replica_blocks) / len(served)) if served else 0.0,
         "wasted_bytes_ratio": replicas.wasted_blocks / committed if committed else 0.0,
+        "replica_landings": len(replicas.fates),
+        "replica_landings_read_ratio": (sum(1 for f in replicas.fates if f.read_blocks) / len(replicas.fates)
+                                        if replicas.fates else 0.0),
+        "replica_read_lead_s_p50": percentile([f.first_read_s - f.committed_s for f in replicas.fates
+                                               if f.first_read_s is not None], 50),
         "orders": dict(orders),
     }

@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 TABLE_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p90_ms", "p90"), ("ttft_p99_ms", "p99"),
                  ("burst_ttft_p99_ms", "burst p99"), ("slo_attainment", "SLO"),
                  ("bytes_replicated", "GiB replicated"), ("replica_hit_ratio", "replica hits"),
+                 ("replica_landings_read_ratio", "replicas read"),
                  ("wasted_bytes_ratio", "wasted"), ("errors", "errors")]
 
 

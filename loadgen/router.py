@@ -95,7 +95,7 @@ class ReferenceRouter:
             cached_blocks, fetch_blocks, fetch_from = route.cached_blocks, route.fetch_blocks, route.fetch_from_node
         hashes = request.block_hashes[:request.full_blocks]
         with self._ledger_lock:
-            record.replica_blocks = self._ledger.note_read(node, hashes[:cached_blocks])
+            record.replica_blocks = self._ledger.note_read(node, hashes[:cached_blocks], request.arrival_s)
         block = request.block_tokens
         cached = min(cached_blocks * block, request.prompt_tokens - 1)
         fetched = min(fetch_blocks * block, request.prompt_tokens - 1 - cached) if fetch_from else 0

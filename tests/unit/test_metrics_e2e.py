@@ -72,3 +72,20 @@ def test_a_snapshot_drops_replicas_the_node_no_longer_has():
     assert ledger.note_read("n", [1, 2]) == 1
     totals = ledger.totals()
     assert (totals.committed_blocks, totals.read_blocks, totals.wasted_blocks) == (2, 1, 1)
+
+
+def test_each_order_landing_records_its_commit_time_and_first_read():
+    ledger = ReplicaLedger()
+    ledger.apply("n1", KVEventKind.COMMITTED, [1, 2, 3], 5.0, "o1", "fa")
+    ledger.apply("n2", KVEventKind.COMMITTED, [1, 2], 5.5, "o2", "fa")
+    ledger.apply("n1", KVEventKind.COMMITTED, [3, 4], 6.0, "o3", "fb")  # 3 is already o1's replica
+    assert ledger.note_read("n1", [1, 2], time_s=7.25) == 2
+    assert ledger.note_read("n1", [1, 2, 3], time_s=9.0) == 3
+    fates = {f.order_id: f for f in ledger.totals().fates}
+    assert (fates["o1"].node, fates["o1"].family, fates["o1"].committed_s, fates["o1"].blocks) == ("n1", "fa", 5.0, 3)
+    assert fates["o1"].read_blocks == 3 and fates["o1"].first_read_s == 7.25
+    assert fates["o2"].read_blocks == 0 and fates["o2"].first_read_s is None
+    assert fates["o3"].blocks == 1 and fates["o3"].read_blocks == 0
+    s = summarize([_record(0, 7.25, 100.0, replica=2)], frozenset(), 2000.0, ledger.totals(), 64, {})
+    assert s["replica_landings"] == 3 and s["replica_landings_read_ratio"] == pytest.approx(1 / 3)
+    assert s["replica_read_lead_s_p50"] == pytest.approx(2.25)  # o1: committed 5.0, first read 7.25

@@ -104,3 +104,30 @@ def _full_estimate(core, query):
     from speckv.services.scheduler.router import best_holder
     holder = best_holder(cands)
     return [core._router.estimate(query, c, holder) for c in cands]
+
+
+def test_reactive_heat_does_not_count_a_node_holding_only_the_shared_first_block_as_a_holder():
+    # Every conversation starts with the same system-prompt block, so every
+    # node holds CHAIN[0]; only n0 holds the conversation itself. Holding one
+    # 16-token block saves far less than min_benefit_ms: those nodes are targets.
+    core, clock = make_core(6, "reactive-heat", reactive_heat={"heat_threshold": 8, "heat_per_replica": 8,
+                                                               "max_replicas": 3})
+    for i in range(1, 6):
+        store(core, f"n{i}", CHAIN[:1], family="system")
+    store(core, "n0", CHAIN)
+    route_family(core, 24)  # wants 1 + 24 // 8 = 4, capped at 3 holders
+    orders = core.tick()
+    assert len(orders) == 2 and {o.spec.source for o in orders} == {"n0"}
+    assert all(o.spec.block_hashes == CHAIN and o.spec.target != "n0" for o in orders)
+
+
+def test_reactive_migrate_copies_to_a_node_holding_only_the_shared_first_block():
+    core, clock = make_core(3, "reactive-migrate")
+    store(core, "n1", CHAIN[:1], family="system")
+    store(core, "n2", CHAIN[:1], family="system")
+    store(core, "n0", CHAIN)
+    route_family(core, 5)
+    load(core, "n0", 100_000)  # 3.5 s of queued prefill > 1 s threshold
+    orders = core.tick()
+    assert len(orders) == 1 and orders[0].spec.source == "n0" and orders[0].spec.block_hashes == CHAIN
+    assert orders[0].spec.target in {"n1", "n2"}

@@ -1,8 +1,11 @@
 """Shared by the reactive policies: one copy of a family's prefix from its
 best holder to the least-queued eligible node, if the budgets allow.
 
-Source: the live node holding the longest prefix of the family's chain
-(ties: least queued, then id). Target: the first node of `targets` (already
+Holders: live nodes whose cached prefix of the family's chain saves at least
+`planner.min_benefit_ms` of prefill per request (the planner's rule). A node
+holding only what every conversation shares (a system-prompt block) is a
+target like any other, not a holder. Source: the holder with the longest
+prefix (ties: least queued, then id). Target: the first node of `targets` (already
 ordered least queued first by the caller) that holds none of the chain, is
 not excluded, and fits the BudgetBook. The order copies the source's prefix.
 """
@@ -12,6 +15,7 @@ from typing import Iterable
 
 from speckv.services.scheduler.budgets import BudgetBook
 from speckv.services.scheduler.engine_profile import EngineProfile
+from speckv.services.scheduler.families import FamilyProfile
 from speckv.services.scheduler.ids import Family, NodeId
 from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.policies.base import ClusterView, NodeView
@@ -21,9 +25,27 @@ def queue_ms(profile: EngineProfile, nodes: Iterable[NodeView]) -> dict[NodeId, 
     return {n.node_id: profile.queue_ms(n.queued_tokens, n.waiting_requests) for n in nodes}
 
 
-def holders_of(view: ClusterView, chain: list[int], live: dict[NodeId, NodeView]) -> dict[NodeId, int]:
-    """Live nodes holding at least the first block of chain -> blocks held."""
-    return {n: k for n, k in view.index.prefix_lengths(chain).items() if n in live and k > 0}
+def holders_of(view: ClusterView, family: FamilyProfile, live: dict[NodeId, NodeView], profile: EngineProfile,
+               min_benefit_ms: float) -> dict[NodeId, int]:
+    """Live nodes whose prefix of the family's chain saves >= min_benefit_ms -> blocks held.
+
+    Saving = prefill_ms(P, 0) - prefill_ms(P - L*S, L*S) for the family's mean
+    prompt P (tokens), block size S and L blocks held; at least one token is
+    always computed, as in the engine and the planner.
+    """
+    if not live:
+        return {}
+    prompt = max(int(family.prompt_tokens), 1)
+    block_size = next(iter(live.values())).block_size
+    full_ms = profile.prefill_ms(prompt, 0)
+    out: dict[NodeId, int] = {}
+    for node, length in view.index.prefix_lengths(family.chain).items():
+        if node not in live or length <= 0:
+            continue
+        cached = min(length * block_size, prompt - 1)
+        if full_ms - profile.prefill_ms(prompt - cached, cached) >= min_benefit_ms:
+            out[node] = length
+    return out
 
 
 def landing_targets(view: ClusterView, family: Family) -> set[NodeId]:

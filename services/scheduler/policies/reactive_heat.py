@@ -48,7 +48,7 @@ class ReactiveHeatPolicy:
             profile = view.families.profile(family)
             if profile is None or not profile.chain:
                 continue
-            holders = holders_of(view, profile.chain, live)
+            holders = holders_of(view, profile, live, self._profile, self._cfg.planner.min_benefit_ms)
             landing = landing_targets(view, family)
             want = min(s.max_replicas, 1 + heat // s.heat_per_replica)
             for _ in range(want - len(set(holders) | landing)):

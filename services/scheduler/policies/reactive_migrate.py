@@ -58,7 +58,7 @@ class ReactiveMigratePolicy:
             profile = view.families.profile(family)
             if profile is None or not profile.chain:
                 continue
-            holders = holders_of(view, profile.chain, live)
+            holders = holders_of(view, profile, live, self._profile, self._cfg.planner.min_benefit_ms)
             order = copy_order(family, profile.chain, holders, queue, idle, landing_targets(view, family), book,
                                live, self._cfg.leases.replica_lease_ms, self.name)
             if order is not None:
