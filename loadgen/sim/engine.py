@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from speckv.loadgen.engine import EmulatedEngine, EngineEvent
+from speckv.loadgen.engine import EmulatedEngine, EngineEvent, EngineJob, EngineLoad
 from speckv.loadgen.e2e_config import EngineLimits
 from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
 
@@ -38,6 +38,16 @@ class FastEngine(EmulatedEngine):
         super().__init__(node_id, profile, limits, link, kv_bytes_per_token)
         self._a = (limits.decode_weights_ms + limits.decode_step_overhead_ms) / 1e3
         self._b = kv_bytes_per_token / (limits.hbm_gb_per_s * 1e9)
+        self._totals_key: tuple[int, int] = (-1, -1)
+        self._totals: tuple[int, int] = (0, 0)
+
+    def load(self) -> EngineLoad:
+        """EmulatedEngine.load, with the running context from the cached totals."""
+        waiting = [*self._fetching, *self._waiting]
+        running = self._running
+        return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting),
+                          running_tokens=self._running_totals()[1] if running else 0,
+                          waiting_requests=len(waiting), running_requests=len(running))
 
     def advance(self, now: float) -> list[EngineEvent]:
         events: list[EngineEvent] = []
@@ -63,8 +73,9 @@ class FastEngine(EmulatedEngine):
         running = self._running
         planned = 1 if self._step is not None else 0
         base = self._step.end_s if self._step is not None else self._free_s
-        k = min(j.output_tokens - j.tokens_out for j in running) - planned
-        context = sum(j.context_tokens for j in running) + planned * len(running)
+        left, context = self._running_totals()
+        k = left - planned
+        context += planned * len(running)
         return base + self._span(max(0, k), context, len(running))
 
     # --- the shortcut ---------------------------------------------------------
@@ -84,8 +95,7 @@ class FastEngine(EmulatedEngine):
         completion) at once; False when not even one fits."""
         running = self._running
         seqs = len(running)
-        k_done = min(j.output_tokens - j.tokens_out for j in running)
-        context = sum(j.context_tokens for j in running)
+        k_done, context = self._running_totals()
         k = min(k_done, self._fit(now - self._free_s, context, seqs))
         if k <= 0:
             return False
@@ -97,6 +107,17 @@ class FastEngine(EmulatedEngine):
             if job.tokens_out >= job.output_tokens:
                 events.append(self._complete(job, end))
         return True
+
+    def _running_totals(self) -> tuple[int, int]:
+        """_decode_totals of the running sequences (non-empty), computed once
+        per engine state. Only a step (base _finish, or _jump here) changes a
+        running sequence's tokens or the running set, and each bumps `steps`;
+        the set's length is in the key too, should anything else change it."""
+        key = (self.steps, len(self._running))
+        if key != self._totals_key:
+            self._totals = _decode_totals(self._running)
+            self._totals_key = key
+        return self._totals
 
     def _fit(self, budget_s: float, context: int, seqs: int) -> int:
         """The most decode steps whose total time is <= budget_s."""
@@ -114,3 +135,21 @@ class FastEngine(EmulatedEngine):
         while self._span(k + 1, context, seqs) <= budget_s + _EPS_S:
             k += 1
         return k
+
+
+def _decode_totals(running: list[EngineJob]) -> tuple[int, int]:
+    """(fewest tokens any running sequence has left to decode, total context
+    tokens of all of them) in one pass over a non-empty list. The context is
+    EngineJob.context_tokens unrolled (skipped, capped at prompt - 1, plus
+    prefilled plus decoded): this runs on every engine wake, and the two
+    property calls per sequence were the simulator's largest single cost."""
+    left = running[0].output_tokens - running[0].tokens_out
+    context = 0
+    for j in running:
+        r = j.output_tokens - j.tokens_out
+        if r < left:
+            left = r
+        skipped = j.cached_tokens + j.fetch_tokens
+        cap = j.prompt_tokens - 1
+        context += (skipped if skipped < cap else cap) + j.prefilled + j.tokens_out
+    return left, context

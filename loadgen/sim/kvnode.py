@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from speckv.services.kvstore.index import BlockEntry, BlockHash, BlockIndex
-from speckv.services.kvstore.pool import PageId
+from speckv.services.kvstore.index import BlockEntry, BlockIndex
 
 
 @dataclass(slots=True)
@@ -50,8 +49,9 @@ class SimKVNode:
     def lookup(self, hashes: Sequence[int]) -> int:
         """Blocks of the longest resident prefix; touches them (a use)."""
         n = self._index.longest_prefix(hashes)
+        touch = self._index.touch
         for h in hashes[:n]:
-            self._index.touch(BlockHash(h))
+            touch(h)  # type: ignore[arg-type]  # BlockHash is a NewType of int
         return n
 
     def holds_all(self, hashes: Sequence[int]) -> bool:
@@ -63,20 +63,25 @@ class SimKVNode:
         blocks are touched, new ones evict as needed. lease_deadline marks
         new blocks as speculative replicas."""
         out = PutOutcome()
+        stored, evicted = out.stored, out.evicted
+        index, free = self._index, self._free
         parent = first_parent
+        # Hashes go in as plain ints (BlockHash / PageId are NewTypes of int):
+        # this loop runs for every block of every prompt in the simulation.
         for h in hashes:
-            if h in self._index:
-                self._index.touch(BlockHash(h))
+            if h in index:
+                index.touch(h)  # type: ignore[arg-type]
             else:
-                if not self._free:
-                    victim = self._index.pop_victim(now)
+                if free:
+                    page = free.pop()
+                else:
+                    victim = index.pop_victim(now)
                     if victim is None:  # cannot happen: nothing is pinned
                         break
-                    self._free.append(victim.page)
-                    out.evicted.append(int(victim.block_hash))
-                self._index.insert(BlockEntry(BlockHash(h), PageId(self._free.pop()), family,
-                                              BlockHash(parent) if parent is not None else None,
-                                              lease_deadline=lease_deadline))
-                out.stored.append(h)
+                    page = victim.page
+                    evicted.append(int(victim.block_hash))
+                index.insert(BlockEntry(h, page, family, parent,  # type: ignore[arg-type]
+                                        lease_deadline=lease_deadline))
+                stored.append(h)
             parent = h
         return out

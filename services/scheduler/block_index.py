@@ -57,8 +57,12 @@ class BlockIndex:
                 family = Family(event.family) if event.family else default_family(event.block_hashes)
                 self.note_family(family, event.block_hashes[0])
         elif event.kind is EventKind.REMOVED:
-            for h in event.block_hashes:
-                self._remove(node, h)
+            held = self._inventory.get(node)
+            if held is not None:
+                for h in event.block_hashes:
+                    if h in held:
+                        held.discard(h)
+                        self._unhold(node, h)
 
     def drop_node(self, node: NodeId) -> None:
         """Forgets everything node holds (re-registration, snapshot, removal)."""
@@ -130,11 +134,16 @@ class BlockIndex:
     def num_families(self) -> int:
         return len(self._family_root)
 
-    def _add(self, node: NodeId, hashes: Iterable[int]) -> None:
+    def _add(self, node: NodeId, hashes: Sequence[int]) -> None:
         held = self._inventory.setdefault(node, set())
+        holders = self._holders
         for h in hashes:
-            held.add(h)
-            self._holders.setdefault(h, set()).add(node)
+            nodes = holders.get(h)
+            if nodes is None:
+                holders[h] = {node}  # no throwaway set() per already-held block
+            else:
+                nodes.add(node)
+        held.update(hashes)
 
     def _remove(self, node: NodeId, h: int) -> None:
         held = self._inventory.get(node)

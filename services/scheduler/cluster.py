@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Collection
+from typing import Callable, Collection, Iterable
 
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.geometry import KVGeometry
@@ -155,11 +155,16 @@ class Cluster:
         node = self._nodes.get(node_id)
         if node is None:
             return False
-        report = load if isinstance(load, LoadReport) else LoadReport.full(load)
-        node.load = report.merged_into(node.load)
+        if isinstance(load, NodeLoad):  # a full report replaces every figure (the simulator's every beat)
+            node.load = NodeLoad(load.queued_tokens, load.running_tokens, load.free_pages, load.running_requests,
+                                 load.waiting_requests)
+            carries_queue = True
+        else:
+            node.load = load.merged_into(node.load)
+            carries_queue = load.carries_queue
         node.last_heartbeat = max(node.last_heartbeat, now)
         node.status = NodeStatus.UP
-        if report.carries_queue:
+        if carries_queue:
             node.pending_tokens = 0
             node.pending_requests = 0
         self._board.upsert(node_id, self.queue_ms(node), node.last_heartbeat)
@@ -178,6 +183,17 @@ class Cluster:
 
     def is_alive(self, node: Node, now: float) -> bool:
         return now - node.last_heartbeat <= self._timeout_s
+
+    def live_among(self, node_ids: Iterable[NodeId], now: float) -> list[Node]:
+        """The registered, alive nodes among node_ids, in their order (is_alive
+        inlined: the router asks this for every holder of every request)."""
+        nodes, timeout_s = self._nodes, self._timeout_s
+        out = []
+        for node_id in node_ids:
+            node = nodes.get(node_id)
+            if node is not None and now - node.last_heartbeat <= timeout_s:
+                out.append(node)
+        return out
 
     def nodes(self) -> list[Node]:
         return sorted(self._nodes.values(), key=lambda n: n.node_id)

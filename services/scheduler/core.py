@@ -279,11 +279,15 @@ class SchedulerCore:
         """Live holders of the first block, plus the least-queued other live nodes."""
         lengths = self._index.prefix_lengths(hashes)
         cluster = self._cluster
-        nodes = [n for n in (cluster.find(node_id) for node_id in lengths) if n is not None and cluster.is_alive(n, now)]
+        nodes = cluster.live_among(lengths, now)
         nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
-        return [Candidate(n.node_id, n.queued_tokens, n.waiting_requests, n.pending_requests,
-                          lengths.get(n.node_id, 0), n.geometry.block_size, n.bytes_per_block)
-                for n in nodes]
+        held = lengths.get
+        out = []
+        for n in nodes:  # Node.queued_tokens / waiting_requests inlined: this runs per candidate per route
+            load, pending = n.load, n.pending_requests
+            out.append(Candidate(n.node_id, load.queued_tokens + n.pending_tokens, load.waiting_requests + pending,
+                                 pending, held(n.node_id, 0), n.geometry.block_size, n.bytes_per_block))
+        return out
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:
         if self._confirmer is None or not hashes:
@@ -433,15 +437,16 @@ class SchedulerCore:
 
     def _view(self, now: float) -> ClusterView:
         ledger = self._lifecycle.ledger
-        return ClusterView(now, tuple(self._node_view(n, now) for n in self._cluster.nodes()),
+        nodes = self._cluster.nodes()
+        return ClusterView(now, tuple(self._node_view(n, now) for n in nodes),
                            self._index, tuple(o.snapshot() for o in self._orders.active()),
-                           self._families, {n.node_id: ledger.blocks_on(n.node_id) for n in self._cluster.nodes()},
+                           self._families, {n.node_id: ledger.blocks_on(n.node_id) for n in nodes},
                            self._link_bytes_per_s)
 
     def _node_view(self, n: Node, now: float) -> NodeView:
         return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
-                        n.geometry.block_size, n.geometry.bytes_per_block, self._index.num_blocks(n.node_id))
+                        n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id))
 
 
 def _query(request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str,

@@ -112,9 +112,18 @@ class Planner:
         # A node whose cached prefix saves less than a replica must save holds
         # only what the family shares with others (e.g. a system prompt every
         # conversation starts with): it is a candidate, not a holder.
+        # Holders mostly share a few prefix lengths: price each length once.
+        priced: dict[int, float] = {}
+
+        def prefill_at(length: int) -> float:
+            ms = priced.get(length)
+            if ms is None:
+                ms = priced[length] = self._prefill(prompt, length, block_size)
+            return ms
+
+        min_benefit_ms = self._cfg.planner.min_benefit_ms
         lengths = {n: length for n, length in view.index.prefix_lengths(profile.chain).items()
-                   if n in live and length > 0
-                   and full_ms - self._prefill(prompt, length, block_size) >= self._cfg.planner.min_benefit_ms}
+                   if n in live and length > 0 and full_ms - prefill_at(length) >= min_benefit_ms}
         if not lengths:
             return None  # nobody holds it: nothing to copy (the first request computes it)
         held = max(lengths.values())
@@ -125,7 +134,7 @@ class Planner:
         for node in sorted(fam.nodes, key=lambda n: (queue.get(n, 0.0), n)):
             if node not in live:
                 continue
-            per_request = self._prefill(prompt, lengths.get(node, held), block_size)
+            per_request = prefill_at(lengths.get(node, held))
             take = min(fam.excess, self._capacity(queue[node], per_request))
             fam.excess -= take
             queue[node] += take * per_request  # this work is now spoken for

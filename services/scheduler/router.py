@@ -94,12 +94,27 @@ class KvAwareRouter:
             raise ValueError("no candidates")
         holder = best_holder(candidates)
         memo: dict[tuple[int, int, int], tuple[float, float, float, int]] = {}
-        decisions = {c.node_id: self._estimate(query, c, holder, memo) for c in candidates}
-        best = min(d.expected_ttft_ms for d in decisions.values())
-        tied = [c for c in candidates if decisions[c.node_id].expected_ttft_ms <= best + self._tie_ms]
+        # Scores are plain floats (the same arithmetic as _estimate, in the
+        # same order, so the same values); only the winner becomes a
+        # RouteDecision: this loop runs for every candidate of every route.
+        ms_per_token, overhead_ms = self._profile.ms_per_token, self._profile.overhead_ms
+        holder_id = holder.node_id if holder is not None else None
+        holder_blocks = holder.cached_blocks if holder is not None else 0
+        scores: list[float] = []
+        for c in candidates:
+            queued, waiting = c.queued_tokens, c.waiting_requests  # ints: max(0, x) without the calls
+            queue_ms = ms_per_token * (queued if queued > 0 else 0) + overhead_ms * (waiting if waiting > 0 else 0)
+            pulls = holder_id is not None and holder_id != c.node_id and holder_blocks > c.cached_blocks
+            key = (c.cached_blocks, c.block_size, c.bytes_per_block if pulls else -1)
+            figures = memo.get(key)
+            if figures is None:
+                figures = memo[key] = self._figures(query, c, holder if pulls else None)
+            scores.append(queue_ms + figures[1] + figures[0] if figures[3] else queue_ms + figures[0])
+        limit = min(scores) + self._tie_ms
+        tied = [c for c, score in zip(candidates, scores) if score <= limit]
         fewest = min(c.routes_in_flight for c in tied)
         tied = sorted((c for c in tied if c.routes_in_flight == fewest), key=lambda c: c.node_id)
-        return decisions[self._rng.choice(tied).node_id]
+        return self._estimate(query, self._rng.choice(tied), holder, memo)
 
     def estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> RouteDecision:
         return self._estimate(query, node, holder, {})
@@ -140,10 +155,16 @@ class KvAwareRouter:
 
 def best_holder(candidates: Sequence[Candidate]) -> Candidate | None:
     """The candidate with the longest cached prefix (ties: least busy, then id)."""
-    holders = [c for c in candidates if c.cached_blocks > 0]
-    if not holders:
+    if not candidates:
         return None
-    return min(holders, key=lambda c: (-c.cached_blocks, c.queued_tokens, c.node_id))
+    top = max(c.cached_blocks for c in candidates)
+    if top <= 0:
+        return None
+    # Only the longest-prefix holders can win: tie-break among them alone.
+    holders = [c for c in candidates if c.cached_blocks == top]
+    if len(holders) == 1:
+        return holders[0]
+    return min(holders, key=lambda c: (c.queued_tokens, c.node_id))
 
 
 def uncached_tokens(decision: RouteDecision, query: RouteQuery, block_size: int) -> int:

@@ -53,3 +53,29 @@ def test_next_event_is_the_next_completion_not_the_next_step():
     done_at = e.next_event_s()
     assert done_at - first[0].time_s > 199 * 0.0058  # ~199 decode steps of >= 5.8 ms, in one wake
     assert [ev.kind.value for ev in e.advance(done_at)] == ["finished"]
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_fast_engine_load_equals_the_base_engines_at_every_probe(seed):
+    """FastEngine.load (cached running totals) reports what EmulatedEngine.load
+    does, including with pulled tokens and cached prefixes near the cap."""
+    rng = random.Random(seed)
+    limits = EngineLimits(8192, 8, 4.8, 3350.0, 1.0)
+    arrivals = sorted((rng.uniform(0, 20), (f"r{i}", p, rng.randint(1, 300), rng.choice([0, 512, p - 1, p]),
+                                            rng.choice([0, 0, 256])))
+                      for i, p in enumerate(rng.randint(50, 8000) for _ in range(40)))
+    slow = EmulatedEngine("n", PROFILE, limits, LINK, 131072)
+    fast = FastEngine("n", PROFILE, limits, LINK, 131072)
+    timeline = sorted([(t, 0, a) for t, a in arrivals] + [(rng.uniform(0, 30), 1, None) for _ in range(60)],
+                      key=lambda x: (x[0], x[1]))
+    loads = 0
+    for t, kind, args in timeline:
+        slow.advance(t)
+        fast.advance(t)
+        if kind == 0:
+            rid, p, o, c, f = args
+            for engine in (slow, fast):
+                engine.submit(EngineJob(rid, p, o, cached_tokens=c, fetch_tokens=f), t)
+        assert fast.load() == slow.load()
+        loads += fast.load().running_requests > 0
+    assert loads > 10  # the probes saw running sequences, not only idle engines
