@@ -4,7 +4,8 @@ two small interfaces (ArrivalSink in, ForecastSource out), on the virtual clock.
 Models:
 - "builtin": the predictor service's default EWMA (PredictorConfig's
   builtin model), warmed with the arrivals of the `warmup_s` of trace before
-  the slice, exactly as the live e2e run warms the service.
+  the slice as the live e2e run warms the service: the Simulation routes them
+  through the scheduler core, which reports each to this core.
 - "lightgbm": the LightGBM bundle trained with the one training path
   (services/predictor/training.py, services/config/predictor.json, quick
   hyperparameters) on the trace's arrivals strictly before the slice, then
@@ -54,10 +55,6 @@ def build_predictor(kind: str, clock: Clock, history: Sequence[TraceRequest]) ->
     return core, (f"LightGBM trained on {len(history)} arrivals in [{times.min():.0f}, {times.max():.0f}] s "
                   f"({trained.bundle.train_s:.1f} s to train)")
 
-
-def warm(core: PredictorCore, history: Sequence[TraceRequest]) -> None:
-    """Feeds the pre-slice arrivals (times already on the simulation's clock)."""
-    core.observe(Arrival(r.arrival_s, r.family, "", r.prompt_tokens) for r in history)
 
 
 class CoreArrivals:

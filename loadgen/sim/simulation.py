@@ -45,7 +45,8 @@ from speckv.loadgen.sim.engine import FastEngine
 from speckv.loadgen.sim.events import EventQueue, Handle, VirtualClock
 from speckv.loadgen.sim.kvnode import SimKVNode
 from speckv.loadgen.sim.network import Network, Transfer
-from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, build_predictor, warm
+from speckv.loadgen.bench._e2e_warm import resident_tail
+from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, build_predictor
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.traces import TraceRequest
 from speckv.services.common.errors import SpeckvError
@@ -107,7 +108,6 @@ class Simulation:
         self.queue = EventQueue(VirtualClock(start))
         self._on_progress = on_progress or (lambda total, done, record: None)
         predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, history)
-        warm(predictor, history)
         self._predictor = predictor
         self._forecasts = CoreForecasts(predictor)
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
@@ -136,6 +136,28 @@ class Simulation:
         self._next = 0
         self._done = 0
         self._upcoming: TraceRequest | None = None
+        self._warm_start(history)
+
+    def _warm_start(self, history: Sequence[TraceRequest]) -> None:
+        """The live run's warm start (bench/_e2e_warm.py), in virtual time:
+        every pre-slice request is routed at the slice's start with its own
+        arrival time (so the predictor observes it through the scheduler, as
+        live), and the newest requests' new full blocks, up to
+        warm_kv_fraction of the cluster's pages, are stored where they were
+        routed."""
+        max_blocks = int(self.config.warm_kv_fraction * self.settings.nodes * self.settings.pool_pages)
+        first_stored = resident_tail(history, max_blocks)
+        now = self.queue.now()
+        for i, r in enumerate(history):
+            hashes = list(r.block_hashes[:r.full_blocks])
+            route = self.core.route(f"warm-{i}", hashes, r.prompt_tokens, r.family, arrival_time_s=r.arrival_s)
+            cached = route.cached_blocks
+            if i < first_stored or cached >= len(hashes):
+                continue
+            node = NodeId(route.node_id)
+            out = self.kv[node].put(hashes[cached:], now, r.family, first_parent=hashes[cached - 1] if cached else None)
+            self._emit(node, IndexKind.STORED, out.stored, hashes[0], r.family)
+            self._evicted(node, out.evicted, now)
 
     # --- running ------------------------------------------------------------------
     def run(self) -> SimRun:

@@ -3,9 +3,13 @@ routes: the chain of blocks the family's requests share, their mean prompt
 length, and their heat (routes within a sliding window, per family and per
 family-on-node).
 
-- chain: the longest common prefix of the block chains routed for the family
-  (the first request's whole chain, then shortened as requests disagree),
-  capped at `max_chain_blocks`. It is what a replica of the family copies.
+- chain: the blocks the family's next request is expected to start with,
+  capped at `max_chain_blocks`; it is what a replica of the family copies. A
+  request that continues the chain (a conversation's next turn repeats the
+  whole previous prompt) extends it to that request's chain, until two
+  requests diverge; from then on the chain is the common prefix (a shared
+  template with different suffixes) and only ever shrinks. Copying only the common prefix of a conversation would copy its
+  first turn, which the original holder beats with the longer prefix.
 - prompt_tokens: exponentially weighted mean, weight `prompt_ewma_alpha` on
   the newest request.
 - heat: one window of `heat_window_s` seconds over every route, kept as a
@@ -32,6 +36,7 @@ class FamilyProfile:
     prompt_tokens: float
     routes: int = 0
     last_route: float = 0.0
+    diverged: bool = False  # two requests disagreed: the chain is a shared prefix, never extended again
 
 
 class FamilyCatalog:
@@ -51,7 +56,7 @@ class FamilyCatalog:
                 self._profiles.popitem(last=False)
         else:
             self._profiles.move_to_end(family)
-            _shorten_to_common(profile.chain, hashes)
+            profile.diverged = _follow_chain(profile.chain, hashes, self._s.max_chain_blocks, profile.diverged)
             a = self._s.prompt_ewma_alpha
             profile.prompt_tokens += a * (prompt_tokens - profile.prompt_tokens)
         profile.routes += 1
@@ -101,17 +106,22 @@ class FamilyCatalog:
             _decrement(self._node_heat, (family, node))
 
 
-def _shorten_to_common(chain: list[int], hashes: Sequence[int]) -> None:
-    """Cuts chain to its common prefix with hashes, in place."""
+def _follow_chain(chain: list[int], hashes: Sequence[int], max_blocks: int, diverged: bool) -> bool:
+    """In place: extends chain to hashes (capped) when hashes continues it and
+    the family never diverged, else cuts it to their common prefix. Returns
+    whether the family has diverged now."""
     n = len(chain)
-    if len(hashes) >= n and list(hashes[:n]) == chain:
-        return  # the usual case, one C-level comparison
+    if len(hashes) >= n and list(hashes[:n]) == chain:  # the usual case, one C-level comparison
+        if not diverged:
+            chain.extend(hashes[n:max_blocks])
+        return diverged
     common = 0
     for a, b in zip(chain, hashes):
         if a != b:
             break
         common += 1
     del chain[common:]
+    return True
 
 
 def _decrement(counter: Counter, key: object) -> None:

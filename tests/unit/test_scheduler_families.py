@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import pytest
+
+from speckv.services.scheduler.families import FamilyCatalog
+from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.policy_config import FamilySettings
+
+SETTINGS = FamilySettings(max_families=16, max_chain_blocks=6, heat_window_s=10.0, prompt_ewma_alpha=0.5)
+F, N = Family("conv"), NodeId("n0")
+
+
+def chain_after(*requests: list[int]) -> list[int]:
+    catalog = FamilyCatalog(SETTINGS)
+    for t, hashes in enumerate(requests):
+        catalog.observe(F, hashes, 512 * len(hashes), N, float(t))
+    return catalog.profile(F).chain
+
+
+@pytest.mark.parametrize(
+    "requests, expected",
+    [
+        (([1, 2], [1, 2, 3, 4]), [1, 2, 3, 4]),  # a conversation's next turn extends the chain
+        (([1, 2, 3], [1, 2, 3, 4, 5, 6, 7, 8]), [1, 2, 3, 4, 5, 6]),  # capped at max_chain_blocks
+        (([1, 2, 3], [1, 2, 9]), [1, 2]),  # a diverging suffix cuts to the common prefix
+        (([1, 2, 3], [1, 2]), [1, 2]),  # a shorter request cuts too
+        (([1, 2, 3], [1, 2, 9], [1, 2, 9, 10]), [1, 2]),  # once diverged, a shared prefix never grows again
+    ],
+)
+def test_chain_follows_continuations_and_cuts_on_divergence(requests, expected):
+    assert chain_after(*requests) == expected
