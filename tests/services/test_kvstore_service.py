@@ -26,8 +26,19 @@ def code_of(call) -> grpc.StatusCode:
     return info.value.code()
 
 
-def subscribe(stub, after=0):
-    """Reads a node's event stream on a thread into a queue."""
+SENTINEL = (1 << 63) - 7  # a block stored only so a subscription has a sequence to resume from
+
+
+def subscribe(stub, after=None):
+    """Reads a node's event stream on a thread into a queue. With after=None
+    it resumes from the node's current sequence (storing a sentinel block
+    first if the log is empty), so every later event arrives as a delta no
+    matter when the server registers the stream; after=0 asks for a
+    snapshot."""
+    if after is None:
+        if stub.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).last_event_sequence == 0:
+            put(stub, SENTINEL)
+        after = stub.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).last_event_sequence
     out = queue.Queue()
     stream = stub.SubscribeEvents(kvstore_pb2.SubscribeEventsRequest(after_sequence=after), timeout=6 * TIMEOUT)
 
