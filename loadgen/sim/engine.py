@@ -49,23 +49,8 @@ class FastEngine(EmulatedEngine):
                           running_tokens=self._running_totals()[1] if running else 0,
                           waiting_requests=len(waiting), running_requests=len(running))
 
-    def advance(self, now: float) -> list[EngineEvent]:
-        events: list[EngineEvent] = []
-        while True:
-            if self._step is None and self._decode_only():
-                if self._jump(now, events):
-                    continue
-            if self._step is None:
-                start = self._next_start(now)
-                if start is None or start > now:
-                    return events
-                self._step = self._plan(start)
-                if self._step is None:
-                    return events
-            if self._step.end_s > now:
-                return events
-            events.extend(self._finish(self._step))
-            self._step = None
+    def _skip_ahead(self, now: float, events: list[EngineEvent]) -> bool:
+        return self._decode_only() and self._jump(now, events)
 
     def next_event_s(self) -> float | None:
         if not self._decode_only(allow_step=True):
