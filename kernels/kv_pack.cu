@@ -39,6 +39,15 @@ __device__ __forceinline__ void copy_segment(const unsigned char* __restrict__ s
   }
 }
 
+// Offset of the pair's segment in the pool: [segment][page][segment_bytes].
+__device__ __forceinline__ long long pool_offset(const long long* __restrict__ pages, long long pair,
+                                                 long long num_segments, long long num_pages,
+                                                 long long segment_bytes) {
+  const long long listed = pair / num_segments;
+  const long long segment = pair - listed * num_segments;
+  return (segment * num_pages + pages[listed]) * segment_bytes;
+}
+
 extern "C" __global__ void pack_blocks(const unsigned char* __restrict__ pool,
                                        const long long* __restrict__ pages,
                                        unsigned char* __restrict__ staging,
@@ -47,12 +56,8 @@ extern "C" __global__ void pack_blocks(const unsigned char* __restrict__ pool,
                                        int use_vec16) {
   const long long pairs = num_listed * num_segments;
   for (long long pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-    const long long listed = pair / num_segments;
-    const long long segment = pair - listed * num_segments;
-    const long long page = pages[listed];
-    const unsigned char* src = pool + (segment * num_pages + page) * segment_bytes;
-    unsigned char* dst = staging + pair * segment_bytes;
-    copy_segment(src, dst, segment_bytes, use_vec16);
+    copy_segment(pool + pool_offset(pages, pair, num_segments, num_pages, segment_bytes),
+                 staging + pair * segment_bytes, segment_bytes, use_vec16);
   }
 }
 
@@ -64,11 +69,7 @@ extern "C" __global__ void unpack_blocks(const unsigned char* __restrict__ stagi
                                          int use_vec16) {
   const long long pairs = num_listed * num_segments;
   for (long long pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-    const long long listed = pair / num_segments;
-    const long long segment = pair - listed * num_segments;
-    const long long page = pages[listed];
-    const unsigned char* src = staging + pair * segment_bytes;
-    unsigned char* dst = pool + (segment * num_pages + page) * segment_bytes;
-    copy_segment(src, dst, segment_bytes, use_vec16);
+    copy_segment(staging + pair * segment_bytes,
+                 pool + pool_offset(pages, pair, num_segments, num_pages, segment_bytes), segment_bytes, use_vec16);
   }
 }

@@ -268,11 +268,7 @@ class ReservationBook:
         """Frees the pages; returns how many. Aborting twice frees nothing."""
         reservation = self._open.get(handle)
         if reservation is None:
-            closed = self._closed.get(handle)
-            if closed is None:
-                raise NotFound(f"reservation {handle!r} is unknown")
-            if closed.state is ReservationState.COMMITTED:
-                raise FailedPrecondition(f"reservation {handle} is already committed")
+            self._closed_uncommitted(handle)
             return 0
         freed = len(reservation.pages)
         self._close(reservation, ReservationState.ABORTED, reason or "aborted by the writer")
@@ -286,14 +282,21 @@ class ReservationBook:
             self._close(reservation, ReservationState.EXPIRED, f"lease lapsed at {reservation.deadline:.3f}")
         return len(lapsed)
 
+    def _closed_uncommitted(self, handle: Handle) -> Closed:
+        """The remembered record of a closed, uncommitted handle; NotFound
+        when it was never (or is no longer) known, FailedPrecondition when it
+        committed."""
+        closed = self._closed.get(handle)
+        if closed is None:
+            raise NotFound(f"reservation {handle!r} is unknown")
+        if closed.state is ReservationState.COMMITTED:
+            raise FailedPrecondition(f"reservation {handle} is already committed")
+        return closed
+
     def _live(self, handle: Handle) -> Reservation:
         reservation = self._open.get(handle)
         if reservation is None:
-            closed = self._closed.get(handle)
-            if closed is None:
-                raise NotFound(f"reservation {handle!r} is unknown")
-            if closed.state is ReservationState.COMMITTED:
-                raise FailedPrecondition(f"reservation {handle} is already committed")
+            closed = self._closed_uncommitted(handle)
             raise Aborted(f"reservation {handle} is {closed.state.value}: {closed.detail}")
         if reservation.deadline <= self._clock.now():
             self._close(reservation, ReservationState.EXPIRED, f"lease lapsed at {reservation.deadline:.3f}")

@@ -47,10 +47,11 @@ def retained_events(store: KVStoreCore) -> list:
 
 
 @contextlib.contextmanager
-def kvstore(clock: Clock | None = None, **overrides) -> Iterator[tuple[object, kvstore_pb2_grpc.KVStoreStub]]:
+def kvstore(clock: Clock | None = None, telemetry=None,
+            **overrides) -> Iterator[tuple[object, kvstore_pb2_grpc.KVStoreStub]]:
     """A started kvstore server on 127.0.0.1 and a plain stub to it."""
     config = KVStoreConfig(**{"num_pages": 64, **overrides})
-    server = build_server(config, build_telemetry("kvstore", {}), clock=clock).start()
+    server = build_server(config, telemetry or build_telemetry("kvstore", {}), clock=clock).start()
     channel = grpc.insecure_channel(server.address)
     try:
         yield server, kvstore_pb2_grpc.KVStoreStub(channel)

@@ -2,7 +2,6 @@
 Route confirms the cached prefix with the chosen kvstore (one trace across
 both), and an order submitted to the scheduler is executed by the source
 node's agent and lands on the target."""
-import contextlib
 
 import grpc
 import pytest
@@ -13,23 +12,17 @@ from speckv.services.common.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server as build_kvstore
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2
+from tests.services.conftest_kvstore import kvstore as shared_kvstore
 from tests.services.conftest_scheduler import TIMEOUT, scheduler, wait_until
 
 BLOCK_BYTES = 512  # kvstore "tiny" geometry: 2 layers x 2 (K,V) x 4 tokens x 2 heads x 8 dims x 2 bytes
 CHAIN = [1001, 1002, 1003, 1004, 1005]
 
 
-@contextlib.contextmanager
 def kvstore(node_id, scheduler_address, telemetry=None):
-    config = KVStoreConfig(node_id=node_id, geometry="tiny", num_pages=64, scheduler=scheduler_address,
-                           heartbeat_interval_s=0.2)
-    server = build_kvstore(config, telemetry or build_telemetry("kvstore", {})).start()
-    channel = grpc.insecure_channel(server.address)
-    try:
-        yield server, kvstore_pb2_grpc.KVStoreStub(channel)
-    finally:
-        channel.close()
-        server.stop(grace_s=1.0)
+    """A kvstore node that registers with the scheduler and heartbeats fast."""
+    return shared_kvstore(node_id=node_id, geometry="tiny", scheduler=scheduler_address, heartbeat_interval_s=0.2,
+                          telemetry=telemetry)
 
 
 def nodes(stub):
