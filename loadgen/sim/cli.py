@@ -101,8 +101,8 @@ def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]
         notes = [f"Synthetic {job.source} workload, sized for {base_nodes} nodes: {json.dumps(describe(params, shape))}"]
     else:
         path = Path(job.source)
-        # Mooncake traces load as bench e2e loads them (family = first block); others by format.
-        base = load_mooncake(path) if trace_format(path) == "mooncake" else load_trace(path)
+        # Mooncake traces are keyed into families as bench e2e keys them (the config's model.family).
+        base = load_mooncake(path, family=config.family) if trace_format(path) == "mooncake" else load_trace(path)
         notes = [f"Real trace {path.name}, {len(base)} requests, replayed whole unless a slice is given."]
     workload = ScaledTrace(base, copies)
     if copies > 1:

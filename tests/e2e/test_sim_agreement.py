@@ -33,7 +33,7 @@ REL, ABS_MS = 0.35, 25.0
 
 def test_p50_ttft_agrees_with_the_live_cluster(traces_dir):
     config = load_e2e_config()
-    trace = load_mooncake(traces_dir / "mooncake_conversation_trace.jsonl")
+    trace = load_mooncake(traces_dir / "mooncake_conversation_trace.jsonl", family=config.family)
     quick = config.slices["quick"]
     slice_ = SliceSpec(quick.start_s, 12.0, quick.speed)
     requests = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
