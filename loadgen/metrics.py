@@ -22,16 +22,24 @@ Definitions (the same for every policy):
   seconds from commit to first read, over landings read) say whether the
   replicas themselves were useful. Bytes are the real model's (stored bytes x
   the byte scale factor).
+- Where burst time goes (given each request's reusable tokens from
+  loadgen/ttft_floor.py, keyed by request id): burst_queue_ms_mean is the
+  mean wait before a burst request's prefill; burst_cache_lost_ratio is the
+  share of served burst requests that prefilled tokens the trace had already
+  computed (cached + fetched < reusable: that KV was evicted, or sat on a node
+  the request was not served on); burst_recompute_ms_mean is the mean prefill
+  time those lost tokens cost. None without reusable tokens.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from speckv.loadgen.replica_ledger import ReplicaTotals
+from speckv.services.scheduler.engine_profile import EngineProfile
 
 BURST_TOP_FRACTION = 0.05
 
@@ -80,8 +88,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def summarize(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
-              replicas: ReplicaTotals, bytes_per_block: int, orders: dict[str, int]) -> dict[str, object]:
-    """The per-policy summary; the JSON keys of the issue plus detail."""
+              replicas: ReplicaTotals, bytes_per_block: int, orders: dict[str, int],
+              reusable_tokens: Mapping[str, int] | None = None,
+              profile: EngineProfile | None = None) -> dict[str, object]:
+    """The per-policy summary; the JSON keys of the issue plus detail.
+    reusable_tokens (request id -> tokens) and profile give the burst breakdown."""
     served = [r for r in records if r.served]
     ttft = [r.ttft_ms for r in served]
     burst = [r.ttft_ms for r in served if math.floor(r.arrival_s) in bursts]
@@ -116,4 +127,22 @@ def summarize(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_tar
         "replica_read_lead_s_p50": percentile([f.first_read_s - f.committed_s for f in replicas.fates
                                                if f.first_read_s is not None], 50),
         "orders": dict(orders),
+        **_burst_breakdown([r for r in served if math.floor(r.arrival_s) in bursts], reusable_tokens, profile),
     }
+
+
+def _burst_breakdown(burst: Sequence[RequestRecord], reusable_tokens: Mapping[str, int] | None,
+                     profile: EngineProfile | None) -> dict[str, float | None]:
+    queue = float(np.mean([r.queue_ms for r in burst])) if burst else None
+    if reusable_tokens is None or profile is None or not burst:
+        return {"burst_queue_ms_mean": queue, "burst_cache_lost_ratio": None, "burst_recompute_ms_mean": None}
+    lost, recompute = 0, 0.0
+    for r in burst:
+        reusable = reusable_tokens.get(r.request_id, 0)
+        reused = r.cached_tokens + r.fetched_tokens
+        if reused < reusable:
+            lost += 1
+            recompute += (profile.prefill_ms(r.prompt_tokens - reused, reused)
+                          - profile.prefill_ms(r.prompt_tokens - reusable, reusable))
+    return {"burst_queue_ms_mean": queue, "burst_cache_lost_ratio": lost / len(burst),
+            "burst_recompute_ms_mean": recompute / len(burst)}

@@ -2,7 +2,8 @@
 one self-contained HTML page embedding them (base64), plus the JSON.
 
 Plots: TTFT CDF per policy; burst-window p99 per policy (with overall p99
-beside it); a time line of arrivals, forecasts and committed replicas for the
+beside it, and the TTFT floor of loadgen/ttft_floor.py as a dashed line when
+the result has one); a time line of arrivals, forecasts and committed replicas for the
 hottest families (per policy); replicated bytes over time per policy.
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ TABLE_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p90_ms", "p90"), ("ttft_
                  ("burst_ttft_p99_ms", "burst p99"), ("slo_attainment", "SLO"),
                  ("bytes_replicated", "GiB replicated"), ("replica_hit_ratio", "replica hits"),
                  ("replica_landings_read_ratio", "replicas read"),
-                 ("wasted_bytes_ratio", "wasted"), ("errors", "errors")]
+                 ("wasted_bytes_ratio", "wasted"), ("burst_queue_ms_mean", "burst queue ms"),
+                 ("burst_cache_lost_ratio", "burst cache lost"), ("errors", "errors")]
+FLOOR_ROW = "floor (idle node, unbounded cache)"
 
 
 def fmt(key: str, value: object) -> str:
@@ -37,10 +40,14 @@ def fmt(key: str, value: object) -> str:
     return str(value)
 
 
-def markdown_table(policies: Mapping[str, Mapping[str, object]]) -> str:
+def markdown_table(policies: Mapping[str, Mapping[str, object]],
+                   floor: Mapping[str, object] | None = None) -> str:
+    """One row per policy; with floor (loadgen/ttft_floor.py), a last row
+    holding the TTFT no policy can beat, its other cells blank."""
     lines = ["| policy | " + " | ".join(title for _, title in TABLE_COLUMNS) + " |",
              "|---|" + "---:|" * len(TABLE_COLUMNS)]
-    for name, m in policies.items():
+    rows = list(policies.items()) + ([(FLOOR_ROW, floor)] if floor else [])
+    for name, m in rows:
         lines.append(f"| {name} | " + " | ".join(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS) + " |")
     return "\n".join(lines)
 
@@ -54,11 +61,11 @@ def write_report(out_dir: Path, result: Mapping[str, object], ttfts: Mapping[str
     out_dir.mkdir(parents=True, exist_ok=True)
     policies = result["policies"]
     (out_dir / "result.json").write_text(json.dumps(result, indent=2))
-    table = markdown_table(policies)
+    table = markdown_table(policies, result.get("floor"))
     (out_dir / "table.md").write_text(table + "\n")
     plots = {
         "ttft_cdf.png": _ttft_cdf(ttfts, result.get("ttft_target_ms")),
-        "burst_p99.png": _burst_p99(policies),
+        "burst_p99.png": _burst_p99(policies, result.get("floor")),
         "timeline.png": _timeline(timelines, arrivals),
         "bytes_over_time.png": _bytes_over_time(timelines),
     }
@@ -86,7 +93,7 @@ def _ttft_cdf(ttfts: Mapping[str, Sequence[float]], target: object):
     return figure
 
 
-def _burst_p99(policies: Mapping[str, Mapping[str, object]]):
+def _burst_p99(policies: Mapping[str, Mapping[str, object]], floor: Mapping[str, object] | None):
     figure, ax = plt.subplots(figsize=(7, 4))
     names = list(policies)
     x = np.arange(len(names))
@@ -94,6 +101,9 @@ def _burst_p99(policies: Mapping[str, Mapping[str, object]]):
     burst = [policies[n].get("burst_ttft_p99_ms") or 0.0 for n in names]
     ax.bar(x - 0.2, overall, 0.4, label="all requests")
     ax.bar(x + 0.2, burst, 0.4, label="burst windows")
+    if floor and floor.get("burst_ttft_p99_ms"):
+        ax.axhline(floor["burst_ttft_p99_ms"], color="black", linestyle="--", linewidth=1,
+                   label="floor, burst windows (idle node, unbounded cache)")
     ax.set_xticks(x, names)
     ax.set_ylabel("TTFT p99 (ms)")
     ax.set_title("p99 TTFT, overall and in burst windows")
