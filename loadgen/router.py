@@ -8,6 +8,14 @@ stores the prompt's new full blocks in its kvstore (pulled blocks are read
 from the holder with GetBlocks, new ones are generated), so the block index
 grows the way a real cluster's does; when it finishes, the record is complete.
 
+Jobs come from a JobFactory: EmulatedJobs (the default) builds EngineJobs
+for the emulated engine and leaves the KV to the router as above. A factory
+whose `owns_kv` is true (torch_engine.TorchJobs) serves an engine that reads
+and writes real KV through the kvstores itself: the router then stores
+nothing, and books what the engine really reused (its cached and fetched
+tokens after admission, replica reads among the local ones) rather than the
+route's estimate.
+
 Failures: a Route error is retried up to `route_attempts` times; a node that
 fails (its kvstore refuses the blocks, or its engine is marked failed) gets
 no more work, and a request routed to a failed node is re-routed, then
@@ -19,7 +27,8 @@ import logging
 import threading
 import time
 from concurrent import futures
-from typing import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Protocol
 
 import grpc
 import numpy as np
@@ -41,23 +50,75 @@ def block_payload(block_hash: int, nbytes: int) -> bytes:
     return words.tobytes() + bytes(nbytes % 8)
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request runs and what the route said it may skip, in the
+    request's tokens: cached on node_id, then fetched from fetch_from (empty:
+    no pull). cached + fetched <= prompt - 1."""
+
+    node_id: str
+    cached_tokens: int
+    fetched_tokens: int
+    fetch_from: str
+
+
+class JobFactory(Protocol):
+    """Turns a routed trace request into its engine's job."""
+
+    @property
+    def owns_kv(self) -> bool:
+        """True when the engine reads and stores the request's KV itself."""
+        ...
+
+    def make_job(self, request_id: str, request: TraceRequest, output_tokens: int,
+                 placement: Placement) -> EngineJob: ...
+
+    def solo_prefill_ms(self, job: EngineJob) -> float:
+        """The finished job's prefill time alone on an idle engine (ms of the
+        engine's clock): what TTFT holds beyond queueing and the pull."""
+        ...
+
+
+class EmulatedJobs:
+    """Jobs of the emulated engine: costs from the profile, pulls priced in
+    the real model's bytes."""
+
+    owns_kv = False
+
+    def __init__(self, profile: EngineProfile, real_bytes_per_token: int) -> None:
+        self._profile, self._real_bytes_per_token = profile, real_bytes_per_token
+
+    def make_job(self, request_id: str, request: TraceRequest, output_tokens: int,
+                 placement: Placement) -> EngineJob:
+        return EngineJob(request_id, request.prompt_tokens, output_tokens, cached_tokens=placement.cached_tokens,
+                         fetch_tokens=placement.fetched_tokens,
+                         fetch_bytes=placement.fetched_tokens * self._real_bytes_per_token)
+
+    def solo_prefill_ms(self, job: EngineJob) -> float:
+        skipped = job.cached_tokens + job.fetch_tokens
+        return self._profile.prefill_ms(job.prompt_tokens - skipped, skipped)
+
+
 class ReferenceRouter:
     def __init__(self, scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], engines: LiveEngines,
                  profile: EngineProfile, ledger: ReplicaLedger, ledger_lock: threading.Lock,
                  stored_bytes_per_block: int, real_bytes_per_token: int,
                  on_done: Callable[[RequestRecord], None] = lambda _: None, workers: int = 8,
-                 route_attempts: int = 3) -> None:
+                 route_attempts: int = 3, jobs: JobFactory | None = None) -> None:
+        """jobs: the engine's job factory (None: EmulatedJobs of `profile`)."""
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler)
         self._kvstores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
-        self._engines, self._profile = engines, profile
+        self._engines = engines
+        self._jobs: JobFactory = jobs or EmulatedJobs(profile, real_bytes_per_token)
         self._ledger, self._ledger_lock = ledger, ledger_lock
-        self._block_bytes, self._real_bytes_per_token = stored_bytes_per_block, real_bytes_per_token
+        self._block_bytes = stored_bytes_per_block
         self._on_done, self._attempts = on_done, route_attempts
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="router")
         self._store_pool = futures.ThreadPoolExecutor(2, thread_name_prefix="store")
         self._lock = threading.Lock()
         self._inflight: dict[str, tuple[RequestRecord, TraceRequest, str]] = {}  # id -> (record, request, fetch_from)
         self.records: list[RequestRecord] = []
+        self.jobs: dict[str, EngineJob] = {}  # request id -> its job, once dispatched (output ids of real engines)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -93,18 +154,23 @@ class ReferenceRouter:
             cached_blocks, fetch_blocks, fetch_from = 0, 0, ""
         else:
             cached_blocks, fetch_blocks, fetch_from = route.cached_blocks, route.fetch_blocks, route.fetch_from_node
-        hashes = request.block_hashes[:request.full_blocks]
-        with self._ledger_lock:
-            record.replica_blocks = self._ledger.note_read(node, hashes[:cached_blocks], request.arrival_s)
+        if not self._jobs.owns_kv:
+            self._note_replica_reads(record, request, node, cached_blocks)
         block = request.block_tokens
         cached = min(cached_blocks * block, request.prompt_tokens - 1)
         fetched = min(fetch_blocks * block, request.prompt_tokens - 1 - cached) if fetch_from else 0
         record.node_id, record.cached_tokens, record.fetched_tokens, record.fetch_from = node, cached, fetched, fetch_from
+        job = self._jobs.make_job(record.request_id, request, record.output_tokens,
+                                  Placement(node, cached, fetched, fetch_from))
         with self._lock:
             self._inflight[record.request_id] = (record, request, fetch_from)
-        self._engines.submit(node, EngineJob(record.request_id, request.prompt_tokens, record.output_tokens,
-                                             cached_tokens=cached, fetch_tokens=fetched,
-                                             fetch_bytes=fetched * self._real_bytes_per_token))
+            self.jobs[record.request_id] = job
+        self._engines.submit(node, job)
+
+    def _note_replica_reads(self, record: RequestRecord, request: TraceRequest, node: str, cached_blocks: int) -> None:
+        hashes = request.block_hashes[:request.full_blocks]
+        with self._ledger_lock:
+            record.replica_blocks = self._ledger.note_read(node, hashes[:cached_blocks], request.arrival_s)
 
     def _route(self, record: RequestRecord, request: TraceRequest) -> scheduler_pb2.RouteResponse:
         hashes = list(request.block_hashes[:request.full_blocks])
@@ -135,15 +201,23 @@ class ReferenceRouter:
             if entry is None:
                 continue
             record, request, fetch_from = entry
-            if event.kind is EventKind.FIRST_TOKEN:
+            if event.kind is EventKind.FIRST_TOKEN and self._jobs.owns_kv:
+                self._book_engine_reuse(record, request, event.job)
+            elif event.kind is EventKind.FIRST_TOKEN:
                 self._store_pool.submit(self._store_blocks, record, request, fetch_from)
             else:
-                times = job_times(event.job, self._profile.prefill_ms(
-                    request.prompt_tokens - record.cached_tokens - record.fetched_tokens,
-                    record.cached_tokens + record.fetched_tokens))
+                times = job_times(event.job, self._jobs.solo_prefill_ms(event.job))
                 record.ttft_ms, record.tpot_ms, record.e2e_ms = times.ttft_ms, times.tpot_ms, times.e2e_ms
                 record.queue_ms = times.queue_ms
                 self._complete(record)
+
+    def _book_engine_reuse(self, record: RequestRecord, request: TraceRequest, job: EngineJob) -> None:
+        """The engine's admission decided what was really skipped; a pull the
+        engine did not make (the peer lost the blocks) is no fetch."""
+        record.cached_tokens, record.fetched_tokens = job.cached_tokens, job.fetch_tokens
+        if not job.fetch_tokens:
+            record.fetch_from = ""
+        self._note_replica_reads(record, request, record.node_id, job.cached_tokens // request.block_tokens)
 
     def _store_blocks(self, record: RequestRecord, request: TraceRequest, fetch_from: str) -> None:
         hashes = list(request.block_hashes[:request.full_blocks])

@@ -4,13 +4,15 @@ through the node's kvstore.
 
 Algorithm (FCFS continuous batching, one sequence per model call):
 - submit queues a TorchJob (its prompt token ids; block ids are the chained
-  token hashes, or ids the caller vouches for, e.g. a trace's hash_ids).
+  token hashes, or ids the caller vouches for, e.g. a trace's hash_ids;
+  TorchJobs makes them from routed trace requests).
 - A step starts when the engine is free and work is ready. It first decodes
   one token for every running sequence (up to max_num_seqs), then prefills
-  waiting sequences in arrival order with at most prefill_blocks_per_step
-  chunks. A chunk is one KV block (block_size tokens at a block-aligned
-  position) or the prompt's partial tail: that alignment is what makes reused
-  KV bit-exact (see torch_model's determinism contract).
+  waiting sequences that were ready when it started, in arrival order, with
+  at most prefill_blocks_per_step chunks. A chunk is one KV block
+  (block_size tokens at a block-aligned position) or the prompt's partial
+  tail: that alignment is what makes reused KV bit-exact (see torch_model's
+  determinism contract).
 - Admission (a sequence's first prefill step): Lookup the prompt's block ids
   on this node's kvstore; read the cached prefix back (GetBlocks) into the
   sequence's cache; when the job names a peer (fetch_from) holding more of the
@@ -31,21 +33,26 @@ into the engine clock's (e.g. a replay's trace seconds per wall second).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import grpc
 import numpy as np
 import torch
 
 from speckv.loadgen.engine import EngineEvent, EngineJob, EngineLoad, EventKind, Phase
-from speckv.loadgen.torch_kv import BlockStore, GrpcBlockStore, StoredBlock, chain_hashes
+from speckv.loadgen.torch_kv import BlockStore, GrpcBlockStore, StoredBlock, chain_hashes, trace_tokens
 from speckv.loadgen.torch_model import KVCache, ModelSpec, TinyGPT
 from speckv.services.common.errors import InvalidArgument, SpeckvError
 from speckv.services.kvstore.index import BlockHash
+
+if TYPE_CHECKING:
+    from speckv.loadgen.router import Placement
+    from speckv.loadgen.traces import TraceRequest
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +80,7 @@ class TorchJob(EngineJob):
     family: str = ""
     fetch_from: str = ""  # peer node id to read missing prefix blocks from
     output_ids: list[int] = field(default_factory=list)
+    prefill_start_s: float | None = None  # engine clock: start of its first prefill step
     reused_blocks: int = 0  # read from this node's kvstore
     fetched_blocks: int = 0  # read from fetch_from
     computed_tokens: int = 0  # prompt tokens run through the model
@@ -148,7 +156,7 @@ class TorchEngine:
             if start is None or start > now:
                 return released
             began = self._timer()
-            events = self._step()
+            events = self._step(start)
             end = start + (self._timer() - began) * self._scale
             self._free_s = end
             for event in events:
@@ -178,8 +186,9 @@ class TorchEngine:
             return max(self._free_s, min(s.job.ready_s for s in self._waiting))
         return None
 
-    def _step(self) -> list[EngineEvent]:
-        """One batch: a token per running sequence, then prefill chunks."""
+    def _step(self, start: float) -> list[EngineEvent]:
+        """One batch starting at `start`: a token per running sequence, then
+        prefill chunks of sequences ready by then."""
         self.steps += 1
         events: list[EngineEvent] = []
         decodes = self._running[:self._limits.max_num_seqs]
@@ -189,10 +198,12 @@ class TorchEngine:
                 events.append(self._finish(seq))
         budget, seats = self._limits.prefill_blocks_per_step, self._limits.max_num_seqs - len(decodes)
         for seq in list(self._waiting):
-            if budget <= 0 or seats <= 0:
+            # Waiting is in submission order, so ready times only grow along it.
+            if budget <= 0 or seats <= 0 or seq.job.ready_s > start:
                 break
             seats -= 1
             if not seq.admitted:
+                seq.job.prefill_start_s = start
                 self._admit(seq)
             logits = None
             while budget > 0 and seq.cache.length < len(seq.job.tokens):
@@ -296,3 +307,37 @@ def build_torch_engines(kvstores: Mapping[str, grpc.Channel], spec: ModelSpec, b
                               peers={n: s for n, s in stores.items() if n != node}, time_scale=time_scale)
             for node, store in stores.items()}
 
+
+class TorchJobs:
+    """The router's job factory for TorchEngines (see router.JobFactory):
+    prompt token ids from the request's block ids (torch_kv.trace_tokens, the
+    tail seeded by the request id), block ids = the trace's, so requests
+    sharing an id prefix share tokens, KV and kvstore blocks. Requests must
+    already be in model tokens (torch_kv.model_scale with this block_size)."""
+
+    owns_kv = True
+
+    def __init__(self, spec: ModelSpec, block_size: int) -> None:
+        self._spec, self._block_size = spec, block_size
+
+    def tokens(self, request_id: str, request: "TraceRequest") -> tuple[int, ...]:
+        if request.block_tokens != self._block_size:
+            raise InvalidArgument(f"request {request_id}: blocks of {request.block_tokens} tokens; the engine's are "
+                                  f"{self._block_size} (scale the trace with torch_kv.model_scale)")
+        tail_seed = int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "little")
+        return tuple(trace_tokens(request.block_hashes, request.prompt_tokens, self._block_size, self._block_size,
+                                  self._spec.vocab_size, tail_seed))
+
+    def make_job(self, request_id: str, request: "TraceRequest", output_tokens: int,
+                 placement: "Placement") -> TorchJob:
+        tokens = self.tokens(request_id, request)
+        return TorchJob(request_id, len(tokens), output_tokens, tokens=tokens,
+                        block_hashes=tuple(request.block_hashes[:request.full_blocks]), family=request.family,
+                        fetch_from=placement.fetch_from if placement.fetched_tokens else "")
+
+    def solo_prefill_ms(self, job: EngineJob) -> float:
+        """From the start of its first prefill step to its first token: what
+        is not queueing (its chunks may share steps with other work)."""
+        if not isinstance(job, TorchJob) or job.prefill_start_s is None or job.first_token_s is None:
+            return 0.0
+        return (job.first_token_s - job.prefill_start_s) * 1e3

@@ -14,9 +14,13 @@ Trace requests carry block ids (Mooncake hash_ids) and lengths, not tokens:
 `trace_tokens` derives block i's tokens from hash_ids[i] alone, so requests
 sharing an id prefix share a token prefix, and the engine may key blocks by
 the trace's ids (a chained id names its whole prefix, as the chain does).
+`model_scale` rewrites a trace request into the model's tokens first (one
+model block per trace block), so that everything downstream of it, the
+scheduler's routes included, counts the tokens the engine runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
@@ -24,6 +28,8 @@ from typing import Iterator, Protocol, Sequence
 import grpc
 import numpy as np
 
+from speckv.loadgen.traces import TraceRequest
+from speckv.services.common.errors import InvalidArgument
 from speckv.services.kvstore.index import BlockHash
 from speckv.services.kvstore.store import BlockWrite, KVStoreCore
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -60,6 +66,32 @@ def trace_tokens(block_hashes: Sequence[int], prompt_tokens: int, trace_block_to
     tail_len = -(-tail * block_size // trace_block_tokens) if tail > 0 else (0 if tokens else 1)
     tokens.extend(np.random.default_rng([tail_seed, 1]).integers(0, vocab_size, tail_len).tolist())
     return tokens
+
+
+def model_scale(request: TraceRequest, block_size: int, max_tokens: int) -> TraceRequest:
+    """The request in model tokens: each full trace block becomes one block of
+    block_size tokens (same id), the partial tail ceil(tail x scale) tokens
+    but never a whole block (so full-block counts are kept), and the output
+    ceil(output x scale) tokens, at least 1 (scale = block_size /
+    request.block_tokens). Prompts whose prompt + output would exceed
+    max_tokens (the model's positions) lose trailing full blocks (and their
+    ids) until they fit. Arrival and family are kept; the result's
+    block_tokens is block_size. Needs a trace with block ids."""
+    if not request.block_tokens or block_size <= 0:
+        raise InvalidArgument("model_scale: the request needs block_tokens and block_size must be > 0")
+    full, unit = request.full_blocks, request.block_tokens
+    tail = request.prompt_tokens - full * unit
+    tail_tokens = min(block_size - 1, -(-tail * block_size // unit)) if tail > 0 else 0
+    output = max(1, -(-request.output_tokens * block_size // unit))
+    hashes = request.block_hashes
+    if full * block_size + max(1, tail_tokens) + output > max_tokens:
+        full = max(0, (max_tokens - output - max(1, tail_tokens)) // block_size)
+        hashes = hashes[:full]
+    prompt = max(1, full * block_size + tail_tokens)
+    if prompt + output > max_tokens:
+        raise InvalidArgument(f"model_scale: max_tokens={max_tokens} cannot hold {prompt} + {output} tokens")
+    return dataclasses.replace(request, prompt_tokens=prompt, output_tokens=output, block_hashes=hashes,
+                               block_tokens=block_size)
 
 
 @dataclass(slots=True)

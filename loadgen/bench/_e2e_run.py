@@ -8,9 +8,9 @@ the cluster with the `warmup_s` of trace before the slice (_e2e_warm.py:
 routed through the scheduler, so the predictor observes those arrivals at
 their mapped times, and the newest requests' KV stored where they were
 routed); follow the KV events; replay the slice open
-loop through the reference router onto the emulated engines; wait for the
-engines to drain; collect orders by outcome and forecasts of the hottest
-families (polled during the run).
+loop through the reference router onto the engines (emulated, or the real
+torch model: _e2e_engines.py); wait for the engines to drain; collect orders
+by outcome and forecasts of the hottest families (polled during the run).
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ from typing import Callable, Mapping, Sequence
 
 import grpc
 
+from speckv.loadgen.bench._e2e_engines import EngineSetup, build_engines, engine_setup
 from speckv.loadgen.bench._e2e_warm import WarmStats, warm_cluster
 from speckv.loadgen.e2e_config import E2EConfig, SliceSpec
-from speckv.loadgen.engine import EmulatedEngine
+from speckv.loadgen.engine import EngineJob
 from speckv.loadgen.engine_driver import LiveEngines, TraceClock
 from speckv.loadgen.kv_events import EventCollector
 from speckv.loadgen.metrics import RequestRecord
@@ -37,13 +38,14 @@ from speckv.loadgen.traces import TraceRequest
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.errors import Unavailable
-from speckv.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from speckv.v1 import (common_pb2, kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, predictor_pb2_grpc, scheduler_pb2,
+                       scheduler_pb2_grpc)
 
 DRAIN_TIMEOUT_S = 120.0
 # The replay's origin is fixed before launch (the oracle must know it as a
 # flag); the cluster must be up, the model loaded and the warm start
-# (_e2e_warm.py) done within this.
-START_BUDGET_S = 25.0
+# (_e2e_warm.py) done within the engine setup's start_budget_s (25 s for the
+# emulated engines).
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
 
 
@@ -57,15 +59,22 @@ class PolicyRun:
     wall_s: float = 0.0
     sent: int = 0
     warm: WarmStats | None = None
+    jobs: dict[str, EngineJob] = field(default_factory=dict)  # request id -> its engine job (torch: output ids)
+    kvstores: dict[str, kvstore_pb2.StatsResponse] = field(default_factory=dict)  # per node, after the drain
 
 
-def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, speed: float) -> ClusterSpec:
-    """The committed cluster, identical for every policy. The oracle's trace
-    is the slice re-stamped onto the replay's wall clock (speed applied), its
-    t=0 at oracle_offset_s on the scheduler's clock."""
+def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, speed: float,
+                 setup: EngineSetup | None = None) -> ClusterSpec:
+    """The committed cluster, identical for every policy, its kvstores holding
+    the engine setup's geometry (default: the emulated one's). The oracle's
+    trace is the slice re-stamped onto the replay's wall clock (speed
+    applied), its t=0 at oracle_offset_s on the scheduler's clock."""
+    setup = setup or engine_setup(config)
+    link_gbps = config.link.gbps / setup.byte_scale
+    preset, block_size, geometry_args = setup.cluster_geometry()
     extra = {k: list(v) for k, v in config.extra_args.items()}
     extra["scheduler"] = ["--engine-profile", config.profile.name,
-                          "--link-gbps", repr(config.scaled_link_gbps()),
+                          "--link-gbps", repr(link_gbps),
                           "--link-overhead-ms", repr(config.link.overhead_ms),
                           "--tick-s", repr(config.scheduler_tick_s),
                           "--oracle-trace", str(oracle_trace), "--oracle-offset-s", repr(oracle_offset_s),
@@ -73,29 +82,33 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
                           *extra.get("scheduler", [])]
     # Replication moves scaled bytes on the wall clock: the kvstore's link cap
     # is the real link / byte scale x the replay's compression.
-    extra["kvstore"] = ["--link-gbps", repr(config.scaled_link_gbps(speed)), *extra.get("kvstore", [])]
-    return ClusterSpec(nodes=config.nodes, geometry=config.store_geometry, block_size=config.block_tokens,
+    extra["kvstore"] = ["--link-gbps", repr(link_gbps * speed), *geometry_args, *extra.get("kvstore", [])]
+    return ClusterSpec(nodes=config.nodes, geometry=preset, block_size=block_size,
                        num_pages=config.pool_pages, policy="none", extra_args=extra)
 
 
 def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], slice_: SliceSpec,
                environ: Mapping[str, str], on_progress: Callable[[int, int, RequestRecord | None], None],
-               run_dir: Path | None = None, model_dir: Path | None = None) -> PolicyRun:
-    """model_dir: the predictor model to load before replay (None: its builtin one)."""
-    requests = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
-    warm = [r for r in trace if slice_.start_s - config.warmup_s <= r.arrival_s < slice_.start_s]
+               run_dir: Path | None = None, model_dir: Path | None = None,
+               setup: EngineSetup | None = None) -> PolicyRun:
+    """model_dir: the predictor model to load before replay (None: its builtin
+    one); setup: the engines (None: the emulated ones)."""
+    setup = setup or engine_setup(config)
+    requests = setup.scale([r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s])
+    warm = setup.scale([r for r in trace if slice_.start_s - config.warmup_s <= r.arrival_s < slice_.start_s])
     with tempfile.TemporaryDirectory(prefix=f"speckv-e2e-{policy}-") as tmp:
         directory = run_dir or Path(tmp)
         directory.mkdir(parents=True, exist_ok=True)
-        wall0 = time.monotonic() + START_BUDGET_S
-        unix0 = SystemClock().now() + START_BUDGET_S
+        wall0 = time.monotonic() + setup.start_budget_s
+        unix0 = SystemClock().now() + setup.start_budget_s
         oracle = directory / "oracle_trace.jsonl"
         write_restamped_trace(oracle, requests, slice_)
-        cluster = LocalCluster(cluster_spec(config, oracle, unix0, slice_.speed), directory, environ)
+        cluster = LocalCluster(cluster_spec(config, oracle, unix0, slice_.speed, setup), directory, environ)
         with cluster:
             times = TimeMap(wall0, slice_.start_s, slice_.speed)
             unix_times = TimeMap(unix0, slice_.start_s, slice_.speed)
-            return _run_on(cluster, config, policy, requests, warm, times, unix_times, on_progress, model_dir)
+            return _run_on(cluster, config, setup, policy, requests, warm, times, unix_times, on_progress,
+                           model_dir)
 
 
 def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: SliceSpec) -> None:
@@ -107,8 +120,8 @@ def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: 
                                   "output_length": r.output_tokens, "hash_ids": list(r.block_hashes)}) + "\n")
 
 
-def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: list[TraceRequest],
-            warm: list[TraceRequest], times: TimeMap, unix_times: TimeMap,
+def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy: str,
+            requests: list[TraceRequest], warm: list[TraceRequest], times: TimeMap, unix_times: TimeMap,
             on_progress: Callable[[int, int, RequestRecord | None], None], model_dir: Path | None) -> PolicyRun:
     nodes = cluster.node_addresses()
     scheduler_channel = grpc.insecure_channel(cluster.scheduler_address)
@@ -120,10 +133,11 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: lis
         if model_dir is not None:
             predictor_pb2_grpc.PredictorStub(predictor_channel).ReloadModel(
                 predictor_pb2.ReloadModelRequest(path=str(model_dir)), timeout=30.0)
-        warmed = warm_cluster(scheduler_channel, kv_channels, warm, unix_times, config.scaled_geometry.bytes_per_block,
-                              int(config.warm_kv_fraction * config.nodes * config.pool_pages))
+        engine_map, jobs, store_kv = build_engines(setup, config, kv_channels, times.speed)
+        warmed = warm_cluster(scheduler_channel, kv_channels, warm, unix_times, setup.geometry.bytes_per_block,
+                              setup.warm_kv_blocks, store_kv)
         if time.monotonic() > times.origin:
-            raise Unavailable(f"the cluster took over {START_BUDGET_S:g} s to start and warm; the replay's "
+            raise Unavailable(f"the cluster took over {setup.start_budget_s:g} s to start and warm; the replay's "
                               "origin (given to the oracle) has passed")
         ledger, ledger_lock = ReplicaLedger(), threading.Lock()
         collector = EventCollector(kv_channels, ledger, ledger_lock, unix_times.to_trace).start()
@@ -137,13 +151,11 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: lis
             on_progress(len(requests), count, record)
 
         router_box: list[ReferenceRouter] = []
-        engines = LiveEngines(
-            {n: EmulatedEngine(n, config.profile, config.engine, config.link, config.real_geometry.bytes_per_token)
-             for n in nodes}, TraceClock(times), scheduler_channel,
-            lambda events: router_box[0].on_engine_events(events), config.heartbeat_interval_s)
+        engines = LiveEngines(engine_map, TraceClock(times), scheduler_channel,
+                              lambda events: router_box[0].on_engine_events(events), config.heartbeat_interval_s)
         router = ReferenceRouter(scheduler_channel, kv_channels, engines, config.profile, ledger, ledger_lock,
-                                 config.scaled_geometry.bytes_per_block, config.real_geometry.bytes_per_token,
-                                 on_done=finished)
+                                 setup.geometry.bytes_per_block, config.real_geometry.bytes_per_token,
+                                 on_done=finished, jobs=jobs)
         router_box.append(router)
         forecasts: list[tuple[float, str, float]] = []
         poller = _ForecastPoller(predictor_channel, config, unix_times, forecasts).start()
@@ -159,18 +171,27 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, policy: str, requests: lis
             engines.stop()
             router.close()
             collector.stop()
-        state = scheduler.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=10.0)
-        orders = {common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_"): o.count for o in state.orders}
+        orders, stores = _final_state(scheduler, kv_channels)
         with ledger_lock:
             totals = ledger.totals()
         for record in router.records:
             if not record.served and not record.error:
                 record.error = "not finished before the drain timeout"
         return PolicyRun(policy, list(router.records), totals, orders, forecasts, time.monotonic() - started, sent,
-                         warmed)
+                         warmed, dict(router.jobs), stores)
     finally:
         for channel in (scheduler_channel, predictor_channel, *kv_channels.values()):
             channel.close()
+
+
+def _final_state(scheduler: scheduler_pb2_grpc.SchedulerStub, kv_channels: Mapping[str, grpc.Channel]
+                 ) -> tuple[dict[str, int], dict[str, kvstore_pb2.StatsResponse]]:
+    """Orders by outcome, and every kvstore's stats, after the drain."""
+    state = scheduler.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=10.0)
+    orders = {common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_"): o.count for o in state.orders}
+    stores = {n: kvstore_pb2_grpc.KVStoreStub(c).GetStats(kvstore_pb2.StatsRequest(), timeout=10.0)
+              for n, c in kv_channels.items()}
+    return orders, stores
 
 
 class _Monotonic:

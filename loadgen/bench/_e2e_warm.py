@@ -14,7 +14,9 @@ KV: the requests' new full blocks are stored (PutBlocks) on the node they were
 routed to, for the newest requests only, as many as fit in `resident_fraction`
 of the cluster's pages: older KV would have been evicted by now anyway, and
 writing it would only cost start-up time. Blocks are the router's
-deterministic payloads (router.block_payload), so replicas stay checkable.
+deterministic payloads (router.block_payload), so replicas stay checkable,
+unless the caller passes `store_kv`: a real engine then computes and stores
+the request's real KV on that node itself.
 
 Invariant: nothing from the slice itself is routed, stored or observed here.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import grpc
 
@@ -55,7 +57,9 @@ def resident_tail(requests: Sequence[TraceRequest], max_blocks: int) -> int:
 
 
 def warm_cluster(scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], warm: Sequence[TraceRequest],
-                 unix_times: TimeMap, stored_bytes_per_block: int, max_blocks: int) -> WarmStats:
+                 unix_times: TimeMap, stored_bytes_per_block: int, max_blocks: int,
+                 store_kv: Callable[[str, int, TraceRequest, int], int] | None = None) -> WarmStats:
+    """store_kv(node, index, request, first uncached block) -> blocks stored."""
     began = time.monotonic()
     stub = scheduler_pb2_grpc.SchedulerStub(scheduler)
     stores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
@@ -67,6 +71,9 @@ def warm_cluster(scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], 
             request_id=f"warm-{i}", block_hashes=hashes, prompt_tokens=r.prompt_tokens, family=r.family,
             arrival_time_s=unix_times.to_clock(r.arrival_s)), timeout=RPC_TIMEOUT_S)
         if i < first_stored or route.cached_blocks >= len(hashes):
+            continue
+        if store_kv is not None:
+            blocks += store_kv(route.node_id, i, r, route.cached_blocks)
             continue
         reply = stores[route.node_id].PutBlocks(
             _puts(hashes, route.cached_blocks, r.family, stored_bytes_per_block), timeout=RPC_TIMEOUT_S)

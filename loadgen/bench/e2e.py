@@ -10,6 +10,10 @@ predictor loads it; each fresh cluster is warm-started with that same
 pre-slice trace (_e2e_warm.py). Requests are keyed into families as the
 config says (`model.family`, the conversation for the Mooncake trace).
 
+`--engine torch` replaces the emulated engines with a small real PyTorch
+decoder on the CPU whose KV (real bytes, scale 1) goes through the kvstores
+(_e2e_engines.py says what changes with it, and the result's notes repeat it).
+
 The ceiling of this benchmark is the `oracle` policy measured in the same
 run; `none` is the floor. Burst windows are fixed from the whole trace.
 """
@@ -24,6 +28,7 @@ from typing import Mapping, Sequence
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes, engine_setup
 from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
 from speckv.loadgen.e2e_config import E2EConfig, SliceSpec, load_e2e_config
@@ -45,6 +50,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=None, help="override the slice length (trace s)")
     parser.add_argument("--speed", type=float, default=None, help="override the time compression")
     parser.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
+    parser.add_argument("--engine", choices=ENGINES, default="emulated",
+                        help="emulated: the profile-driven engine; torch: a small real PyTorch model on the CPU "
+                             "writing real KV (tokens scaled 1/32)")
     parser.add_argument("--json", default=None, help="write the result JSON here")
     parser.add_argument("--report", default=None, help="write the HTML report into this directory")
     args = parser.parse_args(list(argv))
@@ -65,7 +73,10 @@ def choose_slice(config: E2EConfig, args: argparse.Namespace) -> SliceSpec:
 
 
 def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: SliceSpec,
-            environ: Mapping[str, str], console, quick: bool = False) -> tuple[dict, dict[str, PolicyRun]]:
+            environ: Mapping[str, str], console, quick: bool = False,
+            setup: EngineSetup | None = None) -> tuple[dict, dict[str, PolicyRun]]:
+    """setup: the engines (None: the emulated ones)."""
+    setup = setup or engine_setup(config)
     trace = load_mooncake(trace_path, family=config.family)
     bursts = burst_seconds(r.arrival_s for r in trace)
     in_slice = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
@@ -74,20 +85,22 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
                               f"{trace_path.name} holds no request")
     console.print(f"{trace_path.name}: {len(in_slice)} requests in [{slice_.start_s:g}, "
                   f"{slice_.start_s + slice_.duration_s:g}) s, {sum(1 for r in in_slice if int(r.arrival_s) in bursts)}"
-                  f" in burst seconds; {config.nodes} nodes, replayed {slice_.speed:g}x faster; "
-                  f"KV bytes scaled 1/{config.byte_scale}")
+                  f" in burst seconds; {config.nodes} nodes, {setup.kind} engines, replayed {slice_.speed:g}x faster; "
+                  f"KV bytes scaled 1/{setup.byte_scale}")
     runs: dict[str, PolicyRun] = {}
     summaries: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="speckv-e2e-model-") as model_dir:
         model = train_before_slice(trace, slice_, Path(model_dir), quick, config.warmup_s)
         console.print(f"predictor: {model.describe()}")
         for policy in policies:
-            runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory)
+            runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory,
+                                              setup)
     for policy in policies:
         run = runs[policy]
         summaries[policy] = summarize(run.records, bursts, config.ttft_target_ms, run.replicas,
-                                      config.real_bytes_per_block, run.orders)
+                                      setup.real_bytes_per_block, run.orders)
         summaries[policy]["wall_s"] = run.wall_s
+        summaries[policy]["kvstore_used_pages"] = sum(s.used_pages for s in run.kvstores.values())
         if run.warm is not None:
             summaries[policy]["warm_routed"] = run.warm.routed
             summaries[policy]["warm_stored_blocks"] = run.warm.stored_blocks
@@ -95,35 +108,34 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
     result = {
         "trace": trace_path.name, "slice": {"start_s": slice_.start_s, "duration_s": slice_.duration_s,
                                            "speed": slice_.speed},
-        "ttft_target_ms": config.ttft_target_ms, "byte_scale_factor": config.byte_scale,
+        "engine": setup.kind, "ttft_target_ms": config.ttft_target_ms, "byte_scale_factor": setup.byte_scale,
         "nodes": config.nodes, "engine_profile": config.profile.name, "link_gbps": config.link.gbps,
-        "real_bytes_per_block": config.real_bytes_per_block,
+        "real_bytes_per_block": setup.real_bytes_per_block, "kvstore_bytes_per_block": setup.geometry.bytes_per_block,
         "burst_seconds_in_trace": len(bursts), "policies": summaries,
         "family": config.family, "predictor_model": model.describe(),
-        "notes": _notes(config, slice_, model),
+        "notes": _notes(config, slice_, model, setup),
     }
     return result, runs
 
 
-def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel) -> list[str]:
+def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: EngineSetup) -> list[str]:
+    warm_kv = (f"stores the newest requests' KV, up to {config.warm_kv_fraction:.0%} of the pages"
+               if setup.spec is None else
+               f"computes (real prefill) the newest requests' KV, at most {setup.warm_kv_blocks} blocks in all")
     return [
-        f"Engines emulate {config.profile.model} on {config.profile.hardware} (profile {config.profile.name}, "
-        f"measured={config.profile.measured}); TTFT is in that model's time.",
-        f"KV bytes are scaled down by {config.byte_scale} (kvstore geometry {config.store_geometry} at "
-        f"{config.block_tokens} tokens/block) and every emulated link by the same factor; bytes reported are "
-        "the real model's.",
+        *engine_notes(setup, config),
         f"Families: '{config.family}' keying of the trace (routes, predictor observations and training, "
         "planner and oracle alike).",
         f"Predictor: {model.describe()}.",
         f"Warm start: before each replay the fresh cluster routes the {config.warmup_s:g} s of trace before the "
-        "slice through the scheduler (the predictor observes them) and stores the newest requests' KV, up to "
-        f"{config.warm_kv_fraction:.0%} of the pages, where they were routed.",
+        f"slice through the scheduler (the predictor observes them) and {warm_kv}, where they were routed.",
         f"Forecast horizons are wall seconds of the services: at speed {slice_.speed:g} a horizon covers "
         f"{slice_.speed:g}x as much trace time.",
     ]
 
 
-def _run_with_progress(config, policy, trace, slice_, environ, console, model_dir: Path) -> PolicyRun:
+def _run_with_progress(config, policy, trace, slice_, environ, console, model_dir: Path,
+                       setup: EngineSetup) -> PolicyRun:
     columns = (TextColumn(f"{policy:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))
     ttfts: list[float] = []
@@ -137,11 +149,12 @@ def _run_with_progress(config, policy, trace, slice_, environ, console, model_di
             progress.update(task, total=total, completed=done,
                             status=f"sent {total} done {done} p99 {p99:.0f} ms" if p99 else f"done {done}")
 
-        return run_policy(config, policy, trace, slice_, environ, update, model_dir=model_dir)
+        return run_policy(config, policy, trace, slice_, environ, update, model_dir=model_dir, setup=setup)
 
 
-def print_table(console, policies: Mapping[str, Mapping[str, object]]) -> None:
-    table = Table(title="end-to-end comparison (TTFT in real-model ms)")
+def print_table(console, policies: Mapping[str, Mapping[str, object]], engine: str = "emulated") -> None:
+    unit = "trace-time ms of the torch model on this CPU" if engine == "torch" else "real-model ms"
+    table = Table(title=f"end-to-end comparison (TTFT in {unit})")
     table.add_column("policy")
     for _, title in TABLE_COLUMNS:
         table.add_column(title, justify="right")
@@ -177,8 +190,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     config = load_e2e_config(args.config)
     console = wide_console()
     result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console,
-                           quick=args.quick)
-    print_table(console, result["policies"])
+                           quick=args.quick, setup=engine_setup(config, args.engine))
+    print_table(console, result["policies"], args.engine)
     console.print(markdown_table(result["policies"]), markup=False)
     write_outputs(result, runs, args.json, args.report, console)
     return 1 if any(m["served"] == 0 for m in result["policies"].values()) else 0
