@@ -97,12 +97,14 @@ class EngineEvent:
 @dataclass(slots=True)
 class EngineLoad:
     """What a heartbeat reports: prefill tokens waiting, tokens of running
-    sequences, and request counts."""
+    sequences, request counts, and the engine's own estimate of the time (ms)
+    to prefill what waits (None: this engine has no time model)."""
 
     queued_tokens: int
     running_tokens: int
     waiting_requests: int
     running_requests: int
+    queued_prefill_ms: float | None = None
 
 
 class Engine(Protocol):
@@ -205,9 +207,31 @@ class EmulatedEngine:
 
     def load(self) -> EngineLoad:
         waiting = [*self._fetching, *self._waiting]
-        return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting),
-                          running_tokens=sum(j.context_tokens for j in self._running),
-                          waiting_requests=len(waiting), running_requests=len(self._running))
+        running_tokens = sum(j.context_tokens for j in self._running)
+        return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting), running_tokens=running_tokens,
+                          waiting_requests=len(waiting), running_requests=len(self._running),
+                          queued_prefill_ms=self.queued_prefill_ms(waiting, running_tokens))
+
+    def queued_prefill_ms(self, waiting: list[EngineJob], running_tokens: int) -> float:
+        """Time (ms) to prefill every waiting job from here, by the step model:
+        each job's remaining prefill alone (the chunk terms telescope, so
+        chunking does not change it), plus the running sequences' KV reads in
+        every step that prefill takes (steps = remaining tokens over the
+        budget left beside the decodes). What a job arriving now waits for,
+        attention included: queued tokens alone miss the quadratic term that
+        makes one 100k-token prompt cost seconds."""
+        if not waiting:
+            return 0.0
+        p = self._profile
+        total_ms, tokens = 0.0, 0
+        for j in waiting:
+            n = j.to_prefill
+            tokens += n
+            total_ms += p.prefill_ms(n, j.skipped_tokens + j.prefilled)
+        budget = max(1, self._limits.max_batched_tokens - min(len(self._running), self._limits.max_num_seqs))
+        steps = -(-tokens // budget)
+        decode_ms = running_tokens * self._kv_bytes_per_token / (self._limits.hbm_gb_per_s * 1e9) * 1e3
+        return total_ms + steps * decode_ms
 
     # --- stepping ------------------------------------------------------------
     def step_cost(self, chunks: list[tuple[EngineJob, int]], decodes: list[EngineJob]) -> StepCost:

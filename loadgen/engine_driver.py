@@ -115,8 +115,8 @@ class LiveEngines:
                 try:
                     self._scheduler.Heartbeat(scheduler_pb2.HeartbeatRequest(
                         node_id=node_id, queued_tokens=load.queued_tokens, running_tokens=load.running_tokens,
-                        num_running_requests=load.running_requests, num_waiting_requests=load.waiting_requests),
-                        timeout=2.0)
+                        num_running_requests=load.running_requests, num_waiting_requests=load.waiting_requests,
+                        queued_prefill_ms=load.queued_prefill_ms), timeout=2.0)
                 except grpc.RpcError as exc:
                     log.warning("heartbeat for %s failed: %s", node_id, exc.code().name)
             self._stop.wait(self._heartbeat_s)

@@ -45,9 +45,10 @@ class FastEngine(EmulatedEngine):
         """EmulatedEngine.load, with the running context from the cached totals."""
         waiting = [*self._fetching, *self._waiting]
         running = self._running
-        return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting),
-                          running_tokens=self._running_totals()[1] if running else 0,
-                          waiting_requests=len(waiting), running_requests=len(running))
+        running_tokens = self._running_totals()[1] if running else 0
+        return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting), running_tokens=running_tokens,
+                          waiting_requests=len(waiting), running_requests=len(running),
+                          queued_prefill_ms=self.queued_prefill_ms(waiting, running_tokens))
 
     def _skip_ahead(self, now: float, events: list[EngineEvent]) -> bool:
         return self._decode_only() and self._jump(now, events)

@@ -328,7 +328,8 @@ class Simulation:
             self._handle(node, engine.advance(now))
             load = engine.load()
             self.core.heartbeat(node, NodeLoad(load.queued_tokens, load.running_tokens, self.kv[node].free_pages,
-                                               load.running_requests, load.waiting_requests))
+                                               load.running_requests, load.waiting_requests,
+                                               load.queued_prefill_ms))
             self._last_beat[node] = now
             self._wake(node)
         self.queue.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)

@@ -25,6 +25,7 @@ Not thread-safe: SchedulerCore serialises access. Times are clock seconds.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable
 
@@ -50,6 +51,7 @@ class NodeLoad:
     free_pages: int = 0
     running_requests: int = 0
     waiting_requests: int = 0
+    queued_prefill_ms: float | None = None  # the engine's own queue estimate; None: not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,22 +66,29 @@ class LoadReport:
     free_pages: int | None = None
     running_requests: int | None = None
     waiting_requests: int | None = None
+    queued_prefill_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        ms = self.queued_prefill_ms
+        if ms is not None and not (math.isfinite(ms) and ms >= 0.0):
+            raise InvalidArgument(f"queued_prefill_ms={ms}: must be a finite number of ms >= 0")
 
     @classmethod
     def full(cls, load: NodeLoad) -> "LoadReport":
         """A report carrying every figure (replaces the whole load)."""
         return cls(load.queued_tokens, load.running_tokens, load.free_pages, load.running_requests,
-                   load.waiting_requests)
+                   load.waiting_requests, load.queued_prefill_ms)
 
     @property
     def carries_queue(self) -> bool:
-        return self.queued_tokens is not None or self.waiting_requests is not None
+        return (self.queued_tokens is not None or self.waiting_requests is not None
+                or self.queued_prefill_ms is not None)
 
     def merged_into(self, load: NodeLoad) -> NodeLoad:
         return NodeLoad(*(mine if mine is not None else old for mine, old in (
             (self.queued_tokens, load.queued_tokens), (self.running_tokens, load.running_tokens),
             (self.free_pages, load.free_pages), (self.running_requests, load.running_requests),
-            (self.waiting_requests, load.waiting_requests))))
+            (self.waiting_requests, load.waiting_requests), (self.queued_prefill_ms, load.queued_prefill_ms))))
 
 
 @dataclass(slots=True)
@@ -95,6 +104,7 @@ class Node:
     status: NodeStatus = NodeStatus.UP
     pending_tokens: int = 0
     pending_requests: int = 0
+    pending_ms: float = 0.0  # prefill ms of the work routed here since the last queue report
     routes_total: int = 0
     bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
 
@@ -157,7 +167,7 @@ class Cluster:
             return False
         if isinstance(load, NodeLoad):  # a full report replaces every figure (the simulator's every beat)
             node.load = NodeLoad(load.queued_tokens, load.running_tokens, load.free_pages, load.running_requests,
-                                 load.waiting_requests)
+                                 load.waiting_requests, load.queued_prefill_ms)
             carries_queue = True
         else:
             node.load = load.merged_into(node.load)
@@ -167,6 +177,7 @@ class Cluster:
         if carries_queue:
             node.pending_tokens = 0
             node.pending_requests = 0
+            node.pending_ms = 0.0
         self._board.upsert(node_id, self.queue_ms(node), node.last_heartbeat)
         return True
 
@@ -210,15 +221,23 @@ class Cluster:
                 went_down.append(node.node_id)
         return sorted(went_down)
 
-    def add_pending(self, node_id: NodeId, tokens: int) -> None:
+    def add_pending(self, node_id: NodeId, tokens: int, prefill_ms: float = 0.0) -> None:
+        """Work routed to node_id before its next queue report: tokens to
+        prefill and their expected prefill time (ms)."""
         node = self._nodes[node_id]
         node.pending_tokens += tokens
+        node.pending_ms += prefill_ms
         node.pending_requests += 1
         node.routes_total += 1
         self._board.set_load(node_id, self.queue_ms(node))
 
     def queue_ms(self, node: Node) -> float:
-        """Expected queueing delay of node, ms (reported plus routed-since load)."""
+        """Expected queueing delay of node, ms (reported plus routed-since load):
+        the engine's own estimate when it reports one, else linear in queued
+        tokens and waiting requests (the profile's queue_ms)."""
+        reported = node.load.queued_prefill_ms
+        if reported is not None:
+            return reported + node.pending_ms
         return self._queue_cost(node.queued_tokens, node.waiting_requests)
 
     def least_loaded(self, k: int, now: float, exclude: Collection[NodeId] = ()) -> list[NodeId]:

@@ -250,7 +250,8 @@ class SchedulerCore:
             raise Unavailable("no live node to route to")
         decision = self._router.choose(query, candidates)
         node = self._cluster.get(decision.node_id)
-        self._cluster.add_pending(node.node_id, uncached_tokens(decision, query, node.geometry.block_size))
+        self._cluster.add_pending(node.node_id, uncached_tokens(decision, query, node.geometry.block_size),
+                                  decision.prefill_ms)
         if hashes:
             self._index.note_family(query.family, hashes[0])
             self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
@@ -283,10 +284,12 @@ class SchedulerCore:
         nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
         held = lengths.get
         out = []
+        queue_ms = cluster.queue_ms
         for n in nodes:  # Node.queued_tokens / waiting_requests inlined: this runs per candidate per route
             load, pending = n.load, n.pending_requests
             out.append(Candidate(n.node_id, load.queued_tokens + n.pending_tokens, load.waiting_requests + pending,
-                                 pending, held(n.node_id, 0), n.geometry.block_size, n.bytes_per_block))
+                                 pending, held(n.node_id, 0), n.geometry.block_size, n.bytes_per_block,
+                                 queue_ms(n)))
         return out
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:
@@ -446,7 +449,8 @@ class SchedulerCore:
     def _node_view(self, n: Node, now: float) -> NodeView:
         return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
-                        n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id))
+                        n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
+                        self._cluster.queue_ms(n))
 
 
 def _query(request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str,

@@ -77,7 +77,7 @@ class Planner:
         if not demand or view.families is None:
             return Plan([], cancel)
         live = {n.node_id: n for n in view.live_nodes()}
-        queue = {n: self._profile.queue_ms(v.queued_tokens, v.waiting_requests) for n, v in live.items()}
+        queue = {n: v.queue_ms for n, v in live.items()}
         by_load = sorted(live, key=lambda n: (queue[n], n))
         landing = _landing(view)
         book = BudgetBook(view, self._cfg.budgets)

@@ -54,6 +54,7 @@ class Candidate:
     cached_blocks: int
     block_size: int
     bytes_per_block: int
+    queue_ms: float  # expected wait before its prefill starts (Cluster.queue_ms)
 
 
 @dataclass(slots=True)
@@ -97,13 +98,11 @@ class KvAwareRouter:
         # Scores are plain floats (the same arithmetic as _estimate, in the
         # same order, so the same values); only the winner becomes a
         # RouteDecision: this loop runs for every candidate of every route.
-        ms_per_token, overhead_ms = self._profile.ms_per_token, self._profile.overhead_ms
         holder_id = holder.node_id if holder is not None else None
         holder_blocks = holder.cached_blocks if holder is not None else 0
         scores: list[float] = []
         for c in candidates:
-            queued, waiting = c.queued_tokens, c.waiting_requests  # ints: max(0, x) without the calls
-            queue_ms = ms_per_token * (queued if queued > 0 else 0) + overhead_ms * (waiting if waiting > 0 else 0)
+            queue_ms = c.queue_ms
             pulls = holder_id is not None and holder_id != c.node_id and holder_blocks > c.cached_blocks
             key = (c.cached_blocks, c.block_size, c.bytes_per_block if pulls else -1)
             figures = memo.get(key)
@@ -123,7 +122,7 @@ class KvAwareRouter:
                   memo: dict[tuple[int, int, int], tuple[float, float, float, int]]) -> RouteDecision:
         """The decision for node; memo shares the prefill/fetch figures between
         candidates with the same cached prefix (most non-holders: none)."""
-        queue_ms = self._profile.queue_ms(node.queued_tokens, node.waiting_requests)
+        queue_ms = node.queue_ms
         pulls = holder is not None and holder.node_id != node.node_id and holder.cached_blocks > node.cached_blocks
         key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls else -1)
         figures = memo.get(key)
@@ -164,7 +163,7 @@ def best_holder(candidates: Sequence[Candidate]) -> Candidate | None:
     holders = [c for c in candidates if c.cached_blocks == top]
     if len(holders) == 1:
         return holders[0]
-    return min(holders, key=lambda c: (c.queued_tokens, c.node_id))
+    return min(holders, key=lambda c: (c.queue_ms, c.node_id))
 
 
 def uncached_tokens(decision: RouteDecision, query: RouteQuery, block_size: int) -> int:

@@ -16,7 +16,8 @@ from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 STATE_TO_PROTO = {s: common_pb2.OrderState.Value(f"ORDER_STATE_{s.name}") for s in OrderState}
 STATE_FROM_PROTO = {v: k for k, v in STATE_TO_PROTO.items()}
 # HeartbeatRequest's optional load fields, in LoadReport's order.
-_LOAD_FIELDS = ("queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests")
+_LOAD_FIELDS = ("queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests",
+                "queued_prefill_ms")
 WATCH_POLL_S = 1.0  # how often an idle WatchOrders stream checks that its client is still there
 
 

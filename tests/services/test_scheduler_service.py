@@ -264,3 +264,27 @@ def test_a_cancelled_order_reaches_its_source_watcher_marked_cancelled(sched):
     again = next(stream)
     assert again.order_id == order_id and again.cancelled
     stream.cancel()
+
+
+def test_routes_follow_the_engines_own_queue_estimate(sched):
+    """Node a reports few queued tokens but a long prefill ahead (one huge
+    prompt): the token-linear estimate would pick it; its own estimate does not."""
+    register(sched, "a", "127.0.0.1:1")
+    register(sched, "b", "127.0.0.1:2")
+    sched.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id="a", queued_tokens=10, num_waiting_requests=1,
+                                                   queued_prefill_ms=9000.0), timeout=TIMEOUT)
+    sched.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id="b", queued_tokens=500, num_waiting_requests=3,
+                                                   queued_prefill_ms=50.0), timeout=TIMEOUT)
+    reply = sched.Route(scheduler_pb2.RouteRequest(request_id="r", prompt_tokens=40), timeout=TIMEOUT)
+    assert reply.node_id == "b" and reply.queue_ms == pytest.approx(50.0)
+
+
+def test_a_negative_queue_estimate_is_invalid_and_changes_nothing(sched):
+    register(sched, "a", "127.0.0.1:1")
+    sched.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id="a", queued_tokens=4096), timeout=TIMEOUT)
+    with pytest.raises(grpc.RpcError) as err:
+        sched.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id="a", queued_tokens=1, queued_prefill_ms=-5.0),
+                        timeout=TIMEOUT)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "queued_prefill_ms" in err.value.details()
+    node = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT).nodes[0]
+    assert node.queued_tokens == 4096

@@ -111,3 +111,23 @@ def test_a_full_node_load_still_replaces_every_figure():
     c.heartbeat(NodeId("a"), NodeLoad(queued_tokens=9, free_pages=5), now=0.1)
     c.heartbeat(NodeId("a"), NodeLoad(), now=0.2)
     assert c.get(NodeId("a")).load == NodeLoad()
+
+
+def test_a_reported_prefill_estimate_replaces_the_token_linear_queue_and_adds_routed_work():
+    c = Cluster(node_timeout_s=5.0, queue_cost=lambda tokens, waiting: 0.1 * tokens)
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
+    c.heartbeat(NodeId("a"), LoadReport(queued_tokens=1000, waiting_requests=1), now=0.1)
+    assert c.queue_ms(c.get(NodeId("a"))) == pytest.approx(100.0)  # token-linear: no estimate reported
+    c.heartbeat(NodeId("a"), LoadReport(queued_tokens=1000, waiting_requests=1, queued_prefill_ms=2500.0), now=0.2)
+    c.add_pending(NodeId("a"), 200, prefill_ms=30.0)
+    assert c.queue_ms(c.get(NodeId("a"))) == pytest.approx(2530.0)
+    c.heartbeat(NodeId("a"), LoadReport(free_pages=3), now=0.3)  # a kvstore's beat: queue figures stay
+    assert c.queue_ms(c.get(NodeId("a"))) == pytest.approx(2530.0)
+    c.heartbeat(NodeId("a"), LoadReport(queued_prefill_ms=0.0), now=0.4)  # counts what was routed
+    assert c.queue_ms(c.get(NodeId("a"))) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_prefill_estimate_must_be_finite_and_non_negative(bad):
+    with pytest.raises(InvalidArgument, match="queued_prefill_ms"):
+        LoadReport(queued_prefill_ms=bad)

@@ -30,20 +30,22 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., re_registered: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests")
+    __slots__ = ("node_id", "queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests", "queued_prefill_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     queued_tokens: int
     running_tokens: int
     free_pages: int
     num_running_requests: int
     num_waiting_requests: int
-    def __init__(self, node_id: _Optional[str] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_pages: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ...) -> None: ...
+    queued_prefill_ms: float
+    def __init__(self, node_id: _Optional[str] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_pages: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., queued_prefill_ms: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)

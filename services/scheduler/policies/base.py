@@ -32,6 +32,7 @@ class NodeView:
     block_size: int
     bytes_per_block: int
     num_blocks: int
+    queue_ms: float  # expected wait before new work's prefill starts (the router's figure)
 
 
 class IndexReader(Protocol):

@@ -21,8 +21,8 @@ from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.policies.base import ClusterView, NodeView
 
 
-def queue_ms(profile: EngineProfile, nodes: Iterable[NodeView]) -> dict[NodeId, float]:
-    return {n.node_id: profile.queue_ms(n.queued_tokens, n.waiting_requests) for n in nodes}
+def queue_ms(nodes: Iterable[NodeView]) -> dict[NodeId, float]:
+    return {n.node_id: n.queue_ms for n in nodes}
 
 
 def holders_of(view: ClusterView, family: FamilyProfile, live: dict[NodeId, NodeView], profile: EngineProfile,

@@ -40,7 +40,7 @@ class ReactiveHeatPolicy:
             return []
         s, limit = self._cfg.reactive_heat, self._cfg.budgets.max_orders_per_tick
         live = {n.node_id: n for n in view.live_nodes()}
-        queue = queue_ms(self._profile, live.values())
+        queue = queue_ms(live.values())
         by_load = sorted(live, key=lambda n: (queue[n], n))
         book = BudgetBook(view, self._cfg.budgets)
         orders: list[OrderSpec] = []

@@ -43,7 +43,7 @@ class ReactiveMigratePolicy:
             return []
         s = self._cfg.reactive_migrate
         live = {n.node_id: n for n in view.live_nodes()}
-        queue = queue_ms(self._profile, live.values())
+        queue = queue_ms(live.values())
         overloaded = sorted((n for n in live if queue[n] > s.queue_threshold_ms), key=lambda n: (-queue[n], n))
         if not overloaded:
             return []
