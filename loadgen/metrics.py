@@ -72,6 +72,11 @@ class RequestRecord:
         return self.ttft_ms is not None and not self.error
 
 
+def request_key(index: int) -> str:
+    """The id of the index-th replayed request of a slice (live and simulated alike)."""
+    return f"r{index}"
+
+
 def burst_seconds(arrivals_s: Iterable[float], top_fraction: float = BURST_TOP_FRACTION) -> frozenset[int]:
     """The trace's burst seconds (see the module docstring)."""
     seconds = np.floor(np.asarray(list(arrivals_s), dtype=float)).astype(int)

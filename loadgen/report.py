@@ -107,7 +107,7 @@ def _burst_p99(policies: Mapping[str, Mapping[str, object]], floor: Mapping[str,
     ax.set_xticks(x, names)
     ax.set_ylabel("TTFT p99 (ms)")
     ax.set_title("p99 TTFT, overall and in burst windows")
-    ax.legend()
+    ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
     return figure
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from speckv.loadgen.engine import EngineEvent, EngineJob, EventKind, job_times
 from speckv.loadgen.engine_driver import LiveEngines
-from speckv.loadgen.metrics import RequestRecord
+from speckv.loadgen.metrics import RequestRecord, request_key
 from speckv.loadgen.replica_ledger import ReplicaLedger
 from speckv.loadgen.traces import TraceRequest
 from speckv.services.scheduler.engine_profile import EngineProfile
@@ -130,7 +130,7 @@ class ReferenceRouter:
 
     def send(self, index: int, request: TraceRequest) -> None:
         """Hands the request to the pool and returns at once (open loop)."""
-        record = RequestRecord(f"r{index}", request.arrival_s, request.family, request.prompt_tokens,
+        record = RequestRecord(request_key(index), request.arrival_s, request.family, request.prompt_tokens,
                                max(1, request.output_tokens))
         with self._lock:
             self.records.append(record)

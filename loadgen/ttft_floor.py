@@ -18,11 +18,12 @@ eviction, and from KV that sits on a node the request was not served on.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from speckv.loadgen.metrics import percentile
+from speckv.loadgen.metrics import percentile, request_key
 
 from speckv.loadgen.traces.records import TraceRequest
 from speckv.services.scheduler.engine_profile import EngineProfile
@@ -55,15 +56,31 @@ def floor_ttft_ms(requests: Sequence[TraceRequest], reusable: np.ndarray, profil
     return out
 
 
-def slice_floors(history_and_slice: Sequence[TraceRequest], first: int,
-                 profile: EngineProfile) -> tuple[np.ndarray, np.ndarray]:
-    """(floor ms, reusable tokens) of requests[first:], reuse counted over all of
-    history_and_slice before each (the trace before a slice computed KV too)."""
-    reusable = reusable_blocks(history_and_slice)
-    part = history_and_slice[first:]
-    tokens = np.array([min(int(reusable[first + i]) * r.block_tokens, max(r.prompt_tokens - 1, 0))
-                       for i, r in enumerate(part)], dtype=np.int64)
-    return floor_ttft_ms(part, reusable[first:], profile), tokens
+@dataclass(frozen=True, slots=True)
+class SliceFloor:
+    """The floor of the requests a run replays (its slice), in replay order."""
+
+    floor_ms: np.ndarray
+    reusable_tokens: np.ndarray
+
+    def rows(self, index: np.ndarray) -> "SliceFloor":
+        """The floor of the requests at these rows, in that order."""
+        return SliceFloor(self.floor_ms[index], self.reusable_tokens[index])
+
+    def by_request_key(self) -> dict[str, int]:
+        """Reusable tokens keyed as the replay keys its records (metrics.request_key)."""
+        return {request_key(i): int(t) for i, t in enumerate(self.reusable_tokens.tolist())}
+
+
+def slice_floor(history: Sequence[TraceRequest], replayed: Sequence[TraceRequest],
+                profile: EngineProfile) -> SliceFloor:
+    """Reuse counted over history (the trace before the slice) and the
+    replayed requests before each."""
+    both = [*history, *replayed]
+    blocks = reusable_blocks(both)[len(history):]
+    tokens = np.array([min(int(b) * r.block_tokens, max(r.prompt_tokens - 1, 0)) for b, r in zip(blocks, replayed)],
+                      dtype=np.int64)
+    return SliceFloor(floor_ttft_ms(replayed, blocks, profile), tokens)
 
 
 def floor_summary(floor_ms: np.ndarray, arrivals_s: Sequence[float], bursts: frozenset[int]) -> dict[str, float | None]:

@@ -33,7 +33,8 @@ from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
 from speckv.loadgen.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, percentile, summarize
-from speckv.loadgen.report import TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.ttft_floor import floor_summary, slice_floor
 from speckv.loadgen.traces import load_mooncake
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
@@ -95,10 +96,15 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
         for policy in policies:
             runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory,
                                               setup)
+    # The floor prices the trace's own tokens with the emulated profile; the
+    # torch engine runs scaled prompts on this CPU, which the profile does not describe.
+    history = [r for r in trace if r.arrival_s < slice_.start_s]
+    floor = slice_floor(history, in_slice, config.profile) if setup.spec is None else None
+    reusable = floor.by_request_key() if floor is not None else None
     for policy in policies:
         run = runs[policy]
         summaries[policy] = summarize(run.records, bursts, config.ttft_target_ms, run.replicas,
-                                      setup.real_bytes_per_block, run.orders)
+                                      setup.real_bytes_per_block, run.orders, reusable, config.profile)
         summaries[policy]["wall_s"] = run.wall_s
         summaries[policy]["kvstore_used_pages"] = sum(s.used_pages for s in run.kvstores.values())
         if run.warm is not None:
@@ -112,6 +118,8 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
         "nodes": config.nodes, "engine_profile": config.profile.name, "link_gbps": config.link.gbps,
         "real_bytes_per_block": setup.real_bytes_per_block, "kvstore_bytes_per_block": setup.geometry.bytes_per_block,
         "burst_seconds_in_trace": len(bursts), "policies": summaries,
+        "floor": (floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts)
+                  if floor is not None else None),
         "family": config.family, "predictor_model": model.describe(),
         "notes": _notes(config, slice_, model, setup),
     }
@@ -152,7 +160,8 @@ def _run_with_progress(config, policy, trace, slice_, environ, console, model_di
         return run_policy(config, policy, trace, slice_, environ, update, model_dir=model_dir, setup=setup)
 
 
-def print_table(console, policies: Mapping[str, Mapping[str, object]], engine: str = "emulated") -> None:
+def print_table(console, policies: Mapping[str, Mapping[str, object]], engine: str = "emulated",
+                floor: Mapping[str, object] | None = None) -> None:
     unit = "trace-time ms of the torch model on this CPU" if engine == "torch" else "real-model ms"
     table = Table(title=f"end-to-end comparison (TTFT in {unit})")
     table.add_column("policy")
@@ -160,6 +169,8 @@ def print_table(console, policies: Mapping[str, Mapping[str, object]], engine: s
         table.add_column(title, justify="right")
     for name, m in policies.items():
         table.add_row(name, *(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS))
+    if floor:
+        table.add_row(FLOOR_ROW, *(fmt(k, floor.get(k)) for k, _ in TABLE_COLUMNS), style="dim")
     console.print(table)
 
 
@@ -191,7 +202,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     console = wide_console()
     result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console,
                            quick=args.quick, setup=engine_setup(config, args.engine))
-    print_table(console, result["policies"], args.engine)
-    console.print(markdown_table(result["policies"]), markup=False)
+    print_table(console, result["policies"], args.engine, result.get("floor"))
+    console.print(markdown_table(result["policies"], result.get("floor")), markup=False)
     write_outputs(result, runs, args.json, args.report, console)
     return 1 if any(m["served"] == 0 for m in result["policies"].values()) else 0

@@ -29,13 +29,14 @@ from rich.table import Table
 
 from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, summarize
-from speckv.loadgen.report import TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
 from speckv.loadgen.sim.predictor import PREDICTOR_KINDS
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.sim.workload import (SYNTHETIC_KINDS, FamilyShape, HawkesParams, MmppParams, ScaledTrace,
                                          SliceView, copies_for, describe, hawkes, mmpp)
 from speckv.loadgen.traces import load_mooncake, load_trace, trace_format
+from speckv.loadgen.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
 
@@ -131,12 +132,16 @@ def run_job(job: Job, progress=None) -> dict:
     sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), history, report, future=workload)
     run = sim.run()
     bursts = burst_seconds(workload.times.tolist())
+    # Each copy's floor is its base request's: copies have disjoint blocks, and
+    # only the rotation's wrap point (a conversation split across it) differs.
+    floor = slice_floor([], workload.base, config.profile).rows(workload.base_rows(lo, hi))
     summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, config.real_bytes_per_block,
-                        run.orders)
+                        run.orders, floor.by_request_key(), config.profile)
     summary.update({"wall_s": run.wall_s, "simulated_events": run.events,
                     "events_per_s": run.events / run.wall_s if run.wall_s else None,
                     "virtual_s": run.virtual_s, "network_bytes": run.network_bytes})
     return {"nodes": job.nodes, "policy": job.policy, "summary": summary, "notes": notes,
+            "floor": floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts),
             "predictor": run.predictor, "requests_in_slice": hi - lo, "burst_seconds": len(bursts),
             "slice": {"start_s": start, "duration_s": (float(workload.times[hi - 1]) - start) if hi > lo else 0.0,
                       "speed": job.speed},
@@ -173,7 +178,7 @@ def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -
     by_nodes: dict[str, dict] = {}
     for r in sorted(results, key=lambda r: (r["nodes"], args.policy_list.index(r["policy"]))):
         entry = by_nodes.setdefault(str(r["nodes"]), {"policies": {}, "requests": r["requests_in_slice"],
-                                                      "notes": r["notes"]})
+                                                      "notes": r["notes"], "floor": r["floor"]})
         entry["policies"][r["policy"]] = r["summary"]
     top = max(results, key=lambda r: r["nodes"])
     nodes = top["nodes"]
@@ -184,7 +189,7 @@ def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -
         "slice": top["slice"], "ttft_target_ms": config.ttft_target_ms, "byte_scale_factor": 1,
         "nodes": nodes, "engine_profile": config.profile.name, "link_gbps": config.link.gbps,
         "real_bytes_per_block": config.real_bytes_per_block, "burst_seconds_in_trace": top["burst_seconds"],
-        "policies": by_nodes[str(nodes)]["policies"], "simulated": True,
+        "policies": by_nodes[str(nodes)]["policies"], "floor": by_nodes[str(nodes)]["floor"], "simulated": True,
         "wall_s": args.wall_s, "simulated_events": total_events,
         "events_per_s": total_events / total_wall if total_wall else None,
         "by_nodes": by_nodes,
@@ -198,13 +203,15 @@ def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -
 
 def scale_table(result: dict) -> str:
     policies = list(next(iter(result["by_nodes"].values()))["policies"])
-    lines = ["| nodes | " + " | ".join(f"{p} burst p99 ms" for p in policies) + " | "
+    lines = ["| nodes | " + " | ".join(f"{p} burst p99 ms" for p in policies) + " | floor burst p99 ms | "
              + " | ".join(f"{p} GiB replicated" for p in policies) + " |",
-             "|---:|" + "---:|" * (2 * len(policies))]
+             "|---:|" + "---:|" * (2 * len(policies) + 1)]
     for n, entry in result["by_nodes"].items():
         ps = entry["policies"]
+        floor = (entry.get("floor") or {}).get("burst_ttft_p99_ms")
         lines.append(f"| {n} | " + " | ".join(fmt("burst_ttft_p99_ms", ps[p].get("burst_ttft_p99_ms")) for p in policies)
-                     + " | " + " | ".join(fmt("bytes_replicated", ps[p].get("bytes_replicated")) for p in policies) + " |")
+                     + f" | {fmt('burst_ttft_p99_ms', floor)} | "
+                     + " | ".join(fmt("bytes_replicated", ps[p].get("bytes_replicated")) for p in policies) + " |")
     return "\n".join(lines)
 
 
@@ -213,6 +220,7 @@ def write_reports(result: dict, results: list[dict], out: Path, console) -> None
     for n in result["by_nodes"]:
         mine = [r for r in results if str(r["nodes"]) == n]
         sub = {**result, "nodes": int(n), "policies": result["by_nodes"][n]["policies"],
+               "floor": result["by_nodes"][n]["floor"],
                "notes": result["by_nodes"][n]["notes"] + result["notes"][-1:]}
         arrivals = next((r["arrivals"] for r in mine if r["arrivals"]), [])
         index = write_report(out / f"nodes-{n}", sub, {r["policy"]: r["ttfts"] for r in mine},
@@ -233,8 +241,10 @@ def print_tables(result: dict, console) -> None:
         for name, m in entry["policies"].items():
             table.add_row(name, *(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS), f"{m['wall_s']:.1f}",
                           f"{m['events_per_s']:.0f}")
+        if entry.get("floor"):
+            table.add_row(FLOOR_ROW, *(fmt(k, entry["floor"].get(k)) for k, _ in TABLE_COLUMNS), "", "", style="dim")
         console.print(table)
-        console.print(markdown_table(entry["policies"]), markup=False)
+        console.print(markdown_table(entry["policies"], entry.get("floor")), markup=False)
     console.print(scale_table(result), markup=False)
 
 

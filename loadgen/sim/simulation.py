@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 from speckv.loadgen.e2e_config import E2EConfig
 from speckv.loadgen.engine import EngineEvent, EngineJob, EventKind, job_times
-from speckv.loadgen.metrics import RequestRecord
+from speckv.loadgen.metrics import RequestRecord, request_key
 from speckv.loadgen.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.sim.engine import FastEngine
 from speckv.loadgen.sim.events import EventQueue, Handle, VirtualClock
@@ -188,7 +188,7 @@ class Simulation:
         if self._next < len(self._requests):
             self._upcoming = self._requests[self._next]
             self.queue.at(self._upcoming.arrival_s, self._arrive)
-        record = RequestRecord(f"r{i}", request.arrival_s, request.family, request.prompt_tokens,
+        record = RequestRecord(request_key(i), request.arrival_s, request.family, request.prompt_tokens,
                                max(1, request.output_tokens))
         self.records.append(record)
         hashes = list(request.block_hashes[:request.full_blocks])

@@ -79,6 +79,15 @@ class ScaledTrace(Sequence[TraceRequest]):
         return TraceRequest(float(self.times[i]), r.prompt_tokens, r.output_tokens,
                             tuple(h + offset for h in r.block_hashes), r.block_tokens, f"c{k}:{r.family}")
 
+    @property
+    def base(self) -> list[TraceRequest]:
+        """The trace itself, in arrival order (copy 0)."""
+        return self._base
+
+    def base_rows(self, lo: int, hi: int) -> np.ndarray:
+        """For requests lo..hi-1, the row in `base` each is a copy of."""
+        return self._index[lo:hi]
+
     def family_of(self, i: int) -> str:
         k, family = int(self._copy[i]), self._base[self._index[i]].family
         return f"c{k}:{family}" if k else family

@@ -7,7 +7,7 @@ import pytest
 from speckv.loadgen.metrics import RequestRecord, summarize
 from speckv.loadgen.replica_ledger import ReplicaLedger
 from speckv.loadgen.traces.records import TraceRequest
-from speckv.loadgen.ttft_floor import floor_summary, floor_ttft_ms, reusable_blocks, slice_floors
+from speckv.loadgen.ttft_floor import floor_summary, floor_ttft_ms, reusable_blocks, slice_floor
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.scheduler.engine_profile import EngineProfile
 
@@ -44,8 +44,10 @@ def test_the_floor_always_computes_the_last_prompt_token():
 
 def test_a_slice_counts_reuse_from_the_history_before_it():
     requests = [_req(0.0, 8, (1, 2)), _req(5.0, 10, (1, 2, 3)), _req(6.0, 10, (4, 5))]
-    floor, tokens = slice_floors(requests, 1, PROFILE)
+    sliced = slice_floor(requests[:1], requests[1:], PROFILE)
+    floor, tokens = sliced.floor_ms, sliced.reusable_tokens
     assert tokens.tolist() == [8, 0]
+    assert sliced.by_request_key() == {"r0": 8, "r1": 0}
     assert floor.tolist() == pytest.approx([PROFILE.prefill_ms(2, 8), PROFILE.prefill_ms(10, 0)])
     summary = floor_summary(floor, [5.0, 6.0], frozenset({6}))
     assert summary["burst_ttft_p99_ms"] == pytest.approx(PROFILE.prefill_ms(10, 0))
