@@ -49,9 +49,7 @@ class SimKVNode:
     def lookup(self, hashes: Sequence[int]) -> int:
         """Blocks of the longest resident prefix; touches them (a use)."""
         n = self._index.longest_prefix(hashes)
-        touch = self._index.touch
-        for h in hashes[:n]:
-            touch(h)  # type: ignore[arg-type]  # BlockHash is a NewType of int
+        self._index.touch_chain(hashes[:n])  # type: ignore[arg-type]  # BlockHash is a NewType of int
         return n
 
     def holds_all(self, hashes: Sequence[int]) -> bool:
@@ -59,29 +57,37 @@ class SimKVNode:
 
     def put(self, hashes: Sequence[int], now: float, family: str = "", lease_deadline: float | None = None,
             first_parent: int | None = None) -> PutOutcome:
-        """Stores a chain (each block's parent is the one before it); present
-        blocks are touched, new ones evict as needed. lease_deadline marks
-        new blocks as speculative replicas."""
+        """Stores a chain (each block's parent is the one before it); new
+        blocks evict as needed, and the whole chain counts as a use with its
+        head most recent (kvstore/index.py). lease_deadline marks new blocks
+        as speculative replicas: then, as the live store publishes a replica,
+        they go in tail first and resident ones are left as they are."""
         out = PutOutcome()
         stored, evicted = out.stored, out.evicted
         index, free = self._index, self._free
-        parent = first_parent
+        pairs = list(zip(hashes, [first_parent, *hashes[:-1]]))
+        if lease_deadline is not None:
+            pairs.reverse()
+        complete = True
         # Hashes go in as plain ints (BlockHash / PageId are NewTypes of int):
         # this loop runs for every block of every prompt in the simulation.
-        for h in hashes:
+        for h, parent in pairs:
             if h in index:
-                index.touch(h)  # type: ignore[arg-type]
+                continue
+            if free:
+                page = free.pop()
             else:
-                if free:
-                    page = free.pop()
-                else:
-                    victim = index.pop_victim(now)
-                    if victim is None:  # cannot happen: nothing is pinned
-                        break
-                    page = victim.page
-                    evicted.append(int(victim.block_hash))
-                index.insert(BlockEntry(h, page, family, parent,  # type: ignore[arg-type]
-                                        lease_deadline=lease_deadline))
-                stored.append(h)
-            parent = h
+                victim = index.pop_victim(now)
+                if victim is None:  # cannot happen: nothing is pinned
+                    complete = False
+                    break
+                page = victim.page
+                evicted.append(int(victim.block_hash))
+            index.insert(BlockEntry(h, page, family, parent,  # type: ignore[arg-type]
+                                    lease_deadline=lease_deadline))
+            stored.append(h)
+        if lease_deadline is not None:
+            stored.reverse()
+        else:
+            index.touch_chain(hashes if complete else [h for h in hashes if h in index])  # type: ignore[arg-type]
         return out

@@ -9,6 +9,13 @@ Eviction order (the policy, in full):
      priority, not from ordinary LRU).
 Pinned blocks (pin count > 0) are never evicted.
 
+Within one use of a chain (a prompt's blocks, head first) the head ends most
+recently used: callers touch, unpin and publish chains tail first
+(touch_chain). A chain is useless without its head, so LRU must take its
+tail first; head-first eviction would break the prefix while its tail stays
+resident as dead weight. vLLM frees a request's blocks in reverse for the
+same reason.
+
 A committed replica carries a lease deadline until it is first *used*: a
 lookup hit, a read or a re-put touches it, which clears the lease and makes it
 an ordinary block (the speculation paid off; it now lives by LRU like any
@@ -92,6 +99,12 @@ class BlockIndex:
             self.replica_count -= 1
         if entry.pins == 0:
             self._lru.move_to_end(block_hash)
+
+    def touch_chain(self, hashes: Sequence[BlockHash]) -> None:
+        """Marks a use of a chain (given head first): touched tail first, so
+        the head ends most recent and is evicted last."""
+        for block_hash in reversed(hashes):
+            self.touch(block_hash)
 
     def pin(self, block_hash: BlockHash) -> None:
         entry = self._entries[block_hash]

@@ -124,9 +124,7 @@ class KVStoreCore:
         wanted = validate.hash_list(hashes, "lookup", self.max_hashes)
         with self._lock:
             present = [h in self._index for h in wanted]
-            for h, hit in zip(wanted, present):
-                if hit:
-                    self._index.touch(h)
+            self._index.touch_chain([h for h, hit in zip(wanted, present) if hit])
             return LookupResult(present, self._index.longest_prefix(wanted))
 
     def get_blocks(self, hashes: Sequence[int]) -> Iterator[tuple[BlockHash, np.ndarray]]:
@@ -139,7 +137,7 @@ class KVStoreCore:
             self._require_resident(wanted, "get_blocks")
             for h in wanted:
                 self._index.pin(h)
-                self._index.touch(h)
+            self._index.touch_chain(wanted)
         return self._read_pinned(wanted)
 
     def _read_pinned(self, wanted: list[BlockHash]) -> Iterator[tuple[BlockHash, np.ndarray]]:
@@ -150,7 +148,7 @@ class KVStoreCore:
                 yield h, buffer
         finally:
             with self._lock:
-                for h in wanted:
+                for h in reversed(wanted):  # back into the LRU tail first (index.py)
                     self._index.unpin(h)
 
     def pack(self, hashes: Sequence[BlockHash], out: Buffer) -> None:
@@ -198,8 +196,7 @@ class KVStoreCore:
                 self._pool.unpack(block.data, [page])
                 self._pool.seal([page])  # segment checksums now, while the bytes are hot
                 self._index.insert(BlockEntry(block.block_hash, page, block.family, block.parent))
-            for h in present:
-                self._index.touch(h)
+            self._index.touch_chain(hashes)  # the fresh ones too: the head ends most recent
             self._stored_total += len(fresh)
             self._emit_stored(fresh)
             return PutResult(len(fresh), len(present), evicted)
@@ -210,7 +207,7 @@ class KVStoreCore:
             self._require_resident(wanted, "pin")
             for h in wanted:
                 self._index.pin(h)
-                self._index.touch(h)
+            self._index.touch_chain(wanted)
             return len(wanted)
 
     def unpin(self, hashes: Sequence[int]) -> int:
@@ -223,7 +220,7 @@ class KVStoreCore:
             short = [h for h, n in asked.items() if self._index.get(h).pins < n]  # type: ignore[union-attr]
             if short:
                 raise FailedPrecondition(f"unpin: blocks not pinned (that many times): {validate.quote(short)}")
-            for h in wanted:
+            for h in reversed(wanted):  # back into the LRU tail first (index.py)
                 self._index.unpin(h)
             return len(wanted)
 
@@ -401,12 +398,14 @@ class KVStoreCore:
         A hash that became resident meanwhile keeps its copy; ours is freed."""
         lease = self.clock.now() + replica_lease_s if replica_lease_s > 0 else None
         published: list[BlockHash] = []
-        for h, page, parent in zip(reservation.hashes, reservation.pages, reservation.parents):
+        # Tail first, so that once the lease lapses LRU takes the tail first (index.py).
+        for h, page, parent in reversed(list(zip(reservation.hashes, reservation.pages, reservation.parents))):
             if h in self._index:
                 self._pool.free([page])
                 continue
             self._index.insert(BlockEntry(h, page, reservation.family, parent, lease_deadline=lease))
             published.append(h)
+        published.reverse()
         if published:
             self._committed_total += len(published)
             self._events.append(EventType.COMMITTED, tuple(published), parent=reservation.parent,

@@ -66,13 +66,37 @@ def test_unknown_hashes_are_not_found_by_name():
 
 def test_full_pool_evicts_lru_and_reports_removed():
     store = make_store(num_pages=3)
-    store.put_blocks(writes(1, 2, 3))
+    store.put_blocks(writes(1))
+    store.put_blocks(writes(2))
+    store.put_blocks(writes(3))
     store.lookup([1])  # 1 becomes most recent
     result = store.put_blocks(writes(4))
     assert result.evicted == 1
     assert store.lookup([1, 2, 3, 4]).present == [True, False, True, True]
     removed = [e for e in retained_events(store) if e.type is EventType.REMOVED]
     assert [e.block_hashes for e in removed] == [(2,)]
+
+
+@pytest.mark.parametrize("use", ["put", "lookup", "get_blocks", "pin"])
+def test_a_chain_loses_its_tail_before_its_head(use):
+    """A prefix is useless without its head: within one use of a chain the
+    head must be evicted last, or the chain breaks while its tail stays."""
+    store = make_store(num_pages=4)
+    store.put_blocks(writes(1, 2, 3))
+    store.put_blocks(writes(9))
+    if use == "lookup":
+        store.lookup([1, 2, 3])
+    elif use == "get_blocks":
+        for _ in store.get_blocks([1, 2, 3]):
+            pass
+    elif use == "pin":
+        store.pin([1, 2, 3])
+        store.unpin([1, 2, 3])
+    else:
+        store.put_blocks(writes(1, 2, 3))  # all resident: a re-put is a use
+    store.put_blocks(writes(10, 11, 12))  # evicts three: 9, then the chain tail first
+    assert store.lookup([1, 2, 3]).present == [True, False, False]
+    assert store.lookup([1, 2, 3]).prefix_blocks == 1
 
 
 def test_pool_full_of_pinned_blocks_is_exhausted_and_keeps_what_it_has():
