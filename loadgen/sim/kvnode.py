@@ -68,7 +68,8 @@ class SimKVNode:
         pairs = list(zip(hashes, [first_parent, *hashes[:-1]]))
         if lease_deadline is not None:
             pairs.reverse()
-        complete = True
+        else:  # resident blocks of the chain are a use now: no insert below may evict them (the live store protects them)
+            index.touch_chain([h for h in hashes if h in index])  # type: ignore[arg-type]
         # Hashes go in as plain ints (BlockHash / PageId are NewTypes of int):
         # this loop runs for every block of every prompt in the simulation.
         for h, parent in pairs:
@@ -79,7 +80,6 @@ class SimKVNode:
             else:
                 victim = index.pop_victim(now)
                 if victim is None:  # cannot happen: nothing is pinned
-                    complete = False
                     break
                 page = victim.page
                 evicted.append(int(victim.block_hash))
@@ -88,6 +88,6 @@ class SimKVNode:
             stored.append(h)
         if lease_deadline is not None:
             stored.reverse()
-        else:
-            index.touch_chain(hashes if complete else [h for h in hashes if h in index])  # type: ignore[arg-type]
+        else:  # a chain longer than the pool evicts its own head: touch what is left
+            index.touch_chain([h for h in hashes if h in index])  # type: ignore[arg-type]
         return out
