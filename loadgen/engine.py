@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from speckv.loadgen.e2e_config import EngineLimits
 from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
@@ -207,7 +207,7 @@ class EmulatedEngine:
 
     def load(self) -> EngineLoad:
         waiting = [*self._fetching, *self._waiting]
-        running_tokens = sum(j.context_tokens for j in self._running)
+        running_tokens = context_sum(self._running)
         return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting), running_tokens=running_tokens,
                           waiting_requests=len(waiting), running_requests=len(self._running),
                           queued_prefill_ms=self.queued_prefill_ms(waiting, running_tokens))
@@ -239,12 +239,12 @@ class EmulatedEngine:
         cost = StepCost()
         p = self._profile
         for job, c in chunks:
-            x = job.skipped_tokens + job.prefilled
+            x = _done_tokens(job)
             cost.prefill_ms += p.ms_per_token * c + p.ms_per_token_pair * (c * x + c * (c + 1) / 2)
-            if c == job.to_prefill:
+            if c == job.prompt_tokens - x:  # the chunk completes the prefill
                 cost.overhead_ms += p.overhead_ms
         if decodes:
-            kv_bytes = sum(j.context_tokens for j in decodes) * self._kv_bytes_per_token
+            kv_bytes = context_sum(decodes) * self._kv_bytes_per_token
             cost.decode_ms += kv_bytes / (self._limits.hbm_gb_per_s * 1e9) * 1e3
             if not chunks:
                 cost.decode_ms += self._limits.decode_weights_ms + self._limits.decode_step_overhead_ms
@@ -253,12 +253,12 @@ class EmulatedEngine:
     def _next_start(self, now: float, promote: bool = True) -> float | None:
         """When the next step can start: at once after a step while sequences
         run, else when the engine is free and the first queued job is ready."""
-        if promote:
+        if promote and self._fetching:
             self._promote(now)
-        starts = [self._free_s] if self._running else []
-        for queue in (self._waiting, self._fetching):
-            if queue:
-                starts.append(max(self._free_s, min(j.ready_s for j in queue)))
+        if self._running:
+            return self._free_s  # queued work can start no earlier than the engine is free
+        starts = [max(self._free_s, min(j.ready_s for j in queue)) for queue in (self._waiting, self._fetching)
+                  if queue]
         return min(starts) if starts else None
 
     def _promote(self, now: float) -> None:
@@ -270,15 +270,17 @@ class EmulatedEngine:
             self._waiting.append(job)
 
     def _plan(self, start: float) -> _Step | None:
-        ready = [j for j in self._waiting if j.ready_s <= start]
         decodes = self._running[:self._limits.max_num_seqs]
         budget = self._limits.max_batched_tokens - len(decodes)
         seats = self._limits.max_num_seqs - len(decodes)
         chunks: list[tuple[EngineJob, int]] = []
-        for job in ready:
+        for job in self._waiting:
             if budget <= 0 or seats <= 0:
                 break
-            c = min(job.to_prefill, budget)
+            if job.ready_s > start:
+                continue
+            left = job.prompt_tokens - _done_tokens(job)
+            c = left if left < budget else budget
             chunks.append((job, c))
             budget -= c
             seats -= 1
@@ -297,7 +299,7 @@ class EmulatedEngine:
                 events.append(self._complete(job, step.end_s))
         for job, c in step.chunks:
             job.prefilled += c
-            if job.to_prefill == 0:
+            if _done_tokens(job) == job.prompt_tokens:
                 self._waiting.remove(job)
                 job.first_token_s, job.tokens_out = step.end_s, 1
                 events.append(EngineEvent(EventKind.FIRST_TOKEN, job, step.end_s))
@@ -313,6 +315,25 @@ class EmulatedEngine:
             self._running.remove(job)
         job.finished_s, job.phase = t, Phase.DONE
         return EngineEvent(EventKind.FINISHED, job, t)
+
+
+def _done_tokens(job: EngineJob) -> int:
+    """EngineJob.skipped_tokens + prefilled, unrolled: the step loop asks
+    it of every chunk several times per step, and property calls dominated."""
+    skipped = job.cached_tokens + job.fetch_tokens
+    cap = job.prompt_tokens - 1
+    return (skipped if skipped < cap else cap) + job.prefilled
+
+
+def context_sum(jobs: Iterable[EngineJob]) -> int:
+    """Sum of EngineJob.context_tokens (tokens), unrolled: every step with
+    decodes and every heartbeat reads it over all running sequences."""
+    total = 0
+    for j in jobs:
+        skipped = j.cached_tokens + j.fetch_tokens
+        cap = j.prompt_tokens - 1
+        total += (skipped if skipped < cap else cap) + j.prefilled + j.tokens_out
+    return total
 
 
 @dataclass(slots=True)

@@ -77,6 +77,7 @@ class CoreForecasts:
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         result = self._core.top_families(max(1, max_families), [horizon_s], now)
-        return [Forecast(Family(f), horizon_s, float(result.expected[i, 0]), float(result.upper[i, 0]),
-                         float(result.burst_probability[i, 0]))
-                for i, f in enumerate(result.families)]
+        # Whole columns to floats at once: a predictive tick asks for 256 families every 0.25 s.
+        columns = (result.expected[:, 0].tolist(), result.upper[:, 0].tolist(),
+                   result.burst_probability[:, 0].tolist())
+        return [Forecast(Family(f), horizon_s, e, u, b) for f, e, u, b in zip(result.families, *columns)]

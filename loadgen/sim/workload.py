@@ -77,7 +77,7 @@ class ScaledTrace(Sequence[TraceRequest]):
                                 r.block_tokens, r.family)
         offset = k * self._stride
         return TraceRequest(float(self.times[i]), r.prompt_tokens, r.output_tokens,
-                            tuple(h + offset for h in r.block_hashes), r.block_tokens, f"c{k}:{r.family}")
+                            tuple([h + offset for h in r.block_hashes]), r.block_tokens, f"c{k}:{r.family}")
 
     @property
     def base(self) -> list[TraceRequest]:
@@ -142,6 +142,12 @@ class MmppParams:
     burst_focus: float = 0.8
     seed: int = 7
 
+    def __post_init__(self) -> None:
+        if not (self.duration_s > 0 and self.calm_s > 0 and self.burst_s > 0):
+            raise ValueError(f"{self}: duration_s, calm_s and burst_s must be > 0")
+        if not (self.rate_calm >= 0 and self.rate_burst >= 0 and 0.0 <= self.burst_focus <= 1.0):
+            raise ValueError(f"{self}: rates must be >= 0 and burst_focus in [0, 1]")
+
 
 @dataclass(frozen=True, slots=True)
 class HawkesParams:
@@ -150,6 +156,14 @@ class HawkesParams:
     branching: float = 0.5
     decay: float = 1.0  # per second: children follow their parent by ~1 s
     seed: int = 7
+
+    def __post_init__(self) -> None:
+        if not (self.duration_s > 0 and self.mu > 0 and self.decay > 0):
+            raise ValueError(f"{self}: duration_s, mu and decay must be > 0")
+        if not 0.0 <= self.branching < 1.0:
+            # At branching >= 1 each arrival begets one or more on average: the
+            # cascade never dies out and generating it would not end.
+            raise ValueError(f"{self}: branching must be in [0, 1) for a stationary process")
 
 
 def describe(params: object, shape: FamilyShape) -> dict[str, object]:

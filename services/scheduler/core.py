@@ -382,7 +382,9 @@ class SchedulerCore:
 
     def tick(self) -> list[Order]:
         """Sweeps liveness, orders and replica leases, then applies what the
-        policy plans: cancellations first, then new orders."""
+        policy plans: cancellations first, then new orders. A policy with
+        `needs_view = False` (its plan reads no view, e.g. `none`) gets None,
+        sparing the O(nodes + active orders) view every tick."""
         with self._lock:
             policy = self._policy
         policy.prepare(self._clock.now())
@@ -392,7 +394,7 @@ class SchedulerCore:
             self._sweep_locked(now)
             if self._policy is not policy:
                 return []  # SetPolicy raced with prepare(); the next tick plans with the new one
-            plan = policy.plan(now, self._view(now))
+            plan = policy.plan(now, self._view(now) if getattr(policy, "needs_view", True) else None)
             plan = plan if isinstance(plan, Plan) else Plan(list(plan))
             for order_id in plan.cancel:
                 try:

@@ -3,7 +3,8 @@ read-only view of the cluster and submits the orders it returns.
 
 A policy is a small object with a `name`, a one-paragraph `description` and
 `plan(now, view) -> list[OrderSpec] | Plan` (a Plan also names ISSUED orders
-to cancel). `plan` runs on the ticker thread with
+to cancel). A policy whose plan reads no view may set `needs_view = False`;
+it is then passed None instead of a view built every tick. `plan` runs on the ticker thread with
 the scheduler's lock held, so it must be quick and must not do I/O; a policy
 that needs remote inputs (forecasts) fetches them in `prepare(now)`, which runs
 first, without the lock. The same objects run in the live cluster and in the
@@ -85,6 +86,6 @@ class Policy(Protocol):
         """Gathers remote inputs before plan(); runs without the scheduler lock."""
         ...
 
-    def plan(self, now: float, view: ClusterView) -> "list[OrderSpec] | Plan":
+    def plan(self, now: float, view: ClusterView | None) -> "list[OrderSpec] | Plan":
         """Orders to issue now; invalid ones are logged and dropped."""
         ...

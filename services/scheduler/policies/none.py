@@ -17,9 +17,10 @@ class NonePolicy:
     name = "none"
     description = ("KV-aware, load-aware routing with on-demand prefix pulls; "
                    "no speculative replication (emits no orders).")
+    needs_view = False  # plan() reads nothing: the scheduler skips building the view
 
     def prepare(self, now: float) -> None:
         return None
 
-    def plan(self, now: float, view: ClusterView) -> list[OrderSpec]:
+    def plan(self, now: float, view: ClusterView | None) -> list[OrderSpec]:
         return []
