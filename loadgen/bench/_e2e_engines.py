@@ -43,9 +43,11 @@ TORCH_BLOCK_TOKENS = 16
 TORCH_WARM_KV_BLOCKS = 800
 # Wall seconds for the cluster start plus the warm start (the replay origin
 # is fixed before launch: _e2e_run.py); the torch warm start also computes
-# its KV (744 blocks of the quick slice's took 9-12 s with the routing, the
-# emulated one's ~8.5 s, on 2 busy cores).
-START_BUDGET_S = {"emulated": 25.0, "torch": 30.0}
+# its KV (744 blocks of the quick slice's took 9-12 s with the routing). The
+# emulated warm start routes 1,908 requests one Route at a time and stored
+# 3,609 blocks in 18.6 s on a quiet machine (2026-12-02), over 25 s with
+# other work on the 2 cores: the budget leaves room for that.
+START_BUDGET_S = {"emulated": 40.0, "torch": 40.0}
 
 # (node, index in the warm list, request, first block not cached there) -> blocks stored
 StoreKV = Callable[[str, int, TraceRequest, int], int]

@@ -44,8 +44,8 @@ from speckv.v1 import (common_pb2, kvstore_pb2, kvstore_pb2_grpc, predictor_pb2,
 DRAIN_TIMEOUT_S = 120.0
 # The replay's origin is fixed before launch (the oracle must know it as a
 # flag); the cluster must be up, the model loaded and the warm start
-# (_e2e_warm.py) done within the engine setup's start_budget_s (25 s for the
-# emulated engines).
+# (_e2e_warm.py) done within the engine setup's start_budget_s
+# (_e2e_engines.START_BUDGET_S).
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
 
 
