@@ -207,7 +207,7 @@ class EmulatedEngine:
 
     def load(self) -> EngineLoad:
         waiting = [*self._fetching, *self._waiting]
-        running_tokens = context_sum(self._running)
+        running_tokens = self._running_context()
         return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting), running_tokens=running_tokens,
                           waiting_requests=len(waiting), running_requests=len(self._running),
                           queued_prefill_ms=self.queued_prefill_ms(waiting, running_tokens))
@@ -225,13 +225,20 @@ class EmulatedEngine:
         p = self._profile
         total_ms, tokens = 0.0, 0
         for j in waiting:
-            n = j.to_prefill
-            tokens += n
-            total_ms += p.prefill_ms(n, j.skipped_tokens + j.prefilled)
+            done = _done_tokens(j)
+            tokens += j.prompt_tokens - done
+            total_ms += p.prefill_ms(j.prompt_tokens - done, done)
         budget = max(1, self._limits.max_batched_tokens - min(len(self._running), self._limits.max_num_seqs))
         steps = -(-tokens // budget)
-        decode_ms = running_tokens * self._kv_bytes_per_token / (self._limits.hbm_gb_per_s * 1e9) * 1e3
-        return total_ms + steps * decode_ms
+        return total_ms + steps * self.kv_read_ms(running_tokens)
+
+    def kv_read_ms(self, context_tokens: int) -> float:
+        """One decode step's read of that many context tokens' KV from HBM (ms)."""
+        return context_tokens * self._kv_bytes_per_token / (self._limits.hbm_gb_per_s * 1e9) * 1e3
+
+    def _running_context(self) -> int:
+        """Context tokens of the running sequences (a faster engine may cache it)."""
+        return context_sum(self._running)
 
     # --- stepping ------------------------------------------------------------
     def step_cost(self, chunks: list[tuple[EngineJob, int]], decodes: list[EngineJob]) -> StepCost:
@@ -244,8 +251,7 @@ class EmulatedEngine:
             if c == job.prompt_tokens - x:  # the chunk completes the prefill
                 cost.overhead_ms += p.overhead_ms
         if decodes:
-            kv_bytes = context_sum(decodes) * self._kv_bytes_per_token
-            cost.decode_ms += kv_bytes / (self._limits.hbm_gb_per_s * 1e9) * 1e3
+            cost.decode_ms += self.kv_read_ms(context_sum(decodes))
             if not chunks:
                 cost.decode_ms += self._limits.decode_weights_ms + self._limits.decode_step_overhead_ms
         return cost

@@ -24,7 +24,6 @@ from typing import Sequence
 import numpy as np
 
 from speckv.loadgen.metrics import percentile, request_key
-
 from speckv.loadgen.traces.records import TraceRequest
 from speckv.services.scheduler.engine_profile import EngineProfile
 
@@ -47,13 +46,16 @@ def reusable_blocks(requests: Sequence[TraceRequest]) -> np.ndarray:
     return out
 
 
+def reusable_tokens(requests: Sequence[TraceRequest], reusable: np.ndarray) -> np.ndarray:
+    """Per request: tokens its reusable blocks cover, short of the last prompt token."""
+    return np.array([min(int(b) * r.block_tokens, max(r.prompt_tokens - 1, 0)) for b, r in zip(reusable, requests)],
+                    dtype=np.int64)
+
+
 def floor_ttft_ms(requests: Sequence[TraceRequest], reusable: np.ndarray, profile: EngineProfile) -> np.ndarray:
     """Per request: prefill time alone on an idle node with its reusable prefix cached (ms)."""
-    out = np.empty(len(requests), dtype=np.float64)
-    for i, r in enumerate(requests):
-        cached = min(int(reusable[i]) * r.block_tokens, max(r.prompt_tokens - 1, 0))
-        out[i] = profile.prefill_ms(r.prompt_tokens - cached, cached)
-    return out
+    cached = reusable_tokens(requests, reusable).tolist()
+    return np.array([profile.prefill_ms(r.prompt_tokens - c, c) for r, c in zip(requests, cached)], dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +80,7 @@ def slice_floor(history: Sequence[TraceRequest], replayed: Sequence[TraceRequest
     replayed requests before each."""
     both = [*history, *replayed]
     blocks = reusable_blocks(both)[len(history):]
-    tokens = np.array([min(int(b) * r.block_tokens, max(r.prompt_tokens - 1, 0)) for b, r in zip(blocks, replayed)],
-                      dtype=np.int64)
-    return SliceFloor(floor_ttft_ms(replayed, blocks, profile), tokens)
+    return SliceFloor(floor_ttft_ms(replayed, blocks, profile), reusable_tokens(replayed, blocks))
 
 
 def floor_summary(floor_ms: np.ndarray, arrivals_s: Sequence[float], bursts: frozenset[int]) -> dict[str, float | None]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from speckv.loadgen.engine import EmulatedEngine, EngineEvent, EngineJob, EngineLoad
+from speckv.loadgen.engine import EmulatedEngine, EngineEvent, EngineJob
 from speckv.loadgen.e2e_config import EngineLimits
 from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
 
@@ -41,14 +41,9 @@ class FastEngine(EmulatedEngine):
         self._totals_key: tuple[int, int] = (-1, -1)
         self._totals: tuple[int, int] = (0, 0)
 
-    def load(self) -> EngineLoad:
-        """EmulatedEngine.load, with the running context from the cached totals."""
-        waiting = [*self._fetching, *self._waiting]
-        running = self._running
-        running_tokens = self._running_totals()[1] if running else 0
-        return EngineLoad(queued_tokens=sum(j.to_prefill for j in waiting), running_tokens=running_tokens,
-                          waiting_requests=len(waiting), running_requests=len(running),
-                          queued_prefill_ms=self.queued_prefill_ms(waiting, running_tokens))
+    def _running_context(self) -> int:
+        """From the cached totals (see _running_totals)."""
+        return self._running_totals()[1] if self._running else 0
 
     def _skip_ahead(self, now: float, events: list[EngineEvent]) -> bool:
         return self._decode_only() and self._jump(now, events)

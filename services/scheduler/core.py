@@ -285,11 +285,9 @@ class SchedulerCore:
         held = lengths.get
         out = []
         queue_ms = cluster.queue_ms
-        for n in nodes:  # Node.queued_tokens / waiting_requests inlined: this runs per candidate per route
-            load, pending = n.load, n.pending_requests
-            out.append(Candidate(n.node_id, load.queued_tokens + n.pending_tokens, load.waiting_requests + pending,
-                                 pending, held(n.node_id, 0), n.geometry.block_size, n.bytes_per_block,
-                                 queue_ms(n)))
+        for n in nodes:
+            out.append(Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
+                                 n.bytes_per_block, queue_ms(n)))
         return out
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:

@@ -48,8 +48,6 @@ class Candidate:
     """A live node as the router sees it."""
 
     node_id: NodeId
-    queued_tokens: int
-    waiting_requests: int
     routes_in_flight: int
     cached_blocks: int
     block_size: int

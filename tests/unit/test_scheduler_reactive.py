@@ -98,8 +98,7 @@ def _full_estimate(core, query):
     """Every live node scored (what pruning must match), from the core's own parts."""
     now = core._clock.now()
     lengths = core._index.prefix_lengths(query.block_hashes)
-    cands = [Candidate(n.node_id, n.queued_tokens, n.waiting_requests, n.pending_requests,
-                       lengths.get(n.node_id, 0), n.geometry.block_size, n.bytes_per_block,
+    cands = [Candidate(n.node_id, n.pending_requests, lengths.get(n.node_id, 0), n.geometry.block_size, n.bytes_per_block,
                        core._cluster.queue_ms(n))
              for n in core._cluster.live_nodes(now)]
     from speckv.services.scheduler.router import best_holder

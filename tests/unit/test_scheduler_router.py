@@ -12,7 +12,7 @@ PROFILE = EngineProfile("t", "m", "hw", overhead_ms=10.0, ms_per_token=0.1, ms_p
 
 
 def cand(name, cached=0, queued=0, inflight=0, waiting=0):
-    return Candidate(NodeId(name), queued, waiting, inflight, cached, GEO.block_size, GEO.bytes_per_block,
+    return Candidate(NodeId(name), inflight, cached, GEO.block_size, GEO.bytes_per_block,
                      PROFILE.queue_ms(queued, waiting))
 
 
