@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from speckv.services.scheduler.ids import BlockHash, Family, NodeId, default_family
 
@@ -84,6 +84,11 @@ class BlockIndex:
     def holders(self, block_hash: int) -> frozenset[NodeId]:
         return frozenset(self._holders.get(block_hash, ()))
 
+    def holder_set(self, block_hash: int) -> Collection[NodeId]:
+        """The nodes holding block_hash, without a copy: read it before the
+        next event is applied, never keep it."""
+        return self._holders.get(block_hash, ())
+
     def family_nodes(self, family: Family) -> frozenset[NodeId]:
         root = self._family_root.get(family)
         return self.holders(root) if root is not None else frozenset()
@@ -105,25 +110,31 @@ class BlockIndex:
             count += 1
         return count
 
-    def prefix_lengths(self, block_hashes: Sequence[int]) -> dict[NodeId, int]:
-        """longest_prefix for every node holding at least the first block.
+    def prefix_lengths(self, block_hashes: Sequence[int], min_length: int = 1) -> dict[NodeId, int]:
+        """longest_prefix for every node holding at least the first
+        min_length blocks (>= 1); nodes with shorter prefixes are left out.
 
         One walk down the chain, intersecting holder sets: the cost is the sum
-        of holders over the prefix, not nodes x blocks."""
-        if not block_hashes:
+        of holders over the prefix, not nodes x blocks. With min_length > 1 the
+        walk starts at the holders of block min_length - 1, so a first block
+        every node holds (a shared system prompt) costs nothing."""
+        start = max(1, min_length) - 1
+        if start >= len(block_hashes):
             return {}
-        alive = set(self._holders.get(block_hashes[0], ()))
+        inventory = self._inventory
+        alive = {n for n in self._holders.get(block_hashes[start], ())
+                 if all(h in inventory[n] for h in block_hashes[:start])}
         lengths: dict[NodeId, int] = {}
         empty: set[NodeId] = set()
-        for i, h in enumerate(block_hashes):
-            holding = self._holders.get(h, empty)
+        for i in range(start + 1, len(block_hashes)):
+            if not alive:
+                break
+            holding = self._holders.get(block_hashes[i], empty)
             if alive <= holding:
                 continue  # every node still in the walk holds this block too (the usual case)
             for node in [n for n in alive if n not in holding]:
                 lengths[node] = i
                 alive.discard(node)
-            if not alive:
-                break
         for node in alive:
             lengths[node] = len(block_hashes)
         return lengths

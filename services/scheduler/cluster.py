@@ -14,8 +14,8 @@ Invariants:
 - `pending_tokens` / `pending_requests` count work routed to a node since its
   last heartbeat, so a burst between two heartbeats is not piled on one node.
   The next heartbeat's queue figures include that work, so it resets them.
-- `least_loaded(k)` answers from a LoadBoard keyed by `queue_cost(queued
-  tokens, waiting requests)` (ms, the engine profile's queueing model), kept
+- `least_loaded(k)` answers from a LoadBoard keyed by `queue_ms(node)` (the
+  expected queueing delay the router scores, ms), kept
   current on every register, heartbeat and routed request.
 - All nodes share one block size: block hashes are chained over block_size
   tokens, so nodes with different block sizes could never share a block.
@@ -240,9 +240,15 @@ class Cluster:
             return reported + node.pending_ms
         return self._queue_cost(node.queued_tokens, node.waiting_requests)
 
-    def least_loaded(self, k: int, now: float, exclude: Collection[NodeId] = ()) -> list[NodeId]:
-        """Up to k live nodes outside exclude, least expected queueing first."""
-        return self._board.least_loaded(k, now, self._timeout_s, exclude)
+    def least_loaded(self, k: int, now: float, exclude: Collection[NodeId] = (),
+                     counted: Collection[NodeId] | None = None) -> list[NodeId]:
+        """Live nodes outside exclude, least expected queueing first, up to the
+        k-th one in counted (default: the k least queued); see LoadBoard."""
+        return self._board.least_loaded(k, now, self._timeout_s, exclude, counted)
+
+    def num_nodes(self) -> int:
+        """Registered nodes, alive or not."""
+        return len(self._nodes)
 
     def block_size(self) -> int | None:
         """The cluster's block size, or None while no node is registered."""

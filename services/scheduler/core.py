@@ -20,10 +20,11 @@ through OrderLifecycle (retries, replicas, commits seen in KV events).
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from typing import Collection, Protocol, Sequence
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
@@ -277,18 +278,43 @@ class SchedulerCore:
         return result
 
     def _candidates(self, hashes: list[int], now: float) -> list[Candidate]:
-        """Live holders of the first block, plus the least-queued other live nodes."""
-        lengths = self._index.prefix_lengths(hashes)
+        """Live holders of the first block, plus the least-queued other live
+        nodes. When many nodes hold the first block (a system prompt every
+        request starts with), only the holders of two or more blocks are
+        walked in full; of the nodes holding just the first block, and of
+        those holding none, the `spread` least queued are taken. That keeps
+        the router's choice: every skipped node is dominated by a taken one
+        with as much cache and no more queue."""
         cluster = self._cluster
-        nodes = cluster.live_among(lengths, now)
-        nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
+        root_holders = self._index.holder_set(hashes[0]) if hashes else ()
+        if len(root_holders) > 2 * self._spread:
+            lengths = self._index.prefix_lengths(hashes, 2)
+            for node_id in self._least_queued_shallow(root_holders, lengths, now):
+                lengths[node_id] = 1 if node_id in root_holders else 0
+            nodes = cluster.live_among(lengths, now)
+        else:
+            lengths = self._index.prefix_lengths(hashes)
+            nodes = cluster.live_among(lengths, now)
+            nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
         held = lengths.get
-        out = []
         queue_ms = cluster.queue_ms
-        for n in nodes:
-            out.append(Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
-                                 n.bytes_per_block, queue_ms(n)))
-        return out
+        return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
+                          n.bytes_per_block, queue_ms(n)) for n in nodes]
+
+    def _least_queued_shallow(self, root_holders: Collection[NodeId], deep: Collection[NodeId],
+                              now: float) -> list[NodeId]:
+        """The `spread` least-queued live nodes holding only the first block,
+        and the `spread` least queued holding none (outside deep). From the
+        load board when most nodes hold the first block (it finds them within
+        a few steps), else from the holders themselves."""
+        cluster, spread = self._cluster, self._spread
+        if 2 * len(root_holders) >= cluster.num_nodes():
+            popped = cluster.least_loaded(spread, now, deep, root_holders)
+            bare = [n for n in popped if n not in root_holders][:spread]
+            return [n for n in popped if n in root_holders] + bare
+        shallow = [n for n in cluster.live_among(root_holders, now) if n.node_id not in deep]
+        picked = [n.node_id for n in heapq.nsmallest(spread, shallow, key=lambda n: (cluster.queue_ms(n), n.node_id))]
+        return picked + cluster.least_loaded(spread, now, set(deep) | set(root_holders))
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:
         if self._confirmer is None or not hashes:

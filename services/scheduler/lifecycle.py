@@ -115,7 +115,7 @@ class OrderLifecycle:
         if attempts.retries >= self._max_retries or not self._alive(spec.target, now):
             return
         chain = spec.block_hashes
-        sources = sorted(n for n, k in self._index.prefix_lengths(chain).items()
+        sources = sorted(n for n, k in self._index.prefix_lengths(chain, len(chain)).items()
                          if k == len(chain) and n not in attempts.tried and n != spec.target and self._alive(n, now))
         if not sources:
             return

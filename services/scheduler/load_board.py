@@ -45,13 +45,16 @@ class LoadBoard:
         if len(self._heap) > 4 * len(self._current) + 64:
             self._rebuild()
 
-    def least_loaded(self, k: int, now: float, timeout_s: float,
-                     exclude: Collection[NodeId] = ()) -> list[NodeId]:
-        """Up to k live nodes not in exclude, least loaded first (ties: older entry)."""
+    def least_loaded(self, k: int, now: float, timeout_s: float, exclude: Collection[NodeId] = (),
+                     counted: Collection[NodeId] | None = None) -> list[NodeId]:
+        """Live nodes not in exclude, least loaded first (ties: older entry),
+        up to and including the k-th one in `counted` (default: every node
+        counts, so exactly the k least loaded)."""
         out: list[NodeId] = []
         keep: list[tuple[float, int, NodeId]] = []
         heap, current, oldest = self._heap, self._current, now - timeout_s
-        while heap and len(out) < k:
+        found = 0
+        while heap and found < k:
             entry = heapq.heappop(heap)
             load, version, node_id = entry
             if current.get(node_id, (0.0, -1))[1] != version:
@@ -61,6 +64,7 @@ class LoadBoard:
             keep.append(entry)
             if node_id not in exclude:
                 out.append(node_id)
+                found += counted is None or node_id in counted
         for entry in keep:
             heapq.heappush(heap, entry)
         return out

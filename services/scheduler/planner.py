@@ -46,6 +46,7 @@ from speckv.services.scheduler.forecasts import Forecast
 from speckv.services.scheduler.ids import Family, NodeId
 from speckv.services.scheduler.orders import OrderSpec, OrderState
 from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan
+from speckv.services.scheduler.policies.placement import holders_of
 from speckv.services.scheduler.policy_config import PolicyConfig
 
 
@@ -112,6 +113,7 @@ class Planner:
         # A node whose cached prefix saves less than a replica must save holds
         # only what the family shares with others (e.g. a system prompt every
         # conversation starts with): it is a candidate, not a holder.
+        lengths = holders_of(view, profile, live, self._profile, self._cfg.planner.min_benefit_ms)
         # Holders mostly share a few prefix lengths: price each length once.
         priced: dict[int, float] = {}
 
@@ -121,9 +123,6 @@ class Planner:
                 ms = priced[length] = self._prefill(prompt, length, block_size)
             return ms
 
-        min_benefit_ms = self._cfg.planner.min_benefit_ms
-        lengths = {n: length for n, length in view.index.prefix_lengths(profile.chain).items()
-                   if n in live and length > 0 and full_ms - prefill_at(length) >= min_benefit_ms}
         if not lengths:
             return None  # nobody holds it: nothing to copy (the first request computes it)
         held = max(lengths.values())

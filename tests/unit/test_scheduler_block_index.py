@@ -69,6 +69,18 @@ def test_prefix_lengths_matches_longest_prefix():
         assert idx.prefix_lengths(chain).get(node, 0) == idx.longest_prefix(node, chain)
 
 
+@pytest.mark.parametrize("min_length", [0, 1, 2, 3, 4, 5])
+def test_prefix_lengths_from_a_minimum_length_keeps_only_the_deeper_holders(min_length):
+    idx = BlockIndex()
+    idx.apply(A, stored([1, 2, 3]))
+    idx.apply(B, stored([1, 3]))
+    idx.apply(C, stored([1, 2, 3, 4]))
+    idx.apply("D", stored([2, 3, 4]))  # holds the tail, not the head: length 0
+    chain = [1, 2, 3, 4]
+    full = {A: 3, B: 1, C: 4}
+    assert idx.prefix_lengths(chain, min_length) == {n: k for n, k in full.items() if k >= max(1, min_length)}
+
+
 def test_families_follow_their_root_block():
     idx = BlockIndex()
     idx.apply(A, stored([10, 11]))  # chain root, no family: "10"

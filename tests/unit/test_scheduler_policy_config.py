@@ -40,3 +40,14 @@ def test_load_board_returns_least_loaded_live_nodes():
     assert board.least_loaded(5, now=101.0, timeout_s=5.0) == ["n4", "n2", "n0", "n1"]
     board.upsert("n3", 0.5, last_heartbeat=101.0)  # a heartbeat revives the parked node
     assert board.least_loaded(1, now=101.0, timeout_s=5.0) == ["n3"]
+
+
+def test_load_board_counts_only_the_given_nodes_towards_k():
+    board = LoadBoard()
+    for i, load in enumerate([5.0, 1.0, 3.0, 0.5, 2.0]):
+        board.upsert(f"n{i}", load, last_heartbeat=100.0)
+    # least loaded first (n3 n1 n4 n2 n0), up to the 2nd of {n2, n0}
+    assert board.least_loaded(2, now=101.0, timeout_s=5.0, counted={"n2", "n0"}) == ["n3", "n1", "n4", "n2", "n0"]
+    assert board.least_loaded(1, now=101.0, timeout_s=5.0, exclude={"n3"}, counted={"n1"}) == ["n1"]
+    assert board.least_loaded(3, now=101.0, timeout_s=5.0, counted={"n9"}) == ["n3", "n1", "n4", "n2", "n0"]
+    assert board.least_loaded(5, now=101.0, timeout_s=5.0) == ["n3", "n1", "n4", "n2", "n0"]  # all still there

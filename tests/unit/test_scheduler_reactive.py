@@ -94,6 +94,27 @@ def test_pruned_candidates_choose_what_scoring_every_node_would():
         load(core, got.node_id, rng.randrange(0, 80_000))
 
 
+def test_pruned_candidates_match_full_scoring_when_every_node_holds_the_first_block():
+    # A system-prompt block every node holds: routing walks only the deeper
+    # holders plus the least queued, and must still pick what scoring all would.
+    rng = random.Random(5)
+    core, clock = make_core(40)
+    for i in range(40):
+        load(core, f"n{i}", rng.randrange(0, 80_000))
+        if i % 7:  # a few nodes do not hold it: they compete as non-holders
+            store(core, f"n{i}", [7], family="system")
+    for k in range(30):
+        chain = [7] + [1_000_000 * (k + 1) + j for j in range(rng.randrange(0, 40))]
+        for node in rng.sample(range(40), rng.randrange(0, 4)):
+            store(core, f"n{node}", chain[: rng.randrange(1, len(chain) + 1)], family=f"f{k}")
+        query = RouteQuery("r", chain, len(chain) * BS + 5, Family(f"f{k}"))
+        best = min(_full_estimate(core, query), key=lambda d: d.expected_ttft_ms)
+        got = core.route("r", chain, len(chain) * BS + 5, f"f{k}")
+        assert got.expected_ttft_ms <= best.expected_ttft_ms + 1.0 + 1e-6  # within the tie band
+        assert got.cached_blocks == core._index.longest_prefix(got.node_id, chain)
+        load(core, got.node_id, rng.randrange(0, 80_000))
+
+
 def _full_estimate(core, query):
     """Every live node scored (what pruning must match), from the core's own parts."""
     now = core._clock.now()

@@ -25,27 +25,49 @@ def queue_ms(nodes: Iterable[NodeView]) -> dict[NodeId, float]:
     return {n.node_id: n.queue_ms for n in nodes}
 
 
+def min_worth_blocks(profile: EngineProfile, prompt_tokens: int, block_size: int, chain_blocks: int,
+                     min_benefit_ms: float) -> int | None:
+    """The fewest leading blocks (1..chain_blocks) whose cache saves at least
+    min_benefit_ms of a prompt_tokens prefill, or None when even the whole
+    chain saves less. Binary search: the saving only grows with the cached
+    prefix (prefill_ms falls as cached tokens replace new ones)."""
+    prompt = max(int(prompt_tokens), 1)
+    full_ms = profile.prefill_ms(prompt, 0)
+
+    def saves(blocks: int) -> bool:
+        cached = min(blocks * block_size, prompt - 1)
+        return full_ms - profile.prefill_ms(prompt - cached, cached) >= min_benefit_ms
+
+    if chain_blocks < 1 or not saves(chain_blocks):
+        return None
+    lo, hi = 1, chain_blocks
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if saves(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def holders_of(view: ClusterView, family: FamilyProfile, live: dict[NodeId, NodeView], profile: EngineProfile,
                min_benefit_ms: float) -> dict[NodeId, int]:
     """Live nodes whose prefix of the family's chain saves >= min_benefit_ms -> blocks held.
 
     Saving = prefill_ms(P, 0) - prefill_ms(P - L*S, L*S) for the family's mean
     prompt P (tokens), block size S and L blocks held; at least one token is
-    always computed, as in the engine and the planner.
+    always computed, as in the engine and the planner. Only nodes holding at
+    least the smallest such L are walked, so a block every node holds costs
+    nothing however many nodes there are.
     """
     if not live:
         return {}
-    prompt = max(int(family.prompt_tokens), 1)
     block_size = next(iter(live.values())).block_size
-    full_ms = profile.prefill_ms(prompt, 0)
-    out: dict[NodeId, int] = {}
-    for node, length in view.index.prefix_lengths(family.chain).items():
-        if node not in live or length <= 0:
-            continue
-        cached = min(length * block_size, prompt - 1)
-        if full_ms - profile.prefill_ms(prompt - cached, cached) >= min_benefit_ms:
-            out[node] = length
-    return out
+    min_length = min_worth_blocks(profile, family.prompt_tokens, block_size, len(family.chain), min_benefit_ms)
+    if min_length is None:
+        return {}
+    return {node: length for node, length in view.index.prefix_lengths(family.chain, min_length).items()
+            if node in live}
 
 
 def landing_targets(view: ClusterView, family: Family) -> set[NodeId]:
