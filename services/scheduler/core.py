@@ -305,10 +305,11 @@ class SchedulerCore:
                               now: float) -> list[NodeId]:
         """The `spread` least-queued live nodes holding only the first block,
         and the `spread` least queued holding none (outside deep). From the
-        load board when most nodes hold the first block (it finds them within
-        a few steps), else from the holders themselves."""
+        load board when at least one node in 8 holds the first block (it
+        finds `spread` of them within about 8 x spread steps), else from the
+        holders themselves."""
         cluster, spread = self._cluster, self._spread
-        if 2 * len(root_holders) >= cluster.num_nodes():
+        if 8 * len(root_holders) >= cluster.num_nodes():
             popped = cluster.least_loaded(spread, now, deep, root_holders)
             bare = [n for n in popped if n not in root_holders][:spread]
             return [n for n in popped if n in root_holders] + bare

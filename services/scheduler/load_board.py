@@ -13,7 +13,7 @@ live nodes outside `exclude`, then pushes the popped current entries back:
 O((k + stale + excluded) log n). A node found dead (no heartbeat within
 timeout_s) is *parked*: its entry is not pushed back, because only a
 heartbeat (`upsert`) can revive it and that pushes a fresh entry. The heap is
-rebuilt when stale entries outnumber the nodes 4 to 1.
+rebuilt when stale entries outnumber the nodes (a query pops past them).
 
 Invariants: each node has at most one current entry, in the heap or parked;
 `load_ms` is the expected queueing delay as last set by the owner (Cluster).
@@ -42,7 +42,7 @@ class LoadBoard:
         self._version += 1
         self._current[node_id] = (load_ms, self._version)
         heapq.heappush(self._heap, (load_ms, self._version, node_id))
-        if len(self._heap) > 4 * len(self._current) + 64:
+        if len(self._heap) > 2 * len(self._current) + 64:
             self._rebuild()
 
     def least_loaded(self, k: int, now: float, timeout_s: float, exclude: Collection[NodeId] = (),
