@@ -3,7 +3,7 @@ slice would have left, so the slice does not begin on an empty cluster that
 no real one ever is.
 
 Every request of the `warmup_s` before the slice is routed through the
-scheduler (Route, in arrival order, `arrival_time_s` its time mapped onto the
+scheduler (in arrival order, `arrival_time_s` its time mapped onto the
 services' clock): the scheduler learns its family and reports the arrival to
 the predictor, exactly as during the replay. No engine runs, so the only load
 the router sees is the work routed so far (the scheduler's pending figures,
@@ -34,6 +34,7 @@ from speckv.loadgen.traces import TraceRequest
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 RPC_TIMEOUT_S = 30.0
+ROUTE_BATCH = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +60,25 @@ def resident_tail(requests: Sequence[TraceRequest], max_blocks: int) -> int:
 def warm_cluster(scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], warm: Sequence[TraceRequest],
                  unix_times: TimeMap, stored_bytes_per_block: int, max_blocks: int,
                  store_kv: Callable[[str, int, TraceRequest, int], int] | None = None) -> WarmStats:
-    """store_kv(node, index, request, first uncached block) -> blocks stored."""
+    """store_kv(node, index, request, first uncached block) -> blocks stored.
+
+    Requests whose KV is not stored are routed ROUTE_BATCH at a time (one
+    RouteBatch call routes them in order, each seeing the load of those
+    before it); the stored newest ones one by one, so each sees the blocks
+    stored before it."""
     began = time.monotonic()
     stub = scheduler_pb2_grpc.SchedulerStub(scheduler)
     stores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
     first_stored = resident_tail(warm, max_blocks)
+    for lo in range(0, first_stored, ROUTE_BATCH):
+        batch = [_route_request(i, warm[i], unix_times) for i in range(lo, min(first_stored, lo + ROUTE_BATCH))]
+        stub.RouteBatch(scheduler_pb2.RouteBatchRequest(requests=batch), timeout=RPC_TIMEOUT_S)
     blocks = 0
-    for i, r in enumerate(warm):
+    for i in range(first_stored, len(warm)):
+        r = warm[i]
         hashes = list(r.block_hashes[:r.full_blocks])
-        route = stub.Route(scheduler_pb2.RouteRequest(
-            request_id=f"warm-{i}", block_hashes=hashes, prompt_tokens=r.prompt_tokens, family=r.family,
-            arrival_time_s=unix_times.to_clock(r.arrival_s)), timeout=RPC_TIMEOUT_S)
-        if i < first_stored or route.cached_blocks >= len(hashes):
+        route = stub.Route(_route_request(i, r, unix_times), timeout=RPC_TIMEOUT_S)
+        if route.cached_blocks >= len(hashes):
             continue
         if store_kv is not None:
             blocks += store_kv(route.node_id, i, r, route.cached_blocks)
@@ -79,6 +87,12 @@ def warm_cluster(scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], 
             _puts(hashes, route.cached_blocks, r.family, stored_bytes_per_block), timeout=RPC_TIMEOUT_S)
         blocks += reply.stored
     return WarmStats(len(warm), len(warm) - first_stored, blocks, time.monotonic() - began)
+
+
+def _route_request(i: int, r: TraceRequest, unix_times: TimeMap) -> scheduler_pb2.RouteRequest:
+    return scheduler_pb2.RouteRequest(request_id=f"warm-{i}", block_hashes=list(r.block_hashes[:r.full_blocks]),
+                                      prompt_tokens=r.prompt_tokens, family=r.family,
+                                      arrival_time_s=unix_times.to_clock(r.arrival_s))
 
 
 def _puts(hashes: list[int], first: int, family: str, nbytes: int) -> Iterator[kvstore_pb2.PutBlockRequest]:
