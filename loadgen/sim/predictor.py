@@ -8,18 +8,22 @@ Models:
   through the scheduler core, which reports each to this core.
 - "lightgbm": the LightGBM bundle trained with the one training path
   (services/predictor/training.py, services/config/predictor.json, quick
-  hyperparameters) on the trace's arrivals strictly before the slice, then
-  served by the same core (features kept online). Never sees the slice.
+  hyperparameters) by `train_lightgbm` on trace arrivals strictly before the
+  slice, then served by the same core (features kept online). Trained once per
+  run, before the simulations start (loadgen/sim/cli.py says on what), and
+  handed to each simulation as a TrainedPredictor; never sees the slice.
 
 Arrivals reach the core at once (the live scheduler batches them every
 <= 0.2 s; the difference is below the forecast step of 1 s).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
+from speckv.loadgen.sim.workload import ScaledTrace
 from speckv.loadgen.traces import TraceRequest
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import InvalidArgument
@@ -36,25 +40,62 @@ from speckv.services.scheduler.ids import Family
 PREDICTOR_KINDS = ("builtin", "lightgbm")
 
 
-def build_predictor(kind: str, clock: Clock, history: Sequence[TraceRequest]) -> tuple[PredictorCore, str]:
-    """(core, description). history: trace requests before the slice, on the
-    simulation's clock (the lightgbm kind trains on all of them)."""
-    config = PredictorConfig()
-    if kind == "builtin":
-        return PredictorCore(clock, config.builtin_model(), config.core_settings()), "builtin EWMA"
-    if kind != "lightgbm":
-        raise InvalidArgument(f"--predictor={kind!r}: expected one of {', '.join(PREDICTOR_KINDS)}")
+@dataclass(frozen=True, slots=True)
+class TrainedPredictor:
+    """A model trained before the simulations and what it was trained on
+    (the SimRun's predictor description). Picklable: it reaches worker
+    processes inside their Job."""
+
+    model: LightGbmModel
+    description: str
+
+
+def train_lightgbm(history: Sequence[TraceRequest], source: str = "the trace") -> TrainedPredictor:
+    """LightGBM trained on history: trace requests before the slice, on the
+    simulation's clock. source names where they come from, for the description."""
     if not history:
         raise InvalidArgument("--predictor=lightgbm needs trace time before the slice to train on")
     training = load_config(quick=True)
     times = np.array([r.arrival_s for r in history])
     counts = aggregate(times, [r.family for r in history], training.step_s, start_s=float(np.floor(times.min())))
     trained = train_on_counts(counts, training)
-    model = LightGbmModel(trained.bundle, "sim-pre-slice", trace="trace before the slice")
-    core = PredictorCore(clock, model, config.core_settings(), source="trained in the simulator")
-    return core, (f"LightGBM trained on {len(history)} arrivals in [{times.min():.0f}, {times.max():.0f}] s "
-                  f"({trained.bundle.train_s:.1f} s to train)")
+    model = LightGbmModel(trained.bundle, "sim-pre-slice", trace=f"{source} before the slice")
+    return TrainedPredictor(model, f"LightGBM trained on {len(history)} arrivals in [{times.min():.0f}, "
+                                   f"{times.max():.0f}] s of {source} ({trained.bundle.train_s:.1f} s to train)")
 
+
+def train_on_base(workload: ScaledTrace, start_s: float, warmup_s: float) -> TrainedPredictor:
+    """LightGBM trained on copy 0 of workload alone: its requests in
+    [start_s - warmup_s, start_s), as a one-copy replay of the trace (the
+    configuration's own node count) has them; copy 0 keeps the same arrival
+    times in a workload of any number of copies."""
+    base = ScaledTrace(workload.base, 1)
+    lo, hi = base.window(start_s - warmup_s, start_s)
+    return train_lightgbm([base[i] for i in range(lo, hi)], source="the base trace")
+
+
+def lightgbm_note(trained: TrainedPredictor, base_nodes: int, warmup_s: float, copies: int) -> str:
+    """The run note saying what the model saw."""
+    note = (f"Predictor: {trained.description}, the {warmup_s:g} s before the slice as the {base_nodes}-node "
+            "configuration sees them; trained once, before the simulations, and served by each.")
+    if copies > 1:
+        note += (f" Copies k > 0 are rotations of the base trace by k/{copies} of its span, so their evaluated "
+                 "windows can overlap the training window in base-trace time: at more than "
+                 f"{base_nodes} nodes the LightGBM predictor has partly seen the copies' traffic.")
+    return note
+
+
+def build_predictor(kind: str, clock: Clock, trained: TrainedPredictor | None = None) -> tuple[PredictorCore, str]:
+    """(core, description). trained: the model the lightgbm kind serves."""
+    config = PredictorConfig()
+    if kind == "builtin":
+        return PredictorCore(clock, config.builtin_model(), config.core_settings()), "builtin EWMA"
+    if kind != "lightgbm":
+        raise InvalidArgument(f"--predictor={kind!r}: expected one of {', '.join(PREDICTOR_KINDS)}")
+    if trained is None:
+        raise InvalidArgument("--predictor=lightgbm needs a model trained before the slice (train_lightgbm)")
+    core = PredictorCore(clock, trained.model, config.core_settings(), source="trained in the simulator")
+    return core, trained.description
 
 
 class CoreArrivals:

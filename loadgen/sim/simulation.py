@@ -46,7 +46,7 @@ from speckv.loadgen.sim.events import EventQueue, Handle, VirtualClock
 from speckv.loadgen.sim.kvnode import SimKVNode
 from speckv.loadgen.sim.network import Network, Transfer
 from speckv.loadgen.bench._e2e_warm import resident_tail
-from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, build_predictor
+from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.traces import TraceRequest
 from speckv.services.common.errors import SpeckvError
@@ -99,15 +99,16 @@ class _Flight:
 class Simulation:
     def __init__(self, config: E2EConfig, settings: SimSettings, policy: str, requests: Sequence[TraceRequest],
                  history: Sequence[TraceRequest] = (), on_progress: Progress | None = None,
-                 future: FutureArrivals | None = None) -> None:
+                 future: FutureArrivals | None = None, trained: TrainedPredictor | None = None) -> None:
         """requests: in arrival order (any Sequence; read once each, in order).
-        future: the oracle's truth (default: the requests themselves)."""
+        future: the oracle's truth (default: the requests themselves).
+        trained: the model of settings.predictor "lightgbm" (predictor.py)."""
         self.config, self.settings, self.policy = config, settings, policy
         self._requests = requests
         start = requests[0].arrival_s if len(requests) else 0.0
         self.queue = EventQueue(VirtualClock(start))
         self._on_progress = on_progress or (lambda total, done, record: None)
-        predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, history)
+        predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
         self._predictor = predictor
         self._forecasts = CoreForecasts(predictor)
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]

@@ -13,6 +13,13 @@ model with other feature parameters.
 Time: observations carry their own time_s; forecasts are made at `now_s`
 (default: the injected clock), clamped up to the newest observation counted so
 the series never holds arrivals "after now".
+
+Top families: ranked by the model's Ranking (models.py): every tracked
+family's expected count at the first horizon the cheapest way the model has,
+then the full forecast for the kept rows only; equal, row for row and in
+order, to forecasting every tracked family and ranking the result. Per-row
+values a model derives from the features are kept between calls in the
+core's Memos, emptied when a model is swapped in.
 """
 from __future__ import annotations
 
@@ -29,8 +36,8 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor.arrivals import Arrival, ObserveResult, RejectReason, Rejection, check_arrival
 from speckv.services.predictor.live_features import LiveFeatures
 from speckv.services.predictor.manifest import load_model
-from speckv.services.predictor.models import CountModel, SeriesState
-from speckv.services.predictor.series import ArrivalSeries, Placement
+from speckv.services.predictor.models import CountModel, Memos, SeriesState, rank_rows
+from speckv.services.predictor.series import ArrivalSeries, Family, Placement
 
 BUILTIN_SOURCE = "builtin"
 
@@ -120,6 +127,7 @@ class PredictorCore:
         self._check_fits(model)
         self._serving = _Serving(model, source, clock.now())
         self._features: LiveFeatures | None = None
+        self._memos = Memos()
         self._follow_features(model)
 
     # --- observations --------------------------------------------------------
@@ -155,7 +163,9 @@ class PredictorCore:
                  max_families: int = 0) -> ForecastResult:
         """Forecasts for `families` (one row each, in order). With no
         families: every tracked family, ranked by expected count at the first
-        horizon and cut to max_families (0: all, up to max_families_per_call)."""
+        horizon (best first; ties: the lower series row first, i.e. the order
+        of tracked_families()) and cut to max_families (0: all, up to
+        max_families_per_call)."""
         self._check_families(families)
         if max_families < 0:
             raise InvalidArgument(f"max_families={max_families}: must be >= 0")
@@ -164,28 +174,40 @@ class PredictorCore:
         with self._lock:
             model = self._serving.model
             horizons = horizons if horizons is not None else np.asarray(model.horizons_s, dtype=np.float64)
+            now = max(now, self._series.latest_time_s)
             if len(families):
                 names, rows = list(families), self._series.rows_of(families)
+                out = model.forecast(self._state(rows, now), now, horizons)
             else:
-                names, rows = self._series.tracked()
-            now = max(now, self._series.latest_time_s)
-            features = None
-            if self._features is not None:
-                self._features.sync(self._series, self._series.step_of(now) - 1)
-                features = self._features.online
-            out = model.forecast(SeriesState(self._series, rows, features), now, horizons)
-        result = ForecastResult(names, rows >= 0, horizons, out.expected, out.upper, out.burst_probability,
-                                model.version, now)
-        if not len(families):
-            limit = min(max_families or self._settings.max_families_per_call, self._settings.max_families_per_call)
-            result = _top(result, limit)
-        return result
+                limit = min(max_families or self._settings.max_families_per_call, self._settings.max_families_per_call)
+                tracked = self._series.tracked_rows()
+                ranking = rank_rows(model, self._state(tracked, now), now, horizons)
+                order = top_order(ranking.key, limit)
+                out = ranking.select(order)
+                rows = tracked[order]
+                names = self._series.families_at(rows)
+        return ForecastResult(names, rows >= 0, horizons, out.expected, out.upper, out.burst_probability,
+                              model.version, now)
+
+    def _state(self, rows: np.ndarray, now: float) -> SeriesState:
+        """What the model reads at now, features brought up to the last
+        complete step. Call under the lock."""
+        if self._features is None:
+            return SeriesState(self._series, rows, memos=self._memos)
+        self._features.sync(self._series, self._series.step_of(now) - 1)
+        return SeriesState(self._series, rows, self._features.online, self._features.version, self._memos)
 
     def top_families(self, k: int, horizons_s: Sequence[float] = (), now_s: float | None = None) -> ForecastResult:
         """The k tracked families with the largest expected count at the first horizon."""
         if k < 1:
             raise InvalidArgument(f"k={k}: must be >= 1")
         return self.forecast((), horizons_s, now_s, max_families=k)
+
+    def tracked_families(self) -> list[Family]:
+        """Every tracked family, in series-row order: the order top_families
+        breaks ties in."""
+        with self._lock:
+            return self._series.tracked()[0]
 
     # --- models --------------------------------------------------------------
 
@@ -211,6 +233,7 @@ class PredictorCore:
         with self._lock:
             self._follow_features(model)
             self._serving = serving
+            self._memos = Memos()  # values derived by the old model
 
     def snapshot(self) -> tuple[list[str], np.ndarray, int, float]:
         """(families, counts (families, window steps), first step, step_s):
@@ -238,6 +261,7 @@ class PredictorCore:
             if head is not None:
                 features.sync(self._series, head - 1)
             self._features = features
+            self._memos = Memos()  # keyed by the old features' versions
 
     def _complete_steps_before(self, time_s: float) -> None:
         """An observation in a newer step completes the steps before it:
@@ -303,12 +327,18 @@ class PredictorCore:
         return float(now_s)
 
 
-def _top(result: ForecastResult, limit: int) -> ForecastResult:
-    """The rows of result with the largest expected count at the first
-    horizon, best first (ties: row order)."""
-    if len(result.families) == 0:
-        return result
-    order = np.argsort(-result.expected[:, 0], kind="stable")[:limit]
-    return ForecastResult([result.families[i] for i in order.tolist()], result.known[order], result.horizons_s,
-                          result.expected[order], result.upper[order], result.burst_probability[order],
-                          result.model_version, result.now_s)
+def top_order(values: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of the `limit` largest values, largest first, ties in index
+    order, NaN last: exactly np.argsort(-values, kind="stable")[:limit], in
+    O(n) (a partition) plus a sort of the kept indices."""
+    n = len(values)
+    if limit >= n or np.isnan(values).any():
+        return np.argsort(-values, kind="stable")[:limit]
+    if limit <= 0:
+        return np.zeros(0, dtype=np.int64)
+    neg = -values
+    kth = np.partition(neg, limit - 1)[limit - 1]
+    better = np.flatnonzero(neg < kth)  # fewer than limit
+    tied = np.flatnonzero(neg == kth)[:limit - len(better)]
+    kept = np.sort(np.concatenate([better, tied]))
+    return kept[np.argsort(neg[kept], kind="stable")]

@@ -99,12 +99,22 @@ class LgbmBundle:
     def expected(self, X: np.ndarray, num_threads: int = 2) -> np.ndarray:
         """Expected count per row and horizon, float64 (N, horizons)."""
         X = np.ascontiguousarray(X, dtype=np.float32)
-        threads = num_threads if len(X) >= PARALLEL_MIN_ROWS else 1
         base = self.offset.base(X, self.spec)
         out = np.empty((len(X), len(self.horizons_s)))
-        for i, (k, booster) in enumerate(zip(self.steps(), self.boosters["count"])):
-            out[:, i] = k * base * np.exp(booster.predict(X, raw_score=True, num_threads=threads))
+        for i in range(len(self.horizons_s)):
+            out[:, i] = self._expected_at(X, base, i, num_threads)
         return out
+
+    def expected_at(self, X: np.ndarray, i: int, num_threads: int = 2) -> np.ndarray:
+        """Expected count per row at horizon i alone, float64 (N,): equal
+        bit for bit to expected(X)[:, i] (a booster scores each row alone)."""
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        return self._expected_at(X, self.offset.base(X, self.spec), i, num_threads)
+
+    def _expected_at(self, X: np.ndarray, base: np.ndarray, i: int, num_threads: int) -> np.ndarray:
+        threads = num_threads if len(X) >= PARALLEL_MIN_ROWS else 1
+        raw = self.boosters["count"][i].predict(X, raw_score=True, num_threads=threads)
+        return self.steps()[i] * base * np.exp(raw)
 
     def predict(self, X: np.ndarray, num_threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """expected, upper, burst probability: each (N, horizons) float64."""

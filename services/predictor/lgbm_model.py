@@ -16,17 +16,24 @@ the model's own prior for a newcomer. A requested horizon the model was not
 trained for uses the nearest trained one at or above it (else the longest),
 its expected and upper counts scaled by h / h_trained; its burst probability
 is taken as is.
+
+Ranking (the core's top-k, see models.py): every row's expected count at
+the first asked horizon comes from that horizon's booster alone, scored once
+per distinct feature row (a booster scores each row alone, so equal rows get
+equal bits) and kept per row for as long as the features stay the same (one
+step); the other boosters and the count distribution run only for the rows
+kept.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import lightgbm as lgb
 import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.predictor.features import FeatureSpec
+from speckv.services.predictor.features import FeatureSpec, OnlineFeatures
 from speckv.services.predictor.lgbm import KINDS, LevelOffset, LgbmBundle
 from speckv.services.predictor.models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
 
@@ -60,15 +67,77 @@ class LightGbmModel:
         return max(s.ring * s.step_s, HISTORY_HALFLIVES * max((*s.halflives_s, s.long_halflife_s)))
 
     def forecast(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> CountForecast:
-        if state.features is None:
-            raise InvalidArgument("the lightgbm model needs the core's online features")
-        X = state.features.features(state.rows)
-        expected, upper, prob = self.bundle.predict(X)
+        return self.forecast_features(_online(state).features(state.rows), horizons)
+
+    def rank(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> "LgbmRanking":
+        """Every row's expected count at the first horizon from that
+        horizon's booster alone; features and scores kept per row in
+        state.memos while the features stay the same (they change once per
+        step, the scheduler asks four times a step, at two horizons); the
+        other boosters and the distribution only for the rows selected."""
+        online = _online(state)
+        col, scale = self._columns(horizons)
+        first = int(col[0])
+        memos = state.memos
+        if memos is None or (state.rows < 0).any():  # a family not tracked has no row to keep a value for
+            features = online.features
+            values = self._expected_at(features(state.rows), first)
+        else:
+            def features(rows: np.ndarray) -> np.ndarray:
+                return memos.slot((self.name, "features")).fetch(state.features_version, rows, online.features)
+
+            values = memos.slot((self.name, first)).fetch(
+                state.features_version, state.rows, lambda rows: self._expected_at(features(rows), first))
+        return LgbmRanking(self, state.rows, features, horizons, values * scale[0, 0])
+
+    def _expected_at(self, X: np.ndarray, i: int) -> np.ndarray:
+        """bundle.expected_at(X, i), each distinct row scored once: rows with
+        the same features (families whose histories match step for step)
+        score the same bits, a booster scoring each row alone."""
+        distinct, inverse = _distinct_rows(X)
+        return self.bundle.expected_at(distinct, i)[inverse]
+
+    def _columns(self, horizons: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The trained horizon serving each asked one, and the scale to it (1, asked)."""
         trained = np.asarray(self.horizons_s)
         asked = np.asarray(horizons, dtype=np.float64)
         col = np.minimum(np.searchsorted(trained, asked - 1e-9), len(trained) - 1)
-        scale = (asked / trained[col])[None, :]
+        return col, (asked / trained[col])[None, :]
+
+    def forecast_features(self, X: np.ndarray, horizons: np.ndarray) -> CountForecast:
+        """The forecast of rows with features X (one row each)."""
+        expected, upper, prob = self.bundle.predict(X)
+        col, scale = self._columns(horizons)
         return CountForecast(expected[:, col] * scale, upper[:, col] * scale, prob[:, col])
+
+
+class LgbmRanking:
+    """LightGbmModel's Ranking: select() runs the whole forecast on the
+    selected rows' features (each row's features and scores depend on that
+    row alone, so they equal the full forecast's rows)."""
+
+    def __init__(self, model: LightGbmModel, rows: np.ndarray, features: Callable[[np.ndarray], np.ndarray],
+                 horizons: np.ndarray, key: np.ndarray) -> None:
+        self._model, self._rows, self._features, self._horizons = model, rows, features, horizons
+        self.key = key
+
+    def select(self, index: np.ndarray) -> CountForecast:
+        return self._model.forecast_features(self._features(self._rows[index]), self._horizons)
+
+
+def _distinct_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows of X, index of each row of X among them), rows
+    compared byte for byte."""
+    X = np.ascontiguousarray(X)
+    keys = X.view(np.dtype((np.void, X.dtype.itemsize * X.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return X[first], inverse.ravel()
+
+
+def _online(state: SeriesState) -> OnlineFeatures:
+    if state.features is None:
+        raise InvalidArgument("the lightgbm model needs the core's online features")
+    return state.features
 
 
 def save_model(directory: str | Path, model: LightGbmModel) -> Path:

@@ -11,6 +11,14 @@ Built while traffic already flowed (a model swapped in), the features
 replay the whole window the ring holds. After an idle gap longer than
 MAX_GAP_WINDOWS windows the state starts over (every feature has decayed to
 its idle value by then, up to the EWMA tails).
+
+`version` changes whenever sync changes what features() returns for any row
+(a step taken in, a row forgotten, rows added, the state started over), so
+values a caller derives from the features may be kept while it stays equal.
+A row the series hands out between two steps keeps the row's feature state
+until the next step is taken in: zeros for a new row, the forgotten
+family's decayed history for a reused one (an approximation for under one
+step, kept as it was).
 """
 from __future__ import annotations
 
@@ -27,20 +35,26 @@ class LiveFeatures:
         self.spec = spec
         self.online = OnlineFeatures(spec, capacity=series.capacity)
         self._serials = series.row_serials.copy()
+        self.version = 0
 
     def sync(self, series: ArrivalSeries, upto_step: int) -> None:
-        """Takes in every complete step through upto_step."""
+        """Takes in every complete step through upto_step; makes room for
+        every row the series has, even when no step is complete (a forecast
+        may ask about rows added since the last step)."""
         head, online = series.head_step, self.online
+        if online.capacity < series.capacity:
+            online.grow(series.capacity)
+            self.version += 1
         if head is None:
             return
         if online.next_step is None:
             online.next_step = max(series.origin_step or head, head - series.window_steps + 1)
         if upto_step < online.next_step:
             return
+        self.version += 1
         if upto_step - online.next_step > MAX_GAP_WINDOWS * series.window_steps:
             self.online = online = OnlineFeatures(self.spec, capacity=series.capacity)
             online.next_step = upto_step - series.window_steps + 1
-        online.grow(series.capacity)
         serials = series.row_serials
         if len(self._serials) < len(serials):
             self._serials = np.concatenate([self._serials, np.zeros(len(serials) - len(self._serials), np.int64)])

@@ -16,13 +16,23 @@ Baselines here:
 For both: expected = rate * h, upper = the Poisson quantile at `quantile`,
 burst_probability = P(count > burst threshold) under that Poisson, with the
 threshold of BURST_DEFINITION.
+
+Ranking (`rank`): the core's top-k asks every tracked family's expected
+count at the first horizon but needs the rest of the forecast for k rows
+only. A model's `rank` computes the ranking key for every row the cheapest
+way it can and finishes rows on demand; the finished rows must equal, bit for
+bit, the rows `forecast` gives over the same state (every per-row step here is
+elementwise; a BLAS product, whose bits depend on the rows in the batch, is
+either taken over the same rows as `forecast` does or shown not to matter,
+see RateRanking). Models without `rank` are ranked through their full
+forecast (`rank_rows`).
 """
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Mapping, NamedTuple, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, ClassVar, Hashable, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
@@ -55,6 +65,68 @@ BURST_DEFINITION = (
 HISTORY_HALFLIVES = 4.0
 
 
+MEMO_SLOTS = 16  # per-row memos one core keeps (a model uses one per trained horizon)
+SLACK_UNITS = 4.0  # RateRanking's slack in units of (W + 1) * 2**-24: twice the bound on two float32 sums' gap
+
+
+@dataclass(slots=True)
+class RowMemo:
+    """Values a model derived per series row under one key (e.g. the
+    features' version), kept between forecasts: one value (a number or an
+    array) per row. Invariant: values[r] is what the model would compute now
+    for row r wherever filled[r], as long as the key it was filled under is
+    the key asked with; a new key empties it."""
+
+    key: Hashable = None
+    values: np.ndarray | None = None  # (rows, ...) as compute returns them; None until the first
+    filled: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def fetch(self, key: Hashable, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The values of rows (rows >= 0) under key; rows not filled yet are
+        computed at once (compute(rows) -> one value per row) and kept."""
+        if key != self.key:
+            self.key, self.values, self.filled = key, None, np.zeros(0, dtype=bool)
+        need = int(rows.max()) + 1 if len(rows) else 0
+        if need > len(self.filled):
+            self.filled = _grown(self.filled, max(need, 2 * len(self.filled)))
+        missing = rows[~self.filled[rows]]
+        if len(missing):
+            computed = compute(missing)
+            if self.values is None:
+                self.values = np.zeros((len(self.filled), *computed.shape[1:]), dtype=computed.dtype)
+            elif len(self.values) < len(self.filled):
+                self.values = _grown(self.values, len(self.filled))
+            self.values[missing] = computed
+            self.filled[missing] = True
+        if self.values is None:  # no row asked under this key yet: rows is empty
+            return compute(rows)
+        return self.values[rows]
+
+
+def _grown(values: np.ndarray, rows: int) -> np.ndarray:
+    """values with zero rows appended up to `rows`."""
+    out = np.zeros((rows, *values.shape[1:]), dtype=values.dtype)
+    out[:len(values)] = values
+    return out
+
+
+@dataclass(slots=True)
+class Memos:
+    """The per-row memos of one core, by a slot name the model picks. The
+    core empties it when it swaps models; it never holds more than
+    MEMO_SLOTS memos."""
+
+    slots: dict[Hashable, RowMemo] = field(default_factory=dict)
+
+    def slot(self, name: Hashable) -> RowMemo:
+        memo = self.slots.get(name)
+        if memo is None:
+            if len(self.slots) >= MEMO_SLOTS:
+                self.slots.clear()
+            memo = self.slots[name] = RowMemo()
+        return memo
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesState:
     """What a model reads: the ring and the rows asked about (-1: a family
@@ -63,6 +135,8 @@ class SeriesState:
     series: ArrivalSeries
     rows: np.ndarray  # int64, one per family asked about
     features: "OnlineFeatures | None" = None  # the core's incremental features, when the model reads them
+    features_version: int = 0  # changes whenever `features` changes for any row (LiveFeatures.version)
+    memos: Memos | None = None  # the core's per-row memos; None: keep nothing between calls
 
 
 class CountForecast(NamedTuple):
@@ -84,6 +158,36 @@ class CountModel(Protocol):
     history_s: float  # seconds of history the model reads; the window must hold it
 
     def forecast(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> CountForecast: ...
+
+
+class Ranking(Protocol):
+    """Every row's ranking key, the rest on demand. key: expected count at
+    the first horizon, one per row of the state (float64). select(index):
+    the forecast of rows state.rows[index], in that order, equal bit for bit
+    to those rows of the model's forecast over the whole state."""
+
+    key: np.ndarray
+
+    def select(self, index: np.ndarray) -> CountForecast: ...
+
+
+class FullRanking:
+    """The Ranking of a finished forecast (any model without `rank`)."""
+
+    def __init__(self, out: CountForecast) -> None:
+        self._out = out
+        self.key = out.expected[:, 0]
+
+    def select(self, index: np.ndarray) -> CountForecast:
+        return CountForecast(*(values[index] for values in self._out))
+
+
+def rank_rows(model: CountModel, state: SeriesState, now_s: float, horizons: np.ndarray) -> Ranking:
+    """model.rank when the model has one, else its full forecast ranked."""
+    rank = getattr(model, "rank", None)
+    if rank is None:
+        return FullRanking(model.forecast(state, now_s, horizons))
+    return rank(state, now_s, horizons)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,16 +259,62 @@ class RateModel(ABC):
         """Per-family arrival rates (1/s) as of now_s."""
 
     def forecast(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> CountForecast:
-        h = np.asarray(horizons, dtype=np.float64)[None, :]
-        rate = self.rates(state, now_s).rates[:, None]
-        long_run = ewma_rates(state.series, state.rows, now_s, self.params.long_halflife_s).rates[:, None]
-        expected = rate * h
-        threshold = np.maximum(self.params.burst_ratio * long_run * h, self.params.min_burst_count)
+        h = np.asarray(horizons, dtype=np.float64)
+        rate = self.rates(state, now_s).rates
+        long_run = ewma_rates(state.series, state.rows, now_s, self.params.long_halflife_s).rates
+        return self.counts(rate, self.threshold(long_run, h), h)
+
+    def rank(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> "RateRanking":
+        """Rates for every row (the ranking needs them); the slow-EWMA level
+        and the Poisson quantile and tail only for the rows selected."""
+        return RateRanking(self, state, now_s, np.asarray(horizons, dtype=np.float64),
+                           self.rates(state, now_s).rates)
+
+    def threshold(self, long_run: np.ndarray, horizons: np.ndarray) -> np.ndarray:
+        """The burst threshold (rows, horizons) from long-run rates (1/s);
+        nondecreasing in long_run."""
+        return np.maximum(self.params.burst_ratio * long_run[:, None] * horizons[None, :], self.params.min_burst_count)
+
+    def counts(self, rate: np.ndarray, threshold: np.ndarray, horizons: np.ndarray) -> CountForecast:
+        """Poisson counts from rates (1/s, one per row) and burst thresholds;
+        a threshold is read only through its floor."""
+        expected = rate[:, None] * horizons[None, :]
         return CountForecast(
             expected=expected,
             upper=poisson.quantile(self.quantile, expected),
             burst_probability=poisson.exceed_probability(threshold, expected),
         )
+
+
+class RateRanking:
+    """A RateModel's Ranking: key = rate x first horizon for every row.
+
+    select() needs the long-run rate only through floor(threshold), which is
+    nondecreasing in it. The exact long-run rate comes from a product over
+    every row (series.py, Exactness); the selected rows' own product differs
+    from it by at most 2 * gamma_(W+1) relative (float32 sums of W
+    nonnegative terms in any order, gamma_n = n u / (1 - n u), u = 2**-24),
+    so where the thresholds at the rows' own rates scaled by 1 -/+ slack
+    (slack = 4 (W + 1) u, twice that bound) have the same floor, that floor
+    is the exact one. Only otherwise is the product over every row taken.
+    """
+
+    def __init__(self, model: RateModel, state: SeriesState, now_s: float, horizons: np.ndarray,
+                 rates: np.ndarray) -> None:
+        self._model, self._state, self._now_s, self._horizons, self._rates = model, state, now_s, horizons, rates
+        self.key = rates * horizons[0]
+
+    def select(self, index: np.ndarray) -> CountForecast:
+        model, state, h = self._model, self._state, self._horizons
+        halflife = model.params.long_halflife_s
+        own = ewma_rates(state.series, state.rows[index], self._now_s, halflife).rates
+        slack = SLACK_UNITS * (state.series.window_steps + 1) * 2.0 ** -24
+        low, high = model.threshold(own * (1.0 - slack), h), model.threshold(own * (1.0 + slack), h)
+        if np.array_equal(np.floor(low), np.floor(high)):
+            threshold = model.threshold(own, h)
+        else:
+            threshold = model.threshold(ewma_rates(state.series, state.rows, self._now_s, halflife).rates[index], h)
+        return model.counts(self._rates[index], threshold, h)
 
 
 class EwmaModel(RateModel):

@@ -22,6 +22,13 @@ crossed (zeroing the columns that leave the window, dropping idle families).
 Memory: capacity * W * 4 bytes; rows grow by doubling. Counts are float32 so
 weighted sums run as one BLAS matrix-vector product; float32 is exact up to
 2**24 arrivals per family per step.
+
+Exactness: a BLAS matrix-vector product does not give a row the same bits in
+every batch (measured: OpenBLAS sgemv rounds a row differently by its place
+among the rows asked), so weighted_sums keeps its two forms, chosen by how
+many rows are asked, and a caller that must match another call's numbers asks
+for the same rows. The whole-ring product is kept until the counts change
+(`version`), so asking again with the same weights costs no second product.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ import numpy as np
 
 Family = NewType("Family", str)
 INITIAL_ROWS = 64
+RING_PRODUCTS_KEPT = 4  # whole-ring products kept per version (one per weight vector: the rate half-lives)
 
 
 class Placement(enum.Enum):
@@ -58,11 +66,16 @@ class ArrivalSeries:
         self._serials_issued = 0
         self._total = np.zeros(self.window_steps, dtype=np.float32)
         self._row_of: dict[str, int] = {}
-        self._family_of: list[str | None] = [None] * capacity
+        self._family_of = np.full(capacity, None, dtype=object)  # an array: names of many rows in one gather
+        self._owned = np.zeros(capacity, dtype=bool)
         self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() hands out low rows first
         self._head: int | None = None
         self._origin: int | None = None  # oldest step ever counted: history starts here
         self._latest_time_s = 0.0
+        self._version = 0  # bumped by every change to the counts, the head or the rows
+        self._tracked_rows: np.ndarray | None = None  # cache of the owned rows, dropped when ownership changes
+        self._products: dict[bytes, np.ndarray] = {}  # whole-ring products at _products_version
+        self._products_version = -1
 
     # --- reading -------------------------------------------------------------
 
@@ -86,6 +99,13 @@ class ArrivalSeries:
         return len(self._row_of)
 
     @property
+    def version(self) -> int:
+        """Changes whenever anything a read returns may have changed (an
+        accepted observation, the head moving, rows growing). Equal versions
+        of one series: equal counts, head, origin and rows."""
+        return self._version
+
+    @property
     def capacity(self) -> int:
         return self._counts.shape[0]
 
@@ -102,8 +122,21 @@ class ArrivalSeries:
 
     def tracked(self) -> tuple[list[Family], np.ndarray]:
         """Every tracked family and its row, in row order."""
-        rows = np.fromiter(sorted(self._row_of.values()), dtype=np.int64, count=len(self._row_of))
-        return [Family(self._family_of[r] or "") for r in rows.tolist()], rows
+        rows = self.tracked_rows()
+        return self.families_at(rows), rows
+
+    def tracked_rows(self) -> np.ndarray:
+        """The rows of every tracked family, ascending (int64, read-only;
+        rebuilt only after a family is added or forgotten)."""
+        if self._tracked_rows is None:
+            rows = np.flatnonzero(self._owned).astype(np.int64)
+            rows.flags.writeable = False
+            self._tracked_rows = rows
+        return self._tracked_rows
+
+    def families_at(self, rows: np.ndarray) -> list[Family]:
+        """The family of each row; rows must be tracked."""
+        return self._family_of[np.asarray(rows, dtype=np.int64)].tolist()
 
     def column_steps(self) -> np.ndarray:
         """Absolute step held by each ring column (int64, shape (W,)); only
@@ -118,8 +151,24 @@ class ArrivalSeries:
         valid (>= 0); weights has one float per column."""
         w = np.ascontiguousarray(weights, dtype=np.float32)
         if len(rows) * 4 >= self.capacity:  # most rows: one product over the whole ring, no gather copy
-            return (self._counts @ w)[rows].astype(np.float64)
+            return self._ring_product(w)[rows].astype(np.float64)
         return (self._counts[rows] @ w).astype(np.float64)
+
+    def _ring_product(self, w: np.ndarray) -> np.ndarray:
+        """counts @ w over the whole ring, kept until the counts change: the
+        scheduler tick and the forecast poll often ask at the same instant."""
+        if self._products_version != self._version:
+            self._products.clear()
+            self._products_version = self._version
+        key = w.tobytes()  # W float32: a few KiB
+        product = self._products.get(key)
+        if product is None:
+            if len(self._products) >= RING_PRODUCTS_KEPT:
+                self._products.clear()
+            product = self._counts @ w
+            product.flags.writeable = False
+            self._products[key] = product
+        return product
 
     def weighted_total(self, weights: np.ndarray) -> float:
         return float(self._total.astype(np.float64) @ np.asarray(weights, dtype=np.float64))
@@ -169,6 +218,7 @@ class ArrivalSeries:
             return Placement.TOO_OLD
         else:
             placement = Placement.COUNTED if step == self._head else Placement.COUNTED_LATE
+        self._version += 1
         row = self._row_of.get(family)
         if row is None:
             row = self._take_row(family)
@@ -201,14 +251,15 @@ class ArrivalSeries:
         their counts have left the window, so the rows are already zero)."""
         if not self._row_of:
             return
-        idle = np.flatnonzero(self._last_step <= cutoff_step)
+        idle = np.flatnonzero((self._last_step <= cutoff_step) & self._owned)
+        if not len(idle):
+            return
         for row in idle.tolist():
-            family = self._family_of[row]
-            if family is None:
-                continue
-            del self._row_of[family]
-            self._family_of[row] = None
+            del self._row_of[self._family_of[row]]
             self._free.append(row)
+        self._family_of[idle] = None
+        self._owned[idle] = False
+        self._tracked_rows = None
 
     def _take_row(self, family: str) -> int:
         if not self._free:
@@ -216,6 +267,8 @@ class ArrivalSeries:
         row = self._free.pop()
         self._row_of[family] = row
         self._family_of[row] = family
+        self._owned[row] = True
+        self._tracked_rows = None
         self._last_step[row] = np.iinfo(np.int64).min
         self._serials_issued += 1
         self._serial[row] = self._serials_issued
@@ -231,5 +284,6 @@ class ArrivalSeries:
         serial = np.zeros(new, dtype=np.int64)
         serial[:old] = self._serial
         self._counts, self._last_step, self._serial = counts, last, serial
-        self._family_of.extend([None] * (new - old))
+        self._family_of = np.concatenate([self._family_of, np.full(new - old, None, dtype=object)])
+        self._owned = np.concatenate([self._owned, np.zeros(new - old, dtype=bool)])
         self._free.extend(range(new - 1, old - 1, -1))
