@@ -2,6 +2,8 @@
 with candidate pruning picks what scoring every node would."""
 import random
 
+import pytest
+
 from speckv.loadgen.traces.records import TraceRequest
 from speckv.services.scheduler.block_index import EventKind, IndexEvent
 from speckv.services.scheduler.cluster import NodeLoad
@@ -78,34 +80,21 @@ def test_routing_prefers_the_longest_prefix_until_its_queue_makes_another_node_c
     assert route_family(core, 1) == ["n2"]  # pulls or recomputes on the idle node
 
 
-def test_pruned_candidates_choose_what_scoring_every_node_would():
-    rng = random.Random(3)
-    core, clock = make_core(60)
-    for i in range(60):
+@pytest.mark.parametrize("nodes, shared_root, seed", [(60, False, 3), (40, True, 5)])
+def test_pruned_candidates_choose_what_scoring_every_node_would(nodes, shared_root, seed):
+    # shared_root: a system-prompt block most nodes hold, so routing walks only
+    # the deeper holders plus the least queued; it must still pick what
+    # scoring every node would.
+    rng = random.Random(seed)
+    core, clock = make_core(nodes)
+    root = [7] if shared_root else []
+    for i in range(nodes):
         load(core, f"n{i}", rng.randrange(0, 80_000))
-    for k in range(20):
-        chain = [1_000_000 * (k + 1) + j for j in range(rng.randrange(1, 64))]
-        for node in rng.sample(range(60), rng.randrange(0, 4)):
-            store(core, f"n{node}", chain[: rng.randrange(1, len(chain) + 1)], family=f"f{k}")
-        query = RouteQuery("r", chain, len(chain) * BS + 5, Family(f"f{k}"))
-        best = min(_full_estimate(core, query), key=lambda d: d.expected_ttft_ms)
-        got = core.route("r", chain, len(chain) * BS + 5, f"f{k}")
-        assert got.expected_ttft_ms <= best.expected_ttft_ms + 1.0 + 1e-6  # within the tie band
-        load(core, got.node_id, rng.randrange(0, 80_000))
-
-
-def test_pruned_candidates_match_full_scoring_when_every_node_holds_the_first_block():
-    # A system-prompt block every node holds: routing walks only the deeper
-    # holders plus the least queued, and must still pick what scoring all would.
-    rng = random.Random(5)
-    core, clock = make_core(40)
-    for i in range(40):
-        load(core, f"n{i}", rng.randrange(0, 80_000))
-        if i % 7:  # a few nodes do not hold it: they compete as non-holders
-            store(core, f"n{i}", [7], family="system")
+        if shared_root and i % 7:  # a few nodes do not hold it: they compete as non-holders
+            store(core, f"n{i}", root, family="system")
     for k in range(30):
-        chain = [7] + [1_000_000 * (k + 1) + j for j in range(rng.randrange(0, 40))]
-        for node in rng.sample(range(40), rng.randrange(0, 4)):
+        chain = root + [1_000_000 * (k + 1) + j for j in range(rng.randrange(1 - len(root), 64 - 24 * len(root)))]
+        for node in rng.sample(range(nodes), rng.randrange(0, 4)):
             store(core, f"n{node}", chain[: rng.randrange(1, len(chain) + 1)], family=f"f{k}")
         query = RouteQuery("r", chain, len(chain) * BS + 5, Family(f"f{k}"))
         best = min(_full_estimate(core, query), key=lambda d: d.expected_ttft_ms)
