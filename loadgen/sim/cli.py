@@ -16,7 +16,9 @@ from the whole (scaled) workload, as bench e2e fixes them from the trace.
 worker starts, on the base trace alone (copy 0: the requests in
 [start - warmup_s, start) that the configuration's own node count sees), and
 handed to every worker inside its Job. Training on the merged history of
-every copy cost 13 GB per worker at 256 nodes.
+every copy cost 13 GB per worker at 256 nodes. With --train-trace PATH it is
+trained on the whole of that other trace instead, so a replay from the first
+arrival (nothing before it to train on) still gets LightGBM.
 """
 from __future__ import annotations
 
@@ -36,12 +38,13 @@ from rich.table import Table
 from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, summarize
 from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
-from speckv.loadgen.sim.predictor import PREDICTOR_KINDS, TrainedPredictor, lightgbm_note, train_on_base
+from speckv.loadgen.sim.predictor import (PREDICTOR_KINDS, TrainedPredictor, lightgbm_note, train_on_base,
+                                          train_on_other_trace)
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.sim.workload import (SYNTHETIC_KINDS, FamilyShape, HawkesParams, MmppParams, ScaledTrace,
                                          SliceView, copies_for, describe, hawkes, mmpp)
-from speckv.loadgen.traces import load_mooncake, load_trace, trace_format
+from speckv.loadgen.traces import TraceRequest, load_mooncake, load_trace, trace_format
 from speckv.loadgen.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
@@ -60,6 +63,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--duration-s", type=float, default=None, help="slice length, trace s (default: to the end)")
     p.add_argument("--predictor", choices=PREDICTOR_KINDS, default="builtin",
                    help="builtin EWMA (as the live cluster) or LightGBM trained on the trace before the slice")
+    p.add_argument("--train-trace", default=None,
+                   help="with --predictor lightgbm: train on the whole of this other trace instead of the "
+                        "replayed trace's time before the slice")
     p.add_argument("--speed", type=float, default=1.0,
                    help="match a live run replayed this many times faster (its wall-clock intervals, in trace s)")
     p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
@@ -68,6 +74,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.add_argument("--report", default=None, help="write the HTML report(s) into this directory")
     args = p.parse_args(list(argv))
+    if args.train_trace and args.predictor != "lightgbm":
+        raise InvalidArgument("--train-trace trains the LightGBM predictor: give --predictor lightgbm too")
     if bool(args.trace) == bool(args.synthetic):
         raise InvalidArgument("give exactly one of --trace PATH and --synthetic KIND")
     args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -109,8 +117,7 @@ def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]
         notes = [f"Synthetic {job.source} workload, sized for {base_nodes} nodes: {json.dumps(describe(params, shape))}"]
     else:
         path = Path(job.source)
-        # Mooncake traces are keyed into families as bench e2e keys them (the config's model.family).
-        base = load_mooncake(path, family=config.family) if trace_format(path) == "mooncake" else load_trace(path)
+        base = _load(path, config)
         notes = [f"Real trace {path.name}, {len(base)} requests, replayed whole unless a slice is given."]
     workload = ScaledTrace(base, copies)
     if copies > 1:
@@ -119,6 +126,11 @@ def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]
                      f"k/{copies} of its span), {len(workload)} requests in all, one copy per {config.nodes} nodes "
                      "(the live configuration's node count for one trace).")
     return workload, notes
+
+
+def _load(path: Path, config: E2EConfig) -> list[TraceRequest]:
+    # Mooncake traces are keyed into families as bench e2e keys them (the config's model.family).
+    return load_mooncake(path, family=config.family) if trace_format(path) == "mooncake" else load_trace(path)
 
 
 def run_job(job: Job, progress=None) -> dict:
@@ -262,8 +274,9 @@ def print_tables(result: dict, console) -> None:
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
     args = parse_args(argv)
-    if args.trace and not Path(args.trace).exists():
-        raise NotFound(f"trace {args.trace} not found")
+    for path in (args.trace, args.train_trace):
+        if path and not Path(path).exists():
+            raise NotFound(f"trace {path} not found")
     config = load_e2e_config(args.config)
     nodes = args.node_list or [config.nodes]
     source = str(Path(args.trace).resolve()) if args.trace else args.synthetic
@@ -271,7 +284,12 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
             for n in nodes for p in args.policy_list]
     console = wide_console()
     began = time.perf_counter()
-    if args.predictor == "lightgbm":  # once, here: each worker training on its merged history ran out of memory
+    if args.train_trace:
+        with console.status(f"training LightGBM on {Path(args.train_trace).name}"):
+            trained = train_on_other_trace(_load(Path(args.train_trace), config), Path(args.train_trace).name)
+        console.print(f"predictor: {trained.description}")
+        jobs = [replace(j, trained=trained) for j in jobs]
+    elif args.predictor == "lightgbm":  # once, here: each worker training on its merged history ran out of memory
         with console.status("training LightGBM on the base trace before the slice"):
             base, _ = build_workload(replace(jobs[0], nodes=config.nodes), config)
             start = args.start_s if args.start_s is not None else float(base.times[0]) if len(base) else 0.0

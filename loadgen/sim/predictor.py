@@ -11,7 +11,9 @@ Models:
   hyperparameters) by `train_lightgbm` on trace arrivals strictly before the
   slice, then served by the same core (features kept online). Trained once per
   run, before the simulations start (loadgen/sim/cli.py says on what), and
-  handed to each simulation as a TrainedPredictor; never sees the slice.
+  handed to each simulation as a TrainedPredictor; never sees the slice. Or
+  trained on the whole of a different trace (`train_on_other_trace`), for a
+  replay that starts at its trace's first arrival.
 
 Arrivals reach the core at once (the live scheduler batches them every
 <= 0.2 s; the difference is below the forecast step of 1 s).
@@ -48,6 +50,7 @@ class TrainedPredictor:
 
     model: LightGbmModel
     description: str
+    other_trace: bool = False  # trained on a different trace (--train-trace), none of the replayed one
 
 
 def train_lightgbm(history: Sequence[TraceRequest], source: str = "the trace") -> TrainedPredictor:
@@ -74,8 +77,20 @@ def train_on_base(workload: ScaledTrace, start_s: float, warmup_s: float) -> Tra
     return train_lightgbm([base[i] for i in range(lo, hi)], source="the base trace")
 
 
+def train_on_other_trace(requests: Sequence[TraceRequest], name: str) -> TrainedPredictor:
+    """LightGBM trained on every request of a different trace: a model that
+    has seen none of the replayed one, so a replay may start at its first
+    arrival (no trace time before it to train on) and still serve LightGBM."""
+    ordered = sorted(requests, key=lambda r: r.arrival_s)
+    trained = train_lightgbm(ordered, source=f"{name} (a different trace, whole)")
+    return TrainedPredictor(trained.model, trained.description, other_trace=True)
+
+
 def lightgbm_note(trained: TrainedPredictor, base_nodes: int, warmup_s: float, copies: int) -> str:
     """The run note saying what the model saw."""
+    if trained.other_trace:
+        return (f"Predictor: {trained.description}; it has seen none of the replayed trace. Trained once, "
+                "before the simulations, and served by each.")
     note = (f"Predictor: {trained.description}, the {warmup_s:g} s before the slice as the {base_nodes}-node "
             "configuration sees them; trained once, before the simulations, and served by each.")
     if copies > 1:

@@ -20,7 +20,7 @@ from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.sim.workload import ScaledTrace
 from speckv.loadgen.traces import load_mooncake
-from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.errors import InvalidArgument, NotFound
 
 CONFIG = load_e2e_config()
 SLICE_START_S, SLICE_S, HISTORY_S = 1200.0, 30.0, 120.0
@@ -104,3 +104,29 @@ def test_simulate_trains_on_the_base_trace_and_says_what_on(traces_dir, tmp_path
     assert f"trained on {pre_slice} arrivals" in note and "of the base trace" in note
     assert "Copies k > 0 are rotations of the base trace" in note and "partly seen" in note
     assert f"trained on {pre_slice} arrivals" in result["notes"][-1]  # the run's predictor description
+
+
+def test_simulate_from_the_first_arrival_trains_on_another_trace(traces_dir, tmp_path):
+    """--train-trace: a replay from the first arrival, with nothing before
+    it, serves LightGBM trained on the whole of a different trace."""
+    path, other = traces_dir / "mooncake_conversation_trace.jsonl", traces_dir / "mooncake_synthetic_trace.jsonl"
+    out = tmp_path / "result.json"
+    code = cli.main(["--trace", str(path), "--policies", "predictive", "--duration-s", "5", "--predictor",
+                     "lightgbm", "--train-trace", str(other), "--jobs", "1", "--json", str(out)], {})
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["slice"]["start_s"] == 0.0
+    note = next(n for n in result["by_nodes"][str(CONFIG.nodes)]["notes"] if n.startswith("Predictor: LightGBM"))
+    trained_on = len(load_mooncake(other, family=CONFIG.family))
+    assert f"trained on {trained_on} arrivals" in note and "mooncake_synthetic_trace.jsonl (a different trace" in note
+    assert "seen none of the replayed trace" in note
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--train-trace", "x.jsonl"], InvalidArgument),  # without --predictor lightgbm
+    (["--predictor", "lightgbm", "--train-trace", "/nonexistent.jsonl"], NotFound),
+])
+def test_simulate_refuses_a_bad_train_trace(traces_dir, argv, error):
+    path = traces_dir / "mooncake_conversation_trace.jsonl"
+    with pytest.raises(error):
+        cli.main(["--trace", str(path), "--policies", "none", "--duration-s", "1", *argv], {})
