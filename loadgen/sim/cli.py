@@ -3,7 +3,12 @@ number of nodes, with the JSON keys and report of `speckv bench e2e` plus
 wall time and simulated events per second.
 
     speckv simulate --trace PATH --nodes 8,64,256,1024 --policies ... [--json PATH] [--report DIR]
-    speckv simulate --synthetic mmpp|hawkes --nodes 64 ...
+    speckv simulate --synthetic SCENARIO [--scenarios PATH] --nodes 64 ...
+
+--synthetic names a scenario of services/config/scenarios.json (or of the
+file given by --scenarios): a generator (Markov-modulated Poisson or
+Hawkes) with its parameters, sized for the configuration's node count, and
+scaled with copies like a trace.
 
 Each (node count, policy) is one Simulation (simulation.py) in a worker
 process (--jobs, default 2: one per core; spawned, never forked). The
@@ -44,8 +49,8 @@ from speckv.loadgen.sim.predictor import (PREDICTOR_KINDS, TrainedPredictor, lig
                                           train_on_other_trace)
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.sim.workload import (SYNTHETIC_KINDS, FamilyShape, HawkesParams, MmppParams, ScaledTrace,
-                                         SliceView, copies_for, describe, hawkes, mmpp)
+from speckv.loadgen.sim.scenarios import get_scenario, load_scenarios
+from speckv.loadgen.sim.workload import ScaledTrace, SliceView, copies_for
 from speckv.loadgen.traces import TraceRequest, load_mooncake, load_trace, trace_format
 from speckv.loadgen.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
@@ -63,7 +68,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="speckv simulate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", help="trace file (Mooncake JSONL, Azure or BurstGPT CSV)")
-    p.add_argument("--synthetic", choices=SYNTHETIC_KINDS, help="a synthetic bursty workload instead of --trace")
+    p.add_argument("--synthetic", metavar="SCENARIO",
+                   help="a named synthetic bursty workload instead of --trace (see --scenarios)")
+    p.add_argument("--scenarios", default=None,
+                   help="scenario file for --synthetic (default: the committed services/config/scenarios.json: "
+                        f"{', '.join(load_scenarios())})")
     p.add_argument("--nodes", default=None, help="node count, or a comma-separated list (default: the config's)")
     p.add_argument("--policies", default=ALL_POLICIES, help="comma-separated")
     p.add_argument("--start-s", type=float, default=None, help="slice start, trace s (default: the first arrival)")
@@ -84,7 +93,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.train_trace and args.predictor != "lightgbm":
         raise InvalidArgument("--train-trace trains the LightGBM predictor: give --predictor lightgbm too")
     if bool(args.trace) == bool(args.synthetic):
-        raise InvalidArgument("give exactly one of --trace PATH and --synthetic KIND")
+        raise InvalidArgument("give exactly one of --trace PATH and --synthetic SCENARIO")
+    if args.scenarios and not args.synthetic:
+        raise InvalidArgument("--scenarios names the file of --synthetic scenarios: give --synthetic too")
     args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
     if not args.policy_list or len(set(args.policy_list)) != len(args.policy_list):
         raise InvalidArgument(f"--policies={args.policies!r}: name each policy once")
@@ -101,7 +112,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 class Job:
     """One simulation, as a worker receives it (everything it needs to rebuild the workload)."""
 
-    source: str  # trace path, or "mmpp" / "hawkes"
+    source: str  # trace path, or a scenario name when synthetic
     seed: int
     nodes: int
     policy: str
@@ -111,17 +122,18 @@ class Job:
     speed: float
     config_path: str | None
     trained: TrainedPredictor | None = None  # the lightgbm model, trained once by main; None: run_job trains it
+    synthetic: bool = False
+    scenarios_path: str | None = None
 
 
 def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
     """The (scaled) workload and notes saying what it is."""
     copies = copies_for(job.nodes, config.nodes)
-    if job.source in SYNTHETIC_KINDS:
-        shape = FamilyShape(block_tokens=config.block_tokens)
-        base_nodes = config.nodes
-        params = (MmppParams(seed=job.seed) if job.source == "mmpp" else HawkesParams(seed=job.seed))
-        base = mmpp(params, shape) if job.source == "mmpp" else hawkes(params, shape)
-        notes = [f"Synthetic {job.source} workload, sized for {base_nodes} nodes: {json.dumps(describe(params, shape))}"]
+    if job.synthetic:
+        scenario = get_scenario(job.source, job.seed, config.block_tokens, job.scenarios_path)
+        base = scenario.requests()
+        notes = [f"Synthetic workload '{scenario.name}', sized for {config.nodes} nodes: "
+                 f"{json.dumps(scenario.describe())}"]
     else:
         path = Path(job.source)
         base = _load(path, config)
@@ -298,7 +310,11 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     config = load_e2e_config(args.config)
     nodes = args.node_list or [config.nodes]
     source = str(Path(args.trace).resolve()) if args.trace else args.synthetic
-    jobs = [Job(source, args.seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config)
+    scenarios = str(Path(args.scenarios).resolve()) if args.scenarios else None
+    if args.synthetic:  # a bad name or file fails here, before any worker starts
+        get_scenario(args.synthetic, args.seed, config.block_tokens, scenarios)
+    jobs = [Job(source, args.seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
+                synthetic=bool(args.synthetic), scenarios_path=scenarios)
             for n in nodes for p in args.policy_list]
     console = wide_console()
     began = time.perf_counter()

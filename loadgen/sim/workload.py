@@ -38,7 +38,6 @@ import numpy as np
 from speckv.loadgen.traces import TraceRequest
 from speckv.services.scheduler.ids import Family
 
-SYNTHETIC_KINDS = ("mmpp", "hawkes")
 
 
 def copies_for(nodes: int, base_nodes: int) -> int:
@@ -130,6 +129,12 @@ class FamilyShape:
     max_suffix_blocks: int = 4
     block_tokens: int = 512
     output_tokens: tuple[int, int] = (50, 400)
+
+    def __post_init__(self) -> None:
+        if min(self.families, self.prefix_blocks, self.max_suffix_blocks) < 1 or self.block_tokens < 2:
+            raise ValueError(f"{self}: families, prefix_blocks and max_suffix_blocks must be >= 1, block_tokens >= 2")
+        if self.zipf_s < 0 or not 1 <= self.output_tokens[0] <= self.output_tokens[1]:
+            raise ValueError(f"{self}: zipf_s must be >= 0 and output_tokens (lo, hi) with 1 <= lo <= hi")
 
 
 @dataclass(frozen=True, slots=True)

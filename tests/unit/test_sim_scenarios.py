@@ -1,0 +1,99 @@
+"""Named synthetic scenarios (loadgen/sim/scenarios.py): the committed file
+loads whole, each scenario builds the workload its parameters say, and a
+bad file or name is refused before anything runs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from speckv.loadgen.sim import cli
+from speckv.loadgen.sim.scenarios import DEFAULT_SCENARIOS_PATH, get_scenario, load_scenarios
+from speckv.loadgen.sim.workload import HawkesParams, MmppParams
+from speckv.services.common.errors import InvalidArgument
+
+COMMITTED = json.loads(DEFAULT_SCENARIOS_PATH.read_text())["scenarios"]
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_every_committed_scenario_builds_the_workload_its_file_says(name):
+    raw = COMMITTED[name]
+    scenario = get_scenario(name, seed=11, block_tokens=64)
+    assert isinstance(scenario.params, MmppParams if raw["generator"] == "mmpp" else HawkesParams)
+    assert scenario.params.seed == 11 and scenario.shape.block_tokens == 64 and scenario.note
+    for key, value in raw["params"].items():
+        assert getattr(scenario.params, key) == value
+    for key, value in raw["shape"].items():
+        assert getattr(scenario.shape, key) == (tuple(value) if isinstance(value, list) else value)
+    short = dataclasses.replace(scenario, params=dataclasses.replace(scenario.params, duration_s=60.0))
+    requests = short.requests()
+    assert requests and all(0.0 <= r.arrival_s < 60.0 for r in requests)
+    prefix = scenario.shape.prefix_blocks
+    assert all(prefix < len(r.block_hashes) <= prefix + scenario.shape.max_suffix_blocks for r in requests)
+    assert all(r.block_tokens == 64 for r in requests)
+    described = short.describe()
+    assert described["scenario"] == name and described["generator"] == type(scenario.params).__name__
+
+
+def _write(tmp_path, scenarios: dict) -> str:
+    path = tmp_path / "scenarios.json"
+    path.write_text(json.dumps({"scenarios": scenarios}))
+    return str(path)
+
+
+def test_a_users_file_overrides_only_the_keys_it_names(tmp_path):
+    path = _write(tmp_path, {"mine": {"generator": "hawkes", "params": {"mu": 0.5}, "shape": {"families": 3}}})
+    scenario = get_scenario("mine", seed=2, block_tokens=16, path=path)
+    defaults = HawkesParams()
+    assert (scenario.params.mu, scenario.params.branching, scenario.params.decay) == (0.5, defaults.branching,
+                                                                                      defaults.decay)
+    assert scenario.shape.families == 3 and list(load_scenarios(path)) == ["mine"]
+
+
+@pytest.mark.parametrize("scenarios, message", [
+    ({"x": {"generator": "poisson"}}, "generator must be one of"),
+    ({"x": {"generator": "mmpp", "params": {"rate": 3}}}, "unknown params key(s) rate"),
+    ({"x": {"generator": "mmpp", "shape": {"prefix": 3}}}, "unknown shape key(s) prefix"),
+    ({"x": {"generator": "hawkes", "params": {"branching": 1.0}}}, "branching must be in [0, 1)"),
+    ({"x": {"generator": "mmpp", "shape": {"prefix_blocks": 0}}}, "prefix_blocks"),
+    ({"x": {"generator": "mmpp", "shape": {"output_tokens": [9, 3]}}}, "output_tokens"),
+])
+def test_a_bad_scenario_is_refused_naming_what_is_wrong(tmp_path, scenarios, message):
+    with pytest.raises(InvalidArgument, match="scenario 'x'") as info:
+        get_scenario("x", seed=1, block_tokens=16, path=_write(tmp_path, scenarios))
+    assert message in str(info.value)
+
+
+def test_an_unknown_name_lists_the_scenarios():
+    with pytest.raises(InvalidArgument, match="no such scenario") as info:
+        get_scenario("nope", seed=1, block_tokens=16)
+    assert all(name in str(info.value) for name in COMMITTED)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--synthetic", "nope"],
+    ["--trace", "t.jsonl", "--scenarios", "s.json"],  # --scenarios without --synthetic
+    ["--synthetic", "mmpp", "--trace", "t.jsonl"],
+])
+def test_simulate_refuses_bad_scenario_arguments_before_running(argv):
+    with pytest.raises(InvalidArgument):
+        cli.main([*argv, "--policies", "none", "--duration-s", "1"], {})
+
+
+def test_simulate_runs_a_users_scenario_and_reports_its_parameters(tmp_path):
+    path = _write(tmp_path, {"tiny": {"generator": "mmpp", "note": "two families",
+                                      "params": {"duration_s": 20.0, "rate_calm": 1.0, "rate_burst": 4.0},
+                                      "shape": {"families": 2, "prefix_blocks": 2, "max_suffix_blocks": 1}}})
+    out = tmp_path / "result.json"
+    code = cli.main(["--synthetic", "tiny", "--scenarios", path, "--policies", "none", "--jobs", "1",
+                     "--json", str(out)], {})
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["trace"] == "synthetic:tiny"
+    note = next(n for n in result["notes"] if n.startswith("Synthetic workload 'tiny'"))
+    described = json.loads(note.split(": ", 1)[1])
+    assert described["rate_burst"] == 4.0 and described["families"]["prefix_blocks"] == 2
+    assert described["note"] == "two families"
+    served = result["policies"]["none"]["served"]
+    assert served > 0
