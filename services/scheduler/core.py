@@ -37,6 +37,7 @@ from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
 from speckv.services.scheduler.ids import UINT64_MAX, Family, NodeId, default_family
 from speckv.services.scheduler.lifecycle import OrderLifecycle
+from speckv.services.scheduler.link_backlog import LinkBacklog
 from speckv.services.scheduler.order_feed import OrderFeed, Watcher
 from speckv.services.scheduler.orders import Order, OrderSpec, OrderState, OrderTracker, validate_spec
 from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan, Policy
@@ -157,6 +158,7 @@ class SchedulerCore:
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms)
+        self._backlog = LinkBacklog(link)
         self._spread = self._pcfg.router.spread_candidates
         self._lock = threading.Lock()
         self._unconfirmed: set[str] = set()  # addresses whose last Lookup failed (log transitions only)
@@ -172,6 +174,7 @@ class SchedulerCore:
                                                  geometry or self._profile.geometry, self._clock.now())
             self._index.drop_node(node.node_id)
             self._lifecycle.ledger.drop_node(node.node_id)
+            self._backlog.forget(node.node_id)
             generation = node.generation
         log.info("node %s %sregistered at %s", node_id, "re-" if again else "", address)
         if self._listener is not None:
@@ -218,7 +221,7 @@ class SchedulerCore:
         query = _query(request_id, block_hashes, prompt_tokens, family, arrival_time_s)
         with self._lock:
             now = self._clock.now()
-            picked = self._route_locked(query, now)
+            picked = self._route_locked(query, now, min(arrival_time_s, now) if arrival_time_s else now)
         return self._finish(query, picked, arrival_time_s or now)
 
     def route_batch(self, requests: Sequence[RouteRequestItem]) -> list[RouteResult]:
@@ -235,12 +238,16 @@ class SchedulerCore:
             picked = []
             for i, query in enumerate(queries):
                 try:
-                    picked.append(self._route_locked(query, now))
+                    at = min(requests[i].arrival_time_s, now) if requests[i].arrival_time_s else now
+                    picked.append(self._route_locked(query, now, at))
                 except InvalidArgument as exc:
                     raise InvalidArgument(f"requests[{i}]: {exc}") from None
         return [self._finish(q, p, r.arrival_time_s or now) for q, p, r in zip(queries, picked, requests)]
 
-    def _route_locked(self, query: RouteQuery, now: float) -> _Picked:
+    def _route_locked(self, query: RouteQuery, now: float, arrival_s: float) -> _Picked:
+        """arrival_s (<= now): when the request came; a pull it is routed to
+        is booked on the links from then, so the warm start's history,
+        routed long after it arrived, does not hold today's links."""
         hashes = query.block_hashes
         block_size = self._cluster.block_size()
         if block_size and len(hashes) * block_size > query.prompt_tokens:
@@ -253,6 +260,9 @@ class SchedulerCore:
         node = self._cluster.get(decision.node_id)
         self._cluster.add_pending(node.node_id, uncached_tokens(decision, query, node.geometry.block_size),
                                   decision.prefill_ms)
+        if decision.fetch_from is not None:
+            self._backlog.add(decision.fetch_from, node.node_id, decision.fetch_blocks * node.bytes_per_block,
+                              arrival_s)
         if hashes:
             self._index.note_family(query.family, hashes[0])
             self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
@@ -297,9 +307,9 @@ class SchedulerCore:
             nodes = cluster.live_among(lengths, now)
             nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
         held = lengths.get
-        queue_ms = cluster.queue_ms
+        queue_ms, wait_ms = cluster.queue_ms, self._backlog.wait_ms
         return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
-                          n.bytes_per_block, queue_ms(n)) for n in nodes]
+                          n.bytes_per_block, queue_ms(n), wait_ms(n.node_id, now)) for n in nodes]
 
     def _least_queued_shallow(self, root_holders: Collection[NodeId], deep: Collection[NodeId],
                               now: float) -> list[NodeId]:
@@ -381,6 +391,8 @@ class SchedulerCore:
                        policy=spec.policy or "manual")
         order = self._orders.submit(spec, now)
         self._lifecycle.issued(order)
+        # Booked when issued; a cancelled order's booking lapses on its own.
+        self._backlog.add(spec.source, spec.target, len(spec.block_hashes) * source.bytes_per_block, now)
         self._feed.publish(order.snapshot())
         return order.snapshot()
 
@@ -434,6 +446,7 @@ class SchedulerCore:
         return issued
 
     def _sweep_locked(self, now: float) -> None:
+        self._backlog.prune(now)
         for node_id in self._cluster.sweep(now):
             log.warning("node %s missed heartbeats for %.1f s: down", node_id, self._cluster.node_timeout_s)
             self._lifecycle.node_down(node_id, now)

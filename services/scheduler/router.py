@@ -10,8 +10,10 @@ chain of full blocks is h_1..h_B (block size S), and each live node n:
               heartbeat) + overhead_ms * (waiting requests + routed since)
   local_n   = prefill_ms(new = P - c_n*S, cached = c_n*S)
   fetch_n   = with H the live node holding the longest prefix c_H > c_n:
-              transfer_ms((c_H - c_n) * bytes_per_block)
+              max(wait_H, wait_n) + transfer_ms((c_H - c_n) * bytes_per_block)
               + prefill_ms(new = P - c_H*S, cached = c_H*S)
+              where wait_x is how long x's link is already spoken for by
+              the pulls and orders the scheduler started (link_backlog.py)
   TTFT_n    = queue_n + min(local_n, fetch_n)
 
 The pull is chosen only when fetch_n < local_n (strictly cheaper); the
@@ -53,6 +55,7 @@ class Candidate:
     block_size: int
     bytes_per_block: int
     queue_ms: float  # expected wait before its prefill starts (Cluster.queue_ms)
+    link_wait_ms: float = 0.0  # until its link has carried the transfers already booked on it (LinkBacklog)
 
 
 @dataclass(slots=True)
@@ -92,7 +95,7 @@ class KvAwareRouter:
         if not candidates:
             raise ValueError("no candidates")
         holder = best_holder(candidates)
-        memo: dict[tuple[int, int, int], tuple[float, float, float, int]] = {}
+        memo: dict[tuple[int, int, int, float], tuple[float, float, float, int]] = {}
         # Scores are plain floats (the same arithmetic as _estimate, in the
         # same order, so the same values); only the winner becomes a
         # RouteDecision: this loop runs for every candidate of every route.
@@ -102,7 +105,7 @@ class KvAwareRouter:
         for c in candidates:
             queue_ms = c.queue_ms
             pulls = holder_id is not None and holder_id != c.node_id and holder_blocks > c.cached_blocks
-            key = (c.cached_blocks, c.block_size, c.bytes_per_block if pulls else -1)
+            key = (c.cached_blocks, c.block_size, c.bytes_per_block if pulls else -1, c.link_wait_ms if pulls else 0.0)
             figures = memo.get(key)
             if figures is None:
                 figures = memo[key] = self._figures(query, c, holder if pulls else None)
@@ -117,12 +120,13 @@ class KvAwareRouter:
         return self._estimate(query, node, holder, {})
 
     def _estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
-                  memo: dict[tuple[int, int, int], tuple[float, float, float, int]]) -> RouteDecision:
+                  memo: dict[tuple[int, int, int, float], tuple[float, float, float, int]]) -> RouteDecision:
         """The decision for node; memo shares the prefill/fetch figures between
         candidates with the same cached prefix (most non-holders: none)."""
         queue_ms = node.queue_ms
         pulls = holder is not None and holder.node_id != node.node_id and holder.cached_blocks > node.cached_blocks
-        key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls else -1)
+        key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls else -1,
+               node.link_wait_ms if pulls else 0.0)
         figures = memo.get(key)
         if figures is None:
             figures = memo[key] = self._figures(query, node, holder if pulls else None)
@@ -139,7 +143,7 @@ class KvAwareRouter:
         if holder is None:
             return local_ms, 0.0, local_ms, 0
         missing = holder.cached_blocks - node.cached_blocks
-        fetch_ms = self._link.transfer_ms(missing * node.bytes_per_block)
+        fetch_ms = max(holder.link_wait_ms, node.link_wait_ms) + self._link.transfer_ms(missing * node.bytes_per_block)
         after_ms = self._prefill(query, holder.cached_blocks, node.block_size)
         if fetch_ms + after_ms < local_ms:
             return after_ms, fetch_ms, local_ms, missing
