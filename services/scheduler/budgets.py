@@ -6,6 +6,12 @@ no policy can exceed them, whichever it is:
   `link_budget_fraction * link_bytes_per_s * link_budget_window_s` bytes of
   speculative orders at once; bytes of orders still ISSUED or IN_FLIGHT count
   against both ends, so budgets hold across ticks, not just within one.
+  An order larger than the whole budget (a prefix longer than the link
+  carries in its budget window: 46 blocks of 64 MiB at 25 Gbit/s, half of
+  2 s) may still go when both its ends carry no other speculative bytes:
+  the budget bounds the share of the link speculation takes, not the length
+  of the prefixes it may copy, and while that order is active it keeps both
+  ends' budgets full.
 - memory: each node may hold at most `replica_memory_fraction *
   capacity_pages` blocks of speculative replicas (leases still running) plus
   blocks of orders still landing there.
@@ -46,9 +52,12 @@ class BudgetBook:
         return int(self._fraction * view.capacity_pages) if view else 0
 
     def fits(self, source: NodeId, target: NodeId, blocks: int, nbytes: int) -> bool:
-        return (self._egress[source] + nbytes <= self.link_budget
-                and self._ingress[target] + nbytes <= self.link_budget
-                and self._memory[target] + blocks <= self.memory_limit(target))
+        if self._memory[target] + blocks > self.memory_limit(target):
+            return False
+        egress, ingress = self._egress[source], self._ingress[target]
+        if nbytes > self.link_budget:
+            return egress == 0 and ingress == 0  # oversize: alone on both links
+        return egress + nbytes <= self.link_budget and ingress + nbytes <= self.link_budget
 
     def take(self, source: NodeId, target: NodeId, blocks: int, nbytes: int) -> None:
         self._egress[source] += nbytes

@@ -154,3 +154,34 @@ def test_a_holder_whose_queue_already_breaks_the_target_serves_no_returning_requ
     forecasts.counts = {FAMILY: 1.0}
     orders = core.tick()
     assert len(orders) == 1 and orders[0].spec.source == "n0"
+
+
+def test_a_prefix_longer_than_the_link_budget_is_copied_alone_on_its_links():
+    """2,048 blocks of 2 MiB (4.3 GB) exceed a link's budget (half of 2 s at
+    25 Gbit/s, 3.1 GB): such an order may still go, alone on its source's
+    and target's links, and nothing else is added on them while it is active."""
+    long_chain = list(range(200_000, 202_048))
+    forecasts = ScriptedForecasts()
+    # Room for 4,096 replica blocks; a 5 s horizon, so a 1.4 s copy lands in time.
+    core, clock = make_core(4, "predictive", forecasts, capacity=16_384, planner={"horizon_s": 5.0})
+    store(core, "n0", CHAIN)
+    store(core, "n0", long_chain, family="long")
+    route_family(core, 2)
+    route_family(core, 2, family="long", chain=long_chain)
+    busy_n0_and_idle_others(core)
+    config = core.context.config.budgets
+    assert len(long_chain) * 2 * 2**20 > config.link_budget_fraction * 25e9 / 8 * config.link_budget_window_s
+    forecasts.counts = {"long": 500.0}
+    orders = core.tick()
+    assert [(o.spec.family, o.spec.source) for o in orders] == [("long", "n0")]  # one, alone on n0's link
+    assert orders[0].spec.block_hashes == long_chain
+    clock.advance(0.25)
+    busy_n0_and_idle_others(core)
+    forecasts.counts = {"long": 500.0, FAMILY: 500.0}
+    assert core.tick() == []  # n0, the only holder of both, is still sending the long one
+
+
+def busy_n0_and_idle_others(core):
+    """n0's queue alone breaks the 2 s target: it serves no forecast request."""
+    heartbeat_all(core, 4, free_pages=16_384)
+    core.heartbeat("n0", NodeLoad(free_pages=16_384, queued_prefill_ms=3_000.0))
