@@ -20,15 +20,18 @@ FAMILY = Family("doc")
 
 
 class ScriptedForecasts:
-    """A ForecastSource answering whatever the test last set."""
+    """A ForecastSource answering whatever the test last set: expected
+    counts, and upper quantiles where `uppers` has one (else the count)."""
 
     def __init__(self) -> None:
         self.counts: dict[str, float] = {}
+        self.uppers: dict[str, float] = {}
         self.calls = 0
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         self.calls += 1
-        return [Forecast(Family(f), horizon_s, n, n, 1.0) for f, n in self.counts.items()][:max_families]
+        return [Forecast(Family(f), horizon_s, n, self.uppers.get(f, n), 1.0)
+                for f, n in self.counts.items()][:max_families]
 
 
 def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None, capacity: int = 4096,

@@ -36,6 +36,25 @@ def test_replicates_ahead_of_a_forecast_burst_and_not_without_one():
     assert core.tick() == []  # orders landing count as supply: nothing more to add
 
 
+@pytest.mark.parametrize("demand, expected, upper, replicates", [
+    ("expected_count", 0.5, 200.0, False),  # unlikely to come: no bytes on a long tail
+    ("expected_count", 200.0, 200.0, True),
+    ("upper_quantile", 0.5, 200.0, True),
+    ("upper_quantile", 200.0, 200.0, True),
+])
+def test_demand_is_the_forecast_figure_the_config_names(demand, expected, upper, replicates):
+    core, clock, forecasts = predictive(planner={**TIGHT["planner"], "demand": demand})
+    forecasts.counts, forecasts.uppers = {FAMILY: expected}, {FAMILY: upper}
+    assert bool(core.tick()) is replicates
+
+
+def test_the_committed_planner_weighs_a_forecast_by_its_expected_count():
+    """policies.json's demand_note says why (a held-out trace, not the evaluation one)."""
+    core, clock, forecasts = predictive()
+    forecasts.counts, forecasts.uppers = {FAMILY: 0.5}, {FAMILY: 200.0}
+    assert core.tick() == []
+
+
 def test_unstarted_orders_are_cancelled_when_the_burst_is_no_longer_forecast():
     core, clock, forecasts = predictive()
     forecasts.counts = {FAMILY: 200.0}
