@@ -69,7 +69,7 @@ class SimKVNode:
         if lease_deadline is not None:
             pairs.reverse()
         else:  # resident blocks of the chain are a use now: no insert below may evict them (the live store protects them)
-            index.touch_chain([h for h in hashes if h in index])  # type: ignore[arg-type]
+            index.touch_chain([h for h in hashes if h in index])  # type: ignore[misc]
         # Hashes go in as plain ints (BlockHash / PageId are NewTypes of int):
         # this loop runs for every block of every prompt in the simulation.
         for h, parent in pairs:
@@ -89,5 +89,5 @@ class SimKVNode:
         if lease_deadline is not None:
             stored.reverse()
         else:  # a chain longer than the pool evicts its own head: touch what is left
-            index.touch_chain([h for h in hashes if h in index])  # type: ignore[arg-type]
+            index.touch_chain([h for h in hashes if h in index])  # type: ignore[misc]
         return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 from speckv.loadgen.sim.events import EventQueue, Handle
@@ -118,4 +119,4 @@ class Network:
             if t.handle is not None:
                 t.handle.cancel()
             delay = 0.0 if t.remaining <= _EPS_BYTES else t.remaining / t.rate
-            t.handle = self._queue.after(delay, lambda t=t: self._finish(t))
+            t.handle = self._queue.after(delay, partial(self._finish, t))

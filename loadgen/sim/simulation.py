@@ -34,6 +34,7 @@ free pages); an unchanged node still reports every liveness_s.
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -77,6 +78,10 @@ class SimRun:
     virtual_s: float = 0.0
     network_bytes: int = 0
     predictor: str = ""
+
+
+def _drop_transfer(then: Callable[[RequestRecord], None], record: RequestRecord, _transfer: Transfer) -> None:
+    then(record)
 
 
 class _Confirmer:
@@ -185,6 +190,7 @@ class Simulation:
     # --- requests -------------------------------------------------------------------
     def _arrive(self) -> None:
         i, request = self._next, self._upcoming
+        assert request is not None  # run() schedules _arrive only with a request upcoming
         self._next += 1
         if self._next < len(self._requests):
             self._upcoming = self._requests[self._next]
@@ -210,7 +216,7 @@ class Simulation:
         self._inflight[record.request_id] = _Flight(record, request)
         if fetched:
             nbytes = fetched * self.config.real_geometry.bytes_per_token
-            self.network.start(record.fetch_from, node, nbytes, lambda _t, r=record: self._submit(r))
+            self.network.start(record.fetch_from, node, nbytes, partial(_drop_transfer, self._submit, record))
         else:
             self._submit(record)
 
@@ -267,6 +273,7 @@ class Simulation:
         skipped = record.cached_tokens + record.fetched_tokens
         solo = self.config.profile.prefill_ms(request.prompt_tokens - skipped, skipped)
         times = job_times(job, solo)
+        assert job.first_token_s is not None and job.finished_s is not None  # a FINISHED event's job
         record.ttft_ms = (job.first_token_s - record.arrival_s) * 1e3
         record.tpot_ms = times.tpot_ms
         record.e2e_ms = (job.finished_s - record.arrival_s) * 1e3
@@ -303,7 +310,7 @@ class Simulation:
             return
         self._report(order, OrderState.IN_FLIGHT)
         nbytes = len(spec.block_hashes) * self.config.real_bytes_per_block
-        self.network.start(spec.source, spec.target, nbytes, lambda t, o=order: self._commit(o, t))
+        self.network.start(spec.source, spec.target, nbytes, partial(self._commit, order))
 
     def _commit(self, order: Order, transfer: Transfer) -> None:
         spec, now = order.spec, self.queue.now()

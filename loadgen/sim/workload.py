@@ -171,7 +171,7 @@ class HawkesParams:
             raise ValueError(f"{self}: branching must be in [0, 1) for a stationary process")
 
 
-def describe(params: object, shape: FamilyShape) -> dict[str, object]:
+def describe(params: MmppParams | HawkesParams, shape: FamilyShape) -> dict[str, object]:
     """Parameters for the report."""
     return {"generator": type(params).__name__, **asdict(params), "families": asdict(shape)}
 

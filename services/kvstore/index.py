@@ -71,7 +71,7 @@ class BlockIndex:
         return block_hash in self._entries
 
     def get(self, block_hash: int) -> BlockEntry | None:
-        return self._entries.get(block_hash)  # type: ignore[arg-type]
+        return self._entries.get(block_hash)  # type: ignore[call-overload]
 
     def hashes(self) -> list[BlockHash]:
         return list(self._entries)

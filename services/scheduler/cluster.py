@@ -85,10 +85,13 @@ class LoadReport:
                 or self.queued_prefill_ms is not None)
 
     def merged_into(self, load: NodeLoad) -> NodeLoad:
-        return NodeLoad(*(mine if mine is not None else old for mine, old in (
-            (self.queued_tokens, load.queued_tokens), (self.running_tokens, load.running_tokens),
-            (self.free_pages, load.free_pages), (self.running_requests, load.running_requests),
-            (self.waiting_requests, load.waiting_requests), (self.queued_prefill_ms, load.queued_prefill_ms))))
+        return NodeLoad(
+            load.queued_tokens if self.queued_tokens is None else self.queued_tokens,
+            load.running_tokens if self.running_tokens is None else self.running_tokens,
+            load.free_pages if self.free_pages is None else self.free_pages,
+            load.running_requests if self.running_requests is None else self.running_requests,
+            load.waiting_requests if self.waiting_requests is None else self.waiting_requests,
+            load.queued_prefill_ms if self.queued_prefill_ms is None else self.queued_prefill_ms)
 
 
 @dataclass(slots=True)

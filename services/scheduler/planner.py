@@ -94,7 +94,7 @@ class Planner:
 
     def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, float]:
         p = self._cfg.planner
-        figures = {}
+        figures: dict[Family, float] = {}
         for f in forecasts:
             d = f.upper_quantile if p.demand == "upper_quantile" else f.expected_count
             if d >= p.min_expected_requests and f.burst_probability >= p.min_burst_probability:

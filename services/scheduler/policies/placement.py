@@ -25,7 +25,7 @@ def queue_ms(nodes: Iterable[NodeView]) -> dict[NodeId, float]:
     return {n.node_id: n.queue_ms for n in nodes}
 
 
-def min_worth_blocks(profile: EngineProfile, prompt_tokens: int, block_size: int, chain_blocks: int,
+def min_worth_blocks(profile: EngineProfile, prompt_tokens: float, block_size: int, chain_blocks: int,
                      min_benefit_ms: float) -> int | None:
     """The fewest leading blocks (1..chain_blocks) whose cache saves at least
     min_benefit_ms of a prompt_tokens prefill, or None when even the whole
