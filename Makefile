@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TRACES ?= $(or $(SPECKV_TRACES),../shared/traces)
 PROTOS := $(wildcard protos/speckv/v1/*.proto)
 
-.PHONY: venv protos check-protos test demo up kernels clean
+.PHONY: venv protos check-protos test demo up kernels sim-compiled clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(PY):
 
 # Reinstall when the dependency list changes.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,sim]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -35,6 +35,11 @@ kernels:
 	@if command -v nvcc >/dev/null; then \
 	  for f in $$(find kernels -name '*.cu'); do nvcc --ptx -arch=sm_90 -o /dev/null $$f || exit 1; echo "nvcc ok: $$f"; done; \
 	else echo "nvcc not found: kernel sources not compiled"; fi
+
+# The simulator's hot modules compiled with mypyc into build/sim-compiled (a
+# few minutes); speckv simulate uses them while they match the source.
+sim-compiled: $(STAMP)
+	$(PY) -m speckv.loadgen.sim.compiled build
 
 test: $(STAMP) check-protos
 	$(PY) -m pytest -q

@@ -17,6 +17,10 @@ for more nodes than the configuration's it is merged with time-rotated
 copies of itself (workload.py), which the notes say. Burst windows are fixed
 from the whole (scaled) workload, as bench e2e fixes them from the trace.
 
+--compiled (default auto): the workers run on the mypyc-compiled build of the
+hot modules (compiled.py; `make sim-compiled` builds it) when it matches the
+source, else on the source; the console and the JSON's "code" say which.
+
 --predictor lightgbm: the model is trained once, in this process before any
 worker starts, on the base trace alone (copy 0: the requests in
 [start - warmup_s, start) that the configuration's own node count sees), and
@@ -33,6 +37,7 @@ import gc
 import json
 import math
 import multiprocessing
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -45,6 +50,7 @@ from rich.table import Table
 from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, summarize
 from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.sim.compiled import PackageRoots, default_dir, running_compiled, why_not_current
 from speckv.loadgen.sim.predictor import (PREDICTOR_KINDS, TrainedPredictor, lightgbm_note, train_on_base,
                                           train_on_other_trace)
 from speckv.loadgen.sim.settings import SimSettings
@@ -54,7 +60,7 @@ from speckv.loadgen.sim.workload import ScaledTrace, SliceView, copies_for
 from speckv.loadgen.traces import TraceRequest, load_mooncake, load_trace, trace_format
 from speckv.loadgen.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
-from speckv.services.common.errors import InvalidArgument, NotFound
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
 # A simulation allocates millions of small, acyclic, long-lived objects (index
@@ -86,6 +92,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="match a live run replayed this many times faster (its wall-clock intervals, in trace s)")
     p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (one per core)")
+    p.add_argument("--compiled", choices=("auto", "on", "off"), default="auto",
+                   help="run the workers on the mypyc-compiled modules (make sim-compiled builds them; about 1.5x "
+                        "faster, identical results): auto uses them when they match the source, on requires them")
+    p.add_argument("--compiled-dir", default=None,
+                   help="where the compiled build is (default: build/sim-compiled at the project root)")
     p.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.add_argument("--report", default=None, help="write the HTML report(s) into this directory")
@@ -186,7 +197,8 @@ def run_job(job: Job, progress=None) -> dict:
                     "virtual_s": run.virtual_s, "network_bytes": run.network_bytes})
     return {"nodes": job.nodes, "policy": job.policy, "summary": summary, "notes": notes,
             "floor": floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts),
-            "predictor": run.predictor, "requests_in_slice": hi - lo, "burst_seconds": len(bursts),
+            "predictor": run.predictor, "code": "mypyc" if running_compiled() else "python",
+            "requests_in_slice": hi - lo, "burst_seconds": len(bursts),
             "slice": {"start_s": start, "duration_s": (float(workload.times[hi - 1]) - start) if hi > lo else 0.0,
                       "speed": job.speed},
             "ttfts": [r.ttft_ms for r in run.records if r.served],
@@ -205,13 +217,44 @@ def _gc_thresholds(thresholds: tuple[int, int, int]):
         gc.set_threshold(*saved)
 
 
-def run_all(jobs: list[Job], workers: int, console) -> list[dict]:
+@contextlib.contextmanager
+def _first_on_path(folder: Path | None):
+    """Spawned workers import from sys.path as it is when they start: the
+    compiled build goes first for them. This process keeps the modules it
+    already imported (and imports new speckv modules through the package it
+    has), so only the workers run compiled code."""
+    if folder is None:
+        yield
+        return
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+
+
+def compiled_build(mode: str, folder: str | None) -> tuple[Path | None, str]:
+    """The compiled build to run on (None: the source), and a line saying which and why."""
+    roots = PackageRoots.of_installed()
+    tree = Path(folder) if folder else default_dir(roots)
+    if mode == "off":
+        return None, "code: python source (--compiled off)"
+    why = why_not_current(tree, roots)
+    if why is None:
+        return tree, f"code: mypyc-compiled modules from {tree}"
+    if mode == "on":
+        raise FailedPrecondition(f"--compiled on: {why}")
+    return None, f"code: python source; {why}"
+
+
+def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = None) -> list[dict]:
     columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     results: list[dict] = []
     with Progress(*columns, console=console) as bar:
         tasks = {(j.nodes, j.policy): bar.add_task(f"{j.nodes} nodes {j.policy}", total=None) for j in jobs}
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Manager() as manager, ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        with _first_on_path(code_path), ctx.Manager() as manager, \
+                ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             queue = manager.Queue()
             futures = [pool.submit(run_job, j, queue) for j in jobs]
             pending = set(futures)
@@ -245,6 +288,7 @@ def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -
         "real_bytes_per_block": config.real_bytes_per_block, "burst_seconds_in_trace": top["burst_seconds"],
         "policies": by_nodes[str(nodes)]["policies"], "floor": by_nodes[str(nodes)]["floor"], "simulated": True,
         "wall_s": args.wall_s, "simulated_events": total_events,
+        "code": ",".join(sorted({r["code"] for r in results})),
         "events_per_s": total_events / total_wall if total_wall else None,
         "by_nodes": by_nodes,
         "scale": {n: {p: {"burst_ttft_p99_ms": m["burst_ttft_p99_ms"], "bytes_replicated": m["bytes_replicated"]}
@@ -308,6 +352,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         if path and not Path(path).exists():
             raise NotFound(f"trace {path} not found")
     config = load_e2e_config(args.config)
+    code_path, code_line = compiled_build(args.compiled, args.compiled_dir)
     nodes = args.node_list or [config.nodes]
     source = str(Path(args.trace).resolve()) if args.trace else args.synthetic
     scenarios = str(Path(args.scenarios).resolve()) if args.scenarios else None
@@ -317,6 +362,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
                 synthetic=bool(args.synthetic), scenarios_path=scenarios)
             for n in nodes for p in args.policy_list]
     console = wide_console()
+    console.print(code_line, markup=False)
     began = time.perf_counter()
     if args.train_trace:
         with console.status(f"training LightGBM on {Path(args.train_trace).name}"):
@@ -330,7 +376,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
             trained = train_on_base(base, start, config.warmup_s)
         console.print(f"predictor: {trained.description}")
         jobs = [replace(j, trained=trained) for j in jobs]
-    results = run_all(jobs, min(args.jobs, len(jobs)), console)
+    results = run_all(jobs, min(args.jobs, len(jobs)), console, code_path)
     args.wall_s = time.perf_counter() - began
     result = assemble(results, args, config)
     print_tables(result, console)

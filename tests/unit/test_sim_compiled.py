@@ -1,0 +1,103 @@
+"""The compiled build's stamp: which source it was built from, and when
+`speckv simulate` may use it. Over a small fake package (no compiler run
+here; tests/e2e/test_sim_compiled.py checks a real build's results)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from speckv.loadgen.sim import cli
+from speckv.loadgen.sim.compiled import (HOT_MODULES, MYPY_FLAGS, STAMP_FILE, PackageRoots, copy_package, current,
+                                         main, source_digest, why_not_current)
+from speckv.services.common.errors import FailedPrecondition
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> PackageRoots:
+    top, services = tmp_path / "protos" / "speckv", tmp_path / "services"
+    for folder in (top, services / "config", services / "__pycache__"):
+        folder.mkdir(parents=True)
+    (top / "__init__.py").write_text("")
+    (services / "core.py").write_text("X = 1\n")
+    (services / "config" / "policies.json").write_text("{}")
+    (services / "__pycache__" / "core.cpython-311.pyc").write_bytes(b"\0")
+    (services / "core.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\0")
+    return PackageRoots({"": top, "services": services})
+
+
+def stamp(tree: Path, digest: str) -> None:
+    tree.mkdir(parents=True, exist_ok=True)
+    (tree / STAMP_FILE).write_text(json.dumps({"digest": digest}))
+
+
+def test_the_package_files_are_sources_and_data_never_caches_or_builds(roots):
+    assert [rel for rel, _ in roots.files()] == ["__init__.py", "services/config/policies.json", "services/core.py"]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda r: (r.folders["services"] / "core.py").write_text("X = 2\n"),
+    lambda r: (r.folders["services"] / "config" / "policies.json").write_text('{"a": 1}'),
+    lambda r: (r.folders["services"] / "new.py").write_text(""),
+    lambda r: (r.folders["services"] / "core.py").rename(r.folders["services"] / "moved.py"),
+])
+def test_any_source_or_data_edit_changes_the_digest(roots, edit):
+    before = source_digest(roots)
+    assert source_digest(roots) == before
+    edit(roots)
+    assert source_digest(roots) != before
+
+
+def test_caches_and_extensions_do_not_change_the_digest(roots):
+    before = source_digest(roots)
+    (roots.folders["services"] / "__pycache__" / "x.pyc").write_bytes(b"1")
+    (roots.folders["services"] / "router.cpython-311-x86_64-linux-gnu.so").write_bytes(b"1")
+    assert source_digest(roots) == before
+
+
+def test_a_build_is_used_only_while_its_stamp_matches_the_source(roots, tmp_path):
+    tree = tmp_path / "build" / "sim-compiled"
+    assert "no compiled build" in why_not_current(tree, roots) and current(tree, roots) is None
+    tree.mkdir(parents=True)
+    (tree / STAMP_FILE).write_text("not json")
+    assert "unreadable" in why_not_current(tree, roots)
+    stamp(tree, source_digest(roots))
+    assert why_not_current(tree, roots) is None and current(tree, roots) == tree
+    (roots.folders["services"] / "core.py").write_text("X = 3\n")
+    assert "older than the source" in why_not_current(tree, roots) and current(tree, roots) is None
+
+
+def test_simulate_chooses_the_build_or_the_source_and_says_why(tmp_path, monkeypatch, roots):
+    monkeypatch.setattr(PackageRoots, "of_installed", classmethod(lambda cls: roots))
+    tree = tmp_path / "tree"
+    assert cli.compiled_build("auto", str(tree)) == (None, f"code: python source; no compiled build in {tree} "
+                                                           "(make sim-compiled)")
+    with pytest.raises(FailedPrecondition, match="--compiled on: no compiled build"):
+        cli.compiled_build("on", str(tree))
+    stamp(tree, source_digest(roots))
+    assert cli.compiled_build("on", str(tree))[0] == tree
+    assert cli.compiled_build("auto", str(tree))[0] == tree
+    assert cli.compiled_build("off", str(tree)) == (None, "code: python source (--compiled off)")
+
+
+def test_check_exits_nonzero_on_a_missing_build(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "none")]) == 1
+    assert "no compiled build" in capsys.readouterr().out
+    assert main(["frobnicate"]) == 2
+
+
+def test_the_hot_modules_exist_in_the_installed_package():
+    files = {rel for rel, _ in PackageRoots.of_installed().files()}
+    assert set(HOT_MODULES) <= files
+
+
+def test_the_hot_modules_type_check_as_mypyc_needs(tmp_path, monkeypatch):
+    """mypyc refuses a module that does not type-check; this says so in
+    `make test`, before CI's `make sim-compiled` would fail on it."""
+    api = pytest.importorskip("mypy.api", reason="mypy (the sim extra) is not installed")
+    copy_package(PackageRoots.of_installed(), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out, err, status = api.run([*MYPY_FLAGS, "--cache-dir", str(tmp_path / ".mypy_cache"),
+                                *(f"speckv/{m}" for m in HOT_MODULES)])
+    assert status == 0, out + err
