@@ -37,6 +37,7 @@ import gc
 import json
 import math
 import multiprocessing
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -217,20 +218,35 @@ def _gc_thresholds(thresholds: tuple[int, int, int]):
         gc.set_threshold(*saved)
 
 
+# Each worker's BLAS pool: numpy's OpenBLAS starts one thread per core in every
+# process, so two workers on two cores ran four busy-waiting threads in the
+# predictor's ring products.
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 @contextlib.contextmanager
-def _first_on_path(folder: Path | None):
-    """Spawned workers import from sys.path as it is when they start: the
-    compiled build goes first for them. This process keeps the modules it
-    already imported (and imports new speckv modules through the package it
-    has), so only the workers run compiled code."""
-    if folder is None:
-        yield
-        return
-    sys.path.insert(0, str(folder))
+def _worker_environment(code_path: Path | None, blas_threads: int, environ: Mapping[str, str]):
+    """What spawned workers start with: sys.path with the compiled build
+    first (this process keeps the modules it already imported, and imports
+    new speckv modules through the package it has, so only the workers run
+    compiled code), and blas_threads BLAS threads each unless the user's
+    environment sets its own."""
+    saved_path = list(sys.path)
+    saved_env = {k: os.environ.get(k) for k in BLAS_THREAD_VARS}
+    if code_path is not None:
+        sys.path.insert(0, str(code_path))
+    for key in BLAS_THREAD_VARS:
+        if key not in environ:
+            os.environ[key] = str(blas_threads)
     try:
         yield
     finally:
-        sys.path.remove(str(folder))
+        sys.path[:] = saved_path
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def compiled_build(mode: str, folder: str | None) -> tuple[Path | None, str]:
@@ -247,13 +263,16 @@ def compiled_build(mode: str, folder: str | None) -> tuple[Path | None, str]:
     return None, f"code: python source; {why}"
 
 
-def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = None) -> list[dict]:
+def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = None,
+            environ: Mapping[str, str] | None = None) -> list[dict]:
     columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     results: list[dict] = []
     with Progress(*columns, console=console) as bar:
         tasks = {(j.nodes, j.policy): bar.add_task(f"{j.nodes} nodes {j.policy}", total=None) for j in jobs}
         ctx = multiprocessing.get_context("spawn")
-        with _first_on_path(code_path), ctx.Manager() as manager, \
+        blas_threads = max(1, (os.cpu_count() or 1) // workers)
+        with _worker_environment(code_path, blas_threads, os.environ if environ is None else environ), \
+                ctx.Manager() as manager, \
                 ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             queue = manager.Queue()
             futures = [pool.submit(run_job, j, queue) for j in jobs]
@@ -376,7 +395,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
             trained = train_on_base(base, start, config.warmup_s)
         console.print(f"predictor: {trained.description}")
         jobs = [replace(j, trained=trained) for j in jobs]
-    results = run_all(jobs, min(args.jobs, len(jobs)), console, code_path)
+    results = run_all(jobs, min(args.jobs, len(jobs)), console, code_path, environ)
     args.wall_s = time.perf_counter() - began
     result = assemble(results, args, config)
     print_tables(result, console)

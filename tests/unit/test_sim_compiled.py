@@ -101,3 +101,19 @@ def test_the_hot_modules_type_check_as_mypyc_needs(tmp_path, monkeypatch):
     out, err, status = api.run([*MYPY_FLAGS, "--cache-dir", str(tmp_path / ".mypy_cache"),
                                 *(f"speckv/{m}" for m in HOT_MODULES)])
     assert status == 0, out + err
+
+
+def test_workers_start_with_the_build_first_and_one_blas_pool_each_unless_the_user_says(tmp_path, monkeypatch):
+    import os
+    import sys
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    path_before = list(sys.path)
+    with cli._worker_environment(tmp_path, 1, {"OMP_NUM_THREADS": "3"}):
+        assert sys.path[0] == str(tmp_path)
+        assert os.environ["OPENBLAS_NUM_THREADS"] == "1" and os.environ["MKL_NUM_THREADS"] == "1"
+        assert os.environ["OMP_NUM_THREADS"] == "3"  # the user's own setting stands
+    assert sys.path == path_before and "OPENBLAS_NUM_THREADS" not in os.environ
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    with cli._worker_environment(None, 2, {}):
+        assert sys.path == path_before and os.environ["OPENBLAS_NUM_THREADS"] == "2"
