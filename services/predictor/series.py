@@ -19,16 +19,17 @@ is rejected as TOO_OLD, because its step's column now holds a newer step.
 
 Cost: O(1) per observation; when the head moves on, O(families) per step
 crossed (zeroing the columns that leave the window, dropping idle families).
-Memory: capacity * W * 4 bytes; rows grow by doubling. Counts are float32 so
-weighted sums run as one BLAS matrix-vector product; float32 is exact up to
-2**24 arrivals per family per step.
+Memory: capacity * W * 4 bytes; rows grow by doubling. Counts are float32,
+exact up to 2**24 arrivals per family per step.
 
-Exactness: a BLAS matrix-vector product does not give a row the same bits in
-every batch (measured: OpenBLAS sgemv rounds a row differently by its place
-among the rows asked), so weighted_sums keeps its two forms, chosen by how
-many rows are asked, and a caller that must match another call's numbers asks
-for the same rows. The whole-ring product is kept until the counts change
-(`version`), so asking again with the same weights costs no second product.
+Weighted sums (counts @ weights, the EWMA rates' numerator) run over the
+arrival log instead of the ring: one (row, step, count) entry per accepted
+observation, in the order observed, entries whose step left the window
+skipped. np.bincount adds each row's entries in float64, in log order, so
+the cost is the arrivals in the window, not rows x W (at 256 simulated nodes
+about 64k entries against a 16k x 300 ring), and a row's sum has the same
+bits whichever rows are asked. The sums of every row are kept until the
+counts change (`version`), so asking again with the same weights is free.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import numpy as np
 
 Family = NewType("Family", str)
 INITIAL_ROWS = 64
+INITIAL_LOG = 1024
 RING_PRODUCTS_KEPT = 4  # whole-ring products kept per version (one per weight vector: the rate half-lives)
 
 
@@ -74,8 +76,17 @@ class ArrivalSeries:
         self._latest_time_s = 0.0
         self._version = 0  # bumped by every change to the counts, the head or the rows
         self._tracked_rows: np.ndarray | None = None  # cache of the owned rows, dropped when ownership changes
-        self._products: dict[bytes, np.ndarray] = {}  # whole-ring products at _products_version
+        self._products: dict[bytes, np.ndarray] = {}  # weighted sums of every row at _products_version
         self._products_version = -1
+        # The arrival log: entries [_log_start, _log_len) of three parallel
+        # arrays; those before _log_start have left the window. A late
+        # observation's entry sits among newer ones, so a few stale entries
+        # may remain past _log_start: readers skip steps outside the window.
+        self._log_rows = np.zeros(INITIAL_LOG, dtype=np.int64)
+        self._log_steps = np.zeros(INITIAL_LOG, dtype=np.int64)
+        self._log_counts = np.zeros(INITIAL_LOG, dtype=np.float64)
+        self._log_start = 0
+        self._log_len = 0
 
     # --- reading -------------------------------------------------------------
 
@@ -147,28 +158,36 @@ class ArrivalSeries:
         return self._head - ((self._head - cols) % self.window_steps)
 
     def weighted_sums(self, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """counts[rows] @ weights as float64, shape (len(rows),). rows must be
-        valid (>= 0); weights has one float per column."""
-        w = np.ascontiguousarray(weights, dtype=np.float32)
-        if len(rows) * 4 >= self.capacity:  # most rows: one product over the whole ring, no gather copy
-            return self._ring_product(w)[rows].astype(np.float64)
-        return (self._counts[rows] @ w).astype(np.float64)
+        """counts[rows] @ weights as float64, shape (len(rows),), summed in
+        float64 over the arrival log (module docstring): a row's value does
+        not depend on the other rows asked. rows must be valid (>= 0);
+        weights has one float per column."""
+        return self._ring_product(np.ascontiguousarray(weights, dtype=np.float64))[rows]
 
     def _ring_product(self, w: np.ndarray) -> np.ndarray:
-        """counts @ w over the whole ring, kept until the counts change: the
+        """counts @ w for every row, kept until the counts change: the
         scheduler tick and the forecast poll often ask at the same instant."""
         if self._products_version != self._version:
             self._products.clear()
             self._products_version = self._version
-        key = w.tobytes()  # W float32: a few KiB
+        key = w.tobytes()  # W float64: a few KiB
         product = self._products.get(key)
         if product is None:
             if len(self._products) >= RING_PRODUCTS_KEPT:
                 self._products.clear()
-            product = self._counts @ w
+            product = self._log_product(w)
             product.flags.writeable = False
             self._products[key] = product
         return product
+
+    def _log_product(self, w: np.ndarray) -> np.ndarray:
+        start, end = self._log_start, self._log_len
+        rows, steps, counts = self._log_rows[start:end], self._log_steps[start:end], self._log_counts[start:end]
+        if self._head is not None:
+            held = steps > self._head - self.window_steps
+            if not held.all():
+                rows, steps, counts = rows[held], steps[held], counts[held]
+        return np.bincount(rows, weights=w[steps % self.window_steps] * counts, minlength=self.capacity)
 
     def weighted_total(self, weights: np.ndarray) -> float:
         return float(self._total.astype(np.float64) @ np.asarray(weights, dtype=np.float64))
@@ -225,6 +244,7 @@ class ArrivalSeries:
         col = step % self.window_steps
         self._counts[row, col] += count
         self._total[col] += count
+        self._log(row, step, count)
         if step > self._last_step[row]:
             self._last_step[row] = step
         self._origin = step if self._origin is None else min(self._origin, step)
@@ -244,7 +264,40 @@ class ArrivalSeries:
                 self._counts[:, cols] = 0.0
                 self._total[cols] = 0.0
         self._head = step
+        self._trim_log(step - self.window_steps)
         self._forget_idle(step - self.window_steps)
+
+    def _log(self, row: int, step: int, count: float) -> None:
+        if self._log_len == len(self._log_rows):
+            self._compact_log()
+        i = self._log_len
+        self._log_rows[i], self._log_steps[i], self._log_counts[i] = row, step, count
+        self._log_len = i + 1
+
+    def _trim_log(self, cutoff_step: int) -> None:
+        """Drops the leading entries at or before cutoff_step (they left the window)."""
+        start, end, steps = self._log_start, self._log_len, self._log_steps
+        while start < end and steps[start] <= cutoff_step:
+            start += 1
+        self._log_start = start
+
+    def _compact_log(self) -> None:
+        """Moves the entries still in the window to the front; doubles the
+        arrays when they stay more than half full."""
+        start, end = self._log_start, self._log_len
+        keep = slice(start, end)
+        if self._head is not None:
+            held = self._log_steps[keep] > self._head - self.window_steps
+            rows, steps, counts = (a[keep][held] for a in (self._log_rows, self._log_steps, self._log_counts))
+        else:
+            rows, steps, counts = (a[keep].copy() for a in (self._log_rows, self._log_steps, self._log_counts))
+        size = len(self._log_rows) * (2 if 2 * len(rows) > len(self._log_rows) else 1)
+        self._log_rows = np.zeros(size, dtype=np.int64)
+        self._log_steps = np.zeros(size, dtype=np.int64)
+        self._log_counts = np.zeros(size, dtype=np.float64)
+        n = len(rows)
+        self._log_rows[:n], self._log_steps[:n], self._log_counts[:n] = rows, steps, counts
+        self._log_start, self._log_len = 0, n
 
     def _forget_idle(self, cutoff_step: int) -> None:
         """Frees rows whose newest arrival is at or before cutoff_step (all

@@ -104,3 +104,46 @@ def test_total_is_the_sum_over_families() -> None:
 def test_bad_shapes_are_refused(step_s: float, window_steps: int) -> None:
     with pytest.raises(ValueError):
         ArrivalSeries(step_s, window_steps)
+
+
+def dense_sums(series: ArrivalSeries, weights: np.ndarray) -> np.ndarray:
+    """counts @ weights from the ring's columns, in float64 (the reference)."""
+    out = np.zeros(series.capacity)
+    if series.head_step is None:
+        return out
+    for step in range(series.head_step - series.window_steps + 1, series.head_step + 1):
+        column, _ = series.column(step)
+        out += column * weights[step % series.window_steps]
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weighted_sums_over_the_arrival_log_equal_the_ring(seed: int) -> None:
+    """Late observations, window jumps, forgotten and reused rows, and the
+    log and the rows growing: the log's sums equal the ring's, and a row's
+    sum has the same bits whichever rows are asked."""
+    rng = np.random.default_rng(seed)
+    series = ArrivalSeries(0.5, window_steps=8, initial_rows=2)
+    t = 0.0
+    for i in range(6000):
+        t += float(rng.exponential(0.02)) + (30.0 if i % 1500 == 1499 else 0.0)  # now and then, a jump past the window
+        when = t - float(rng.uniform(0, 5.0)) if rng.random() < 0.1 else t  # late, in the window or too old
+        series.add(f"f{rng.integers(0, 40 if i < 3000 else 300)}", max(0.0, when), float(rng.integers(1, 3)))
+        if i % 97 == 0:
+            weights = rng.uniform(0, 1, 8)
+            _, rows = series.tracked()
+            sums = series.weighted_sums(rows, weights)
+            np.testing.assert_allclose(sums, dense_sums(series, weights)[rows], rtol=1e-12, atol=0)
+            some = rows[::3]
+            assert series.weighted_sums(some, weights).tobytes() == sums[::3].tobytes()
+    assert series.capacity > 64  # the rows grew
+
+
+def test_the_arrival_log_grows_past_its_first_size_and_keeps_every_entry() -> None:
+    series = ArrivalSeries(1.0, window_steps=4)
+    for i in range(5000):  # far more entries in the window than the log's first 1,024
+        series.add(f"f{i % 7}", 2.0 + (i % 3))
+    weights = np.array([1.0, 10.0, 100.0, 1000.0])
+    _, rows = series.tracked()
+    np.testing.assert_array_equal(series.weighted_sums(rows, weights), dense_sums(series, weights)[rows])
+    assert series.weighted_sums(rows, weights).sum() == sum(weights[(2 + i % 3) % 4] for i in range(5000))
