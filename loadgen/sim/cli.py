@@ -94,7 +94,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (one per core)")
     p.add_argument("--compiled", choices=("auto", "on", "off"), default="auto",
-                   help="run the workers on the mypyc-compiled modules (make sim-compiled builds them; about 1.5x "
+                   help="run the workers on the mypyc-compiled modules (make sim-compiled builds them; about 2x "
                         "faster, identical results): auto uses them when they match the source, on requires them")
     p.add_argument("--compiled-dir", default=None,
                    help="where the compiled build is (default: build/sim-compiled at the project root)")

@@ -1,10 +1,11 @@
 """The simulator's hot modules compiled with mypyc, in a private copy of the package.
 
-A simulation spends its time in a dozen pure-Python modules (the engine
-model, the event loop, the kvstore and scheduler block indexes, the load
-board, the router and scheduler core, ...). mypyc compiles those modules, as
-they are, to C extensions: the same source, the same results (the parity test
-compares every TTFT), about 1.5x less CPU. We use mypyc (the compiler mypy
+A simulation spends its time in a couple of dozen pure-Python modules (the
+engine model, the event loop, the kvstore and scheduler block indexes, the
+load board, the router, scheduler core and planner, ...). mypyc compiles those
+modules, as they are, to C extensions: the same source, the same results (the
+parity test compares every summary figure), 2-2.5x less CPU on a 256-node
+slice. We use mypyc (the compiler mypy
 itself is built with) rather than hand-written C so the simulator keeps
 running the very objects the live services run.
 
