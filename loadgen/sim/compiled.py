@@ -92,14 +92,11 @@ class PackageRoots:
 
     def files(self) -> Iterator[tuple[str, Path]]:
         """(path inside the package, source file), sorted, sources and data alike."""
-        nested = {folder for folder in self.folders if folder}
         for folder, root in sorted(self.folders.items()):
             for path in sorted(root.rglob("*")):
                 rel = path.relative_to(root)
                 if not path.is_file() or _SKIPPED_DIRS & set(rel.parts) or path.suffix in _SKIPPED_SUFFIXES:
                     continue
-                if not folder and rel.parts[0] in nested:
-                    continue  # another root's folder (none today; kept out should one appear)
                 yield (f"{folder}/{rel.as_posix()}" if folder else rel.as_posix()), path
 
 
