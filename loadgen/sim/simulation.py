@@ -5,7 +5,7 @@ What runs (the live objects, unchanged): SchedulerCore with its router,
 policies, planner, order lifecycle and block index; PredictorCore (builtin
 EWMA or LightGBM trained before the slice); the emulated engines
 (FastEngine = EmulatedEngine with decode stretches jumped exactly); the
-kvstore's block index for each node's residency and eviction. What is
+kvstore's eviction policy for each node's residency (kvnode.py). What is
 modelled here instead of a process: the network (network.py), the reference
 router's request path, the engines' heartbeats and the kvstore agents'
 order execution.
@@ -161,7 +161,7 @@ class Simulation:
             if i < first_stored or cached >= len(hashes):
                 continue
             node = NodeId(route.node_id)
-            out = self.kv[node].put(hashes[cached:], now, r.family, first_parent=hashes[cached - 1] if cached else None)
+            out = self.kv[node].put(hashes[cached:], now)
             self._emit(node, IndexKind.STORED, out.stored, hashes[0], r.family)
             self._evicted(node, out.evicted, now)
 
@@ -263,8 +263,7 @@ class Simulation:
         if first_new >= len(hashes):
             return
         now = self.queue.now()
-        out = self.kv[node].put(hashes[first_new:], now, request.family,
-                                first_parent=hashes[first_new - 1] if first_new else None)
+        out = self.kv[node].put(hashes[first_new:], now)
         self._emit(node, IndexKind.STORED, out.stored, hashes[0], request.family)
         self._evicted(node, out.evicted, now)
 
@@ -315,7 +314,7 @@ class Simulation:
     def _commit(self, order: Order, transfer: Transfer) -> None:
         spec, now = order.spec, self.queue.now()
         target = NodeId(spec.target)
-        out = self.kv[target].put(spec.block_hashes, now, spec.family, lease_deadline=now + spec.lease_ms / 1e3)
+        out = self.kv[target].put(spec.block_hashes, now, lease_deadline=now + spec.lease_ms / 1e3)
         self.ledger.apply(target, KVEventKind.COMMITTED, out.stored, now, order.order_id, spec.family)
         self._emit(target, IndexKind.COMMITTED, out.stored, spec.block_hashes[0], spec.family)
         self._evicted(target, out.evicted, now)

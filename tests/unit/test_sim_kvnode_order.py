@@ -1,9 +1,13 @@
-"""The simulated kvstore evicts as the live one does: a chain's tail before its head."""
+"""The simulated kvstore evicts as the live one does: a chain's tail before its head,
+lapsed replicas first, and the same victims as the live BlockIndex under random use."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from speckv.loadgen.sim.kvnode import SimKVNode
+from speckv.services.kvstore.index import BlockEntry, BlockIndex
 
 
 @pytest.mark.parametrize("reuse", ["lookup", "put"])
@@ -41,3 +45,80 @@ def test_a_chain_longer_than_the_pool_keeps_what_fits():
     out = node.put([1, 2, 3], now=0.0)
     assert out.stored == [1, 2, 3] and out.evicted == [1]
     assert len(node) == 2
+
+
+class _LiveIndexNode:
+    """The reference: the same operations on the live kvstore's BlockIndex, with pages."""
+
+    def __init__(self, pages: int) -> None:
+        self.index, self.free = BlockIndex(), list(range(pages - 1, -1, -1))
+
+    def lookup(self, hashes):
+        n = self.index.longest_prefix(hashes)
+        self.index.touch_chain(hashes[:n])
+        return n
+
+    def put(self, hashes, now, lease_deadline=None):
+        stored, evicted = [], []
+        order = list(hashes)
+        if lease_deadline is not None:
+            order.reverse()
+        else:
+            self.index.touch_chain([h for h in hashes if h in self.index])
+        for h in order:
+            if h in self.index:
+                continue
+            if self.free:
+                page = self.free.pop()
+            else:
+                victim = self.index.pop_victim(now)
+                page = victim.page
+                evicted.append(victim.block_hash)
+            self.index.insert(BlockEntry(h, page, lease_deadline=lease_deadline))
+            stored.append(h)
+        if lease_deadline is not None:
+            stored.reverse()
+        else:
+            self.index.touch_chain([h for h in hashes if h in self.index])
+        return stored, evicted
+
+
+@pytest.mark.parametrize("pages,span", [(1, 40), (2, 40), (7, 40), (8, 40), (9, 40), (64, 40), (200, 300)])
+@pytest.mark.parametrize("seed", range(3))
+def test_random_puts_and_lookups_store_and_evict_as_the_live_index(pages, span, seed):
+    """span: the hashes in play; (200, 300) keeps hundreds of replicas with
+    equal deadlines resident, so the lease heap is rebuilt and its ties matter."""
+    rng = random.Random(seed)
+    node, live = SimKVNode("n", pages), _LiveIndexNode(pages)
+    now = 0.0
+    for _ in range(3_000):
+        start = rng.randrange(span)
+        chain = list(range(start, start + rng.randrange(0, 12)))
+        action = rng.random()
+        if action < 0.3:
+            assert node.lookup(chain) == live.lookup(chain)
+        elif action < 0.5:  # replicas, some with deadlines already in the past, many with equal deadlines
+            deadline = now + rng.choice([-1.0, 0.0, 2.0, 5.0])
+            out = node.put(chain, now, lease_deadline=deadline)
+            assert (out.stored, out.evicted) == live.put(chain, now, lease_deadline=deadline)
+        else:
+            out = node.put(chain, now)
+            assert (out.stored, out.evicted) == live.put(chain, now)
+        assert len(node) == len(live.index) <= pages
+        now += rng.choice([0.0, 0.5, 1.0])
+
+
+def test_lapsed_replicas_with_one_deadline_go_in_the_live_order_after_the_lease_heap_is_rebuilt():
+    node, live = SimKVNode("n", 300), _LiveIndexNode(300)
+    for h in range(100):
+        assert node.put([h], 0.0, lease_deadline=10.0).stored == live.put([h], 0.0, lease_deadline=10.0)[0]
+    unused = list(range(0, 100, 20)) + list(range(1, 100, 20))
+    for h in range(100):  # a use clears the lease: 90 stale heap entries, which the next push rebuilds away
+        if h not in unused:
+            assert node.lookup([h]) == live.lookup([h]) == 1
+    for h in range(500, 505):
+        assert node.put([h], 1.0, lease_deadline=10.0).stored == live.put([h], 1.0, lease_deadline=10.0)[0]
+    fill = list(range(1000, 1200))
+    out = node.put(fill, 11.0)
+    assert (out.stored, out.evicted) == live.put(fill, 11.0)
+    assert out.evicted[:3] == [0, 1, 20]  # lapsed replicas first, in the order they were stored
