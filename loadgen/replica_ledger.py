@@ -63,37 +63,43 @@ class ReplicaTotals:
 
 class ReplicaLedger:
     def __init__(self) -> None:
-        self._replicas: dict[tuple[str, int], _Replica] = {}
+        self._replicas: dict[str, dict[int, _Replica]] = {}  # node -> hash -> replica (no tuple key per block)
         self._totals = ReplicaTotals()
         self._fates: dict[tuple[str, str], ReplicaFate] = {}  # (order id, node)
 
     def apply(self, node: str, kind: KVEventKind, hashes: Iterable[int], time_s: float,
               order_id: str = "", family: str = "") -> None:
-        hashes = list(hashes)
         if kind is KVEventKind.COMMITTED:
-            fresh = [h for h in hashes if (node, h) not in self._replicas]
+            held = self._replicas.setdefault(node, {})
+            fresh = [h for h in hashes if h not in held]
             for h in fresh:
-                self._replicas[(node, h)] = _Replica(order_id, family, time_s)
+                held[h] = _Replica(order_id, family, time_s)
             self._totals.committed_blocks += len(fresh)
             if fresh:
                 self._totals.commits.append((time_s, len(fresh), family))
                 fate = self._fates.setdefault((order_id, node), ReplicaFate(order_id, node, family, time_s, 0))
                 fate.blocks += len(fresh)
         elif kind is KVEventKind.REMOVED:
-            for h in hashes:
-                self._retire(self._replicas.pop((node, h), None))
+            removed_from = self._replicas.get(node)
+            if removed_from:  # every eviction of every node comes here; most nodes hold no replica
+                for h in hashes:
+                    self._retire(removed_from.pop(h, None))
         elif kind is KVEventKind.SNAPSHOT:
+            resident = self._replicas.get(node, {})
             keep = set(hashes)
-            for key in [k for k in self._replicas if k[0] == node and k[1] not in keep]:
-                self._retire(self._replicas.pop(key))
+            for h in [h for h in resident if h not in keep]:
+                self._retire(resident.pop(h))
 
     def note_read(self, node: str, cached_hashes: Iterable[int], time_s: float | None = None) -> int:
         """Records that a request on `node` (arriving at time_s; None: not
         known, no first-read time is kept) used these cached blocks; returns
         how many of them were replicas."""
+        held = self._replicas.get(node)
+        if not held:
+            return 0
         used = 0
         for h in cached_hashes:
-            replica = self._replicas.get((node, h))
+            replica = held.get(h)
             if replica is not None:
                 fate = self._fates.get((replica.order_id, node))
                 if replica.reads == 0:
@@ -109,7 +115,7 @@ class ReplicaLedger:
     def totals(self) -> ReplicaTotals:
         """Totals so far; replicas still resident and unread count as wasted
         (the run is over when this is read for the report)."""
-        open_unread = sum(1 for r in self._replicas.values() if r.reads == 0)
+        open_unread = sum(1 for held in self._replicas.values() for r in held.values() if r.reads == 0)
         t = self._totals
         fates = [dataclasses.replace(f) for f in self._fates.values()]
         return ReplicaTotals(t.committed_blocks, t.read_blocks, t.wasted_blocks + open_unread, open_unread,

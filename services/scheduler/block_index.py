@@ -169,8 +169,10 @@ class BlockIndex:
         nodes.discard(node)
         if not nodes:
             del self._holders[h]
-            for family in self._root_families.pop(h, set()):
-                self._family_root.pop(family, None)
+            families = self._root_families.pop(h, None)
+            if families:
+                for family in families:
+                    self._family_root.pop(family, None)
 
     def _forget_root_family(self, root: int, family: Family) -> None:
         families = self._root_families.get(root)
