@@ -49,6 +49,8 @@ HOT_MODULES: tuple[str, ...] = (
     "loadgen/sim/workload.py",
     "loadgen/traces/records.py",
     "services/kvstore/index.py",
+    "services/predictor/arrivals.py",
+    "services/predictor/core.py",
     "services/predictor/series.py",
     "services/scheduler/block_index.py",
     "services/scheduler/budgets.py",

@@ -175,6 +175,7 @@ class PredictorCore:
             model = self._serving.model
             horizons = horizons if horizons is not None else np.asarray(model.horizons_s, dtype=np.float64)
             now = max(now, self._series.latest_time_s)
+            names: list[str]
             if len(families):
                 names, rows = list(families), self._series.rows_of(families)
                 out = model.forecast(self._state(rows, now), now, horizons)
@@ -185,7 +186,7 @@ class PredictorCore:
                 order = top_order(ranking.key, limit)
                 out = ranking.select(order)
                 rows = tracked[order]
-                names = self._series.families_at(rows)
+                names = list[str](self._series.families_at(rows))  # Family is a str
         return ForecastResult(names, rows >= 0, horizons, out.expected, out.upper, out.burst_probability,
                               model.version, now)
 

@@ -148,14 +148,25 @@ class CountForecast(NamedTuple):
 
 
 class CountModel(Protocol):
-    name: str
-    version: str
-    horizons_s: tuple[float, ...]
-    quantile: float
-    features: tuple[str, ...]
-    metrics: Mapping[str, float]
-    burst_definition: str
-    history_s: float  # seconds of history the model reads; the window must hold it
+    """Read-only members: a model may hold them as attributes or compute them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def horizons_s(self) -> tuple[float, ...]: ...
+    @property
+    def quantile(self) -> float: ...
+    @property
+    def features(self) -> tuple[str, ...]: ...
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+    @property
+    def burst_definition(self) -> str: ...
+    @property
+    def history_s(self) -> float:
+        """Seconds of history the model reads; the window must hold it."""
 
     def forecast(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> CountForecast: ...
 

@@ -92,6 +92,19 @@ def test_the_hot_modules_exist_in_the_installed_package():
     assert set(HOT_MODULES) <= files
 
 
+def test_no_hot_module_defines_a_class_a_worker_receives_pickled():
+    """The parent runs the source and the workers the build: a compiled
+    class cannot unpickle the state of its interpreted twin (a TrainedPredictor
+    inside a Job once lost its fields that way), so what a Job carries must
+    stay interpreted on both sides."""
+    from speckv.loadgen.sim.predictor import TrainedPredictor
+    from speckv.services.predictor.lgbm_model import LightGbmModel
+
+    carried = [cli.Job, TrainedPredictor, LightGbmModel]
+    hot = {m.removesuffix(".py").replace("/", ".") for m in HOT_MODULES}
+    assert not [c.__qualname__ for c in carried if c.__module__.removeprefix("speckv.") in hot]
+
+
 def test_the_hot_modules_type_check_as_mypyc_needs(tmp_path, monkeypatch):
     """mypyc refuses a module that does not type-check; this says so in
     `make test`, before CI's `make sim-compiled` would fail on it."""
