@@ -43,6 +43,7 @@ Family = NewType("Family", str)
 INITIAL_ROWS = 64
 INITIAL_LOG = 1024
 RING_PRODUCTS_KEPT = 4  # whole-ring products kept per version (one per weight vector: the rate half-lives)
+NO_STEP = -(1 << 63)  # np.iinfo(np.int64).min, written out: a row handed out has seen no arrival yet
 
 
 class Placement(enum.Enum):
@@ -322,7 +323,7 @@ class ArrivalSeries:
         self._family_of[row] = family
         self._owned[row] = True
         self._tracked_rows = None
-        self._last_step[row] = np.iinfo(np.int64).min
+        self._last_step[row] = NO_STEP
         self._serials_issued += 1
         self._serial[row] = self._serials_issued
         return row

@@ -510,5 +510,5 @@ def _validate_route(hashes: list[int], prompt_tokens: int) -> None:
                               "a full block holds at least one token")
     if len(set(hashes)) != len(hashes):
         raise InvalidArgument("block_hashes repeats a hash; a chained prefix never does")
-    if any(not 0 <= h <= UINT64_MAX for h in hashes):
+    if hashes and (min(hashes) < 0 or max(hashes) > UINT64_MAX):  # C loops: this runs for every routed request
         raise InvalidArgument("block_hashes: hashes are uint64")
