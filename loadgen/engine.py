@@ -48,10 +48,12 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class EngineJob:
     """One request on one engine. Tokens are prompt tokens; times are seconds
-    on the engine's clock."""
+    on the engine's clock. Equal only to itself: the engine removes a job
+    from its queues by identity (field-wise equality compared all 13 fields
+    of every job ahead of it in the list)."""
 
     request_id: str
     prompt_tokens: int
@@ -66,6 +68,27 @@ class EngineJob:
     finished_s: float | None = None
     tokens_out: int = 0
     phase: Phase = Phase.WAITING
+
+    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
+    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
+    # tests/unit/test_compiled_records.py holds each to its fields.
+    def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0,
+                 fetch_tokens: int = 0, fetch_bytes: int = 0, submitted_s: float = 0.0, ready_s: float = 0.0,
+                 prefilled: int = 0, first_token_s: float | None = None, finished_s: float | None = None,
+                 tokens_out: int = 0, phase: Phase = Phase.WAITING) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.cached_tokens = cached_tokens
+        self.fetch_tokens = fetch_tokens
+        self.fetch_bytes = fetch_bytes
+        self.submitted_s = submitted_s
+        self.ready_s = ready_s
+        self.prefilled = prefilled
+        self.first_token_s = first_token_s
+        self.finished_s = finished_s
+        self.tokens_out = tokens_out
+        self.phase = phase
 
     @property
     def skipped_tokens(self) -> int:
@@ -93,6 +116,11 @@ class EngineEvent:
     job: EngineJob
     time_s: float
 
+    def __init__(self, kind: EventKind, job: EngineJob, time_s: float) -> None:
+        self.kind = kind
+        self.job = job
+        self.time_s = time_s
+
 
 @dataclass(slots=True)
 class EngineLoad:
@@ -105,6 +133,14 @@ class EngineLoad:
     waiting_requests: int
     running_requests: int
     queued_prefill_ms: float | None = None
+
+    def __init__(self, queued_tokens: int, running_tokens: int, waiting_requests: int, running_requests: int,
+                 queued_prefill_ms: float | None = None) -> None:
+        self.queued_tokens = queued_tokens
+        self.running_tokens = running_tokens
+        self.waiting_requests = waiting_requests
+        self.running_requests = running_requests
+        self.queued_prefill_ms = queued_prefill_ms
 
 
 class Engine(Protocol):
@@ -129,6 +165,13 @@ class _Step:
     chunks: list[tuple[EngineJob, int]]
     decodes: list[EngineJob]
 
+    def __init__(self, start_s: float, end_s: float, chunks: list[tuple[EngineJob, int]],
+                 decodes: list[EngineJob]) -> None:
+        self.start_s = start_s
+        self.end_s = end_s
+        self.chunks = chunks
+        self.decodes = decodes
+
 
 @dataclass(slots=True)
 class StepCost:
@@ -137,6 +180,11 @@ class StepCost:
     prefill_ms: float = 0.0
     overhead_ms: float = 0.0
     decode_ms: float = 0.0
+
+    def __init__(self, prefill_ms: float = 0.0, overhead_ms: float = 0.0, decode_ms: float = 0.0) -> None:
+        self.prefill_ms = prefill_ms
+        self.overhead_ms = overhead_ms
+        self.decode_ms = decode_ms
 
     @property
     def total_ms(self) -> float:

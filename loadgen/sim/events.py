@@ -50,6 +50,13 @@ class Handle:
     time_s: float
     cancelled: bool = False
 
+    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
+    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
+    # tests/unit/test_compiled_records.py holds each to its fields.
+    def __init__(self, time_s: float, cancelled: bool = False) -> None:
+        self.time_s = time_s
+        self.cancelled = cancelled
+
     def cancel(self) -> None:
         self.cancelled = True
 

@@ -29,6 +29,17 @@ class Arrival:
     prompt_tokens: int = 0
     cached_tokens: int = 0
 
+    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
+    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
+    # tests/unit/test_compiled_records.py holds each to its fields.
+    def __init__(self, time_s: float, family: str, node_id: str = "", prompt_tokens: int = 0,
+                 cached_tokens: int = 0) -> None:
+        self.time_s = time_s
+        self.family = family
+        self.node_id = node_id
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+
 
 @dataclass(slots=True)
 class Rejection:

@@ -90,6 +90,24 @@ class RouteResult:
     family: Family
     confirmed: bool
 
+    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
+    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
+    # tests/unit/test_compiled_records.py holds each to its fields.
+    def __init__(self, node_id: NodeId, address: str, cached_blocks: int, expected_ttft_ms: float, queue_ms: float,
+                 prefill_ms: float, fetch_ms: float, fetch_from: NodeId | None, fetch_blocks: int, family: Family,
+                 confirmed: bool) -> None:
+        self.node_id = node_id
+        self.address = address
+        self.cached_blocks = cached_blocks
+        self.expected_ttft_ms = expected_ttft_ms
+        self.queue_ms = queue_ms
+        self.prefill_ms = prefill_ms
+        self.fetch_ms = fetch_ms
+        self.fetch_from = fetch_from
+        self.fetch_blocks = fetch_blocks
+        self.family = family
+        self.confirmed = confirmed
+
 
 @dataclass(frozen=True, slots=True)
 class RouteRequestItem:
@@ -108,6 +126,12 @@ class _Picked:
     candidates: list[Candidate]
     address: str
     block_size: int
+
+    def __init__(self, decision: RouteDecision, candidates: list[Candidate], address: str, block_size: int) -> None:
+        self.decision = decision
+        self.candidates = candidates
+        self.address = address
+        self.block_size = block_size
 
 
 @dataclass(frozen=True, slots=True)
