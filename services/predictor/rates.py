@@ -63,6 +63,8 @@ def last_step_rates(series: ArrivalSeries, rows: np.ndarray, now_s: float) -> Ra
 
 
 def _fill(series: ArrivalSeries, rows: np.ndarray, known_rates, prior: float) -> RateEstimate:
+    if len(rows) and rows.min() >= 0:  # every row tracked (a ranking of all): no masks over 10k+ rows
+        return RateEstimate(np.asarray(known_rates(rows), dtype=np.float64), prior)
     rates = np.full(len(rows), prior, dtype=np.float64)
     known = rows >= 0
     if known.any():

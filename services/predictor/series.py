@@ -79,12 +79,15 @@ class ArrivalSeries:
         self._tracked_rows: np.ndarray | None = None  # cache of the owned rows, dropped when ownership changes
         self._products: dict[bytes, np.ndarray] = {}  # weighted sums of every row at _products_version
         self._products_version = -1
-        # The arrival log: entries [_log_start, _log_len) of three parallel
-        # arrays; those before _log_start have left the window. A late
-        # observation's entry sits among newer ones, so a few stale entries
-        # may remain past _log_start: readers skip steps outside the window.
+        # The arrival log: entries [_log_start, _log_len) of four parallel
+        # arrays (row, absolute step, its ring column, count); those before
+        # _log_start have left the window. A late observation's entry sits
+        # among newer ones, so a few stale entries may remain past
+        # _log_start: readers skip steps outside the window. The column is
+        # kept, not recomputed, because every forecast gathers weights by it.
         self._log_rows = np.zeros(INITIAL_LOG, dtype=np.int64)
         self._log_steps = np.zeros(INITIAL_LOG, dtype=np.int64)
+        self._log_cols = np.zeros(INITIAL_LOG, dtype=np.int64)
         self._log_counts = np.zeros(INITIAL_LOG, dtype=np.float64)
         self._log_start = 0
         self._log_len = 0
@@ -183,12 +186,12 @@ class ArrivalSeries:
 
     def _log_product(self, w: np.ndarray) -> np.ndarray:
         start, end = self._log_start, self._log_len
-        rows, steps, counts = self._log_rows[start:end], self._log_steps[start:end], self._log_counts[start:end]
+        rows, cols, counts = self._log_rows[start:end], self._log_cols[start:end], self._log_counts[start:end]
         if self._head is not None:
-            held = steps > self._head - self.window_steps
+            held = self._log_steps[start:end] > self._head - self.window_steps
             if not held.all():
-                rows, steps, counts = rows[held], steps[held], counts[held]
-        return np.bincount(rows, weights=w[steps % self.window_steps] * counts, minlength=self.capacity)
+                rows, cols, counts = rows[held], cols[held], counts[held]
+        return np.bincount(rows, weights=w[cols] * counts, minlength=self.capacity)
 
     def weighted_total(self, weights: np.ndarray) -> float:
         return float(self._total.astype(np.float64) @ np.asarray(weights, dtype=np.float64))
@@ -245,7 +248,7 @@ class ArrivalSeries:
         col = step % self.window_steps
         self._counts[row, col] += count
         self._total[col] += count
-        self._log(row, step, count)
+        self._log(row, step, col, count)
         if step > self._last_step[row]:
             self._last_step[row] = step
         self._origin = step if self._origin is None else min(self._origin, step)
@@ -268,11 +271,11 @@ class ArrivalSeries:
         self._trim_log(step - self.window_steps)
         self._forget_idle(step - self.window_steps)
 
-    def _log(self, row: int, step: int, count: float) -> None:
+    def _log(self, row: int, step: int, col: int, count: float) -> None:
         if self._log_len == len(self._log_rows):
             self._compact_log()
         i = self._log_len
-        self._log_rows[i], self._log_steps[i], self._log_counts[i] = row, step, count
+        self._log_rows[i], self._log_steps[i], self._log_cols[i], self._log_counts[i] = row, step, col, count
         self._log_len = i + 1
 
     def _trim_log(self, cutoff_step: int) -> None:
@@ -287,17 +290,19 @@ class ArrivalSeries:
         arrays when they stay more than half full."""
         start, end = self._log_start, self._log_len
         keep = slice(start, end)
+        arrays = (self._log_rows, self._log_steps, self._log_cols, self._log_counts)
         if self._head is not None:
             held = self._log_steps[keep] > self._head - self.window_steps
-            rows, steps, counts = (a[keep][held] for a in (self._log_rows, self._log_steps, self._log_counts))
+            rows, steps, cols, counts = (a[keep][held] for a in arrays)
         else:
-            rows, steps, counts = (a[keep].copy() for a in (self._log_rows, self._log_steps, self._log_counts))
+            rows, steps, cols, counts = (a[keep].copy() for a in arrays)
         size = len(self._log_rows) * (2 if 2 * len(rows) > len(self._log_rows) else 1)
         self._log_rows = np.zeros(size, dtype=np.int64)
         self._log_steps = np.zeros(size, dtype=np.int64)
+        self._log_cols = np.zeros(size, dtype=np.int64)
         self._log_counts = np.zeros(size, dtype=np.float64)
         n = len(rows)
-        self._log_rows[:n], self._log_steps[:n], self._log_counts[:n] = rows, steps, counts
+        self._log_rows[:n], self._log_steps[:n], self._log_cols[:n], self._log_counts[:n] = rows, steps, cols, counts
         self._log_start, self._log_len = 0, n
 
     def _forget_idle(self, cutoff_step: int) -> None:
