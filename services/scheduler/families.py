@@ -22,7 +22,7 @@ clock seconds.
 """
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,8 +44,10 @@ class FamilyCatalog:
         self._s = settings
         self._profiles: OrderedDict[Family, FamilyProfile] = OrderedDict()
         self._window: deque[tuple[float, Family, NodeId]] = deque()
-        self._heat: Counter[Family] = Counter()
-        self._node_heat: Counter[tuple[Family, NodeId]] = Counter()
+        # Plain dicts, not Counters: a Counter's missing key is a Python-level
+        # __missing__ call, and every route counts a key that is often new.
+        self._heat: dict[Family, int] = {}
+        self._node_heat: dict[tuple[Family, NodeId], int] = {}
 
     def observe(self, family: Family, hashes: Sequence[int], prompt_tokens: int, node: NodeId, now: float) -> None:
         profile = self._profiles.get(family)
@@ -62,8 +64,9 @@ class FamilyCatalog:
         profile.routes += 1
         profile.last_route = now
         self._window.append((now, family, node))
-        self._heat[family] += 1
-        self._node_heat[(family, node)] += 1
+        heat, node_heat, key = self._heat, self._node_heat, (family, node)
+        heat[family] = heat.get(family, 0) + 1
+        node_heat[key] = node_heat.get(key, 0) + 1
         self._expire(now)
 
     def profile(self, family: Family) -> FamilyProfile | None:
@@ -124,9 +127,10 @@ def _follow_chain(chain: list[int], hashes: Sequence[int], max_blocks: int, dive
     return True
 
 
-def _decrement(counter: Counter, key: object) -> None:
-    left = counter[key] - 1
+def _decrement(counts: dict, key: object) -> None:
+    """key is counted (its window entry added it)."""
+    left = counts[key] - 1
     if left > 0:
-        counter[key] = left
+        counts[key] = left
     else:
-        del counter[key]
+        del counts[key]
