@@ -263,6 +263,14 @@ def compiled_build(mode: str, folder: str | None) -> tuple[Path | None, str]:
     return None, f"code: python source; {why}"
 
 
+def submission_order(jobs: Sequence[Job]) -> list[Job]:
+    """Largest node count first (the order given within one count): a job's
+    cost grows with its node count, and submitting the longest first lets the
+    short ones fill the last round instead of leaving a worker idle while the
+    largest simulations run alone at the end (longest-processing-time first)."""
+    return sorted(jobs, key=lambda j: -j.nodes)
+
+
 def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = None,
             environ: Mapping[str, str] | None = None) -> list[dict]:
     columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -275,7 +283,7 @@ def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = Non
                 ctx.Manager() as manager, \
                 ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             queue = manager.Queue()
-            futures = [pool.submit(run_job, j, queue) for j in jobs]
+            futures = [pool.submit(run_job, j, queue) for j in submission_order(jobs)]
             pending = set(futures)
             while pending:
                 while not queue.empty():
