@@ -1,7 +1,9 @@
 """Which node holds which KV block, fed by the kvstores' KV events.
 
 Two maps kept in step, so every update is O(1) per block:
-  holders:   block hash -> set of nodes holding it
+  holders:   block hash -> the node holding it, or the set of nodes when
+             more than one does (most blocks have one holder: no set per
+             block to allocate on every store and free on every eviction)
   inventory: node -> set of block hashes it holds
 plus prefix families: family -> the hash of its first block (a chain root),
 so "nodes holding the family" is holders(root). Roots are learnt from events
@@ -53,7 +55,7 @@ class IndexEvent:
 
 @dataclass(slots=True)
 class BlockIndex:
-    _holders: dict[int, set[NodeId]] = field(default_factory=dict)
+    _holders: dict[int, NodeId | set[NodeId]] = field(default_factory=dict)
     _inventory: dict[NodeId, set[int]] = field(default_factory=dict)
     _family_root: dict[Family, int] = field(default_factory=dict)
     _root_families: dict[int, set[Family]] = field(default_factory=dict)
@@ -93,12 +95,15 @@ class BlockIndex:
         self._root_families.setdefault(root, set()).add(family)
 
     def holders(self, block_hash: int) -> frozenset[NodeId]:
-        return frozenset(self._holders.get(block_hash, ()))
+        return frozenset(self.holder_set(block_hash))
 
     def holder_set(self, block_hash: int) -> Collection[NodeId]:
         """The nodes holding block_hash, without a copy: read it before the
         next event is applied, never keep it."""
-        return self._holders.get(block_hash, ())
+        held = self._holders.get(block_hash)
+        if held is None:
+            return ()
+        return (held,) if isinstance(held, str) else held
 
     def family_nodes(self, family: Family) -> frozenset[NodeId]:
         root = self._family_root.get(family)
@@ -132,18 +137,25 @@ class BlockIndex:
         start = max(1, min_length) - 1
         if start >= len(block_hashes):
             return {}
-        inventory = self._inventory
-        alive = {n for n in self._holders.get(block_hashes[start], ())
+        inventory, holders = self._inventory, self._holders
+        alive = {n for n in self.holder_set(block_hashes[start])
                  if all(h in inventory[n] for h in block_hashes[:start])}
         lengths: dict[NodeId, int] = {}
-        empty: set[NodeId] = set()
         for i in range(start + 1, len(block_hashes)):
             if not alive:
                 break
-            holding = self._holders.get(block_hashes[i], empty)
-            if alive <= holding:
-                continue  # every node still in the walk holds this block too (the usual case)
-            for node in [n for n in alive if n not in holding]:
+            holding = holders.get(block_hashes[i])
+            if holding is None:
+                dropped = list(alive)
+            elif isinstance(holding, str):
+                if len(alive) == 1 and holding in alive:
+                    continue  # the one node still in the walk holds this block too (the usual case)
+                dropped = [n for n in alive if n != holding]
+            else:
+                if alive <= holding:
+                    continue
+                dropped = [n for n in alive if n not in holding]
+            for node in dropped:
                 lengths[node] = i
                 alive.discard(node)
         for node in alive:
@@ -162,7 +174,10 @@ class BlockIndex:
         for h in hashes:
             nodes = holders.get(h)
             if nodes is None:
-                holders[h] = {node}  # no throwaway set() per already-held block
+                holders[h] = node
+            elif isinstance(nodes, str):
+                if nodes != node:
+                    holders[h] = {nodes, node}
             else:
                 nodes.add(node)
         held.update(hashes)
@@ -177,13 +192,18 @@ class BlockIndex:
         nodes = self._holders.get(h)
         if nodes is None:
             return
-        nodes.discard(node)
-        if not nodes:
-            del self._holders[h]
-            families = self._root_families.pop(h, None)
-            if families:
-                for family in families:
-                    self._family_root.pop(family, None)
+        if isinstance(nodes, str):
+            if nodes != node:
+                return
+        else:
+            nodes.discard(node)
+            if nodes:
+                return  # a set stays a set until it empties
+        del self._holders[h]
+        families = self._root_families.pop(h, None)
+        if families:
+            for family in families:
+                self._family_root.pop(family, None)
 
     def _forget_root_family(self, root: int, family: Family) -> None:
         families = self._root_families.get(root)

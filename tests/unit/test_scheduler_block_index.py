@@ -113,3 +113,49 @@ def test_drop_node():
     idx.apply(A, stored([1, 2]))
     idx.drop_node(A)
     assert idx.holders(1) == frozenset() and idx.num_blocks(A) == 0 and idx.num_families() == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_events_keep_holders_inventory_and_prefixes_consistent(seed):
+    """One holder is kept as the node itself, more as a set: after any mix of
+    stores, removals, snapshots and drops, every reader agrees with the
+    inventories (the source of truth, rebuilt here by brute force)."""
+    import random
+
+    rng = random.Random(seed)
+    idx, nodes = BlockIndex(), [NodeId(f"n{i}") for i in range(5)]
+    inventory = {n: set() for n in nodes}
+    for _ in range(1_500):
+        node, action = rng.choice(nodes), rng.random()
+        hashes = rng.sample(range(30), rng.randrange(0, 6))
+        if action < 0.45:
+            idx.apply(node, stored(hashes, has_parent=rng.random() < 0.5, family=f"f{hashes[0] % 4}" if hashes else ""))
+            inventory[node] |= set(hashes)
+        elif action < 0.85:
+            idx.apply(node, IndexEvent(EventKind.REMOVED, hashes))
+            inventory[node] -= set(hashes)
+        elif action < 0.95:
+            idx.apply(node, IndexEvent(EventKind.SNAPSHOT, hashes))
+            inventory[node] = set(hashes)
+        else:
+            idx.drop_node(node)
+            inventory[node] = set()
+        for h in range(30):
+            expected = {n for n in nodes if h in inventory[n]}
+            assert idx.holders(h) == expected and set(idx.holder_set(h)) == expected
+        chain = rng.sample(range(30), rng.randrange(1, 8))
+        for min_length in (1, 2):
+            want = {n: k for n in nodes if (k := _held_prefix(inventory[n], chain)) >= min_length}
+            assert idx.prefix_lengths(chain, min_length) == want
+        for family in idx.families():
+            assert idx.family_nodes(family) == idx.holders(idx.family_root(family))
+            assert idx.family_nodes(family)  # a family is forgotten once no node holds its root
+
+
+def _held_prefix(held, chain):
+    count = 0
+    for h in chain:
+        if h not in held:
+            break
+        count += 1
+    return count
