@@ -69,9 +69,7 @@ class EngineJob:
     tokens_out: int = 0
     phase: Phase = Phase.WAITING
 
-    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
-    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
-    # tests/unit/test_compiled_records.py holds each to its fields.
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
     def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0,
                  fetch_tokens: int = 0, fetch_bytes: int = 0, submitted_s: float = 0.0, ready_s: float = 0.0,
                  prefilled: int = 0, first_token_s: float | None = None, finished_s: float | None = None,

@@ -18,6 +18,13 @@ The copy carries a stamp: a SHA-256 over every source file of the package
 stamp matches the source, so an edit to any module makes the workers fall
 back to the source until the copy is rebuilt (`make sim-compiled`).
 
+Records: mypyc compiles a class's explicit __init__ but leaves a
+dataclass-generated one interpreted (mypyc/mypyc#817), about 4x slower to
+construct. The records a simulation builds per request or per engine step
+(tests/unit/test_compiled_records.py lists them) stay dataclasses but write
+their __init__ out; that test holds each to its fields' names, order and
+defaults.
+
 Building needs mypy (the `sim` extra) and a C compiler; it takes a few
 minutes of CPU. Nothing here is imported by the live services.
 """

@@ -50,9 +50,7 @@ class Handle:
     time_s: float
     cancelled: bool = False
 
-    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
-    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
-    # tests/unit/test_compiled_records.py holds each to its fields.
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
     def __init__(self, time_s: float, cancelled: bool = False) -> None:
         self.time_s = time_s
         self.cancelled = cancelled

@@ -41,9 +41,7 @@ class IndexEvent:
     family: str = ""
     sequence: int = 0
 
-    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
-    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
-    # tests/unit/test_compiled_records.py holds each to its fields.
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
     def __init__(self, kind: EventKind, block_hashes: list[int], has_parent: bool = False, family: str = "",
                  sequence: int = 0) -> None:
         self.kind = kind

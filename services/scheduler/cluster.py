@@ -53,9 +53,7 @@ class NodeLoad:
     waiting_requests: int = 0
     queued_prefill_ms: float | None = None  # the engine's own queue estimate; None: not reported
 
-    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
-    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
-    # tests/unit/test_compiled_records.py holds each to its fields.
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
     def __init__(self, queued_tokens: int = 0, running_tokens: int = 0, free_pages: int = 0,
                  running_requests: int = 0, waiting_requests: int = 0, queued_prefill_ms: float | None = None) -> None:
         self.queued_tokens = queued_tokens

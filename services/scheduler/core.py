@@ -90,9 +90,7 @@ class RouteResult:
     family: Family
     confirmed: bool
 
-    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
-    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
-    # tests/unit/test_compiled_records.py holds each to its fields.
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
     def __init__(self, node_id: NodeId, address: str, cached_blocks: int, expected_ttft_ms: float, queue_ms: float,
                  prefill_ms: float, fetch_ms: float, fetch_from: NodeId | None, fetch_blocks: int, family: Family,
                  confirmed: bool) -> None:

@@ -44,9 +44,7 @@ class RouteQuery:
     prompt_tokens: int
     family: Family
 
-    # The hot records of this module write their __init__ out: mypyc compiles an explicit one, not a
-    # dataclass-generated one (mypyc/mypyc#817), and a simulation builds them millions of times.
-    # tests/unit/test_compiled_records.py holds each to its fields.
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
     def __init__(self, request_id: str, block_hashes: list[int], prompt_tokens: int, family: Family) -> None:
         self.request_id = request_id
         self.block_hashes = block_hashes
