@@ -21,6 +21,10 @@ from the whole (scaled) workload, as bench e2e fixes them from the trace.
 hot modules (compiled.py; `make sim-compiled` builds it) when it matches the
 source, else on the source; the console and the JSON's "code" say which.
 
+The predictor runs only in the simulations of the policies that read its
+forecasts (FORECAST_POLICIES: predictive), so only their report time lines
+draw forecasts; the live bench draws the same line for every policy.
+
 --predictor lightgbm: the model is trained once, in this process before any
 worker starts, on the base trace alone (copy 0: the requests in
 [start - warmup_s, start) that the configuration's own node count sees), and
@@ -62,6 +66,7 @@ from speckv.loadgen.traces import TraceRequest, load_mooncake, load_trace, trace
 from speckv.loadgen.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
 # A simulation allocates millions of small, acyclic, long-lived objects (index
@@ -175,7 +180,7 @@ def run_job(job: Job, progress=None) -> dict:
     history = [workload[i] for i in range(hlo, lo)]
     settings = SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor)
     trained = job.trained
-    if job.predictor == "lightgbm":
+    if job.predictor == "lightgbm" and job.policy in FORECAST_POLICIES:
         trained = trained or train_on_base(workload, start, config.warmup_s)  # run alone: the same model
         notes.append(lightgbm_note(trained, config.nodes, config.warmup_s, workload.copies))
 
@@ -306,6 +311,8 @@ def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -
         entry["policies"][r["policy"]] = r["summary"]
     top = max(results, key=lambda r: r["nodes"])
     nodes = top["nodes"]
+    predictor = next((r["predictor"] for r in results if r["policy"] in FORECAST_POLICIES),
+                     "not run (no policy here reads forecasts)")
     total_wall = sum(r["summary"]["wall_s"] for r in results)
     total_events = sum(r["summary"]["simulated_events"] for r in results)
     return {
@@ -320,7 +327,8 @@ def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -
         "by_nodes": by_nodes,
         "scale": {n: {p: {"burst_ttft_p99_ms": m["burst_ttft_p99_ms"], "bytes_replicated": m["bytes_replicated"]}
                       for p, m in e["policies"].items()} for n, e in by_nodes.items()},
-        "notes": [*top["notes"], f"Simulated in virtual time (speckv simulate): predictor {top['predictor']}; "
+        "notes": [*top["notes"], f"Simulated in virtual time (speckv simulate): predictor {predictor}, run only in the "
+                  f"simulations of the policies that read its forecasts ({', '.join(sorted(FORECAST_POLICIES))}); "
                   "bytes are the real model's (no scaling in simulation); transfers share each node's "
                   f"{config.link.gbps:g} Gbit/s link (processor sharing), {config.link.overhead_ms:g} ms each."],
     }
@@ -373,6 +381,24 @@ def print_tables(result: dict, console) -> None:
     console.print(scale_table(result), markup=False)
 
 
+def train_once(args: argparse.Namespace, config: E2EConfig, first: Job, console) -> TrainedPredictor | None:
+    """The LightGBM model every worker serves, trained here once (each
+    worker training on its merged history ran out of memory); None for the
+    builtin predictor, or when none of the policies asked for reads forecasts."""
+    if args.predictor != "lightgbm" or not FORECAST_POLICIES.intersection(args.policy_list):
+        return None
+    if args.train_trace:
+        with console.status(f"training LightGBM on {Path(args.train_trace).name}"):
+            trained = train_on_other_trace(_load(Path(args.train_trace), config), Path(args.train_trace).name)
+    else:
+        with console.status("training LightGBM on the base trace before the slice"):
+            base, _ = build_workload(replace(first, nodes=config.nodes), config)
+            start = args.start_s if args.start_s is not None else float(base.times[0]) if len(base) else 0.0
+            trained = train_on_base(base, start, config.warmup_s)
+    console.print(f"predictor: {trained.description}")
+    return trained
+
+
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
     args = parse_args(argv)
     for path in (args.trace, args.train_trace):
@@ -391,17 +417,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     console = wide_console()
     console.print(code_line, markup=False)
     began = time.perf_counter()
-    if args.train_trace:
-        with console.status(f"training LightGBM on {Path(args.train_trace).name}"):
-            trained = train_on_other_trace(_load(Path(args.train_trace), config), Path(args.train_trace).name)
-        console.print(f"predictor: {trained.description}")
-        jobs = [replace(j, trained=trained) for j in jobs]
-    elif args.predictor == "lightgbm":  # once, here: each worker training on its merged history ran out of memory
-        with console.status("training LightGBM on the base trace before the slice"):
-            base, _ = build_workload(replace(jobs[0], nodes=config.nodes), config)
-            start = args.start_s if args.start_s is not None else float(base.times[0]) if len(base) else 0.0
-            trained = train_on_base(base, start, config.warmup_s)
-        console.print(f"predictor: {trained.description}")
+    trained = train_once(args, config, jobs[0], console)
+    if trained is not None:
         jobs = [replace(j, trained=trained) for j in jobs]
     results = run_all(jobs, min(args.jobs, len(jobs)), console, code_path, environ)
     args.wall_s = time.perf_counter() - began

@@ -3,7 +3,10 @@ pieces wired without gRPC.
 
 What runs (the live objects, unchanged): SchedulerCore with its router,
 policies, planner, order lifecycle and block index; PredictorCore (builtin
-EWMA or LightGBM trained before the slice); the emulated engines
+EWMA or LightGBM trained before the slice) when the policy reads forecasts
+(FORECAST_POLICIES: predictive; the live cluster runs the predictor for every
+policy, but no other policy asks it anything, so their results are the same
+without it, and it was a sixth of a `none` run); the emulated engines
 (FastEngine = EmulatedEngine with decode stretches jumped exactly); the
 kvstore's eviction policy for each node's residency (kvnode.py). What is
 modelled here instead of a process: the network (network.py), the reference
@@ -58,6 +61,7 @@ from speckv.services.scheduler.core import CoreSettings, SchedulerCore
 from speckv.services.scheduler.forecasts import FutureArrivals, TraceFutureArrivals
 from speckv.services.scheduler.ids import NodeId
 from speckv.services.scheduler.orders import Order, OrderState
+from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 
 Progress = Callable[[int, int, RequestRecord | None], None]
 TICK_PRIORITY, HEARTBEAT_PRIORITY = 1, 2  # after arrivals and engine events at the same instant
@@ -113,9 +117,12 @@ class Simulation:
         start = requests[0].arrival_s if len(requests) else 0.0
         self.queue = EventQueue(VirtualClock(start))
         self._on_progress = on_progress or (lambda total, done, record: None)
-        predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
-        self._predictor = predictor
-        self._forecasts = CoreForecasts(predictor)
+        self._forecasts: CoreForecasts | None = None
+        arrivals: CoreArrivals | None = None
+        self.predictor_note = f"not run ({policy} reads no forecasts)"
+        if policy in FORECAST_POLICIES:
+            predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
+            self._forecasts, arrivals = CoreForecasts(predictor), CoreArrivals(predictor)
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
         self.kv = {n: SimKVNode(n, settings.pool_pages) for n in self.ids}
         addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
@@ -123,7 +130,7 @@ class Simulation:
             CoreSettings(node_timeout_s=settings.node_timeout_s, policy=policy, link_gbps=config.link.gbps,
                          link_overhead_ms=config.link.overhead_ms),
             self.queue.clock, config.profile, confirmer=_Confirmer({addresses[n]: self.kv[n] for n in self.ids}),
-            arrivals=CoreArrivals(predictor), forecasts=self._forecasts,
+            arrivals=arrivals, forecasts=self._forecasts,
             future=future if future is not None else TraceFutureArrivals(list(requests)))
         self._gen = {}
         for n in self.ids:
@@ -174,7 +181,8 @@ class Simulation:
             q.at(self._upcoming.arrival_s, self._arrive)
         q.after(self.settings.tick_s, self._tick, TICK_PRIORITY)
         q.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)
-        q.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)
+        if self._forecasts is not None:
+            q.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)
         deadline = (self._requests[-1].arrival_s if self._requests else q.now()) + self.settings.drain_s
         total = len(self._requests)
         q.run(until_s=deadline, stop=lambda: self._done >= total)
@@ -343,6 +351,7 @@ class Simulation:
 
     def _poll_forecasts(self) -> None:
         now = self.queue.now()
+        assert self._forecasts is not None  # run() polls only a simulation that runs the predictor
         for f in self._forecasts.forecast(now, self.settings.forecast_horizon_s, 5):
             self.forecast_log.append((now, str(f.family), f.expected_count))
         self.queue.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)

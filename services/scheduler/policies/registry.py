@@ -18,6 +18,9 @@ from speckv.services.scheduler.policies.reactive_migrate import ReactiveMigrateP
 
 PolicyFactory = Callable[[], Policy]
 POLICY_NAMES = ("none", "reactive-heat", "reactive-migrate", "predictive", "oracle")
+# The policies whose plans read the predictor's forecasts (ctx.forecasts). The
+# others never ask it, so a simulation of one of them need not run a predictor.
+FORECAST_POLICIES = frozenset({PredictivePolicy.name})
 
 
 class PolicyRegistry:
