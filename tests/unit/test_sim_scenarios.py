@@ -99,9 +99,11 @@ def test_simulate_runs_a_users_scenario_and_reports_its_parameters(tmp_path):
     assert served > 0
 
 
-def test_the_largest_node_counts_are_submitted_first_in_the_given_policy_order():
+def test_the_largest_node_counts_are_submitted_first_and_the_predictor_policies_first_within_one():
     from speckv.loadgen.sim.cli import Job, submission_order
 
-    jobs = [Job("t", 7, n, p, None, None, "builtin", 1.0, None) for n in (8, 64, 256) for p in ("none", "oracle")]
+    policies = ("none", "oracle", "predictive")
+    jobs = [Job("t", 7, n, p, None, None, "builtin", 1.0, None) for n in (8, 64, 256) for p in policies]
     assert [(j.nodes, j.policy) for j in submission_order(jobs)] == [
-        (256, "none"), (256, "oracle"), (64, "none"), (64, "oracle"), (8, "none"), (8, "oracle")]
+        (256, "predictive"), (256, "none"), (256, "oracle"), (64, "predictive"), (64, "none"), (64, "oracle"),
+        (8, "predictive"), (8, "none"), (8, "oracle")]
