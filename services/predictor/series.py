@@ -91,6 +91,13 @@ class ArrivalSeries:
         self._log_counts = np.zeros(INITIAL_LOG, dtype=np.float64)
         self._log_start = 0
         self._log_len = 0
+        # What lets a product skip work over the whole log, bit for bit: with
+        # the steps in order, trimming at the head leaves no stale entry (no
+        # mask); with every count 1.0, w[col] * count is w[col] (no multiply).
+        # Late observations and other counts clear them until a compaction.
+        self._log_in_order = True
+        self._log_unit_counts = True
+        self._log_max_step = NO_STEP
 
     # --- reading -------------------------------------------------------------
 
@@ -187,11 +194,12 @@ class ArrivalSeries:
     def _log_product(self, w: np.ndarray) -> np.ndarray:
         start, end = self._log_start, self._log_len
         rows, cols, counts = self._log_rows[start:end], self._log_cols[start:end], self._log_counts[start:end]
-        if self._head is not None:
+        if self._head is not None and not self._log_in_order:
             held = self._log_steps[start:end] > self._head - self.window_steps
             if not held.all():
                 rows, cols, counts = rows[held], cols[held], counts[held]
-        return np.bincount(rows, weights=w[cols] * counts, minlength=self.capacity)
+        weights = w[cols] if self._log_unit_counts else w[cols] * counts
+        return np.bincount(rows, weights=weights, minlength=self.capacity)
 
     def weighted_total(self, weights: np.ndarray) -> float:
         return float(self._total.astype(np.float64) @ np.asarray(weights, dtype=np.float64))
@@ -277,6 +285,12 @@ class ArrivalSeries:
         i = self._log_len
         self._log_rows[i], self._log_steps[i], self._log_cols[i], self._log_counts[i] = row, step, col, count
         self._log_len = i + 1
+        if step < self._log_max_step:
+            self._log_in_order = False
+        else:
+            self._log_max_step = step
+        if count != 1.0:
+            self._log_unit_counts = False
 
     def _trim_log(self, cutoff_step: int) -> None:
         """Drops the leading entries at or before cutoff_step (they left the window)."""
@@ -304,6 +318,8 @@ class ArrivalSeries:
         n = len(rows)
         self._log_rows[:n], self._log_steps[:n], self._log_cols[:n], self._log_counts[:n] = rows, steps, cols, counts
         self._log_start, self._log_len = 0, n
+        self._log_in_order = n < 2 or bool(np.all(steps[1:] >= steps[:-1]))
+        self._log_unit_counts = bool(np.all(counts == 1.0))
 
     def _forget_idle(self, cutoff_step: int) -> None:
         """Frees rows whose newest arrival is at or before cutoff_step (all

@@ -117,26 +117,62 @@ def dense_sums(series: ArrivalSeries, weights: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_weighted_sums_over_the_arrival_log_equal_the_ring(seed: int) -> None:
-    """Late observations, window jumps, forgotten and reused rows, and the
-    log and the rows growing: the log's sums equal the ring's, and a row's
-    sum has the same bits whichever rows are asked."""
+def fed_series(seed: int, late_fraction: float, unit_counts: bool, check) -> ArrivalSeries:
+    """6,000 random arrivals with window jumps, forgotten and reused rows and
+    growing rows and log; check(series, rng) every 97 arrivals."""
     rng = np.random.default_rng(seed)
     series = ArrivalSeries(0.5, window_steps=8, initial_rows=2)
     t = 0.0
     for i in range(6000):
         t += float(rng.exponential(0.02)) + (30.0 if i % 1500 == 1499 else 0.0)  # now and then, a jump past the window
-        when = t - float(rng.uniform(0, 5.0)) if rng.random() < 0.1 else t  # late, in the window or too old
-        series.add(f"f{rng.integers(0, 40 if i < 3000 else 300)}", max(0.0, when), float(rng.integers(1, 3)))
+        when = t - float(rng.uniform(0, 5.0)) if rng.random() < late_fraction else t  # late, in the window or too old
+        count = 1.0 if unit_counts else float(rng.integers(1, 3))
+        series.add(f"f{rng.integers(0, 40 if i < 3000 else 300)}", max(0.0, when), count)
         if i % 97 == 0:
-            weights = rng.uniform(0, 1, 8)
-            _, rows = series.tracked()
-            sums = series.weighted_sums(rows, weights)
-            np.testing.assert_allclose(sums, dense_sums(series, weights)[rows], rtol=1e-12, atol=0)
-            some = rows[::3]
-            assert series.weighted_sums(some, weights).tobytes() == sums[::3].tobytes()
+            check(series, rng)
+    return series
+
+
+# (late fraction, unit counts): the general path, and the log's two fast paths
+# (steps in order: no window mask; every count 1: no multiply) alone and together.
+LOG_SHAPES = [(0.1, False), (0.0, False), (0.1, True), (0.0, True)]
+
+
+@pytest.mark.parametrize("late_fraction, unit_counts", LOG_SHAPES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_weighted_sums_over_the_arrival_log_equal_the_ring(seed: int, late_fraction: float,
+                                                           unit_counts: bool) -> None:
+    """The log's sums equal the ring's, and a row's sum has the same bits
+    whichever rows are asked."""
+    def check(series: ArrivalSeries, rng: np.random.Generator) -> None:
+        weights = rng.uniform(0, 1, 8)
+        _, rows = series.tracked()
+        sums = series.weighted_sums(rows, weights)
+        np.testing.assert_allclose(sums, dense_sums(series, weights)[rows], rtol=1e-12, atol=0)
+        some = rows[::3]
+        assert series.weighted_sums(some, weights).tobytes() == sums[::3].tobytes()
+
+    series = fed_series(seed, late_fraction, unit_counts, check)
     assert series.capacity > 64  # the rows grew
+
+
+@pytest.mark.parametrize("late_fraction, unit_counts", LOG_SHAPES)
+def test_the_log_fast_paths_give_the_general_paths_bits(late_fraction: float, unit_counts: bool) -> None:
+    """Where the fast paths apply, turning them off (mask every entry by its
+    step, multiply by every count) gives the same bits; where they do not,
+    the series has them off."""
+    def check(series: ArrivalSeries, rng: np.random.Generator) -> None:
+        assert series._log_in_order or late_fraction > 0
+        assert series._log_unit_counts or not unit_counts
+        weights = rng.uniform(0, 1, 8)
+        fast = series._log_product(weights)
+        flags = series._log_in_order, series._log_unit_counts
+        series._log_in_order = series._log_unit_counts = False
+        general = series._log_product(weights)
+        series._log_in_order, series._log_unit_counts = flags
+        assert fast.tobytes() == general.tobytes()
+
+    fed_series(5, late_fraction, unit_counts, check)
 
 
 def test_the_arrival_log_grows_past_its_first_size_and_keeps_every_entry() -> None:
