@@ -56,6 +56,7 @@ from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, summarize
 from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
 from speckv.loadgen.sim.compiled import PackageRoots, default_dir, running_compiled, why_not_current
+from speckv.loadgen.sim.parent_watch import exit_with_parent
 from speckv.loadgen.sim.predictor import (PREDICTOR_KINDS, TrainedPredictor, lightgbm_note, train_on_base,
                                           train_on_other_trace)
 from speckv.loadgen.sim.settings import SimSettings
@@ -300,7 +301,8 @@ def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = Non
         blas_threads = max(1, (os.cpu_count() or 1) // workers)
         with _worker_environment(code_path, blas_threads, os.environ if environ is None else environ), \
                 ctx.Manager() as manager, \
-                ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=exit_with_parent,
+                                    initargs=(os.getpid(),)) as pool:
             queue = manager.Queue()
             futures = [pool.submit(run_job, j, queue) for j in submission_order(jobs)]
             pending = set(futures)
