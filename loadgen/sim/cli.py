@@ -45,6 +45,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing.managers import SyncManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -299,22 +300,23 @@ def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = Non
         tasks = {(j.nodes, j.policy): bar.add_task(f"{j.nodes} nodes {j.policy}", total=None) for j in jobs}
         ctx = multiprocessing.get_context("spawn")
         blas_threads = max(1, (os.cpu_count() or 1) // workers)
-        with _worker_environment(code_path, blas_threads, os.environ if environ is None else environ), \
-                ctx.Manager() as manager, \
-                ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=exit_with_parent,
-                                    initargs=(os.getpid(),)) as pool:
-            queue = manager.Queue()
-            futures = [pool.submit(run_job, j, queue) for j in submission_order(jobs)]
-            pending = set(futures)
-            while pending:
-                while not queue.empty():
-                    nodes, policy, done, total = queue.get()
-                    bar.update(tasks[(nodes, policy)], completed=done, total=total)
-                finished = {f for f in pending if f.done()}
-                for f in finished:
-                    results.append(f.result())
-                pending -= finished
-                time.sleep(0.2)
+        manager = SyncManager(ctx=ctx)  # serves the progress queue; it too exits with this process
+        with _worker_environment(code_path, blas_threads, os.environ if environ is None else environ):
+            manager.start(exit_with_parent, (os.getpid(),))
+            with manager, ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=exit_with_parent,
+                                              initargs=(os.getpid(),)) as pool:
+                queue = manager.Queue()
+                futures = [pool.submit(run_job, j, queue) for j in submission_order(jobs)]
+                pending = set(futures)
+                while pending:
+                    while not queue.empty():
+                        nodes, policy, done, total = queue.get()
+                        bar.update(tasks[(nodes, policy)], completed=done, total=total)
+                    finished = {f for f in pending if f.done()}
+                    for f in finished:
+                        results.append(f.result())
+                    pending -= finished
+                    time.sleep(0.2)
     return results
 
 

@@ -6,7 +6,8 @@ its workers keep simulating, a 1,024-node job for tens of minutes, on the
 cores the next run needs. Each worker therefore starts a daemon thread that
 checks once every poll_s whether its parent is still the process that
 started it, and exits the worker at once when not (an orphan is re-parented,
-so its parent pid changes). Polling, not PR_SET_PDEATHSIG, because that is
+so its parent pid changes). The progress queue's manager process watches
+the same way. Polling, not PR_SET_PDEATHSIG, because that is
 Linux-only and fires when the parent *thread* exits, not the process.
 """
 from __future__ import annotations
