@@ -21,6 +21,7 @@ from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.sim.workload import ScaledTrace
 from speckv.loadgen.traces import load_mooncake
 from speckv.services.common.errors import InvalidArgument, NotFound
+from tests.support.sim_slices import slice_with_history
 
 CONFIG = load_e2e_config()
 SLICE_START_S, SLICE_S, HISTORY_S = 1200.0, 30.0, 120.0
@@ -29,10 +30,7 @@ DESCRIPTION = r"LightGBM trained on (\d+) arrivals in \[(\d+), (\d+)\] s of (.+)
 
 @pytest.fixture(scope="module")
 def trace(traces_dir):
-    requests = load_mooncake(traces_dir / "mooncake_conversation_trace.jsonl", family=CONFIG.family,
-                             start_s=SLICE_START_S - HISTORY_S, duration_s=HISTORY_S + SLICE_S)
-    history = [r for r in requests if r.arrival_s < SLICE_START_S]
-    requests = [r for r in requests if r.arrival_s >= SLICE_START_S]
+    history, requests = slice_with_history(traces_dir, CONFIG.family, SLICE_START_S, SLICE_S, HISTORY_S)
     assert history and requests
     return history, requests
 

@@ -17,8 +17,8 @@ from speckv.loadgen.sim import cli
 from speckv.loadgen.sim.predictor import train_lightgbm
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.traces import load_mooncake
 from speckv.services.scheduler.policies.registry import POLICY_NAMES
+from tests.support.sim_slices import slice_with_history
 
 CONFIG = load_e2e_config()
 SLICE_START_S, SLICE_S, HISTORY_S = 1800.0, 40.0, 120.0
@@ -26,10 +26,7 @@ SLICE_START_S, SLICE_S, HISTORY_S = 1800.0, 40.0, 120.0
 
 @pytest.fixture(scope="module")
 def trace(traces_dir):
-    requests = load_mooncake(traces_dir / "mooncake_conversation_trace.jsonl", family=CONFIG.family,
-                             start_s=SLICE_START_S - HISTORY_S, duration_s=HISTORY_S + SLICE_S)
-    history = [r for r in requests if r.arrival_s < SLICE_START_S]
-    return history, [r for r in requests if r.arrival_s >= SLICE_START_S]
+    return slice_with_history(traces_dir, CONFIG.family, SLICE_START_S, SLICE_S, HISTORY_S)
 
 
 def garbage_cycles_of_a_run(policy: str, predictor: str, trace) -> tuple[int, int]:

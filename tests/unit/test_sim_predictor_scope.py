@@ -12,9 +12,9 @@ from speckv.loadgen.e2e_config import load_e2e_config
 from speckv.loadgen.sim import cli, simulation
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.traces import load_mooncake
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES, POLICY_NAMES
+from tests.support.sim_slices import slice_with_history
 
 CONFIG = load_e2e_config()
 SLICE_START_S, SLICE_S, HISTORY_S = 1800.0, 20.0, 60.0
@@ -23,10 +23,7 @@ OTHER_POLICIES = [p for p in POLICY_NAMES if p not in FORECAST_POLICIES]
 
 @pytest.fixture(scope="module")
 def trace(traces_dir):
-    requests = load_mooncake(traces_dir / "mooncake_conversation_trace.jsonl", family=CONFIG.family,
-                             start_s=SLICE_START_S - HISTORY_S, duration_s=HISTORY_S + SLICE_S)
-    history = [r for r in requests if r.arrival_s < SLICE_START_S]
-    return history, [r for r in requests if r.arrival_s >= SLICE_START_S]
+    return slice_with_history(traces_dir, CONFIG.family, SLICE_START_S, SLICE_S, HISTORY_S)
 
 
 def simulate(policy: str, trace):
