@@ -20,10 +20,12 @@ back to the source until the copy is rebuilt (`make sim-compiled`).
 
 Records: mypyc compiles a class's explicit __init__ but leaves a
 dataclass-generated one interpreted (mypyc/mypyc#817), about 4x slower to
-construct. The records a simulation builds per request or per engine step
-(tests/unit/test_compiled_records.py lists them) stay dataclasses but write
-their __init__ out; that test holds each to its fields' names, order and
-defaults.
+construct. The records a simulation builds per request, per engine step or
+by the hundred per scheduler tick (tests/unit/test_compiled_records.py lists
+them) stay dataclasses but write their __init__ out; that test holds each to
+its fields' names, order and defaults. A frozen one (Forecast) sets its
+fields through object.__setattr__, as the generated __init__ does: still
+about 5x faster compiled.
 
 Building needs mypy (the `sim` extra) and a C compiler; it takes a few
 minutes of CPU. Nothing here is imported by the live services.

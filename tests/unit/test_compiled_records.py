@@ -15,10 +15,11 @@ from speckv.services.scheduler.block_index import EventKind as IndexKind
 from speckv.services.scheduler.block_index import IndexEvent
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import RouteResult, _Picked
+from speckv.services.scheduler.forecasts import Forecast
 from speckv.services.scheduler.router import Candidate, RouteDecision, RouteQuery
 
 RECORDS = [EngineJob, EngineEvent, EngineLoad, _Step, StepCost, NodeLoad, Handle, IndexEvent, Candidate,
-           RouteDecision, RouteQuery, RouteResult, _Picked, Arrival]
+           RouteDecision, RouteQuery, RouteResult, _Picked, Arrival, Forecast]
 
 
 def _expected(field: dataclasses.Field) -> object:
@@ -50,6 +51,13 @@ def test_the_records_stay_dataclasses_with_repr_and_replace():
     event = IndexEvent(IndexKind.STORED, [1, 2])
     assert event == IndexEvent(IndexKind.STORED, [1, 2]) and event.family == "" and event.sequence == 0
     assert EngineEvent(EventKind.FINISHED, job, 1.0).job is job
+
+
+def test_a_frozen_record_stays_frozen_and_hashable():
+    forecast = Forecast("f", 2.0, 3.0, 4.0, 0.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        forecast.expected_count = 1.0
+    assert forecast == Forecast("f", 2.0, 3.0, 4.0, 0.5) and hash(forecast) == hash(Forecast("f", 2.0, 3.0, 4.0, 0.5))
 
 
 def test_a_job_equals_only_itself():
