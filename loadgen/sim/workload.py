@@ -96,10 +96,15 @@ class ScaledTrace(Sequence[TraceRequest]):
         return (int(np.searchsorted(self.times, start_s, "left")), int(np.searchsorted(self.times, end_s, "left")))
 
     def counts(self, start: float, end: float) -> dict[Family, int]:
-        """FutureArrivals: true arrivals per family in (start, end]."""
+        """FutureArrivals: true arrivals per family in (start, end]. The
+        oracle asks every tick for the next seconds, so each arrival is
+        counted several times: counted by (copy, base family) first, and a
+        name formatted once per family, not once per arrival."""
         lo = int(np.searchsorted(self.times, start, "right"))
         hi = int(np.searchsorted(self.times, end, "right"))
-        return dict(Counter(Family(self.family_of(i)) for i in range(lo, hi)))
+        base = self._base
+        by_copy = Counter(zip(self._copy[lo:hi].tolist(), [base[r].family for r in self._index[lo:hi].tolist()]))
+        return {Family(f"c{k}:{family}" if k else family): n for (k, family), n in by_copy.items()}
 
 
 class SliceView(Sequence[TraceRequest]):
