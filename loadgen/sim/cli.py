@@ -44,7 +44,7 @@ import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.managers import SyncManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -150,6 +150,11 @@ class Job:
     synthetic: bool = False
     scenarios_path: str | None = None
 
+    @property
+    def serves_lightgbm(self) -> bool:
+        """Its simulation runs the predictor (the policy reads forecasts) with the LightGBM model."""
+        return self.predictor == "lightgbm" and self.policy in FORECAST_POLICIES
+
 
 def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
     """The (scaled) workload and notes saying what it is."""
@@ -188,7 +193,7 @@ def run_job(job: Job, progress=None) -> dict:
     history = [workload[i] for i in range(hlo, lo)]
     settings = SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor)
     trained = job.trained
-    if job.predictor == "lightgbm" and job.policy in FORECAST_POLICIES:
+    if job.serves_lightgbm:
         trained = trained or train_on_base(workload, start, config.warmup_s)  # run alone: the same model
         notes.append(lightgbm_note(trained, config.nodes, config.warmup_s, workload.copies))
 
@@ -226,7 +231,7 @@ def _collection_for(job: Job):
     """Automatic collection as the comment on LIGHTGBM_GC_THRESHOLDS says: off
     unless the job's predictor runs LightGBM."""
     was_enabled, thresholds = gc.isenabled(), gc.get_threshold()
-    if job.predictor == "lightgbm" and job.policy in FORECAST_POLICIES:
+    if job.serves_lightgbm:
         gc.set_threshold(*LIGHTGBM_GC_THRESHOLDS)
     else:
         gc.disable()

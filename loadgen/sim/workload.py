@@ -39,6 +39,10 @@ from speckv.loadgen.traces import TraceRequest
 from speckv.services.scheduler.ids import Family
 
 
+def copy_family(copy: int, family: str) -> str:
+    """Copy k's name for a family of the base trace (the trace's own for k = 0)."""
+    return f"c{copy}:{family}" if copy else family
+
 
 def copies_for(nodes: int, base_nodes: int) -> int:
     return max(1, math.ceil(nodes / max(1, base_nodes)))
@@ -76,7 +80,7 @@ class ScaledTrace(Sequence[TraceRequest]):
                                 r.block_tokens, r.family)
         offset = k * self._stride
         return TraceRequest(float(self.times[i]), r.prompt_tokens, r.output_tokens,
-                            tuple([h + offset for h in r.block_hashes]), r.block_tokens, f"c{k}:{r.family}")
+                            tuple([h + offset for h in r.block_hashes]), r.block_tokens, copy_family(k, r.family))
 
     @property
     def base(self) -> list[TraceRequest]:
@@ -88,8 +92,7 @@ class ScaledTrace(Sequence[TraceRequest]):
         return self._index[lo:hi]
 
     def family_of(self, i: int) -> str:
-        k, family = int(self._copy[i]), self._base[self._index[i]].family
-        return f"c{k}:{family}" if k else family
+        return copy_family(int(self._copy[i]), self._base[self._index[i]].family)
 
     def window(self, start_s: float, end_s: float) -> tuple[int, int]:
         """Index range of arrivals in [start_s, end_s)."""
@@ -97,14 +100,14 @@ class ScaledTrace(Sequence[TraceRequest]):
 
     def counts(self, start: float, end: float) -> dict[Family, int]:
         """FutureArrivals: true arrivals per family in (start, end]. The
-        oracle asks every tick for the next seconds, so each arrival is
-        counted several times: counted by (copy, base family) first, and a
-        name formatted once per family, not once per arrival."""
+        oracle asks every tick for the next seconds, so each arrival is read
+        several times: counted by (copy, base family) first, each family's
+        name formatted once."""
         lo = int(np.searchsorted(self.times, start, "right"))
         hi = int(np.searchsorted(self.times, end, "right"))
         base = self._base
         by_copy = Counter(zip(self._copy[lo:hi].tolist(), [base[r].family for r in self._index[lo:hi].tolist()]))
-        return {Family(f"c{k}:{family}" if k else family): n for (k, family), n in by_copy.items()}
+        return {Family(copy_family(k, family)): n for (k, family), n in by_copy.items()}
 
 
 class SliceView(Sequence[TraceRequest]):
