@@ -20,7 +20,6 @@ through OrderLifecycle (retries, replicas, commits seen in KV events).
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 from dataclasses import dataclass, field, replace
@@ -346,7 +345,10 @@ class SchedulerCore:
             bare = [n for n in popped if n not in root_holders][:spread]
             return [n for n in popped if n in root_holders] + bare
         shallow = [n for n in cluster.live_among(root_holders, now) if n.node_id not in deep]
-        picked = [n.node_id for n in heapq.nsmallest(spread, shallow, key=lambda n: (cluster.queue_ms(n), n.node_id))]
+        # sorted()[:k] is what heapq.nsmallest returns (the key is unique),
+        # without nsmallest's interpreted loop: a few dozen nodes per route.
+        shallow.sort(key=lambda n: (cluster.queue_ms(n), n.node_id))
+        picked = [n.node_id for n in shallow[:spread]]
         return picked + cluster.least_loaded(spread, now, set(deep) | set(root_holders))
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:
