@@ -398,6 +398,11 @@ class JobTimes:
     tpot_ms: float
     e2e_ms: float
 
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
+    def __init__(self, queue_ms: float, pull_ms: float, ttft_ms: float, tpot_ms: float, e2e_ms: float) -> None:
+        self.queue_ms, self.pull_ms, self.ttft_ms = queue_ms, pull_ms, ttft_ms
+        self.tpot_ms, self.e2e_ms = tpot_ms, e2e_ms
+
 
 def job_times(job: EngineJob, solo_prefill_ms: float) -> JobTimes:
     """TTFT, TPOT and end-to-end from a finished job; queueing is what TTFT

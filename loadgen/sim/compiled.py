@@ -73,6 +73,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/load_board.py",
     "services/scheduler/orders.py",
     "services/scheduler/planner.py",
+    "services/scheduler/policies/base.py",
     "services/scheduler/policies/placement.py",
     "services/scheduler/replicas.py",
     "services/scheduler/router.py",

@@ -28,14 +28,18 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 
 @dataclass(slots=True)
 class PutOutcome:
-    stored: list[int] = field(default_factory=list)  # newly resident, in order
-    evicted: list[int] = field(default_factory=list)
+    stored: list[int]  # newly resident, in order
+    evicted: list[int]
+
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
+    def __init__(self, stored: list[int], evicted: list[int]) -> None:
+        self.stored, self.evicted = stored, evicted
 
 
 class SimKVNode:
@@ -75,7 +79,7 @@ class SimKVNode:
         marks new blocks as speculative replicas: then, as the live store
         publishes a replica, they go in tail first and resident ones are
         left as they are."""
-        out = PutOutcome()
+        out = PutOutcome([], [])
         stored, evicted = out.stored, out.evicted
         lru = self._lru
         order = list(hashes)

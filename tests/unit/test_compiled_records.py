@@ -8,18 +8,25 @@ import inspect
 
 import pytest
 
-from speckv.loadgen.engine import EngineEvent, EngineJob, EngineLoad, EventKind, StepCost, _Step
+from speckv.loadgen.engine import EngineEvent, EngineJob, EngineLoad, EventKind, JobTimes, StepCost, _Step
 from speckv.loadgen.sim.events import Handle
+from speckv.loadgen.sim.kvnode import PutOutcome
+from speckv.loadgen.sim.simulation import _Flight
+from speckv.loadgen.traces.records import TraceRequest
 from speckv.services.predictor.arrivals import Arrival
 from speckv.services.scheduler.block_index import EventKind as IndexKind
 from speckv.services.scheduler.block_index import IndexEvent
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import RouteResult, _Picked
+from speckv.services.scheduler.families import FamilyProfile
 from speckv.services.scheduler.forecasts import Forecast
+from speckv.services.scheduler.policies.base import NodeView
 from speckv.services.scheduler.router import Candidate, RouteDecision, RouteQuery
 
-RECORDS = [EngineJob, EngineEvent, EngineLoad, _Step, StepCost, NodeLoad, Handle, IndexEvent, Candidate,
-           RouteDecision, RouteQuery, RouteResult, _Picked, Arrival, Forecast]
+RECORDS = [EngineJob, EngineEvent, EngineLoad, _Step, StepCost, JobTimes, NodeLoad, Handle, IndexEvent, Candidate,
+           RouteDecision, RouteQuery, RouteResult, _Picked, Arrival, Forecast, TraceRequest, NodeView, FamilyProfile,
+           PutOutcome, _Flight]
+FROZEN = [Forecast, TraceRequest, NodeView]
 
 
 def _expected(field: dataclasses.Field) -> object:
@@ -53,11 +60,15 @@ def test_the_records_stay_dataclasses_with_repr_and_replace():
     assert EngineEvent(EventKind.FINISHED, job, 1.0).job is job
 
 
-def test_a_frozen_record_stays_frozen_and_hashable():
-    forecast = Forecast("f", 2.0, 3.0, 4.0, 0.5)
+@pytest.mark.parametrize("record", FROZEN, ids=lambda r: r.__name__)
+def test_a_frozen_record_stays_frozen_and_hashable(record):
+    fields = dataclasses.fields(record)
+    values = {f.name: f"v{i}" for i, f in enumerate(fields)}
+    made = record(**values)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        forecast.expected_count = 1.0
-    assert forecast == Forecast("f", 2.0, 3.0, 4.0, 0.5) and hash(forecast) == hash(Forecast("f", 2.0, 3.0, 4.0, 0.5))
+        setattr(made, fields[0].name, "other")
+    assert made == record(**values) and hash(made) == hash(record(**values))
+    assert made != record(**{**values, fields[-1].name: "other"})
 
 
 def test_a_job_equals_only_itself():
