@@ -75,7 +75,7 @@ ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
 # records, events) and, with the builtin predictor, makes no cyclic garbage
 # while it runs (tests/unit/test_sim_no_cycles.py holds it to that).
 # Automatic collection found nothing to free and cost 3 % of a 256-node hour
-# traversing them, so it is off while such a simulation runs; a whole
+# traversing them, so it is off for the whole of such a job (run_job); a whole
 # 256-node hour peaks at the same RSS either way (1171 against 1172 MB).
 # LightGBM's predict leaves ctypes cycles (about 10 objects per forecast), so
 # a simulation serving it keeps collection on, at these thresholds: CPython's
@@ -183,7 +183,18 @@ def _load(path: Path, config: E2EConfig) -> list[TraceRequest]:
 
 
 def run_job(job: Job, progress=None) -> dict:
-    """One simulation; returns its summary and what the report draws (small, picklable)."""
+    """One simulation; returns its summary and what the report draws (small, picklable).
+
+    Collection (see _collection_for) is set for the whole job and restored
+    only once _run_job has returned, so its workload and simulation are
+    already freed: with collection off, every object the job made stays in
+    the young generation, and the first collection after it is re-enabled
+    would otherwise traverse millions of live objects (seconds, per job)."""
+    with _collection_for(job):
+        return _run_job(job, progress)
+
+
+def _run_job(job: Job, progress) -> dict:
     config = load_e2e_config(job.config_path)
     workload, notes = build_workload(job, config)
     start = job.start_s if job.start_s is not None else float(workload.times[0]) if len(workload) else 0.0
@@ -201,10 +212,9 @@ def run_job(job: Job, progress=None) -> dict:
         if progress is not None and (done % 500 == 0 or done == total):
             progress.put((job.nodes, job.policy, done, total))
 
-    with _collection_for(job):
-        sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), history, report,
-                         future=workload, trained=trained)
-        run = sim.run()
+    sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), history, report,
+                     future=workload, trained=trained)
+    run = sim.run()
     bursts = burst_seconds(workload.times.tolist())
     # Each copy's floor is its base request's: copies have disjoint blocks, and
     # only the rotation's wrap point (a conversation split across it) differs.
