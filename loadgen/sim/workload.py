@@ -12,6 +12,17 @@ trace's span [first, last arrival] (a time that passes the end wraps to the
 start), so the merged trace covers the same hour at copies x the rate and
 the copies' bursts do not line up.
 
+Every simulated block hash also carries HASH_BASE = 2**62, so hashes sit
+where real ones do: engines publish 64-bit digests (uint64 in the protos),
+three in four of them at 2**62 or more, while the traces number their
+blocks 0, 1, 2, ... Hashes are only ever compared for equality, so results
+do not change (tests/unit/test_sim_workload.py runs a slice both ways). It
+matters for speed: compiled code keeps an int below 2**62 unboxed and makes
+a new Python int each time it passes one to a dict or set, which the store
+and index paths do for every block of every prompt; a larger int is passed
+by reference. Measured on a compiled 24-block touch loop: 186 ns against
+85 ns per block.
+
 Synthetic families (both generators): F families with Zipf(s) popularity;
 family f's prompt is a shared prefix of `prefix_blocks` blocks (its chain)
 plus `suffix_blocks` (uniform 1..max) blocks of its own, block_tokens per
@@ -36,12 +47,26 @@ from typing import Sequence
 import numpy as np
 
 from speckv.loadgen.traces import TraceRequest
-from speckv.services.scheduler.ids import Family
+from speckv.services.scheduler.ids import UINT64_MAX, Family
+
+
+HASH_BASE = 1 << 62  # added to every simulated block hash (module docstring)
 
 
 def copy_family(copy: int, family: str) -> str:
     """Copy k's name for a family of the base trace (the trace's own for k = 0)."""
     return f"c{copy}:{family}" if copy else family
+
+
+def hash_base(stride: int, copies: int) -> int:
+    """What copy 0's hashes are offset by: HASH_BASE while every copy's
+    hashes (below HASH_BASE + copies x stride) stay uint64, else 0 (a trace
+    that already has 64-bit hashes). ValueError when even the copies overflow."""
+    top = copies * stride - 1
+    if top > UINT64_MAX:
+        raise ValueError(f"{copies} copies of hashes up to {stride - 1} exceed uint64: "
+                         "scale the trace to fewer nodes")
+    return HASH_BASE if HASH_BASE + top <= UINT64_MAX else 0
 
 
 def copies_for(nodes: int, base_nodes: int) -> int:
@@ -61,6 +86,7 @@ class ScaledTrace(Sequence[TraceRequest]):
         first = float(times.min()) if len(times) else 0.0
         span = (float(times.max()) - first + 1e-3) if len(times) else 1.0
         self._stride = max((h for r in base for h in r.block_hashes), default=0) + 1
+        self._hash_base = hash_base(self._stride, self.copies)
         k = np.repeat(np.arange(self.copies), len(base))
         all_times = first + (np.tile(times - first, self.copies) + k * span / self.copies) % span
         order = np.argsort(all_times, kind="stable")
@@ -75,10 +101,7 @@ class ScaledTrace(Sequence[TraceRequest]):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         r, k = self._base[self._index[i]], int(self._copy[i])
-        if k == 0:
-            return TraceRequest(float(self.times[i]), r.prompt_tokens, r.output_tokens, r.block_hashes,
-                                r.block_tokens, r.family)
-        offset = k * self._stride
+        offset = self._hash_base + k * self._stride
         return TraceRequest(float(self.times[i]), r.prompt_tokens, r.output_tokens,
                             tuple([h + offset for h in r.block_hashes]), r.block_tokens, copy_family(k, r.family))
 

@@ -12,7 +12,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from speckv.loadgen.sim.workload import FamilyShape, HawkesParams, MmppParams, ScaledTrace, hawkes, mmpp
+from speckv.loadgen.sim import workload
+from speckv.loadgen.sim.workload import (HASH_BASE, FamilyShape, HawkesParams, MmppParams, ScaledTrace, hash_base,
+                                         hawkes, mmpp)
+from speckv.services.scheduler.ids import UINT64_MAX
 
 SHAPE = FamilyShape(families=50, prefix_blocks=3, max_suffix_blocks=3, block_tokens=16, output_tokens=(5, 9))
 
@@ -179,9 +182,45 @@ def test_scaled_trace_copies_are_disjoint_rotated_replicas():
         originals = sorted(base, key=lambda r: (r.prompt_tokens, r.output_tokens, r.block_hashes))
         copies = sorted(rs, key=lambda r: (r.prompt_tokens, r.output_tokens, r.block_hashes))
         for o, c in zip(originals, copies, strict=True):
-            assert c.block_hashes == tuple(h + k * stride for h in o.block_hashes)
+            assert c.block_hashes == tuple(HASH_BASE + h + k * stride for h in o.block_hashes)
             assert c.family == (f"c{k}:{o.family}" if k else o.family)
     lo, hi = scaled.window(100.0, 160.0)
     assert all(100.0 <= t < 160.0 for t in scaled.times[lo:hi])
     assert scaled.counts(100.0, 160.0) == Counter(scaled.family_of(i) for i in range(len(scaled))
                                                   if 100.0 < scaled.times[i] <= 160.0)
+
+
+def test_simulated_hashes_sit_at_two_to_the_62_and_stay_uint64():
+    base = mmpp(MmppParams(duration_s=60.0, seed=2), SHAPE)
+    scaled = ScaledTrace(base, 4)
+    hashes = [h for i in range(len(scaled)) for h in scaled[i].block_hashes]
+    assert HASH_BASE == 2**62 and min(hashes) > HASH_BASE and max(hashes) <= UINT64_MAX
+    assert hash_base(stride=2**60, copies=4) == HASH_BASE  # 2**62 + 4 x 2**60 - 1 is still uint64
+    assert hash_base(stride=2**61, copies=7) == 0  # a trace with 64-bit hashes keeps its own
+    with pytest.raises(ValueError, match="exceed uint64"):
+        hash_base(stride=2**62, copies=5)
+
+
+def test_results_do_not_depend_on_the_hash_base(monkeypatch):
+    """Hashes are only compared: every policy's run is the same with the trace's own numbers."""
+    from speckv.loadgen.e2e_config import load_e2e_config
+    from speckv.loadgen.sim.settings import SimSettings
+    from speckv.loadgen.sim.simulation import Simulation
+    from speckv.services.scheduler.policies.registry import POLICY_NAMES
+
+    config = load_e2e_config()
+    settings = SimSettings.from_e2e(config, nodes=8)
+    base = mmpp(MmppParams(duration_s=40.0, rate_calm=6.0, rate_burst=30.0, calm_s=10.0, burst_s=5.0, seed=3),
+                FamilyShape(families=20, prefix_blocks=6, max_suffix_blocks=3, block_tokens=config.block_tokens))
+
+    def outcome(policy: str):
+        scaled = ScaledTrace(base, 2)
+        run = Simulation(config, settings, policy, list(scaled), future=scaled).run()
+        return ([(r.node_id, r.cached_tokens, r.fetched_tokens, r.ttft_ms, r.replica_blocks) for r in run.records],
+                run.replicas, run.orders, run.network_bytes)
+
+    for policy in POLICY_NAMES:
+        lifted = outcome(policy)
+        monkeypatch.setattr(workload, "HASH_BASE", 0)
+        assert outcome(policy) == lifted, policy
+        monkeypatch.setattr(workload, "HASH_BASE", HASH_BASE)
