@@ -57,6 +57,7 @@ from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, summarize
 from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
 from speckv.loadgen.sim.compiled import PackageRoots, default_dir, running_compiled, why_not_current
+from speckv.loadgen.sim.machine import describe_machine
 from speckv.loadgen.sim.parent_watch import exit_with_parent
 from speckv.loadgen.sim.predictor import (PREDICTOR_KINDS, TrainedPredictor, lightgbm_note, train_on_base,
                                           train_on_other_trace)
@@ -449,6 +450,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
             for n in nodes for p in args.policy_list]
     console = wide_console()
     console.print(code_line, markup=False)
+    machine = describe_machine()
     began = time.perf_counter()
     trained = train_once(args, config, jobs[0], console)
     if trained is not None:
@@ -456,9 +458,11 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     results = run_all(jobs, min(args.jobs, len(jobs)), console, code_path, environ)
     args.wall_s = time.perf_counter() - began
     result = assemble(results, args, config)
+    result["machine"] = machine
     print_tables(result, console)
     console.print(f"wall {args.wall_s:.1f} s for {len(jobs)} simulations; "
-                  f"{result['simulated_events']} events, {result['events_per_s']:.0f} events/s per worker")
+                  f"{result['simulated_events']} events, {result['events_per_s']:.0f} events/s per worker; "
+                  f"{machine['cores']} cores, reference loop {machine['reference_loop_ms']:.1f} ms (machine.py)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
         console.print(f"JSON written to {args.json}")

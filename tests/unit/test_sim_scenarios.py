@@ -97,6 +97,8 @@ def test_simulate_runs_a_users_scenario_and_reports_its_parameters(tmp_path):
     assert described["note"] == "two families"
     served = result["policies"]["none"]["served"]
     assert served > 0
+    machine = result["machine"]
+    assert machine["cores"] >= 1 and machine["reference_loop_ms"] > 0 and machine["python"].startswith("3.")
 
 
 def test_the_largest_node_counts_are_submitted_first_and_the_predictor_policies_first_within_one():

@@ -1,0 +1,44 @@
+"""What a simulate run ran on, with a speed reference, so wall times from
+different machines can be compared.
+
+A simulation is interpreter-bound: its wall time tracks how fast the
+machine runs Python more than its core count or clock. The reference is
+the best of `repeats` timings (timeit) of one fixed pure-Python loop,
+sum(range(1_000_000)), in ms. Two runs' wall times compare after scaling by
+their references (36 ms on this project's 2-core VM on 2026-12-03, a
+slow day). Measured before the workers start, so the machine is idle;
+costs about 0.2 s.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import timeit
+from pathlib import Path
+
+REFERENCE_STATEMENT = "sum(range(1_000_000))"
+
+
+def reference_loop_ms(repeats: int = 5) -> float:
+    """Best of `repeats` timings of REFERENCE_STATEMENT, ms (> 0)."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}: must be >= 1")
+    return min(timeit.repeat(REFERENCE_STATEMENT, number=1, repeat=repeats)) * 1e3
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name where Linux tells it, else what platform knows ('' if nothing)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def describe_machine(repeats: int = 5) -> dict:
+    """The JSON's `machine` entry: cores, CPU model, Python and the reference."""
+    return {"cores": os.cpu_count() or 1, "cpu": cpu_model(), "python": platform.python_version(),
+            "reference_statement": REFERENCE_STATEMENT, "reference_loop_ms": round(reference_loop_ms(repeats), 2)}
