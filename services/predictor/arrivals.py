@@ -51,6 +51,11 @@ class ObserveResult:
     rejected: int = 0
     first_error: str = ""  # why the first rejected observation was rejected
 
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py,
+    # "Records"): the simulator observes one arrival per call.
+    def __init__(self, accepted: int = 0, rejected: int = 0, first_error: str = "") -> None:
+        self.accepted, self.rejected, self.first_error = accepted, rejected, first_error
+
     def reject(self, rejection: Rejection) -> None:
         if not self.rejected:
             self.first_error = rejection.message

@@ -13,7 +13,7 @@ from speckv.loadgen.sim.events import Handle
 from speckv.loadgen.sim.kvnode import PutOutcome
 from speckv.loadgen.sim.simulation import _Flight
 from speckv.loadgen.traces.records import TraceRequest
-from speckv.services.predictor.arrivals import Arrival
+from speckv.services.predictor.arrivals import Arrival, ObserveResult
 from speckv.services.scheduler.block_index import EventKind as IndexKind
 from speckv.services.scheduler.block_index import IndexEvent
 from speckv.services.scheduler.cluster import NodeLoad
@@ -25,7 +25,7 @@ from speckv.services.scheduler.router import Candidate, RouteDecision, RouteQuer
 
 RECORDS = [EngineJob, EngineEvent, EngineLoad, _Step, StepCost, JobTimes, NodeLoad, Handle, IndexEvent, Candidate,
            RouteDecision, RouteQuery, RouteResult, _Picked, Arrival, Forecast, TraceRequest, NodeView, FamilyProfile,
-           PutOutcome, _Flight]
+           PutOutcome, _Flight, ObserveResult]
 FROZEN = [Forecast, TraceRequest, NodeView]
 
 
