@@ -82,6 +82,7 @@ class SimRun:
     virtual_s: float = 0.0
     network_bytes: int = 0
     predictor: str = ""
+    cpu_s: float = 0.0  # this process's CPU time for the run: wall_s with other processes' share taken out
 
 
 def _drop_transfer(then: Callable[[RequestRecord], None], record: RequestRecord, _transfer: Transfer) -> None:
@@ -178,7 +179,7 @@ class Simulation:
 
     # --- running ------------------------------------------------------------------
     def run(self) -> SimRun:
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         q = self.queue
         if self._requests:
             self._upcoming = self._requests[0]
@@ -197,7 +198,7 @@ class Simulation:
         return SimRun(self.policy, self.records, self.ledger.totals(), orders, self.forecast_log,
                       time.perf_counter() - began, self._next, q.processed,
                       q.now() - (self._requests[0].arrival_s if self._requests else q.now()),
-                      self.network.bytes_total, self.predictor_note)
+                      self.network.bytes_total, self.predictor_note, time.process_time() - began_cpu)
 
     # --- requests -------------------------------------------------------------------
     def _arrive(self) -> None:

@@ -97,6 +97,8 @@ def test_simulate_runs_a_users_scenario_and_reports_its_parameters(tmp_path):
     assert described["note"] == "two families"
     served = result["policies"]["none"]["served"]
     assert served > 0
+    summary = result["policies"]["none"]
+    assert 0 < summary["cpu_s"] and summary["events_per_s"] == summary["simulated_events"] / summary["cpu_s"]
     machine = result["machine"]
     assert machine["cores"] >= 1 and machine["reference_loop_ms"] > 0 and machine["python"].startswith("3.")
 
@@ -109,3 +111,8 @@ def test_the_largest_node_counts_are_submitted_first_and_the_predictor_policies_
     assert [(j.nodes, j.policy) for j in submission_order(jobs)] == [
         (256, "predictive"), (256, "none"), (256, "oracle"), (64, "predictive"), (64, "none"), (64, "oracle"),
         (8, "predictive"), (8, "none"), (8, "oracle")]
+
+
+@pytest.mark.parametrize("cores,expected", [(1, 2), (2, 3), (16, 17), (0, 2)])
+def test_one_more_simulation_than_cores_runs_at_once_by_default(cores, expected):
+    assert cli.default_jobs(cores) == expected
