@@ -405,7 +405,7 @@ def write_reports(result: dict, results: list[dict], out: Path, console) -> None
         sub = {**result, "nodes": int(n), "policies": result["by_nodes"][n]["policies"],
                "floor": result["by_nodes"][n]["floor"],
                "notes": result["by_nodes"][n]["notes"] + result["notes"][-1:]}
-        arrivals = next((r["arrivals"] for r in mine if r["arrivals"]), [])
+        arrivals: list[tuple[float, str]] = next((r["arrivals"] for r in mine if r["arrivals"]), [])
         index = write_report(out / f"nodes-{n}", sub, {r["policy"]: r["ttfts"] for r in mine},
                              {r["policy"]: r["timeline"] for r in mine}, arrivals)
         console.print(f"report ({n} nodes): {index}")
