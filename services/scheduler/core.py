@@ -345,7 +345,7 @@ class SchedulerCore:
             bare = [n for n in popped if n not in root_holders][:spread]
             return [n for n in popped if n in root_holders] + bare
         shallow = [n for n in cluster.live_among(root_holders, now) if n.node_id not in deep]
-        # sorted()[:k] is what heapq.nsmallest returns (the key is unique),
+        # sort()[:k] is what heapq.nsmallest returns (the key is unique),
         # without nsmallest's interpreted loop: a few dozen nodes per route.
         shallow.sort(key=lambda n: (cluster.queue_ms(n), n.node_id))
         picked = [n.node_id for n in shallow[:spread]]

@@ -12,10 +12,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from speckv.loadgen.e2e_config import load_e2e_config
 from speckv.loadgen.sim import workload
+from speckv.loadgen.sim.settings import SimSettings
+from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.sim.workload import (HASH_BASE, FamilyShape, HawkesParams, MmppParams, ScaledTrace, hash_base,
                                          hawkes, mmpp)
 from speckv.services.scheduler.ids import UINT64_MAX
+from speckv.services.scheduler.policies.registry import POLICY_NAMES
 
 SHAPE = FamilyShape(families=50, prefix_blocks=3, max_suffix_blocks=3, block_tokens=16, output_tokens=(5, 9))
 
@@ -201,26 +205,20 @@ def test_simulated_hashes_sit_at_two_to_the_62_and_stay_uint64():
         hash_base(stride=2**62, copies=5)
 
 
-def test_results_do_not_depend_on_the_hash_base(monkeypatch):
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_results_do_not_depend_on_the_hash_base(policy, monkeypatch):
     """Hashes are only compared: every policy's run is the same with the trace's own numbers."""
-    from speckv.loadgen.e2e_config import load_e2e_config
-    from speckv.loadgen.sim.settings import SimSettings
-    from speckv.loadgen.sim.simulation import Simulation
-    from speckv.services.scheduler.policies.registry import POLICY_NAMES
-
     config = load_e2e_config()
     settings = SimSettings.from_e2e(config, nodes=8)
     base = mmpp(MmppParams(duration_s=40.0, rate_calm=6.0, rate_burst=30.0, calm_s=10.0, burst_s=5.0, seed=3),
                 FamilyShape(families=20, prefix_blocks=6, max_suffix_blocks=3, block_tokens=config.block_tokens))
 
-    def outcome(policy: str):
+    def outcome():
         scaled = ScaledTrace(base, 2)
         run = Simulation(config, settings, policy, list(scaled), future=scaled).run()
         return ([(r.node_id, r.cached_tokens, r.fetched_tokens, r.ttft_ms, r.replica_blocks) for r in run.records],
                 run.replicas, run.orders, run.network_bytes)
 
-    for policy in POLICY_NAMES:
-        lifted = outcome(policy)
-        monkeypatch.setattr(workload, "HASH_BASE", 0)
-        assert outcome(policy) == lifted, policy
-        monkeypatch.setattr(workload, "HASH_BASE", HASH_BASE)
+    lifted = outcome()
+    monkeypatch.setattr(workload, "HASH_BASE", 0)
+    assert outcome() == lifted
