@@ -3,13 +3,16 @@ that need real separate processes): `python -m speckv.services.cli kvstore`
 on port 0, its address read from the "listening on" line it prints.
 
 Children die with their parent (PR_SET_PDEATHSIG), log to a file, and are
-stopped with SIGTERM, then SIGKILL after a grace period.
+stopped with SIGTERM, then SIGKILL after a grace period. A log directory
+start_kvstore made itself is removed by stop() (one per process: the tests
+start hundreds); a caller's log_dir is left as it is.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +39,7 @@ class KVStoreProcess:
     popen: subprocess.Popen
     address: str
     log_path: Path
+    owned_dir: Path | None = None  # made by start_kvstore: stop() removes it
     channel: grpc.Channel = field(init=False)
     stub: kvstore_pb2_grpc.KVStoreStub = field(init=False)
 
@@ -63,6 +67,8 @@ class KVStoreProcess:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait(timeout=30)
+        if self.owned_dir is not None:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -74,7 +80,9 @@ class KVStoreProcess:
 def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[str, str] | None = None,
                   log_dir: Path | None = None, timeout_s: float = 60.0) -> KVStoreProcess:
     """A kvstore process listening on 127.0.0.1:<free port>."""
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="speckv-kvstore-"))
+    owned_dir = None if log_dir else Path(tempfile.mkdtemp(prefix="speckv-kvstore-"))
+    log_dir = log_dir or owned_dir
+    assert log_dir is not None
     log_path = log_dir / f"{node_id}.log"
     env = {**os.environ, **(environ or {}), "PYTHONUNBUFFERED": "1"}
     env.setdefault("SPECKV_LOG_LEVEL", "WARNING")
@@ -86,8 +94,11 @@ def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[st
     if address is None:
         popen.kill()
         popen.wait(timeout=30)
-        raise RuntimeError(f"kvstore {node_id} did not start: {log_path.read_text(errors='replace')[-2000:]}")
-    return KVStoreProcess(node_id, popen, address, log_path)
+        log = log_path.read_text(errors="replace")[-2000:]
+        if owned_dir is not None:
+            shutil.rmtree(owned_dir, ignore_errors=True)
+        raise RuntimeError(f"kvstore {node_id} did not start: {log}")
+    return KVStoreProcess(node_id, popen, address, log_path, owned_dir)
 
 
 def _read_address(popen: subprocess.Popen, timeout_s: float) -> str | None:

@@ -7,9 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from speckv.loadgen.bench._transfer_procs import start_kvstore
 from speckv.v1 import common_pb2
 from tests.services.conftest_kvstore import wait_until
-from tests.support.kvstore_procs import TIMEOUT, block, blocks_of, present, processes, put, replicate_request, stats
+from tests.support.kvstore_procs import GEOMETRY_ARGS, TIMEOUT, block, blocks_of, present, processes, put, replicate_request, stats
 
 HASHES = list(range(1, 301))  # 300 blocks of 32 KiB: 9.4 MiB
 SLOW = ["--link-gbps", "0.04"]  # 5 MB/s: the 9.4 MiB take ~2 s, long enough to kill in the middle
@@ -63,3 +64,16 @@ def test_source_killed_mid_transfer_publishes_nothing_and_frees_the_reservation(
         after = stats(b)
         assert after.used_pages == 0 and after.blocks_committed_total == 0
         assert present(b, HASHES) == [False] * len(HASHES)
+
+
+def test_stop_removes_the_log_directory_it_made_and_keeps_a_callers(tmp_path):
+    made = start_kvstore("own", GEOMETRY_ARGS)
+    given = start_kvstore("given", GEOMETRY_ARGS, log_dir=tmp_path)
+    try:
+        assert made.log_path.exists() and made.owned_dir == made.log_path.parent
+        assert given.owned_dir is None and given.log_path.parent == tmp_path
+    finally:
+        made.stop()
+        given.stop()
+    assert not made.log_path.parent.exists()
+    assert given.log_path.exists()
