@@ -11,8 +11,10 @@ Hawkes) with its parameters, sized for the configuration's node count, and
 scaled with copies like a trace.
 
 Each (node count, policy) is one Simulation (simulation.py) in a worker
-process (--jobs, default one more than the cores: see default_jobs;
-spawned, never forked). The
+process of its own (--jobs at once, default one more than the cores: see
+default_jobs; spawned, never forked, and never reused: a finished
+simulation's memory goes back to the machine, and its `peak_rss_mb` is its
+own). The
 trace is replayed whole by default (--start-s / --duration-s pick a slice);
 for more nodes than the configuration's it is merged with time-rotated
 copies of itself (workload.py), which the notes say. Burst windows are fixed
@@ -46,6 +48,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.managers import SyncManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,7 +61,7 @@ from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
 from speckv.loadgen.metrics import burst_seconds, summarize
 from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
 from speckv.loadgen.sim.compiled import PackageRoots, default_dir, running_compiled, why_not_current
-from speckv.loadgen.sim.machine import describe_machine
+from speckv.loadgen.sim.machine import describe_machine, peak_rss_mb
 from speckv.loadgen.sim.parent_watch import exit_with_parent
 from speckv.loadgen.sim.predictor import (PREDICTOR_KINDS, TrainedPredictor, lightgbm_note, train_on_base,
                                           train_on_other_trace)
@@ -69,7 +72,7 @@ from speckv.loadgen.sim.workload import ScaledTrace, SliceView, copies_for
 from speckv.loadgen.traces import TraceRequest, load_mooncake, load_trace, trace_format
 from speckv.loadgen.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
-from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
@@ -226,7 +229,8 @@ def _run_job(job: Job, progress) -> dict:
                         run.orders, floor.by_request_key(), config.profile)
     summary.update({"wall_s": run.wall_s, "cpu_s": run.cpu_s, "simulated_events": run.events,
                     "events_per_s": run.events / run.cpu_s if run.cpu_s else None,
-                    "virtual_s": run.virtual_s, "network_bytes": run.network_bytes})
+                    "virtual_s": run.virtual_s, "network_bytes": run.network_bytes,
+                    "peak_rss_mb": round(peak_rss_mb(), 1)})
     return {"nodes": job.nodes, "policy": job.policy, "summary": summary, "notes": notes,
             "floor": floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts),
             "predictor": run.predictor, "code": "mypyc" if running_compiled() else "python",
@@ -336,7 +340,7 @@ def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = Non
         with _worker_environment(code_path, blas_threads, os.environ if environ is None else environ):
             manager.start(exit_with_parent, (os.getpid(),))
             with manager, ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=exit_with_parent,
-                                              initargs=(os.getpid(),)) as pool:
+                                              initargs=(os.getpid(),), max_tasks_per_child=1) as pool:
                 queue = manager.Queue()
                 futures = [pool.submit(run_job, j, queue) for j in submission_order(jobs)]
                 pending = set(futures)
@@ -346,10 +350,22 @@ def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = Non
                         bar.update(tasks[(nodes, policy)], completed=done, total=total)
                     finished = {f for f in pending if f.done()}
                     for f in finished:
-                        results.append(f.result())
+                        results.append(_result_of(f, workers))
                     pending -= finished
                     time.sleep(0.2)
     return results
+
+
+def _result_of(future, workers: int) -> dict:
+    """A finished simulation's result; a worker that died (the kernel's
+    out-of-memory killer, most often) is a ResourceExhausted naming the fix."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise ResourceExhausted(
+            f"a simulation worker died before it finished ({workers} ran at once). The usual cause is memory: "
+            "each simulation's peak is its JSON's peak_rss_mb (about 1.2 GB for the 256-node hour, 3 GB at "
+            "1,024 nodes); rerun with fewer --jobs") from None
 
 
 def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -> dict:
@@ -374,6 +390,7 @@ def assemble(results: list[dict], args: argparse.Namespace, config: E2EConfig) -
         "wall_s": args.wall_s, "simulated_events": total_events,
         "code": ",".join(sorted({r["code"] for r in results})),
         "cpu_s": total_cpu, "events_per_s": total_events / total_cpu if total_cpu else None,
+        "peak_rss_mb": max(r["summary"]["peak_rss_mb"] for r in results),
         "by_nodes": by_nodes,
         "scale": {n: {p: {"burst_ttft_p99_ms": m["burst_ttft_p99_ms"], "bytes_replicated": m["bytes_replicated"]}
                       for p, m in e["policies"].items()} for n, e in by_nodes.items()},
@@ -422,11 +439,12 @@ def print_tables(result: dict, console) -> None:
         table.add_column("wall s", justify="right")
         table.add_column("CPU s", justify="right")
         table.add_column("events/CPU s", justify="right")
+        table.add_column("peak MiB", justify="right")
         for name, m in entry["policies"].items():
             table.add_row(name, *(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS), f"{m['wall_s']:.1f}",
-                          f"{m['cpu_s']:.1f}", f"{m['events_per_s']:.0f}")
+                          f"{m['cpu_s']:.1f}", f"{m['events_per_s']:.0f}", f"{m['peak_rss_mb']:.0f}")
         if entry.get("floor"):
-            table.add_row(FLOOR_ROW, *(fmt(k, entry["floor"].get(k)) for k, _ in TABLE_COLUMNS), "", "", "",
+            table.add_row(FLOOR_ROW, *(fmt(k, entry["floor"].get(k)) for k, _ in TABLE_COLUMNS), "", "", "", "",
                           style="dim")
         console.print(table)
         console.print(markdown_table(entry["policies"], entry.get("floor")), markup=False)

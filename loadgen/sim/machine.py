@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
+import sys
 import timeit
 from pathlib import Path
 
@@ -38,7 +40,32 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor()
 
 
+def peak_rss_mb(status: Path = Path("/proc/self/status")) -> float:
+    """This process's peak resident memory so far, MiB: Linux's VmHWM, which
+    exec resets. getrusage's ru_maxrss (the fallback elsewhere: KiB, bytes on
+    macOS) is not reset by exec, so on Linux a spawned worker's would start
+    at its parent's size."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def memory_mb() -> float | None:
+    """The machine's physical memory, MiB; None where sysconf does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 20)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def describe_machine(repeats: int = 5) -> dict:
-    """The JSON's `machine` entry: cores, CPU model, Python and the reference."""
-    return {"cores": os.cpu_count() or 1, "cpu": cpu_model(), "python": platform.python_version(),
+    """The JSON's `machine` entry: cores, memory, CPU model, Python and the reference."""
+    memory = memory_mb()
+    return {"cores": os.cpu_count() or 1, "memory_mb": round(memory) if memory else None,
+            "cpu": cpu_model(), "python": platform.python_version(),
             "reference_statement": REFERENCE_STATEMENT, "reference_loop_ms": round(reference_loop_ms(repeats), 2)}

@@ -99,6 +99,7 @@ def test_simulate_runs_a_users_scenario_and_reports_its_parameters(tmp_path):
     assert served > 0
     summary = result["policies"]["none"]
     assert 0 < summary["cpu_s"] and summary["events_per_s"] == summary["simulated_events"] / summary["cpu_s"]
+    assert 0 < summary["peak_rss_mb"] == result["peak_rss_mb"]  # one simulation: the largest is its own
     machine = result["machine"]
     assert machine["cores"] >= 1 and machine["reference_loop_ms"] > 0 and machine["python"].startswith("3.")
 
