@@ -80,9 +80,9 @@ class KVStoreProcess:
 def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[str, str] | None = None,
                   log_dir: Path | None = None, timeout_s: float = 60.0) -> KVStoreProcess:
     """A kvstore process listening on 127.0.0.1:<free port>."""
-    owned_dir = None if log_dir else Path(tempfile.mkdtemp(prefix="speckv-kvstore-"))
-    log_dir = log_dir or owned_dir
-    assert log_dir is not None
+    owned_dir = None
+    if log_dir is None:
+        log_dir = owned_dir = Path(tempfile.mkdtemp(prefix="speckv-kvstore-"))
     log_path = log_dir / f"{node_id}.log"
     env = {**os.environ, **(environ or {}), "PYTHONUNBUFFERED": "1"}
     env.setdefault("SPECKV_LOG_LEVEL", "WARNING")
@@ -94,10 +94,10 @@ def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[st
     if address is None:
         popen.kill()
         popen.wait(timeout=30)
-        log = log_path.read_text(errors="replace")[-2000:]
+        tail = log_path.read_text(errors="replace")[-2000:]
         if owned_dir is not None:
             shutil.rmtree(owned_dir, ignore_errors=True)
-        raise RuntimeError(f"kvstore {node_id} did not start: {log}")
+        raise RuntimeError(f"kvstore {node_id} did not start: {tail}")
     return KVStoreProcess(node_id, popen, address, log_path, owned_dir)
 
 
