@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from speckv.loadgen.bench import e2e
-from speckv.loadgen.traces import resolve_traces_dir
 from speckv.services.common.errors import NotFound
+from speckv.services.common.traces import resolve_traces_dir
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import grpc
 
-from speckv.loadgen.e2e_config import E2EConfig
-from speckv.loadgen.engine import EmulatedEngine, Engine
-from speckv.loadgen.router import EmulatedJobs, JobFactory, Placement
-from speckv.loadgen.traces import TraceRequest
+from speckv.loadgen.engines.emulated import EmulatedEngine, Engine
+from speckv.loadgen.experiments.e2e_config import E2EConfig
+from speckv.loadgen.experiments.router import EmulatedJobs, JobFactory, Placement
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry
+from speckv.services.common.traces import TraceRequest
 
 if TYPE_CHECKING:
-    from speckv.loadgen.torch_model import ModelSpec
+    from speckv.loadgen.engines.torch_model import ModelSpec
 
 ENGINES = ("emulated", "torch")
 TORCH_BLOCK_TOKENS = 16
@@ -79,7 +79,7 @@ class EngineSetup:
         """The requests in the engine's tokens (unchanged when emulated)."""
         if self.spec is None:
             return list(requests)
-        from speckv.loadgen.torch_kv import model_scale
+        from speckv.loadgen.engines.torch_kv import model_scale
 
         return [model_scale(r, self.geometry.block_size, self.spec.max_positions) for r in requests]
 
@@ -89,7 +89,7 @@ def engine_setup(config: E2EConfig, kind: str = "emulated") -> EngineSetup:
         return EngineSetup(kind, config.scaled_geometry, config.byte_scale, config.real_bytes_per_block,
                            START_BUDGET_S[kind], int(config.warm_kv_fraction * config.nodes * config.pool_pages))
     if kind == "torch":
-        from speckv.loadgen.torch_model import ModelSpec
+        from speckv.loadgen.engines.torch_model import ModelSpec
 
         spec = ModelSpec()
         geometry = spec.kv_geometry(TORCH_BLOCK_TOKENS)
@@ -108,7 +108,7 @@ def build_engines(setup: EngineSetup, config: E2EConfig, kv_channels: Mapping[st
         return engines, EmulatedJobs(config.profile, config.real_geometry.bytes_per_token), None
     import torch
 
-    from speckv.loadgen.torch_engine import TorchJobs, build_torch_engines
+    from speckv.loadgen.engines.torch_engine import TorchJobs, build_torch_engines
 
     # Two cores shared with six service processes and the router's threads:
     # a second intra-op thread spins against them (4-25x slower per call here).

@@ -23,11 +23,11 @@ from typing import Sequence
 
 import numpy as np
 
-from speckv.loadgen.e2e_config import SliceSpec
-from speckv.loadgen.traces import TraceRequest
+from speckv.loadgen.experiments.e2e_config import SliceSpec
 from speckv.services.common.errors import FailedPrecondition
-from speckv.services.predictor.lgbm_model import LightGbmModel, save_model
-from speckv.services.predictor.timeseries import FamilyCounts, aggregate
+from speckv.services.common.traces import TraceRequest
+from speckv.services.predictor.family_counts import FamilyCounts, aggregate
+from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
 from speckv.services.predictor.training import load_config, train_on_counts
 
 # Below this much pre-slice trace the model could not learn a return pattern.

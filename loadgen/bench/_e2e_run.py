@@ -26,20 +26,27 @@ import grpc
 
 from speckv.loadgen.bench._e2e_engines import EngineSetup, build_engines, engine_setup
 from speckv.loadgen.bench._e2e_warm import WarmStats, warm_cluster
-from speckv.loadgen.e2e_config import E2EConfig, SliceSpec
-from speckv.loadgen.engine import EngineJob
-from speckv.loadgen.engine_driver import LiveEngines, TraceClock
-from speckv.loadgen.kv_events import EventCollector
-from speckv.loadgen.metrics import RequestRecord
-from speckv.loadgen.replay import SleepWaiter, TimeMap, replay_open_loop
-from speckv.loadgen.replica_ledger import ReplicaLedger, ReplicaTotals
-from speckv.loadgen.router import ReferenceRouter
-from speckv.loadgen.traces import TraceRequest
+from speckv.loadgen.engines.driver import LiveEngines, TraceClock
+from speckv.loadgen.engines.emulated import EngineJob
+from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
+from speckv.loadgen.experiments.kv_event_follower import EventCollector
+from speckv.loadgen.experiments.metrics import RequestRecord
+from speckv.loadgen.experiments.replica_ledger import ReplicaLedger, ReplicaTotals
+from speckv.loadgen.experiments.router import ReferenceRouter
+from speckv.loadgen.workload.replay import SleepWaiter, TimeMap, replay_open_loop
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.errors import Unavailable
-from speckv.v1 import (common_pb2, kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, predictor_pb2_grpc, scheduler_pb2,
-                       scheduler_pb2_grpc)
+from speckv.services.common.traces import TraceRequest
+from speckv.v1 import (
+    common_pb2,
+    kvstore_pb2,
+    kvstore_pb2_grpc,
+    predictor_pb2,
+    predictor_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 
 DRAIN_TIMEOUT_S = 120.0
 # The replay's origin is fixed before launch (the oracle must know it as a

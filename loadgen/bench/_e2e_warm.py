@@ -28,9 +28,10 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import grpc
 
-from speckv.loadgen.replay import TimeMap
-from speckv.loadgen.router import block_payload
-from speckv.loadgen.traces import TraceRequest
+from speckv.loadgen.experiments.router import block_payload
+from speckv.loadgen.experiments.warm_start import resident_tail
+from speckv.loadgen.workload.replay import TimeMap
+from speckv.services.common.traces import TraceRequest
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 
 RPC_TIMEOUT_S = 30.0
@@ -43,18 +44,6 @@ class WarmStats:
     stored_requests: int  # of those, the newest whose KV was stored
     stored_blocks: int
     seconds: float  # wall time the warm start took
-
-
-def resident_tail(requests: Sequence[TraceRequest], max_blocks: int) -> int:
-    """Index of the first request of the newest suffix whose distinct full
-    blocks number at most max_blocks."""
-    seen: set[int] = set()
-    for i in range(len(requests) - 1, -1, -1):
-        r = requests[i]
-        seen.update(r.block_hashes[:r.full_blocks])
-        if len(seen) > max_blocks:
-            return i + 1
-    return 0
 
 
 def warm_cluster(scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], warm: Sequence[TraceRequest],

@@ -24,10 +24,9 @@ import numpy as np
 
 from speckv.services.predictor import negbin, poisson
 from speckv.services.predictor.dataset import Rows
-from speckv.services.predictor.features import FeatureSpec
-from speckv.services.predictor.lgbm import LgbmBundle
 from speckv.services.predictor.evaluation import best_alarm_threshold, burst_score, mae, pinball, rmse
-
+from speckv.services.predictor.features import FeatureSpec
+from speckv.services.predictor.lgbm_forecaster import LgbmBundle
 
 SINCE_ARRIVAL_COL = FeatureSpec().names().index("since_arrival_s")  # before the optional time-of-day terms
 

@@ -14,10 +14,10 @@ import time
 import numpy as np
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.predictor.arrivals import Arrival
-from speckv.services.predictor.core import CoreSettings, PredictorCore
-from speckv.services.predictor.lgbm import LgbmBundle
-from speckv.services.predictor.lgbm_model import LightGbmModel
+from speckv.services.predictor.core import PredictorCore, PredictorSettings
+from speckv.services.predictor.lgbm_forecaster import LgbmBundle
+from speckv.services.predictor.lgbm_served import LightGbmModel
+from speckv.services.predictor.observations import Arrival
 
 FAMILIES = 10_000
 REPEATS = 7
@@ -26,7 +26,7 @@ NOW = 10_000.0
 
 def forecast_latency(bundle: LgbmBundle, step_s: float, families: int = FAMILIES) -> dict[str, float]:
     clock = ManualClock(NOW)
-    core = PredictorCore(clock, LightGbmModel(bundle, "bench"), CoreSettings(step_s=step_s, window_s=600.0))
+    core = PredictorCore(clock, LightGbmModel(bundle, "bench"), PredictorSettings(step_s=step_s, window_s=600.0))
     rng = np.random.default_rng(3)
     rates = np.exp(rng.uniform(np.log(0.01), np.log(5.0), families))
     counts = rng.poisson(rates * 120.0)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speckv.services.scheduler.block_index import EventKind, IndexEvent
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import RouteRequestItem, SchedulerCore
 from speckv.services.scheduler.forecasts import Forecast
-from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 
 PROFILE = "llama-3-8b-h100"
 BLOCK_TOKENS = 16
@@ -62,7 +62,7 @@ class SyntheticCluster:
             for n in nodes:
                 node = self.node_ids[int(n)]
                 core.apply_kv_event(node, core.generation(node),
-                                    IndexEvent(EventKind.STORED, chain, False, self.family(i)))
+                                    IndexEvent(HolderEventKind.STORED, chain, False, self.family(i)))
         self.heartbeat_all(core)
 
     def heartbeat_all(self, core: SchedulerCore) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from speckv.kernels import reference
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.kvstore.checksum import crc32c
-from speckv.services.kvstore.data_plane import tune
+from speckv.services.kvstore.dataplane.listener import tune
 
 MIB = 1 << 20
 

@@ -31,13 +31,13 @@ from rich.table import Table
 from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes, engine_setup
 from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
-from speckv.loadgen.e2e_config import E2EConfig, SliceSpec, load_e2e_config
-from speckv.loadgen.metrics import burst_seconds, percentile, summarize
-from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
-from speckv.loadgen.ttft_floor import floor_summary, slice_floor
-from speckv.loadgen.traces import load_mooncake
+from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.metrics import burst_seconds, percentile, summarize
+from speckv.loadgen.experiments.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
+from speckv.services.common.traces import load_mooncake
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
 

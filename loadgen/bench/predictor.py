@@ -17,21 +17,26 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from speckv.loadgen.bench._predictor_eval import (alarm_thresholds, lgbm_outputs, median_outputs, poisson_outputs,
-                                                  return_thresholds, score)
+from speckv.loadgen.bench._predictor_eval import (
+    alarm_thresholds,
+    lgbm_outputs,
+    median_outputs,
+    poisson_outputs,
+    return_thresholds,
+    score,
+)
 from speckv.loadgen.bench._predictor_latency import forecast_latency
-from speckv.loadgen.traces import load_trace, resolve_traces_dir, trace_format
-from speckv.loadgen.traces.azure import time_of_day_s
+from speckv.services.common.traces import load_trace, resolve_traces_dir, trace_format
+from speckv.services.common.traces.azure import time_of_day_s
 from speckv.services.predictor.arima import Arima
 from speckv.services.predictor.baselines import Ewma, LastValue, SeasonalNaive
 from speckv.services.predictor.dataset import build_rows
-from speckv.services.predictor.timeseries import FamilyCounts, aggregate
+from speckv.services.predictor.family_counts import FamilyCounts, aggregate
 from speckv.services.predictor.training import load_config, split_validation, train_on_counts
 
 TRAIN_FRACTION = 0.7

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -36,9 +36,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
 from speckv.services.common.clock import ManualClock
-from speckv.services.scheduler.core import CoreSettings, RouteRequestItem, SchedulerCore
-from speckv.services.scheduler.engine_profile import get_profile
-from speckv.services.scheduler.orders import OrderState
+from speckv.services.common.engine_profile import get_profile
+from speckv.services.scheduler.core import RouteRequestItem, SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.replication.orders import OrderState
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -75,7 +75,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
 def _inproc(shape: SynthShape, n_routes: int, n_ticks: int) -> dict[str, object]:
     cluster = SyntheticCluster(shape)
     clock = ManualClock(1000.0)
-    core = SchedulerCore(CoreSettings(node_timeout_s=3600.0, heartbeat_interval_ms=1000, policy="predictive"),
+    core = SchedulerCore(SchedulerSettings(node_timeout_s=3600.0, heartbeat_interval_ms=1000, policy="predictive"),
                          clock, get_profile(PROFILE), forecasts=SyntheticForecasts(cluster))
     cluster.populate(core)
     gc.freeze()

@@ -49,30 +49,35 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.managers import SyncManager
 from dataclasses import dataclass, replace
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from speckv.loadgen.e2e_config import E2EConfig, load_e2e_config
-from speckv.loadgen.metrics import burst_seconds, summarize
-from speckv.loadgen.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.e2e_config import E2EConfig, load_e2e_config
+from speckv.loadgen.experiments.metrics import burst_seconds, summarize
+from speckv.loadgen.experiments.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
 from speckv.loadgen.sim.compiled import PackageRoots, default_dir, running_compiled, why_not_current
 from speckv.loadgen.sim.machine import describe_machine, peak_rss_mb
 from speckv.loadgen.sim.parent_watch import exit_with_parent
-from speckv.loadgen.sim.predictor import (PREDICTOR_KINDS, TrainedPredictor, lightgbm_note, train_on_base,
-                                          train_on_other_trace)
+from speckv.loadgen.sim.predictor import (
+    PREDICTOR_KINDS,
+    TrainedPredictor,
+    lightgbm_note,
+    train_on_base,
+    train_on_other_trace,
+)
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.sim.scenarios import get_scenario, load_scenarios
-from speckv.loadgen.sim.workload import ScaledTrace, SliceView, copies_for
-from speckv.loadgen.traces import TraceRequest, load_mooncake, load_trace, trace_format
-from speckv.loadgen.ttft_floor import floor_summary, slice_floor
+from speckv.loadgen.workload.scaled import ScaledTrace, SliceView, copies_for
+from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from speckv.services.common.traces import TraceRequest, load_mooncake, load_trace, trace_format
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"

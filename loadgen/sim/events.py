@@ -44,7 +44,7 @@ class VirtualClock:
 
 
 @dataclass(slots=True)
-class Handle:
+class EventHandle:
     """A scheduled event; `cancel()` makes the queue skip it."""
 
     time_s: float
@@ -69,15 +69,15 @@ class EventQueue:
     def now(self) -> float:
         return self.clock.now()
 
-    def at(self, time_s: float, callback: Callback, priority: int = 0) -> Handle:
+    def at(self, time_s: float, callback: Callback, priority: int = 0) -> EventHandle:
         """Schedules callback at time_s (>= now)."""
         if time_s < self.clock.now():
             raise ValueError(f"cannot schedule at {time_s} before now ({self.clock.now()})")
-        handle = Handle(time_s)
+        handle = EventHandle(time_s)
         heapq.heappush(self._heap, (time_s, priority, next(self._seq), callback, handle))
         return handle
 
-    def after(self, delay_s: float, callback: Callback, priority: int = 0) -> Handle:
+    def after(self, delay_s: float, callback: Callback, priority: int = 0) -> EventHandle:
         return self.at(self.clock.now() + max(0.0, delay_s), callback, priority)
 
     def __len__(self) -> int:

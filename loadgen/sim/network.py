@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from speckv.loadgen.sim.events import EventQueue, Handle
-from speckv.services.scheduler.engine_profile import LinkModel
+from speckv.loadgen.sim.events import EventHandle, EventQueue
+from speckv.services.common.engine_profile import LinkModel
 
 # Transfers finishing within this many bytes count as done (float rounding).
 _EPS_BYTES = 1e-6
@@ -50,7 +50,7 @@ class Transfer:
     remaining: float = 0.0  # bytes still to send, as of `since`
     rate: float = 0.0  # bytes per second, as of `since`
     since: float = 0.0
-    handle: Handle | None = None
+    handle: EventHandle | None = None
 
 
 @dataclass(slots=True)

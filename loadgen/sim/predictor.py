@@ -25,19 +25,19 @@ from typing import Sequence
 
 import numpy as np
 
-from speckv.loadgen.sim.workload import ScaledTrace
-from speckv.loadgen.traces import TraceRequest
+from speckv.loadgen.workload.scaled import ScaledTrace
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.predictor.arrivals import Arrival
+from speckv.services.common.ids import Family
+from speckv.services.common.traces import TraceRequest
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.core import PredictorCore
-from speckv.services.predictor.lgbm_model import LightGbmModel
-from speckv.services.predictor.timeseries import aggregate
+from speckv.services.predictor.family_counts import aggregate
+from speckv.services.predictor.lgbm_served import LightGbmModel
+from speckv.services.predictor.observations import Arrival
 from speckv.services.predictor.training import load_config, train_on_counts
-from speckv.services.scheduler.arrivals import ArrivalRecord
+from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.forecasts import Forecast
-from speckv.services.scheduler.ids import Family
 
 PREDICTOR_KINDS = ("builtin", "lightgbm")
 

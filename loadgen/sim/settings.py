@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from speckv.loadgen.e2e_config import E2EConfig
+from speckv.loadgen.experiments.e2e_config import E2EConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ modelled here instead of a process: the network (network.py), the reference
 router's request path, the engines' heartbeats and the kvstore agents'
 order execution.
 
-Request path (as loadgen/router.py does live): at its arrival time a request
+Request path (as loadgen/experiments/router.py does live): at its arrival time a request
 is routed (Route confirms the prefix with the chosen node's simulated
 kvstore); replica blocks in its cached prefix are counted; a pull named by
 the route moves fetched_tokens x real bytes per token over the network from
@@ -37,31 +37,31 @@ free pages); an unchanged node still reports every liveness_s.
 from __future__ import annotations
 
 import time
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Sequence
 
-from speckv.loadgen.e2e_config import E2EConfig
-from speckv.loadgen.engine import EngineEvent, EngineJob, EventKind, job_times
-from speckv.loadgen.metrics import RequestRecord, request_key
-from speckv.loadgen.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
-from speckv.loadgen.sim.engine import FastEngine
-from speckv.loadgen.sim.events import EventQueue, Handle, VirtualClock
+from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, EngineJob, job_times
+from speckv.loadgen.engines.fast import FastEngine
+from speckv.loadgen.experiments.e2e_config import E2EConfig
+from speckv.loadgen.experiments.metrics import RequestRecord, request_key
+from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
+from speckv.loadgen.experiments.warm_start import resident_tail
+from speckv.loadgen.sim.events import EventHandle, EventQueue, VirtualClock
 from speckv.loadgen.sim.kvnode import SimKVNode
 from speckv.loadgen.sim.network import Network, Transfer
-from speckv.loadgen.bench._e2e_warm import resident_tail
 from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
 from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.traces import TraceRequest
 from speckv.services.common.errors import SpeckvError
-from speckv.services.scheduler.block_index import EventKind as IndexKind
-from speckv.services.scheduler.block_index import IndexEvent
+from speckv.services.common.ids import NodeId
+from speckv.services.common.traces import TraceRequest
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import CoreSettings, SchedulerCore
+from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.forecasts import FutureArrivals, TraceFutureArrivals
-from speckv.services.scheduler.ids import NodeId
-from speckv.services.scheduler.orders import Order, OrderState
+from speckv.services.scheduler.holder_index import HolderEventKind
+from speckv.services.scheduler.holder_index import IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
+from speckv.services.scheduler.replication.orders import Order, OrderState
 
 Progress = Callable[[int, int, RequestRecord | None], None]
 TICK_PRIORITY, HEARTBEAT_PRIORITY = 1, 2  # after arrivals and engine events at the same instant
@@ -132,7 +132,7 @@ class Simulation:
         self.kv = {n: SimKVNode(n, settings.pool_pages) for n in self.ids}
         addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
         self.core = SchedulerCore(
-            CoreSettings(node_timeout_s=settings.node_timeout_s, policy=policy, link_gbps=config.link.gbps,
+            SchedulerSettings(node_timeout_s=settings.node_timeout_s, policy=policy, link_gbps=config.link.gbps,
                          link_overhead_ms=config.link.overhead_ms),
             self.queue.clock, config.profile, confirmer=_Confirmer({addresses[n]: self.kv[n] for n in self.ids}),
             arrivals=arrivals, forecasts=self._forecasts,
@@ -148,7 +148,7 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self.forecast_log: list[tuple[float, str, float]] = []
         self._inflight: dict[str, _Flight] = {}
-        self._wakes: dict[NodeId, Handle | None] = {n: None for n in self.ids}
+        self._wakes: dict[NodeId, EventHandle | None] = {n: None for n in self.ids}
         self._dirty: set[NodeId] = set()
         self._last_beat = {n: start for n in self.ids}
         self._next = 0
@@ -174,7 +174,7 @@ class Simulation:
                 continue
             node = NodeId(route.node_id)
             out = self.kv[node].put(hashes[cached:], now)
-            self._emit(node, IndexKind.STORED, out.stored, hashes[0], r.family)
+            self._emit(node, HolderEventKind.STORED, out.stored, hashes[0], r.family)
             self._evicted(node, out.evicted, now)
 
     # --- running ------------------------------------------------------------------
@@ -264,7 +264,7 @@ class Simulation:
             flight = self._inflight.get(event.job.request_id)
             if flight is None:
                 continue
-            if event.kind is EventKind.FIRST_TOKEN:
+            if event.kind is EngineEventKind.FIRST_TOKEN:
                 self._store(node, flight)
             else:
                 self._finish(flight, event)
@@ -277,7 +277,7 @@ class Simulation:
             return
         now = self.queue.now()
         out = self.kv[node].put(hashes[first_new:], now)
-        self._emit(node, IndexKind.STORED, out.stored, hashes[0], request.family)
+        self._emit(node, HolderEventKind.STORED, out.stored, hashes[0], request.family)
         self._evicted(node, out.evicted, now)
 
     def _finish(self, flight: _Flight, event: EngineEvent) -> None:
@@ -298,7 +298,7 @@ class Simulation:
         self._on_progress(len(self._requests), self._done, record)
 
     # --- KV events --------------------------------------------------------------------
-    def _emit(self, node: NodeId, kind: IndexKind, hashes: list[int], root: int, family: str) -> None:
+    def _emit(self, node: NodeId, kind: HolderEventKind, hashes: list[int], root: int, family: str) -> None:
         if not hashes:
             return
         event = IndexEvent(kind, hashes, has_parent=hashes[0] != root, family=family)
@@ -306,7 +306,7 @@ class Simulation:
 
     def _evicted(self, node: NodeId, hashes: list[int], now: float) -> None:
         if hashes:
-            self.core.apply_kv_event(node, self._gen[node], IndexEvent(IndexKind.REMOVED, hashes))
+            self.core.apply_kv_event(node, self._gen[node], IndexEvent(HolderEventKind.REMOVED, hashes))
             self.ledger.apply(node, KVEventKind.REMOVED, hashes, now)
 
     # --- scheduler: ticks, orders, heartbeats -------------------------------------------
@@ -329,7 +329,7 @@ class Simulation:
         target = NodeId(spec.target)
         out = self.kv[target].put(spec.block_hashes, now, lease_deadline=now + spec.lease_ms / 1e3)
         self.ledger.apply(target, KVEventKind.COMMITTED, out.stored, now, order.order_id, spec.family)
-        self._emit(target, IndexKind.COMMITTED, out.stored, spec.block_hashes[0], spec.family)
+        self._emit(target, HolderEventKind.COMMITTED, out.stored, spec.block_hashes[0], spec.family)
         self._evicted(target, out.evicted, now)
         self._report(order, OrderState.COMMITTED, "committed", transfer.nbytes, len(spec.block_hashes))
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar, get_type_hints
 
 from speckv.services.common.errors import InvalidArgument
 
 C = TypeVar("C")
+# The committed configuration files (services/config/*.json), shipped as package data.
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

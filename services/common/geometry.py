@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.v1 import common_pb2
 
 # dtype name -> NumPy storage dtype (bf16 kept as its uint16 bit pattern).
 STORAGE_DTYPES: dict[str, np.dtype] = {
@@ -81,20 +80,6 @@ class KVGeometry:
         if block_size == 0:
             return self
         return replace(self, block_size=block_size)
-
-    def to_proto(self) -> common_pb2.KVGeometry:
-        return common_pb2.KVGeometry(
-            num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            dtype=self.dtype, block_size=self.block_size, bytes_per_block=self.bytes_per_block,
-            name=self.name)
-
-    @classmethod
-    def from_proto(cls, message: common_pb2.KVGeometry) -> "KVGeometry":
-        """bytes_per_block in the message is ignored (it is derived)."""
-        return cls(
-            num_layers=message.num_layers, num_kv_heads=message.num_kv_heads,
-            head_dim=message.head_dim, dtype=message.dtype, block_size=message.block_size,
-            name=message.name)
 
 
 # Published KV shapes (GQA: num_kv_heads is the number of KV heads, not of

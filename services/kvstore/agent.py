@@ -26,9 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from speckv.services.common.errors import SpeckvError
+from speckv.services.common.geometry_proto import geometry_to_proto
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
-from speckv.services.kvstore.replication import Outcome, ReplicationResult, Replicator
+from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOutcome
 from speckv.services.kvstore.servicer import order_from_proto
 from speckv.services.kvstore.store import KVStoreCore
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -110,7 +111,7 @@ class SchedulerAgent:
         stats = self._store.stats()
         reply = self._stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(
             node_id=self._store.node_id, address=self._address, capacity_pages=stats.num_pages,
-            geometry=stats.geometry.to_proto()), timeout=self._timeout_s)
+            geometry=geometry_to_proto(stats.geometry)), timeout=self._timeout_s)
         self.registrations += 1
         log.info("registered %s at %s with the scheduler", self._store.node_id, self._address)
         return reply.heartbeat_interval_ms / 1000.0 if reply.heartbeat_interval_ms else self._interval_s
@@ -148,11 +149,11 @@ class SchedulerAgent:
         try:
             result = self._replicator.replicate(order_from_proto(order))
         except SpeckvError as exc:
-            result = ReplicationResult(order.order_id, Outcome.FAILED, message=str(exc), error=exc)
+            result = ReplicationResult(order.order_id, TransferOutcome.FAILED, message=str(exc), error=exc)
         except Exception as exc:  # noqa: BLE001 - a bug must still fail the order, not hang it
             log.exception("order %s crashed", order.order_id)
-            result = ReplicationResult(order.order_id, Outcome.FAILED, message=f"internal error: {exc}")
-        state = (common_pb2.ORDER_STATE_COMMITTED if result.outcome is Outcome.COMMITTED
+            result = ReplicationResult(order.order_id, TransferOutcome.FAILED, message=f"internal error: {exc}")
+        state = (common_pb2.ORDER_STATE_COMMITTED if result.outcome is TransferOutcome.COMMITTED
                  else common_pb2.ORDER_STATE_FAILED)
         self._report(order.order_id, state, result.message, result.bytes_sent, result.blocks_sent)
 

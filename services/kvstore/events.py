@@ -21,7 +21,7 @@ from enum import IntEnum
 from typing import Callable, Iterator
 
 from speckv.services.common.clock import Clock
-from speckv.services.kvstore.index import BlockHash
+from speckv.services.common.ids import BlockHash
 
 # Resident hashes and the last sequence they reflect, read atomically.
 SnapshotFn = Callable[[], tuple[list[BlockHash], int]]

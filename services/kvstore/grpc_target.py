@@ -14,13 +14,13 @@ from typing import Iterator, Mapping
 import grpc
 
 from speckv.services.common import errors
+from speckv.services.common.ids import BlockHash
 from speckv.services.common.interceptor import STATUS_OF_ERROR
 from speckv.services.common.server import MIB, open_channel
 from speckv.services.common.telemetry import Telemetry
-from speckv.services.kvstore.index import BlockHash
-from speckv.services.kvstore.replication import Chunk, Order
+from speckv.services.kvstore.dataplane.token_bucket import TokenBucket
+from speckv.services.kvstore.replication import Chunk, TransferOrder
 from speckv.services.kvstore.reservations import Grant, Handle
-from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 ERROR_OF_STATUS = {code: cls for cls, code in STATUS_OF_ERROR.items()}
@@ -63,7 +63,7 @@ class GrpcReplicationTarget:
         self._channel = open_channel(address, telemetry, max_message_bytes)
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
 
-    def reserve(self, order: Order, lease_s: float) -> Grant:
+    def reserve(self, order: TransferOrder, lease_s: float) -> Grant:
         request = kvstore_pb2.ReserveRequest(
             order_id=order.order_id, block_hashes=order.block_hashes, lease_ms=max(1, round(lease_s * 1000)),
             source_node=order.source_node, family=order.family,

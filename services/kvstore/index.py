@@ -34,11 +34,11 @@ import heapq
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NewType, Sequence
+from typing import Sequence
 
+from speckv.services.common.ids import BlockHash
 from speckv.services.kvstore.pool import PageId
 
-BlockHash = NewType("BlockHash", int)
 MAX_HASH = (1 << 64) - 1
 
 

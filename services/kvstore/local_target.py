@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, Mapping
 
-from speckv.services.kvstore.replication import Chunk, Order
+from speckv.services.kvstore.replication import Chunk, TransferOrder
 from speckv.services.kvstore.reservations import Grant
 from speckv.services.kvstore.store import KVStoreCore
 
@@ -17,7 +17,7 @@ class LocalTarget:
     def __init__(self, target: KVStoreCore) -> None:
         self.target = target
 
-    def reserve(self, order: Order, lease_s: float) -> Grant:
+    def reserve(self, order: TransferOrder, lease_s: float) -> Grant:
         return self.target.reserve(order.order_id, list(order.block_hashes), lease_s, family=order.family,
                                    parent=order.parent, source_node=order.source_node)
 

@@ -30,9 +30,9 @@ from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError
+from speckv.services.common.ids import BlockHash
 from speckv.services.kvstore import validate
-from speckv.services.kvstore.index import BlockHash
-from speckv.services.kvstore.pack_pipeline import pipelined_chunks
+from speckv.services.kvstore.dataplane.pack_pipeline import pipelined_chunks
 from speckv.services.kvstore.pool import Buffer
 from speckv.services.kvstore.reservations import Grant
 from speckv.services.kvstore.store import KVStoreCore
@@ -43,7 +43,7 @@ MIN_CHUNK, MAX_CHUNK = 256 * KIB, 4096 * KIB
 
 
 @dataclass(frozen=True, slots=True)
-class Order:
+class TransferOrder:
     """A replication order as the kvstore needs it (times in seconds)."""
 
     order_id: str
@@ -82,7 +82,7 @@ class ReplicationTarget(Protocol):
     transport: str  # the data plane the chunks went over ("tcp", "grpc", "local")
     zero_copy: bool  # after reserve: whether write_chunks takes zero-copy chunks (pieces)
 
-    def reserve(self, order: Order, lease_s: float) -> Grant: ...
+    def reserve(self, order: TransferOrder, lease_s: float) -> Grant: ...
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
         """Sends every chunk; returns the bytes the target acknowledged."""
@@ -98,7 +98,7 @@ class ReplicationTarget(Protocol):
 TargetFactory = Callable[[str], ReplicationTarget]  # target address -> transport
 
 
-class Outcome(Enum):
+class TransferOutcome(Enum):
     COMMITTED = "committed"
     FAILED = "failed"
 
@@ -106,7 +106,7 @@ class Outcome(Enum):
 @dataclass(slots=True)
 class ReplicationResult:
     order_id: str
-    outcome: Outcome
+    outcome: TransferOutcome
     blocks_sent: int = 0
     blocks_skipped: int = 0  # already on the target
     bytes_sent: int = 0
@@ -130,7 +130,7 @@ class Replicator:
         self.chunk_bytes = chunk_bytes
         self.reservation_lease_s = reservation_lease_s
 
-    def replicate(self, order: Order, *, chunk_bytes: int = 0, transport: str = "") -> ReplicationResult:
+    def replicate(self, order: TransferOrder, *, chunk_bytes: int = 0, transport: str = "") -> ReplicationResult:
         """Runs the handshake. Input errors and missing source blocks raise;
         failures after that are returned as a FAILED result (with the error).
         chunk_bytes 0 and transport "" keep the node's defaults."""
@@ -146,20 +146,20 @@ class Replicator:
         connect = self._transports[transport] if transport else self._connect
         chunk_bytes = chunk_bytes or self.chunk_bytes
         started = self._clock.now()
-        result = ReplicationResult(order.order_id, Outcome.FAILED)
+        result = ReplicationResult(order.order_id, TransferOutcome.FAILED)
         with self._store.hold(order.block_hashes, f"replicate order {order.order_id}"):
             target = connect(order.target_address)
             try:
                 self._run(order, target, result, chunk_bytes)
             except SpeckvError as exc:
-                result.outcome, result.error, result.message = Outcome.FAILED, exc, str(exc)
+                result.outcome, result.error, result.message = TransferOutcome.FAILED, exc, str(exc)
             finally:
                 result.transport = target.transport
                 target.close()
         result.seconds = self._clock.now() - started
         return result
 
-    def _run(self, order: Order, target: ReplicationTarget, result: ReplicationResult, chunk_bytes: int) -> None:
+    def _run(self, order: TransferOrder, target: ReplicationTarget, result: ReplicationResult, chunk_bytes: int) -> None:
         grant = target.reserve(order, self.reservation_lease_s)
         try:
             self._check_grant(order, grant)
@@ -171,12 +171,12 @@ class Replicator:
                 target.write_chunks(grant.handle, make(grant.hashes, chunk_bytes, crcs, result), total)
             target.commit(grant.handle, crcs, order.replica_lease_s)
             result.blocks_sent = len(grant.hashes)
-            result.outcome = Outcome.COMMITTED
+            result.outcome = TransferOutcome.COMMITTED
         except BaseException as exc:
             self._abort(target, grant.handle, exc)
             raise
 
-    def _check_grant(self, order: Order, grant: Grant) -> None:
+    def _check_grant(self, order: TransferOrder, grant: Grant) -> None:
         if grant.bytes_per_block != self._store.bytes_per_block:
             raise FailedPrecondition(
                 f"order {order.order_id}: target {order.target_address} has {grant.bytes_per_block} bytes "

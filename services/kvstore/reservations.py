@@ -39,12 +39,11 @@ from typing import Callable, NewType, Sequence
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.common.ids import BlockHash, OrderId
 from speckv.services.kvstore.checksum import crc32c
-from speckv.services.kvstore.index import BlockHash
-from speckv.services.kvstore.pool import Buffer, PagePool, PageId
+from speckv.services.kvstore.pool import Buffer, PageId, PagePool
 
 Handle = NewType("Handle", str)
-OrderId = NewType("OrderId", str)
 MAX_TOMBSTONES = 4096
 
 

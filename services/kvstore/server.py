@@ -20,11 +20,11 @@ from speckv.services.common.server import ServiceServer, serve_until_signal
 from speckv.services.common.telemetry import Telemetry, build_telemetry
 from speckv.services.kvstore.agent import SchedulerAgent
 from speckv.services.kvstore.config import KVStoreConfig
-from speckv.services.kvstore.data_plane import DataPlaneServer
+from speckv.services.kvstore.dataplane.listener import DataPlaneServer
+from speckv.services.kvstore.dataplane.tcp_target import TcpReplicationTarget
+from speckv.services.kvstore.dataplane.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.replication import Replicator, TargetFactory
-from speckv.services.kvstore.tcp_target import TcpReplicationTarget
-from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.servicer import KVStoreServicer
 from speckv.services.kvstore.store import KVStoreCore
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc

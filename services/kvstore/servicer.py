@@ -7,10 +7,11 @@ from typing import Iterator
 import grpc
 
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.geometry_proto import geometry_to_proto
+from speckv.services.common.ids import BlockHash
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
-from speckv.services.kvstore.index import BlockHash
-from speckv.services.kvstore.replication import Order, Outcome, ReplicationResult, Replicator
+from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
 from speckv.services.kvstore.store import BlockWrite, KVStoreCore, StoreStats
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 
@@ -106,15 +107,15 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.AbortResponse(pages_freed=self._store.abort(request.handle, request.reason))
 
 
-def order_from_proto(message: common_pb2.ReplicationOrder) -> Order:
-    return Order(
+def order_from_proto(message: common_pb2.ReplicationOrder) -> TransferOrder:
+    return TransferOrder(
         order_id=message.order_id, block_hashes=tuple(BlockHash(h) for h in message.block_hashes),
         target_address=message.target_address, family=message.family, source_node=message.source_node,
         target_node=message.target_node, replica_lease_s=message.lease_ms / MS)
 
 
 def result_to_proto(result: ReplicationResult) -> kvstore_pb2.ReplicateResponse:
-    state = (common_pb2.ORDER_STATE_COMMITTED if result.outcome is Outcome.COMMITTED
+    state = (common_pb2.ORDER_STATE_COMMITTED if result.outcome is TransferOutcome.COMMITTED
              else common_pb2.ORDER_STATE_FAILED)
     return kvstore_pb2.ReplicateResponse(
         order_id=result.order_id, state=state, blocks_sent=result.blocks_sent,
@@ -124,7 +125,7 @@ def result_to_proto(result: ReplicationResult) -> kvstore_pb2.ReplicateResponse:
 
 def stats_to_proto(stats: StoreStats) -> kvstore_pb2.StatsResponse:
     return kvstore_pb2.StatsResponse(
-        node_id=stats.node_id, geometry=stats.geometry.to_proto(), num_pages=stats.num_pages,
+        node_id=stats.node_id, geometry=geometry_to_proto(stats.geometry), num_pages=stats.num_pages,
         used_pages=stats.used_pages, free_pages=stats.free_pages, pinned_pages=stats.pinned_pages,
         reserved_pages=stats.reserved_pages, replica_pages=stats.replica_pages, pool_bytes=stats.pool_bytes,
         last_event_sequence=stats.last_event_sequence, blocks_stored_total=stats.blocks_stored_total,

@@ -30,13 +30,14 @@ import numpy as np
 from speckv.kernels.backend import Backend
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from speckv.services.kvstore import validate
-from speckv.services.kvstore.events import EventLog, EventType, KVEvent
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.kvstore.index import BlockEntry, BlockHash, BlockIndex
-from speckv.services.kvstore.pool import Buffer, PagePool, PageId
-from speckv.services.kvstore.reservations import Grant, Handle, OrderId, Reservation, ReservationBook
-from speckv.services.kvstore.segments import Piece, Span
+from speckv.services.common.ids import BlockHash, OrderId
+from speckv.services.kvstore import validate
+from speckv.services.kvstore.dataplane.segments import Piece, Span
+from speckv.services.kvstore.events import EventLog, EventType, KVEvent
+from speckv.services.kvstore.index import BlockEntry, BlockIndex
+from speckv.services.kvstore.pool import Buffer, PageId, PagePool
+from speckv.services.kvstore.reservations import Grant, Handle, Reservation, ReservationBook
 
 
 @dataclass(slots=True)

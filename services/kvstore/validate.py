@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Sequence
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.kvstore.index import BlockHash
+from speckv.services.common.ids import BlockHash
 
 MAX_HASH = (1 << 64) - 1
 SHOWN = 8  # hashes quoted in a message at most

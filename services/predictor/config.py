@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
-from speckv.services.predictor.core import CoreSettings
-from speckv.services.predictor.models import HISTORY_HALFLIVES, EwmaModel, EwmaParams
+from speckv.services.predictor.core import PredictorSettings
+from speckv.services.predictor.count_models import HISTORY_HALFLIVES, EwmaModel, EwmaParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +55,8 @@ class PredictorConfig(ServerSettings):
             raise ValueError(self.horizons)
         return values
 
-    def core_settings(self) -> CoreSettings:
-        return CoreSettings(step_s=self.step_s, window_s=self.window_s,
+    def core_settings(self) -> PredictorSettings:
+        return PredictorSettings(step_s=self.step_s, window_s=self.window_s,
                             max_families_per_call=self.max_families_per_call,
                             max_horizon_s=self.max_horizon_s, max_future_s=self.max_future_s)
 

@@ -33,17 +33,18 @@ import numpy as np
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.predictor.arrivals import Arrival, ObserveResult, RejectReason, Rejection, check_arrival
+from speckv.services.common.ids import Family
+from speckv.services.predictor.arrival_ring import ArrivalPlacement, ArrivalSeries
+from speckv.services.predictor.count_models import CountModel, Memos, SeriesState, rank_rows
 from speckv.services.predictor.live_features import LiveFeatures
 from speckv.services.predictor.manifest import load_model
-from speckv.services.predictor.models import CountModel, Memos, SeriesState, rank_rows
-from speckv.services.predictor.series import ArrivalSeries, Family, Placement
+from speckv.services.predictor.observations import Arrival, ObserveResult, Rejection, RejectReason, check_arrival
 
 BUILTIN_SOURCE = "builtin"
 
 
 @dataclass(frozen=True, slots=True)
-class CoreSettings:
+class PredictorSettings:
     """Series shape and request limits. Seconds throughout."""
 
     step_s: float = 1.0
@@ -116,7 +117,7 @@ class _Counters:
 
 
 class PredictorCore:
-    def __init__(self, clock: Clock, model: CountModel, settings: CoreSettings,
+    def __init__(self, clock: Clock, model: CountModel, settings: PredictorSettings,
                  source: str = BUILTIN_SOURCE) -> None:
         settings.validate()
         self._clock = clock
@@ -144,10 +145,10 @@ class PredictorCore:
                 if rejection is None:
                     self._complete_steps_before(arrival.time_s)
                     placement = self._series.add(arrival.family, arrival.time_s)
-                    if placement is Placement.TOO_OLD:
+                    if placement is ArrivalPlacement.TOO_OLD:
                         rejection = Rejection(RejectReason.TOO_OLD, f"time_s={arrival.time_s!r} is before the "
                                               f"{s.window_s:g} s window the predictor holds")
-                    elif placement is Placement.COUNTED_LATE:
+                    elif placement is ArrivalPlacement.COUNTED_LATE:
                         self._counters.late += 1
                 if rejection is None:
                     result.accepted += 1

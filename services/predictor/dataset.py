@@ -14,9 +14,9 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from speckv.services.predictor.family_counts import FamilyCounts
 from speckv.services.predictor.features import FeatureSpec, batch_feature_rows, batch_features
 from speckv.services.predictor.targets import burst_threshold, future_counts, horizon_steps, onset_steps
-from speckv.services.predictor.timeseries import FamilyCounts
 
 BLOCK_FAMILIES = 256
 

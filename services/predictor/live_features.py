@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from speckv.services.predictor.arrival_ring import ArrivalSeries
 from speckv.services.predictor.features import FeatureSpec, OnlineFeatures
-from speckv.services.predictor.series import ArrivalSeries
 
 MAX_GAP_WINDOWS = 4
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from speckv.services.common.errors import InvalidArgument, NotFound
-from speckv.services.predictor.models import CountModel, EwmaModel, EwmaParams, LastValueModel, RateParams
+from speckv.services.predictor.count_models import CountModel, EwmaModel, EwmaParams, LastValueModel, RateParams
 
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
@@ -45,7 +45,7 @@ class ModelKind:
 
 
 def _parse_lightgbm(*args: Any) -> CountModel:
-    from speckv.services.predictor.lgbm_model import load_lightgbm  # lightgbm loads only when used
+    from speckv.services.predictor.lgbm_served import load_lightgbm  # lightgbm loads only when used
 
     return load_lightgbm(*args)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speckv.services.predictor.series import ArrivalSeries
+from speckv.services.predictor.arrival_ring import ArrivalSeries
 
 LN2 = math.log(2.0)
 

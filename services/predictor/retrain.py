@@ -26,16 +26,16 @@ from scipy import sparse
 from speckv.services.predictor.baselines import Ewma
 from speckv.services.predictor.core import PredictorCore
 from speckv.services.predictor.evaluation import mae
-from speckv.services.predictor.lgbm import is_sane
-from speckv.services.predictor.lgbm_model import LightGbmModel, save_model
+from speckv.services.predictor.family_counts import FamilyCounts
+from speckv.services.predictor.lgbm_forecaster import is_sane
+from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
 from speckv.services.predictor.manifest import load_model
-from speckv.services.predictor.timeseries import FamilyCounts
 from speckv.services.predictor.training import TrainingConfig, train_on_counts
 
 log = logging.getLogger(__name__)
 
 
-class Outcome(enum.Enum):
+class RetrainOutcome(enum.Enum):
     SWAPPED = "swapped"
     REJECTED = "rejected"  # trained, failed validation
     SKIPPED = "skipped"  # too little history to train on
@@ -44,7 +44,7 @@ class Outcome(enum.Enum):
 
 @dataclass(slots=True)
 class RetrainResult:
-    outcome: Outcome
+    outcome: RetrainOutcome
     reason: str
     version: str = ""
     candidate_mae: float = float("nan")
@@ -73,7 +73,7 @@ class Retrainer:
             result = self._retrain()
         except Exception as exc:  # a broken candidate must never take the service down
             log.exception("retrain failed")
-            result = RetrainResult(Outcome.FAILED, f"{type(exc).__name__}: {exc}")
+            result = RetrainResult(RetrainOutcome.FAILED, f"{type(exc).__name__}: {exc}")
         self.last = result
         return result
 
@@ -81,7 +81,7 @@ class Retrainer:
         families, window, first, step_s = self._core.snapshot()
         active = window.sum(axis=0).nonzero()[0]
         if not families or not len(active) or (active[-1] - active[0] + 1) * step_s < self._settings.min_history_s:
-            return RetrainResult(Outcome.SKIPPED, "less than min_history_s of history in the window")
+            return RetrainResult(RetrainOutcome.SKIPPED, "less than min_history_s of history in the window")
         start = int(active[0])  # the window before the first arrival was never observed
         counts = FamilyCounts(families, sparse.csr_matrix(window[:, start:].astype(np.float64)), step_s,
                               (first + start) * step_s)
@@ -91,9 +91,9 @@ class Retrainer:
         trained = train_on_counts(counts, self._config, [ewma])
         valid, bundle = trained.validation, trained.bundle
         if not len(valid):
-            return RetrainResult(Outcome.SKIPPED, "no validation rows")
+            return RetrainResult(RetrainOutcome.SKIPPED, "no validation rows")
         if not is_sane(bundle, valid.X):
-            return RetrainResult(Outcome.REJECTED, "candidate produced non-finite forecasts")
+            return RetrainResult(RetrainOutcome.REJECTED, "candidate produced non-finite forecasts")
         ref = len(self._config.horizons_s) // 2
         truth = valid.count[:, ref].astype(np.float64)
         candidate = mae(bundle.predict(valid.X)[0][:, ref], truth)
@@ -102,7 +102,7 @@ class Retrainer:
         if isinstance(serving, LightGbmModel) and serving.feature_spec == bundle.spec:
             reference = min(reference, mae(serving.bundle.predict(valid.X)[0][:, ref], truth))
         if not candidate <= (1.0 + self._settings.tolerance) * reference:
-            return RetrainResult(Outcome.REJECTED, f"validation MAE {candidate:.4f} above reference {reference:.4f}",
+            return RetrainResult(RetrainOutcome.REJECTED, f"validation MAE {candidate:.4f} above reference {reference:.4f}",
                                  candidate_mae=candidate, reference_mae=reference)
         self._serial += 1
         version = f"online-{self._serial}-step{first + int(window.shape[1]) - 1}"
@@ -110,7 +110,7 @@ class Retrainer:
         directory = self._settings.directory / version
         save_model(directory, LightGbmModel(bundle, version, metrics, trace="online window"))
         self._core.install(load_model(directory), str(directory))
-        return RetrainResult(Outcome.SWAPPED, "validated", version, candidate, reference)
+        return RetrainResult(RetrainOutcome.SWAPPED, "validated", version, candidate, reference)
 
     # --- schedule --------------------------------------------------------------
 

@@ -6,8 +6,8 @@ from typing import Iterator
 
 import grpc
 
-from speckv.services.predictor.arrivals import Arrival, ObserveResult
 from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
+from speckv.services.predictor.observations import Arrival, ObserveResult
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 

@@ -18,12 +18,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from speckv.services.common.config import CONFIG_DIR
 from speckv.services.predictor.dataset import BlockForecaster, Rows, build_rows
+from speckv.services.predictor.family_counts import FamilyCounts
 from speckv.services.predictor.features import FeatureSpec, periodic_features_usable
-from speckv.services.predictor.lgbm import LgbmBundle, train_bundle
-from speckv.services.predictor.timeseries import FamilyCounts
+from speckv.services.predictor.lgbm_forecaster import LgbmBundle, train_bundle
 
-CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "predictor.json"
+CONFIG_PATH = CONFIG_DIR / "predictor.json"
 
 
 @dataclass(frozen=True, slots=True)

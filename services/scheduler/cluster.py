@@ -31,8 +31,8 @@ from typing import Callable, Collection, Iterable
 
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.scheduler.ids import NodeId
-from speckv.services.scheduler.load_board import LoadBoard
+from speckv.services.common.ids import NodeId
+from speckv.services.scheduler.routing.load_board import LoadBoard
 
 QueueCost = Callable[[int, int], float]  # (queued tokens, waiting requests) -> ms
 

@@ -26,26 +26,32 @@ from dataclasses import dataclass, field, replace
 from typing import Collection, Protocol, Sequence
 
 from speckv.services.common.clock import Clock
+from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
-from speckv.services.scheduler.arrivals import ArrivalRecord
-from speckv.services.scheduler.block_index import BlockIndex, EventKind, IndexEvent
-from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad
-from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.geometry import KVGeometry
+from speckv.services.common.ids import UINT64_MAX, Family, NodeId, default_family
+from speckv.services.scheduler.arrival_reports import ArrivalRecord
+from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad
 from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
-from speckv.services.scheduler.ids import UINT64_MAX, Family, NodeId, default_family
-from speckv.services.scheduler.lifecycle import OrderLifecycle
-from speckv.services.scheduler.link_backlog import LinkBacklog
-from speckv.services.scheduler.order_feed import OrderFeed, Watcher
-from speckv.services.scheduler.orders import Order, OrderSpec, OrderState, OrderTracker, validate_spec
+from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex, IndexEvent
 from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan, Policy
 from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
 from speckv.services.scheduler.policy_config import PolicyConfig, load_policy_config
-from speckv.services.scheduler.replicas import ReplicaLedger, ReplicaStats
-from speckv.services.scheduler.router import (Candidate, KvAwareRouter, RouteDecision, RouteQuery, best_holder,
-                                              uncached_tokens)
+from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
+from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
+from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState, OrderTracker, validate_spec
+from speckv.services.scheduler.replication.replicas import LeasedReplicas, ReplicaStats
+from speckv.services.scheduler.routing.link_backlog import LinkBacklog
+from speckv.services.scheduler.routing.router import (
+    Candidate,
+    KvAwareRouter,
+    RouteDecision,
+    RouteQuery,
+    best_holder,
+    uncached_tokens,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +69,7 @@ class NodeListener(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class CoreSettings:
+class SchedulerSettings:
     node_timeout_s: float = 5.0
     heartbeat_interval_ms: int = 1000
     policy: str = "none"
@@ -157,7 +163,7 @@ class PolicyInfo:
 
 
 class SchedulerCore:
-    def __init__(self, settings: CoreSettings, clock: Clock, profile: EngineProfile,
+    def __init__(self, settings: SchedulerSettings, clock: Clock, profile: EngineProfile,
                  registry: PolicyRegistry | None = None, confirmer: PrefixConfirmer | None = None,
                  arrivals: ArrivalSink | None = None, listener: NodeListener | None = None,
                  forecasts: ForecastSource | None = None, future: FutureArrivals | None = None) -> None:
@@ -172,10 +178,10 @@ class SchedulerCore:
         self._policy: Policy = self._registry.create(settings.policy)
         self._confirmer, self._arrivals, self._listener = confirmer, arrivals, listener
         self._cluster = Cluster(settings.node_timeout_s, profile.queue_ms)
-        self._index = BlockIndex()
+        self._index = HolderIndex()
         self._families = FamilyCatalog(self._pcfg.families)
         self._orders = OrderTracker()
-        self._lifecycle = OrderLifecycle(self._orders, ReplicaLedger(), self._index, self._submit_locked,
+        self._lifecycle = OrderLifecycle(self._orders, LeasedReplicas(), self._index, self._submit_locked,
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms)
@@ -224,7 +230,7 @@ class SchedulerCore:
             if node is None or node.generation != generation:
                 return False
             self._index.apply(node_id, event)
-            if event.kind is EventKind.COMMITTED:
+            if event.kind is HolderEventKind.COMMITTED:
                 self._lifecycle.kv_committed(node_id, self._clock.now())
             return True
 

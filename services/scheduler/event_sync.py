@@ -29,10 +29,10 @@ from typing import Callable
 
 import grpc
 
+from speckv.services.common.ids import NodeId
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
-from speckv.services.scheduler.block_index import EventKind, IndexEvent
-from speckv.services.scheduler.ids import NodeId
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,10 @@ ApplyFn = Callable[[NodeId, int, IndexEvent], bool]
 ResetFn = Callable[[NodeId, int], bool]
 
 KIND_OF_EVENT = {
-    kvstore_pb2.KV_EVENT_TYPE_STORED: EventKind.STORED,
-    kvstore_pb2.KV_EVENT_TYPE_REMOVED: EventKind.REMOVED,
-    kvstore_pb2.KV_EVENT_TYPE_COMMITTED: EventKind.COMMITTED,
-    kvstore_pb2.KV_EVENT_TYPE_SNAPSHOT: EventKind.SNAPSHOT,
+    kvstore_pb2.KV_EVENT_TYPE_STORED: HolderEventKind.STORED,
+    kvstore_pb2.KV_EVENT_TYPE_REMOVED: HolderEventKind.REMOVED,
+    kvstore_pb2.KV_EVENT_TYPE_COMMITTED: HolderEventKind.COMMITTED,
+    kvstore_pb2.KV_EVENT_TYPE_SNAPSHOT: HolderEventKind.SNAPSHOT,
 }
 
 
@@ -133,7 +133,7 @@ class NodeEventStream:
         event = to_index_event(message)
         if event is None:
             return True
-        if event.kind is not EventKind.SNAPSHOT and self.last_sequence:
+        if event.kind is not HolderEventKind.SNAPSHOT and self.last_sequence:
             if event.sequence <= self.last_sequence:
                 return True  # a replay of what we already applied
             if event.sequence != self.last_sequence + 1:

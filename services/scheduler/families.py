@@ -26,7 +26,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.policy_config import FamilySettings
 
 

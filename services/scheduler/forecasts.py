@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from speckv.loadgen.traces.records import TraceRequest
-from speckv.services.scheduler.ids import Family
+from speckv.services.common.ids import Family
+from speckv.services.common.traces.records import TraceRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
+from speckv.services.common.config import CONFIG_DIR
 from speckv.services.common.errors import InvalidArgument
 
-DEFAULT_POLICIES_PATH = Path(__file__).resolve().parent.parent / "config" / "policies.json"
+DEFAULT_POLICIES_PATH = CONFIG_DIR / "policies.json"
 T = TypeVar("T")
 
 

@@ -11,11 +11,11 @@ from typing import Sequence
 
 import grpc
 
+from speckv.services.common.ids import Family
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
-from speckv.services.scheduler.arrivals import ArrivalRecord
+from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.forecasts import Forecast
-from speckv.services.scheduler.ids import Family
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, predictor_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -7,16 +7,16 @@ from typing import Callable, Mapping
 
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
+from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.ids import NodeId
 from speckv.services.common.metrics import register_gauges
 from speckv.services.common.server import ServiceServer, serve_until_signal
 from speckv.services.common.telemetry import Telemetry, build_telemetry
-from speckv.services.scheduler.arrivals import ArrivalReporter
+from speckv.services.common.traces.mooncake import load_mooncake
+from speckv.services.scheduler.arrival_reports import ArrivalReporter
 from speckv.services.scheduler.config import SchedulerConfig
-from speckv.services.scheduler.core import CoreSettings, SchedulerCore
-from speckv.services.scheduler.engine_profile import get_profile
+from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.event_sync import EventSync
-from speckv.services.scheduler.ids import NodeId
-from speckv.loadgen.traces.mooncake import load_mooncake
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecasts, PredictorSender
@@ -42,8 +42,8 @@ class _NodeWiring:
             self.event_sync.follow(node_id, address, generation)
 
 
-def core_settings(config: SchedulerConfig) -> CoreSettings:
-    return CoreSettings(node_timeout_s=config.node_timeout_s, heartbeat_interval_ms=config.heartbeat_interval_ms,
+def core_settings(config: SchedulerConfig) -> SchedulerSettings:
+    return SchedulerSettings(node_timeout_s=config.node_timeout_s, heartbeat_interval_ms=config.heartbeat_interval_ms,
                         policy=config.policy, link_gbps=config.link_gbps, link_overhead_ms=config.link_overhead_ms,
                         router_seed=config.router_seed, tie_ms=config.tie_ms,
                         policy_config=load_policy_config(config.policies_path or None))

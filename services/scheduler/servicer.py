@@ -6,11 +6,12 @@ import threading
 from typing import Iterator
 
 from speckv.services.common.errors import Aborted, InvalidArgument
+from speckv.services.common.geometry import KVGeometry
+from speckv.services.common.geometry_proto import geometry_from_proto
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import RouteRequestItem, RouteResult, SchedulerCore
-from speckv.services.common.geometry import KVGeometry
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.orders import Order, OrderSpec, OrderState
+from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 STATE_TO_PROTO = {s: common_pb2.OrderState.Value(f"ORDER_STATE_{s.name}") for s in OrderState}
@@ -121,7 +122,7 @@ def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> KVGeometry | None:
     g = request.geometry
     if not request.HasField("geometry") or not (g.num_layers or g.num_kv_heads or g.head_dim or g.block_size or g.dtype):
         return None
-    return KVGeometry.from_proto(g)
+    return geometry_from_proto(g)
 
 
 def _policy_info(info) -> scheduler_pb2.PolicyInfo:

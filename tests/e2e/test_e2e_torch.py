@@ -22,10 +22,10 @@ from rich.console import Console
 
 from speckv.loadgen.bench import e2e
 from speckv.loadgen.bench._e2e_engines import TORCH_BLOCK_TOKENS, engine_setup
-from speckv.loadgen.e2e_config import DEFAULT_E2E_PATH, SliceSpec, load_e2e_config
-from speckv.loadgen.torch_engine import TorchEngine, TorchJob
-from speckv.loadgen.torch_kv import CoreBlockStore
-from speckv.loadgen.torch_model import ModelSpec, TinyGPT
+from speckv.loadgen.engines.torch_engine import TorchEngine, TorchJob
+from speckv.loadgen.engines.torch_kv import CoreBlockStore
+from speckv.loadgen.engines.torch_model import ModelSpec, TinyGPT
+from speckv.loadgen.experiments.e2e_config import DEFAULT_E2E_PATH, SliceSpec, load_e2e_config
 from speckv.services.common.clock import ManualClock
 from speckv.services.kvstore.store import KVStoreCore
 

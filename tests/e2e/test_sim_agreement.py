@@ -29,11 +29,11 @@ is off by factors of 2 and more.
 from __future__ import annotations
 
 from speckv.loadgen.bench._e2e_run import run_policy
-from speckv.loadgen.e2e_config import SliceSpec, load_e2e_config
-from speckv.loadgen.metrics import percentile
+from speckv.loadgen.experiments.e2e_config import SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.metrics import percentile
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.traces import load_mooncake
+from speckv.services.common.traces import load_mooncake
 
 POLICIES = ("none", "reactive-heat")
 REL, ABS_MS = 0.25, 25.0

@@ -5,17 +5,16 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 import pytest
-
 from predictor_synthetic import planted_arrivals, planted_counts
+
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import ServiceServer, open_channel
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.lgbm_model import LightGbmModel, save_model
+from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
 from speckv.services.predictor.server import build_server
 from speckv.services.predictor.training import load_config, train_on_counts
 from speckv.v1 import predictor_pb2 as pb

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speckv.services.kvstore import wire
 from speckv.services.kvstore.checksum import crc32c
-from speckv.services.kvstore.receiver import serve_connection
+from speckv.services.kvstore.dataplane import wire
+from speckv.services.kvstore.dataplane.receiver import serve_connection
 from speckv.services.kvstore.store import KVStoreCore
 
 JOIN_S = 10.0  # generous: a loaded 2-core machine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from speckv.services.predictor.timeseries import FamilyCounts, aggregate
+from speckv.services.predictor.family_counts import FamilyCounts, aggregate
 
 BURST_PERIOD_S = 45.0
 BURST_SIZE = 25

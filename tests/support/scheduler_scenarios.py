@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.scheduler.block_index import EventKind, IndexEvent
+from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import CoreSettings, SchedulerCore
-from speckv.services.scheduler.engine_profile import get_profile
+from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.forecasts import Forecast
-from speckv.services.scheduler.ids import Family, NodeId
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
 
 BS = 16
@@ -42,7 +42,7 @@ def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None,
     for section, values in overrides.items():
         config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
     clock = ManualClock(100.0)
-    core = SchedulerCore(CoreSettings(node_timeout_s=5.0, policy=policy, policy_config=config), clock,
+    core = SchedulerCore(SchedulerSettings(node_timeout_s=5.0, policy=policy, policy_config=config), clock,
                          get_profile("llama-3-8b-h100"), forecasts=forecasts, future=future)
     for i in range(nodes):
         core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", capacity, None)
@@ -50,7 +50,7 @@ def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None,
 
 
 def store(core: SchedulerCore, node: str, hashes: list[int], family: str = FAMILY,
-          kind: EventKind = EventKind.STORED) -> None:
+          kind: HolderEventKind = HolderEventKind.STORED) -> None:
     assert core.apply_kv_event(NodeId(node), core.generation(node), IndexEvent(kind, hashes, False, family))
 
 

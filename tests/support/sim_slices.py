@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speckv.loadgen.traces import TraceRequest, load_mooncake
+from speckv.services.common.traces import TraceRequest, load_mooncake
 
 
 def slice_with_history(traces_dir: Path, family: str, start_s: float, duration_s: float,

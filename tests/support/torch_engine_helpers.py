@@ -3,17 +3,15 @@ kvstore servers holding the model's (custom, non-preset) KV geometry."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Iterator
 
 import grpc
 import numpy as np
 
-from speckv.loadgen.torch_engine import TorchEngine, TorchJob, TorchLimits
-from speckv.loadgen.torch_kv import BlockStore, CoreBlockStore
-from speckv.loadgen.torch_model import ModelSpec, TinyGPT
+from speckv.loadgen.engines.torch_engine import TorchEngine, TorchJob, TorchLimits
+from speckv.loadgen.engines.torch_kv import BlockStore, CoreBlockStore
+from speckv.loadgen.engines.torch_model import ModelSpec, TinyGPT
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.server import ServiceServer
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig

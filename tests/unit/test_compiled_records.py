@@ -8,22 +8,29 @@ import inspect
 
 import pytest
 
-from speckv.loadgen.engine import EngineEvent, EngineJob, EngineLoad, EventKind, JobTimes, StepCost, _Step
-from speckv.loadgen.sim.events import Handle
+from speckv.loadgen.engines.emulated import (
+    EngineEvent,
+    EngineEventKind,
+    EngineJob,
+    EngineLoad,
+    JobTimes,
+    StepCost,
+    _Step,
+)
+from speckv.loadgen.sim.events import EventHandle
 from speckv.loadgen.sim.kvnode import PutOutcome
 from speckv.loadgen.sim.simulation import _Flight
-from speckv.loadgen.traces.records import TraceRequest
-from speckv.services.predictor.arrivals import Arrival, ObserveResult
-from speckv.services.scheduler.block_index import EventKind as IndexKind
-from speckv.services.scheduler.block_index import IndexEvent
+from speckv.services.common.traces.records import TraceRequest
+from speckv.services.predictor.observations import Arrival, ObserveResult
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import RouteResult, _Picked
 from speckv.services.scheduler.families import FamilyProfile
 from speckv.services.scheduler.forecasts import Forecast
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.base import NodeView
-from speckv.services.scheduler.router import Candidate, RouteDecision, RouteQuery
+from speckv.services.scheduler.routing.router import Candidate, RouteDecision, RouteQuery
 
-RECORDS = [EngineJob, EngineEvent, EngineLoad, _Step, StepCost, JobTimes, NodeLoad, Handle, IndexEvent, Candidate,
+RECORDS = [EngineJob, EngineEvent, EngineLoad, _Step, StepCost, JobTimes, NodeLoad, EventHandle, IndexEvent, Candidate,
            RouteDecision, RouteQuery, RouteResult, _Picked, Arrival, Forecast, TraceRequest, NodeView, FamilyProfile,
            PutOutcome, _Flight, ObserveResult]
 FROZEN = [Forecast, TraceRequest, NodeView]
@@ -55,9 +62,9 @@ def test_the_records_stay_dataclasses_with_repr_and_replace():
     job = EngineJob("r1", 100, 5)
     assert repr(job).startswith("EngineJob(request_id='r1', prompt_tokens=100")
     assert dataclasses.replace(job, cached_tokens=64).cached_tokens == 64
-    event = IndexEvent(IndexKind.STORED, [1, 2])
-    assert event == IndexEvent(IndexKind.STORED, [1, 2]) and event.family == "" and event.sequence == 0
-    assert EngineEvent(EventKind.FINISHED, job, 1.0).job is job
+    event = IndexEvent(HolderEventKind.STORED, [1, 2])
+    assert event == IndexEvent(HolderEventKind.STORED, [1, 2]) and event.family == "" and event.sequence == 0
+    assert EngineEvent(EngineEventKind.FINISHED, job, 1.0).job is job
 
 
 @pytest.mark.parametrize("record", FROZEN, ids=lambda r: r.__name__)

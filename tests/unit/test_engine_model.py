@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.loadgen.e2e_config import EngineLimits, load_e2e_config
-from speckv.loadgen.engine import EmulatedEngine, EngineJob, EventKind, job_times
-from speckv.services.scheduler.engine_profile import LinkModel, get_profile
+from speckv.loadgen.engines.emulated import EmulatedEngine, EngineEventKind, EngineJob, EngineLimits, job_times
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
+from speckv.services.common.engine_profile import LinkModel, get_profile
 
 PROFILE = get_profile("llama-3-8b-h100")
 LIMITS = EngineLimits(max_batched_tokens=8192, max_num_seqs=256, decode_weights_ms=4.8,
@@ -27,7 +27,7 @@ def run_until_idle(e: EmulatedEngine) -> list:
 
 
 def first_token(events, request_id):
-    return next(ev.time_s for ev in events if ev.kind is EventKind.FIRST_TOKEN and ev.job.request_id == request_id)
+    return next(ev.time_s for ev in events if ev.kind is EngineEventKind.FIRST_TOKEN and ev.job.request_id == request_id)
 
 
 @pytest.mark.parametrize("prompt,cached", [(100, 0), (6000, 0), (12000, 0), (20000, 5000), (3000, 2048)])
@@ -74,7 +74,7 @@ def test_decode_steps_follow_the_memory_bound_model_and_tpot_is_reported():
     e = engine()
     e.submit(EngineJob("r", 1000, 11), now=0.0)
     events = run_until_idle(e)
-    job = next(ev.job for ev in events if ev.kind is EventKind.FINISHED)
+    job = next(ev.job for ev in events if ev.kind is EngineEventKind.FINISHED)
     times = job_times(job, PROFILE.prefill_ms(1000))
     assert times.ttft_ms == pytest.approx(PROFILE.prefill_ms(1000))
     # Decode step k reads the weights and a context of 1000 + k tokens of KV.
@@ -105,7 +105,7 @@ def test_advance_never_runs_a_step_that_ends_after_now():
     e.submit(EngineJob("r", 8000, 1), now=0.0)
     assert e.advance(0.1) == []  # the step ends at ~0.36 s
     assert e.load().waiting_requests == 1
-    assert [ev.kind for ev in e.advance(1.0)] == [EventKind.FIRST_TOKEN, EventKind.FINISHED]
+    assert [ev.kind for ev in e.advance(1.0)] == [EngineEventKind.FIRST_TOKEN, EngineEventKind.FINISHED]
 
 
 def test_the_committed_config_uses_the_scheduler_profile():

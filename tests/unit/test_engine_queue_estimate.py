@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.loadgen.engine import EmulatedEngine, EngineJob, EventKind
-from speckv.loadgen.sim.engine import FastEngine
+from speckv.loadgen.engines.emulated import EmulatedEngine, EngineEventKind, EngineJob
+from speckv.loadgen.engines.fast import FastEngine
 from tests.unit.test_engine_model import KV_PER_TOKEN, LIMITS, LINK, PROFILE, first_token, run_until_idle
 
 
@@ -42,7 +42,7 @@ def test_running_sequences_add_their_kv_reads_to_every_prefill_step():
     e = EmulatedEngine("n", PROFILE, LIMITS, LINK, KV_PER_TOKEN)
     e.submit(EngineJob("decoding", 10_000, 1000), now=0.0)
     events = []
-    while not any(ev.kind is EventKind.FIRST_TOKEN for ev in events):
+    while not any(ev.kind is EngineEventKind.FIRST_TOKEN for ev in events):
         events += e.advance(e.next_event_s())
     e.submit(EngineJob("queued", 3 * 8191, 1), now=events[-1].time_s)
     load = e.load()

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.loadgen.replay import TimeMap, replay_open_loop
-from speckv.loadgen.traces import TraceRequest
+from speckv.loadgen.workload.replay import TimeMap, replay_open_loop
 from speckv.services.common.clock import ManualClock
+from speckv.services.common.traces import TraceRequest
 
 
 class ManualWaiter:

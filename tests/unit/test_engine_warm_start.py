@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from speckv.loadgen.bench._e2e_model import train_before_slice
-from speckv.loadgen.bench._e2e_warm import resident_tail
-from speckv.loadgen.e2e_config import SliceSpec
-from speckv.loadgen.traces import TraceRequest
+from speckv.loadgen.experiments.e2e_config import SliceSpec
+from speckv.loadgen.experiments.warm_start import resident_tail
 from speckv.services.common.errors import FailedPrecondition
+from speckv.services.common.traces import TraceRequest
 
 
 def _request(t: float, hashes: tuple[int, ...], family: str = "") -> TraceRequest:

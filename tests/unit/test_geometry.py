@@ -5,6 +5,7 @@ import pytest
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
+from speckv.services.common.geometry_proto import geometry_from_proto, geometry_to_proto
 
 
 @pytest.mark.parametrize("name, per_block", [
@@ -38,9 +39,9 @@ def test_bf16_is_stored_as_uint16_bits():
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_proto_round_trip(name):
     geometry = preset(name)
-    message = geometry.to_proto()
+    message = geometry_to_proto(geometry)
     assert message.bytes_per_block == geometry.bytes_per_block
-    assert KVGeometry.from_proto(message) == geometry
+    assert geometry_from_proto(message) == geometry
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.services.kvstore.index import BlockEntry, BlockHash, BlockIndex
+from speckv.services.common.ids import BlockHash
+from speckv.services.kvstore.index import BlockEntry, BlockIndex
 
 
 def add(index, h, lease=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from speckv.services.common.errors import Aborted, NotFound
-from speckv.services.kvstore import wire
+from speckv.services.kvstore.dataplane import wire
 from tests.services.conftest_kvstore import TINY, block_bytes, make_store, read, writes
 from tests.support.kvstore_wire import serve
 
@@ -150,7 +150,7 @@ def test_staged_path_lands_chunks_and_verifies_their_checksums():
 
 def test_a_chunk_spanning_many_segment_views_arrives_whole():
     """Bigger than PIECE and cut at odd offsets: several recvmsg_into groups."""
-    from speckv.services.kvstore.receiver import PIECE
+    from speckv.services.kvstore.dataplane.receiver import PIECE
 
     count = PIECE // BPB + 40
     store = make_store(count + 2)

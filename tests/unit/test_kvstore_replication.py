@@ -6,10 +6,10 @@ import pytest
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import Aborted, FailedPrecondition, InvalidArgument, ResourceExhausted
-from speckv.services.kvstore.events import EventType
 from speckv.services.common.geometry import KVGeometry
+from speckv.services.kvstore.events import EventType
 from speckv.services.kvstore.local_target import LocalTarget
-from speckv.services.kvstore.replication import Order, Outcome, Replicator
+from speckv.services.kvstore.replication import Replicator, TransferOrder, TransferOutcome
 from tests.services.conftest_kvstore import TINY, block_bytes, make_store, read, retained_events, writes
 
 KIB = 1024
@@ -26,7 +26,7 @@ def pair(geometry=TINY, source_pages=16, target_pages=16, chunk_bytes=256 * KIB)
 
 
 def order(*hashes, lease_s=0.0):
-    return Order("o1", tuple(hashes), "b:1", family="f", source_node="a", target_node="b", replica_lease_s=lease_s)
+    return TransferOrder("o1", tuple(hashes), "b:1", family="f", source_node="a", target_node="b", replica_lease_s=lease_s)
 
 
 @pytest.mark.parametrize("geometry, count, chunk_kib", [
@@ -37,7 +37,7 @@ def test_replicated_blocks_are_byte_exact_on_the_target(geometry, count, chunk_k
     source, target, replicator, _ = pair(geometry, count + 1, count + 1, chunk_kib * KIB)
     source.put_blocks(writes(*hashes, geometry=geometry))
     result = replicator.replicate(order(*hashes))
-    assert result.outcome is Outcome.COMMITTED, result.message
+    assert result.outcome is TransferOutcome.COMMITTED, result.message
     assert (result.blocks_sent, result.blocks_skipped) == (count, 0)
     assert result.bytes_sent == count * geometry.bytes_per_block
     assert read(target, *hashes) == [block_bytes(h, geometry) for h in hashes]
@@ -69,7 +69,7 @@ def test_full_target_fails_the_order_and_releases_everything():
     target.put_blocks(writes(8, 9))
     target.pin([8, 9])
     result = replicator.replicate(order(1, 2, 3))
-    assert result.outcome is Outcome.FAILED and isinstance(result.error, ResourceExhausted)
+    assert result.outcome is TransferOutcome.FAILED and isinstance(result.error, ResourceExhausted)
     assert source.stats().pinned_pages == 0 and target.stats().reserved_pages == 0
 
 

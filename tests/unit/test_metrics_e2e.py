@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.loadgen.metrics import RequestRecord, burst_seconds, summarize
-from speckv.loadgen.replica_ledger import KVEventKind, ReplicaLedger
+from speckv.loadgen.experiments.metrics import RequestRecord, burst_seconds, summarize
+from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger
 
 
 def test_burst_seconds_are_the_top_five_percent_of_all_trace_seconds():

@@ -10,11 +10,11 @@ import pytest
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import InvalidArgument, NotFound
-from speckv.services.predictor.arrivals import Arrival
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.core import CoreSettings, PredictorCore
+from speckv.services.predictor.core import PredictorCore, PredictorSettings
+from speckv.services.predictor.count_models import EwmaModel, EwmaParams
 from speckv.services.predictor.manifest import write_manifest
-from speckv.services.predictor.models import EwmaModel, EwmaParams
+from speckv.services.predictor.observations import Arrival
 
 NOW = 1000.0
 
@@ -26,7 +26,7 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def core(clock: ManualClock) -> PredictorCore:
-    return PredictorCore(clock, EwmaModel(EwmaParams(version="v1")), CoreSettings(max_families_per_call=20_000))
+    return PredictorCore(clock, EwmaModel(EwmaParams(version="v1")), PredictorSettings(max_families_per_call=20_000))
 
 
 def steady(family: str, rate: float, start: float, end: float) -> list[Arrival]:

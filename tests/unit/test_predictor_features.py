@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from predictor_synthetic import planted_counts
+
 from speckv.services.common.clock import ManualClock
-from speckv.services.predictor.arrivals import Arrival
-from speckv.services.predictor.core import CoreSettings, PredictorCore
+from speckv.services.predictor.core import PredictorCore, PredictorSettings
+from speckv.services.predictor.family_counts import aggregate
 from speckv.services.predictor.features import FeatureSpec, OnlineFeatures, batch_features
-from speckv.services.predictor.timeseries import aggregate
+from speckv.services.predictor.observations import Arrival
 
 
 def test_aggregate_counts_per_family_and_step_in_one_sparse_array():
@@ -56,7 +56,7 @@ def test_the_core_keeps_incremental_features_equal_to_batch_on_the_same_history(
 
     data = planted_counts(400.0, seed=3)
     spec = FeatureSpec()
-    core = PredictorCore(ManualClock(400.0), _FeatureReader(spec), CoreSettings(window_s=600.0))
+    core = PredictorCore(ManualClock(400.0), _FeatureReader(spec), PredictorSettings(window_s=600.0))
     dense = data.dense(0, len(data.families))
     arrivals = [Arrival(float(s) + 0.5, data.families[f]) for s in range(data.steps) for f in range(len(dense))
                 for _ in range(int(dense[f, s]))]
@@ -81,7 +81,7 @@ class _FeatureReader:
         self.features = spec.names()
 
     def forecast(self, state, now_s, horizons):
-        from speckv.services.predictor.models import CountForecast
+        from speckv.services.predictor.count_models import CountForecast
 
         x = state.features.features(state.rows)[:, :1].astype(np.float64)
         return CountForecast(x, x, np.zeros_like(x))

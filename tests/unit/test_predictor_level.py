@@ -9,9 +9,15 @@ import numpy as np
 from scipy import sparse
 
 from speckv.services.predictor.dataset import build_rows
-from speckv.services.predictor.features import (MIN_PERIODS, SECONDS_PER_DAY, FeatureSpec, batch_feature_rows,
-                                                batch_features, periodic_features_usable)
-from speckv.services.predictor.timeseries import FamilyCounts
+from speckv.services.predictor.family_counts import FamilyCounts
+from speckv.services.predictor.features import (
+    MIN_PERIODS,
+    SECONDS_PER_DAY,
+    FeatureSpec,
+    batch_feature_rows,
+    batch_features,
+    periodic_features_usable,
+)
 from speckv.services.predictor.training import load_config, train_on_counts
 
 H5 = 2  # index of the 5 s horizon

@@ -3,23 +3,22 @@ model directories through load_model, and the online retrainer's validation."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from predictor_synthetic import planted_arrivals, planted_counts
+
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.predictor.arrivals import Arrival
-from speckv.services.predictor.core import CoreSettings, PredictorCore
+from speckv.services.predictor.core import PredictorCore, PredictorSettings
+from speckv.services.predictor.count_models import EwmaModel, EwmaParams
 from speckv.services.predictor.dataset import build_rows
 from speckv.services.predictor.evaluation import burst_score
-from speckv.services.predictor.lgbm_model import LightGbmModel, save_model
+from speckv.services.predictor.family_counts import FamilyCounts
+from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
 from speckv.services.predictor.manifest import load_model
-from speckv.services.predictor.models import EwmaModel, EwmaParams
-from speckv.services.predictor.retrain import Outcome, Retrainer, RetrainSettings
-from speckv.services.predictor.timeseries import FamilyCounts
+from speckv.services.predictor.observations import Arrival
+from speckv.services.predictor.retrain import Retrainer, RetrainOutcome, RetrainSettings
 from speckv.services.predictor.training import load_config, train_on_counts
 
 DURATION_S = 2400.0
@@ -108,7 +107,7 @@ def test_garbage_booster_file_is_invalid(trained, tmp_path):
 def _fed_core(duration_s: float) -> PredictorCore:
     times, names = planted_arrivals(duration_s, seed=5, start_s=1000.0)
     core = PredictorCore(ManualClock(1000.0 + duration_s), EwmaModel(EwmaParams(version="ewma-0")),
-                         CoreSettings(window_s=900.0))
+                         PredictorSettings(window_s=900.0))
     core.observe(Arrival(float(t), n) for t, n in zip(times, names))
     return core
 
@@ -117,12 +116,12 @@ def test_retrainer_swaps_in_a_validated_model_and_keeps_the_old_one_otherwise(co
     core = _fed_core(900.0)
     strict = Retrainer(core, config, RetrainSettings(tmp_path, tolerance=-0.999))  # nothing can pass
     rejected = strict.retrain_once()
-    assert rejected.outcome is Outcome.REJECTED and "validation MAE" in rejected.reason
+    assert rejected.outcome is RetrainOutcome.REJECTED and "validation MAE" in rejected.reason
     assert core.model_info().version == "ewma-0"
 
     retrainer = Retrainer(core, config, RetrainSettings(tmp_path))
     result = retrainer.retrain_once()
-    assert result.outcome is Outcome.SWAPPED, result.reason
+    assert result.outcome is RetrainOutcome.SWAPPED, result.reason
     info = core.model_info()
     assert info.name == "lightgbm" and info.version == result.version
     assert info.source == str(tmp_path / result.version)
@@ -133,11 +132,11 @@ def test_retrainer_swaps_in_a_validated_model_and_keeps_the_old_one_otherwise(co
 
 
 def test_retrainer_skips_without_history_and_survives_a_failing_train(config, tmp_path):
-    core = PredictorCore(ManualClock(0.0), EwmaModel(EwmaParams()), CoreSettings())
-    assert Retrainer(core, config, RetrainSettings(tmp_path)).retrain_once().outcome is Outcome.SKIPPED
+    core = PredictorCore(ManualClock(0.0), EwmaModel(EwmaParams()), PredictorSettings())
+    assert Retrainer(core, config, RetrainSettings(tmp_path)).retrain_once().outcome is RetrainOutcome.SKIPPED
     core = _fed_core(600.0)
     broken = load_config(quick=True)
     broken = type(broken)(**{**{f: getattr(broken, f) for f in broken.__dataclass_fields__},
                              "lightgbm": {**broken.lightgbm, "count": {"objective": "no-such-objective"}}})
     result = Retrainer(core, broken, RetrainSettings(tmp_path)).retrain_once()
-    assert result.outcome is Outcome.FAILED and core.model_info().name == "ewma"
+    assert result.outcome is RetrainOutcome.FAILED and core.model_info().name == "ewma"

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from speckv.services.common.errors import InvalidArgument, NotFound
+from speckv.services.predictor.count_models import EwmaModel, LastValueModel
 from speckv.services.predictor.manifest import MANIFEST_NAME, load_model, write_manifest
-from speckv.services.predictor.models import EwmaModel, LastValueModel
 
 GOOD: dict[str, Any] = {"kind": "ewma", "version": "v2", "horizons_s": [1, 5], "quantile": 0.8,
                         "halflife_s": 4.0, "long_halflife_s": 60, "burst_ratio": 2.5, "min_burst_count": 3,

@@ -8,7 +8,8 @@ import pytest
 from scipy import stats
 
 from speckv.services.predictor import poisson
-from speckv.services.predictor.models import (
+from speckv.services.predictor.arrival_ring import ArrivalSeries
+from speckv.services.predictor.count_models import (
     BURST_DEFINITION,
     EwmaModel,
     EwmaParams,
@@ -17,7 +18,6 @@ from speckv.services.predictor.models import (
     SeriesState,
 )
 from speckv.services.predictor.rates import ewma_rates, last_step_rates
-from speckv.services.predictor.series import ArrivalSeries
 
 HORIZONS = np.array([1.0, 2.0, 5.0, 10.0])
 

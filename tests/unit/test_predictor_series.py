@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speckv.services.predictor.series import ArrivalSeries, Placement
+from speckv.services.predictor.arrival_ring import ArrivalPlacement, ArrivalSeries
 
 
 def counts(series: ArrivalSeries, family: str, step: int) -> float:
@@ -18,7 +18,7 @@ def counts(series: ArrivalSeries, family: str, step: int) -> float:
 def test_observations_fall_in_the_step_of_their_time(step_s: float) -> None:
     series = ArrivalSeries(step_s, window_steps=8)
     for t in (0.0, 0.2 * step_s, 0.99 * step_s, 1.0 * step_s, 2.5 * step_s):
-        assert series.add("f", t) is not Placement.TOO_OLD
+        assert series.add("f", t) is not ArrivalPlacement.TOO_OLD
     assert counts(series, "f", 0) == 3
     assert counts(series, "f", 1) == 1
     assert counts(series, "f", 2) == 1
@@ -43,9 +43,9 @@ def test_ring_wraps_and_keeps_only_the_last_window() -> None:
 
 def test_late_observation_in_window_is_counted_and_too_old_is_rejected() -> None:
     series = ArrivalSeries(1.0, window_steps=4)
-    assert series.add("f", 10.2) is Placement.COUNTED
-    assert series.add("f", 8.9) is Placement.COUNTED_LATE  # step 8 is in (6, 10]
-    assert series.add("f", 6.9) is Placement.TOO_OLD  # step 6 is not
+    assert series.add("f", 10.2) is ArrivalPlacement.COUNTED
+    assert series.add("f", 8.9) is ArrivalPlacement.COUNTED_LATE  # step 8 is in (6, 10]
+    assert series.add("f", 6.9) is ArrivalPlacement.TOO_OLD  # step 6 is not
     assert counts(series, "f", 8) == 1
     assert counts(series, "f", 10) == 1
     assert series.origin_step == 8

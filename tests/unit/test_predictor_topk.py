@@ -13,13 +13,20 @@ import numpy as np
 import pytest
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.predictor.arrivals import Arrival
-from speckv.services.predictor.core import CoreSettings, ForecastResult, PredictorCore, top_order
-from speckv.services.predictor import models
-from speckv.services.predictor.lgbm_model import LightGbmModel
-from speckv.services.predictor.models import (CountForecast, CountModel, EwmaModel, EwmaParams, LastValueModel,
-                                              RateParams, SeriesState)
-from speckv.services.predictor.timeseries import aggregate
+from speckv.services.predictor import count_models as models
+from speckv.services.predictor.core import ForecastResult, PredictorCore, PredictorSettings, top_order
+from speckv.services.predictor.count_models import (
+    CountForecast,
+    CountModel,
+    EwmaModel,
+    EwmaParams,
+    LastValueModel,
+    RateParams,
+    SeriesState,
+)
+from speckv.services.predictor.family_counts import aggregate
+from speckv.services.predictor.lgbm_served import LightGbmModel
+from speckv.services.predictor.observations import Arrival
 from speckv.services.predictor.training import load_config, train_on_counts
 
 SPAN_S = 900.0  # longer than the 600 s window: early families are forgotten and their rows reused
@@ -93,7 +100,7 @@ def fed(kind: str, lightgbm: LightGbmModel, events: list[tuple[float, str]],
     """A core fed events up to SPAN_S; checkpoint(core, t) runs at each of
     CHECKPOINTS_S after the events before it."""
     clock = ManualClock(0.0)
-    core = PredictorCore(clock, make_model(kind, lightgbm), CoreSettings())
+    core = PredictorCore(clock, make_model(kind, lightgbm), PredictorSettings())
     i = 0
     for t in (*CHECKPOINTS_S, SPAN_S):
         j = i
@@ -170,7 +177,7 @@ def test_rows_whose_burst_threshold_may_step_take_the_exact_level(kind, lightgbm
 def test_a_lightgbm_forecast_right_after_the_rows_grow_within_a_step(lightgbm):
     """The series doubles its rows inside a step the features already took
     in: the new rows read as fresh families instead of failing."""
-    core = PredictorCore(ManualClock(100.0), lightgbm, CoreSettings())
+    core = PredictorCore(ManualClock(100.0), lightgbm, PredictorSettings())
     core.observe([Arrival(10.5, f"a{i}") for i in range(10)] + [Arrival(11.5, "b")])
     before = core.top_families(3, now_s=11.6)
     core.observe([Arrival(11.7, f"n{i}") for i in range(100)])  # past the first 64 rows, same step

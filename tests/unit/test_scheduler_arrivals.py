@@ -1,6 +1,6 @@
 import threading
 
-from speckv.services.scheduler.arrivals import ArrivalRecord, ArrivalReporter
+from speckv.services.scheduler.arrival_reports import ArrivalRecord, ArrivalReporter
 
 
 class Collecting:

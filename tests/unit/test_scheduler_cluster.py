@@ -1,9 +1,9 @@
 import pytest
 
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from speckv.services.scheduler.cluster import Cluster, LoadReport, NodeLoad, NodeStatus
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.scheduler.ids import NodeId
+from speckv.services.common.ids import NodeId
+from speckv.services.scheduler.cluster import Cluster, LoadReport, NodeLoad, NodeStatus
 
 GEO = KVGeometry(2, 2, 8, "float16", 4)
 

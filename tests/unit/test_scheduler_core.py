@@ -3,13 +3,13 @@ from collections import Counter
 import pytest
 
 from speckv.services.common.clock import ManualClock
+from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from speckv.services.scheduler.block_index import EventKind, IndexEvent
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import CoreSettings, SchedulerCore
-from speckv.services.scheduler.engine_profile import get_profile
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.orders import OrderSpec, OrderState
+from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
 
 CHAIN = list(range(100, 164))  # 64 blocks of 4 tokens (tiny profile)
 BS = 4
@@ -46,7 +46,7 @@ class Listener:
 def env():
     clock = ManualClock(1000.0)
     confirmer, sink, listener = Confirmer(), Sink(), Listener()
-    core = SchedulerCore(CoreSettings(node_timeout_s=5.0, link_gbps=1e-3), clock, get_profile("tiny"),
+    core = SchedulerCore(SchedulerSettings(node_timeout_s=5.0, link_gbps=1e-3), clock, get_profile("tiny"),
                          confirmer=confirmer, arrivals=sink, listener=listener)
     for n in "abc":
         core.register_node(n, f"h:{n}", 1000, None)
@@ -58,7 +58,7 @@ def gen(listener, node):
 
 
 def store(core, listener, node, hashes):
-    assert core.apply_kv_event(NodeId(node), gen(listener, node), IndexEvent(EventKind.STORED, hashes))
+    assert core.apply_kv_event(NodeId(node), gen(listener, node), IndexEvent(HolderEventKind.STORED, hashes))
 
 
 def test_routes_to_cached_node_and_reports_arrival(env):
@@ -107,7 +107,7 @@ def test_reregistration_resets_inventory_and_stales_old_streams(env):
     old = gen(listener, "b")
     again, interval = core.register_node("b", "h:b2", 1000, None)
     assert again and interval == 1000 and listener.seen[-1][3] == "h:b"
-    assert core.apply_kv_event(NodeId("b"), old, IndexEvent(EventKind.STORED, [1])) is False
+    assert core.apply_kv_event(NodeId("b"), old, IndexEvent(HolderEventKind.STORED, [1])) is False
     assert core.reset_inventory(NodeId("b"), old) is False
     state = {n.view.node_id: n for n in core.cluster_state().nodes}
     assert state["b"].view.num_blocks == 0 and state["b"].view.address == "h:b2"
@@ -131,7 +131,7 @@ def test_route_rejects_negative_arrival_time(env):
 
 
 def test_route_with_no_nodes_is_unavailable():
-    core = SchedulerCore(CoreSettings(), ManualClock(), get_profile("tiny"))
+    core = SchedulerCore(SchedulerSettings(), ManualClock(), get_profile("tiny"))
     with pytest.raises(Unavailable):
         core.route("r", [1], 100)
 

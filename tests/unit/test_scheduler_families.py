@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.families import FamilyCatalog
-from speckv.services.scheduler.ids import Family, NodeId
 from speckv.services.scheduler.policy_config import FamilySettings
 
 SETTINGS = FamilySettings(max_families=16, max_chain_blocks=6, heat_window_s=10.0, prompt_ewma_alpha=0.5)

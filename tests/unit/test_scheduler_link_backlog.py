@@ -1,4 +1,4 @@
-"""Routing with the links' backlog (services/scheduler/link_backlog.py): a
+"""Routing with the links' backlog (services/scheduler/routing/link_backlog.py): a
 pull is costed after the transfers the scheduler already put on the holder's
 and the puller's links, so a burst stops queueing behind one holder's link
 and recomputes once that is cheaper."""
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from speckv.services.common.engine_profile import LinkModel
+from speckv.services.common.ids import NodeId
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.engine_profile import LinkModel
-from speckv.services.scheduler.ids import NodeId
-from speckv.services.scheduler.link_backlog import LinkBacklog
-from speckv.services.scheduler.orders import OrderSpec
+from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from tests.support.scheduler_scenarios import BS, heartbeat_all, make_core, store
 
 LINK = LinkModel(25.0, overhead_ms=1.0)

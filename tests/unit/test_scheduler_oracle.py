@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 
 from speckv.loadgen.bench._e2e_run import cluster_spec, write_restamped_trace
-from speckv.loadgen.e2e_config import SliceSpec, load_e2e_config
-from speckv.loadgen.traces import TraceRequest, load_mooncake
+from speckv.loadgen.experiments.e2e_config import SliceSpec, load_e2e_config
 from speckv.services.common.config import parse_config
+from speckv.services.common.ids import Family
+from speckv.services.common.traces import TraceRequest, load_mooncake
 from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
-from speckv.services.scheduler.ids import Family
 from speckv.services.scheduler.server import future_arrivals
 from tests.support.scheduler_scenarios import BS, heartbeat_all, load, make_core, store
 

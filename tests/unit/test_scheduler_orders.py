@@ -1,9 +1,9 @@
 import pytest
 
 from speckv.services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.order_feed import OrderFeed
-from speckv.services.scheduler.orders import OrderSpec, OrderState, OrderTracker
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.scheduler.replication.order_feed import OrderFeed
+from speckv.services.scheduler.replication.orders import OrderSpec, OrderState, OrderTracker
 
 S = OrderState
 

@@ -3,12 +3,19 @@ order lifecycle around it (leases, retries, commits seen in KV events)."""
 import pytest
 
 from speckv.services.common.errors import FailedPrecondition
-from speckv.services.scheduler.block_index import EventKind
+from speckv.services.common.ids import NodeId
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.orders import OrderSpec, OrderState
-from tests.support.scheduler_scenarios import (BS, CHAIN, FAMILY, ScriptedForecasts, heartbeat_all, make_core,
-                                               route_family, store)
+from speckv.services.scheduler.holder_index import HolderEventKind
+from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
+from tests.support.scheduler_scenarios import (
+    CHAIN,
+    FAMILY,
+    ScriptedForecasts,
+    heartbeat_all,
+    make_core,
+    route_family,
+    store,
+)
 
 TIGHT = {"planner": {"ttft_target_ms": 200.0, "horizon_s": 1.0}}  # one holder serves ~76 requests
 
@@ -108,9 +115,9 @@ def test_leases_release_unused_replicas_and_keep_used_ones():
     used = core.submit_order(OrderSpec(FAMILY, CHAIN, NodeId("n0"), NodeId("n1"), lease_ms=2000))
     unused = core.submit_order(OrderSpec(FAMILY, CHAIN, NodeId("n0"), NodeId("n2"), lease_ms=2000))
     core.report_order(used.order_id, OrderState.COMMITTED, bytes_sent=100)
-    store(core, "n2", CHAIN, kind=EventKind.COMMITTED)  # n2's events show the replica: committed
+    store(core, "n2", CHAIN, kind=HolderEventKind.COMMITTED)  # n2's events show the replica: committed
     assert core.get_order(unused.order_id).state is OrderState.COMMITTED
-    store(core, "n1", CHAIN, kind=EventKind.COMMITTED)
+    store(core, "n1", CHAIN, kind=HolderEventKind.COMMITTED)
     heartbeat_all(core, 3)
     core.heartbeat("n0", NodeLoad(queued_tokens=10_000_000))  # n0 is swamped: the next request goes to a replica
     core.heartbeat("n2", NodeLoad(queued_tokens=5_000_000))

@@ -1,13 +1,13 @@
 import pytest
 
 from speckv.services.common.clock import ManualClock
+from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import AlreadyExists, InvalidArgument
-from speckv.services.scheduler.core import CoreSettings, SchedulerCore
-from speckv.services.scheduler.engine_profile import get_profile
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.orders import OrderSpec, OrderState
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.policies.none import NonePolicy
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
+from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
 
 
 def test_default_registry_has_the_five_policies():
@@ -56,7 +56,7 @@ def test_tick_submits_what_the_policy_plans():
     policy = CopyOnce()
     reg.register(policy.name, lambda: policy)
     clock = ManualClock(100.0)
-    core = SchedulerCore(CoreSettings(), clock, get_profile("tiny"), registry=reg)
+    core = SchedulerCore(SchedulerSettings(), clock, get_profile("tiny"), registry=reg)
     for n in "ab":
         core.register_node(n, f"h:{ord(n)}", 64, None)
     assert core.tick() == []  # policy none

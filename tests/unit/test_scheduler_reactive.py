@@ -4,14 +4,11 @@ import random
 
 import pytest
 
-from speckv.loadgen.traces.records import TraceRequest
-from speckv.services.scheduler.block_index import EventKind, IndexEvent
-from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.common.ids import Family
+from speckv.services.common.traces.records import TraceRequest
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.router import Candidate, RouteQuery
-from tests.support.scheduler_scenarios import (BS, CHAIN, FAMILY, heartbeat_all, load, make_core, route_family,
-                                               store)
+from speckv.services.scheduler.routing.router import Candidate, RouteQuery
+from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, load, make_core, route_family, store
 
 
 def test_none_never_replicates():
@@ -111,7 +108,7 @@ def _full_estimate(core, query):
     cands = [Candidate(n.node_id, n.pending_requests, lengths.get(n.node_id, 0), n.geometry.block_size, n.bytes_per_block,
                        core._cluster.queue_ms(n))
              for n in core._cluster.live_nodes(now)]
-    from speckv.services.scheduler.router import best_holder
+    from speckv.services.scheduler.routing.router import best_holder
     holder = best_holder(cands)
     return [core._router.estimate(query, c, holder) for c in cands]
 

@@ -2,10 +2,10 @@ from collections import Counter
 
 import pytest
 
-from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel, get_profile, load_profiles
+from speckv.services.common.engine_profile import EngineProfile, LinkModel, get_profile, load_profiles
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.router import Candidate, KvAwareRouter, RouteQuery, best_holder
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.scheduler.routing.router import Candidate, KvAwareRouter, RouteQuery, best_holder
 
 GEO = KVGeometry(32, 8, 128, "bfloat16", 16)  # 2 MiB per block
 PROFILE = EngineProfile("t", "m", "hw", overhead_ms=10.0, ms_per_token=0.1, ms_per_token_pair=0.0, geometry=GEO)

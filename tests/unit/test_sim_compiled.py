@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from speckv.loadgen.sim import cli
-from speckv.loadgen.sim.compiled import (HOT_MODULES, MYPY_FLAGS, STAMP_FILE, PackageRoots, copy_package, current,
-                                         main, source_digest, why_not_current)
+from speckv.loadgen.sim.compiled import (
+    HOT_MODULES,
+    MYPY_FLAGS,
+    STAMP_FILE,
+    PackageRoots,
+    copy_package,
+    current,
+    main,
+    source_digest,
+    why_not_current,
+)
 from speckv.services.common.errors import FailedPrecondition
 
 
@@ -98,7 +107,7 @@ def test_no_hot_module_defines_a_class_a_worker_receives_pickled():
     inside a Job once lost its fields that way), so what a Job carries must
     stay interpreted on both sides."""
     from speckv.loadgen.sim.predictor import TrainedPredictor
-    from speckv.services.predictor.lgbm_model import LightGbmModel
+    from speckv.services.predictor.lgbm_served import LightGbmModel
 
     carried = [cli.Job, TrainedPredictor, LightGbmModel]
     hot = {m.removesuffix(".py").replace("/", ".") for m in HOT_MODULES}

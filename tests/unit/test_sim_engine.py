@@ -5,10 +5,9 @@ import random
 
 import pytest
 
-from speckv.loadgen.e2e_config import EngineLimits
-from speckv.loadgen.engine import EmulatedEngine, EngineJob
-from speckv.loadgen.sim.engine import FastEngine
-from speckv.services.scheduler.engine_profile import LinkModel, get_profile
+from speckv.loadgen.engines.emulated import EmulatedEngine, EngineJob, EngineLimits
+from speckv.loadgen.engines.fast import FastEngine
+from speckv.services.common.engine_profile import LinkModel, get_profile
 
 PROFILE = get_profile("llama-3-8b-h100")
 LINK = LinkModel(25.0, 1.0)

@@ -13,14 +13,14 @@ import re
 import numpy as np
 import pytest
 
-from speckv.loadgen.e2e_config import load_e2e_config
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.sim import cli
 from speckv.loadgen.sim.predictor import train_lightgbm, train_on_base
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.sim.workload import ScaledTrace
-from speckv.loadgen.traces import load_mooncake
+from speckv.loadgen.workload.scaled import ScaledTrace
 from speckv.services.common.errors import InvalidArgument, NotFound
+from speckv.services.common.traces import load_mooncake
 from tests.support.sim_slices import slice_with_history
 
 CONFIG = load_e2e_config()

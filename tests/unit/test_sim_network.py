@@ -6,7 +6,7 @@ import pytest
 
 from speckv.loadgen.sim.events import EventQueue
 from speckv.loadgen.sim.network import Network
-from speckv.services.scheduler.engine_profile import LinkModel
+from speckv.services.common.engine_profile import LinkModel
 
 LINK = LinkModel(gbps=8.0, overhead_ms=1.0)  # 1e9 bytes/s: 1 GB takes 1 s + 1 ms
 GB = 10**9

@@ -12,7 +12,7 @@ import gc
 
 import pytest
 
-from speckv.loadgen.e2e_config import load_e2e_config
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.sim import cli
 from speckv.loadgen.sim.predictor import train_lightgbm
 from speckv.loadgen.sim.settings import SimSettings

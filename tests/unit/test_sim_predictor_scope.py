@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from speckv.loadgen.e2e_config import load_e2e_config
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.sim import cli, simulation
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from speckv.loadgen.e2e_config import load_e2e_config
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.traces import TraceRequest
+from speckv.services.common.traces import TraceRequest
 
 CONFIG = load_e2e_config()
 B = 512  # tokens per block

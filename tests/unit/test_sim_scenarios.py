@@ -1,4 +1,4 @@
-"""Named synthetic scenarios (loadgen/sim/scenarios.py): the committed file
+"""Named synthetic scenarios (loadgen/workload/scenarios.py): the committed file
 loads whole, each scenario builds the workload its parameters say, and a
 bad file or name is refused before anything runs."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from speckv.loadgen.sim import cli
-from speckv.loadgen.sim.scenarios import DEFAULT_SCENARIOS_PATH, get_scenario, load_scenarios
-from speckv.loadgen.sim.workload import HawkesParams, MmppParams
+from speckv.loadgen.workload.scenarios import DEFAULT_SCENARIOS_PATH, get_scenario, load_scenarios
+from speckv.loadgen.workload.synthetic import HawkesParams, MmppParams
 from speckv.services.common.errors import InvalidArgument
 
 COMMITTED = json.loads(DEFAULT_SCENARIOS_PATH.read_text())["scenarios"]

@@ -12,13 +12,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from speckv.loadgen.e2e_config import load_e2e_config
-from speckv.loadgen.sim import workload
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.sim.workload import (HASH_BASE, FamilyShape, HawkesParams, MmppParams, ScaledTrace, hash_base,
-                                         hawkes, mmpp)
-from speckv.services.scheduler.ids import UINT64_MAX
+from speckv.loadgen.workload import scaled as workload
+from speckv.loadgen.workload.scaled import HASH_BASE, ScaledTrace, hash_base
+from speckv.loadgen.workload.synthetic import FamilyShape, HawkesParams, MmppParams, hawkes, mmpp
+from speckv.services.common.ids import UINT64_MAX
 from speckv.services.scheduler.policies.registry import POLICY_NAMES
 
 SHAPE = FamilyShape(families=50, prefix_blocks=3, max_suffix_blocks=3, block_tokens=16, output_tokens=(5, 9))

@@ -6,13 +6,13 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
-from speckv.loadgen.engine import EngineJob, EventKind, Phase, job_times
-from speckv.loadgen.torch_engine import TorchLimits
-from speckv.loadgen.torch_kv import HASH_MASK, StoredBlock, chain_hashes, trace_tokens
-from speckv.loadgen.torch_model import KVCache, ModelSpec
-from speckv.services.common.errors import InvalidArgument
 from torch_engine_helpers import BLOCK, GEOMETRY, SPEC, core_store, engine, job, model, prompt, run
+
+from speckv.loadgen.engines.emulated import EngineEventKind, EngineJob, Phase, job_times
+from speckv.loadgen.engines.torch_engine import TorchLimits
+from speckv.loadgen.engines.torch_kv import HASH_MASK, StoredBlock, chain_hashes, trace_tokens
+from speckv.loadgen.engines.torch_model import KVCache, ModelSpec
+from speckv.services.common.errors import InvalidArgument
 
 
 def test_chain_hashes_name_prefixes():
@@ -122,9 +122,9 @@ def test_continuous_batching_respects_budgets_and_reports_load():
     # Two prefill blocks a step, FCFS: long's 7 blocks take steps 1-4 and step 4's spare block
     # is short's. Both then decode, holding the two seats, so late waits until short finishes
     # (step 5) and prefills in step 6 beside long's last decode.
-    assert order == [(EventKind.FIRST_TOKEN, "long"), (EventKind.FIRST_TOKEN, "short"),
-                     (EventKind.FINISHED, "short"), (EventKind.FINISHED, "long"),
-                     (EventKind.FIRST_TOKEN, "late"), (EventKind.FINISHED, "late")]
+    assert order == [(EngineEventKind.FIRST_TOKEN, "long"), (EngineEventKind.FIRST_TOKEN, "short"),
+                     (EngineEventKind.FINISHED, "short"), (EngineEventKind.FINISHED, "long"),
+                     (EngineEventKind.FIRST_TOKEN, "late"), (EngineEventKind.FINISHED, "late")]
     for j in (long, short, late):
         assert j.phase is Phase.DONE and len(j.output_ids) == j.output_tokens == j.tokens_out
     assert eng.steps == 6 and eng.load() == type(eng.load())(0, 0, 0, 0)
@@ -141,8 +141,8 @@ def test_events_are_released_when_the_measured_step_has_ended():
     assert eng.advance(10.0) == [] and j.computed_tokens == 2 * BLOCK  # ran, but ends at 12
     assert eng.next_event_s() == pytest.approx(12.0)
     events = eng.advance(12.0)
-    assert [e.kind for e in events] == [EventKind.FIRST_TOKEN] and events[0].time_s == pytest.approx(12.0)
-    assert [e.kind for e in eng.advance(100.0)] == [EventKind.FINISHED]
+    assert [e.kind for e in events] == [EngineEventKind.FIRST_TOKEN] and events[0].time_s == pytest.approx(12.0)
+    assert [e.kind for e in eng.advance(100.0)] == [EngineEventKind.FINISHED]
     times = job_times(j, solo_prefill_ms=2000.0)
     assert times.ttft_ms == pytest.approx(2000.0) and times.e2e_ms == pytest.approx(4000.0)
 

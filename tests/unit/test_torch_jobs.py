@@ -6,15 +6,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
-from speckv.loadgen.engine import EngineJob
-from speckv.loadgen.router import EmulatedJobs, Placement
-from speckv.loadgen.torch_engine import TorchJob, TorchJobs
-from speckv.loadgen.torch_kv import model_scale
-from speckv.loadgen.traces import TraceRequest
-from speckv.services.common.errors import InvalidArgument
-from speckv.services.scheduler.engine_profile import get_profile
 from torch_engine_helpers import BLOCK, SPEC, core_store, engine, run
+
+from speckv.loadgen.engines.emulated import EngineJob
+from speckv.loadgen.engines.torch_engine import TorchJob, TorchJobs
+from speckv.loadgen.engines.torch_kv import model_scale
+from speckv.loadgen.experiments.router import EmulatedJobs, Placement
+from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.traces import TraceRequest
 
 TRACE_BLOCK = 512
 NOWHERE = Placement("n", 0, 0, "")

@@ -5,9 +5,15 @@ import collections
 
 import pytest
 
-from speckv.loadgen.traces import (TraceFormatError, load_azure, load_burstgpt, load_mooncake, load_trace,
-                                   trace_format)
-from speckv.loadgen.traces.azure import parse_timestamp
+from speckv.services.common.traces import (
+    TraceFormatError,
+    load_azure,
+    load_burstgpt,
+    load_mooncake,
+    load_trace,
+    trace_format,
+)
+from speckv.services.common.traces.azure import parse_timestamp
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 BURST_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from speckv.loadgen.traces import TraceFormatError, load_mooncake, resolve_traces_dir
 from speckv.services.common.errors import NotFound
+from speckv.services.common.traces import TraceFormatError, load_mooncake, resolve_traces_dir
 
 
 def test_real_conversation_trace_slice(traces_dir):

@@ -1,15 +1,15 @@
-"""The TTFT floor (loadgen/ttft_floor.py) and the burst breakdown it feeds."""
+"""The TTFT floor (loadgen/experiments/ttft_floor.py) and the burst breakdown it feeds."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from speckv.loadgen.metrics import RequestRecord, summarize
-from speckv.loadgen.replica_ledger import ReplicaLedger
-from speckv.loadgen.traces.records import TraceRequest
-from speckv.loadgen.ttft_floor import floor_summary, floor_ttft_ms, reusable_blocks, slice_floor
+from speckv.loadgen.experiments.metrics import RequestRecord, summarize
+from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
+from speckv.loadgen.experiments.ttft_floor import floor_summary, floor_ttft_ms, reusable_blocks, slice_floor
+from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.scheduler.engine_profile import EngineProfile
+from speckv.services.common.traces.records import TraceRequest
 
 # prefill_ms(new, cached) = 10 + 1 * new + 0.001 * (new * cached + new * (new + 1) / 2)
 PROFILE = EngineProfile("t", "m", "h", overhead_ms=10.0, ms_per_token=1.0, ms_per_token_pair=0.001,

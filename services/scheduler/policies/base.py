@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
+from speckv.services.common.ids import BlockHash, Family, NodeId, OrderId
 from speckv.services.scheduler.families import FamilyProfile
-from speckv.services.scheduler.ids import BlockHash, Family, NodeId, OrderId
-from speckv.services.scheduler.orders import Order, OrderSpec
+from speckv.services.scheduler.replication.orders import Order, OrderSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speckv.services.scheduler.engine_profile import EngineProfile, LinkModel
+from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
 from speckv.services.scheduler.policy_config import PolicyConfig
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from speckv.services.scheduler.budgets import BudgetBook
-from speckv.services.scheduler.engine_profile import EngineProfile
+from speckv.services.common.engine_profile import EngineProfile
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.families import FamilyProfile
-from speckv.services.scheduler.ids import Family, NodeId
-from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.policies.base import ClusterView, NodeView
+from speckv.services.scheduler.replication.budgets import BudgetBook
+from speckv.services.scheduler.replication.orders import OrderSpec
 
 
 def queue_ms(nodes: Iterable[NodeView]) -> dict[NodeId, float]:

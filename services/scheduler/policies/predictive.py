@@ -16,9 +16,9 @@ policy's unstarted orders: no forecast, no speculation. Thresholds: the
 from __future__ import annotations
 
 from speckv.services.scheduler.forecasts import Forecast, ForecastSource
-from speckv.services.scheduler.planner import Planner
 from speckv.services.scheduler.policies.base import ClusterView, Plan
 from speckv.services.scheduler.policies.context import PolicyContext
+from speckv.services.scheduler.replication.planner import Planner
 
 
 class PlanningPolicy:

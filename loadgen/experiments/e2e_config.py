@@ -1,0 +1,119 @@
+"""The committed end-to-end configuration (services/config/e2e.json), loaded
+into typed records.
+
+Invariants: every policy of one comparison runs on the same E2EConfig; the
+byte scale factor is derived from the two geometries (real model bytes per
+token / kvstore bytes per token), never configured, and every link bandwidth
+handed to a service that moves scaled bytes is divided by it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speckv.loadgen.engines.emulated import EngineLimits
+from speckv.services.common.config import CONFIG_DIR
+from speckv.services.common.engine_profile import EngineProfile, LinkModel, get_profile
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.geometry import KVGeometry, preset
+from speckv.services.common.traces.mooncake import FAMILY_MODES
+
+DEFAULT_E2E_PATH = CONFIG_DIR / "e2e.json"
+
+
+@dataclass(frozen=True, slots=True)
+class SliceSpec:
+    """A slice of trace time, [start_s, start_s + duration_s), replayed `speed` x faster."""
+
+    start_s: float
+    duration_s: float
+    speed: float
+
+
+@dataclass(frozen=True, slots=True)
+class E2EConfig:
+    profile: EngineProfile
+    real_geometry: KVGeometry  # the model's KV at block_tokens per block
+    store_geometry: str  # kvstore preset holding the scaled bytes
+    block_tokens: int
+    nodes: int
+    pool_pages: int
+    link: LinkModel  # the real link, real bytes
+    heartbeat_interval_s: float
+    ttft_target_ms: float
+    scheduler_tick_s: float
+    engine: EngineLimits
+    slices: dict[str, SliceSpec]
+    warmup_s: float
+    forecast_horizon_s: float
+    forecast_poll_s: float
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
+    warm_kv_fraction: float = 0.9  # share of the cluster's pages the warm start fills with pre-slice KV
+    family: str = "prefix"  # how trace requests are keyed into families (loadgen.traces.mooncake.FAMILY_MODES)
+
+    @property
+    def scaled_geometry(self) -> KVGeometry:
+        return preset(self.store_geometry, self.block_tokens)
+
+    @property
+    def byte_scale(self) -> int:
+        """Real bytes per stored byte (e.g. 1024)."""
+        return self.real_geometry.bytes_per_token // self.scaled_geometry.bytes_per_token
+
+    @property
+    def real_bytes_per_block(self) -> int:
+        return self.real_geometry.bytes_per_block
+
+    def scaled_link_gbps(self, speed: float = 1.0) -> float:
+        """Bandwidth for a service moving scaled bytes: real / byte_scale,
+        times the replay's compression when it acts on the wall clock."""
+        return self.link.gbps / self.byte_scale * speed
+
+
+def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
+    source = Path(path) if path else DEFAULT_E2E_PATH
+    try:
+        raw = json.loads(source.read_text())
+        model, cluster, engine, slices = raw["model"], raw["cluster"], raw["engine"], raw["slices"]
+        profile = get_profile(model["engine_profile"])
+        block_tokens = int(model["block_tokens"])
+        config = E2EConfig(
+            profile=profile, real_geometry=preset(model["kv_bytes_geometry"], block_tokens),
+            store_geometry=str(raw["scaled_kv"]["kvstore_geometry"]), block_tokens=block_tokens,
+            nodes=int(cluster["nodes"]), pool_pages=int(cluster["pool_pages"]),
+            link=LinkModel(float(cluster["link_gbps"]), float(cluster["link_overhead_ms"])),
+            heartbeat_interval_s=float(cluster["heartbeat_interval_s"]),
+            ttft_target_ms=float(cluster["ttft_target_ms"]), scheduler_tick_s=float(cluster["scheduler_tick_s"]),
+            engine=EngineLimits(int(engine["max_batched_tokens"]), int(engine["max_num_seqs"]),
+                                float(engine["decode_weights_ms"]), float(engine["hbm_gb_per_s"]),
+                                float(engine["decode_step_overhead_ms"])),
+            slices={name: SliceSpec(float(s["start_s"]), float(s["duration_s"]), float(s["speed"]))
+                    for name, s in slices.items() if isinstance(s, dict)},
+            warmup_s=float(slices["warmup_s"]),
+            forecast_horizon_s=float(raw["predictor"]["forecast_horizon_s"]),
+            forecast_poll_s=float(raw["predictor"]["forecast_poll_s"]),
+            extra_args={k: [str(a) for a in v] for k, v in cluster.get("extra_args", {}).items()},
+            family=str(model.get("family", "prefix")),
+            warm_kv_fraction=float(slices.get("warm_kv_fraction", 0.9)))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgument(f"e2e config {source}: bad or missing field ({exc})") from None
+    _validate(config, source)
+    return config
+
+
+def _validate(config: E2EConfig, source: Path) -> None:
+    if config.nodes <= 0 or config.pool_pages <= 0:
+        raise InvalidArgument(f"e2e config {source}: cluster.nodes and cluster.pool_pages must be > 0")
+    if config.real_geometry.bytes_per_token % config.scaled_geometry.bytes_per_token:
+        raise InvalidArgument(f"e2e config {source}: real bytes per token must be a multiple of the kvstore's")
+    if config.engine.max_batched_tokens <= 0 or config.engine.max_num_seqs <= 0:
+        raise InvalidArgument(f"e2e config {source}: engine.max_batched_tokens and max_num_seqs must be > 0")
+    if not 0 <= config.warm_kv_fraction <= 1:
+        raise InvalidArgument(f"e2e config {source}: slices.warm_kv_fraction must be in [0, 1]")
+    if config.family not in FAMILY_MODES:
+        raise InvalidArgument(f"e2e config {source}: model.family={config.family!r}: expected one of "
+                              f"{', '.join(FAMILY_MODES)}")
+    for name, s in config.slices.items():
+        if s.duration_s <= 0 or s.speed <= 0 or s.start_s < 0:
+            raise InvalidArgument(f"e2e config {source}: slices.{name} needs start_s >= 0, duration_s > 0, speed > 0")

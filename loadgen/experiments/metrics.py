@@ -1,0 +1,153 @@
+"""End-to-end metrics of one policy run, from per-request records.
+
+Definitions (the same for every policy):
+- Percentiles are NumPy's default (linear interpolation between order
+  statistics) over requests that got a first token; TTFT in ms of the real
+  model's time.
+- Burst windows: whole trace seconds (floor of the arrival time). Over every
+  second of the whole trace, empty ones included, the threshold is the count
+  of the ceil(5 %)-th busiest second; every second with at least that many
+  arrivals (and at least one) is a burst second. Fixed from the trace alone,
+  never from a run. burst_ttft_* are over requests arriving in those seconds.
+- SLO attainment: share of requests (errors count as misses) with TTFT at
+  most the target.
+- Replica hit ratio: share of served requests whose cached prefix on the
+  serving node included at least one block committed there by a replication
+  order. Wasted bytes ratio: replicated blocks never read / replicated blocks
+  (0 when nothing was replicated). The hit ratio is bounded by landings /
+  served requests: a conversation family rarely brings more than one
+  request while a replica is fresh, so it reads low even when every replica
+  is used; replica_landings_read_ratio (landings, one per order and target,
+  any of whose blocks a request read) and replica_read_lead_s_p50 (trace
+  seconds from commit to first read, over landings read) say whether the
+  replicas themselves were useful. Bytes are the real model's (stored bytes x
+  the byte scale factor).
+- Where burst time goes (given each request's reusable tokens from
+  loadgen/experiments/ttft_floor.py, keyed by request id): burst_queue_ms_mean is the
+  mean wait before a burst request's prefill; burst_cache_lost_ratio is the
+  share of served burst requests that prefilled tokens the trace had already
+  computed (cached + fetched < reusable: that KV was evicted, or sat on a node
+  the request was not served on); burst_recompute_ms_mean is the mean prefill
+  time those lost tokens cost. None without reusable tokens.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from speckv.loadgen.experiments.replica_ledger import ReplicaTotals
+from speckv.services.common.engine_profile import EngineProfile
+
+BURST_TOP_FRACTION = 0.05
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One replayed request. Times: trace seconds and real-model ms."""
+
+    request_id: str
+    arrival_s: float  # trace time
+    family: str
+    prompt_tokens: int
+    output_tokens: int
+    node_id: str = ""
+    cached_tokens: int = 0  # on the serving node at dispatch
+    fetched_tokens: int = 0  # pulled from fetch_from before prefill
+    fetch_from: str = ""
+    expected_ttft_ms: float = 0.0  # the scheduler's estimate
+    route_ms: float = 0.0  # wall time of the Route call
+    queue_ms: float = 0.0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    replica_blocks: int = 0  # cached blocks that were speculative replicas
+    retried: bool = False
+    error: str = ""
+
+    @property
+    def served(self) -> bool:
+        return self.ttft_ms is not None and not self.error
+
+
+def request_key(index: int) -> str:
+    """The id of the index-th replayed request of a slice (live and simulated alike)."""
+    return f"r{index}"
+
+
+def burst_seconds(arrivals_s: Iterable[float], top_fraction: float = BURST_TOP_FRACTION) -> frozenset[int]:
+    """The trace's burst seconds (see the module docstring)."""
+    seconds = np.floor(np.asarray(list(arrivals_s), dtype=float)).astype(int)
+    if seconds.size == 0:
+        return frozenset()
+    counts = np.bincount(seconds - seconds.min())
+    k = max(1, math.ceil(top_fraction * counts.size))
+    threshold = max(1, int(np.sort(counts)[::-1][k - 1]))
+    return frozenset(int(s) + int(seconds.min()) for s in np.nonzero(counts >= threshold)[0])
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
+
+
+def summarize(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
+              replicas: ReplicaTotals, bytes_per_block: int, orders: dict[str, int],
+              reusable_tokens: Mapping[str, int] | None = None,
+              profile: EngineProfile | None = None) -> dict[str, object]:
+    """The per-policy summary; the JSON keys of the issue plus detail.
+    reusable_tokens (request id -> tokens) and profile give the burst breakdown."""
+    served = [r for r in records if r.served]
+    ttft = [r.ttft_ms for r in served]
+    burst = [r.ttft_ms for r in served if math.floor(r.arrival_s) in bursts]
+    in_burst = sum(1 for r in records if math.floor(r.arrival_s) in bursts)
+    committed = replicas.committed_blocks
+    return {
+        "requests": len(records),
+        "served": len(served),
+        "errors": len(records) - len(served),
+        "retried": sum(1 for r in records if r.retried),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p90_ms": percentile(ttft, 90),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "burst_requests": in_burst,
+        "burst_ttft_p50_ms": percentile(burst, 50),
+        "burst_ttft_p90_ms": percentile(burst, 90),
+        "burst_ttft_p99_ms": percentile(burst, 99),
+        "tpot_p50_ms": percentile([r.tpot_ms for r in served if r.tpot_ms], 50),
+        "e2e_p50_ms": percentile([r.e2e_ms for r in served], 50),
+        "slo_attainment": (sum(1 for t in ttft if t <= ttft_target_ms) / len(records)) if records else None,
+        "prefix_hit_ratio": (sum(r.cached_tokens + r.fetched_tokens for r in served)
+                             / max(1, sum(r.prompt_tokens for r in served))),
+        "fetched_requests": sum(1 for r in served if r.fetched_tokens),
+        "bytes_replicated": committed * bytes_per_block,
+        "replica_blocks_committed": committed,
+        "replica_blocks_read": replicas.read_blocks,
+        "replica_hit_ratio": (sum(1 for r in served if r.replica_blocks) / len(served)) if served else 0.0,
+        "wasted_bytes_ratio": replicas.wasted_blocks / committed if committed else 0.0,
+        "replica_landings": len(replicas.fates),
+        "replica_landings_read_ratio": (sum(1 for f in replicas.fates if f.read_blocks) / len(replicas.fates)
+                                        if replicas.fates else 0.0),
+        "replica_read_lead_s_p50": percentile([f.first_read_s - f.committed_s for f in replicas.fates
+                                               if f.first_read_s is not None], 50),
+        "orders": dict(orders),
+        **_burst_breakdown([r for r in served if math.floor(r.arrival_s) in bursts], reusable_tokens, profile),
+    }
+
+
+def _burst_breakdown(burst: Sequence[RequestRecord], reusable_tokens: Mapping[str, int] | None,
+                     profile: EngineProfile | None) -> dict[str, float | None]:
+    queue = float(np.mean([r.queue_ms for r in burst])) if burst else None
+    if reusable_tokens is None or profile is None or not burst:
+        return {"burst_queue_ms_mean": queue, "burst_cache_lost_ratio": None, "burst_recompute_ms_mean": None}
+    lost, recompute = 0, 0.0
+    for r in burst:
+        reusable = reusable_tokens.get(r.request_id, 0)
+        reused = r.cached_tokens + r.fetched_tokens
+        if reused < reusable:
+            lost += 1
+            recompute += (profile.prefill_ms(r.prompt_tokens - reused, reused)
+                          - profile.prefill_ms(r.prompt_tokens - reusable, reusable))
+    return {"burst_queue_ms_mean": queue, "burst_cache_lost_ratio": lost / len(burst),
+            "burst_recompute_ms_mean": recompute / len(burst)}

@@ -1,0 +1,257 @@
+"""Reference inference router: the scheduler's user.
+
+For each request, on a worker pool (so the replayer never waits): Route
+(which also reports the arrival to the predictor), note which cached blocks on
+the chosen node are speculative replicas, dispatch to that node's engine with
+its cached and fetched tokens. When the engine's prefill is done the node
+stores the prompt's new full blocks in its kvstore (pulled blocks are read
+from the holder with GetBlocks, new ones are generated), so the block index
+grows the way a real cluster's does; when it finishes, the record is complete.
+
+Jobs come from a JobFactory: EmulatedJobs (the default) builds EngineJobs
+for the emulated engine and leaves the KV to the router as above. A factory
+whose `owns_kv` is true (torch_engine.TorchJobs) serves an engine that reads
+and writes real KV through the kvstores itself: the router then stores
+nothing, and books what the engine really reused (its cached and fetched
+tokens after admission, replica reads among the local ones) rather than the
+route's estimate.
+
+Failures: a Route error is retried up to `route_attempts` times; a node that
+fails (its kvstore refuses the blocks, or its engine is marked failed) gets
+no more work, and a request routed to a failed node is re-routed, then
+falls back to the least-loaded healthy engine (recomputing its prefix).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Protocol
+
+import grpc
+import numpy as np
+
+from speckv.loadgen.engines.driver import LiveEngines
+from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, EngineJob, job_times
+from speckv.loadgen.experiments.metrics import RequestRecord, request_key
+from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
+from speckv.services.common.engine_profile import EngineProfile
+from speckv.services.common.traces import TraceRequest
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def block_payload(block_hash: int, nbytes: int) -> bytes:
+    """Deterministic bytes for a block, so a copy can be checked byte-exact."""
+    words = np.full(nbytes // 8, block_hash * 0x9E3779B97F4A7C15 % (1 << 64), dtype=np.uint64)
+    return words.tobytes() + bytes(nbytes % 8)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request runs and what the route said it may skip, in the
+    request's tokens: cached on node_id, then fetched from fetch_from (empty:
+    no pull). cached + fetched <= prompt - 1."""
+
+    node_id: str
+    cached_tokens: int
+    fetched_tokens: int
+    fetch_from: str
+
+
+class JobFactory(Protocol):
+    """Turns a routed trace request into its engine's job."""
+
+    @property
+    def owns_kv(self) -> bool:
+        """True when the engine reads and stores the request's KV itself."""
+        ...
+
+    def make_job(self, request_id: str, request: TraceRequest, output_tokens: int,
+                 placement: Placement) -> EngineJob: ...
+
+    def solo_prefill_ms(self, job: EngineJob) -> float:
+        """The finished job's prefill time alone on an idle engine (ms of the
+        engine's clock): what TTFT holds beyond queueing and the pull."""
+        ...
+
+
+class EmulatedJobs:
+    """Jobs of the emulated engine: costs from the profile, pulls priced in
+    the real model's bytes."""
+
+    owns_kv = False
+
+    def __init__(self, profile: EngineProfile, real_bytes_per_token: int) -> None:
+        self._profile, self._real_bytes_per_token = profile, real_bytes_per_token
+
+    def make_job(self, request_id: str, request: TraceRequest, output_tokens: int,
+                 placement: Placement) -> EngineJob:
+        return EngineJob(request_id, request.prompt_tokens, output_tokens, cached_tokens=placement.cached_tokens,
+                         fetch_tokens=placement.fetched_tokens,
+                         fetch_bytes=placement.fetched_tokens * self._real_bytes_per_token)
+
+    def solo_prefill_ms(self, job: EngineJob) -> float:
+        skipped = job.cached_tokens + job.fetch_tokens
+        return self._profile.prefill_ms(job.prompt_tokens - skipped, skipped)
+
+
+class ReferenceRouter:
+    def __init__(self, scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], engines: LiveEngines,
+                 profile: EngineProfile, ledger: ReplicaLedger, ledger_lock: threading.Lock,
+                 stored_bytes_per_block: int, real_bytes_per_token: int,
+                 on_done: Callable[[RequestRecord], None] = lambda _: None, workers: int = 8,
+                 route_attempts: int = 3, jobs: JobFactory | None = None) -> None:
+        """jobs: the engine's job factory (None: EmulatedJobs of `profile`)."""
+        self._scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler)
+        self._kvstores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
+        self._engines = engines
+        self._jobs: JobFactory = jobs or EmulatedJobs(profile, real_bytes_per_token)
+        self._ledger, self._ledger_lock = ledger, ledger_lock
+        self._block_bytes = stored_bytes_per_block
+        self._on_done, self._attempts = on_done, route_attempts
+        self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="router")
+        self._store_pool = futures.ThreadPoolExecutor(2, thread_name_prefix="store")
+        self._lock = threading.Lock()
+        self._inflight: dict[str, tuple[RequestRecord, TraceRequest, str]] = {}  # id -> (record, request, fetch_from)
+        self.records: list[RequestRecord] = []
+        self.jobs: dict[str, EngineJob] = {}  # request id -> its job, once dispatched (output ids of real engines)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._store_pool.shutdown(wait=True)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._inflight)
+
+    def send(self, index: int, request: TraceRequest) -> None:
+        """Hands the request to the pool and returns at once (open loop)."""
+        record = RequestRecord(request_key(index), request.arrival_s, request.family, request.prompt_tokens,
+                               max(1, request.output_tokens))
+        with self._lock:
+            self.records.append(record)
+            self._inflight[record.request_id] = (record, request, "")
+        self._pool.submit(self._dispatch, record, request)
+
+    # --- request path -----------------------------------------------------------
+    def _dispatch(self, record: RequestRecord, request: TraceRequest) -> None:
+        try:
+            route = self._route(record, request)
+        except grpc.RpcError as exc:
+            self._finish_error(record, f"route: {exc.code().name}: {exc.details()}")
+            return
+        node = route.node_id
+        if not self._engines.healthy(node):
+            record.retried = True
+            node = self._engines.least_loaded({node}) or ""
+            if not node:
+                self._finish_error(record, "no healthy engine")
+                return
+            cached_blocks, fetch_blocks, fetch_from = 0, 0, ""
+        else:
+            cached_blocks, fetch_blocks, fetch_from = route.cached_blocks, route.fetch_blocks, route.fetch_from_node
+        if not self._jobs.owns_kv:
+            self._note_replica_reads(record, request, node, cached_blocks)
+        block = request.block_tokens
+        cached = min(cached_blocks * block, request.prompt_tokens - 1)
+        fetched = min(fetch_blocks * block, request.prompt_tokens - 1 - cached) if fetch_from else 0
+        record.node_id, record.cached_tokens, record.fetched_tokens, record.fetch_from = node, cached, fetched, fetch_from
+        job = self._jobs.make_job(record.request_id, request, record.output_tokens,
+                                  Placement(node, cached, fetched, fetch_from))
+        with self._lock:
+            self._inflight[record.request_id] = (record, request, fetch_from)
+            self.jobs[record.request_id] = job
+        self._engines.submit(node, job)
+
+    def _note_replica_reads(self, record: RequestRecord, request: TraceRequest, node: str, cached_blocks: int) -> None:
+        hashes = request.block_hashes[:request.full_blocks]
+        with self._ledger_lock:
+            record.replica_blocks = self._ledger.note_read(node, hashes[:cached_blocks], request.arrival_s)
+
+    def _route(self, record: RequestRecord, request: TraceRequest) -> scheduler_pb2.RouteResponse:
+        hashes = list(request.block_hashes[:request.full_blocks])
+        for attempt in range(self._attempts):
+            started = time.perf_counter()
+            try:
+                route = self._scheduler.Route(scheduler_pb2.RouteRequest(
+                    request_id=record.request_id, block_hashes=hashes, prompt_tokens=request.prompt_tokens,
+                    family=request.family), timeout=5.0)
+            except grpc.RpcError:
+                if attempt == self._attempts - 1:
+                    raise
+                record.retried = True
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            record.route_ms = (time.perf_counter() - started) * 1e3
+            record.expected_ttft_ms = route.expected_ttft_ms
+            if self._engines.healthy(route.node_id) or attempt == self._attempts - 1:
+                return route
+            record.retried = True
+        raise AssertionError("unreachable")
+
+    # --- engine events ---------------------------------------------------------
+    def on_engine_events(self, events: list[EngineEvent]) -> None:
+        for event in events:
+            with self._lock:
+                entry = self._inflight.get(event.job.request_id)
+            if entry is None:
+                continue
+            record, request, fetch_from = entry
+            if event.kind is EngineEventKind.FIRST_TOKEN and self._jobs.owns_kv:
+                self._book_engine_reuse(record, request, event.job)
+            elif event.kind is EngineEventKind.FIRST_TOKEN:
+                self._store_pool.submit(self._store_blocks, record, request, fetch_from)
+            else:
+                times = job_times(event.job, self._jobs.solo_prefill_ms(event.job))
+                record.ttft_ms, record.tpot_ms, record.e2e_ms = times.ttft_ms, times.tpot_ms, times.e2e_ms
+                record.queue_ms = times.queue_ms
+                self._complete(record)
+
+    def _book_engine_reuse(self, record: RequestRecord, request: TraceRequest, job: EngineJob) -> None:
+        """The engine's admission decided what was really skipped; a pull the
+        engine did not make (the peer lost the blocks) is no fetch."""
+        record.cached_tokens, record.fetched_tokens = job.cached_tokens, job.fetch_tokens
+        if not job.fetch_tokens:
+            record.fetch_from = ""
+        self._note_replica_reads(record, request, record.node_id, job.cached_tokens // request.block_tokens)
+
+    def _store_blocks(self, record: RequestRecord, request: TraceRequest, fetch_from: str) -> None:
+        hashes = list(request.block_hashes[:request.full_blocks])
+        first_new = record.cached_tokens // request.block_tokens
+        fetched_upto = (record.cached_tokens + record.fetched_tokens) // request.block_tokens
+        if first_new >= len(hashes):
+            return
+        pulled: dict[int, bytes] = {}
+        if fetch_from and fetched_upto > first_new:
+            try:
+                for block in self._kvstores[fetch_from].GetBlocks(
+                        kvstore_pb2.GetBlocksRequest(block_hashes=hashes[first_new:fetched_upto]), timeout=30.0):
+                    pulled[block.block_hash] = block.data
+            except grpc.RpcError as exc:  # evicted meanwhile: the node recomputed it
+                log.info("pull of %s from %s: %s", record.request_id, fetch_from, exc.code().name)
+
+        def blocks() -> Iterator[kvstore_pb2.PutBlockRequest]:
+            for i in range(first_new, len(hashes)):
+                data = pulled.get(hashes[i]) or block_payload(hashes[i], self._block_bytes)
+                yield kvstore_pb2.PutBlockRequest(block_hash=hashes[i], data=data, family=request.family,
+                                                  parent_hash=hashes[i - 1] if i else 0, has_parent=i > 0)
+
+        try:
+            self._kvstores[record.node_id].PutBlocks(blocks(), timeout=30.0)
+        except grpc.RpcError as exc:
+            log.warning("node %s refused blocks: %s; no more work goes to it", record.node_id, exc.code().name)
+            self._engines.mark_failed(record.node_id)
+
+    def _finish_error(self, record: RequestRecord, error: str) -> None:
+        record.error = error
+        self._complete(record)
+
+    def _complete(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._inflight.pop(record.request_id, None)
+        self._on_done(record)
+

@@ -1,0 +1,85 @@
+"""Named synthetic workloads: services/config/scenarios.json, or a user's
+own file of the same shape (`speckv simulate --scenarios PATH`).
+
+A scenario is one generator of workload.py (mmpp or hawkes) with its
+parameters and family shape; keys left out take the dataclasses' defaults,
+block tokens always come from the e2e configuration (the trace's block and
+the engine's must agree), and the seed from the command line. A bad file
+(unknown generator or key, a value the generator refuses) is an
+InvalidArgument naming the scenario and the key, before anything runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from speckv.loadgen.workload.synthetic import FamilyShape, HawkesParams, MmppParams, describe, hawkes, mmpp
+from speckv.services.common.config import CONFIG_DIR
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.traces import TraceRequest
+
+DEFAULT_SCENARIOS_PATH = CONFIG_DIR / "scenarios.json"
+GENERATORS = {"mmpp": MmppParams, "hawkes": HawkesParams}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    generator: str  # a key of GENERATORS
+    params: MmppParams | HawkesParams
+    shape: FamilyShape
+    note: str
+
+    def requests(self) -> list[TraceRequest]:
+        """The workload, in arrival order (one seed, one workload)."""
+        if isinstance(self.params, MmppParams):
+            return mmpp(self.params, self.shape)
+        return hawkes(self.params, self.shape)
+
+    def describe(self) -> dict[str, object]:
+        """What the report prints: every parameter, defaults included."""
+        return {"scenario": self.name, **describe(self.params, self.shape), "note": self.note}
+
+
+def load_scenarios(path: Path | str | None = None) -> dict[str, Mapping]:
+    """The raw scenario table of the file (name -> its JSON object)."""
+    source = Path(path) if path else DEFAULT_SCENARIOS_PATH
+    try:
+        table = json.loads(source.read_text())["scenarios"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgument(f"scenarios file {source}: unreadable or no 'scenarios' object ({exc})") from None
+    if not isinstance(table, dict) or not table:
+        raise InvalidArgument(f"scenarios file {source}: 'scenarios' must name at least one scenario")
+    return table
+
+
+def get_scenario(name: str, seed: int, block_tokens: int, path: Path | str | None = None) -> Scenario:
+    table = load_scenarios(path)
+    if name not in table:
+        raise InvalidArgument(f"--synthetic={name!r}: no such scenario; expected one of {', '.join(sorted(table))}")
+    raw = table[name]
+    generator = raw.get("generator") if isinstance(raw, dict) else None
+    if generator not in GENERATORS:
+        raise InvalidArgument(f"scenario {name!r}: generator must be one of {', '.join(GENERATORS)}, "
+                              f"not {generator!r}")
+    params = _build(name, "params", GENERATORS[generator], {**raw.get("params", {}), "seed": seed})
+    shape_raw = dict(raw.get("shape", {}))
+    if "output_tokens" in shape_raw:
+        shape_raw["output_tokens"] = tuple(shape_raw["output_tokens"])
+    shape = _build(name, "shape", FamilyShape, {**shape_raw, "block_tokens": block_tokens})
+    return Scenario(name, generator, params, shape, str(raw.get("note", "")))
+
+
+def _build(name: str, section: str, cls: type, values: Mapping[str, object]):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InvalidArgument(f"scenario {name!r}: unknown {section} key(s) {', '.join(unknown)}; "
+                              f"{cls.__name__} takes {', '.join(sorted(known))}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"scenario {name!r} {section}: {exc}") from None

@@ -1,0 +1,232 @@
+"""The LightGBM forecaster as a served CountModel, and its model directory.
+
+Directory layout: manifest.json plus one LightGBM text model file per
+horizon: count_h1.txt, count_h5.txt, ... The manifest holds kind "lightgbm",
+version, horizons_s, quantile, features (the names, which must equal the
+names the feature_spec derives), feature_spec, alarm_threshold and
+dispersion (one per horizon), offset (the level offset of lgbm.py:
+halflife_s, prior_per_step, prior_steps), trace (what it was trained on),
+files and metrics. Loading checks every file parses and expects exactly
+those features.
+
+Serving: features come from the core's OnlineFeatures (state.features), as of
+the last complete step. Families never seen read as a fresh family (all
+family features zero, cluster and time terms current), so their forecast is
+the model's own prior for a newcomer. A requested horizon the model was not
+trained for uses the nearest trained one at or above it (else the longest),
+its expected and upper counts scaled by h / h_trained; its burst probability
+is taken as is.
+
+Ranking (the core's top-k, see models.py): every row's expected count at
+the first asked horizon comes from that horizon's booster alone, scored once
+per distinct feature row (a booster scores each row alone, so equal rows get
+equal bits) and kept per row for as long as the features stay the same (one
+step); the other boosters and the count distribution run only for the rows
+kept.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import lightgbm as lgb
+import numpy as np
+
+from speckv.services.common.errors import InvalidArgument
+from speckv.services.predictor.count_models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
+from speckv.services.predictor.features import FeatureSpec, OnlineFeatures
+from speckv.services.predictor.lgbm_forecaster import KINDS, LevelOffset, LgbmBundle
+
+EXTRA_KEYS = ("features", "feature_spec", "alarm_threshold", "dispersion", "offset", "trace", "files")
+
+
+class LightGbmModel:
+    name = "lightgbm"
+
+    def __init__(self, bundle: LgbmBundle, version: str, metrics: Mapping[str, float] | None = None,
+                 trace: str = "") -> None:
+        self.bundle = bundle
+        self.version = version
+        self.horizons_s = bundle.horizons_s
+        self.quantile = bundle.quantile
+        self.features = bundle.spec.names()
+        self.metrics = dict(metrics or {})
+        self.trace = trace
+        s = bundle.spec
+        self.burst_definition = (f"{BURST_DEFINITION} Here burst_ratio={s.burst_ratio:g}, "
+                                 f"min_burst_count={s.min_burst_count:g}, long_halflife_s={s.long_halflife_s:g} "
+                                 "(discrete exposure-corrected EWMA of the features).")
+
+    @property
+    def feature_spec(self) -> FeatureSpec:
+        return self.bundle.spec
+
+    @property
+    def history_s(self) -> float:
+        s = self.bundle.spec
+        return max(s.ring * s.step_s, HISTORY_HALFLIVES * max((*s.halflives_s, s.long_halflife_s)))
+
+    def forecast(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> CountForecast:
+        return self.forecast_features(_online(state).features(state.rows), horizons)
+
+    def rank(self, state: SeriesState, now_s: float, horizons: np.ndarray) -> "LgbmRanking":
+        """Every row's expected count at the first horizon from that
+        horizon's booster alone; features and scores kept per row in
+        state.memos while the features stay the same (they change once per
+        step, the scheduler asks four times a step, at two horizons); the
+        other boosters and the distribution only for the rows selected."""
+        online = _online(state)
+        col, scale = self._columns(horizons)
+        first = int(col[0])
+        memos = state.memos
+        if memos is None or (state.rows < 0).any():  # a family not tracked has no row to keep a value for
+            features = online.features
+            values = self._expected_at(features(state.rows), first)
+        else:
+            def features(rows: np.ndarray) -> np.ndarray:
+                return memos.slot((self.name, "features")).fetch(state.features_version, rows, online.features)
+
+            values = memos.slot((self.name, first)).fetch(
+                state.features_version, state.rows, lambda rows: self._expected_at(features(rows), first))
+        return LgbmRanking(self, state.rows, features, horizons, values * scale[0, 0])
+
+    def _expected_at(self, X: np.ndarray, i: int) -> np.ndarray:
+        """bundle.expected_at(X, i), each distinct row scored once: rows with
+        the same features (families whose histories match step for step)
+        score the same bits, a booster scoring each row alone."""
+        distinct, inverse = _distinct_rows(X)
+        return self.bundle.expected_at(distinct, i)[inverse]
+
+    def _columns(self, horizons: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The trained horizon serving each asked one, and the scale to it (1, asked)."""
+        trained = np.asarray(self.horizons_s)
+        asked = np.asarray(horizons, dtype=np.float64)
+        col = np.minimum(np.searchsorted(trained, asked - 1e-9), len(trained) - 1)
+        return col, (asked / trained[col])[None, :]
+
+    def forecast_features(self, X: np.ndarray, horizons: np.ndarray) -> CountForecast:
+        """The forecast of rows with features X (one row each)."""
+        expected, upper, prob = self.bundle.predict(X)
+        col, scale = self._columns(horizons)
+        return CountForecast(expected[:, col] * scale, upper[:, col] * scale, prob[:, col])
+
+
+class LgbmRanking:
+    """LightGbmModel's Ranking: select() runs the whole forecast on the
+    selected rows' features (each row's features and scores depend on that
+    row alone, so they equal the full forecast's rows)."""
+
+    def __init__(self, model: LightGbmModel, rows: np.ndarray, features: Callable[[np.ndarray], np.ndarray],
+                 horizons: np.ndarray, key: np.ndarray) -> None:
+        self._model, self._rows, self._features, self._horizons = model, rows, features, horizons
+        self.key = key
+
+    def select(self, index: np.ndarray) -> CountForecast:
+        return self._model.forecast_features(self._features(self._rows[index]), self._horizons)
+
+
+def _distinct_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows of X, index of each row of X among them), rows
+    compared byte for byte."""
+    X = np.ascontiguousarray(X)
+    keys = X.view(np.dtype((np.void, X.dtype.itemsize * X.shape[1]))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return X[first], inverse.ravel()
+
+
+def _online(state: SeriesState) -> OnlineFeatures:
+    if state.features is None:
+        raise InvalidArgument("the lightgbm model needs the core's online features")
+    return state.features
+
+
+def save_model(directory: str | Path, model: LightGbmModel) -> Path:
+    """Writes the booster files, then the manifest (atomically, last)."""
+    from speckv.services.predictor.manifest import write_manifest
+
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    files: dict[str, list[str]] = {}
+    for kind in KINDS:
+        files[kind] = []
+        for h, booster in zip(model.horizons_s, model.bundle.boosters[kind]):
+            name = f"{kind}_h{h:g}.txt"
+            booster.save_model(str(target / name))
+            files[kind].append(name)
+    return write_manifest(target, {
+        "kind": "lightgbm", "version": model.version, "horizons_s": list(model.horizons_s),
+        "quantile": model.quantile, "metrics": model.metrics, "features": list(model.features),
+        "feature_spec": model.bundle.spec.to_dict(), "alarm_threshold": list(model.bundle.alarm_threshold),
+        "dispersion": list(model.bundle.dispersion), "offset": _offset_dict(model.bundle.offset),
+        "trace": model.trace, "files": files})
+
+
+def _offset_dict(offset: LevelOffset) -> dict[str, float]:
+    return {"halflife_s": offset.halflife_s, "prior_per_step": offset.prior_per_step,
+            "prior_steps": offset.prior_steps}
+
+
+def _parse_offset(value: Any, spec: FeatureSpec) -> LevelOffset:
+    keys = ("halflife_s", "prior_per_step", "prior_steps")
+    if not isinstance(value, dict) or sorted(value) != sorted(keys):
+        raise InvalidArgument(f"offset: must be an object with exactly {', '.join(keys)}")
+    for key in keys:
+        v = value[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+            raise InvalidArgument(f"offset.{key}={v!r}: must be a finite number >= 0")
+    offset = LevelOffset(float(value["halflife_s"]), float(value["prior_per_step"]), float(value["prior_steps"]))
+    try:
+        offset.column(spec)
+    except ValueError as exc:
+        raise InvalidArgument(f"offset.halflife_s: {exc}") from None
+    return offset
+
+
+def _per_horizon(manifest: Mapping[str, Any], key: str, horizons: int, low: float, high: float) -> list[float]:
+    values = manifest[key]
+    if not isinstance(values, list) or len(values) != horizons:
+        raise InvalidArgument(f"{key}: must list one number per horizon")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (low <= v <= high):
+            raise InvalidArgument(f"{key}: {v!r} is not a number in [{low:g}, {high:g}]")
+    return [float(v) for v in values]
+
+
+def load_lightgbm(manifest: Mapping[str, Any], metrics: Mapping[str, float], directory: Path,
+                  version: str, horizons_s: tuple[float, ...], quantile: float) -> LightGbmModel:
+    for key in EXTRA_KEYS:
+        if key not in manifest:
+            raise InvalidArgument(f"{key}: required key missing for kind 'lightgbm'")
+    try:
+        spec = FeatureSpec.from_dict(manifest["feature_spec"])
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"feature_spec: {exc}") from None
+    if list(manifest["features"]) != list(spec.names()):
+        raise InvalidArgument("features: do not match the names feature_spec derives")
+    thresholds = _per_horizon(manifest, "alarm_threshold", len(horizons_s), 0.0, 1.0)
+    dispersion = _per_horizon(manifest, "dispersion", len(horizons_s), 0.0, 1e6)
+    offset = _parse_offset(manifest["offset"], spec)
+    files = manifest["files"]
+    boosters: dict[str, list[lgb.Booster]] = {}
+    for kind in KINDS:
+        names = files.get(kind) if isinstance(files, dict) else None
+        if not isinstance(names, list) or len(names) != len(horizons_s):
+            raise InvalidArgument(f"files.{kind}: must list one model file per horizon")
+        boosters[kind] = [_booster(directory, name, len(spec.names()), f"files.{kind}") for name in names]
+    bundle = LgbmBundle(spec, horizons_s, quantile, boosters, thresholds, offset, dispersion)
+    return LightGbmModel(bundle, version, metrics, str(manifest["trace"]))
+
+
+def _booster(directory: Path, name: Any, num_features: int, key: str) -> lgb.Booster:
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        raise InvalidArgument(f"{key}: {name!r} is not a file name in the model directory")
+    path = directory / name
+    if not path.is_file():
+        raise InvalidArgument(f"{key}: {path} does not exist")
+    try:
+        booster = lgb.Booster(model_file=str(path))
+    except lgb.basic.LightGBMError as exc:
+        raise InvalidArgument(f"{key}: {path} is not a LightGBM model ({exc})") from None
+    if booster.num_feature() != num_features:
+        raise InvalidArgument(f"{key}: {path} expects {booster.num_feature()} features, the spec gives {num_features}")
+    return booster

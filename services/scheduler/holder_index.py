@@ -1,0 +1,211 @@
+"""Which node holds which KV block, fed by the kvstores' KV events.
+
+Two maps kept in step, so every update is O(1) per block:
+  holders:   block hash -> the node holding it, or the set of nodes when
+             more than one does (most blocks have one holder: no set per
+             block to allocate on every store and free on every eviction)
+  inventory: node -> set of block hashes it holds
+plus prefix families: family -> the hash of its first block (a chain root),
+so "nodes holding the family" is holders(root). Roots are learnt from events
+whose blocks start a chain (has_parent false) and from routed requests; a
+family is forgotten once no node holds its root, so the map is bounded by the
+resident blocks.
+
+Event semantics (vLLM KV events): STORED and COMMITTED add blocks, REMOVED
+drops them, SNAPSHOT replaces the node's whole inventory. Not thread-safe:
+SchedulerCore serialises access.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Collection, Sequence
+
+from speckv.services.common.ids import BlockHash, Family, NodeId, default_family
+
+
+class HolderEventKind(enum.Enum):
+    STORED = "stored"
+    REMOVED = "removed"
+    COMMITTED = "committed"
+    SNAPSHOT = "snapshot"
+
+
+@dataclass(slots=True)
+class IndexEvent:
+    """A KV event as the index needs it (decoupled from the proto)."""
+
+    kind: HolderEventKind
+    block_hashes: list[int]
+    has_parent: bool = False
+    family: str = ""
+    sequence: int = 0
+
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
+    def __init__(self, kind: HolderEventKind, block_hashes: list[int], has_parent: bool = False, family: str = "",
+                 sequence: int = 0) -> None:
+        self.kind = kind
+        self.block_hashes = block_hashes
+        self.has_parent = has_parent
+        self.family = family
+        self.sequence = sequence
+
+
+@dataclass(slots=True)
+class HolderIndex:
+    _holders: dict[int, NodeId | set[NodeId]] = field(default_factory=dict)
+    _inventory: dict[NodeId, set[int]] = field(default_factory=dict)
+    _family_root: dict[Family, int] = field(default_factory=dict)
+    _root_families: dict[int, set[Family]] = field(default_factory=dict)
+
+    def apply(self, node: NodeId, event: IndexEvent) -> None:
+        if event.kind is HolderEventKind.SNAPSHOT:
+            self.drop_node(node)
+            self._add(node, event.block_hashes)
+        elif event.kind in (HolderEventKind.STORED, HolderEventKind.COMMITTED):
+            self._add(node, event.block_hashes)
+            if not event.has_parent and event.block_hashes:
+                family = Family(event.family) if event.family else default_family(event.block_hashes)
+                self.note_family(family, event.block_hashes[0])
+        elif event.kind is HolderEventKind.REMOVED:
+            held = self._inventory.get(node)
+            if held is not None:
+                for h in event.block_hashes:
+                    if h in held:
+                        held.discard(h)
+                        self._unhold(node, h)
+
+    def drop_node(self, node: NodeId) -> None:
+        """Forgets everything node holds (re-registration, snapshot, removal)."""
+        for h in self._inventory.pop(node, set()):
+            self._unhold(node, h)
+
+    def note_family(self, family: Family, root: int) -> None:
+        """Records root as family's first block, if some node holds it."""
+        if not family or root not in self._holders:
+            return
+        old = self._family_root.get(family)
+        if old == root:
+            return
+        if old is not None:
+            self._forget_root_family(old, family)
+        self._family_root[family] = root
+        self._root_families.setdefault(root, set()).add(family)
+
+    def holders(self, block_hash: int) -> frozenset[NodeId]:
+        return frozenset(self.holder_set(block_hash))
+
+    def holder_set(self, block_hash: int) -> Collection[NodeId]:
+        """The nodes holding block_hash, without a copy: read it before the
+        next event is applied, never keep it."""
+        held = self._holders.get(block_hash)
+        if held is None:
+            return ()
+        return (held,) if isinstance(held, str) else held
+
+    def family_nodes(self, family: Family) -> frozenset[NodeId]:
+        root = self._family_root.get(family)
+        return self.holders(root) if root is not None else frozenset()
+
+    def family_root(self, family: Family) -> BlockHash | None:
+        root = self._family_root.get(family)
+        return BlockHash(root) if root is not None else None
+
+    def families(self) -> list[Family]:
+        return list(self._family_root)
+
+    def longest_prefix(self, node: NodeId, block_hashes: Sequence[int]) -> int:
+        """Number of leading hashes node holds."""
+        held = self._inventory.get(node, ())
+        count = 0
+        for h in block_hashes:
+            if h not in held:
+                break
+            count += 1
+        return count
+
+    def prefix_lengths(self, block_hashes: Sequence[int], min_length: int = 1) -> dict[NodeId, int]:
+        """longest_prefix for every node holding at least the first
+        min_length blocks (>= 1); nodes with shorter prefixes are left out.
+
+        One walk down the chain, intersecting holder sets: the cost is the sum
+        of holders over the prefix, not nodes x blocks. With min_length > 1 the
+        walk starts at the holders of block min_length - 1, so a first block
+        every node holds (a shared system prompt) costs nothing."""
+        start = max(1, min_length) - 1
+        if start >= len(block_hashes):
+            return {}
+        inventory, holders = self._inventory, self._holders
+        alive = {n for n in self.holder_set(block_hashes[start])
+                 if all(h in inventory[n] for h in block_hashes[:start])}
+        lengths: dict[NodeId, int] = {}
+        for i in range(start + 1, len(block_hashes)):
+            if not alive:
+                break
+            holding = holders.get(block_hashes[i])
+            if holding is None:
+                dropped = list(alive)
+            elif isinstance(holding, str):
+                if len(alive) == 1 and holding in alive:
+                    continue  # the one node still in the walk holds this block too (the usual case)
+                dropped = [n for n in alive if n != holding]
+            else:
+                if alive <= holding:
+                    continue
+                dropped = [n for n in alive if n not in holding]
+            for node in dropped:
+                lengths[node] = i
+                alive.discard(node)
+        for node in alive:
+            lengths[node] = len(block_hashes)
+        return lengths
+
+    def num_blocks(self, node: NodeId) -> int:
+        return len(self._inventory.get(node, ()))
+
+    def num_families(self) -> int:
+        return len(self._family_root)
+
+    def _add(self, node: NodeId, hashes: Sequence[int]) -> None:
+        held = self._inventory.setdefault(node, set())
+        holders = self._holders
+        for h in hashes:
+            nodes = holders.get(h)
+            if nodes is None:
+                holders[h] = node
+            elif isinstance(nodes, str):
+                if nodes != node:
+                    holders[h] = {nodes, node}
+            else:
+                nodes.add(node)
+        held.update(hashes)
+
+    def _remove(self, node: NodeId, h: int) -> None:
+        held = self._inventory.get(node)
+        if held is not None and h in held:
+            held.discard(h)
+            self._unhold(node, h)
+
+    def _unhold(self, node: NodeId, h: int) -> None:
+        nodes = self._holders.get(h)
+        if nodes is None:
+            return
+        if isinstance(nodes, str):
+            if nodes != node:
+                return
+        else:
+            nodes.discard(node)
+            if nodes:
+                return  # a set stays a set until it empties
+        del self._holders[h]
+        families = self._root_families.pop(h, None)
+        if families:
+            for family in families:
+                self._family_root.pop(family, None)
+
+    def _forget_root_family(self, root: int, family: Family) -> None:
+        families = self._root_families.get(root)
+        if families is not None:
+            families.discard(family)
+            if not families:
+                del self._root_families[root]

@@ -1,0 +1,186 @@
+"""Replication orders: validation, ids and the lifecycle.
+
+    ISSUED -> IN_FLIGHT -> COMMITTED | FAILED | CANCELLED | EXPIRED
+    ISSUED -> COMMITTED | FAILED | CANCELLED | EXPIRED   (progress may be unreported)
+    IN_FLIGHT -> IN_FLIGHT                               (progress: refreshes the lease)
+
+Terminal states never change; repeating the same terminal report is an
+idempotent no-op (a retried ack), any other transition is FailedPrecondition.
+
+Lease: an active order whose last progress (submission or an IN_FLIGHT
+report) is more than lease_ms old is EXPIRED by `sweep()` or at the next
+report. lease_ms is also the replica's lease on the target, so an order that
+cannot land within it would be pointless anyway.
+
+Counts: ISSUED and IN_FLIGHT count orders active now; terminal states count
+every order that ever reached them. Only the newest `max_retained` terminal
+orders are kept for reports (older ones answer NotFound).
+
+Not thread-safe: SchedulerCore serialises access. Times are clock seconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from speckv.services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.common.ids import UINT64_MAX, Family, NodeId, OrderId
+
+
+class OrderState(enum.Enum):
+    ISSUED = "issued"
+    IN_FLIGHT = "in_flight"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (OrderState.ISSUED, OrderState.IN_FLIGHT)
+
+
+ALLOWED: dict[OrderState, frozenset[OrderState]] = {
+    OrderState.ISSUED: frozenset({OrderState.IN_FLIGHT, OrderState.COMMITTED, OrderState.FAILED,
+                                  OrderState.CANCELLED, OrderState.EXPIRED}),
+    OrderState.IN_FLIGHT: frozenset({OrderState.IN_FLIGHT, OrderState.COMMITTED, OrderState.FAILED,
+                                     OrderState.CANCELLED, OrderState.EXPIRED}),
+}
+
+
+@dataclass(slots=True)
+class OrderSpec:
+    """What a policy or an operator asks for; the tracker turns it into an Order."""
+
+    family: Family
+    block_hashes: list[int]
+    source: NodeId
+    target: NodeId
+    lease_ms: int
+    priority: int = 0
+    expected_benefit_ms: float = 0.0
+    policy: str = ""
+    target_address: str = ""
+    order_id: str = ""
+
+
+@dataclass(slots=True)
+class Order:
+    order_id: OrderId
+    spec: OrderSpec
+    state: OrderState
+    created_at: float
+    last_progress: float
+    message: str = ""
+    bytes_sent: int = 0
+    blocks_sent: int = 0
+
+    def lease_end(self) -> float:
+        return self.last_progress + self.spec.lease_ms / 1000.0
+
+    def snapshot(self) -> "Order":
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, block_hashes=list(self.spec.block_hashes)))
+
+
+def validate_spec(spec: OrderSpec) -> None:
+    if not spec.source:
+        raise InvalidArgument("order.source_node is empty")
+    if not spec.target:
+        raise InvalidArgument("order.target_node is empty")
+    if spec.source == spec.target:
+        raise InvalidArgument(f"order.source_node == order.target_node ({spec.source!r})")
+    if not spec.block_hashes:
+        raise InvalidArgument("order.block_hashes is empty")
+    if len(set(spec.block_hashes)) != len(spec.block_hashes):
+        raise InvalidArgument("order.block_hashes repeats a hash; a chain never does")
+    if any(not 0 <= h <= UINT64_MAX for h in spec.block_hashes):
+        raise InvalidArgument("order.block_hashes: hashes are uint64")
+    if spec.lease_ms <= 0:
+        raise InvalidArgument(f"order.lease_ms={spec.lease_ms}: must be > 0")
+
+
+@dataclass(slots=True)
+class OrderTracker:
+    max_retained: int = 10_000
+    _active: dict[OrderId, Order] = field(default_factory=dict)
+    _done: OrderedDict[OrderId, Order] = field(default_factory=OrderedDict)
+    _totals: dict[OrderState, int] = field(default_factory=lambda: {s: 0 for s in OrderState})
+    _next_id: int = 1
+
+    def submit(self, spec: OrderSpec, now: float) -> Order:
+        """Validates spec (node checks are the caller's) and issues it."""
+        validate_spec(spec)
+        order_id = OrderId(spec.order_id) if spec.order_id else self._new_id()
+        if order_id in self._active or order_id in self._done:
+            raise AlreadyExists(f"order {order_id!r} exists")
+        order = Order(order_id, spec, OrderState.ISSUED, created_at=now, last_progress=now)
+        order.spec.order_id = order_id
+        self._active[order_id] = order
+        return order
+
+    def report(self, order_id: str, state: OrderState, now: float, message: str = "",
+               bytes_sent: int = 0, blocks_sent: int = 0) -> Order:
+        """Moves an order to state; returns it."""
+        order = self.get(order_id)
+        self._expire_if_due(order, now)
+        if order.state.terminal and state is order.state:
+            return order
+        if state not in ALLOWED.get(order.state, frozenset()):
+            raise FailedPrecondition(
+                f"order {order_id!r} is {order.state.name}; cannot move to {state.name}")
+        order.message = message or order.message
+        order.bytes_sent = max(order.bytes_sent, bytes_sent)
+        order.blocks_sent = max(order.blocks_sent, blocks_sent)
+        if state is OrderState.IN_FLIGHT:
+            order.last_progress = now
+        self._move(order, state)
+        return order
+
+    def sweep(self, now: float) -> list[Order]:
+        """Expires active orders whose lease passed without progress."""
+        due = [o for o in self._active.values() if now > o.lease_end()]
+        for order in due:
+            order.message = "lease passed without progress"
+            self._move(order, OrderState.EXPIRED)
+        return due
+
+    def get(self, order_id: str) -> Order:
+        if not order_id:
+            raise InvalidArgument("order_id is empty")
+        order = self._active.get(OrderId(order_id)) or self._done.get(OrderId(order_id))
+        if order is None:
+            raise NotFound(f"order {order_id!r} is unknown")
+        return order
+
+    def active(self, source: NodeId | None = None) -> list[Order]:
+        return [o for o in self._active.values() if source is None or o.spec.source == source]
+
+    def counts(self) -> dict[OrderState, int]:
+        counts = dict(self._totals)
+        for state in (OrderState.ISSUED, OrderState.IN_FLIGHT):
+            counts[state] = sum(1 for o in self._active.values() if o.state is state)
+        return counts
+
+    def _expire_if_due(self, order: Order, now: float) -> None:
+        if not order.state.terminal and now > order.lease_end():
+            order.message = "lease passed without progress"
+            self._move(order, OrderState.EXPIRED)
+
+    def _move(self, order: Order, state: OrderState) -> None:
+        order.state = state
+        if not state.terminal:
+            return
+        self._totals[state] += 1
+        self._active.pop(order.order_id, None)
+        self._done[order.order_id] = order
+        while len(self._done) > self.max_retained:
+            self._done.popitem(last=False)
+
+    def _new_id(self) -> OrderId:
+        while True:
+            order_id = OrderId(f"o-{self._next_id:08d}")
+            self._next_id += 1
+            if order_id not in self._active and order_id not in self._done:
+                return order_id

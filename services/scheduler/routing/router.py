@@ -1,0 +1,203 @@
+"""Routing: pick the node with the least expected time to first token.
+
+KV-aware, load-aware router (the `none` policy's router, like Dynamo's KV
+router or llm-d's precise prefix-cache scorer, plus on-demand pulls as in
+llm-d P2P / Mooncake's conductor). For a request of P prompt tokens whose
+chain of full blocks is h_1..h_B (block size S), and each live node n:
+
+  c_n       = longest prefix of h_1..h_B that n holds (block index), blocks
+  queue_n   = ms_per_token * (queued tokens reported + routed since the last
+              heartbeat) + overhead_ms * (waiting requests + routed since)
+  local_n   = prefill_ms(new = P - c_n*S, cached = c_n*S)
+  fetch_n   = with H the live node holding the longest prefix c_H > c_n:
+              max(wait_H, wait_n) + transfer_ms((c_H - c_n) * bytes_per_block)
+              + prefill_ms(new = P - c_H*S, cached = c_H*S)
+              where wait_x is how long x's link is already spoken for by
+              the pulls and orders the scheduler started (link_backlog.py)
+  TTFT_n    = queue_n + min(local_n, fetch_n)
+
+The pull is chosen only when fetch_n < local_n (strictly cheaper); the
+response then names H and c_H - c_n blocks. Cached tokens are capped at P - 1
+because the engine always computes the last prompt token.
+
+Spreading: nodes within `tie_ms` (default 1 ms) of the best TTFT tie; among
+them the one with the fewest routes in flight (routed since its last
+heartbeat) wins, then a seeded RNG picks. The caller adds each routed
+request's uncached tokens to the node's pending load, so a burst between two
+heartbeats sees its own queue build up and spreads instead of piling on the
+first winner.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from speckv.services.common.engine_profile import EngineProfile, LinkModel
+from speckv.services.common.ids import Family, NodeId
+
+
+@dataclass(slots=True)
+class RouteQuery:
+    request_id: str
+    block_hashes: list[int]
+    prompt_tokens: int
+    family: Family
+
+    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
+    def __init__(self, request_id: str, block_hashes: list[int], prompt_tokens: int, family: Family) -> None:
+        self.request_id = request_id
+        self.block_hashes = block_hashes
+        self.prompt_tokens = prompt_tokens
+        self.family = family
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A live node as the router sees it."""
+
+    node_id: NodeId
+    routes_in_flight: int
+    cached_blocks: int
+    block_size: int
+    bytes_per_block: int
+    queue_ms: float  # expected wait before its prefill starts (Cluster.queue_ms)
+    link_wait_ms: float = 0.0  # until its link has carried the transfers already booked on it (LinkBacklog)
+
+    def __init__(self, node_id: NodeId, routes_in_flight: int, cached_blocks: int, block_size: int,
+                 bytes_per_block: int, queue_ms: float, link_wait_ms: float = 0.0) -> None:
+        self.node_id = node_id
+        self.routes_in_flight = routes_in_flight
+        self.cached_blocks = cached_blocks
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block
+        self.queue_ms = queue_ms
+        self.link_wait_ms = link_wait_ms
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    node_id: NodeId
+    cached_blocks: int
+    expected_ttft_ms: float
+    queue_ms: float
+    prefill_ms: float
+    fetch_ms: float = 0.0
+    fetch_from: NodeId | None = None
+    fetch_blocks: int = 0
+
+    def __init__(self, node_id: NodeId, cached_blocks: int, expected_ttft_ms: float, queue_ms: float,
+                 prefill_ms: float, fetch_ms: float = 0.0, fetch_from: NodeId | None = None,
+                 fetch_blocks: int = 0) -> None:
+        self.node_id = node_id
+        self.cached_blocks = cached_blocks
+        self.expected_ttft_ms = expected_ttft_ms
+        self.queue_ms = queue_ms
+        self.prefill_ms = prefill_ms
+        self.fetch_ms = fetch_ms
+        self.fetch_from = fetch_from
+        self.fetch_blocks = fetch_blocks
+
+
+class RoutingStrategy(Protocol):
+    name: str
+
+    def choose(self, query: RouteQuery, candidates: Sequence[Candidate]) -> RouteDecision:
+        """Picks one of candidates (non-empty, all live)."""
+        ...
+
+    def estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> RouteDecision:
+        """The decision for routing query to node, pulling from holder if cheaper."""
+        ...
+
+
+class KvAwareRouter:
+    name = "kv-aware"
+
+    def __init__(self, profile: EngineProfile, link: LinkModel, seed: int = 0, tie_ms: float = 1.0) -> None:
+        self._profile = profile
+        self._link = link
+        self._rng = random.Random(seed)
+        self._tie_ms = tie_ms
+
+    def choose(self, query: RouteQuery, candidates: Sequence[Candidate]) -> RouteDecision:
+        if not candidates:
+            raise ValueError("no candidates")
+        holder = best_holder(candidates)
+        memo: dict[tuple[int, int, int, float], tuple[float, float, float, int]] = {}
+        # Scores are plain floats (the same arithmetic as _estimate, in the
+        # same order, so the same values); only the winner becomes a
+        # RouteDecision: this loop runs for every candidate of every route.
+        holder_id = holder.node_id if holder is not None else None
+        holder_blocks = holder.cached_blocks if holder is not None else 0
+        scores: list[float] = []
+        for c in candidates:
+            queue_ms = c.queue_ms
+            pulls = holder_id is not None and holder_id != c.node_id and holder_blocks > c.cached_blocks
+            key = (c.cached_blocks, c.block_size, c.bytes_per_block if pulls else -1, c.link_wait_ms if pulls else 0.0)
+            figures = memo.get(key)
+            if figures is None:
+                figures = memo[key] = self._figures(query, c, holder if pulls else None)
+            scores.append(queue_ms + figures[1] + figures[0] if figures[3] else queue_ms + figures[0])
+        limit = min(scores) + self._tie_ms
+        tied = [c for c, score in zip(candidates, scores) if score <= limit]
+        fewest = min(c.routes_in_flight for c in tied)
+        tied = sorted((c for c in tied if c.routes_in_flight == fewest), key=lambda c: c.node_id)
+        return self._estimate(query, self._rng.choice(tied), holder, memo)
+
+    def estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> RouteDecision:
+        return self._estimate(query, node, holder, {})
+
+    def _estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
+                  memo: dict[tuple[int, int, int, float], tuple[float, float, float, int]]) -> RouteDecision:
+        """The decision for node; memo shares the prefill/fetch figures between
+        candidates with the same cached prefix (most non-holders: none)."""
+        queue_ms = node.queue_ms
+        pulls = holder is not None and holder.node_id != node.node_id and holder.cached_blocks > node.cached_blocks
+        key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls else -1,
+               node.link_wait_ms if pulls else 0.0)
+        figures = memo.get(key)
+        if figures is None:
+            figures = memo[key] = self._figures(query, node, holder if pulls else None)
+        prefill_ms, fetch_ms, _, missing = figures
+        if missing:
+            assert holder is not None
+            return RouteDecision(node.node_id, node.cached_blocks, queue_ms + fetch_ms + prefill_ms,
+                                 queue_ms, prefill_ms, fetch_ms, holder.node_id, missing)
+        return RouteDecision(node.node_id, node.cached_blocks, queue_ms + prefill_ms, queue_ms, prefill_ms)
+
+    def _figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> tuple[float, float, float, int]:
+        """(prefill ms, fetch ms, local prefill ms, blocks to pull): pull only when strictly cheaper."""
+        local_ms = self._prefill(query, node.cached_blocks, node.block_size)
+        if holder is None:
+            return local_ms, 0.0, local_ms, 0
+        missing = holder.cached_blocks - node.cached_blocks
+        fetch_ms = max(holder.link_wait_ms, node.link_wait_ms) + self._link.transfer_ms(missing * node.bytes_per_block)
+        after_ms = self._prefill(query, holder.cached_blocks, node.block_size)
+        if fetch_ms + after_ms < local_ms:
+            return after_ms, fetch_ms, local_ms, missing
+        return local_ms, 0.0, local_ms, 0
+
+    def _prefill(self, query: RouteQuery, cached_blocks: int, block_size: int) -> float:
+        cached = min(cached_blocks * block_size, query.prompt_tokens - 1)
+        return self._profile.prefill_ms(query.prompt_tokens - cached, cached)
+
+
+def best_holder(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The candidate with the longest cached prefix (ties: least busy, then id)."""
+    if not candidates:
+        return None
+    top = max(c.cached_blocks for c in candidates)
+    if top <= 0:
+        return None
+    # Only the longest-prefix holders can win: tie-break among them alone.
+    holders = [c for c in candidates if c.cached_blocks == top]
+    if len(holders) == 1:
+        return holders[0]
+    return min(holders, key=lambda c: (c.queue_ms, c.node_id))
+
+
+def uncached_tokens(decision: RouteDecision, query: RouteQuery, block_size: int) -> int:
+    """Tokens the chosen node must prefill (its pending load until the next heartbeat)."""
+    cached_blocks = decision.cached_blocks + decision.fetch_blocks
+    return max(1, query.prompt_tokens - min(cached_blocks * block_size, query.prompt_tokens - 1))
