@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from grpc_helpers import SERVICE_NAMES, reflected_services
+from tests.support.grpc_helpers import SERVICE_NAMES, reflected_services
 
 SPECKV = [sys.executable, "-m", "speckv.services.cli"]
 

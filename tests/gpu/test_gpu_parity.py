@@ -7,9 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels_cases import GEOMETRIES, block_bytes, brute_pack, geometry_id, make_pool, page_lists, segment_bytes
 from speckv.kernels import reference
 from speckv.kernels.backend import NumpyBackend, cuda_available
+from tests.support.kernels_cases import (
+    GEOMETRIES,
+    block_bytes,
+    brute_pack,
+    geometry_id,
+    make_pool,
+    page_lists,
+    segment_bytes,
+)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a CUDA device")]

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from grpc_helpers import SERVICE_NAMES, reflected_services, running
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, scheduler_pb2
+from tests.support.grpc_helpers import SERVICE_NAMES, reflected_services, running
 
 
 @pytest.mark.parametrize("service", sorted(SERVICE_NAMES))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 
 from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
-from tests.services.conftest_kvstore import TIMEOUT, block_bytes, get, kvstore, put, wait_until
-from tests.services.conftest_scheduler import scheduler
+from tests.support.kvstore_service import TIMEOUT, block_bytes, get, kvstore, put, wait_until
+from tests.support.scheduler_service import scheduler
 
 
 def cluster_state(sched):

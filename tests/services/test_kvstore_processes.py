@@ -9,9 +9,18 @@ import pytest
 
 from speckv.loadgen.bench._transfer_procs import start_kvstore
 from speckv.v1 import common_pb2
-from tests.services.conftest_kvstore import wait_until
-from tests.support.kvstore_procs import (GEOMETRY_ARGS, TIMEOUT, block, blocks_of, present, processes, put,
-                                         replicate_request, stats)
+from tests.support.kvstore_procs import (
+    GEOMETRY_ARGS,
+    TIMEOUT,
+    block,
+    blocks_of,
+    present,
+    processes,
+    put,
+    replicate_request,
+    stats,
+)
+from tests.support.kvstore_service import wait_until
 
 HASHES = list(range(1, 301))  # 300 blocks of 32 KiB: 9.4 MiB
 SLOW = ["--link-gbps", "0.04"]  # 5 MB/s: the 9.4 MiB take ~2 s, long enough to kill in the middle

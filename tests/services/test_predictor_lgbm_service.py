@@ -8,7 +8,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from predictor_synthetic import planted_arrivals, planted_counts
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import ServiceServer, open_channel
@@ -19,6 +18,7 @@ from speckv.services.predictor.server import build_server
 from speckv.services.predictor.training import load_config, train_on_counts
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
+from tests.support.predictor_synthetic import planted_arrivals, planted_counts
 
 NOW = 5_000.0
 FEED_S = 900.0

@@ -3,7 +3,7 @@ import grpc
 import pytest
 
 from speckv.v1 import scheduler_pb2
-from tests.services.conftest_scheduler import TIMEOUT, register, scheduler
+from tests.support.scheduler_service import TIMEOUT, register, scheduler
 
 
 @pytest.fixture

@@ -4,11 +4,22 @@ commit), serves B's requests with exactly A's tokens."""
 from __future__ import annotations
 
 import pytest
-from torch_engine_helpers import BLOCK, GEOMETRY, SPEC, TIMEOUT, core_store, engine, job, model_kvstore, prompt, run
 
 from speckv.loadgen.engines.torch_engine import build_torch_engines
 from speckv.loadgen.engines.torch_kv import GrpcBlockStore, chain_hashes
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
+from tests.support.torch_engine_helpers import (
+    BLOCK,
+    GEOMETRY,
+    SPEC,
+    TIMEOUT,
+    core_store,
+    engine,
+    job,
+    model_kvstore,
+    prompt,
+    run,
+)
 
 
 @pytest.fixture(scope="module")

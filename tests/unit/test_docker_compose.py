@@ -12,9 +12,7 @@ import yaml
 from speckv.services import cli
 from speckv.services.common.config import env_name
 from speckv.services.common.server import ServerSettings
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.repo import REPO_ROOT
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.repo import REPO_ROOT
+
 ROOTS = {"services": "speckv.services", "loadgen": "speckv.loadgen", "kernels": "speckv.kernels"}
 PROTOBUF = ("grpc", "speckv.v1", "google.protobuf")
 # Modules that speak gRPC or protobuf on purpose: servicers, servers, clients,
@@ -50,7 +51,7 @@ LOADGEN_LAYERS = [("workload",), ("engines",), ("experiments",), ("sim", "bench"
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(REPO)
+    rel = path.relative_to(REPO_ROOT)
     parts = list(rel.with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -84,7 +85,7 @@ def imports_of(source: str, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    paths = [p for root in ROOTS for p in (REPO / root).rglob("*.py") if "__pycache__" not in p.parts]
+    paths = [p for root in ROOTS for p in (REPO_ROOT / root).rglob("*.py") if "__pycache__" not in p.parts]
     names = {module_name(p): p for p in paths}
     return {name: imports_of(path.read_text(), set(names)) for name, path in names.items()}
 

@@ -6,7 +6,7 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from speckv.services.kvstore.events import EventType
 from speckv.services.kvstore.store import BlockWrite
-from tests.services.conftest_kvstore import block_bytes, make_store, read, retained_events, writes
+from tests.support.kvstore_service import block_bytes, make_store, read, retained_events, writes
 
 
 def test_put_get_round_trip_is_byte_exact():

@@ -7,7 +7,7 @@ import pytest
 
 from speckv.loadgen.engines.emulated import EmulatedEngine, EngineEventKind, EngineJob
 from speckv.loadgen.engines.fast import FastEngine
-from tests.unit.test_engine_model import KV_PER_TOKEN, LIMITS, LINK, PROFILE, first_token, run_until_idle
+from tests.support.engine_cases import KV_PER_TOKEN, LIMITS, LINK, PROFILE, first_token, run_until_idle
 
 
 @pytest.mark.parametrize("engine_type", [EmulatedEngine, FastEngine])

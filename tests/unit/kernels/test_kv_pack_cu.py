@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+from tests.support.repo import REPO_ROOT
+
+KERNELS = REPO_ROOT / "kernels"
 SOURCES = sorted(KERNELS.rglob("*.cu"))
 NVCC = shutil.which("nvcc")
 

@@ -10,7 +10,7 @@ import pytest
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import Aborted, FailedPrecondition, NotFound
 from speckv.services.kvstore.checksum import combine, crc32c
-from tests.services.conftest_kvstore import TINY, block_bytes, make_store, read, writes
+from tests.support.kvstore_service import TINY, block_bytes, make_store, read, writes
 
 BPB = TINY.bytes_per_block
 

@@ -2,21 +2,20 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Iterator
 
 import grpc
 import numpy as np
 
 from speckv.services.common.clock import Clock, ManualClock
+from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
-from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.kvstore.server import build_server
 from speckv.services.kvstore.store import BlockWrite, KVStoreCore
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
+from tests.support.waiting import TIMEOUT
 
-TIMEOUT = 10.0  # generous: a loaded 2-core machine
 TINY = preset("tiny")
 
 
@@ -70,11 +69,3 @@ def put(stub, *hashes: int, family: str = "f", geometry: KVGeometry = TINY) -> k
 def get(stub, *hashes: int) -> list[kvstore_pb2.BlockData]:
     return list(stub.GetBlocks(kvstore_pb2.GetBlocksRequest(block_hashes=list(hashes)), timeout=TIMEOUT))
 
-
-def wait_until(predicate, timeout: float = TIMEOUT, every: float = 0.02) -> bool:
-    pause = threading.Event()
-    for _ in range(int(timeout / every)):
-        if predicate():
-            return True
-        pause.wait(every)
-    return predicate()

@@ -7,7 +7,7 @@ from speckv.services.common.errors import Aborted, FailedPrecondition, InvalidAr
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import EventType
 from speckv.services.kvstore.reservations import Intervals
-from tests.services.conftest_kvstore import TINY, block_bytes, make_store, read, retained_events, writes
+from tests.support.kvstore_service import TINY, block_bytes, make_store, read, retained_events, writes
 
 BPB = TINY.bytes_per_block
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from torch_engine_helpers import BLOCK, SPEC, core_store, engine, run
 
 from speckv.loadgen.engines.emulated import EngineJob
 from speckv.loadgen.engines.torch_engine import TorchJob, TorchJobs
@@ -15,6 +14,7 @@ from speckv.loadgen.experiments.router import EmulatedJobs, Placement
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.traces import TraceRequest
+from tests.support.torch_engine_helpers import BLOCK, SPEC, core_store, engine, run
 
 TRACE_BLOCK = 512
 NOWHERE = Placement("n", 0, 0, "")

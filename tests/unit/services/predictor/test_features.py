@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from predictor_synthetic import planted_counts
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.predictor.core import PredictorCore, PredictorSettings
 from speckv.services.predictor.family_counts import aggregate
 from speckv.services.predictor.features import FeatureSpec, OnlineFeatures, batch_features
 from speckv.services.predictor.observations import Arrival
+from tests.support.predictor_synthetic import planted_counts
 
 
 def test_aggregate_counts_per_family_and_step_in_one_sparse_array():

@@ -4,30 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.loadgen.engines.emulated import EmulatedEngine, EngineEventKind, EngineJob, EngineLimits, job_times
+from speckv.loadgen.engines.emulated import EngineEventKind, EngineJob, job_times
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.services.common.engine_profile import LinkModel, get_profile
-
-PROFILE = get_profile("llama-3-8b-h100")
-LIMITS = EngineLimits(max_batched_tokens=8192, max_num_seqs=256, decode_weights_ms=4.8,
-                      hbm_gb_per_s=3350.0, decode_step_overhead_ms=1.0)
-LINK = LinkModel(25.0, 1.0)
-KV_PER_TOKEN = 128 * 1024
-
-
-def engine(limits: EngineLimits = LIMITS) -> EmulatedEngine:
-    return EmulatedEngine("node-0", PROFILE, limits, LINK, KV_PER_TOKEN)
-
-
-def run_until_idle(e: EmulatedEngine) -> list:
-    events = []
-    while (t := e.next_event_s()) is not None:
-        events += e.advance(t)
-    return events
-
-
-def first_token(events, request_id):
-    return next(ev.time_s for ev in events if ev.kind is EngineEventKind.FIRST_TOKEN and ev.job.request_id == request_id)
+from speckv.services.common.engine_profile import get_profile
+from tests.support.engine_cases import KV_PER_TOKEN, LIMITS, LINK, PROFILE, engine, first_token, run_until_idle
 
 
 @pytest.mark.parametrize("prompt,cached", [(100, 0), (6000, 0), (12000, 0), (20000, 5000), (3000, 2048)])

@@ -6,13 +6,13 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from torch_engine_helpers import BLOCK, GEOMETRY, SPEC, core_store, engine, job, model, prompt, run
 
 from speckv.loadgen.engines.emulated import EngineEventKind, EngineJob, Phase, job_times
 from speckv.loadgen.engines.torch_engine import TorchLimits
 from speckv.loadgen.engines.torch_kv import HASH_MASK, StoredBlock, chain_hashes, trace_tokens
 from speckv.loadgen.engines.torch_model import KVCache, ModelSpec
 from speckv.services.common.errors import InvalidArgument
+from tests.support.torch_engine_helpers import BLOCK, GEOMETRY, SPEC, core_store, engine, job, model, prompt, run
 
 
 def test_chain_hashes_name_prefixes():

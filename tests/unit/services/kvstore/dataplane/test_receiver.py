@@ -6,7 +6,7 @@ import pytest
 
 from speckv.services.common.errors import Aborted, NotFound
 from speckv.services.kvstore.dataplane import wire
-from tests.services.conftest_kvstore import TINY, block_bytes, make_store, read, writes
+from tests.support.kvstore_service import TINY, block_bytes, make_store, read, writes
 from tests.support.kvstore_wire import serve
 
 BPB = TINY.bytes_per_block

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from predictor_synthetic import planted_arrivals, planted_counts
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import InvalidArgument
@@ -20,6 +19,7 @@ from speckv.services.predictor.manifest import load_model
 from speckv.services.predictor.observations import Arrival
 from speckv.services.predictor.retrain import Retrainer, RetrainOutcome, RetrainSettings
 from speckv.services.predictor.training import load_config, train_on_counts
+from tests.support.predictor_synthetic import planted_arrivals, planted_counts
 
 DURATION_S = 2400.0
 H5 = 2  # index of the 5 s horizon

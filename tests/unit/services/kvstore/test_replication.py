@@ -10,7 +10,7 @@ from speckv.services.common.geometry import KVGeometry
 from speckv.services.kvstore.events import EventType
 from speckv.services.kvstore.local_target import LocalTarget
 from speckv.services.kvstore.replication import Replicator, TransferOrder, TransferOutcome
-from tests.services.conftest_kvstore import TINY, block_bytes, make_store, read, retained_events, writes
+from tests.support.kvstore_service import TINY, block_bytes, make_store, read, retained_events, writes
 
 KIB = 1024
 BIG = KVGeometry(5, 8, 128, "float16", 16, "big")  # 320 KiB blocks: larger than a 256 KiB chunk

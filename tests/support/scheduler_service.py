@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Iterator
 
 import grpc
@@ -12,8 +11,7 @@ from speckv.services.common.telemetry import Telemetry, build_telemetry
 from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.server import build_server
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-
-TIMEOUT = 10.0  # generous: a loaded 2-core machine
+from tests.support.waiting import TIMEOUT
 
 
 @contextlib.contextmanager
@@ -34,12 +32,3 @@ def register(stub, node_id: str, address: str, capacity: int = 256, block_size: 
     return stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(
         node_id=node_id, address=address, capacity_pages=capacity, geometry=geometry), timeout=TIMEOUT)
 
-
-def wait_until(predicate, timeout: float = TIMEOUT, every: float = 0.02) -> bool:
-    pause = threading.Event()
-    deadline = timeout / every
-    for _ in range(int(deadline)):
-        if predicate():
-            return True
-        pause.wait(every)
-    return predicate()

@@ -6,10 +6,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels_cases import GEOMETRIES, block_bytes, brute_pack, brute_unpack, geometry_id, make_pool, page_lists
 from speckv.kernels import cupy_backend
 from speckv.kernels.backend import (
-    BackendUnavailable, NumpyBackend, check_pages, cuda_available, pool_geometry, select_backend)
+    BackendUnavailable,
+    NumpyBackend,
+    check_pages,
+    cuda_available,
+    pool_geometry,
+    select_backend,
+)
+from tests.support.kernels_cases import (
+    GEOMETRIES,
+    block_bytes,
+    brute_pack,
+    brute_unpack,
+    geometry_id,
+    make_pool,
+    page_lists,
+)
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=geometry_id)

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from speckv.kernels import reference
-
-from kernels_cases import GEOMETRIES, brute_pack, geometry_id, make_pool, page_lists
+from tests.support.kernels_cases import GEOMETRIES, brute_pack, geometry_id, make_pool, page_lists
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=geometry_id)

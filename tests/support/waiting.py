@@ -1,0 +1,17 @@
+"""Polling with a deadline, for tests that wait on another thread or process."""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+TIMEOUT = 10.0  # generous: a loaded 2-core machine
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = TIMEOUT, every: float = 0.02) -> bool:
+    """True as soon as predicate() is truthy; its last value's truth after timeout seconds."""
+    pause = threading.Event()
+    for _ in range(int(timeout / every)):
+        if predicate():
+            return True
+        pause.wait(every)
+    return bool(predicate())
