@@ -11,7 +11,7 @@ holds the listed pages one after another, each in canonical block order
     [num_layers][2][block_size][num_kv_heads][head_dim]
 
 `pack` gathers pages into staging, `unpack` scatters staging into pages. These
-are the semantics the GPU kernels of issue 3 are checked against.
+are the semantics the GPU kernels (cupy_backend.py) are checked against.
 
 Backend-agnostic: only basic slicing, reshape and slice assignment are used, so
 the same code runs on NumPy and CuPy arrays (an "xp-style" array API). The

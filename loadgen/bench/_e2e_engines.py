@@ -43,10 +43,10 @@ TORCH_BLOCK_TOKENS = 16
 TORCH_WARM_KV_BLOCKS = 800
 # Wall seconds for the cluster start plus the warm start (the replay origin
 # is fixed before launch: _e2e_run.py); the torch warm start also computes
-# its KV (744 blocks of the quick slice's took 9-12 s with the routing). The
-# emulated warm start routes 1,908 requests one Route at a time and stored
-# 3,609 blocks in 18.6 s on a quiet machine (2026-12-02), over 25 s with
-# other work on the 2 cores: the budget leaves room for that.
+# its KV, and the emulated one routes the warm-up requests (in batches; the
+# newest, whose KV is stored, one at a time). The budget is about twice what the quick slice's warm start takes on
+# a quiet 2-core machine (docs/performance.md, "Warm start"), so other work
+# on the cores does not make it late.
 START_BUDGET_S = {"emulated": 40.0, "torch": 40.0}
 
 # (node, index in the warm list, request, first block not cached there) -> blocks stored
@@ -110,8 +110,9 @@ def build_engines(setup: EngineSetup, config: E2EConfig, kv_channels: Mapping[st
 
     from speckv.loadgen.engines.torch_engine import TorchJobs, build_torch_engines
 
-    # Two cores shared with six service processes and the router's threads:
-    # a second intra-op thread spins against them (4-25x slower per call here).
+    # The cores are shared with six service processes and the router's
+    # threads: a second intra-op thread spins against them and makes each
+    # call several times slower (docs/performance.md, "Torch threads").
     torch.set_num_threads(1)
     torch_engines = build_torch_engines(kv_channels, setup.spec, setup.geometry.block_size, time_scale=speed)
     jobs = TorchJobs(setup.spec, setup.geometry.block_size)

@@ -13,7 +13,7 @@ Measured, in this order:
 - route_grpc_per_s: Route calls/s from 4 client threads, next to the same for
   the empty call (empty_grpc_per_s), and routes/s through RouteBatch of 64
   (route_batch_per_s).
-Targets (issue 5): in-process route p99 < 100 us; tick p99 < 100 ms; gRPC
+Targets: in-process route p99 < 100 us; tick p99 < 100 ms; gRPC
 route p99 <= 1.5 x the empty call's p99; >= 1,500 routes/s. Numbers, not
 pass/fail tests: a shared 2-core machine is noisy, so read them with the
 ceiling measured beside them.

@@ -21,7 +21,7 @@ Order of work:
      is shared, so this pairs each number with a ceiling taken under the
      same load. The official ratios use the run's best ceiling.
 
-Targets (issue 3): tcp >= 0.7 x socket ceiling for chunks >= 1 MiB; NumPy
+Targets: tcp >= 0.7 x socket ceiling for chunks >= 1 MiB; NumPy
 pack/unpack >= 0.5 x memcpy; GPU pack/unpack >= 0.7 x device copy.
 """
 from __future__ import annotations

@@ -5,9 +5,9 @@ A simulation is interpreter-bound: its wall time tracks how fast the
 machine runs Python more than its core count or clock. The reference is
 the best of `repeats` timings (timeit) of one fixed pure-Python loop,
 sum(range(1_000_000)), in ms. Two runs' wall times compare after scaling by
-their references (36 ms on this project's 2-core VM on 2026-12-03, a
-slow day). Measured before the workers start, so the machine is idle;
-costs about 0.2 s.
+their references (docs/performance.md lists the references seen so far).
+Measured before the workers start, so the machine is idle; costs a fraction
+of a second.
 """
 from __future__ import annotations
 

@@ -59,8 +59,8 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.keepalive_permit_without_calls", 1),
-        # BDP probing shrinks windows on loopback bulk streams: measured here
-        # 0.4-1.0 GB/s with it, 1.0-1.85 GB/s without (DESIGN.md).
+        # BDP probing shrinks windows on loopback bulk streams, about halving
+        # their throughput (docs/performance.md, "gRPC streaming").
         ("grpc.http2.bdp_probe", 0),
     ]
 

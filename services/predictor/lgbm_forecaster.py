@@ -45,15 +45,14 @@ from speckv.services.predictor.targets import burst_threshold
 
 KINDS = ("count",)
 BASE_PARAMS = {"verbosity": -1, "deterministic": True, "force_row_wise": True}
-# Training threads (config "num_threads", default 1): the retrainer shares two
+# Training threads (config "num_threads", default 1): the retrainer shares the
 # cores with the serving path, and OpenMP's barriers collapse when a thread is
-# descheduled: 100 Poisson trees on 200k x 38 rows took 15 s wall (3.1 s CPU)
-# on 1 thread but 141 s wall on 2 at load average 9 on this 2-core machine.
+# descheduled, so a second training thread can make training many times
+# slower under load (docs/performance.md, "LightGBM threads").
 TRAIN_THREADS = 1
-# Below this many rows predict on one thread: waking a second OpenMP thread
-# costs ~0.03 ms idle but up to tens of ms on a loaded 2-core machine (a
-# 1-row predict measured 0.03 ms median, 23 ms max with 2 threads at load 10),
-# which is what made a one-family Forecast take 58 ms.
+# Below this many rows predict on one thread: waking a second OpenMP thread is
+# cheap on an idle machine but can cost tens of ms on a loaded one, more than
+# a small batch's whole prediction (docs/performance.md, "LightGBM threads").
 PARALLEL_MIN_ROWS = 2_000
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import threading
 
 from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
-from tests.support.kvstore_service import TIMEOUT, block_bytes, get, kvstore, put, wait_until
+from tests.support.kvstore_service import block_bytes, get, kvstore, put
 from tests.support.scheduler_service import scheduler
+from tests.support.waiting import TIMEOUT, wait_until
 
 
 def cluster_state(sched):

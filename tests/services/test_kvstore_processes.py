@@ -20,7 +20,7 @@ from tests.support.kvstore_procs import (
     replicate_request,
     stats,
 )
-from tests.support.kvstore_service import wait_until
+from tests.support.waiting import wait_until
 
 HASHES = list(range(1, 301))  # 300 blocks of 32 KiB: 9.4 MiB
 SLOW = ["--link-gbps", "0.04"]  # 5 MB/s: the 9.4 MiB take ~2 s, long enough to kill in the middle

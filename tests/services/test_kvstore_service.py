@@ -9,7 +9,8 @@ import pytest
 
 from speckv.services.kvstore.checksum import crc32c
 from speckv.v1 import common_pb2, kvstore_pb2
-from tests.support.kvstore_service import TIMEOUT, TINY, block_bytes, get, kvstore, put, wait_until
+from tests.support.kvstore_service import TINY, block_bytes, get, kvstore, put
+from tests.support.waiting import TIMEOUT, wait_until
 
 BPB = TINY.bytes_per_block
 

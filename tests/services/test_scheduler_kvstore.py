@@ -13,7 +13,8 @@ from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server as build_kvstore
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2
 from tests.support.kvstore_service import kvstore as shared_kvstore
-from tests.support.scheduler_service import TIMEOUT, scheduler, wait_until
+from tests.support.scheduler_service import scheduler
+from tests.support.waiting import TIMEOUT, wait_until
 
 BLOCK_BYTES = 512  # kvstore "tiny" geometry: 2 layers x 2 (K,V) x 4 tokens x 2 heads x 8 dims x 2 bytes
 CHAIN = [1001, 1002, 1003, 1004, 1005]

@@ -8,7 +8,8 @@ from speckv.services.common.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc, scheduler_pb2
-from tests.support.scheduler_service import TIMEOUT, register, scheduler, wait_until
+from tests.support.scheduler_service import register, scheduler
+from tests.support.waiting import TIMEOUT, wait_until
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@ import grpc
 import pytest
 
 from speckv.v1 import scheduler_pb2
-from tests.support.scheduler_service import TIMEOUT, register, scheduler
+from tests.support.scheduler_service import register, scheduler
+from tests.support.waiting import TIMEOUT
 
 
 @pytest.fixture

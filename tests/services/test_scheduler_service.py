@@ -5,7 +5,8 @@ import pytest
 
 from speckv.services.common.clock import ManualClock
 from speckv.v1 import common_pb2, scheduler_pb2
-from tests.support.scheduler_service import TIMEOUT, register, scheduler, wait_until
+from tests.support.scheduler_service import register, scheduler
+from tests.support.waiting import TIMEOUT, wait_until
 
 S = common_pb2
 
