@@ -17,9 +17,10 @@ import numpy as np
 
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import RouteRequestItem, SchedulerCore
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import Forecast
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.routing.route_records import RouteRequestItem
 
 PROFILE = "llama-3-8b-h100"
 BLOCK_TOKENS = 16

@@ -37,8 +37,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
-from speckv.services.scheduler.core import RouteRequestItem, SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderState
+from speckv.services.scheduler.routing.route_records import RouteRequestItem
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 

@@ -10,10 +10,10 @@ remote consultations go through small interfaces injected by the server:
 A NodeListener hears about (re-)registrations so the server can (re)start
 that node's KV event stream.
 
-Routing scores only the live holders of the request's first block plus the
-`router.spread_candidates` least-queued other live nodes (Cluster's
-LoadBoard): every non-holder costs the same prefill, so the least-queued ones
-dominate the rest and the choice equals scoring all nodes. Each routed
+Routing scores the candidates CandidateSelector picks (routing/candidates.py:
+the live holders of the first block plus the `router.spread_candidates`
+least-queued other live nodes); route records live in routing/route_records.py.
+Each routed
 request feeds the family catalog (chain, prompt length, heat) and marks a
 replica of its family on the chosen node as used. Order transitions go
 through OrderLifecycle (retries, replicas, commits seen in KV events).
@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Collection, Protocol, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, Sequence
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.common.ids import UINT64_MAX, Family, NodeId, default_family
+from speckv.services.common.ids import NodeId, default_family
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad
 from speckv.services.scheduler.families import FamilyCatalog
@@ -42,16 +42,17 @@ from speckv.services.scheduler.policy_config import PolicyConfig, load_policy_co
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
 from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
 from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState, OrderTracker, validate_spec
-from speckv.services.scheduler.replication.replicas import LeasedReplicas, ReplicaStats
+from speckv.services.scheduler.replication.replicas import LeasedReplicas
+from speckv.services.scheduler.routing.candidates import CandidateSelector
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
+from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
 from speckv.services.scheduler.routing.router import (
-    Candidate,
     KvAwareRouter,
-    RouteDecision,
     RouteQuery,
     best_holder,
     uncached_tokens,
 )
+from speckv.services.scheduler.snapshot import ClusterSnapshot, NodeReport, PolicyInfo
 
 log = logging.getLogger(__name__)
 
@@ -81,87 +82,6 @@ class SchedulerSettings:
     policy_config: PolicyConfig | None = None  # None: the committed services/config/policies.json
 
 
-@dataclass(slots=True)
-class RouteResult:
-    node_id: NodeId
-    address: str
-    cached_blocks: int
-    expected_ttft_ms: float
-    queue_ms: float
-    prefill_ms: float
-    fetch_ms: float
-    fetch_from: NodeId | None
-    fetch_blocks: int
-    family: Family
-    confirmed: bool
-
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, node_id: NodeId, address: str, cached_blocks: int, expected_ttft_ms: float, queue_ms: float,
-                 prefill_ms: float, fetch_ms: float, fetch_from: NodeId | None, fetch_blocks: int, family: Family,
-                 confirmed: bool) -> None:
-        self.node_id = node_id
-        self.address = address
-        self.cached_blocks = cached_blocks
-        self.expected_ttft_ms = expected_ttft_ms
-        self.queue_ms = queue_ms
-        self.prefill_ms = prefill_ms
-        self.fetch_ms = fetch_ms
-        self.fetch_from = fetch_from
-        self.fetch_blocks = fetch_blocks
-        self.family = family
-        self.confirmed = confirmed
-
-
-@dataclass(frozen=True, slots=True)
-class RouteRequestItem:
-    """One request of a batched route (mirrors RouteRequest)."""
-
-    request_id: str
-    block_hashes: Sequence[int]
-    prompt_tokens: int
-    family: str = ""
-    arrival_time_s: float = 0.0
-
-
-@dataclass(slots=True)
-class _Picked:
-    decision: RouteDecision
-    candidates: list[Candidate]
-    address: str
-    block_size: int
-
-    def __init__(self, decision: RouteDecision, candidates: list[Candidate], address: str, block_size: int) -> None:
-        self.decision = decision
-        self.candidates = candidates
-        self.address = address
-        self.block_size = block_size
-
-
-@dataclass(frozen=True, slots=True)
-class NodeReport:
-    view: NodeView
-    last_heartbeat_age_s: float
-    routes_total: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterSnapshot:
-    nodes: tuple[NodeReport, ...]
-    policy: str
-    order_counts: dict[OrderState, int]
-    num_families: int
-    now: float
-    replicas: ReplicaStats = field(default_factory=ReplicaStats)
-    retries: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyInfo:
-    name: str
-    available: tuple[str, ...]
-    description: str
-
-
 class SchedulerCore:
     def __init__(self, settings: SchedulerSettings, clock: Clock, profile: EngineProfile,
                  registry: PolicyRegistry | None = None, confirmer: PrefixConfirmer | None = None,
@@ -186,7 +106,8 @@ class SchedulerCore:
         self._feed = OrderFeed(settings.watch_queue)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms)
         self._backlog = LinkBacklog(link)
-        self._spread = self._pcfg.router.spread_candidates
+        self._selector = CandidateSelector(self._cluster, self._index, self._backlog,
+                                           self._pcfg.router.spread_candidates)
         self._lock = threading.Lock()
         self._unconfirmed: set[str] = set()  # addresses whose last Lookup failed (log transitions only)
 
@@ -245,7 +166,7 @@ class SchedulerCore:
     # --- routing ---------------------------------------------------------
     def route(self, request_id: str, block_hashes: Sequence[int], prompt_tokens: int,
               family: str = "", arrival_time_s: float = 0.0) -> RouteResult:
-        query = _query(request_id, block_hashes, prompt_tokens, family, arrival_time_s)
+        query = route_query(request_id, block_hashes, prompt_tokens, family, arrival_time_s)
         with self._lock:
             now = self._clock.now()
             picked = self._route_locked(query, now, min(arrival_time_s, now) if arrival_time_s else now)
@@ -257,7 +178,7 @@ class SchedulerCore:
         queries = []
         for i, r in enumerate(requests):
             try:
-                queries.append(_query(r.request_id, r.block_hashes, r.prompt_tokens, r.family, r.arrival_time_s))
+                queries.append(route_query(r.request_id, r.block_hashes, r.prompt_tokens, r.family, r.arrival_time_s))
             except InvalidArgument as exc:
                 raise InvalidArgument(f"requests[{i}]: {exc}") from None
         with self._lock:
@@ -271,7 +192,7 @@ class SchedulerCore:
                     raise InvalidArgument(f"requests[{i}]: {exc}") from None
         return [self._finish(q, p, r.arrival_time_s or now) for q, p, r in zip(queries, picked, requests)]
 
-    def _route_locked(self, query: RouteQuery, now: float, arrival_s: float) -> _Picked:
+    def _route_locked(self, query: RouteQuery, now: float, arrival_s: float) -> PickedRoute:
         """arrival_s (<= now): when the request came; a pull it is routed to
         is booked on the links from then, so the warm start's history,
         routed long after it arrived, does not hold today's links."""
@@ -280,7 +201,7 @@ class SchedulerCore:
         if block_size and len(hashes) * block_size > query.prompt_tokens:
             raise InvalidArgument(f"{len(hashes)} block hashes of {block_size} tokens exceed "
                                   f"prompt_tokens={query.prompt_tokens}")
-        candidates = self._candidates(hashes, now)
+        candidates = self._selector.candidates(hashes, now)
         if not candidates:
             raise Unavailable("no live node to route to")
         decision = self._router.choose(query, candidates)
@@ -295,9 +216,9 @@ class SchedulerCore:
             self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
             if decision.cached_blocks or decision.fetch_blocks:
                 self._lifecycle.ledger.mark_used(query.family, node.node_id)
-        return _Picked(decision, candidates, node.address, node.geometry.block_size)
+        return PickedRoute(decision, candidates, node.address, node.geometry.block_size)
 
-    def _finish(self, query: RouteQuery, picked: _Picked, arrival_s: float) -> RouteResult:
+    def _finish(self, query: RouteQuery, picked: PickedRoute, arrival_s: float) -> RouteResult:
         """Confirms the prefix with the chosen node (outside the lock) and reports the arrival."""
         decision = picked.decision
         confirmed = self._confirm(picked.address, query.block_hashes)
@@ -313,49 +234,6 @@ class SchedulerCore:
             self._arrivals.offer(ArrivalRecord(arrival_s, query.family, result.node_id,
                                                query.prompt_tokens, cached_tokens))
         return result
-
-    def _candidates(self, hashes: list[int], now: float) -> list[Candidate]:
-        """Live holders of the first block, plus the least-queued other live
-        nodes. When many nodes hold the first block (a system prompt every
-        request starts with), only the holders of two or more blocks are
-        walked in full; of the nodes holding just the first block, and of
-        those holding none, the `spread` least queued are taken. That keeps
-        the router's choice: every skipped node is dominated by a taken one
-        with as much cache and no more queue."""
-        cluster = self._cluster
-        root_holders = self._index.holder_set(hashes[0]) if hashes else ()
-        if len(root_holders) > 2 * self._spread:
-            lengths = self._index.prefix_lengths(hashes, 2)
-            for node_id in self._least_queued_shallow(root_holders, lengths, now):
-                lengths[node_id] = 1 if node_id in root_holders else 0
-            nodes = cluster.live_among(lengths, now)
-        else:
-            lengths = self._index.prefix_lengths(hashes)
-            nodes = cluster.live_among(lengths, now)
-            nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
-        held = lengths.get
-        queue_ms, wait_ms = cluster.queue_ms, self._backlog.wait_ms
-        return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
-                          n.bytes_per_block, queue_ms(n), wait_ms(n.node_id, now)) for n in nodes]
-
-    def _least_queued_shallow(self, root_holders: Collection[NodeId], deep: Collection[NodeId],
-                              now: float) -> list[NodeId]:
-        """The `spread` least-queued live nodes holding only the first block,
-        and the `spread` least queued holding none (outside deep). From the
-        load board when at least one node in 8 holds the first block (it
-        finds `spread` of them within about 8 x spread steps), else from the
-        holders themselves."""
-        cluster, spread = self._cluster, self._spread
-        if 8 * len(root_holders) >= cluster.num_nodes():
-            popped = cluster.least_loaded(spread, now, deep, root_holders)
-            bare = [n for n in popped if n not in root_holders][:spread]
-            return [n for n in popped if n in root_holders] + bare
-        shallow = [n for n in cluster.live_among(root_holders, now) if n.node_id not in deep]
-        # sort()[:k] is what heapq.nsmallest returns (the key is unique),
-        # without nsmallest's interpreted loop: a few dozen nodes per route.
-        shallow.sort(key=lambda n: (cluster.queue_ms(n), n.node_id))
-        picked = [n.node_id for n in shallow[:spread]]
-        return picked + cluster.least_loaded(spread, now, set(deep) | set(root_holders))
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:
         if self._confirmer is None or not hashes:
@@ -522,23 +400,3 @@ class SchedulerCore:
                         n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
                         self._cluster.queue_ms(n))
 
-
-def _query(request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str,
-           arrival_time_s: float) -> RouteQuery:
-    hashes = list(block_hashes)
-    _validate_route(hashes, prompt_tokens)
-    if not arrival_time_s >= 0:
-        raise InvalidArgument(f"arrival_time_s={arrival_time_s}: must be >= 0 (0: the scheduler's clock)")
-    return RouteQuery(request_id, hashes, prompt_tokens, Family(family) if family else default_family(hashes))
-
-
-def _validate_route(hashes: list[int], prompt_tokens: int) -> None:
-    if prompt_tokens <= 0:
-        raise InvalidArgument(f"prompt_tokens={prompt_tokens}: must be > 0")
-    if len(hashes) > prompt_tokens:
-        raise InvalidArgument(f"{len(hashes)} block hashes for prompt_tokens={prompt_tokens}: "
-                              "a full block holds at least one token")
-    if len(set(hashes)) != len(hashes):
-        raise InvalidArgument("block_hashes repeats a hash; a chained prefix never does")
-    if hashes and (min(hashes) < 0 or max(hashes) > UINT64_MAX):  # C loops: this runs for every routed request
-        raise InvalidArgument("block_hashes: hashes are uint64")

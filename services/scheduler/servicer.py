@@ -10,8 +10,9 @@ from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.cluster import LoadReport
-from speckv.services.scheduler.core import RouteRequestItem, RouteResult, SchedulerCore
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState
+from speckv.services.scheduler.routing.route_records import RouteRequestItem, RouteResult
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 STATE_TO_PROTO = {s: common_pb2.OrderState.Value(f"ORDER_STATE_{s.name}") for s in OrderState}

@@ -23,15 +23,15 @@ from speckv.loadgen.sim.simulation import _Flight
 from speckv.services.common.traces.records import TraceRequest
 from speckv.services.predictor.observations import Arrival, ObserveResult
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import RouteResult, _Picked
 from speckv.services.scheduler.families import FamilyProfile
 from speckv.services.scheduler.forecasts import Forecast
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.base import NodeView
+from speckv.services.scheduler.routing.route_records import PickedRoute, RouteResult
 from speckv.services.scheduler.routing.router import Candidate, RouteDecision, RouteQuery
 
 RECORDS = [EngineJob, EngineEvent, EngineLoad, _Step, StepCost, JobTimes, NodeLoad, EventHandle, IndexEvent, Candidate,
-           RouteDecision, RouteQuery, RouteResult, _Picked, Arrival, Forecast, TraceRequest, NodeView, FamilyProfile,
+           RouteDecision, RouteQuery, RouteResult, PickedRoute, Arrival, Forecast, TraceRequest, NodeView, FamilyProfile,
            PutOutcome, _Flight, ObserveResult]
 FROZEN = [Forecast, TraceRequest, NodeView]
 

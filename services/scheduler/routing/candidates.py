@@ -1,0 +1,66 @@
+"""Which nodes a route scores: the live holders of the request's first block
+plus the `spread` least-queued other live nodes.
+
+Every non-holder costs the same prefill, so the least-queued ones dominate the
+rest and the router's choice equals scoring all nodes. When many nodes hold
+the first block (a system prompt every request starts with), only the holders
+of two or more blocks are walked in full; of the nodes holding just the first
+block, and of those holding none, the `spread` least queued are taken: every
+skipped node is dominated by a taken one with as much cache and no more queue.
+"""
+from __future__ import annotations
+
+from typing import Collection
+
+from speckv.services.common.ids import NodeId
+from speckv.services.scheduler.cluster import Cluster
+from speckv.services.scheduler.holder_index import HolderIndex
+from speckv.services.scheduler.routing.link_backlog import LinkBacklog
+from speckv.services.scheduler.routing.router import Candidate
+
+
+class CandidateSelector:
+    """Reads the cluster, the holder index and the link backlog; owns none of them."""
+
+    def __init__(self, cluster: Cluster, holders: HolderIndex, backlog: LinkBacklog, spread: int) -> None:
+        self._cluster = cluster
+        self._holders = holders
+        self._backlog = backlog
+        self._spread = spread
+
+    def candidates(self, hashes: list[int], now: float) -> list[Candidate]:
+        """The nodes a route for hashes scores at now (the module docstring says which)."""
+        cluster = self._cluster
+        root_holders = self._holders.holder_set(hashes[0]) if hashes else ()
+        if len(root_holders) > 2 * self._spread:
+            lengths = self._holders.prefix_lengths(hashes, 2)
+            for node_id in self._least_queued_shallow(root_holders, lengths, now):
+                lengths[node_id] = 1 if node_id in root_holders else 0
+            nodes = cluster.live_among(lengths, now)
+        else:
+            lengths = self._holders.prefix_lengths(hashes)
+            nodes = cluster.live_among(lengths, now)
+            nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
+        held = lengths.get
+        queue_ms, wait_ms = cluster.queue_ms, self._backlog.wait_ms
+        return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
+                          n.bytes_per_block, queue_ms(n), wait_ms(n.node_id, now)) for n in nodes]
+
+    def _least_queued_shallow(self, root_holders: Collection[NodeId], deep: Collection[NodeId],
+                              now: float) -> list[NodeId]:
+        """The `spread` least-queued live nodes holding only the first block,
+        and the `spread` least queued holding none (outside deep). From the
+        load board when at least one node in 8 holds the first block (it
+        finds `spread` of them within about 8 x spread steps), else from the
+        holders themselves."""
+        cluster, spread = self._cluster, self._spread
+        if 8 * len(root_holders) >= cluster.num_nodes():
+            popped = cluster.least_loaded(spread, now, deep, root_holders)
+            bare = [n for n in popped if n not in root_holders][:spread]
+            return [n for n in popped if n in root_holders] + bare
+        shallow = [n for n in cluster.live_among(root_holders, now) if n.node_id not in deep]
+        # sort()[:k] is what heapq.nsmallest returns (the key is unique),
+        # without nsmallest's interpreted loop: a few dozen nodes per route.
+        shallow.sort(key=lambda n: (cluster.queue_ms(n), n.node_id))
+        picked = [n.node_id for n in shallow[:spread]]
+        return picked + cluster.least_loaded(spread, now, set(deep) | set(root_holders))
