@@ -30,7 +30,7 @@ import grpc
 
 from speckv.loadgen.engines.emulated import EmulatedEngine, Engine
 from speckv.loadgen.experiments.e2e_config import E2EConfig
-from speckv.loadgen.experiments.router import EmulatedJobs, JobFactory, Placement
+from speckv.loadgen.experiments.reference_router import EmulatedJobs, JobFactory, Placement
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.traces import TraceRequest

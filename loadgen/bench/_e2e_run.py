@@ -31,8 +31,8 @@ from speckv.loadgen.engines.emulated import EngineJob
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
 from speckv.loadgen.experiments.kv_event_follower import EventCollector
 from speckv.loadgen.experiments.metrics import RequestRecord
+from speckv.loadgen.experiments.reference_router import ReferenceRouter
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger, ReplicaTotals
-from speckv.loadgen.experiments.router import ReferenceRouter
 from speckv.loadgen.workload.replay import SleepWaiter, TimeMap, replay_open_loop
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock

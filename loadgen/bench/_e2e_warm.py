@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import grpc
 
-from speckv.loadgen.experiments.router import block_payload
+from speckv.loadgen.experiments.reference_router import block_payload
 from speckv.loadgen.experiments.warm_start import resident_tail
 from speckv.loadgen.workload.replay import TimeMap
 from speckv.services.common.traces import TraceRequest

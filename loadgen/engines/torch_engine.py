@@ -51,7 +51,7 @@ from speckv.services.common.errors import InvalidArgument, SpeckvError
 from speckv.services.common.ids import BlockHash
 
 if TYPE_CHECKING:
-    from speckv.loadgen.experiments.router import Placement
+    from speckv.loadgen.experiments.reference_router import Placement
     from speckv.services.common.traces import TraceRequest
 
 log = logging.getLogger(__name__)

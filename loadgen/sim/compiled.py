@@ -51,7 +51,7 @@ HOT_MODULES: tuple[str, ...] = (
     "loadgen/engines/emulated.py",
     "loadgen/engines/fast.py",
     "loadgen/experiments/replica_ledger.py",
-    "loadgen/sim/events.py",
+    "loadgen/sim/event_loop.py",
     "loadgen/sim/kvnode.py",
     "loadgen/sim/network.py",
     "loadgen/sim/simulation.py",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from speckv.loadgen.sim.events import EventHandle, EventQueue
+from speckv.loadgen.sim.event_loop import EventHandle, EventQueue
 from speckv.services.common.engine_profile import LinkModel
 
 # Transfers finishing within this many bytes count as done (float rounding).

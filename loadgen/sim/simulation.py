@@ -13,7 +13,7 @@ modelled here instead of a process: the network (network.py), the reference
 router's request path, the engines' heartbeats and the kvstore agents'
 order execution.
 
-Request path (as loadgen/experiments/router.py does live): at its arrival time a request
+Request path (as loadgen/experiments/reference_router.py does live): at its arrival time a request
 is routed (Route confirms the prefix with the chosen node's simulated
 kvstore); replica blocks in its cached prefix are counted; a pull named by
 the route moves fetched_tokens x real bytes per token over the network from
@@ -47,7 +47,7 @@ from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.experiments.warm_start import resident_tail
-from speckv.loadgen.sim.events import EventHandle, EventQueue, VirtualClock
+from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
 from speckv.loadgen.sim.kvnode import SimKVNode
 from speckv.loadgen.sim.network import Network, Transfer
 from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
@@ -58,8 +58,7 @@ from speckv.services.common.traces import TraceRequest
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.forecasts import FutureArrivals, TraceFutureArrivals
-from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.holder_index import IndexEvent
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.replication.orders import Order, OrderState
 

@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.interceptor import ErrorMappingInterceptor
-from speckv.services.common.metrics import RpcMetrics
+from speckv.services.common.service_metrics import RpcMetrics
 from speckv.services.common.telemetry import Telemetry
 
 log = logging.getLogger(__name__)

@@ -10,15 +10,15 @@ import grpc
 
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
-from speckv.services.common.metrics import register_gauges
 from speckv.services.common.server import ServiceServer, serve_until_signal
+from speckv.services.common.service_metrics import register_gauges
 from speckv.services.common.telemetry import Telemetry, build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.core import BUILTIN_SOURCE, PredictorCore
 from speckv.services.predictor.manifest import load_model
 from speckv.services.predictor.retrain import Retrainer, RetrainSettings
-from speckv.services.predictor.training import load_config
 from speckv.services.predictor.servicer import PredictorServicer
+from speckv.services.predictor.training import load_config
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 SERVICE = "predictor"

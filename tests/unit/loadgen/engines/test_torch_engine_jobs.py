@@ -10,7 +10,7 @@ import pytest
 from speckv.loadgen.engines.emulated import EngineJob
 from speckv.loadgen.engines.torch_engine import TorchJob, TorchJobs
 from speckv.loadgen.engines.torch_kv import model_scale
-from speckv.loadgen.experiments.router import EmulatedJobs, Placement
+from speckv.loadgen.experiments.reference_router import EmulatedJobs, Placement
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.traces import TraceRequest

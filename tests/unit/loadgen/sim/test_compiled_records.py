@@ -17,7 +17,7 @@ from speckv.loadgen.engines.emulated import (
     StepCost,
     _Step,
 )
-from speckv.loadgen.sim.events import EventHandle
+from speckv.loadgen.sim.event_loop import EventHandle
 from speckv.loadgen.sim.kvnode import PutOutcome
 from speckv.loadgen.sim.simulation import _Flight
 from speckv.services.common.traces.records import TraceRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.loadgen.sim.events import EventQueue
+from speckv.loadgen.sim.event_loop import EventQueue
 from speckv.loadgen.sim.network import Network
 from speckv.services.common.engine_profile import LinkModel
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from speckv.loadgen.sim.events import EventQueue, VirtualClock
+from speckv.loadgen.sim.event_loop import EventQueue, VirtualClock
 
 
 def test_events_run_in_time_order_and_the_clock_never_goes_back():
