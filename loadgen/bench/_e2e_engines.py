@@ -45,7 +45,7 @@ TORCH_WARM_KV_BLOCKS = 800
 # is fixed before launch: _e2e_run.py); the torch warm start also computes
 # its KV, and the emulated one routes the warm-up requests (in batches; the
 # newest, whose KV is stored, one at a time). The budget is about twice what the quick slice's warm start takes on
-# a quiet 2-core machine (docs/performance.md, "Warm start"), so other work
+# a quiet machine (docs/performance.md, "Warm start"), so other work
 # on the cores does not make it late.
 START_BUDGET_S = {"emulated": 40.0, "torch": 40.0}
 

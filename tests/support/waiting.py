@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-TIMEOUT = 10.0  # generous: a loaded 2-core machine
+TIMEOUT = 10.0  # generous: tests share a small, often loaded machine
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = TIMEOUT, every: float = 0.02) -> bool:
