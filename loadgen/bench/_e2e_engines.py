@@ -44,9 +44,9 @@ TORCH_WARM_KV_BLOCKS = 800
 # Wall seconds for the cluster start plus the warm start (the replay origin
 # is fixed before launch: _e2e_run.py); the torch warm start also computes
 # its KV, and the emulated one routes the warm-up requests (in batches; the
-# newest, whose KV is stored, one at a time). The budget is about twice what the quick slice's warm start takes on
-# a quiet machine (docs/performance.md, "Warm start"), so other work
-# on the cores does not make it late.
+# newest, whose KV is stored, one at a time). The budget is about twice what
+# the quick slice's warm start takes on a quiet machine (docs/performance.md,
+# "Warm start"), so other work on the cores does not make it late.
 START_BUDGET_S = {"emulated": 40.0, "torch": 40.0}
 
 # (node, index in the warm list, request, first block not cached there) -> blocks stored
