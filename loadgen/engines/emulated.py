@@ -80,30 +80,9 @@ class EngineJob:
     tokens_out: int = 0
     phase: Phase = Phase.WAITING
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0,
-                 fetch_tokens: int = 0, fetch_bytes: int = 0, submitted_s: float = 0.0, ready_s: float = 0.0,
-                 prefilled: int = 0, first_token_s: float | None = None, finished_s: float | None = None,
-                 tokens_out: int = 0, phase: Phase = Phase.WAITING) -> None:
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.cached_tokens = cached_tokens
-        self.fetch_tokens = fetch_tokens
-        self.fetch_bytes = fetch_bytes
-        self.submitted_s = submitted_s
-        self.ready_s = ready_s
-        self.prefilled = prefilled
-        self.first_token_s = first_token_s
-        self.finished_s = finished_s
-        self.tokens_out = tokens_out
-        self.phase = phase
-
     @property
     def skipped_tokens(self) -> int:
-        """Prompt tokens not computed: cached plus fetched, capped so the last
-        token is always computed (the engine needs its logits)."""
-        return min(self.cached_tokens + self.fetch_tokens, self.prompt_tokens - 1)
+        return job_skipped_tokens(self)
 
     @property
     def to_prefill(self) -> int:
@@ -111,7 +90,7 @@ class EngineJob:
 
     @property
     def context_tokens(self) -> int:
-        return self.skipped_tokens + self.prefilled + self.tokens_out
+        return job_context_tokens(self)
 
 
 class EngineEventKind(enum.Enum):
@@ -125,11 +104,6 @@ class EngineEvent:
     job: EngineJob
     time_s: float
 
-    def __init__(self, kind: EngineEventKind, job: EngineJob, time_s: float) -> None:
-        self.kind = kind
-        self.job = job
-        self.time_s = time_s
-
 
 @dataclass(slots=True)
 class EngineLoad:
@@ -142,14 +116,6 @@ class EngineLoad:
     waiting_requests: int
     running_requests: int
     queued_prefill_ms: float | None = None
-
-    def __init__(self, queued_tokens: int, running_tokens: int, waiting_requests: int, running_requests: int,
-                 queued_prefill_ms: float | None = None) -> None:
-        self.queued_tokens = queued_tokens
-        self.running_tokens = running_tokens
-        self.waiting_requests = waiting_requests
-        self.running_requests = running_requests
-        self.queued_prefill_ms = queued_prefill_ms
 
 
 class Engine(Protocol):
@@ -174,13 +140,6 @@ class _Step:
     chunks: list[tuple[EngineJob, int]]
     decodes: list[EngineJob]
 
-    def __init__(self, start_s: float, end_s: float, chunks: list[tuple[EngineJob, int]],
-                 decodes: list[EngineJob]) -> None:
-        self.start_s = start_s
-        self.end_s = end_s
-        self.chunks = chunks
-        self.decodes = decodes
-
 
 @dataclass(slots=True)
 class StepCost:
@@ -189,11 +148,6 @@ class StepCost:
     prefill_ms: float = 0.0
     overhead_ms: float = 0.0
     decode_ms: float = 0.0
-
-    def __init__(self, prefill_ms: float = 0.0, overhead_ms: float = 0.0, decode_ms: float = 0.0) -> None:
-        self.prefill_ms = prefill_ms
-        self.overhead_ms = overhead_ms
-        self.decode_ms = decode_ms
 
     @property
     def total_ms(self) -> float:
@@ -380,22 +334,33 @@ class EmulatedEngine:
         return EngineEvent(EngineEventKind.FINISHED, job, t)
 
 
-def _done_tokens(job: EngineJob) -> int:
-    """EngineJob.skipped_tokens + prefilled, unrolled: the step loop asks
-    it of every chunk several times per step, and property calls dominated."""
+def job_skipped_tokens(job: EngineJob) -> int:
+    """Prompt tokens not computed: cached plus fetched, capped so the last
+    token is always computed (the engine needs its logits). The step loop,
+    the decode totals and every heartbeat ask this of every running job, so
+    it is a plain function (a native call in the compiled build), not only
+    the property."""
     skipped = job.cached_tokens + job.fetch_tokens
     cap = job.prompt_tokens - 1
-    return (skipped if skipped < cap else cap) + job.prefilled
+    return skipped if skipped < cap else cap
+
+
+def job_context_tokens(job: EngineJob) -> int:
+    """Tokens whose KV a decode step reads: the skipped and computed prompt
+    plus the tokens decoded so far."""
+    return job_skipped_tokens(job) + job.prefilled + job.tokens_out
+
+
+def _done_tokens(job: EngineJob) -> int:
+    """Prompt tokens already in KV: skipped plus prefilled."""
+    return job_skipped_tokens(job) + job.prefilled
 
 
 def context_sum(jobs: Iterable[EngineJob]) -> int:
-    """Sum of EngineJob.context_tokens (tokens), unrolled: every step with
-    decodes and every heartbeat reads it over all running sequences."""
+    """Sum of context_tokens over jobs (tokens)."""
     total = 0
     for j in jobs:
-        skipped = j.cached_tokens + j.fetch_tokens
-        cap = j.prompt_tokens - 1
-        total += (skipped if skipped < cap else cap) + j.prefilled + j.tokens_out
+        total += job_context_tokens(j)
     return total
 
 
@@ -408,11 +373,6 @@ class JobTimes:
     ttft_ms: float
     tpot_ms: float
     e2e_ms: float
-
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, queue_ms: float, pull_ms: float, ttft_ms: float, tpot_ms: float, e2e_ms: float) -> None:
-        self.queue_ms, self.pull_ms, self.ttft_ms = queue_ms, pull_ms, ttft_ms
-        self.tpot_ms, self.e2e_ms = tpot_ms, e2e_ms
 
 
 def job_times(job: EngineJob, solo_prefill_ms: float) -> JobTimes:

@@ -15,7 +15,7 @@ past the first sequence's last token), and `next_event_s()` answers the time
 of the next first-token or finished event, not the next step's end, so a
 simulator wakes an engine a few times per request instead of once per
 decode step (~6 ms). Results equal step-by-step stepping up to float
-rounding (tests/unit/test_sim_engine.py checks this against EmulatedEngine).
+rounding (tests/unit/loadgen/engines/test_fast.py checks this against EmulatedEngine).
 
 Pulls: the simulator moves pulled KV over its network model and submits
 the job when the bytes are in, so jobs here carry fetch_tokens = 0; with a
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from speckv.loadgen.engines.emulated import EmulatedEngine, EngineEvent, EngineJob, EngineLimits
+from speckv.loadgen.engines.emulated import EmulatedEngine, EngineEvent, EngineJob, EngineLimits, job_context_tokens
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 
 _EPS_S = 1e-9
@@ -119,17 +119,13 @@ class FastEngine(EmulatedEngine):
 
 def _decode_totals(running: list[EngineJob]) -> tuple[int, int]:
     """(fewest tokens any running sequence has left to decode, total context
-    tokens of all of them) in one pass over a non-empty list. The context is
-    EngineJob.context_tokens unrolled (skipped, capped at prompt - 1, plus
-    prefilled plus decoded): this runs on every engine wake, and the two
-    property calls per sequence were the simulator's largest single cost."""
+    tokens of all of them) in one pass over a non-empty list: this runs on
+    every engine wake."""
     left = running[0].output_tokens - running[0].tokens_out
     context = 0
     for j in running:
         r = j.output_tokens - j.tokens_out
         if r < left:
             left = r
-        skipped = j.cached_tokens + j.fetch_tokens
-        cap = j.prompt_tokens - 1
-        context += (skipped if skipped < cap else cap) + j.prefilled + j.tokens_out
+        context += job_context_tokens(j)
     return left, context

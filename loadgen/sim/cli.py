@@ -83,7 +83,7 @@ from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
 # A simulation allocates millions of small, long-lived objects (index sets,
 # records, events) and, with the builtin predictor, makes no cyclic garbage
-# while it runs (tests/unit/test_sim_no_cycles.py holds it to that).
+# while it runs (tests/unit/loadgen/sim/test_simulation_no_cycles.py holds it to that).
 # Automatic collection found nothing to free and cost 3 % of a 256-node hour
 # traversing them, so it is off for the whole of such a job (run_job); a whole
 # 256-node hour peaks at the same RSS either way (1171 against 1172 MB).

@@ -3,11 +3,10 @@
 A simulation spends its time in a couple of dozen pure-Python modules (the
 engine model, the event loop, the kvstore and scheduler block indexes, the
 load board, the router, scheduler core and planner, ...). mypyc compiles those
-modules, as they are, to C extensions: the same source, the same results (the
-parity test compares every summary figure), 2-2.5x less CPU on a 256-node
-slice. We use mypyc (the compiler mypy
-itself is built with) rather than hand-written C so the simulator keeps
-running the very objects the live services run.
+modules to C extensions: the same source, the same results (the parity test
+compares every summary figure), about half the CPU (docs/performance.md). We
+use mypyc (the compiler mypy itself is built with) rather than hand-written C
+so the simulator keeps running the very objects the live services run.
 
 The compiled modules never shadow the source tree: `build` writes a full copy
 of the speckv package, with the extensions beside the copied sources, into
@@ -18,14 +17,10 @@ The copy carries a stamp: a SHA-256 over every source file of the package
 stamp matches the source, so an edit to any module makes the workers fall
 back to the source until the copy is rebuilt (`make sim-compiled`).
 
-Records: mypyc compiles a class's explicit __init__ but leaves a
-dataclass-generated one interpreted (mypyc/mypyc#817), about 4x slower to
-construct. The records a simulation builds per request, per engine step or
-by the hundred per scheduler tick (tests/unit/test_compiled_records.py lists
-them) stay dataclasses but write their __init__ out; that test holds each to
-its fields' names, order and defaults. A frozen one (Forecast) sets its
-fields through object.__setattr__, as the generated __init__ does: still
-about 5x faster compiled.
+Records: mypyc leaves a dataclass-generated __init__ interpreted, so before
+compiling, the build writes an explicit __init__ into every dataclass of the
+copied hot modules (record_inits.py says the rule); the source keeps plain
+dataclasses.
 
 Building needs mypy (the `sim` extra) and a C compiler; it takes a few
 minutes of CPU. Nothing here is imported by the live services.
@@ -42,6 +37,7 @@ import textwrap
 from pathlib import Path
 from typing import Iterator
 
+from speckv.loadgen.sim.record_inits import add_record_inits
 from speckv.services.common.errors import FailedPrecondition
 
 # Relative to the package root (speckv/). Every one is mypy-clean (mypyc
@@ -157,6 +153,9 @@ def build(tree: Path, roots: PackageRoots, opt_level: str = "3", log=print) -> P
     shutil.rmtree(staging, ignore_errors=True)
     copy_package(roots, staging)
     modules = [f"speckv/{m}" for m in HOT_MODULES]
+    for module in modules:
+        path = staging / module
+        path.write_text(add_record_inits(path.read_text())[0])
     log(f"mypyc: compiling {len(modules)} modules in {staging} (a few minutes)")
     script = textwrap.dedent(f"""
         import sys

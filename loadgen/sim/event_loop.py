@@ -50,11 +50,6 @@ class EventHandle:
     time_s: float
     cancelled: bool = False
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, time_s: float, cancelled: bool = False) -> None:
-        self.time_s = time_s
-        self.cancelled = cancelled
-
     def cancel(self) -> None:
         self.cancelled = True
 

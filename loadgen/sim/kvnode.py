@@ -16,7 +16,7 @@ prompt on hundreds of nodes; pages, pins and parents mean nothing here. So
 this keeps only the order (an OrderedDict of hashes, least recent first)
 and the unused replicas' deadlines (a dict plus a lazy heap, rebuilt when
 stale entries outnumber the live leases, as the live index does).
-tests/unit/test_sim_kvnode_order.py replays random puts and lookups on both
+tests/unit/loadgen/sim/test_kvnode.py replays random puts and lookups on both
 and checks the same blocks are stored and evicted, in the same order.
 
 Simplifications, said here once: nothing is pinned (a replication source's
@@ -36,10 +36,6 @@ from typing import Sequence
 class PutOutcome:
     stored: list[int]  # newly resident, in order
     evicted: list[int]
-
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, stored: list[int], evicted: list[int]) -> None:
-        self.stored, self.evicted = stored, evicted
 
 
 class SimKVNode:

@@ -104,10 +104,6 @@ class _Flight:
     record: RequestRecord
     request: TraceRequest
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, record: RequestRecord, request: TraceRequest) -> None:
-        self.record, self.request = record, request
-
 
 class Simulation:
     def __init__(self, config: E2EConfig, settings: SimSettings, policy: str, requests: Sequence[TraceRequest],

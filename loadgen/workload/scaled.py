@@ -16,12 +16,11 @@ Every simulated block hash also carries HASH_BASE = 2**62, so hashes sit
 where real ones do: engines publish 64-bit digests (uint64 in the protos),
 three in four of them at 2**62 or more, while the traces number their
 blocks 0, 1, 2, ... Hashes are only ever compared for equality, so results
-do not change (tests/unit/test_sim_workload.py runs a slice both ways). It
-matters for speed: compiled code keeps an int below 2**62 unboxed and makes
-a new Python int each time it passes one to a dict or set, which the store
-and index paths do for every block of every prompt; a larger int is passed
-by reference. Measured on a compiled 24-block touch loop: 186 ns against
-85 ns per block.
+do not change (tests/unit/loadgen/workload/test_scaled.py runs a slice both
+ways). It matters for speed: compiled code keeps an int below 2**62 unboxed
+and makes a new Python int each time it passes one to a dict or set, which
+the store and index paths do for every block of every prompt; a larger int
+is passed by reference (docs/performance.md has the figures).
 """
 from __future__ import annotations
 

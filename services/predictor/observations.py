@@ -29,15 +29,6 @@ class Arrival:
     prompt_tokens: int = 0
     cached_tokens: int = 0
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, time_s: float, family: str, node_id: str = "", prompt_tokens: int = 0,
-                 cached_tokens: int = 0) -> None:
-        self.time_s = time_s
-        self.family = family
-        self.node_id = node_id
-        self.prompt_tokens = prompt_tokens
-        self.cached_tokens = cached_tokens
-
 
 @dataclass(slots=True)
 class Rejection:
@@ -50,11 +41,6 @@ class ObserveResult:
     accepted: int = 0
     rejected: int = 0
     first_error: str = ""  # why the first rejected observation was rejected
-
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py,
-    # "Records"): the simulator observes one arrival per call.
-    def __init__(self, accepted: int = 0, rejected: int = 0, first_error: str = "") -> None:
-        self.accepted, self.rejected, self.first_error = accepted, rejected, first_error
 
     def reject(self, rejection: Rejection) -> None:
         if not self.rejected:

@@ -53,16 +53,6 @@ class NodeLoad:
     waiting_requests: int = 0
     queued_prefill_ms: float | None = None  # the engine's own queue estimate; None: not reported
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, queued_tokens: int = 0, running_tokens: int = 0, free_pages: int = 0,
-                 running_requests: int = 0, waiting_requests: int = 0, queued_prefill_ms: float | None = None) -> None:
-        self.queued_tokens = queued_tokens
-        self.running_tokens = running_tokens
-        self.free_pages = free_pages
-        self.running_requests = running_requests
-        self.waiting_requests = waiting_requests
-        self.queued_prefill_ms = queued_prefill_ms
-
 
 @dataclass(frozen=True, slots=True)
 class LoadReport:

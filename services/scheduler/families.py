@@ -38,12 +38,6 @@ class FamilyProfile:
     last_route: float = 0.0
     diverged: bool = False  # two requests disagreed: the chain is a shared prefix, never extended again
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, chain: list[int], prompt_tokens: float, routes: int = 0, last_route: float = 0.0,
-                 diverged: bool = False) -> None:
-        self.chain, self.prompt_tokens, self.routes = chain, prompt_tokens, routes
-        self.last_route, self.diverged = last_route, diverged
-
 
 class FamilyCatalog:
     def __init__(self, settings: FamilySettings) -> None:

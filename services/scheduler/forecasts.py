@@ -31,15 +31,6 @@ class Forecast:
     upper_quantile: float  # a high quantile of that count (== expected for the truth)
     burst_probability: float
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, family: Family, horizon_s: float, expected_count: float, upper_quantile: float,
-                 burst_probability: float) -> None:
-        object.__setattr__(self, "family", family)
-        object.__setattr__(self, "horizon_s", horizon_s)
-        object.__setattr__(self, "expected_count", expected_count)
-        object.__setattr__(self, "upper_quantile", upper_quantile)
-        object.__setattr__(self, "burst_probability", burst_probability)
-
 
 class ForecastSource(Protocol):
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:

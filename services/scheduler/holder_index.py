@@ -41,15 +41,6 @@ class IndexEvent:
     family: str = ""
     sequence: int = 0
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, kind: HolderEventKind, block_hashes: list[int], has_parent: bool = False, family: str = "",
-                 sequence: int = 0) -> None:
-        self.kind = kind
-        self.block_hashes = block_hashes
-        self.has_parent = has_parent
-        self.family = family
-        self.sequence = sequence
-
 
 @dataclass(slots=True)
 class HolderIndex:

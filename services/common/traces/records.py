@@ -30,17 +30,6 @@ class TraceRequest:
     block_tokens: int
     family: str
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py,
-    # "Records"); frozen, so fields are set as the generated one sets them.
-    def __init__(self, arrival_s: float, prompt_tokens: int, output_tokens: int, block_hashes: tuple[int, ...],
-                 block_tokens: int, family: str) -> None:
-        object.__setattr__(self, "arrival_s", arrival_s)
-        object.__setattr__(self, "prompt_tokens", prompt_tokens)
-        object.__setattr__(self, "output_tokens", output_tokens)
-        object.__setattr__(self, "block_hashes", block_hashes)
-        object.__setattr__(self, "block_tokens", block_tokens)
-        object.__setattr__(self, "family", family)
-
     @property
     def full_blocks(self) -> int:
         """Blocks that are full, hence immutable and shareable."""

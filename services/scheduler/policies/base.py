@@ -35,25 +35,6 @@ class NodeView:
     num_blocks: int
     queue_ms: float  # expected wait before new work's prefill starts (the router's figure)
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py,
-    # "Records"): the scheduler builds one per node per tick. Frozen, so
-    # fields are set as the generated one sets them.
-    def __init__(self, node_id: NodeId, address: str, alive: bool, capacity_pages: int, free_pages: int,
-                 queued_tokens: int, running_tokens: int, waiting_requests: int, block_size: int,
-                 bytes_per_block: int, num_blocks: int, queue_ms: float) -> None:
-        object.__setattr__(self, "node_id", node_id)
-        object.__setattr__(self, "address", address)
-        object.__setattr__(self, "alive", alive)
-        object.__setattr__(self, "capacity_pages", capacity_pages)
-        object.__setattr__(self, "free_pages", free_pages)
-        object.__setattr__(self, "queued_tokens", queued_tokens)
-        object.__setattr__(self, "running_tokens", running_tokens)
-        object.__setattr__(self, "waiting_requests", waiting_requests)
-        object.__setattr__(self, "block_size", block_size)
-        object.__setattr__(self, "bytes_per_block", bytes_per_block)
-        object.__setattr__(self, "num_blocks", num_blocks)
-        object.__setattr__(self, "queue_ms", queue_ms)
-
 
 class IndexReader(Protocol):
     """Read-only block index (valid only during plan())."""

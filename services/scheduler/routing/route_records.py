@@ -40,22 +40,6 @@ class RouteResult:
     family: Family
     confirmed: bool
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, node_id: NodeId, address: str, cached_blocks: int, expected_ttft_ms: float, queue_ms: float,
-                 prefill_ms: float, fetch_ms: float, fetch_from: NodeId | None, fetch_blocks: int, family: Family,
-                 confirmed: bool) -> None:
-        self.node_id = node_id
-        self.address = address
-        self.cached_blocks = cached_blocks
-        self.expected_ttft_ms = expected_ttft_ms
-        self.queue_ms = queue_ms
-        self.prefill_ms = prefill_ms
-        self.fetch_ms = fetch_ms
-        self.fetch_from = fetch_from
-        self.fetch_blocks = fetch_blocks
-        self.family = family
-        self.confirmed = confirmed
-
 
 @dataclass(slots=True)
 class PickedRoute:
@@ -66,12 +50,6 @@ class PickedRoute:
     candidates: list[Candidate]
     address: str
     block_size: int
-
-    def __init__(self, decision: RouteDecision, candidates: list[Candidate], address: str, block_size: int) -> None:
-        self.decision = decision
-        self.candidates = candidates
-        self.address = address
-        self.block_size = block_size
 
 
 def route_query(request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str,

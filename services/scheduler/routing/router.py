@@ -44,13 +44,6 @@ class RouteQuery:
     prompt_tokens: int
     family: Family
 
-    # __init__ written out so mypyc compiles it (loadgen/sim/compiled.py, "Records").
-    def __init__(self, request_id: str, block_hashes: list[int], prompt_tokens: int, family: Family) -> None:
-        self.request_id = request_id
-        self.block_hashes = block_hashes
-        self.prompt_tokens = prompt_tokens
-        self.family = family
-
 
 @dataclass(slots=True)
 class Candidate:
@@ -64,16 +57,6 @@ class Candidate:
     queue_ms: float  # expected wait before its prefill starts (Cluster.queue_ms)
     link_wait_ms: float = 0.0  # until its link has carried the transfers already booked on it (LinkBacklog)
 
-    def __init__(self, node_id: NodeId, routes_in_flight: int, cached_blocks: int, block_size: int,
-                 bytes_per_block: int, queue_ms: float, link_wait_ms: float = 0.0) -> None:
-        self.node_id = node_id
-        self.routes_in_flight = routes_in_flight
-        self.cached_blocks = cached_blocks
-        self.block_size = block_size
-        self.bytes_per_block = bytes_per_block
-        self.queue_ms = queue_ms
-        self.link_wait_ms = link_wait_ms
-
 
 @dataclass(slots=True)
 class RouteDecision:
@@ -85,18 +68,6 @@ class RouteDecision:
     fetch_ms: float = 0.0
     fetch_from: NodeId | None = None
     fetch_blocks: int = 0
-
-    def __init__(self, node_id: NodeId, cached_blocks: int, expected_ttft_ms: float, queue_ms: float,
-                 prefill_ms: float, fetch_ms: float = 0.0, fetch_from: NodeId | None = None,
-                 fetch_blocks: int = 0) -> None:
-        self.node_id = node_id
-        self.cached_blocks = cached_blocks
-        self.expected_ttft_ms = expected_ttft_ms
-        self.queue_ms = queue_ms
-        self.prefill_ms = prefill_ms
-        self.fetch_ms = fetch_ms
-        self.fetch_from = fetch_from
-        self.fetch_blocks = fetch_blocks
 
 
 class RoutingStrategy(Protocol):
