@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -34,6 +35,14 @@ from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.experiments.metrics import burst_seconds, percentile, summarize
 from speckv.loadgen.experiments.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.results import (
+    Comparison,
+    FloorSummary,
+    LiveRunFigures,
+    LiveSetup,
+    PolicySummary,
+    figure_of,
+)
 from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
@@ -75,7 +84,7 @@ def choose_slice(config: E2EConfig, args: argparse.Namespace) -> SliceSpec:
 
 def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: SliceSpec,
             environ: Mapping[str, str], console, quick: bool = False,
-            setup: EngineSetup | None = None) -> tuple[dict, dict[str, PolicyRun]]:
+            setup: EngineSetup | None = None) -> tuple[Comparison, dict[str, PolicyRun]]:
     """setup: the engines (None: the emulated ones)."""
     setup = setup or engine_setup(config)
     trace = load_mooncake(trace_path, family=config.family)
@@ -89,7 +98,7 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
                   f" in burst seconds; {config.nodes} nodes, {setup.kind} engines, replayed {slice_.speed:g}x faster; "
                   f"KV bytes scaled 1/{setup.byte_scale}")
     runs: dict[str, PolicyRun] = {}
-    summaries: dict[str, dict] = {}
+    summaries: dict[str, PolicySummary] = {}
     with tempfile.TemporaryDirectory(prefix="speckv-e2e-model-") as model_dir:
         model = train_before_slice(trace, slice_, Path(model_dir), quick, config.warmup_s)
         console.print(f"predictor: {model.describe()}")
@@ -103,27 +112,26 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
     reusable = floor.by_request_key() if floor is not None else None
     for policy in policies:
         run = runs[policy]
-        summaries[policy] = summarize(run.records, bursts, config.ttft_target_ms, run.replicas,
-                                      setup.real_bytes_per_block, run.orders, reusable, config.profile)
-        summaries[policy]["wall_s"] = run.wall_s
-        summaries[policy]["kvstore_used_pages"] = sum(s.used_pages for s in run.kvstores.values())
-        if run.warm is not None:
-            summaries[policy]["warm_routed"] = run.warm.routed
-            summaries[policy]["warm_stored_blocks"] = run.warm.stored_blocks
-            summaries[policy]["warm_s"] = run.warm.seconds
-    result = {
-        "trace": trace_path.name, "slice": {"start_s": slice_.start_s, "duration_s": slice_.duration_s,
-                                           "speed": slice_.speed},
-        "engine": setup.kind, "ttft_target_ms": config.ttft_target_ms, "byte_scale_factor": setup.byte_scale,
-        "nodes": config.nodes, "engine_profile": config.profile.name, "link_gbps": config.link.gbps,
-        "real_bytes_per_block": setup.real_bytes_per_block, "kvstore_bytes_per_block": setup.geometry.bytes_per_block,
-        "burst_seconds_in_trace": len(bursts), "policies": summaries,
-        "floor": (floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts)
-                  if floor is not None else None),
-        "family": config.family, "predictor_model": model.describe(),
-        "notes": _notes(config, slice_, model, setup),
-    }
+        summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, setup.real_bytes_per_block,
+                            run.orders, reusable, config.profile)
+        summaries[policy] = replace(summary, live=_live_figures(run))
+    result = Comparison(
+        trace=trace_path.name, slice=slice_, ttft_target_ms=config.ttft_target_ms,
+        byte_scale_factor=setup.byte_scale, nodes=config.nodes, engine_profile=config.profile.name,
+        link_gbps=config.link.gbps, real_bytes_per_block=setup.real_bytes_per_block,
+        burst_seconds_in_trace=len(bursts), policies=summaries,
+        floor=floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts) if floor is not None else None,
+        notes=_notes(config, slice_, model, setup),
+        live=LiveSetup(engine=setup.kind, kvstore_bytes_per_block=setup.geometry.bytes_per_block,
+                       family=config.family, predictor_model=model.describe()))
     return result, runs
+
+
+def _live_figures(run: PolicyRun) -> LiveRunFigures:
+    used_pages = sum(s.used_pages for s in run.kvstores.values())
+    if run.warm is None:
+        return LiveRunFigures(run.wall_s, used_pages)
+    return LiveRunFigures(run.wall_s, used_pages, run.warm.routed, run.warm.stored_blocks, run.warm.seconds)
 
 
 def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: EngineSetup) -> list[str]:
@@ -160,31 +168,31 @@ def _run_with_progress(config, policy, trace, slice_, environ, console, model_di
         return run_policy(config, policy, trace, slice_, environ, update, model_dir=model_dir, setup=setup)
 
 
-def print_table(console, policies: Mapping[str, Mapping[str, object]], engine: str = "emulated",
-                floor: Mapping[str, object] | None = None) -> None:
+def print_table(console, policies: Mapping[str, PolicySummary], engine: str = "emulated",
+                floor: FloorSummary | None = None) -> None:
     unit = "trace-time ms of the torch model on this CPU" if engine == "torch" else "real-model ms"
     table = Table(title=f"end-to-end comparison (TTFT in {unit})")
     table.add_column("policy")
     for _, title in TABLE_COLUMNS:
         table.add_column(title, justify="right")
     for name, m in policies.items():
-        table.add_row(name, *(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS))
+        table.add_row(name, *(fmt(k, figure_of(m, k)) for k, _ in TABLE_COLUMNS))
     if floor:
-        table.add_row(FLOOR_ROW, *(fmt(k, floor.get(k)) for k, _ in TABLE_COLUMNS), style="dim")
+        table.add_row(FLOOR_ROW, *(fmt(k, figure_of(floor, k)) for k, _ in TABLE_COLUMNS), style="dim")
     console.print(table)
 
 
-def write_outputs(result: dict, runs: Mapping[str, PolicyRun], args_json: str | None, report: str | None,
+def write_outputs(result: Comparison, runs: Mapping[str, PolicyRun], args_json: str | None, report: str | None,
                   console) -> Path | None:
     if args_json:
-        Path(args_json).write_text(json.dumps(result, indent=2))
+        Path(args_json).write_text(json.dumps(result.to_json(), indent=2))
         console.print(f"JSON written to {args_json}")
     if not report:
         return None
     any_run = next(iter(runs.values()))
     arrivals = [(r.arrival_s, r.family) for r in any_run.records]
     timelines = {name: {"forecasts": run.forecasts,
-                        "commits": [(t, blocks * result["real_bytes_per_block"], f)
+                        "commits": [(t, blocks * result.real_bytes_per_block, f)
                                     for t, blocks, f in run.replicas.commits]}
                  for name, run in runs.items()}
     ttfts = {name: [r.ttft_ms for r in run.records if r.served] for name, run in runs.items()}
@@ -202,7 +210,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     console = wide_console()
     result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console,
                            quick=args.quick, setup=engine_setup(config, args.engine))
-    print_table(console, result["policies"], args.engine, result.get("floor"))
-    console.print(markdown_table(result["policies"], result.get("floor")), markup=False)
+    print_table(console, result.policies, args.engine, result.floor)
+    console.print(markdown_table(result.policies, result.floor), markup=False)
     write_outputs(result, runs, args.json, args.report, console)
-    return 1 if any(m["served"] == 0 for m in result["policies"].values()) else 0
+    return 1 if any(m.served == 0 for m in result.policies.values()) else 0

@@ -39,6 +39,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from speckv.loadgen.experiments.replica_ledger import ReplicaTotals
+from speckv.loadgen.experiments.results import PolicySummary
 from speckv.services.common.engine_profile import EngineProfile
 
 BURST_TOP_FRACTION = 0.05
@@ -95,52 +96,55 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def summarize(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
               replicas: ReplicaTotals, bytes_per_block: int, orders: dict[str, int],
               reusable_tokens: Mapping[str, int] | None = None,
-              profile: EngineProfile | None = None) -> dict[str, object]:
-    """The per-policy summary; the JSON keys of the issue plus detail.
-    reusable_tokens (request id -> tokens) and profile give the burst breakdown."""
+              profile: EngineProfile | None = None) -> PolicySummary:
+    """The per-policy summary. reusable_tokens (request id -> tokens) and
+    profile give the burst breakdown."""
     served = [r for r in records if r.served]
     ttft = [r.ttft_ms for r in served]
     burst = [r.ttft_ms for r in served if math.floor(r.arrival_s) in bursts]
     in_burst = sum(1 for r in records if math.floor(r.arrival_s) in bursts)
     committed = replicas.committed_blocks
-    return {
-        "requests": len(records),
-        "served": len(served),
-        "errors": len(records) - len(served),
-        "retried": sum(1 for r in records if r.retried),
-        "ttft_p50_ms": percentile(ttft, 50),
-        "ttft_p90_ms": percentile(ttft, 90),
-        "ttft_p99_ms": percentile(ttft, 99),
-        "burst_requests": in_burst,
-        "burst_ttft_p50_ms": percentile(burst, 50),
-        "burst_ttft_p90_ms": percentile(burst, 90),
-        "burst_ttft_p99_ms": percentile(burst, 99),
-        "tpot_p50_ms": percentile([r.tpot_ms for r in served if r.tpot_ms], 50),
-        "e2e_p50_ms": percentile([r.e2e_ms for r in served], 50),
-        "slo_attainment": (sum(1 for t in ttft if t <= ttft_target_ms) / len(records)) if records else None,
-        "prefix_hit_ratio": (sum(r.cached_tokens + r.fetched_tokens for r in served)
-                             / max(1, sum(r.prompt_tokens for r in served))),
-        "fetched_requests": sum(1 for r in served if r.fetched_tokens),
-        "bytes_replicated": committed * bytes_per_block,
-        "replica_blocks_committed": committed,
-        "replica_blocks_read": replicas.read_blocks,
-        "replica_hit_ratio": (sum(1 for r in served if r.replica_blocks) / len(served)) if served else 0.0,
-        "wasted_bytes_ratio": replicas.wasted_blocks / committed if committed else 0.0,
-        "replica_landings": len(replicas.fates),
-        "replica_landings_read_ratio": (sum(1 for f in replicas.fates if f.read_blocks) / len(replicas.fates)
-                                        if replicas.fates else 0.0),
-        "replica_read_lead_s_p50": percentile([f.first_read_s - f.committed_s for f in replicas.fates
-                                               if f.first_read_s is not None], 50),
-        "orders": dict(orders),
-        **_burst_breakdown([r for r in served if math.floor(r.arrival_s) in bursts], reusable_tokens, profile),
-    }
+    queue_ms, lost_ratio, recompute_ms = _burst_breakdown([r for r in served if math.floor(r.arrival_s) in bursts],
+                                                          reusable_tokens, profile)
+    return PolicySummary(
+        requests=len(records),
+        served=len(served),
+        errors=len(records) - len(served),
+        retried=sum(1 for r in records if r.retried),
+        ttft_p50_ms=percentile(ttft, 50),
+        ttft_p90_ms=percentile(ttft, 90),
+        ttft_p99_ms=percentile(ttft, 99),
+        burst_requests=in_burst,
+        burst_ttft_p50_ms=percentile(burst, 50),
+        burst_ttft_p90_ms=percentile(burst, 90),
+        burst_ttft_p99_ms=percentile(burst, 99),
+        tpot_p50_ms=percentile([r.tpot_ms for r in served if r.tpot_ms], 50),
+        e2e_p50_ms=percentile([r.e2e_ms for r in served], 50),
+        slo_attainment=(sum(1 for t in ttft if t <= ttft_target_ms) / len(records)) if records else None,
+        prefix_hit_ratio=(sum(r.cached_tokens + r.fetched_tokens for r in served)
+                          / max(1, sum(r.prompt_tokens for r in served))),
+        fetched_requests=sum(1 for r in served if r.fetched_tokens),
+        bytes_replicated=committed * bytes_per_block,
+        replica_blocks_committed=committed,
+        replica_blocks_read=replicas.read_blocks,
+        replica_hit_ratio=(sum(1 for r in served if r.replica_blocks) / len(served)) if served else 0.0,
+        wasted_bytes_ratio=replicas.wasted_blocks / committed if committed else 0.0,
+        replica_landings=len(replicas.fates),
+        replica_landings_read_ratio=(sum(1 for f in replicas.fates if f.read_blocks) / len(replicas.fates)
+                                     if replicas.fates else 0.0),
+        replica_read_lead_s_p50=percentile([f.first_read_s - f.committed_s for f in replicas.fates
+                                            if f.first_read_s is not None], 50),
+        orders=dict(orders),
+        burst_queue_ms_mean=queue_ms, burst_cache_lost_ratio=lost_ratio, burst_recompute_ms_mean=recompute_ms,
+    )
 
 
 def _burst_breakdown(burst: Sequence[RequestRecord], reusable_tokens: Mapping[str, int] | None,
-                     profile: EngineProfile | None) -> dict[str, float | None]:
+                     profile: EngineProfile | None) -> tuple[float | None, float | None, float | None]:
+    """(mean queueing ms, share that recomputed reusable KV, mean ms that recompute cost) of burst requests."""
     queue = float(np.mean([r.queue_ms for r in burst])) if burst else None
     if reusable_tokens is None or profile is None or not burst:
-        return {"burst_queue_ms_mean": queue, "burst_cache_lost_ratio": None, "burst_recompute_ms_mean": None}
+        return queue, None, None
     lost, recompute = 0, 0.0
     for r in burst:
         reusable = reusable_tokens.get(r.request_id, 0)
@@ -149,5 +153,4 @@ def _burst_breakdown(burst: Sequence[RequestRecord], reusable_tokens: Mapping[st
             lost += 1
             recompute += (profile.prefill_ms(r.prompt_tokens - reused, reused)
                           - profile.prefill_ms(r.prompt_tokens - reusable, reusable))
-    return {"burst_queue_ms_mean": queue, "burst_cache_lost_ratio": lost / len(burst),
-            "burst_recompute_ms_mean": recompute / len(burst)}
+    return queue, lost / len(burst), recompute / len(burst)

@@ -21,6 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from speckv.loadgen.experiments.results import Comparison, FloorSummary, PolicySummary, figure_of  # noqa: E402
+
 TABLE_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p90_ms", "p90"), ("ttft_p99_ms", "p99"),
                  ("burst_ttft_p99_ms", "burst p99"), ("slo_attainment", "SLO"),
                  ("bytes_replicated", "GiB replicated"), ("replica_hit_ratio", "replica hits"),
@@ -40,32 +42,30 @@ def fmt(key: str, value: object) -> str:
     return str(value)
 
 
-def markdown_table(policies: Mapping[str, Mapping[str, object]],
-                   floor: Mapping[str, object] | None = None) -> str:
+def markdown_table(policies: Mapping[str, PolicySummary], floor: FloorSummary | None = None) -> str:
     """One row per policy; with floor (loadgen/experiments/ttft_floor.py), a last row
     holding the TTFT no policy can beat, its other cells blank."""
     lines = ["| policy | " + " | ".join(title for _, title in TABLE_COLUMNS) + " |",
              "|---|" + "---:|" * len(TABLE_COLUMNS)]
-    rows = list(policies.items()) + ([(FLOOR_ROW, floor)] if floor else [])
+    rows: list[tuple[str, PolicySummary | FloorSummary]] = [*policies.items(), *([(FLOOR_ROW, floor)] if floor else [])]
     for name, m in rows:
-        lines.append(f"| {name} | " + " | ".join(fmt(k, m.get(k)) for k, _ in TABLE_COLUMNS) + " |")
+        lines.append(f"| {name} | " + " | ".join(fmt(k, figure_of(m, k)) for k, _ in TABLE_COLUMNS) + " |")
     return "\n".join(lines)
 
 
-def write_report(out_dir: Path, result: Mapping[str, object], ttfts: Mapping[str, Sequence[float]],
+def write_report(out_dir: Path, result: Comparison, ttfts: Mapping[str, Sequence[float]],
                  timelines: Mapping[str, Mapping[str, object]], arrivals: Sequence[tuple[float, str]]) -> Path:
     """Writes result.json, table.md, the PNGs and index.html; returns index.html's path.
 
     timelines[policy] = {"commits": [(trace s, real bytes, family)], "forecasts": [(trace s, family, count)]};
     arrivals = (trace s, family) of the replayed slice."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    policies = result["policies"]
-    (out_dir / "result.json").write_text(json.dumps(result, indent=2))
-    table = markdown_table(policies, result.get("floor"))
+    (out_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2))
+    table = markdown_table(result.policies, result.floor)
     (out_dir / "table.md").write_text(table + "\n")
     plots = {
-        "ttft_cdf.png": _ttft_cdf(ttfts, result.get("ttft_target_ms")),
-        "burst_p99.png": _burst_p99(policies, result.get("floor")),
+        "ttft_cdf.png": _ttft_cdf(ttfts, result.ttft_target_ms),
+        "burst_p99.png": _burst_p99(result.policies, result.floor),
         "timeline.png": _timeline(timelines, arrivals),
         "bytes_over_time.png": _bytes_over_time(timelines),
     }
@@ -93,16 +93,16 @@ def _ttft_cdf(ttfts: Mapping[str, Sequence[float]], target: object):
     return figure
 
 
-def _burst_p99(policies: Mapping[str, Mapping[str, object]], floor: Mapping[str, object] | None):
+def _burst_p99(policies: Mapping[str, PolicySummary], floor: FloorSummary | None):
     figure, ax = plt.subplots(figsize=(7, 4))
     names = list(policies)
     x = np.arange(len(names))
-    overall = [policies[n].get("ttft_p99_ms") or 0.0 for n in names]
-    burst = [policies[n].get("burst_ttft_p99_ms") or 0.0 for n in names]
+    overall = [policies[n].ttft_p99_ms or 0.0 for n in names]
+    burst = [policies[n].burst_ttft_p99_ms or 0.0 for n in names]
     ax.bar(x - 0.2, overall, 0.4, label="all requests")
     ax.bar(x + 0.2, burst, 0.4, label="burst windows")
-    if floor and floor.get("burst_ttft_p99_ms"):
-        ax.axhline(floor["burst_ttft_p99_ms"], color="black", linestyle="--", linewidth=1,
+    if floor and floor.burst_ttft_p99_ms:
+        ax.axhline(floor.burst_ttft_p99_ms, color="black", linestyle="--", linewidth=1,
                    label="floor, burst windows (idle node, unbounded cache)")
     ax.set_xticks(x, names)
     ax.set_ylabel("TTFT p99 (ms)")
@@ -149,7 +149,7 @@ def _bytes_over_time(timelines: Mapping[str, Mapping[str, object]]):
     return figure
 
 
-def _html(result: Mapping[str, object], table: str, out_dir: Path, images: list[str]) -> str:
+def _html(result: Comparison, table: str, out_dir: Path, images: list[str]) -> str:
     rows = table.splitlines()
     head = [c.strip() for c in rows[0].strip("|").split("|")]
     body = [[c.strip() for c in r.strip("|").split("|")] for r in rows[2:]]
@@ -160,10 +160,11 @@ def _html(result: Mapping[str, object], table: str, out_dir: Path, images: list[
         f'<figure><img alt="{n}" src="data:image/png;base64,'
         f'{base64.b64encode((out_dir / n).read_bytes()).decode()}"/><figcaption>{n}</figcaption></figure>'
         for n in images)
-    notes = "".join(f"<li>{html.escape(str(n))}</li>" for n in result.get("notes", []))
+    notes = "".join(f"<li>{html.escape(str(n))}</li>" for n in result.notes)
+    data = result.to_json()
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>speckv end-to-end</title>"
             f"<style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}td,th{{padding:4px 8px;"
             f"border-bottom:1px solid #ddd;text-align:right}}img{{max-width:100%}}</style></head><body>"
-            f"<h1>speckv end-to-end comparison</h1><p>trace {html.escape(str(result.get('trace')))}, slice "
-            f"{html.escape(json.dumps(result.get('slice')))}</p>{table_html}<ul>{notes}</ul>{figures}"
-            f"<h2>JSON</h2><pre>{html.escape(json.dumps(result, indent=2))}</pre></body></html>")
+            f"<h1>speckv end-to-end comparison</h1><p>trace {html.escape(result.trace)}, slice "
+            f"{html.escape(json.dumps(data['slice']))}</p>{table_html}<ul>{notes}</ul>{figures}"
+            f"<h2>JSON</h2><pre>{html.escape(json.dumps(data, indent=2))}</pre></body></html>")

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from speckv.loadgen.experiments.metrics import percentile, request_key
+from speckv.loadgen.experiments.results import FloorSummary
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.traces.records import TraceRequest
 
@@ -83,8 +84,8 @@ def slice_floor(history: Sequence[TraceRequest], replayed: Sequence[TraceRequest
     return SliceFloor(floor_ttft_ms(replayed, blocks, profile), reusable_tokens(replayed, blocks))
 
 
-def floor_summary(floor_ms: np.ndarray, arrivals_s: Sequence[float], bursts: frozenset[int]) -> dict[str, float | None]:
-    """The floor's percentiles, with the JSON keys of a policy's summary."""
+def floor_summary(floor_ms: np.ndarray, arrivals_s: Sequence[float], bursts: frozenset[int]) -> FloorSummary:
+    """The floor's percentiles, under a policy summary's names."""
     burst = [ms for ms, t in zip(floor_ms.tolist(), arrivals_s) if math.floor(t) in bursts]
-    return {"ttft_p50_ms": percentile(floor_ms.tolist(), 50), "ttft_p90_ms": percentile(floor_ms.tolist(), 90),
-            "ttft_p99_ms": percentile(floor_ms.tolist(), 99), "burst_ttft_p99_ms": percentile(burst, 99)}
+    return FloorSummary(percentile(floor_ms.tolist(), 50), percentile(floor_ms.tolist(), 90),
+                        percentile(floor_ms.tolist(), 99), percentile(burst, 99))

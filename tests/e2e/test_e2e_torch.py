@@ -59,8 +59,9 @@ def _recompute(model: TinyGPT, job: TorchJob) -> list[int]:
 def test_torch_engine_comparison_serves_real_kv_exactly(tmp_path, traces_dir):
     config = _config(tmp_path)
     setup = dataclasses.replace(engine_setup(config, "torch"), start_budget_s=15.0, warm_kv_blocks=200)
-    result, runs = e2e.compare(traces_dir / "mooncake_conversation_trace.jsonl", POLICIES, config, SLICE, {},
-                               Console(quiet=True), quick=True, setup=setup)
+    comparison, runs = e2e.compare(traces_dir / "mooncake_conversation_trace.jsonl", POLICIES, config, SLICE, {},
+                                   Console(quiet=True), quick=True, setup=setup)
+    result = comparison.to_json()
     spec = ModelSpec()
     block_bytes = spec.kv_geometry(TORCH_BLOCK_TOKENS).bytes_per_block
     assert (result["engine"], result["byte_scale_factor"], result["real_bytes_per_block"]) == ("torch", 1, block_bytes)

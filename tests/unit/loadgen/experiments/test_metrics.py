@@ -41,28 +41,28 @@ def test_summary_of_a_scripted_scenario_matches_hand_computed_values():
     ]
     s = summarize(records, frozenset({10}), ttft_target_ms=2000.0, replicas=ledger.totals(),
                   bytes_per_block=64, orders={"COMMITTED": 2})
-    assert s["requests"] == 5 and s["served"] == 4 and s["errors"] == 1
+    assert s.requests == 5 and s.served == 4 and s.errors == 1
     # TTFTs sorted: 100, 300, 1000, 2500. Linear percentiles: p50 = 650,
     # p99 = 1000 + 0.97 * 1500 = 2455.
-    assert s["ttft_p50_ms"] == pytest.approx(650.0)
-    assert s["ttft_p99_ms"] == pytest.approx(2455.0)
+    assert s.ttft_p50_ms == pytest.approx(650.0)
+    assert s.ttft_p99_ms == pytest.approx(2455.0)
     # Burst second 10 holds requests 0 and 1: p99 = 100 + 0.99 * 200.
-    assert s["burst_requests"] == 2
-    assert s["burst_ttft_p99_ms"] == pytest.approx(298.0)
+    assert s.burst_requests == 2
+    assert s.burst_ttft_p99_ms == pytest.approx(298.0)
     # 3 of 5 requests within 2000 ms (the error counts as a miss).
-    assert s["slo_attainment"] == pytest.approx(0.6)
+    assert s.slo_attainment == pytest.approx(0.6)
     # 5 distinct replica blocks of 64 bytes; read: 1 and 2; wasted: 3 (removed), 4 and 5 (never read).
-    assert s["bytes_replicated"] == 320
-    assert s["replica_blocks_read"] == 2
-    assert s["wasted_bytes_ratio"] == pytest.approx(3 / 5)
-    assert s["replica_hit_ratio"] == pytest.approx(2 / 4)
-    assert s["prefix_hit_ratio"] == pytest.approx(500 / 4000)
+    assert s.bytes_replicated == 320
+    assert s.replica_blocks_read == 2
+    assert s.wasted_bytes_ratio == pytest.approx(3 / 5)
+    assert s.replica_hit_ratio == pytest.approx(2 / 4)
+    assert s.prefix_hit_ratio == pytest.approx(500 / 4000)
 
 
 def test_no_replication_means_no_waste_and_no_hits():
     s = summarize([_record(0, 1.0, 50.0)], frozenset(), 2000.0, ReplicaLedger().totals(), 64, {})
-    assert s["bytes_replicated"] == 0 and s["wasted_bytes_ratio"] == 0.0 and s["replica_hit_ratio"] == 0.0
-    assert s["burst_ttft_p99_ms"] is None
+    assert s.bytes_replicated == 0 and s.wasted_bytes_ratio == 0.0 and s.replica_hit_ratio == 0.0
+    assert s.burst_ttft_p99_ms is None
 
 
 def test_a_snapshot_drops_replicas_the_node_no_longer_has():
@@ -87,5 +87,5 @@ def test_each_order_landing_records_its_commit_time_and_first_read():
     assert fates["o2"].read_blocks == 0 and fates["o2"].first_read_s is None
     assert fates["o3"].blocks == 1 and fates["o3"].read_blocks == 0
     s = summarize([_record(0, 7.25, 100.0, replica=2)], frozenset(), 2000.0, ledger.totals(), 64, {})
-    assert s["replica_landings"] == 3 and s["replica_landings_read_ratio"] == pytest.approx(1 / 3)
-    assert s["replica_read_lead_s_p50"] == pytest.approx(2.25)  # o1: committed 5.0, first read 7.25
+    assert s.replica_landings == 3 and s.replica_landings_read_ratio == pytest.approx(1 / 3)
+    assert s.replica_read_lead_s_p50 == pytest.approx(2.25)  # o1: committed 5.0, first read 7.25

@@ -50,8 +50,8 @@ def test_a_slice_counts_reuse_from_the_history_before_it():
     assert sliced.by_request_key() == {"r0": 8, "r1": 0}
     assert floor.tolist() == pytest.approx([PROFILE.prefill_ms(2, 8), PROFILE.prefill_ms(10, 0)])
     summary = floor_summary(floor, [5.0, 6.0], frozenset({6}))
-    assert summary["burst_ttft_p99_ms"] == pytest.approx(PROFILE.prefill_ms(10, 0))
-    assert summary["ttft_p50_ms"] == pytest.approx(float(np.mean(floor)))
+    assert summary.burst_ttft_p99_ms == pytest.approx(PROFILE.prefill_ms(10, 0))
+    assert summary.ttft_p50_ms == pytest.approx(float(np.mean(floor)))
 
 
 def test_the_burst_breakdown_counts_lost_reuse_and_its_recompute_cost():
@@ -62,14 +62,14 @@ def test_the_burst_breakdown_counts_lost_reuse_and_its_recompute_cost():
     reusable = {"r0": 80, "r1": 80, "r2": 0}
     s = summarize(records, frozenset({10}), 2000.0, ReplicaLedger().totals(), 64, {}, reusable, PROFILE)
     # Burst second 10: r0 reused all it could, r1 reused 40 of 80.
-    assert s["burst_queue_ms_mean"] == pytest.approx(30.0)
-    assert s["burst_cache_lost_ratio"] == pytest.approx(0.5)
+    assert s.burst_queue_ms_mean == pytest.approx(30.0)
+    assert s.burst_cache_lost_ratio == pytest.approx(0.5)
     lost_ms = PROFILE.prefill_ms(60, 40) - PROFILE.prefill_ms(20, 80)
-    assert s["burst_recompute_ms_mean"] == pytest.approx(lost_ms / 2)
+    assert s.burst_recompute_ms_mean == pytest.approx(lost_ms / 2)
 
 
 def test_without_reuse_figures_the_breakdown_says_none():
     records = [RequestRecord("r0", 10.1, "f", 100, 1, queue_ms=40.0, ttft_ms=100.0)]
     s = summarize(records, frozenset({10}), 2000.0, ReplicaLedger().totals(), 64, {})
-    assert s["burst_queue_ms_mean"] == pytest.approx(40.0)
-    assert s["burst_cache_lost_ratio"] is None and s["burst_recompute_ms_mean"] is None
+    assert s.burst_queue_ms_mean == pytest.approx(40.0)
+    assert s.burst_cache_lost_ratio is None and s.burst_recompute_ms_mean is None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from speckv.loadgen.sim import cli
+from speckv.loadgen.sim import jobs, pool
 from speckv.loadgen.sim.compiled import (
     HOT_MODULES,
     MYPY_FLAGS,
@@ -80,14 +80,14 @@ def test_a_build_is_used_only_while_its_stamp_matches_the_source(roots, tmp_path
 def test_simulate_chooses_the_build_or_the_source_and_says_why(tmp_path, monkeypatch, roots):
     monkeypatch.setattr(PackageRoots, "of_installed", classmethod(lambda cls: roots))
     tree = tmp_path / "tree"
-    assert cli.compiled_build("auto", str(tree)) == (None, f"code: python source; no compiled build in {tree} "
+    assert pool.compiled_build("auto", str(tree)) == (None, f"code: python source; no compiled build in {tree} "
                                                            "(make sim-compiled)")
     with pytest.raises(FailedPrecondition, match="--compiled on: no compiled build"):
-        cli.compiled_build("on", str(tree))
+        pool.compiled_build("on", str(tree))
     stamp(tree, source_digest(roots))
-    assert cli.compiled_build("on", str(tree))[0] == tree
-    assert cli.compiled_build("auto", str(tree))[0] == tree
-    assert cli.compiled_build("off", str(tree)) == (None, "code: python source (--compiled off)")
+    assert pool.compiled_build("on", str(tree))[0] == tree
+    assert pool.compiled_build("auto", str(tree))[0] == tree
+    assert pool.compiled_build("off", str(tree)) == (None, "code: python source (--compiled off)")
 
 
 def test_check_exits_nonzero_on_a_missing_build(tmp_path, capsys):
@@ -109,7 +109,7 @@ def test_no_hot_module_defines_a_class_a_worker_receives_pickled():
     from speckv.loadgen.sim.predictor import TrainedPredictor
     from speckv.services.predictor.lgbm_served import LightGbmModel
 
-    carried = [cli.Job, TrainedPredictor, LightGbmModel]
+    carried = [jobs.Job, TrainedPredictor, LightGbmModel]
     hot = {m.removesuffix(".py").replace("/", ".") for m in HOT_MODULES}
     assert not [c.__qualname__ for c in carried if c.__module__.removeprefix("speckv.") in hot]
 
@@ -131,11 +131,11 @@ def test_workers_start_with_the_build_first_and_one_blas_pool_each_unless_the_us
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     path_before = list(sys.path)
-    with cli._worker_environment(tmp_path, 1, {"OMP_NUM_THREADS": "3"}):
+    with pool.worker_environment(tmp_path, 1, {"OMP_NUM_THREADS": "3"}):
         assert sys.path[0] == str(tmp_path)
         assert os.environ["OPENBLAS_NUM_THREADS"] == "1" and os.environ["MKL_NUM_THREADS"] == "1"
         assert os.environ["OMP_NUM_THREADS"] == "3"  # the user's own setting stands
     assert sys.path == path_before and "OPENBLAS_NUM_THREADS" not in os.environ
     assert os.environ["OMP_NUM_THREADS"] == "3"
-    with cli._worker_environment(None, 2, {}):
+    with pool.worker_environment(None, 2, {}):
         assert sys.path == path_before and os.environ["OPENBLAS_NUM_THREADS"] == "2"

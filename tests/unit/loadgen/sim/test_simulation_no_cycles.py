@@ -13,7 +13,7 @@ import gc
 import pytest
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import cli
+from speckv.loadgen.sim import jobs
 from speckv.loadgen.sim.predictor import train_lightgbm
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
@@ -59,8 +59,8 @@ def test_lightgbm_leaves_cycles_so_its_runs_keep_collection_on(trace):
     assert found > 0  # when this fails, LightGBM stopped leaving cycles: its runs could turn collection off too
     for predictor, policy, collecting in [("lightgbm", "predictive", True), ("lightgbm", "none", False),
                                           ("builtin", "predictive", False)]:
-        job = cli.Job("t", 7, 16, policy, None, None, predictor, 1.0, None)
-        with cli._collection_for(job):
+        job = jobs.Job("t", 7, 16, policy, None, None, predictor, 1.0, None)
+        with jobs.collection_for(job):
             assert gc.isenabled() == collecting
 
 

@@ -9,9 +9,10 @@ import dataclasses
 import pytest
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import cli, simulation
+from speckv.loadgen.sim import cli, jobs, simulation
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
+from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES, POLICY_NAMES
 from tests.support.sim_slices import slice_with_history
@@ -66,6 +67,6 @@ def test_lightgbm_is_trained_only_when_a_policy_reads_forecasts(traces_dir, poli
     path = traces_dir / "mooncake_conversation_trace.jsonl"
     args = cli.parse_args(["--trace", str(path), "--policies", policies, "--start-s", "600", "--duration-s", "5",
                            "--predictor", "lightgbm"])
-    first = cli.Job(str(path), 7, CONFIG.nodes, "none", 600.0, 5.0, "lightgbm", 1.0, None)
-    trained = cli.train_once(args, CONFIG, first, cli.wide_console())
+    first = jobs.Job(str(path), 7, CONFIG.nodes, "none", 600.0, 5.0, "lightgbm", 1.0, None)
+    trained = jobs.train_once(args, CONFIG, first, wide_console())
     assert (trained is not None) == trains

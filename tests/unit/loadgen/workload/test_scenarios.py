@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from speckv.loadgen.sim import cli
+from speckv.loadgen.sim import cli, pool
 from speckv.loadgen.workload.scenarios import DEFAULT_SCENARIOS_PATH, get_scenario, load_scenarios
 from speckv.loadgen.workload.synthetic import HawkesParams, MmppParams
 from speckv.services.common.errors import InvalidArgument
@@ -105,7 +105,8 @@ def test_simulate_runs_a_users_scenario_and_reports_its_parameters(tmp_path):
 
 
 def test_the_largest_node_counts_are_submitted_first_and_the_predictor_policies_first_within_one():
-    from speckv.loadgen.sim.cli import Job, submission_order
+    from speckv.loadgen.sim.jobs import Job
+    from speckv.loadgen.sim.pool import submission_order
 
     policies = ("none", "oracle", "predictive")
     jobs = [Job("t", 7, n, p, None, None, "builtin", 1.0, None) for n in (8, 64, 256) for p in policies]
@@ -116,4 +117,4 @@ def test_the_largest_node_counts_are_submitted_first_and_the_predictor_policies_
 
 @pytest.mark.parametrize("cores,expected", [(1, 2), (2, 3), (16, 17), (0, 2)])
 def test_one_more_simulation_than_cores_runs_at_once_by_default(cores, expected):
-    assert cli.default_jobs(cores) == expected
+    assert pool.default_jobs(cores) == expected

@@ -1,0 +1,103 @@
+"""The simulated comparison: the simulations' results gathered into one
+Comparison (the shape of `bench e2e`'s, for the largest node count, with
+every node count's row), its console tables and its reports."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from speckv.loadgen.experiments.e2e_config import E2EConfig
+from speckv.loadgen.experiments.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.results import Comparison, ScaleRow, SimulatedTotals, figure_of
+from speckv.loadgen.sim.jobs import SimulationResult
+from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
+
+
+def assemble(results: list[SimulationResult], args: argparse.Namespace, config: E2EConfig,
+             machine: dict[str, object]) -> Comparison:
+    """The comparison at the largest node count, with every count under by_nodes."""
+    by_nodes: dict[str, ScaleRow] = {}
+    for r in sorted(results, key=lambda r: (r.nodes, args.policy_list.index(r.policy))):
+        row = by_nodes.setdefault(str(r.nodes), ScaleRow({}, r.requests_in_slice, r.notes, r.floor))
+        row.policies[r.policy] = r.summary
+    top = max(results, key=lambda r: r.nodes)
+    top_row = by_nodes[str(top.nodes)]
+    predictor = next((r.predictor for r in results if r.policy in FORECAST_POLICIES),
+                     "not run (no policy here reads forecasts)")
+    costs = [r.summary.simulated for r in results if r.summary.simulated is not None]
+    total_cpu = sum(c.cpu_s for c in costs)
+    total_events = sum(c.simulated_events for c in costs)
+    totals = SimulatedTotals(wall_s=args.wall_s, simulated_events=total_events,
+                             code=",".join(sorted({r.code for r in results})), cpu_s=total_cpu,
+                             events_per_s=total_events / total_cpu if total_cpu else None,
+                             peak_rss_mb=max(c.peak_rss_mb for c in costs), by_nodes=by_nodes, machine=machine)
+    return Comparison(
+        trace=Path(args.trace).name if args.trace else f"synthetic:{args.synthetic}", slice=top.slice,
+        ttft_target_ms=config.ttft_target_ms, byte_scale_factor=1, nodes=top.nodes,
+        engine_profile=config.profile.name, link_gbps=config.link.gbps,
+        real_bytes_per_block=config.real_bytes_per_block, burst_seconds_in_trace=top.burst_seconds,
+        policies=top_row.policies, floor=top_row.floor,
+        notes=[*top.notes, f"Simulated in virtual time (speckv simulate): predictor {predictor}, run only in the "
+               f"simulations of the policies that read its forecasts ({', '.join(sorted(FORECAST_POLICIES))}); "
+               "bytes are the real model's (no scaling in simulation); transfers share each node's "
+               f"{config.link.gbps:g} Gbit/s link (processor sharing), {config.link.overhead_ms:g} ms each."],
+        simulated=totals)
+
+
+def scale_table(comparison: Comparison) -> str:
+    """Burst p99 and bytes replicated per policy against node count, as Markdown."""
+    rows = _rows(comparison)
+    policies = list(next(iter(rows.values())).policies)
+    lines = ["| nodes | " + " | ".join(f"{p} burst p99 ms" for p in policies) + " | floor burst p99 ms | "
+             + " | ".join(f"{p} GiB replicated" for p in policies) + " |",
+             "|---:|" + "---:|" * (2 * len(policies) + 1)]
+    for n, row in rows.items():
+        ps = row.policies
+        floor = figure_of(row.floor, "burst_ttft_p99_ms")
+        lines.append(f"| {n} | " + " | ".join(fmt("burst_ttft_p99_ms", ps[p].burst_ttft_p99_ms) for p in policies)
+                     + f" | {fmt('burst_ttft_p99_ms', floor)} | "
+                     + " | ".join(fmt("bytes_replicated", ps[p].bytes_replicated) for p in policies) + " |")
+    return "\n".join(lines)
+
+
+def write_reports(comparison: Comparison, results: list[SimulationResult], out: Path, console) -> None:
+    """One HTML report per node count, scale.md and the whole result.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    for n in _rows(comparison):
+        mine = [r for r in results if str(r.nodes) == n]
+        arrivals: list[tuple[float, str]] = next((r.arrivals for r in mine if r.arrivals), [])
+        index = write_report(out / f"nodes-{n}", comparison.at_nodes(n), {r.policy: r.ttfts for r in mine},
+                             {r.policy: r.timeline for r in mine}, arrivals)
+        console.print(f"report ({n} nodes): {index}")
+    (out / "scale.md").write_text(scale_table(comparison) + "\n")
+    (out / "result.json").write_text(json.dumps(comparison.to_json(), indent=2))
+
+
+def print_tables(comparison: Comparison, console) -> None:
+    for n, row in _rows(comparison).items():
+        table = Table(title=f"simulated, {n} nodes (TTFT in real-model ms)")
+        table.add_column("policy")
+        for _, title in TABLE_COLUMNS:
+            table.add_column(title, justify="right")
+        for title in ("wall s", "CPU s", "events/CPU s", "peak MiB"):
+            table.add_column(title, justify="right")
+        for name, m in row.policies.items():
+            cost = m.simulated
+            assert cost is not None  # every simulated summary has its cost
+            table.add_row(name, *(fmt(k, figure_of(m, k)) for k, _ in TABLE_COLUMNS), f"{cost.wall_s:.1f}",
+                          f"{cost.cpu_s:.1f}", f"{cost.events_per_s:.0f}", f"{cost.peak_rss_mb:.0f}")
+        if row.floor:
+            table.add_row(FLOOR_ROW, *(fmt(k, figure_of(row.floor, k)) for k, _ in TABLE_COLUMNS), "", "", "", "",
+                          style="dim")
+        console.print(table)
+        console.print(markdown_table(row.policies, row.floor), markup=False)
+    console.print(scale_table(comparison), markup=False)
+
+
+def _rows(comparison: Comparison) -> dict[str, ScaleRow]:
+    if comparison.simulated is None:
+        raise ValueError("not a simulated comparison")
+    return comparison.simulated.by_nodes
