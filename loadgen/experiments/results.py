@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+
 from speckv.loadgen.experiments.e2e_config import SliceSpec
 
 
