@@ -15,7 +15,7 @@ Measured, in this order:
   (route_batch_per_s).
 Targets: in-process route p99 < 100 us; tick p99 < 100 ms; gRPC
 route p99 <= 1.5 x the empty call's p99; >= 1,500 routes/s. Numbers, not
-pass/fail tests: a shared 2-core machine is noisy, so read them with the
+pass/fail tests: a shared machine is noisy, so read them with the
 ceiling measured beside them.
 """
 from __future__ import annotations

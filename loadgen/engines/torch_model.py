@@ -6,7 +6,8 @@ Architecture: token + learned position embeddings; `num_layers` pre-LayerNorm
 blocks of grouped-query attention (num_heads query heads sharing
 num_kv_heads K/V heads, num_kv_heads divides num_heads) and a GELU MLP (4 x
 d_model); a final LayerNorm and an untied output head. fp32 throughout: bf16
-is ~4x slower on these CPUs, and fp32 KV is stored bit for bit.
+runs several times slower than fp32 on CPUs without bf16 units
+(docs/performance.md), and fp32 KV is stored bit for bit.
 
 Determinism contract (why reused KV gives the very same tokens): the engine
 feeds the model in chunks aligned to KV blocks (each chunk is one block of

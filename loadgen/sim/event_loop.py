@@ -8,9 +8,9 @@ deterministic. Cancelling is lazy: a cancelled handle's entry is skipped
 when popped (cheaper than removing from the middle of a heap).
 
 Why a hand-written heap and not SimPy: the simulator needs only timed
-callbacks (no processes, resources or interrupts), and a heapq loop costs
-~1 us per event against SimPy's generator-based processes at several times
-that; at hundreds of nodes and hours of trace the loop is the hot path.
+callbacks (no processes, resources or interrupts), and a heapq loop costs a
+fraction of what SimPy's generator-based processes cost per event; at
+hundreds of nodes and hours of trace the loop is the hot path.
 
 Invariants: the clock never goes back; events run in (time, priority, seq)
 order; `now()` inside a callback is that event's time. Times are seconds.
