@@ -27,21 +27,20 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes, engine_setup
 from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.experiments.metrics import burst_seconds, percentile, summarize
-from speckv.loadgen.experiments.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.report import console_tables, markdown_table, write_report
 from speckv.loadgen.experiments.results import (
     Comparison,
     FloorSummary,
     LiveRunFigures,
     LiveSetup,
     PolicySummary,
-    figure_of,
+    with_avoidable_closed,
 )
 from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
@@ -110,17 +109,19 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
     history = [r for r in trace if r.arrival_s < slice_.start_s]
     floor = slice_floor(history, in_slice, config.profile) if setup.spec is None else None
     reusable = floor.by_request_key() if floor is not None else None
+    shared = floor.shared_by_request_key() if floor is not None else None
     for policy in policies:
         run = runs[policy]
         summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, setup.real_bytes_per_block,
-                            run.orders, reusable, config.profile)
+                            run.orders, reusable, config.profile, shared)
         summaries[policy] = replace(summary, live=_live_figures(run))
+    floor_row = (floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts, floor.returning)
+                 if floor is not None else None)
     result = Comparison(
         trace=trace_path.name, slice=slice_, ttft_target_ms=config.ttft_target_ms,
         byte_scale_factor=setup.byte_scale, nodes=config.nodes, engine_profile=config.profile.name,
         link_gbps=config.link.gbps, real_bytes_per_block=setup.real_bytes_per_block,
-        burst_seconds_in_trace=len(bursts), policies=summaries,
-        floor=floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts) if floor is not None else None,
+        burst_seconds_in_trace=len(bursts), policies=with_avoidable_closed(summaries, floor_row), floor=floor_row,
         notes=_notes(config, slice_, model, setup),
         live=LiveSetup(engine=setup.kind, kvstore_bytes_per_block=setup.geometry.bytes_per_block,
                        family=config.family, predictor_model=model.describe()))
@@ -171,15 +172,8 @@ def _run_with_progress(config, policy, trace, slice_, environ, console, model_di
 def print_table(console, policies: Mapping[str, PolicySummary], engine: str = "emulated",
                 floor: FloorSummary | None = None) -> None:
     unit = "trace-time ms of the torch model on this CPU" if engine == "torch" else "real-model ms"
-    table = Table(title=f"end-to-end comparison (TTFT in {unit})")
-    table.add_column("policy")
-    for _, title in TABLE_COLUMNS:
-        table.add_column(title, justify="right")
-    for name, m in policies.items():
-        table.add_row(name, *(fmt(k, figure_of(m, k)) for k, _ in TABLE_COLUMNS))
-    if floor:
-        table.add_row(FLOOR_ROW, *(fmt(k, figure_of(floor, k)) for k, _ in TABLE_COLUMNS), style="dim")
-    console.print(table)
+    for table in console_tables(f"end-to-end comparison (TTFT in {unit})", policies, floor):
+        console.print(table)
 
 
 def write_outputs(result: Comparison, runs: Mapping[str, PolicyRun], args_json: str | None, report: str | None,

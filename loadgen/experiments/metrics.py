@@ -96,9 +96,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def summarize(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
               replicas: ReplicaTotals, bytes_per_block: int, orders: dict[str, int],
               reusable_tokens: Mapping[str, int] | None = None,
-              profile: EngineProfile | None = None) -> PolicySummary:
+              profile: EngineProfile | None = None,
+              shared_tokens: Mapping[str, int] | None = None) -> PolicySummary:
     """The per-policy summary. reusable_tokens (request id -> tokens) and
-    profile give the burst breakdown."""
+    profile give the burst breakdown; with shared_tokens (request id -> its
+    reusable tokens of the prefix every request shares) too, the
+    returning/first-seen split and where reused tokens came from."""
     served = [r for r in records if r.served]
     ttft = [r.ttft_ms for r in served]
     burst = [r.ttft_ms for r in served if math.floor(r.arrival_s) in bursts]
@@ -136,6 +139,7 @@ def summarize(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_tar
                                             if f.first_read_s is not None], 50),
         orders=dict(orders),
         burst_queue_ms_mean=queue_ms, burst_cache_lost_ratio=lost_ratio, burst_recompute_ms_mean=recompute_ms,
+        **_reuse_figures(served, reusable_tokens, shared_tokens),
     )
 
 
@@ -154,3 +158,36 @@ def _burst_breakdown(burst: Sequence[RequestRecord], reusable_tokens: Mapping[st
             recompute += (profile.prefill_ms(r.prompt_tokens - reused, reused)
                           - profile.prefill_ms(r.prompt_tokens - reusable, reusable))
     return queue, lost / len(burst), recompute / len(burst)
+
+
+def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str, int] | None,
+                   shared_tokens: Mapping[str, int] | None) -> dict[str, float | int | None]:
+    """The returning/first-seen split and the sources of reused tokens (results.PolicySummary).
+
+    Per request, of its R reusable tokens the first S are the shared prefix;
+    the node's cache covers the first c = min(cached, R) tokens and a pull
+    extends that to u = min(cached + fetched, R). Beyond S: device hits are
+    max(0, c - S), peer pulls max(0, u - max(c, S)), the rest is recomputed.
+    No host tier exists yet, so host hits are 0."""
+    if reusable_tokens is None or shared_tokens is None:
+        return {}
+    returning, first_seen = [], []
+    beyond = device = peer = 0
+    for r in served:
+        total = reusable_tokens.get(r.request_id, 0)
+        shared = min(shared_tokens.get(r.request_id, 0), total)
+        (returning if total > shared else first_seen).append(r.ttft_ms)
+        cached = min(r.cached_tokens, total)
+        used = min(r.cached_tokens + r.fetched_tokens, total)
+        beyond += total - shared
+        device += max(0, cached - shared)
+        peer += max(0, used - max(cached, shared))
+    return {"returning_requests": len(returning), "returning_ttft_p50_ms": percentile(returning, 50),
+            "returning_ttft_p99_ms": percentile(returning, 99), "first_seen_ttft_p99_ms": percentile(first_seen, 99),
+            "reuse_recovered_ratio": _ratio(device + peer, beyond), "device_hit_ratio": _ratio(device, beyond),
+            "host_hit_ratio": _ratio(0, beyond), "peer_pull_ratio": _ratio(peer, beyond),
+            "recompute_ratio": _ratio(beyond - device - peer, beyond)}
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None

@@ -20,15 +20,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from rich.table import Table  # noqa: E402
 
 from speckv.loadgen.experiments.results import Comparison, FloorSummary, PolicySummary, figure_of  # noqa: E402
 
-TABLE_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p90_ms", "p90"), ("ttft_p99_ms", "p99"),
-                 ("burst_ttft_p99_ms", "burst p99"), ("slo_attainment", "SLO"),
-                 ("bytes_replicated", "GiB replicated"), ("replica_hit_ratio", "replica hits"),
-                 ("replica_landings_read_ratio", "replicas read"),
-                 ("wasted_bytes_ratio", "wasted"), ("burst_queue_ms_mean", "burst queue ms"),
-                 ("burst_cache_lost_ratio", "burst cache lost"), ("errors", "errors")]
+# What placement can change (returning requests, where their reused tokens
+# came from, the avoidable latency closed), then the headline figures and
+# replication. The Markdown table has both; the console prints one table each.
+LEAD_COLUMNS = [("returning_ttft_p99_ms", "returning p99"), ("first_seen_ttft_p99_ms", "first-seen p99"),
+                ("reuse_recovered_ratio", "reuse recovered"), ("device_hit_ratio", "device"),
+                ("host_hit_ratio", "host"), ("peer_pull_ratio", "peer"), ("recompute_ratio", "recompute"),
+                ("avoidable_closed", "avoidable closed")]
+HEADLINE_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "p99"), ("burst_ttft_p99_ms", "burst p99"),
+                    ("slo_attainment", "SLO"), ("bytes_replicated", "GiB replicated"),
+                    ("replica_landings_read_ratio", "replicas read"), ("wasted_bytes_ratio", "wasted"),
+                    ("burst_cache_lost_ratio", "burst cache lost"), ("errors", "errors")]
+TABLE_COLUMNS = LEAD_COLUMNS + HEADLINE_COLUMNS
 FLOOR_ROW = "floor (idle node, unbounded cache)"
 
 
@@ -40,6 +47,27 @@ def fmt(key: str, value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if value < 10 else f"{value:.0f}"
     return str(value)
+
+
+def console_tables(title: str, policies: Mapping[str, PolicySummary], floor: FloorSummary | None = None,
+                   extra: Mapping[str, Sequence[str]] | None = None, extra_titles: Sequence[str] = ()) -> list[Table]:
+    """The comparison for a terminal: where latency comes from, then the
+    headline figures (with extra[policy] cells under extra_titles appended)."""
+    tables = []
+    for suffix, columns in (("where latency comes from", LEAD_COLUMNS), ("headline and replication", HEADLINE_COLUMNS)):
+        table = Table(title=f"{title}: {suffix}")
+        table.add_column("policy")
+        titles = [t for _, t in columns] + (list(extra_titles) if columns is HEADLINE_COLUMNS else [])
+        for name in titles:
+            table.add_column(name, justify="right")
+        for name, m in policies.items():
+            more = list((extra or {}).get(name, ())) if columns is HEADLINE_COLUMNS else []
+            table.add_row(name, *(fmt(k, figure_of(m, k)) for k, _ in columns), *more)
+        if floor:
+            blanks = [""] * (len(extra_titles) if columns is HEADLINE_COLUMNS else 0)
+            table.add_row(FLOOR_ROW, *(fmt(k, figure_of(floor, k)) for k, _ in columns), *blanks, style="dim")
+        tables.append(table)
+    return tables
 
 
 def markdown_table(policies: Mapping[str, PolicySummary], floor: FloorSummary | None = None) -> str:

@@ -83,6 +83,21 @@ class PolicySummary:
     burst_queue_ms_mean: float | None
     burst_cache_lost_ratio: float | None
     burst_recompute_ms_mean: float | None
+    # Where latency comes from (None without the floor's reuse figures):
+    # returning requests reuse KV computed before beyond the shared prefix.
+    returning_requests: int | None = None
+    returning_ttft_p50_ms: float | None = None
+    returning_ttft_p99_ms: float | None = None
+    first_seen_ttft_p99_ms: float | None = None
+    # Of the reusable tokens beyond the shared prefix: found on the serving
+    # node's device tier, its host tier, pulled from a peer, recomputed.
+    reuse_recovered_ratio: float | None = None
+    device_hit_ratio: float | None = None
+    host_hit_ratio: float | None = None
+    peer_pull_ratio: float | None = None
+    recompute_ratio: float | None = None
+    # (none - policy) / (none - floor) on the returning p99; set by the comparison.
+    avoidable_closed: float | None = None
     live: LiveRunFigures | None = None
     simulated: SimulatedRunFigures | None = None
 
@@ -103,9 +118,25 @@ class FloorSummary:
     ttft_p90_ms: float | None
     ttft_p99_ms: float | None
     burst_ttft_p99_ms: float | None
+    returning_ttft_p99_ms: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+def with_avoidable_closed(policies: dict[str, PolicySummary],
+                          floor: FloorSummary | None) -> dict[str, PolicySummary]:
+    """Each policy's share of the avoidable returning-request p99 it closes:
+    (none - policy) / (none - floor). None without `none` in the comparison,
+    without the figures, or when none is already at the floor."""
+    base = policies.get("none")
+    top = base.returning_ttft_p99_ms if base else None
+    bottom = floor.returning_ttft_p99_ms if floor else None
+    if top is None or bottom is None or top <= bottom:
+        return policies
+    return {name: s if s.returning_ttft_p99_ms is None else
+            dataclasses.replace(s, avoidable_closed=(top - s.returning_ttft_p99_ms) / (top - bottom))
+            for name, s in policies.items()}
 
 
 def figure_of(row: PolicySummary | FloorSummary | None, key: str) -> object:

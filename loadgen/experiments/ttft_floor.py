@@ -47,6 +47,24 @@ def reusable_blocks(requests: Sequence[TraceRequest]) -> np.ndarray:
     return out
 
 
+def shared_prefix_blocks(requests: Sequence[TraceRequest]) -> int:
+    """Full blocks every request's chain starts with (a system prompt all
+    requests carry): reuse of them says nothing about placement, so the
+    returning/first-seen split and the reuse ratios leave them out."""
+    if not requests:
+        return 0
+    common = list(requests[0].block_hashes[:requests[0].full_blocks])
+    for r in requests[1:]:
+        chain = r.block_hashes[:r.full_blocks]
+        n = 0
+        while n < len(common) and n < len(chain) and common[n] == chain[n]:
+            n += 1
+        del common[n:]
+        if not common:
+            break
+    return len(common)
+
+
 def reusable_tokens(requests: Sequence[TraceRequest], reusable: np.ndarray) -> np.ndarray:
     """Per request: tokens its reusable blocks cover, short of the last prompt token."""
     return np.array([min(int(b) * r.block_tokens, max(r.prompt_tokens - 1, 0)) for b, r in zip(reusable, requests)],
@@ -65,14 +83,25 @@ class SliceFloor:
 
     floor_ms: np.ndarray
     reusable_tokens: np.ndarray
+    shared_tokens: np.ndarray  # of the reusable tokens, those of the prefix every request shares
+
+    @property
+    def returning(self) -> np.ndarray:
+        """Per request: whether it reuses more than the shared prefix (KV the
+        cluster computed before for it, beyond what every request has)."""
+        return self.reusable_tokens > self.shared_tokens
 
     def rows(self, index: np.ndarray) -> "SliceFloor":
         """The floor of the requests at these rows, in that order."""
-        return SliceFloor(self.floor_ms[index], self.reusable_tokens[index])
+        return SliceFloor(self.floor_ms[index], self.reusable_tokens[index], self.shared_tokens[index])
 
     def by_request_key(self) -> dict[str, int]:
         """Reusable tokens keyed as the replay keys its records (metrics.request_key)."""
         return {request_key(i): int(t) for i, t in enumerate(self.reusable_tokens.tolist())}
+
+    def shared_by_request_key(self) -> dict[str, int]:
+        """Shared-prefix tokens, keyed like by_request_key."""
+        return {request_key(i): int(t) for i, t in enumerate(self.shared_tokens.tolist())}
 
 
 def slice_floor(history: Sequence[TraceRequest], replayed: Sequence[TraceRequest],
@@ -81,11 +110,17 @@ def slice_floor(history: Sequence[TraceRequest], replayed: Sequence[TraceRequest
     replayed requests before each."""
     both = [*history, *replayed]
     blocks = reusable_blocks(both)[len(history):]
-    return SliceFloor(floor_ttft_ms(replayed, blocks, profile), reusable_tokens(replayed, blocks))
+    shared = np.minimum(blocks, shared_prefix_blocks(both))
+    return SliceFloor(floor_ttft_ms(replayed, blocks, profile), reusable_tokens(replayed, blocks),
+                      reusable_tokens(replayed, shared))
 
 
-def floor_summary(floor_ms: np.ndarray, arrivals_s: Sequence[float], bursts: frozenset[int]) -> FloorSummary:
-    """The floor's percentiles, under a policy summary's names."""
+def floor_summary(floor_ms: np.ndarray, arrivals_s: Sequence[float], bursts: frozenset[int],
+                  returning: np.ndarray | None = None) -> FloorSummary:
+    """The floor's percentiles, under a policy summary's names; returning
+    (SliceFloor.returning) adds the returning requests' p99."""
     burst = [ms for ms, t in zip(floor_ms.tolist(), arrivals_s) if math.floor(t) in bursts]
+    back = floor_ms[returning].tolist() if returning is not None else []
     return FloorSummary(percentile(floor_ms.tolist(), 50), percentile(floor_ms.tolist(), 90),
-                        percentile(floor_ms.tolist(), 99), percentile(burst, 99))
+                        percentile(floor_ms.tolist(), 99), percentile(burst, 99),
+                        percentile(back, 99) if returning is not None else None)

@@ -7,11 +7,16 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.table import Table
-
 from speckv.loadgen.experiments.e2e_config import E2EConfig
-from speckv.loadgen.experiments.report import FLOOR_ROW, TABLE_COLUMNS, fmt, markdown_table, write_report
-from speckv.loadgen.experiments.results import Comparison, ScaleRow, SimulatedTotals, figure_of
+from speckv.loadgen.experiments.report import console_tables, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.results import (
+    Comparison,
+    PolicySummary,
+    ScaleRow,
+    SimulatedTotals,
+    figure_of,
+    with_avoidable_closed,
+)
 from speckv.loadgen.sim.jobs import SimulationResult
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 
@@ -23,6 +28,8 @@ def assemble(results: list[SimulationResult], args: argparse.Namespace, config: 
     for r in sorted(results, key=lambda r: (r.nodes, args.policy_list.index(r.policy))):
         row = by_nodes.setdefault(str(r.nodes), ScaleRow({}, r.requests_in_slice, r.notes, r.floor))
         row.policies[r.policy] = r.summary
+    for row in by_nodes.values():
+        row.policies.update(with_avoidable_closed(row.policies, row.floor))
     top = max(results, key=lambda r: r.nodes)
     top_row = by_nodes[str(top.nodes)]
     predictor = next((r.predictor for r in results if r.policy in FORECAST_POLICIES),
@@ -78,23 +85,20 @@ def write_reports(comparison: Comparison, results: list[SimulationResult], out: 
 
 def print_tables(comparison: Comparison, console) -> None:
     for n, row in _rows(comparison).items():
-        table = Table(title=f"simulated, {n} nodes (TTFT in real-model ms)")
-        table.add_column("policy")
-        for _, title in TABLE_COLUMNS:
-            table.add_column(title, justify="right")
-        for title in ("wall s", "CPU s", "events/CPU s", "peak MiB"):
-            table.add_column(title, justify="right")
-        for name, m in row.policies.items():
-            cost = m.simulated
-            assert cost is not None  # every simulated summary has its cost
-            table.add_row(name, *(fmt(k, figure_of(m, k)) for k, _ in TABLE_COLUMNS), f"{cost.wall_s:.1f}",
-                          f"{cost.cpu_s:.1f}", f"{cost.events_per_s:.0f}", f"{cost.peak_rss_mb:.0f}")
-        if row.floor:
-            table.add_row(FLOOR_ROW, *(fmt(k, figure_of(row.floor, k)) for k, _ in TABLE_COLUMNS), "", "", "", "",
-                          style="dim")
-        console.print(table)
+        costs = {name: _cost_cells(m) for name, m in row.policies.items()}
+        for table in console_tables(f"simulated, {n} nodes (TTFT in real-model ms)", row.policies, row.floor,
+                                    costs, ("wall s", "CPU s", "events/CPU s", "peak MiB")):
+            console.print(table)
         console.print(markdown_table(row.policies, row.floor), markup=False)
     console.print(scale_table(comparison), markup=False)
+
+
+def _cost_cells(summary: PolicySummary) -> list[str]:
+    cost = summary.simulated
+    if cost is None:
+        return ["", "", "", ""]
+    return [f"{cost.wall_s:.1f}", f"{cost.cpu_s:.1f}", f"{cost.events_per_s:.0f}" if cost.events_per_s else "-",
+            f"{cost.peak_rss_mb:.0f}"]
 
 
 def _rows(comparison: Comparison) -> dict[str, ScaleRow]:

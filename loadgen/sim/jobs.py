@@ -157,13 +157,13 @@ def _run_job(job: Job, progress) -> SimulationResult:
     # only the rotation's wrap point (a conversation split across it) differs.
     floor = slice_floor([], workload.base, config.profile).rows(workload.base_rows(lo, hi))
     summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, config.real_bytes_per_block,
-                        run.orders, floor.by_request_key(), config.profile)
+                        run.orders, floor.by_request_key(), config.profile, floor.shared_by_request_key())
     cost = SimulatedRunFigures(wall_s=run.wall_s, cpu_s=run.cpu_s, simulated_events=run.events,
                                events_per_s=run.events / run.cpu_s if run.cpu_s else None, virtual_s=run.virtual_s,
                                network_bytes=run.network_bytes, peak_rss_mb=round(peak_rss_mb(), 1))
     return SimulationResult(
         nodes=job.nodes, policy=job.policy, summary=replace(summary, simulated=cost), notes=notes,
-        floor=floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts),
+        floor=floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts, floor.returning),
         predictor=run.predictor, code="mypyc" if running_compiled() else "python",
         requests_in_slice=hi - lo, burst_seconds=len(bursts),
         slice=SliceSpec(start, (float(workload.times[hi - 1]) - start) if hi > lo else 0.0, job.speed),

@@ -1,10 +1,13 @@
 """Metrics of a scripted scenario match hand-computed values."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from speckv.loadgen.experiments.metrics import RequestRecord, burst_seconds, summarize
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger
+from speckv.loadgen.experiments.results import FloorSummary, with_avoidable_closed
 
 
 def test_burst_seconds_are_the_top_five_percent_of_all_trace_seconds():
@@ -89,3 +92,42 @@ def test_each_order_landing_records_its_commit_time_and_first_read():
     s = summarize([_record(0, 7.25, 100.0, replica=2)], frozenset(), 2000.0, ledger.totals(), 64, {})
     assert s.replica_landings == 3 and s.replica_landings_read_ratio == pytest.approx(1 / 3)
     assert s.replica_read_lead_s_p50 == pytest.approx(2.25)  # o1: committed 5.0, first read 7.25
+
+
+def test_reused_tokens_beyond_the_shared_prefix_are_split_by_where_they_came_from():
+    records = [
+        # 400 reusable, the first 100 shared: 250 on the node, 100 more pulled, 50 recomputed.
+        RequestRecord("a", 1.0, "f", 1000, 1, cached_tokens=250, fetched_tokens=100, ttft_ms=900.0),
+        # only the shared prefix is reusable: first-seen
+        RequestRecord("b", 2.0, "f", 1000, 1, cached_tokens=100, ttft_ms=300.0),
+        # 400 reusable, 100 shared: 50 cached (short of the shared prefix), 200 pulled, 150 recomputed
+        RequestRecord("c", 3.0, "f", 1000, 1, cached_tokens=50, fetched_tokens=200, ttft_ms=700.0),
+        RequestRecord("d", 4.0, "f", 1000, 1, ttft_ms=100.0),  # nothing reusable: first-seen
+    ]
+    reusable, shared = {"a": 400, "b": 100, "c": 400, "d": 0}, {"a": 100, "b": 100, "c": 100, "d": 0}
+    s = summarize(records, frozenset(), 2000.0, ReplicaLedger().totals(), 64, {}, reusable, None, shared)
+    assert s.returning_requests == 2
+    assert s.returning_ttft_p50_ms == pytest.approx(800.0) and s.returning_ttft_p99_ms == pytest.approx(898.0)
+    assert s.first_seen_ttft_p99_ms == pytest.approx(100.0 + 0.99 * 200.0)
+    # Beyond the shared prefix: 300 + 300 reusable; device 150 + 0, peer 100 + 150, recomputed 50 + 150.
+    assert s.device_hit_ratio == pytest.approx(150 / 600) and s.peer_pull_ratio == pytest.approx(250 / 600)
+    assert s.recompute_ratio == pytest.approx(200 / 600) and s.host_hit_ratio == 0.0
+    assert s.reuse_recovered_ratio == pytest.approx(400 / 600)
+
+
+def test_without_the_floor_figures_the_split_is_not_reported():
+    s = summarize([_record(0, 1.0, 50.0)], frozenset(), 2000.0, ReplicaLedger().totals(), 64, {})
+    assert s.returning_requests is None and s.reuse_recovered_ratio is None and s.avoidable_closed is None
+
+
+def test_avoidable_latency_closed_is_measured_from_none_to_the_floor():
+    base = summarize([_record(0, 1.0, 50.0)], frozenset(), 2000.0, ReplicaLedger().totals(), 64, {})
+    policies = {"none": replace(base, returning_ttft_p99_ms=1000.0),
+                "oracle": replace(base, returning_ttft_p99_ms=700.0),
+                "worse": replace(base, returning_ttft_p99_ms=1100.0)}
+    floor = FloorSummary(None, None, None, None, returning_ttft_p99_ms=400.0)
+    closed = {n: s.avoidable_closed for n, s in with_avoidable_closed(policies, floor).items()}
+    assert closed == pytest.approx({"none": 0.0, "oracle": 0.5, "worse": -1 / 6})
+    assert with_avoidable_closed({"oracle": policies["oracle"]}, floor)["oracle"].avoidable_closed is None
+    at_floor = FloorSummary(None, None, None, None, returning_ttft_p99_ms=1000.0)
+    assert with_avoidable_closed(policies, at_floor)["oracle"].avoidable_closed is None

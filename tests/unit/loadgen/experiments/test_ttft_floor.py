@@ -6,7 +6,13 @@ import pytest
 
 from speckv.loadgen.experiments.metrics import RequestRecord, summarize
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
-from speckv.loadgen.experiments.ttft_floor import floor_summary, floor_ttft_ms, reusable_blocks, slice_floor
+from speckv.loadgen.experiments.ttft_floor import (
+    floor_summary,
+    floor_ttft_ms,
+    reusable_blocks,
+    shared_prefix_blocks,
+    slice_floor,
+)
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.traces.records import TraceRequest
@@ -73,3 +79,29 @@ def test_without_reuse_figures_the_breakdown_says_none():
     s = summarize(records, frozenset({10}), 2000.0, ReplicaLedger().totals(), 64, {})
     assert s.burst_queue_ms_mean == pytest.approx(40.0)
     assert s.burst_cache_lost_ratio is None and s.burst_recompute_ms_mean is None
+
+
+@pytest.mark.parametrize("chains, shared", [
+    ([], 0),
+    ([(1, 2, 3)], 3),
+    ([(1, 2, 3), (1, 2, 4), (1, 5)], 1),
+    ([(1, 2), (7, 2)], 0),
+])
+def test_the_shared_prefix_is_the_blocks_every_request_starts_with(chains, shared):
+    requests = [_req(float(i), 4 * len(c), c) for i, c in enumerate(chains)]
+    assert shared_prefix_blocks(requests) == shared
+
+
+def test_a_request_returns_when_it_reuses_more_than_the_shared_prefix():
+    history = [_req(0.0, 8, (1, 2))]
+    replayed = [_req(1.0, 12, (1, 2, 3)),  # reuses 1, 2: beyond the shared block 1
+                _req(2.0, 8, (1, 9)),  # reuses only the shared block
+                _req(3.0, 12, (1, 9, 5))]  # reuses 1, 9 (request 2 computed 9)
+    sliced = slice_floor(history, replayed, PROFILE)
+    assert sliced.reusable_tokens.tolist() == [8, 4, 8]
+    assert sliced.shared_tokens.tolist() == [4, 4, 4]
+    assert sliced.returning.tolist() == [True, False, True]
+    assert sliced.shared_by_request_key() == {"r0": 4, "r1": 4, "r2": 4}
+    summary = floor_summary(sliced.floor_ms, [1.0, 2.0, 3.0], frozenset(), sliced.returning)
+    assert summary.returning_ttft_p99_ms == pytest.approx(float(np.percentile(sliced.floor_ms[[0, 2]], 99)))
+    assert floor_summary(sliced.floor_ms, [1.0, 2.0, 3.0], frozenset()).returning_ttft_p99_ms is None
