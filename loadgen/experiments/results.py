@@ -42,7 +42,7 @@ class SimulatedRunFigures:
     wall_s: float
     cpu_s: float
     simulated_events: int
-    events_per_s: float | None  # per CPU second; None when no CPU time was measured
+    events_per_s: float | None  # per CPU second; None when the run recorded no CPU time
     virtual_s: float
     network_bytes: int
     peak_rss_mb: float
