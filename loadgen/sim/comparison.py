@@ -24,13 +24,17 @@ from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 def assemble(results: list[SimulationResult], args: argparse.Namespace, config: E2EConfig,
              machine: dict[str, object]) -> Comparison:
     """The comparison at the largest node count, with every count under by_nodes."""
+    ordered = sorted(results, key=lambda r: (r.nodes, args.policy_list.index(r.policy)))
     by_nodes: dict[str, ScaleRow] = {}
-    for r in sorted(results, key=lambda r: (r.nodes, args.policy_list.index(r.policy))):
-        row = by_nodes.setdefault(str(r.nodes), ScaleRow({}, r.requests_in_slice, r.notes, r.floor))
+    for r in ordered:
+        row = by_nodes.setdefault(str(r.nodes), ScaleRow({}, r.requests_in_slice, [], r.floor))
         row.policies[r.policy] = r.summary
+        row.notes.extend(note for note in r.notes if note not in row.notes)  # a policy's own notes too (LightGBM)
     for row in by_nodes.values():
         row.policies.update(with_avoidable_closed(row.policies, row.floor))
-    top = max(results, key=lambda r: r.nodes)
+    # The largest node count's row, taken in policy order: the order the
+    # workers finished in must not choose what the top level says.
+    top = next(r for r in ordered if r.nodes == ordered[-1].nodes)
     top_row = by_nodes[str(top.nodes)]
     predictor = next((r.predictor for r in results if r.policy in FORECAST_POLICIES),
                      "not run (no policy here reads forecasts)")
@@ -47,7 +51,7 @@ def assemble(results: list[SimulationResult], args: argparse.Namespace, config: 
         engine_profile=config.profile.name, link_gbps=config.link.gbps,
         real_bytes_per_block=config.real_bytes_per_block, burst_seconds_in_trace=top.burst_seconds,
         policies=top_row.policies, floor=top_row.floor,
-        notes=[*top.notes, f"Simulated in virtual time (speckv simulate): predictor {predictor}, run only in the "
+        notes=[*top_row.notes, f"Simulated in virtual time (speckv simulate): predictor {predictor}, run only in the "
                f"simulations of the policies that read its forecasts ({', '.join(sorted(FORECAST_POLICIES))}); "
                "bytes are the real model's (no scaling in simulation); transfers share each node's "
                f"{config.link.gbps:g} Gbit/s link (processor sharing), {config.link.overhead_ms:g} ms each."],
