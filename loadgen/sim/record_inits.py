@@ -39,6 +39,8 @@ class InitField:
 def add_record_inits(source: str) -> tuple[str, list[str]]:
     """(source with the explicit inits added, names of the classes that got one)."""
     tree = ast.parse(source)
+    if not _postpones_annotations(tree):
+        return source, []
     lines = source.splitlines(keepends=True)
     insertions: list[tuple[int, str, str]] = []  # (line after which to insert, class name, text)
     for node in tree.body:
@@ -56,6 +58,11 @@ def add_record_inits(source: str) -> tuple[str, list[str]]:
     for after, _, text in sorted(insertions, reverse=True):
         lines.insert(after, text)
     return "".join(lines), [name for _, name, _ in insertions]
+
+
+def _postpones_annotations(tree: ast.Module) -> bool:
+    return any(isinstance(node, ast.ImportFrom) and node.module == "__future__"
+               and any(alias.name == "annotations" for alias in node.names) for node in tree.body)
 
 
 def _dataclass_decorator(node: ast.ClassDef) -> ast.expr | None:

@@ -164,3 +164,8 @@ def test_the_rule_on_each_kind_of_dataclass():
             m.Checked(-1)
         assert m.Own(2).a == 4  # a class's own __init__ stays
         assert repr(made) == "Plain(a=1, b='x', c=2.5, hidden=0)" and dataclasses.replace(made, a=3).a == 3
+
+
+def test_a_module_that_evaluates_its_annotations_is_left_alone():
+    source = CASES.replace("from __future__ import annotations\n", "")
+    assert add_record_inits(source) == (source, [])
