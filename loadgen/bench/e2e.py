@@ -148,6 +148,9 @@ def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: Eng
         f"slice through the scheduler (the predictor observes them) and {warm_kv}, where they were routed.",
         f"Forecast horizons are wall seconds of the services: at speed {slice_.speed:g} a horizon covers "
         f"{slice_.speed:g}x as much trace time.",
+        "Live figures come from one run of each policy on a shared machine: identical runs move a p99 of a few "
+        "hundred requests by tens of percent, so a difference between policies that moved no bytes is noise "
+        "(avoidable closed included). Verdicts come from `speckv simulate` of the same slice.",
     ]
 
 
