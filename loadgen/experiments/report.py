@@ -53,21 +53,24 @@ def console_tables(title: str, policies: Mapping[str, PolicySummary], floor: Flo
                    extra: Mapping[str, Sequence[str]] | None = None, extra_titles: Sequence[str] = ()) -> list[Table]:
     """The comparison for a terminal: where latency comes from, then the
     headline figures (with extra[policy] cells under extra_titles appended)."""
-    tables = []
-    for suffix, columns in (("where latency comes from", LEAD_COLUMNS), ("headline and replication", HEADLINE_COLUMNS)):
-        table = Table(title=f"{title}: {suffix}")
-        table.add_column("policy")
-        titles = [t for _, t in columns] + (list(extra_titles) if columns is HEADLINE_COLUMNS else [])
-        for name in titles:
-            table.add_column(name, justify="right")
-        for name, m in policies.items():
-            more = list((extra or {}).get(name, ())) if columns is HEADLINE_COLUMNS else []
-            table.add_row(name, *(fmt(k, figure_of(m, k)) for k, _ in columns), *more)
-        if floor:
-            blanks = [""] * (len(extra_titles) if columns is HEADLINE_COLUMNS else 0)
-            table.add_row(FLOOR_ROW, *(fmt(k, figure_of(floor, k)) for k, _ in columns), *blanks, style="dim")
-        tables.append(table)
-    return tables
+    return [_policy_table(f"{title}: where latency comes from", LEAD_COLUMNS, policies, floor, {}, ()),
+            _policy_table(f"{title}: headline and replication", HEADLINE_COLUMNS, policies, floor, extra or {},
+                          extra_titles)]
+
+
+def _policy_table(title: str, columns: list[tuple[str, str]], policies: Mapping[str, PolicySummary],
+                  floor: FloorSummary | None, extra: Mapping[str, Sequence[str]],
+                  extra_titles: Sequence[str]) -> Table:
+    table = Table(title=title)
+    table.add_column("policy")
+    for name in [t for _, t in columns] + list(extra_titles):
+        table.add_column(name, justify="right")
+    for name, m in policies.items():
+        table.add_row(name, *(fmt(k, figure_of(m, k)) for k, _ in columns), *extra.get(name, ()))
+    if floor:
+        table.add_row(FLOOR_ROW, *(fmt(k, figure_of(floor, k)) for k, _ in columns), *[""] * len(extra_titles),
+                      style="dim")
+    return table
 
 
 def markdown_table(policies: Mapping[str, PolicySummary], floor: FloorSummary | None = None) -> str:

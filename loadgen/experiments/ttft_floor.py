@@ -97,11 +97,15 @@ class SliceFloor:
 
     def by_request_key(self) -> dict[str, int]:
         """Reusable tokens keyed as the replay keys its records (metrics.request_key)."""
-        return {request_key(i): int(t) for i, t in enumerate(self.reusable_tokens.tolist())}
+        return _keyed(self.reusable_tokens)
 
     def shared_by_request_key(self) -> dict[str, int]:
         """Shared-prefix tokens, keyed like by_request_key."""
-        return {request_key(i): int(t) for i, t in enumerate(self.shared_tokens.tolist())}
+        return _keyed(self.shared_tokens)
+
+
+def _keyed(tokens: np.ndarray) -> dict[str, int]:
+    return {request_key(i): int(t) for i, t in enumerate(tokens.tolist())}
 
 
 def slice_floor(history: Sequence[TraceRequest], replayed: Sequence[TraceRequest],
