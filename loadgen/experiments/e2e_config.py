@@ -49,7 +49,9 @@ class E2EConfig:
     forecast_horizon_s: float
     forecast_poll_s: float
     extra_args: dict[str, list[str]] = field(default_factory=dict)
-    warm_kv_fraction: float = 0.9  # share of the cluster's pages the warm start fills with pre-slice KV
+    warm_kv_fraction: float = 0.9  # share of the cluster's device pages the warm start fills with pre-slice KV
+    host_pages: int = 0  # each node's host tier, blocks (0: none)
+    host_link: LinkModel | None = None  # each node's host<->device link, real bytes (None: no host tier)
     family: str = "prefix"  # how trace requests are keyed into families (loadgen.traces.mooncake.FAMILY_MODES)
 
     @property
@@ -95,6 +97,9 @@ def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
             forecast_poll_s=float(raw["predictor"]["forecast_poll_s"]),
             extra_args={k: [str(a) for a in v] for k, v in cluster.get("extra_args", {}).items()},
             family=str(model.get("family", "prefix")),
+            host_pages=int(cluster.get("host_pages", 0)),
+            host_link=(LinkModel(float(cluster["host_link_gbps"]), float(cluster.get("host_link_overhead_ms", 0.0)))
+                       if "host_link_gbps" in cluster else None),
             warm_kv_fraction=float(slices.get("warm_kv_fraction", 0.9)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidArgument(f"e2e config {source}: bad or missing field ({exc})") from None
@@ -105,6 +110,11 @@ def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
 def _validate(config: E2EConfig, source: Path) -> None:
     if config.nodes <= 0 or config.pool_pages <= 0:
         raise InvalidArgument(f"e2e config {source}: cluster.nodes and cluster.pool_pages must be > 0")
+    if config.host_pages < 0:
+        raise InvalidArgument(f"e2e config {source}: cluster.host_pages must be >= 0 (0: no host tier)")
+    if config.host_pages and (config.host_link is None or config.host_link.gbps <= 0):
+        raise InvalidArgument(f"e2e config {source}: a host tier (cluster.host_pages > 0) needs "
+                              "cluster.host_link_gbps > 0")
     if config.real_geometry.bytes_per_token % config.scaled_geometry.bytes_per_token:
         raise InvalidArgument(f"e2e config {source}: real bytes per token must be a multiple of the kvstore's")
     if config.engine.max_batched_tokens <= 0 or config.engine.max_num_seqs <= 0:

@@ -55,8 +55,11 @@ class RequestRecord:
     prompt_tokens: int
     output_tokens: int
     node_id: str = ""
-    cached_tokens: int = 0  # on the serving node at dispatch
+    cached_tokens: int = 0  # on the serving node at dispatch, in either tier
     fetched_tokens: int = 0  # pulled from fetch_from before prefill
+    promoted_tokens: int = 0  # of cached_tokens, those only its host tier held (promoted before prefill)
+    promote_ms: float = 0.0  # host-to-device copy before prefill (real-model ms)
+    fetch_ms: float = 0.0  # pull from fetch_from before prefill (real-model ms)
     fetch_from: str = ""
     expected_ttft_ms: float = 0.0  # the scheduler's estimate
     route_ms: float = 0.0  # wall time of the Route call
@@ -166,13 +169,16 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
 
     Per request, of its R reusable tokens the first S are the shared prefix;
     the node's cache covers the first c = min(cached, R) tokens and a pull
-    extends that to u = min(cached + fetched, R). Beyond S: device hits are
-    max(0, c - S), peer pulls max(0, u - max(c, S)), the rest is recomputed.
-    No host tier exists yet, so host hits are 0."""
+    extends that to u = min(cached + fetched, R). Beyond S the node's hits are
+    max(0, c - S), of which the host tier's are min(promoted, max(0, c - S))
+    (the shared prefix is in every node's device tier: it is used by every
+    request) and the rest the device tier's; peer pulls are
+    max(0, u - max(c, S)); the rest is recomputed. Promotion and pull times
+    are means over the requests that waited for one."""
     if reusable_tokens is None or shared_tokens is None:
         return {}
     returning, first_seen = [], []
-    beyond = device = peer = 0
+    beyond = device = host = peer = 0
     for r in served:
         total = reusable_tokens.get(r.request_id, 0)
         shared = min(shared_tokens.get(r.request_id, 0), total)
@@ -180,13 +186,20 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
         cached = min(r.cached_tokens, total)
         used = min(r.cached_tokens + r.fetched_tokens, total)
         beyond += total - shared
-        device += max(0, cached - shared)
+        hits = max(0, cached - shared)
+        from_host = min(r.promoted_tokens, hits)
+        host += from_host
+        device += hits - from_host
         peer += max(0, used - max(cached, shared))
+    promotes = [r.promote_ms for r in served if r.promoted_tokens]
+    pulls = [r.fetch_ms for r in served if r.fetched_tokens]
     return {"returning_requests": len(returning), "returning_ttft_p50_ms": percentile(returning, 50),
             "returning_ttft_p99_ms": percentile(returning, 99), "first_seen_ttft_p99_ms": percentile(first_seen, 99),
-            "reuse_recovered_ratio": _ratio(device + peer, beyond), "device_hit_ratio": _ratio(device, beyond),
-            "host_hit_ratio": _ratio(0, beyond), "peer_pull_ratio": _ratio(peer, beyond),
-            "recompute_ratio": _ratio(beyond - device - peer, beyond)}
+            "reuse_recovered_ratio": _ratio(device + host + peer, beyond), "device_hit_ratio": _ratio(device, beyond),
+            "host_hit_ratio": _ratio(host, beyond), "peer_pull_ratio": _ratio(peer, beyond),
+            "recompute_ratio": _ratio(beyond - device - host - peer, beyond),
+            "promotion_ms_mean": float(np.mean(promotes)) if promotes else None,
+            "pull_ms_mean": float(np.mean(pulls)) if pulls else None}
 
 
 def _ratio(part: int, whole: int) -> float | None:

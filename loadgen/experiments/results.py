@@ -96,6 +96,9 @@ class PolicySummary:
     host_hit_ratio: float | None = None
     peer_pull_ratio: float | None = None
     recompute_ratio: float | None = None
+    # Mean ms a request waited for its host-tier hits to be promoted / for its pull.
+    promotion_ms_mean: float | None = None
+    pull_ms_mean: float | None = None
     # (none - policy) / (none - floor) on the returning p99; set by the comparison.
     avoidable_closed: float | None = None
     live: LiveRunFigures | None = None
@@ -205,12 +208,14 @@ class Comparison:
     notes: list[str]
     live: LiveSetup | None = None
     simulated: SimulatedTotals | None = None
+    host_pages: int = 0  # each node's host tier, blocks (0: none)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
             "trace": self.trace, "slice": dataclasses.asdict(self.slice), "ttft_target_ms": self.ttft_target_ms,
             "byte_scale_factor": self.byte_scale_factor, "nodes": self.nodes, "engine_profile": self.engine_profile,
-            "link_gbps": self.link_gbps, "real_bytes_per_block": self.real_bytes_per_block,
+            "link_gbps": self.link_gbps, "host_pages": self.host_pages,
+            "real_bytes_per_block": self.real_bytes_per_block,
             "burst_seconds_in_trace": self.burst_seconds_in_trace,
             "policies": {name: s.to_json() for name, s in self.policies.items()},
             "floor": self.floor.to_json() if self.floor else None,

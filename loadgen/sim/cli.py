@@ -80,6 +80,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "faster, identical results): auto uses them when they match the source, on requires them")
     p.add_argument("--compiled-dir", default=None,
                    help="where the compiled build is (default: build/sim-compiled at the project root)")
+    p.add_argument("--host-pages", type=int, default=None,
+                   help="each node's host tier in blocks (default: the config's cluster.host_pages; 0 turns the "
+                        "host tier off)")
     p.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.add_argument("--report", default=None, help="write the HTML report(s) into this directory")
@@ -97,6 +100,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args.node_list = [int(x) for x in args.nodes.split(",")] if args.nodes else []
     except ValueError:
         raise InvalidArgument(f"--nodes={args.nodes!r}: expected integers, e.g. 8,64,256") from None
+    if args.host_pages is not None and args.host_pages < 0:
+        raise InvalidArgument(f"--host-pages={args.host_pages}: must be >= 0 (0: no host tier)")
     if any(n < 1 for n in args.node_list) or (args.jobs is not None and args.jobs < 1) or args.speed <= 0:
         raise InvalidArgument("--nodes >= 1, --jobs >= 1 and --speed > 0 are required")
     return args
@@ -115,7 +120,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     if args.synthetic:  # a bad name or file fails here, before any worker starts
         get_scenario(args.synthetic, args.seed, config.block_tokens, scenarios)
     jobs = [Job(source, args.seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
-                synthetic=bool(args.synthetic), scenarios_path=scenarios)
+                synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages)
             for n in nodes for p in args.policy_list]
     console = wide_console()
     console.print(code_line, markup=False)

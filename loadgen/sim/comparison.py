@@ -45,6 +45,10 @@ def assemble(results: list[SimulationResult], args: argparse.Namespace, config: 
                              code=",".join(sorted({r.code for r in results})), cpu_s=total_cpu,
                              events_per_s=total_events / total_cpu if total_cpu else None,
                              peak_rss_mb=max(c.peak_rss_mb for c in costs), by_nodes=by_nodes, machine=machine)
+    host_pages = config.host_pages if args.host_pages is None else args.host_pages
+    host = (f"each node has a host tier of {host_pages} blocks ({host_pages * config.real_bytes_per_block / 2**30:.1f} "
+            f"GiB) below its device tier, promoted over a {config.host_link.gbps:g} Gbit/s host link"
+            if host_pages and config.host_link else "no host tier (device tier only)")
     return Comparison(
         trace=Path(args.trace).name if args.trace else f"synthetic:{args.synthetic}", slice=top.slice,
         ttft_target_ms=config.ttft_target_ms, byte_scale_factor=1, nodes=top.nodes,
@@ -54,8 +58,8 @@ def assemble(results: list[SimulationResult], args: argparse.Namespace, config: 
         notes=[*top_row.notes, f"Simulated in virtual time (speckv simulate): predictor {predictor}, run only in the "
                f"simulations of the policies that read its forecasts ({', '.join(sorted(FORECAST_POLICIES))}); "
                "bytes are the real model's (no scaling in simulation); transfers share each node's "
-               f"{config.link.gbps:g} Gbit/s link (processor sharing), {config.link.overhead_ms:g} ms each."],
-        simulated=totals)
+               f"{config.link.gbps:g} Gbit/s link (processor sharing), {config.link.overhead_ms:g} ms each; {host}."],
+        simulated=totals, host_pages=host_pages)
 
 
 def scale_table(comparison: Comparison) -> str:

@@ -66,6 +66,7 @@ class Job:
     trained: TrainedPredictor | None = None  # the lightgbm model, trained once by main; None: run_job trains it
     synthetic: bool = False
     scenarios_path: str | None = None
+    host_pages: int | None = None  # each node's host tier; None: the configuration's
 
     @property
     def serves_lightgbm(self) -> bool:
@@ -140,6 +141,8 @@ def _run_job(job: Job, progress) -> SimulationResult:
     hlo, _ = workload.window(start - config.warmup_s, start)
     history = [workload[i] for i in range(hlo, lo)]
     settings = SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor)
+    if job.host_pages is not None:
+        settings = replace(settings, host_pages=job.host_pages)
     trained = job.trained
     if job.serves_lightgbm:
         trained = trained or train_on_base(workload, start, config.warmup_s)  # run alone: the same model

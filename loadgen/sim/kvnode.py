@@ -1,21 +1,32 @@
-"""One node's KV store in simulation: which blocks it holds, without bytes.
+"""One node's KV store in simulation: which blocks it holds in which tier,
+without bytes.
 
 Residency and eviction follow the live kvstore's policy
-(speckv.services.kvstore.index.BlockIndex), in full:
+(speckv.services.kvstore.index.BlockIndex), in full, in each tier:
   1. speculative replicas whose lease has lapsed (deadline <= now), earliest
      deadline first (ties: the earlier stored);
   2. then the least recently used block.
 A chain's use touches it tail first, so its head is the most recent and is
 evicted last; a replica's first use (a lookup hit or a re-put) clears its
-lease. `pages` is the pool's capacity in blocks: a put that does not fit
-evicts exactly as many victims as it needs.
+lease. `pages` is the device tier's capacity in blocks, `host_pages` the
+host tier's (0: no host tier): a put that does not fit evicts exactly as
+many victims as it needs.
+
+Tiers (write-back, as vLLM's CPU offloading and LMCache do): a block
+evicted from the device tier by LRU is demoted to the host tier as its most
+recent block, not dropped; a lapsed replica is dropped (a wrong guess is
+given back, not kept). The host tier evicts by the same two rules, so a
+demoted chain, whose tail went first, also leaves the host tier tail first.
+A host hit is promoted by putting the prefix into the device tier; the host
+copy stays, so the block is then in both tiers and its next demotion moves
+nothing. A replica goes into the tier its order names.
 
 Why not the live index itself: it keeps a BlockEntry (page, family, parent,
 pins) per block, and the simulator stores and evicts every block of every
 prompt on hundreds of nodes; pages, pins and parents mean nothing here. So
-this keeps only the order (an OrderedDict of hashes, least recent first)
-and the unused replicas' deadlines (a dict plus a lazy heap, rebuilt when
-stale entries outnumber the live leases, as the live index does).
+this keeps only the order (an OrderedDict of hashes per tier, least recent
+first) and the unused replicas' deadlines (a dict plus a lazy heap, rebuilt
+when stale entries outnumber the live leases, as the live index does).
 tests/unit/loadgen/sim/test_kvnode.py replays random puts and lookups on both
 and checks the same blocks are stored and evicted, in the same order.
 
@@ -31,111 +42,239 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+from speckv.services.common.tiers import Tier
+
 
 @dataclass(slots=True)
 class PutOutcome:
-    stored: list[int]  # newly resident, in order
+    """What one put or promotion changed, in the order it happened.
+
+    stored: newly in the put's tier; evicted: left the device tier;
+    demoted: newly in the host tier by demotion; host_evicted: left the host
+    tier; dropped: left the node (neither tier holds it now). With tiers,
+    each list holds only what is still true at the end of the call (a block
+    demoted and then evicted from the host tier in one call is not
+    "demoted"), so the events built from it leave an index in the node's
+    final state. Without a host tier dropped is evicted."""
+
+    stored: list[int]
     evicted: list[int]
+    demoted: list[int]
+    host_evicted: list[int]
+    dropped: list[int]
 
 
-class SimKVNode:
-    def __init__(self, node_id: str, pages: int) -> None:
-        if pages <= 0:
-            raise ValueError(f"pages={pages}: must be > 0")
-        self.node_id = node_id
+class _TierLRU:
+    """One tier's residency: the LRU order and the unused replicas' leases."""
+
+    __slots__ = ("lease", "leases", "lru", "pages", "tiebreak")
+
+    def __init__(self, pages: int) -> None:
         self.pages = pages
-        self._lru: OrderedDict[int, None] = OrderedDict()  # resident blocks, least recently used first
-        self._lease: dict[int, float] = {}  # unused replica -> lease deadline
-        self._leases: list[tuple[float, int, int]] = []  # (deadline, tiebreak, hash); stale entries skipped
-        self._tiebreak = 0
+        self.lru: OrderedDict[int, None] = OrderedDict()  # resident blocks, least recently used first
+        self.lease: dict[int, float] = {}  # unused replica -> lease deadline
+        self.leases: list[tuple[float, int, int]] = []  # (deadline, tiebreak, hash); stale entries skipped
+        self.tiebreak = 0
 
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._lru
-
-    @property
-    def free_pages(self) -> int:
-        """What a replica could get: free plus evictable (nothing is pinned here)."""
-        return self.pages
-
-    def lookup(self, hashes: Sequence[int]) -> int:
-        """Blocks of the longest resident prefix; touches them (a use)."""
-        n = self._longest_prefix(hashes)
-        self._touch_chain(hashes[:n])
-        return n
-
-    def holds_all(self, hashes: Sequence[int]) -> bool:
-        return self._longest_prefix(hashes) == len(hashes)
-
-    def put(self, hashes: Sequence[int], now: float, lease_deadline: float | None = None) -> PutOutcome:
-        """Stores a chain (head first); new blocks evict as needed, and the
-        whole chain counts as a use with its head most recent. lease_deadline
-        marks new blocks as speculative replicas: then, as the live store
-        publishes a replica, they go in tail first and resident ones are
-        left as they are."""
-        out = PutOutcome([], [])
-        stored, evicted = out.stored, out.evicted
-        lru = self._lru
-        order = list(hashes)
-        if lease_deadline is not None:
-            order.reverse()
-        else:  # resident blocks of the chain are a use now: no insert below may evict them (the live store protects them)
-            self._touch_chain([h for h in hashes if h in lru])
-        # This loop runs for every block of every prompt in the simulation.
-        for h in order:
-            if h in lru:
-                continue
-            if len(lru) >= self.pages:
-                evicted.append(self._pop_victim(now))
-            lru[h] = None
-            if lease_deadline is not None:
-                self._lease[h] = lease_deadline
-                self._push_lease(lease_deadline, h)
-            stored.append(h)
-        if lease_deadline is not None:
-            stored.reverse()
-        else:  # a chain longer than the pool evicts its own head: touch what is left
-            self._touch_chain([h for h in hashes if h in lru])
-        return out
-
-    def _longest_prefix(self, hashes: Sequence[int]) -> int:
-        lru, count = self._lru, 0
-        for h in hashes:
-            if h not in lru:
-                break
-            count += 1
-        return count
-
-    def _touch_chain(self, hashes: Sequence[int]) -> None:
+    def touch_chain(self, hashes: Sequence[int]) -> None:
         """A use of a chain (given head first, all resident): tail first, so
         the head ends most recent; a use makes a replica an ordinary block."""
-        lru, lease = self._lru, self._lease
+        lru, lease = self.lru, self.lease
         for h in reversed(hashes):
             if lease:
                 lease.pop(h, None)  # its heap entry is now stale
             lru.move_to_end(h)
 
-    def _pop_victim(self, now: float) -> int:
-        """Removes and returns the next block to evict (the pool is full, so one exists)."""
-        leases, lease = self._leases, self._lease
+    def pop_victim(self, now: float) -> tuple[int, bool]:
+        """Removes the next block to evict (the tier is full, so one exists):
+        (its hash, whether it went as a lapsed replica)."""
+        leases, lease = self.leases, self.lease
         while leases and leases[0][0] <= now:
             deadline, _, h = heapq.heappop(leases)
             if lease.get(h) == deadline:
                 del lease[h]
-                del self._lru[h]
-                return h
-        h, _ = self._lru.popitem(last=False)
+                del self.lru[h]
+                return h, True
+        h, _ = self.lru.popitem(last=False)
         lease.pop(h, None)
-        return h
+        return h, False
 
-    def _push_lease(self, deadline: float, h: int) -> None:
-        self._tiebreak += 1
-        heapq.heappush(self._leases, (deadline, self._tiebreak, h))
-        if len(self._leases) > 2 * len(self._lease) + 64:
-            self._leases = []
-            for block, d in self._lease.items():  # in the order their leases were set, as the live index rebuilds
-                self._tiebreak += 1
-                self._leases.append((d, self._tiebreak, block))
-            heapq.heapify(self._leases)
+    def push_lease(self, deadline: float, h: int) -> None:
+        self.lease[h] = deadline
+        self.tiebreak += 1
+        heapq.heappush(self.leases, (deadline, self.tiebreak, h))
+        if len(self.leases) > 2 * len(self.lease) + 64:
+            self.leases = []
+            for block, d in self.lease.items():  # in the order their leases were set, as the live index rebuilds
+                self.tiebreak += 1
+                self.leases.append((d, self.tiebreak, block))
+            heapq.heapify(self.leases)
+
+
+class SimKVNode:
+    def __init__(self, node_id: str, pages: int, host_pages: int = 0) -> None:
+        if pages <= 0:
+            raise ValueError(f"pages={pages}: must be > 0")
+        if host_pages < 0:
+            raise ValueError(f"host_pages={host_pages}: must be >= 0 (0: no host tier)")
+        self.node_id = node_id
+        self.pages = pages
+        self.host_pages = host_pages
+        self._device = _TierLRU(pages)
+        self._host: _TierLRU | None = _TierLRU(host_pages) if host_pages else None
+
+    def __len__(self) -> int:
+        """Blocks on the node, in either tier."""
+        host = self._host
+        if host is None:
+            return len(self._device.lru)
+        return len(self._device.lru) + sum(1 for h in host.lru if h not in self._device.lru)
+
+    def __contains__(self, block_hash: int) -> bool:
+        host = self._host
+        return block_hash in self._device.lru or (host is not None and block_hash in host.lru)
+
+    def tier_count(self, tier: Tier) -> int:
+        """Blocks the tier holds."""
+        if tier is Tier.DEVICE:
+            return len(self._device.lru)
+        return 0 if self._host is None else len(self._host.lru)
+
+    def in_tier(self, block_hash: int, tier: Tier) -> bool:
+        if tier is Tier.DEVICE:
+            return block_hash in self._device.lru
+        return self._host is not None and block_hash in self._host.lru
+
+    @property
+    def free_pages(self) -> int:
+        """What a replica could get in the device tier: free plus evictable (nothing is pinned here)."""
+        return self.pages
+
+    def lookup(self, hashes: Sequence[int]) -> int:
+        """Blocks of the longest prefix held in either tier; touches them (a use)."""
+        n = self._longest_prefix(hashes)
+        host = self._host
+        if host is None:
+            self._device.touch_chain(hashes[:n])
+            return n
+        dev = self._device.lru
+        self._device.touch_chain([h for h in hashes[:n] if h in dev])
+        host.touch_chain([h for h in hashes[:n] if h in host.lru])
+        return n
+
+    def host_only(self, hashes: Sequence[int], length: int) -> int:
+        """How many of the first length hashes only the host tier holds."""
+        if self._host is None:
+            return 0
+        dev = self._device.lru
+        return sum(1 for h in hashes[:length] if h not in dev)
+
+    def holds_all(self, hashes: Sequence[int]) -> bool:
+        return self._longest_prefix(hashes) == len(hashes)
+
+    def put(self, hashes: Sequence[int], now: float, lease_deadline: float | None = None,
+            tier: Tier = Tier.DEVICE) -> PutOutcome:
+        """Stores a chain (head first) in tier; new blocks evict as needed,
+        and the whole chain counts as a use with its head most recent.
+        lease_deadline marks new blocks as speculative replicas: then, as the
+        live store publishes a replica, they go in tail first and resident
+        ones are left as they are. A device put of host-only blocks is their
+        promotion. A host put skips blocks the node holds in either tier."""
+        if tier is Tier.HOST:
+            return self._put_host(hashes, now, lease_deadline)
+        out = PutOutcome([], [], [], [], [])
+        stored, evicted = out.stored, out.evicted
+        device = self._device
+        lru = device.lru
+        host = self._host
+        order = list(hashes)
+        if lease_deadline is not None:
+            order.reverse()
+        else:  # resident blocks of the chain are a use now: no insert below may evict them (the live store protects them)
+            device.touch_chain([h for h in hashes if h in lru])
+        # This loop runs for every block of every prompt in the simulation.
+        for h in order:
+            if h in lru:
+                continue
+            if len(lru) >= device.pages:
+                victim, lapsed = device.pop_victim(now)
+                evicted.append(victim)
+                if host is not None and not lapsed:
+                    self._demote(victim, now, out)
+            lru[h] = None
+            if lease_deadline is not None:
+                device.push_lease(lease_deadline, h)
+            stored.append(h)
+        if lease_deadline is not None:
+            stored.reverse()
+        else:  # a chain longer than the pool evicts its own head: touch what is left
+            device.touch_chain([h for h in hashes if h in lru])
+        if host is None:
+            out.dropped = evicted
+        else:
+            self._settle(out)
+        return out
+
+    def _put_host(self, hashes: Sequence[int], now: float, lease_deadline: float | None) -> PutOutcome:
+        host = self._host
+        if host is None:
+            raise ValueError(f"node {self.node_id} has no host tier")
+        out = PutOutcome([], [], [], [], [])
+        dev, lru = self._device.lru, host.lru
+        if lease_deadline is None:
+            host.touch_chain([h for h in hashes if h in lru])
+        for h in reversed(hashes) if lease_deadline is not None else hashes:
+            if h in lru or h in dev:
+                continue
+            if len(lru) >= host.pages:
+                out.host_evicted.append(host.pop_victim(now)[0])
+            lru[h] = None
+            if lease_deadline is not None:
+                host.push_lease(lease_deadline, h)
+            out.stored.append(h)
+        if lease_deadline is not None:
+            out.stored.reverse()
+        self._settle(out)
+        return out
+
+    def _demote(self, victim: int, now: float, out: PutOutcome) -> None:
+        """victim left the device tier by LRU: it becomes the host tier's most recent block."""
+        host = self._host
+        assert host is not None
+        lru = host.lru
+        if victim in lru:
+            host.lease.pop(victim, None)
+            lru.move_to_end(victim)
+            return
+        if len(lru) >= host.pages:
+            out.host_evicted.append(host.pop_victim(now)[0])
+        lru[victim] = None
+        out.demoted.append(victim)
+
+    def _settle(self, out: PutOutcome) -> None:
+        """Keeps in each list only what holds at the end of the call (PutOutcome)."""
+        host = self._host
+        assert host is not None
+        dev, hlru = self._device.lru, host.lru
+        out.demoted = [h for h in dict.fromkeys(out.demoted) if h in hlru]
+        out.evicted = [h for h in dict.fromkeys(out.evicted) if h not in dev]
+        out.host_evicted = [h for h in dict.fromkeys(out.host_evicted) if h not in hlru]
+        left_device = set(out.evicted)
+        out.dropped = ([h for h in out.evicted if h not in hlru]
+                       + [h for h in out.host_evicted if h not in dev and h not in left_device])
+
+    def _longest_prefix(self, hashes: Sequence[int]) -> int:
+        dev, count = self._device.lru, 0
+        host = self._host
+        if host is None:
+            for h in hashes:
+                if h not in dev:
+                    break
+                count += 1
+            return count
+        hlru = host.lru
+        for h in hashes:
+            if h not in dev and h not in hlru:
+                break
+            count += 1
+        return count

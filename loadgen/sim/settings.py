@@ -27,6 +27,7 @@ class SimSettings:
     drain_s: float = 600.0  # virtual time allowed after the last arrival for the engines to finish
     node_timeout_s: float = 6.0  # as the live e2e scheduler is started
     liveness_s: float = 1.0  # an idle, unchanged node still heartbeats this often
+    host_pages: int = 0  # each node's host tier, blocks (0: none)
 
     @staticmethod
     def from_e2e(config: E2EConfig, nodes: int | None = None, speed: float = 1.0,
@@ -35,7 +36,7 @@ class SimSettings:
                            heartbeat_s=config.heartbeat_interval_s * speed, tick_s=config.scheduler_tick_s * speed,
                            forecast_poll_s=config.forecast_poll_s * speed,
                            forecast_horizon_s=config.forecast_horizon_s * speed, warmup_s=config.warmup_s,
-                           predictor=predictor)
+                           predictor=predictor, host_pages=config.host_pages)
 
     def with_nodes(self, nodes: int) -> "SimSettings":
         return replace(self, nodes=nodes)

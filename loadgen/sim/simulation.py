@@ -15,18 +15,22 @@ order execution.
 
 Request path (as loadgen/experiments/reference_router.py does live): at its arrival time a request
 is routed (Route confirms the prefix with the chosen node's simulated
-kvstore); replica blocks in its cached prefix are counted; a pull named by
-the route moves fetched_tokens x real bytes per token over the network from
-the holder, and the job is submitted to the node's engine when the bytes are
-in (its TTFT counts from the arrival, pull included). At the first token the
-prompt's new full blocks are stored on the node (STORED / REMOVED events to
-the scheduler's index and the replica ledger); at the end the record is
-complete.
+kvstore); replica blocks in its cached prefix are counted; the prefix blocks
+only the node's host tier holds are promoted (put into its device tier at
+once, their bytes over the node's host link, network.py with the host link
+model); a pull named by the route moves fetched_tokens x real bytes per
+token over the network from the holder at the same time; the job is
+submitted to the node's engine when both are in (its TTFT counts from the
+arrival, promotion and pull included). At the first token the prompt's new
+full blocks are stored on the node (STORED / REMOVED events per tier to the
+scheduler's index, and the blocks that left the node to the replica ledger);
+at the end the record is complete. Demotions cost no time: they run on the
+host link's other direction, off the request path.
 
 Orders: every scheduler tick, the orders the policy issued start at once:
 IN_FLIGHT, the blocks' real bytes flow source -> target over both links,
-then the target stores them as leased replicas (COMMITTED event) and the
-order is reported COMMITTED. Orders whose source no longer holds the chain
+then the target stores them as leased replicas in the order's tier
+(COMMITTED event) and the order is reported COMMITTED. Orders whose source no longer holds the chain
 fail (the lifecycle retries them elsewhere). Unlike the live agent (two
 orders at a time per node), every order flows at once and shares the links.
 
@@ -48,12 +52,13 @@ from speckv.loadgen.experiments.metrics import RequestRecord, request_key
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.experiments.warm_start import resident_tail
 from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
-from speckv.loadgen.sim.kvnode import SimKVNode
+from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
 from speckv.loadgen.sim.network import Network, Transfer
 from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
+from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
@@ -84,10 +89,6 @@ class SimRun:
     cpu_s: float = 0.0  # this process's CPU time for the run: wall_s with other processes' share taken out
 
 
-def _drop_transfer(then: Callable[[RequestRecord], None], record: RequestRecord, _transfer: Transfer) -> None:
-    then(record)
-
-
 class _Confirmer:
     """PrefixConfirmer over the simulated kvstores (Lookup touches, as live)."""
 
@@ -103,6 +104,11 @@ class _Confirmer:
 class _Flight:
     record: RequestRecord
     request: TraceRequest
+    waiting: int = 0  # copies (promotion, pull) still running before the job can start
+
+
+def _copy_done(then: Callable[[_Flight, str], None], flight: _Flight, what: str, _transfer: Transfer) -> None:
+    then(flight, what)
 
 
 class Simulation:
@@ -124,21 +130,27 @@ class Simulation:
             predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
             self._forecasts, arrivals = CoreForecasts(predictor), CoreArrivals(predictor)
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
-        self.kv = {n: SimKVNode(n, settings.pool_pages) for n in self.ids}
+        self.kv = {n: SimKVNode(n, settings.pool_pages, settings.host_pages) for n in self.ids}
         addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
+        host_link = config.host_link if settings.host_pages else None
+        if settings.host_pages and host_link is None:
+            raise ValueError("a host tier (host_pages > 0) needs the configuration's host link")
         self.core = SchedulerCore(
             SchedulerSettings(node_timeout_s=settings.node_timeout_s, policy=policy, link_gbps=config.link.gbps,
-                         link_overhead_ms=config.link.overhead_ms),
+                              link_overhead_ms=config.link.overhead_ms,
+                              host_link_gbps=host_link.gbps if host_link else 0.0,
+                              host_link_overhead_ms=host_link.overhead_ms if host_link else 0.0),
             self.queue.clock, config.profile, confirmer=_Confirmer({addresses[n]: self.kv[n] for n in self.ids}),
             arrivals=arrivals, forecasts=self._forecasts,
             future=future if future is not None else TraceFutureArrivals(list(requests)))
         self._gen = {}
         for n in self.ids:
-            self.core.register_node(n, addresses[n], settings.pool_pages, config.real_geometry)
+            self.core.register_node(n, addresses[n], settings.pool_pages, config.real_geometry, settings.host_pages)
             self._gen[n] = self.core.generation(n)
         self.engines = {n: FastEngine(n, config.profile, config.engine, config.link,
                                       config.real_geometry.bytes_per_token) for n in self.ids}
         self.network = Network(self.queue, config.link)
+        self.host_links = Network(self.queue, host_link) if host_link is not None else None
         self.ledger = ReplicaLedger()
         self.records: list[RequestRecord] = []
         self.forecast_log: list[tuple[float, str, float]] = []
@@ -157,8 +169,11 @@ class Simulation:
         arrival time (so the predictor observes it through the scheduler, as
         live), and the newest requests' new full blocks, up to
         warm_kv_fraction of the cluster's pages, are stored where they were
-        routed."""
-        max_blocks = int(self.config.warm_kv_fraction * self.settings.nodes * self.settings.pool_pages)
+        routed (device tiers first; with host tiers, older blocks are demoted
+        into them as the cluster would have demoted them, and the fraction is
+        of both tiers' pages)."""
+        pages = self.settings.pool_pages + self.settings.host_pages
+        max_blocks = int(self.config.warm_kv_fraction * self.settings.nodes * pages)
         first_stored = resident_tail(history, max_blocks)
         now = self.queue.now()
         for i, r in enumerate(history):
@@ -168,9 +183,7 @@ class Simulation:
             if i < first_stored or cached >= len(hashes):
                 continue
             node = NodeId(route.node_id)
-            out = self.kv[node].put(hashes[cached:], now)
-            self._emit(node, HolderEventKind.STORED, out.stored, hashes[0], r.family)
-            self._evicted(node, out.evicted, now)
+            self._apply(node, self.kv[node].put(hashes[cached:], now), hashes[0], r.family, now)
 
     # --- running ------------------------------------------------------------------
     def run(self) -> SimRun:
@@ -221,11 +234,40 @@ class Simulation:
         fetched = min(route.fetch_blocks * block, request.prompt_tokens - 1 - cached) if route.fetch_from else 0
         record.node_id, record.cached_tokens, record.fetched_tokens = node, cached, fetched
         record.fetch_from = route.fetch_from or ""
-        self._inflight[record.request_id] = _Flight(record, request)
+        flight = self._inflight[record.request_id] = _Flight(record, request)
+        promoted = self._promote(node, hashes[:route.cached_blocks], request, flight)
+        record.promoted_tokens = min(promoted * block, cached)
         if fetched:
+            flight.waiting += 1
             nbytes = fetched * self.config.real_geometry.bytes_per_token
-            self.network.start(record.fetch_from, node, nbytes, partial(_drop_transfer, self._submit, record))
+            self.network.start(record.fetch_from, node, nbytes, partial(_copy_done, self._copied, flight, "pull"))
+        if not flight.waiting:
+            self._submit(record)
+
+    def _promote(self, node: NodeId, prefix: list[int], request: TraceRequest, flight: _Flight) -> int:
+        """Puts the prefix blocks only node's host tier holds into its device
+        tier now and starts their copy over its host link; returns how many."""
+        kv = self.kv[node]
+        promoted = kv.host_only(prefix, len(prefix))
+        if not promoted or self.host_links is None:
+            return 0
+        now = self.queue.now()
+        self._apply(node, kv.put(prefix, now), prefix[0], request.family, now)
+        flight.waiting += 1
+        nbytes = promoted * self.config.real_bytes_per_block
+        self.host_links.start(f"{node}/host", node, nbytes, partial(_copy_done, self._copied, flight, "promote"))
+        return promoted
+
+    def _copied(self, flight: _Flight, what: str) -> None:
+        """A promotion or a pull of flight is in; the last one submits its job."""
+        record = flight.record
+        waited_ms = (self.queue.now() - record.arrival_s) * 1e3
+        if what == "promote":
+            record.promote_ms = waited_ms
         else:
+            record.fetch_ms = waited_ms
+        flight.waiting -= 1
+        if not flight.waiting:
             self._submit(record)
 
     def _submit(self, record: RequestRecord) -> None:
@@ -271,9 +313,7 @@ class Simulation:
         if first_new >= len(hashes):
             return
         now = self.queue.now()
-        out = self.kv[node].put(hashes[first_new:], now)
-        self._emit(node, HolderEventKind.STORED, out.stored, hashes[0], request.family)
-        self._evicted(node, out.evicted, now)
+        self._apply(node, self.kv[node].put(hashes[first_new:], now), hashes[0], request.family, now)
 
     def _finish(self, flight: _Flight, event: EngineEvent) -> None:
         record, request, job = flight.record, flight.request, event.job
@@ -293,16 +333,29 @@ class Simulation:
         self._on_progress(len(self._requests), self._done, record)
 
     # --- KV events --------------------------------------------------------------------
-    def _emit(self, node: NodeId, kind: HolderEventKind, hashes: list[int], root: int, family: str) -> None:
+    def _apply(self, node: NodeId, out: PutOutcome, root: int, family: str, now: float,
+               kind: HolderEventKind = HolderEventKind.STORED, tier: Tier = Tier.DEVICE) -> None:
+        """The events a put's outcome makes, in the order that leaves the
+        index in the node's final state (kvnode.PutOutcome): stored, demoted,
+        evicted from the device tier, evicted from the host tier; the blocks
+        that left the node go to the replica ledger."""
+        self._emit(node, kind, out.stored, root, family, tier)
+        self._emit(node, HolderEventKind.STORED, out.demoted, root, family, Tier.HOST)
+        self._removed(node, out.evicted, Tier.DEVICE)
+        self._removed(node, out.host_evicted, Tier.HOST)
+        if out.dropped:
+            self.ledger.apply(node, KVEventKind.REMOVED, out.dropped, now)
+
+    def _emit(self, node: NodeId, kind: HolderEventKind, hashes: list[int], root: int, family: str,
+              tier: Tier = Tier.DEVICE) -> None:
         if not hashes:
             return
-        event = IndexEvent(kind, hashes, has_parent=hashes[0] != root, family=family)
+        event = IndexEvent(kind, hashes, has_parent=hashes[0] != root, family=family, tier=tier)
         self.core.apply_kv_event(node, self._gen[node], event)
 
-    def _evicted(self, node: NodeId, hashes: list[int], now: float) -> None:
+    def _removed(self, node: NodeId, hashes: list[int], tier: Tier) -> None:
         if hashes:
-            self.core.apply_kv_event(node, self._gen[node], IndexEvent(HolderEventKind.REMOVED, hashes))
-            self.ledger.apply(node, KVEventKind.REMOVED, hashes, now)
+            self.core.apply_kv_event(node, self._gen[node], IndexEvent(HolderEventKind.REMOVED, hashes, tier=tier))
 
     # --- scheduler: ticks, orders, heartbeats -------------------------------------------
     def _tick(self) -> None:
@@ -322,10 +375,10 @@ class Simulation:
     def _commit(self, order: Order, transfer: Transfer) -> None:
         spec, now = order.spec, self.queue.now()
         target = NodeId(spec.target)
-        out = self.kv[target].put(spec.block_hashes, now, lease_deadline=now + spec.lease_ms / 1e3)
+        tier = spec.tier or Tier.DEVICE
+        out = self.kv[target].put(spec.block_hashes, now, lease_deadline=now + spec.lease_ms / 1e3, tier=tier)
         self.ledger.apply(target, KVEventKind.COMMITTED, out.stored, now, order.order_id, spec.family)
-        self._emit(target, HolderEventKind.COMMITTED, out.stored, spec.block_hashes[0], spec.family)
-        self._evicted(target, out.evicted, now)
+        self._apply(target, out, spec.block_hashes[0], spec.family, now, HolderEventKind.COMMITTED, tier)
         self._report(order, OrderState.COMMITTED, "committed", transfer.nbytes, len(spec.block_hashes))
 
     def _report(self, order: Order, state: OrderState, message: str = "", nbytes: int = 0, blocks: int = 0) -> None:

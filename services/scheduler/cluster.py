@@ -110,6 +110,7 @@ class Node:
     pending_ms: float = 0.0  # prefill ms of the work routed here since the last queue report
     routes_total: int = 0
     bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
+    host_pages: int = 0  # its host tier's capacity in blocks (0: no host tier)
 
     def __post_init__(self) -> None:
         self.bytes_per_block = self.geometry.bytes_per_block
@@ -139,21 +140,24 @@ class Cluster:
         return self._timeout_s
 
     def register(self, node_id: NodeId, address: str, capacity_pages: int,
-                 geometry: KVGeometry, now: float) -> tuple[Node, bool]:
-        """Adds or replaces a node; returns it and whether it was known."""
+                 geometry: KVGeometry, now: float, host_pages: int = 0) -> tuple[Node, bool]:
+        """Adds or replaces a node; returns it and whether it was known.
+        capacity_pages is its device tier, host_pages its host tier (0: none)."""
         if not node_id:
             raise InvalidArgument("node_id is empty")
         if not address or ":" not in address:
             raise InvalidArgument(f"address={address!r}: expected host:port")
         if capacity_pages <= 0:
             raise InvalidArgument(f"capacity_pages={capacity_pages}: must be > 0")
+        if host_pages < 0:
+            raise InvalidArgument(f"host_pages={host_pages}: must be >= 0 (0: no host tier)")
         self._check_block_size(node_id, geometry.block_size)
         self._generations += 1
         previous = self._nodes.get(node_id)
         node = Node(node_id, address, capacity_pages, geometry, registered_at=now,
                     last_heartbeat=now, generation=self._generations,
                     load=NodeLoad(free_pages=capacity_pages),
-                    routes_total=previous.routes_total if previous else 0)
+                    routes_total=previous.routes_total if previous else 0, host_pages=host_pages)
         self._nodes[node_id] = node
         self._board.upsert(node_id, 0.0, now)
         return node, previous is not None

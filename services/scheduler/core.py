@@ -30,6 +30,7 @@ from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId, default_family
+from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad
 from speckv.services.scheduler.families import FamilyCatalog
@@ -76,6 +77,8 @@ class SchedulerSettings:
     policy: str = "none"
     link_gbps: float = 25.0
     link_overhead_ms: float = 1.0
+    host_link_gbps: float = 0.0  # each node's host<->device link (PCIe), Gbit/s; 0: no host tiers to price
+    host_link_overhead_ms: float = 0.0
     router_seed: int = 0
     tie_ms: float = 1.0
     watch_queue: int = 1024
@@ -104,7 +107,9 @@ class SchedulerCore:
         self._lifecycle = OrderLifecycle(self._orders, LeasedReplicas(), self._index, self._submit_locked,
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
-        self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms)
+        host_link = (LinkModel(settings.host_link_gbps, settings.host_link_overhead_ms)
+                     if settings.host_link_gbps > 0 else None)
+        self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link)
         self._backlog = LinkBacklog(link)
         self._selector = CandidateSelector(self._cluster, self._index, self._backlog,
                                            self._pcfg.router.spread_candidates)
@@ -113,13 +118,14 @@ class SchedulerCore:
 
     # --- nodes -----------------------------------------------------------
     def register_node(self, node_id: str, address: str, capacity_pages: int,
-                      geometry: KVGeometry | None) -> tuple[bool, int]:
-        """Returns (re_registered, heartbeat_interval_ms)."""
+                      geometry: KVGeometry | None, host_pages: int = 0) -> tuple[bool, int]:
+        """capacity_pages: the device tier; host_pages: the host tier (0: none).
+        Returns (re_registered, heartbeat_interval_ms)."""
         with self._lock:
             old = self._cluster.find(NodeId(node_id))
             old_address = old.address if old else None
             node, again = self._cluster.register(NodeId(node_id), address, capacity_pages,
-                                                 geometry or self._profile.geometry, self._clock.now())
+                                                 geometry or self._profile.geometry, self._clock.now(), host_pages)
             self._index.drop_node(node.node_id)
             self._lifecycle.ledger.drop_node(node.node_id)
             self._backlog.forget(node.node_id)
@@ -225,10 +231,15 @@ class SchedulerCore:
         if confirmed is not None and confirmed != decision.cached_blocks:
             chosen = next(c for c in picked.candidates if c.node_id == decision.node_id)
             others = [c for c in picked.candidates if c.node_id != decision.node_id]
-            decision = self._router.estimate(query, replace(chosen, cached_blocks=confirmed), best_holder(others))
+            # The kvstore confirms the prefix over both tiers, not which tier:
+            # the index's host-only count stands, capped by the prefix.
+            decision = self._router.estimate(
+                query, replace(chosen, cached_blocks=confirmed, host_blocks=min(chosen.host_blocks, confirmed)),
+                best_holder(others))
         result = RouteResult(decision.node_id, picked.address, decision.cached_blocks, decision.expected_ttft_ms,
                              decision.queue_ms, decision.prefill_ms, decision.fetch_ms, decision.fetch_from,
-                             decision.fetch_blocks, query.family, confirmed is not None)
+                             decision.fetch_blocks, query.family, confirmed is not None, decision.promote_ms,
+                             decision.promote_blocks)
         if self._arrivals is not None:
             cached_tokens = min(result.cached_blocks * picked.block_size, query.prompt_tokens)
             self._arrivals.offer(ArrivalRecord(arrival_s, query.family, result.node_id,
@@ -293,10 +304,13 @@ class SchedulerCore:
         for node in (source, target):
             if not self._cluster.is_alive(node, now):
                 raise FailedPrecondition(f"node {node.node_id!r} is down; it takes no orders")
+        if spec.tier is Tier.HOST and not target.host_pages:
+            raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
         spec = replace(spec, block_hashes=list(spec.block_hashes),
                        target_address=spec.target_address or target.address,
                        family=spec.family or default_family(spec.block_hashes),
-                       policy=spec.policy or "manual")
+                       policy=spec.policy or "manual",
+                       tier=spec.tier or (Tier.HOST if target.host_pages else Tier.DEVICE))
         order = self._orders.submit(spec, now)
         self._lifecycle.issued(order)
         # Booked when issued; a cancelled order's booking lapses on its own.

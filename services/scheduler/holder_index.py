@@ -11,8 +11,17 @@ whose blocks start a chain (has_parent false) and from routed requests; a
 family is forgotten once no node holds its root, so the map is bounded by the
 resident blocks.
 
-Event semantics (vLLM KV events): STORED and COMMITTED add blocks, REMOVED
-drops them, SNAPSHOT replaces the node's whole inventory. Not thread-safe:
+Tiers: a node may keep a block in its device tier, its host tier or both
+(services/common/tiers.py). The two maps above are the union: a node holds a
+block while either tier does, which is what prefix matching needs. Beside
+them, per node with a host tier, `host` is what that tier holds and
+`host_only` what only it holds: the blocks a route there must promote
+before prefill. A node that never reported a host event has neither set, so
+a cluster without host tiers pays nothing for them.
+
+Event semantics (vLLM KV events): STORED and COMMITTED add blocks to the
+event's tier, REMOVED drops them from it, SNAPSHOT replaces the node's whole
+inventory with the event's blocks in its tier. Not thread-safe:
 SchedulerCore serialises access.
 """
 from __future__ import annotations
@@ -22,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
 from speckv.services.common.ids import BlockHash, Family, NodeId, default_family
+from speckv.services.common.tiers import Tier
 
 
 class HolderEventKind(enum.Enum):
@@ -40,6 +50,7 @@ class IndexEvent:
     has_parent: bool = False
     family: str = ""
     sequence: int = 0
+    tier: Tier = Tier.DEVICE
 
 
 @dataclass(slots=True)
@@ -48,28 +59,41 @@ class HolderIndex:
     _inventory: dict[NodeId, set[int]] = field(default_factory=dict)
     _family_root: dict[Family, int] = field(default_factory=dict)
     _root_families: dict[int, set[Family]] = field(default_factory=dict)
+    _host: dict[NodeId, set[int]] = field(default_factory=dict)  # in the node's host tier
+    _host_only: dict[NodeId, set[int]] = field(default_factory=dict)  # in its host tier and not its device tier
 
     def apply(self, node: NodeId, event: IndexEvent) -> None:
         if event.kind is HolderEventKind.SNAPSHOT:
             self.drop_node(node)
-            self._add(node, event.block_hashes)
+            self._store(node, event.block_hashes, event.tier)
         elif event.kind in (HolderEventKind.STORED, HolderEventKind.COMMITTED):
-            self._add(node, event.block_hashes)
+            self._store(node, event.block_hashes, event.tier)
             if not event.has_parent and event.block_hashes:
                 family = Family(event.family) if event.family else default_family(event.block_hashes)
                 self.note_family(family, event.block_hashes[0])
         elif event.kind is HolderEventKind.REMOVED:
-            held = self._inventory.get(node)
-            if held is not None:
-                for h in event.block_hashes:
-                    if h in held:
-                        held.discard(h)
-                        self._unhold(node, h)
+            if event.tier is Tier.HOST:
+                self._remove_host(node, event.block_hashes)
+            else:
+                self._remove_device(node, event.block_hashes)
 
     def drop_node(self, node: NodeId) -> None:
         """Forgets everything node holds (re-registration, snapshot, removal)."""
+        self._host.pop(node, None)
+        self._host_only.pop(node, None)
         for h in self._inventory.pop(node, set()):
             self._unhold(node, h)
+
+    def host_only_count(self, node: NodeId, block_hashes: Sequence[int], length: int) -> int:
+        """How many of the first length hashes node holds in its host tier
+        alone (what a route there promotes before prefill)."""
+        only = self._host_only.get(node)
+        if not only or length <= 0:
+            return 0
+        return sum(1 for h in block_hashes[:length] if h in only)
+
+    def num_host_blocks(self, node: NodeId) -> int:
+        return len(self._host.get(node, ()))
 
     def note_family(self, family: Family, root: int) -> None:
         """Records root as family's first block, if some node holds it."""
@@ -156,6 +180,49 @@ class HolderIndex:
 
     def num_families(self) -> int:
         return len(self._family_root)
+
+    def _store(self, node: NodeId, hashes: Sequence[int], tier: Tier) -> None:
+        if tier is Tier.DEVICE:
+            only = self._host_only.get(node)
+            if only:
+                only.difference_update(hashes)
+            self._add(node, hashes)
+            return
+        held = self._inventory.get(node, ())
+        self._host.setdefault(node, set()).update(hashes)
+        self._host_only.setdefault(node, set()).update(h for h in hashes if h not in held)
+        self._add(node, hashes)
+
+    def _remove_device(self, node: NodeId, hashes: Sequence[int]) -> None:
+        """Drops hashes from node's device tier: a block its host tier keeps
+        stays held (host-only); any other leaves the node."""
+        held = self._inventory.get(node)
+        if held is None:
+            return
+        host = self._host.get(node)
+        only = self._host_only.get(node)
+        for h in hashes:
+            if h not in held:
+                continue
+            if host is not None and h in host:
+                only.add(h)  # type: ignore[union-attr]
+                continue
+            held.discard(h)
+            self._unhold(node, h)
+
+    def _remove_host(self, node: NodeId, hashes: Sequence[int]) -> None:
+        """Drops hashes from node's host tier: a block only that tier held leaves the node."""
+        host = self._host.get(node)
+        if not host:
+            return
+        only = self._host_only[node]
+        for h in hashes:
+            if h not in host:
+                continue
+            host.discard(h)
+            if h in only:
+                only.discard(h)
+                self._remove(node, h)
 
     def _add(self, node: NodeId, hashes: Sequence[int]) -> None:
         held = self._inventory.setdefault(node, set())

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from speckv.services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.ids import UINT64_MAX, Family, NodeId, OrderId
+from speckv.services.common.tiers import Tier
 
 
 class OrderState(enum.Enum):
@@ -64,6 +65,7 @@ class OrderSpec:
     policy: str = ""
     target_address: str = ""
     order_id: str = ""
+    tier: Tier | None = None  # where the target keeps the copy; None: its host tier when it has one
 
 
 @dataclass(slots=True)

@@ -39,6 +39,8 @@ class RouteResult:
     fetch_blocks: int
     family: Family
     confirmed: bool
+    promote_ms: float = 0.0
+    promote_blocks: int = 0  # host-tier hits on node_id, promoted to its device tier before prefill
 
 
 @dataclass(slots=True)

@@ -2,23 +2,33 @@
 
 KV-aware, load-aware router (the `none` policy's router, like Dynamo's KV
 router or llm-d's precise prefix-cache scorer, plus on-demand pulls as in
-llm-d P2P / Mooncake's conductor). For a request of P prompt tokens whose
-chain of full blocks is h_1..h_B (block size S), and each live node n:
+llm-d P2P / Mooncake's conductor), priced over both memory tiers. For a
+request of P prompt tokens whose chain of full blocks is h_1..h_B (block
+size S), and each live node n:
 
-  c_n       = longest prefix of h_1..h_B that n holds (block index), blocks
+  c_n       = longest prefix of h_1..h_B that n holds in either tier, blocks
+  u_n       = how many of those n holds in its host tier alone
   queue_n   = ms_per_token * (queued tokens reported + routed since the last
               heartbeat) + overhead_ms * (waiting requests + routed since)
-  local_n   = prefill_ms(new = P - c_n*S, cached = c_n*S)
+  promote_n = host_link.transfer_ms(u_n * bytes_per_block), 0 when u_n = 0:
+              host hits are copied into the device tier before prefill
+  local_n   = promote_n + prefill_ms(new = P - c_n*S, cached = c_n*S)
   fetch_n   = with H the live node holding the longest prefix c_H > c_n:
-              max(wait_H, wait_n) + transfer_ms((c_H - c_n) * bytes_per_block)
-              + prefill_ms(new = P - c_H*S, cached = c_H*S)
+              max(wait_H, wait_n) + max(transfer_ms((c_H - c_n) * bytes_per_block),
+                                        host_link.transfer_ms(min(u_H, c_H - c_n) * bytes_per_block))
               where wait_x is how long x's link is already spoken for by
-              the pulls and orders the scheduler started (link_backlog.py)
-  TTFT_n    = queue_n + min(local_n, fetch_n)
+              the pulls and orders the scheduler started (link_backlog.py);
+              a pull from H's host tier streams through H's host link and the
+              network at once, so the slower of the two bounds it
+  pull_n    = max(promote_n, fetch_n) + prefill_ms(new = P - c_H*S, cached = c_H*S)
+              (n's own host hits are promoted while the pull runs)
+  TTFT_n    = queue_n + min(local_n, pull_n)
 
-The pull is chosen only when fetch_n < local_n (strictly cheaper); the
-response then names H and c_H - c_n blocks. Cached tokens are capped at P - 1
-because the engine always computes the last prompt token.
+The pull is chosen only when pull_n < local_n (strictly cheaper); the
+response then names H and c_H - c_n blocks. Recomputing is local_n of a node
+with c_n = 0. Cached tokens are capped at P - 1 because the engine always
+computes the last prompt token. With no host link (a cluster without host
+tiers) u_n is 0 everywhere and the figures are the one-tier ones.
 
 Spreading: nodes within `tie_ms` (default 1 ms) of the best TTFT tie; among
 them the one with the fewest routes in flight (routed since its last
@@ -56,6 +66,7 @@ class Candidate:
     bytes_per_block: int
     queue_ms: float  # expected wait before its prefill starts (Cluster.queue_ms)
     link_wait_ms: float = 0.0  # until its link has carried the transfers already booked on it (LinkBacklog)
+    host_blocks: int = 0  # of cached_blocks, those only its host tier holds
 
 
 @dataclass(slots=True)
@@ -68,6 +79,13 @@ class RouteDecision:
     fetch_ms: float = 0.0
     fetch_from: NodeId | None = None
     fetch_blocks: int = 0
+    promote_ms: float = 0.0
+    promote_blocks: int = 0  # host-tier hits of the chosen node, copied to its device tier before prefill
+
+
+# (prefill ms, ms before prefill: promotion and pull, blocks to pull, promote ms)
+Figures = tuple[float, float, int, float]
+MemoKey = tuple[int, int, int, float, int]
 
 
 class RoutingStrategy(Protocol):
@@ -85,9 +103,12 @@ class RoutingStrategy(Protocol):
 class KvAwareRouter:
     name = "kv-aware"
 
-    def __init__(self, profile: EngineProfile, link: LinkModel, seed: int = 0, tie_ms: float = 1.0) -> None:
+    def __init__(self, profile: EngineProfile, link: LinkModel, seed: int = 0, tie_ms: float = 1.0,
+                 host_link: LinkModel | None = None) -> None:
+        """host_link: the host<->device link of every node (None: no host tiers)."""
         self._profile = profile
         self._link = link
+        self._host_link = host_link
         self._rng = random.Random(seed)
         self._tie_ms = tie_ms
 
@@ -95,7 +116,7 @@ class KvAwareRouter:
         if not candidates:
             raise ValueError("no candidates")
         holder = best_holder(candidates)
-        memo: dict[tuple[int, int, int, float], tuple[float, float, float, int]] = {}
+        memo: dict[MemoKey, Figures] = {}
         # Scores are plain floats (the same arithmetic as _estimate, in the
         # same order, so the same values); only the winner becomes a
         # RouteDecision: this loop runs for every candidate of every route.
@@ -103,13 +124,9 @@ class KvAwareRouter:
         holder_blocks = holder.cached_blocks if holder is not None else 0
         scores: list[float] = []
         for c in candidates:
-            queue_ms = c.queue_ms
             pulls = holder_id is not None and holder_id != c.node_id and holder_blocks > c.cached_blocks
-            key = (c.cached_blocks, c.block_size, c.bytes_per_block if pulls else -1, c.link_wait_ms if pulls else 0.0)
-            figures = memo.get(key)
-            if figures is None:
-                figures = memo[key] = self._figures(query, c, holder if pulls else None)
-            scores.append(queue_ms + figures[1] + figures[0] if figures[3] else queue_ms + figures[0])
+            figures = self._memo_figures(query, c, holder if pulls else None, memo)
+            scores.append(c.queue_ms + figures[1] + figures[0] if figures[1] else c.queue_ms + figures[0])
         limit = min(scores) + self._tie_ms
         tied = [c for c, score in zip(candidates, scores) if score <= limit]
         fewest = min(c.routes_in_flight for c in tied)
@@ -120,34 +137,56 @@ class KvAwareRouter:
         return self._estimate(query, node, holder, {})
 
     def _estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
-                  memo: dict[tuple[int, int, int, float], tuple[float, float, float, int]]) -> RouteDecision:
-        """The decision for node; memo shares the prefill/fetch figures between
-        candidates with the same cached prefix (most non-holders: none)."""
+                  memo: dict[MemoKey, Figures]) -> RouteDecision:
+        """The decision for node; memo shares the figures between candidates
+        with the same cached prefix (most non-holders: none)."""
         queue_ms = node.queue_ms
         pulls = holder is not None and holder.node_id != node.node_id and holder.cached_blocks > node.cached_blocks
-        key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls else -1,
-               node.link_wait_ms if pulls else 0.0)
-        figures = memo.get(key)
-        if figures is None:
-            figures = memo[key] = self._figures(query, node, holder if pulls else None)
-        prefill_ms, fetch_ms, _, missing = figures
+        prefill_ms, before_ms, missing, promote_ms = self._memo_figures(query, node, holder if pulls else None, memo)
+        promoted = node.host_blocks if promote_ms else 0
+        expected = queue_ms + before_ms + prefill_ms if before_ms else queue_ms + prefill_ms
         if missing:
             assert holder is not None
-            return RouteDecision(node.node_id, node.cached_blocks, queue_ms + fetch_ms + prefill_ms,
-                                 queue_ms, prefill_ms, fetch_ms, holder.node_id, missing)
-        return RouteDecision(node.node_id, node.cached_blocks, queue_ms + prefill_ms, queue_ms, prefill_ms)
+            fetch_ms = self._fetch_ms(node, holder)
+            return RouteDecision(node.node_id, node.cached_blocks, expected, queue_ms, prefill_ms, fetch_ms,
+                                 holder.node_id, missing, promote_ms, promoted)
+        return RouteDecision(node.node_id, node.cached_blocks, expected, queue_ms, prefill_ms,
+                             promote_ms=promote_ms, promote_blocks=promoted)
 
-    def _figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> tuple[float, float, float, int]:
-        """(prefill ms, fetch ms, local prefill ms, blocks to pull): pull only when strictly cheaper."""
+    def _memo_figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
+                      memo: dict[MemoKey, Figures]) -> Figures:
+        pulls = holder is not None
+        key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls or node.host_blocks else -1,
+               node.link_wait_ms if pulls else 0.0, node.host_blocks)
+        figures = memo.get(key)
+        if figures is None:
+            figures = memo[key] = self._figures(query, node, holder)
+        return figures
+
+    def _figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> Figures:
+        """Pull only when strictly cheaper than prefilling from what node holds."""
+        promote_ms = self._promote_ms(node.host_blocks, node.bytes_per_block)
         local_ms = self._prefill(query, node.cached_blocks, node.block_size)
         if holder is None:
-            return local_ms, 0.0, local_ms, 0
+            return local_ms, promote_ms, 0, promote_ms
         missing = holder.cached_blocks - node.cached_blocks
-        fetch_ms = max(holder.link_wait_ms, node.link_wait_ms) + self._link.transfer_ms(missing * node.bytes_per_block)
+        before_ms = max(promote_ms, self._fetch_ms(node, holder))
         after_ms = self._prefill(query, holder.cached_blocks, node.block_size)
-        if fetch_ms + after_ms < local_ms:
-            return after_ms, fetch_ms, local_ms, missing
-        return local_ms, 0.0, local_ms, 0
+        if before_ms + after_ms < (promote_ms + local_ms if promote_ms else local_ms):
+            return after_ms, before_ms, missing, promote_ms
+        return local_ms, promote_ms, 0, promote_ms
+
+    def _fetch_ms(self, node: Candidate, holder: Candidate) -> float:
+        """Moving holder's blocks beyond node's prefix into node (link backlog included)."""
+        missing = holder.cached_blocks - node.cached_blocks
+        wire_ms = self._link.transfer_ms(missing * node.bytes_per_block)
+        source_ms = self._promote_ms(min(holder.host_blocks, missing), node.bytes_per_block)
+        return max(holder.link_wait_ms, node.link_wait_ms) + max(wire_ms, source_ms)
+
+    def _promote_ms(self, blocks: int, bytes_per_block: int) -> float:
+        if blocks <= 0 or self._host_link is None:
+            return 0.0
+        return self._host_link.transfer_ms(blocks * bytes_per_block)
 
     def _prefill(self, query: RouteQuery, cached_blocks: int, block_size: int) -> float:
         cached = min(cached_blocks * block_size, query.prompt_tokens - 1)
@@ -155,7 +194,9 @@ class KvAwareRouter:
 
 
 def best_holder(candidates: Sequence[Candidate]) -> Candidate | None:
-    """The candidate with the longest cached prefix (ties: least busy, then id)."""
+    """The candidate with the longest cached prefix (ties: the fewest blocks
+    in its host tier alone, whose host link would slow a pull; then least
+    busy; then id)."""
     if not candidates:
         return None
     top = max(c.cached_blocks for c in candidates)
@@ -165,7 +206,7 @@ def best_holder(candidates: Sequence[Candidate]) -> Candidate | None:
     holders = [c for c in candidates if c.cached_blocks == top]
     if len(holders) == 1:
         return holders[0]
-    return min(holders, key=lambda c: (c.queue_ms, c.node_id))
+    return min(holders, key=lambda c: (c.host_blocks, c.queue_ms, c.node_id))
 
 
 def uncached_tokens(decision: RouteDecision, query: RouteQuery, block_size: int) -> int:

@@ -7,7 +7,10 @@ import random
 import pytest
 
 from speckv.loadgen.sim.kvnode import SimKVNode
+from speckv.services.common.ids import NodeId
+from speckv.services.common.tiers import Tier
 from speckv.services.kvstore.index import BlockEntry, BlockIndex
+from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex, IndexEvent
 
 
 @pytest.mark.parametrize("reuse", ["lookup", "put"])
@@ -122,3 +125,95 @@ def test_lapsed_replicas_with_one_deadline_go_in_the_live_order_after_the_lease_
     out = node.put(fill, 11.0)
     assert (out.stored, out.evicted) == live.put(fill, 11.0)
     assert out.evicted[:3] == [0, 1, 20]  # lapsed replicas first, in the order they were stored
+
+
+# --- tiers -------------------------------------------------------------------------
+
+def test_a_block_evicted_from_the_device_tier_is_demoted_not_lost():
+    node = SimKVNode("n", pages=2, host_pages=4)
+    node.put([1, 2], now=0.0)
+    out = node.put([3, 4], now=1.0)
+    assert out.evicted == [2, 1] and out.demoted == [2, 1] and out.dropped == []
+    assert node.in_tier(1, Tier.HOST) and not node.in_tier(1, Tier.DEVICE)
+    assert node.lookup([1, 2]) == 2 and node.host_only([1, 2], 2) == 2
+
+
+def test_without_a_host_tier_evictions_are_drops():
+    node = SimKVNode("n", pages=2)
+    node.put([1, 2], now=0.0)
+    out = node.put([3], now=1.0)
+    assert out.evicted == out.dropped == [2] and out.demoted == []
+
+
+def test_promotion_copies_host_hits_into_the_device_tier_and_keeps_the_host_copy():
+    node = SimKVNode("n", pages=2, host_pages=4)
+    node.put([1, 2], now=0.0)
+    node.put([3, 4], now=1.0)  # 1, 2 demoted
+    out = node.put([1, 2], now=2.0)  # the promotion
+    assert out.stored == [1, 2] and out.evicted == [4, 3] and out.demoted == [4, 3]
+    assert all(node.in_tier(h, Tier.HOST) for h in (1, 2, 3, 4))
+    assert node.host_only([1, 2], 2) == 0
+    again = node.put([5, 6], now=3.0)  # 1, 2 leave the device again: their host copies already exist
+    assert again.evicted == [2, 1] and again.demoted == [] and again.dropped == []
+
+
+def test_the_host_tier_evicts_a_chain_tail_first():
+    node = SimKVNode("n", pages=3, host_pages=3)
+    node.put([1, 2, 3], now=0.0)
+    node.put([7, 8, 9], now=1.0)  # 3, 2, 1 demoted: 1 most recent in the host tier
+    out = node.put([10, 11], now=2.0)  # 9, 8 demoted; the host tier drops 3 then 2
+    assert out.demoted == [9, 8] and out.host_evicted == [3, 2] and out.dropped == [3, 2]
+    assert node.lookup([1, 2, 3]) == 1
+
+
+def test_a_lapsed_replica_is_dropped_not_demoted():
+    node = SimKVNode("n", pages=2, host_pages=4)
+    node.put([5], now=0.0, lease_deadline=1.0)
+    node.put([6], now=0.5)
+    out = node.put([7], now=2.0)
+    assert out.evicted == [5] and out.dropped == [5] and 5 not in node
+
+
+def test_a_replica_to_the_host_tier_evicts_nothing_from_the_device_tier():
+    node = SimKVNode("n", pages=2, host_pages=2)
+    node.put([1, 2], now=0.0)
+    out = node.put([5, 6, 7], now=1.0, lease_deadline=10.0, tier=Tier.HOST)
+    assert out.evicted == [] and node.tier_count(Tier.DEVICE) == 2
+    # Tail first in, so a replica longer than the tier keeps its head (as a device put does).
+    assert out.stored == [5, 6, 7] and out.host_evicted == [7] and node.in_tier(5, Tier.HOST)
+    assert node.lookup([1, 2]) == 2
+
+
+def test_a_host_put_skips_blocks_the_device_tier_holds():
+    node = SimKVNode("n", pages=2, host_pages=2)
+    node.put([1], now=0.0)
+    assert node.put([1, 2], now=1.0, tier=Tier.HOST).stored == [2]
+
+
+def test_a_host_put_on_a_node_without_a_host_tier_is_an_error():
+    with pytest.raises(ValueError, match="no host tier"):
+        SimKVNode("n", pages=2).put([1], now=0.0, tier=Tier.HOST)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_events_from_outcomes_leave_a_holder_index_in_the_node_s_final_state(seed):
+    """Random puts, promotions and host replicas on a small tiered node: the
+    scheduler's index, fed the events each outcome makes, always agrees with
+    the node on which blocks it holds and which only its host tier holds."""
+    rng = random.Random(seed)
+    node = SimKVNode("n", pages=4, host_pages=3)
+    index = HolderIndex()
+    for step in range(300):
+        chain = [rng.randrange(12) for _ in range(rng.randint(1, 6))]
+        chain = list(dict.fromkeys(chain))
+        tier = Tier.HOST if rng.random() < 0.2 else Tier.DEVICE
+        lease = step + rng.choice([0.5, 3.0]) if rng.random() < 0.3 else None
+        out = node.put(chain, float(step), lease, tier)
+        index.apply(NodeId("n"), IndexEvent(HolderEventKind.STORED, out.stored, tier=tier))
+        index.apply(NodeId("n"), IndexEvent(HolderEventKind.STORED, out.demoted, tier=Tier.HOST))
+        index.apply(NodeId("n"), IndexEvent(HolderEventKind.REMOVED, out.evicted, tier=Tier.DEVICE))
+        index.apply(NodeId("n"), IndexEvent(HolderEventKind.REMOVED, out.host_evicted, tier=Tier.HOST))
+        everything = list(range(12))
+        assert {h for h in everything if h in node} == {h for h in everything if index.holders(h)}
+        for h in everything:
+            assert index.host_only_count(NodeId("n"), [h], 1) == (h in node and not node.in_tier(h, Tier.DEVICE))

@@ -6,6 +6,7 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
@@ -162,3 +163,39 @@ def test_watch_gets_backlog_then_new_orders(env):
         core.watch_orders("ghost")
     core.close()
     assert w.closed
+
+
+def tiered_core():
+    clock = ManualClock(1000.0)
+    core = SchedulerCore(SchedulerSettings(node_timeout_s=5.0, link_gbps=1e-3, host_link_gbps=100.0,
+                                           host_link_overhead_ms=0.0), clock, get_profile("tiny"))
+    core.register_node("a", "h:a", 1000, None, host_pages=500)
+    core.register_node("b", "h:b", 1000, None)
+    return core
+
+
+def test_an_order_takes_the_target_s_host_tier_by_default_and_may_not_name_a_missing_one():
+    core = tiered_core()
+    assert core.submit_order(OrderSpec(Family(""), [7], NodeId("b"), NodeId("a"), 1000)).spec.tier is Tier.HOST
+    assert core.submit_order(OrderSpec(Family(""), [7], NodeId("a"), NodeId("b"), 1000)).spec.tier is Tier.DEVICE
+    named = OrderSpec(Family(""), [8], NodeId("b"), NodeId("a"), 1000, tier=Tier.DEVICE)
+    assert core.submit_order(named).spec.tier is Tier.DEVICE
+    with pytest.raises(FailedPrecondition, match="host tier of node 'b'"):
+        core.submit_order(OrderSpec(Family(""), [7], NodeId("a"), NodeId("b"), 1000, tier=Tier.HOST))
+
+
+def test_a_route_to_host_tier_hits_names_the_blocks_to_promote():
+    core = tiered_core()
+    a = core.generation("a")
+    core.apply_kv_event(NodeId("a"), a, IndexEvent(HolderEventKind.STORED, CHAIN[:8]))
+    core.apply_kv_event(NodeId("a"), a, IndexEvent(HolderEventKind.STORED, CHAIN[4:8], tier=Tier.HOST))
+    core.apply_kv_event(NodeId("a"), a, IndexEvent(HolderEventKind.REMOVED, CHAIN[4:8]))
+    result = core.route("r", CHAIN[:8], 8 * BS + 1)
+    assert result.node_id == "a" and result.cached_blocks == 8 and result.promote_blocks == 4
+    assert result.promote_ms > 0 and result.expected_ttft_ms > result.prefill_ms + result.promote_ms - 1e-9
+
+
+def test_a_negative_host_tier_is_refused():
+    core = tiered_core()
+    with pytest.raises(InvalidArgument, match="host_pages"):
+        core.register_node("c", "h:c", 1000, None, host_pages=-1)

@@ -1,6 +1,8 @@
 import pytest
 
+from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex, IndexEvent
 
 A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
@@ -159,3 +161,61 @@ def _held_prefix(held, chain):
             break
         count += 1
     return count
+
+
+# --- tiers -------------------------------------------------------------------------
+
+def in_tier(kind, hashes, tier):
+    return IndexEvent(kind, list(hashes), tier=tier)
+
+
+def test_a_demoted_block_stays_held_and_counts_as_host_only():
+    idx = HolderIndex()
+    idx.apply(A, stored([1, 2, 3]))
+    idx.apply(A, in_tier(HolderEventKind.STORED, [2, 3], Tier.HOST))  # demotion: stored in the host tier...
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [2, 3], Tier.DEVICE))  # ...then removed from the device tier
+    assert idx.longest_prefix(A, [1, 2, 3]) == 3 and idx.holders(3) == {A}
+    assert idx.host_only_count(A, [1, 2, 3], 3) == 2 and idx.host_only_count(A, [1, 2, 3], 2) == 1
+    idx.apply(A, stored([2]))  # promoted: in both tiers now
+    assert idx.host_only_count(A, [1, 2, 3], 3) == 1 and idx.num_host_blocks(A) == 2
+
+
+def test_a_block_leaves_the_node_when_its_last_tier_drops_it():
+    idx = HolderIndex()
+    idx.apply(A, stored([1]))
+    idx.apply(A, in_tier(HolderEventKind.STORED, [1], Tier.HOST))
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [1], Tier.HOST))  # the device copy stays
+    assert idx.holders(1) == {A} and idx.host_only_count(A, [1], 1) == 0
+    idx.apply(A, in_tier(HolderEventKind.STORED, [1], Tier.HOST))
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [1], Tier.DEVICE))
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [1], Tier.HOST))
+    assert idx.holders(1) == frozenset() and idx.num_blocks(A) == 0 and idx.host_only_count(A, [1], 1) == 0
+
+
+def test_a_replica_committed_to_the_host_tier_is_host_only():
+    idx = HolderIndex()
+    idx.apply(B, IndexEvent(HolderEventKind.COMMITTED, [5, 6], family="f", tier=Tier.HOST))
+    assert idx.family_nodes(Family("f")) == {B} and idx.host_only_count(B, [5, 6], 2) == 2
+
+
+def test_without_host_events_no_block_is_host_only():
+    idx = HolderIndex()
+    idx.apply(A, stored([1, 2]))
+    idx.apply(A, IndexEvent(HolderEventKind.REMOVED, [2]))
+    assert idx.host_only_count(A, [1, 2], 2) == 0 and idx.num_host_blocks(A) == 0
+
+
+def test_dropping_a_node_forgets_its_host_tier():
+    idx = HolderIndex()
+    idx.apply(A, in_tier(HolderEventKind.STORED, [1, 2], Tier.HOST))
+    idx.drop_node(A)
+    assert idx.holders(1) == frozenset() and idx.num_host_blocks(A) == 0
+    idx.apply(A, stored([1]))
+    assert idx.host_only_count(A, [1], 1) == 0
+
+
+def test_medium_strings_parse_to_tiers():
+    assert Tier.parse("GPU") is Tier.DEVICE and Tier.parse("") is Tier.DEVICE and Tier.parse("host") is Tier.HOST
+    assert Tier.HOST.medium == "CPU"
+    with pytest.raises(InvalidArgument, match="unknown"):
+        Tier.parse("disk")

@@ -93,3 +93,74 @@ def test_unknown_profile_lists_available():
     from speckv.services.common.errors import InvalidArgument
     with pytest.raises(InvalidArgument, match="available: .*tiny"):
         get_profile("gpt-9")
+
+
+# --- tiers: a host hit, a peer pull and recompute, priced by hand ----------------------------
+# Blocks are 2 MiB. Host link: 8 Gbit/s (1 GB/s) and 0.5 ms a copy, so promoting
+# k blocks costs 0.5 + k * 2.097152 ms. Network: 25 Gbit/s, 1 ms a transfer:
+# k blocks cost 1 + k * 0.67108864 ms. Prefill: 10 ms + 0.1 ms a new token.
+MIB2_MS_HOST = GEO.bytes_per_block * 8 / 8e9 * 1e3
+MIB2_MS_NET = GEO.bytes_per_block * 8 / 25e9 * 1e3
+
+
+def tiered(host_gbps=8.0, seed=0):
+    return KvAwareRouter(PROFILE, LinkModel(25.0, overhead_ms=1.0), seed=seed,
+                         host_link=LinkModel(host_gbps, overhead_ms=0.5))
+
+
+def host_cand(name, cached=0, host_blocks=0, queued=0):
+    c = cand(name, cached=cached, queued=queued)
+    c.host_blocks = host_blocks
+    return c
+
+
+def test_a_host_hit_costs_its_promotion_and_beats_recompute():
+    # a holds all 64 blocks, 40 of them in its host tier only: 0.5 + 40 x 2.097 = 84.4 ms of
+    # promotion + 10.8 ms prefill = 95.2 ms. b (5 ms of queue) would recompute for 113.2 ms, or
+    # pull from a's host tier at a's host-link speed (84.4 ms, the network's 43.9 ms hidden
+    # under it) for the same 95.2 ms plus its queue.
+    d = tiered().choose(query(), [host_cand("a", cached=64, host_blocks=40), cand("b", queued=50)])
+    promote = 0.5 + 40 * MIB2_MS_HOST
+    assert d.node_id == "a" and d.promote_blocks == 40 and d.promote_ms == pytest.approx(promote)
+    assert d.expected_ttft_ms == pytest.approx(promote + 10.8)
+
+
+def test_recompute_wins_when_the_host_link_is_too_slow_to_promote():
+    # At 1 Gbit/s, promoting 40 blocks takes 671 ms: recomputing 1032 tokens (113.2 ms) is cheaper.
+    # b's pull from a's host tier is as slow: b recomputes.
+    d = tiered(host_gbps=1.0).choose(query(), [host_cand("a", cached=64, host_blocks=40), cand("b")])
+    assert d.node_id == "b" and d.promote_blocks == 0 and d.fetch_from is None
+    assert d.expected_ttft_ms == pytest.approx(10 + 0.1 * 1032)
+
+
+def test_a_peer_pull_beats_a_host_hit_that_needs_more_promotion():
+    # a: 64 blocks, all host-only (0.5 + 64 x 2.097 = 134.7 ms, then 10.8 ms);
+    # b: nothing, pulls 64 blocks from c's device tier (1 + 64 x 0.671 = 43.9 ms, then 10.8 ms);
+    # c: holds all 64 on its device tier but has 20k tokens queued (2 s).
+    cands = [host_cand("a", cached=64, host_blocks=64), cand("b"), cand("c", cached=64, queued=20_000)]
+    d = tiered().choose(query(), cands)
+    pull = 1 + 64 * MIB2_MS_NET
+    assert d.node_id == "b" and d.fetch_from == "c" and d.fetch_blocks == 64
+    assert d.expected_ttft_ms == pytest.approx(pull + 10.8)
+
+
+def test_a_pull_waits_for_the_longer_of_its_own_promotion_and_the_transfer():
+    # a holds 32 blocks, 16 host-only (0.5 + 16 x 2.097 = 34.1 ms); it pulls 32 more from
+    # b (1 + 32 x 0.671 = 22.5 ms): both run at once, so 34.1 ms, then prefill 10.8 ms.
+    d = tiered().estimate(query(), host_cand("a", cached=32, host_blocks=16), cand("b", cached=64))
+    promote = 0.5 + 16 * MIB2_MS_HOST
+    assert d.fetch_from == "b" and d.fetch_blocks == 32 and d.promote_blocks == 16
+    assert d.expected_ttft_ms == pytest.approx(max(promote, 1 + 32 * MIB2_MS_NET) + 10.8)
+
+
+def test_a_pull_from_a_peer_s_host_tier_goes_at_the_slower_of_its_host_link_and_the_network():
+    # b holds 64 blocks in its host tier alone; at 16 Gbit/s its host link (0.5 + 64 x 1.049 =
+    # 67.6 ms) is slower than the 25 Gbit/s network (43.9 ms), so the pull takes 67.6 ms (and
+    # 67.6 + 10.8 ms beats recomputing for 113.2 ms).
+    d = tiered(host_gbps=16.0).estimate(query(), cand("a"), host_cand("b", cached=64, host_blocks=64))
+    assert d.fetch_from == "b" and d.fetch_ms == pytest.approx(0.5 + 64 * MIB2_MS_HOST / 2)
+
+
+def test_without_a_host_link_host_blocks_cost_nothing_extra():
+    d = router().choose(query(), [host_cand("a", cached=64, host_blocks=64)])
+    assert d.promote_ms == 0.0 and d.expected_ttft_ms == pytest.approx(10.8)
