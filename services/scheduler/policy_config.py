@@ -66,6 +66,8 @@ class HeatSettings:
     heat_threshold: int  # routes in the heat window that make a family hot
     heat_per_replica: int  # one more replica per this many routes in the window
     max_replicas: int  # holders a family may reach through fan-out
+    action_cooldown_s: float  # no new copy of a family this soon after the last one
+    recreate_after_s: float  # no new copy of a family this soon after one of its replicas was lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ class PolicyConfig:
                   "budgets.max_orders_per_tick", "planner.horizon_s", "planner.ttft_target_ms",
                   "planner.max_families_per_tick", "planner.candidates_per_family",
                   "reactive_heat.heat_threshold", "reactive_heat.heat_per_replica", "reactive_heat.max_replicas",
+                  "reactive_heat.action_cooldown_s", "reactive_heat.recreate_after_s",
                   "reactive_migrate.queue_threshold_ms", "reactive_migrate.min_family_heat")
         _fraction(self, "families.prompt_ewma_alpha", "budgets.link_budget_fraction",
                   "budgets.replica_memory_fraction", "planner.min_burst_probability")

@@ -7,6 +7,9 @@ import pytest
 from speckv.services.common.ids import Family
 from speckv.services.common.traces.records import TraceRequest
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
+from speckv.services.scheduler.holder_index import HolderEventKind
+from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.replication.orders import OrderState
 from speckv.services.scheduler.routing.router import Candidate, RouteQuery
 from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, load, make_core, route_family, store
 
@@ -138,3 +141,56 @@ def test_reactive_migrate_copies_to_a_node_holding_only_the_shared_first_block()
     orders = core.tick()
     assert len(orders) == 1 and orders[0].spec.source == "n0" and orders[0].spec.block_hashes == CHAIN
     assert orders[0].spec.target in {"n1", "n2"}
+
+
+def _commit(core, order):
+    """The order's copy lands on its target: the KV event, then the agent's report."""
+    store(core, order.spec.target, order.spec.block_hashes, kind=HolderEventKind.COMMITTED)
+    core.report_order(order.order_id, OrderState.COMMITTED, "committed", 0, len(order.spec.block_hashes))
+
+
+def test_reactive_heat_waits_out_its_action_cooldown_before_another_copy_of_a_family():
+    core, clock = make_core(6, "reactive-heat", reactive_heat={"max_replicas": 3})
+    store(core, "n0", CHAIN)
+    route_family(core, 8)  # hot: wants 1 + 8 // 8 = 2 holders
+    first = core.tick()
+    assert len(first) == 1
+    _commit(core, first[0])
+    route_family(core, 16)  # 24 routes: wants 3 holders, but the last copy was just made
+    assert core.tick() == []
+    clock.advance(29.0)
+    heartbeat_all(core, 6)
+    route_family(core, 24)
+    assert core.tick() == []  # 29 s < the 30 s cooldown
+    clock.advance(2.0)
+    heartbeat_all(core, 6)
+    assert len(core.tick()) == 1
+
+
+def test_reactive_heat_pauses_before_re_creating_a_replica_that_was_evicted():
+    core, clock = make_core(6, "reactive-heat")
+    store(core, "n0", CHAIN)
+    route_family(core, 8)
+    order = core.tick()[0]
+    _commit(core, order)
+    clock.advance(31.0)  # past the cooldown
+    heartbeat_all(core, 6)
+    store(core, order.spec.target, CHAIN, kind=HolderEventKind.REMOVED)  # the replica is evicted
+    route_family(core, 8)
+    assert core.tick() == []  # noticed gone: no re-creation for 60 s
+    clock.advance(59.0)
+    heartbeat_all(core, 6)
+    route_family(core, 8)
+    assert core.tick() == []
+    clock.advance(2.0)
+    heartbeat_all(core, 6)
+    route_family(core, 8)
+    again = core.tick()
+    assert len(again) == 1 and again[0].spec.source == "n0"
+
+
+def test_the_committed_reactive_heat_is_mooncake_s_fan_out():
+    s = load_policy_config().reactive_heat
+    window = load_policy_config().families.heat_window_s
+    assert s.heat_threshold / window == pytest.approx(0.8) and s.max_replicas == 2
+    assert (s.action_cooldown_s, s.recreate_after_s) == (30.0, 60.0)
