@@ -87,7 +87,8 @@ class EngineSetup:
 def engine_setup(config: E2EConfig, kind: str = "emulated") -> EngineSetup:
     if kind == "emulated":
         return EngineSetup(kind, config.scaled_geometry, config.byte_scale, config.real_bytes_per_block,
-                           START_BUDGET_S[kind], int(config.warm_kv_fraction * config.nodes * config.pool_pages))
+                           START_BUDGET_S[kind],
+                           int(config.warm_kv_fraction * config.nodes * (config.pool_pages + config.host_pages)))
     if kind == "torch":
         from speckv.loadgen.engines.torch_model import ModelSpec
 
@@ -103,8 +104,9 @@ def build_engines(setup: EngineSetup, config: E2EConfig, kv_channels: Mapping[st
     """Engines per node, the router's job factory, and the warm start's KV
     writer (None: the warm start's synthetic payloads)."""
     if setup.spec is None:
+        host_link = config.host_link if config.host_pages else None
         engines = {n: EmulatedEngine(n, config.profile, config.engine, config.link,
-                                     config.real_geometry.bytes_per_token) for n in kv_channels}
+                                     config.real_geometry.bytes_per_token, host_link) for n in kv_channels}
         return engines, EmulatedJobs(config.profile, config.real_geometry.bytes_per_token), None
     import torch
 

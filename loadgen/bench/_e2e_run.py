@@ -83,6 +83,7 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
     extra["scheduler"] = ["--engine-profile", config.profile.name,
                           "--link-gbps", repr(link_gbps),
                           "--link-overhead-ms", repr(config.link.overhead_ms),
+                          *host_link_args(config, setup.byte_scale),
                           "--tick-s", repr(config.scheduler_tick_s),
                           "--oracle-trace", str(oracle_trace), "--oracle-offset-s", repr(oracle_offset_s),
                           "--oracle-family", config.family,
@@ -91,7 +92,17 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
     # is the real link / byte scale x the replay's compression.
     extra["kvstore"] = ["--link-gbps", repr(link_gbps * speed), *geometry_args, *extra.get("kvstore", [])]
     return ClusterSpec(nodes=config.nodes, geometry=preset, block_size=block_size,
-                       num_pages=config.pool_pages, policy="none", extra_args=extra)
+                       device_pages=config.pool_pages, host_pages=config.host_pages, policy="none",
+                       extra_args=extra)
+
+
+def host_link_args(config: E2EConfig, byte_scale: int) -> list[str]:
+    """The scheduler's host-link flags: the real host link divided by the byte
+    scale, as for the node-to-node link (none without a host tier)."""
+    if not config.host_pages or config.host_link is None:
+        return []
+    return ["--host-link-gbps", repr(config.host_link.gbps / byte_scale),
+            "--host-link-overhead-ms", repr(config.host_link.overhead_ms)]
 
 
 def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], slice_: SliceSpec,

@@ -127,7 +127,7 @@ def show_ceilings(results: dict[str, Any]) -> None:
 
 def measure_replication(geometry, blocks: int, chunk_sizes: list[int], transports: list[str], repeats: int,
                         environ: Mapping[str, str]) -> list[dict[str, Any]]:
-    args = ["--geometry", geometry.name, "--num-pages", str(blocks + 4), "--max-message-mb", "16",
+    args = ["--geometry", geometry.name, "--device-pages", str(blocks + 4), "--max-message-mb", "16",
             "--reservation-lease-s", "60", "--peer-timeout-s", "60"]
     source = start_kvstore("bench-src", args, environ=environ)
     target = link = None

@@ -9,8 +9,10 @@ Algorithm (vLLM V1-style scheduler, FCFS):
   when the route chose a pull, `fetch` more tokens on another node. A pull
   occupies this node's inbound link: it starts when the link is free and
   lasts link.transfer_ms(fetch bytes); links serve pulls FIFO, so a burst of
-  pulls queues on the link. After it the request waits with cached + fetch
-  tokens skipped.
+  pulls queues on the link. Cached tokens that only the node's host tier
+  held are promoted over its host link at the same time (FIFO too, lasting
+  host_link.transfer_ms(promote bytes)). After both the request waits with
+  cached + fetch tokens skipped.
 - A step starts when the engine is free and work is ready. Its batch is every
   running (decoding) sequence, one token each, up to max_num_seqs, then waiting
   requests in arrival order, each taking a prefill chunk of at most the
@@ -72,6 +74,7 @@ class EngineJob:
     cached_tokens: int = 0  # on this node at dispatch
     fetch_tokens: int = 0  # pulled from another node before prefill
     fetch_bytes: int = 0  # real model bytes of the pull
+    promote_bytes: int = 0  # real model bytes of cached tokens promoted from the host tier before prefill
     submitted_s: float = 0.0
     ready_s: float = 0.0  # pull done (= submitted_s without a pull)
     prefilled: int = 0  # prompt tokens computed so far (beyond the skipped ones)
@@ -156,9 +159,12 @@ class StepCost:
 
 class EmulatedEngine:
     def __init__(self, node_id: str, profile: EngineProfile, limits: EngineLimits, link: LinkModel,
-                 kv_bytes_per_token: int) -> None:
+                 kv_bytes_per_token: int, host_link: LinkModel | None = None) -> None:
+        """host_link: the node's host<->device link for promotions (None: promotions take no time)."""
         self.node_id = node_id
         self._profile, self._limits, self._link = profile, limits, link
+        self._host_link = host_link
+        self._host_free_s = 0.0  # host link idle from here on
         self._kv_bytes_per_token = kv_bytes_per_token
         self._fetching: list[EngineJob] = []
         self._waiting: deque[EngineJob] = deque()
@@ -174,10 +180,16 @@ class EmulatedEngine:
         if job.prompt_tokens <= 0 or job.output_tokens < 0:
             raise ValueError(f"job {job.request_id}: prompt_tokens must be > 0, output_tokens >= 0")
         job.submitted_s = now
+        ready = now
         if job.fetch_tokens > 0:
-            start = max(now, self._link_free_s)
-            job.ready_s = start + self._link.transfer_ms(job.fetch_bytes) / 1e3
-            self._link_free_s = job.ready_s
+            ready = max(now, self._link_free_s) + self._link.transfer_ms(job.fetch_bytes) / 1e3
+            self._link_free_s = ready
+        if job.promote_bytes > 0 and self._host_link is not None:
+            promoted = max(now, self._host_free_s) + self._host_link.transfer_ms(job.promote_bytes) / 1e3
+            self._host_free_s = promoted
+            ready = max(ready, promoted)
+        if ready > now:
+            job.ready_s = ready
             job.phase = Phase.FETCHING
             self._fetching.append(job)
         else:

@@ -54,12 +54,14 @@ def block_payload(block_hash: int, nbytes: int) -> bytes:
 class Placement:
     """Where a request runs and what the route said it may skip, in the
     request's tokens: cached on node_id, then fetched from fetch_from (empty:
-    no pull). cached + fetched <= prompt - 1."""
+    no pull). cached + fetched <= prompt - 1. Of the cached tokens,
+    promoted_tokens were in the node's host tier alone and were promoted."""
 
     node_id: str
     cached_tokens: int
     fetched_tokens: int
     fetch_from: str
+    promoted_tokens: int = 0
 
 
 class JobFactory(Protocol):
@@ -92,7 +94,8 @@ class EmulatedJobs:
                  placement: Placement) -> EngineJob:
         return EngineJob(request_id, request.prompt_tokens, output_tokens, cached_tokens=placement.cached_tokens,
                          fetch_tokens=placement.fetched_tokens,
-                         fetch_bytes=placement.fetched_tokens * self._real_bytes_per_token)
+                         fetch_bytes=placement.fetched_tokens * self._real_bytes_per_token,
+                         promote_bytes=placement.promoted_tokens * self._real_bytes_per_token)
 
     def solo_prefill_ms(self, job: EngineJob) -> float:
         skipped = job.cached_tokens + job.fetch_tokens
@@ -151,21 +154,36 @@ class ReferenceRouter:
             if not node:
                 self._finish_error(record, "no healthy engine")
                 return
-            cached_blocks, fetch_blocks, fetch_from = 0, 0, ""
+            cached_blocks, fetch_blocks, fetch_from, promote_blocks = 0, 0, "", 0
         else:
             cached_blocks, fetch_blocks, fetch_from = route.cached_blocks, route.fetch_blocks, route.fetch_from_node
+            promote_blocks = self._promote(record, request, node, cached_blocks) if route.promote_blocks else 0
         if not self._jobs.owns_kv:
             self._note_replica_reads(record, request, node, cached_blocks)
         block = request.block_tokens
         cached = min(cached_blocks * block, request.prompt_tokens - 1)
         fetched = min(fetch_blocks * block, request.prompt_tokens - 1 - cached) if fetch_from else 0
         record.node_id, record.cached_tokens, record.fetched_tokens, record.fetch_from = node, cached, fetched, fetch_from
+        record.promoted_tokens = min(promote_blocks * block, cached)
         job = self._jobs.make_job(record.request_id, request, record.output_tokens,
-                                  Placement(node, cached, fetched, fetch_from))
+                                  Placement(node, cached, fetched, fetch_from, record.promoted_tokens))
         with self._lock:
             self._inflight[record.request_id] = (record, request, fetch_from)
             self.jobs[record.request_id] = job
         self._engines.submit(node, job)
+
+    def _promote(self, record: RequestRecord, request: TraceRequest, node: str, cached_blocks: int) -> int:
+        """Has the node's kvstore copy the prefix's host-only blocks into its
+        device tier (KVStore.Promote); returns how many it copied. A failure
+        (the blocks left meanwhile) promotes nothing: the engine's time then
+        counts no promotion, as for a pull whose source lost its blocks."""
+        hashes = list(request.block_hashes[:cached_blocks])
+        try:
+            reply = self._kvstores[node].Promote(kvstore_pb2.PromoteRequest(block_hashes=hashes), timeout=30.0)
+        except grpc.RpcError as exc:
+            log.info("promotion for %s on %s: %s", record.request_id, node, exc.code().name)
+            return 0
+        return reply.promoted
 
     def _note_replica_reads(self, record: RequestRecord, request: TraceRequest, node: str, cached_blocks: int) -> None:
         hashes = request.block_hashes[:request.full_blocks]

@@ -99,6 +99,32 @@ class _TierLRU:
         lease.pop(h, None)
         return h, False
 
+    def pop_victim_except(self, now: float, protect: set[int]) -> int:
+        """pop_victim passing over protect where they stand (the live
+        BlockIndex.pop_victim's protect); the tier holds an unprotected block."""
+        leases, lease = self.leases, self.lease
+        passed = []
+        victim = None
+        while leases and leases[0][0] <= now:
+            item = heapq.heappop(leases)
+            deadline, _, h = item
+            if lease.get(h) == deadline:
+                if h in protect:
+                    passed.append(item)
+                    continue
+                del lease[h]
+                del self.lru[h]
+                victim = h
+                break
+        for item in passed:
+            heapq.heappush(leases, item)
+        if victim is not None:
+            return victim
+        victim = next(h for h in self.lru if h not in protect)
+        del self.lru[victim]
+        lease.pop(victim, None)
+        return victim
+
     def push_lease(self, deadline: float, h: int) -> None:
         self.lease[h] = deadline
         self.tiebreak += 1
@@ -192,15 +218,16 @@ class SimKVNode:
             order.reverse()
         else:  # resident blocks of the chain are a use now: no insert below may evict them (the live store protects them)
             device.touch_chain([h for h in hashes if h in lru])
+        lapsed: list[int] = []  # victims that went as lapsed replicas (with a host tier)
         # This loop runs for every block of every prompt in the simulation.
         for h in order:
             if h in lru:
                 continue
             if len(lru) >= device.pages:
-                victim, lapsed = device.pop_victim(now)
+                victim, gone = device.pop_victim(now)
                 evicted.append(victim)
-                if host is not None and not lapsed:
-                    self._demote(victim, now, out)
+                if gone and host is not None:
+                    lapsed.append(victim)
             lru[h] = None
             if lease_deadline is not None:
                 device.push_lease(lease_deadline, h)
@@ -211,8 +238,12 @@ class SimKVNode:
             device.touch_chain([h for h in hashes if h in lru])
         if host is None:
             out.dropped = evicted
-        else:
-            self._settle(out)
+            return out
+        if evicted:
+            self._demote(evicted, set(lapsed), now, out)
+        if lease_deadline is None:
+            host.touch_chain([h for h in hashes if h in host.lru])  # a use of the host copies too
+        self._settle(out)
         return out
 
     def _put_host(self, hashes: Sequence[int], now: float, lease_deadline: float | None) -> PutOutcome:
@@ -223,11 +254,16 @@ class SimKVNode:
         dev, lru = self._device.lru, host.lru
         if lease_deadline is None:
             host.touch_chain([h for h in hashes if h in lru])
+        present = {h for h in hashes if h in lru}  # never evicted to make room for the rest, as live
+        needed = sum(1 for h in dict.fromkeys(hashes) if h not in lru and h not in dev)
+        if needed > host.pages - len(present):
+            self._settle(out)
+            return out  # no room without evicting the chain itself: the live store refuses the reservation
         for h in reversed(hashes) if lease_deadline is not None else hashes:
             if h in lru or h in dev:
                 continue
             if len(lru) >= host.pages:
-                out.host_evicted.append(host.pop_victim(now)[0])
+                out.host_evicted.append(host.pop_victim_except(now, present))
             lru[h] = None
             if lease_deadline is not None:
                 host.push_lease(lease_deadline, h)
@@ -237,19 +273,25 @@ class SimKVNode:
         self._settle(out)
         return out
 
-    def _demote(self, victim: int, now: float, out: PutOutcome) -> None:
-        """victim left the device tier by LRU: it becomes the host tier's most recent block."""
+    def _demote(self, victims: list[int], lapsed: set[int], now: float, out: PutOutcome) -> None:
+        """The write-back of one call's device victims, in the live store's
+        steps (KVStoreCore._demote): lapsed replicas are dropped; victims the
+        host tier holds already are touched there, in eviction order; the
+        others go in as its most recent blocks, in eviction order, after the
+        host tier has evicted all the room they need at once; what the tier
+        cannot hold at all is dropped."""
         host = self._host
         assert host is not None
         lru = host.lru
-        if victim in lru:
-            host.lease.pop(victim, None)
-            lru.move_to_end(victim)
-            return
-        if len(lru) >= host.pages:
+        kept = [v for v in victims if v not in lapsed] if lapsed else victims
+        down = [v for v in kept if v not in lru][:host.pages]  # what cannot fit is dropped
+        host.touch_chain([v for v in reversed(kept) if v in lru])
+        shortfall = len(down) - (host.pages - len(lru))
+        for _ in range(max(0, shortfall)):
             out.host_evicted.append(host.pop_victim(now)[0])
-        lru[victim] = None
-        out.demoted.append(victim)
+        for v in down:
+            lru[v] = None
+        out.demoted.extend(down)
 
     def _settle(self, out: PutOutcome) -> None:
         """Keeps in each list only what holds at the end of the call (PutOutcome)."""

@@ -51,7 +51,8 @@ class ClusterSpec:
     host: str = "127.0.0.1"
     geometry: str = "tiny"
     block_size: int = 0  # 0: the geometry preset's
-    num_pages: int = 4096
+    device_pages: int = 4096
+    host_pages: int = 0  # each node's host tier (0: none)
     policy: str = "none"
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)  # per kind
 
@@ -94,7 +95,8 @@ class LocalCluster:
                                     ["--predictor", predictor.address, "--policy", self.spec.policy], deadline)
             for i in range(self.spec.nodes):
                 node_args = ["--node-id", f"node-{i}", "--scheduler", scheduler.address,
-                             "--geometry", self.spec.geometry, "--num-pages", str(self.spec.num_pages)]
+                             "--geometry", self.spec.geometry, "--device-pages", str(self.spec.device_pages),
+                             "--host-pages", str(self.spec.host_pages)]
                 if self.spec.block_size:
                     node_args += ["--block-size", str(self.spec.block_size)]
                 self._spawn(f"node-{i}", "kvstore", node_args, deadline)

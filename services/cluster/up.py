@@ -9,8 +9,8 @@ from typing import Mapping, Sequence
 
 from rich.table import Table
 
-from speckv.services.cluster.status import wide_console
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster, ServiceProcess, default_run_dir
+from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument
 
 
@@ -29,14 +29,15 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--geometry", default="tiny", help="KV geometry preset of every node")
     parser.add_argument("--block-size", type=int, default=0, help="tokens per block; 0 = preset's")
-    parser.add_argument("--num-pages", type=int, default=4096, help="pool pages per node")
+    parser.add_argument("--device-pages", type=int, default=4096, help="device-tier blocks per node")
+    parser.add_argument("--host-pages", type=int, default=0, help="host-tier blocks per node (0: no host tier)")
     parser.add_argument("--policy", default="none", help="replication policy of the scheduler")
     parser.add_argument("--run-dir", default=None, help="logs and cluster.json [env SPECKV_RUN_DIR]")
     args = parser.parse_args(list(argv))
     if not 1 <= args.nodes <= 64:
         raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
-                       num_pages=args.num_pages, policy=args.policy)
+                       device_pages=args.device_pages, host_pages=args.host_pages, policy=args.policy)
     return spec, args
 
 

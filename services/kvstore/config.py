@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from speckv.kernels.backend import CHOICES as BACKEND_CHOICES
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.server import ServerSettings
-from speckv.kernels.backend import CHOICES as BACKEND_CHOICES
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
+from speckv.services.common.server import ServerSettings
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 
 KIB = 1024
@@ -24,7 +24,8 @@ class KVStoreConfig(ServerSettings):
     num_kv_heads: int = field(default=0, metadata={"help": "override the preset's KV heads (0: preset's)"})
     head_dim: int = field(default=0, metadata={"help": "override the preset's head dimension (0: preset's)"})
     dtype: str = field(default="", metadata={"help": "override the preset's dtype: float16 | bfloat16 | float32 (empty: preset's)"})
-    num_pages: int = field(default=4096, metadata={"help": "blocks the pool holds"})
+    device_pages: int = field(default=4096, metadata={"help": "blocks the device tier holds (the engine's HBM; the NumPy pool stands in on CPU)"})
+    host_pages: int = field(default=0, metadata={"help": "blocks the host tier below it holds (host DRAM, pinned when a GPU is present); 0: no host tier"})
     scheduler: str = field(default="", metadata={"help": "scheduler address host:port to register with; empty: none"})
     advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
     heartbeat_interval_s: float = field(default=1.0, metadata={"help": "seconds between heartbeats to the scheduler (unless it asks for another)"})
@@ -42,8 +43,10 @@ class KVStoreConfig(ServerSettings):
         if not self.node_id.strip():
             raise InvalidArgument("node_id is empty")
         geometry = self.kv_geometry()  # names geometry / block_size on error
-        if self.num_pages <= 0:
-            raise InvalidArgument(f"num_pages={self.num_pages}: must be > 0")
+        if self.device_pages <= 0:
+            raise InvalidArgument(f"device_pages={self.device_pages}: must be > 0")
+        if self.host_pages < 0:
+            raise InvalidArgument(f"host_pages={self.host_pages}: must be >= 0 (0: no host tier)")
         if not MIN_CHUNK <= self.chunk_kib * KIB <= MAX_CHUNK:
             raise InvalidArgument(f"chunk_kib={self.chunk_kib}: must be {MIN_CHUNK // KIB}..{MAX_CHUNK // KIB}")
         largest = max(self.chunk_kib * KIB, geometry.bytes_per_block) + MESSAGE_OVERHEAD

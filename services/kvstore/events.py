@@ -10,7 +10,10 @@ Invariants:
   are resident, it asks for a sequence older than what is retained, it falls
   behind retention while connected, or it names a sequence from the future,
   e.g. of an earlier run of this node) first gets a SNAPSHOT listing every
-  resident block as of sequence S, then the deltas after S.
+  resident block as of sequence S, then the deltas after S;
+- every event names the tier it is about by its medium ("GPU", "CPU"); a
+  SNAPSHOT lists the device tier's blocks in block_hashes and the host
+  tier's in host_block_hashes.
 """
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ from typing import Callable, Iterator
 from speckv.services.common.clock import Clock
 from speckv.services.common.ids import BlockHash
 
-# Resident hashes and the last sequence they reflect, read atomically.
-SnapshotFn = Callable[[], tuple[list[BlockHash], int]]
+# Resident hashes of the device tier, the last sequence they reflect and the
+# host tier's hashes, read atomically.
+SnapshotFn = Callable[[], tuple[list[BlockHash], int, list[BlockHash]]]
 BATCH = 1024  # events handed out per wake-up, so one reader never holds the lock long
 
 
@@ -48,6 +52,8 @@ class KVEvent:
     parent: BlockHash | None = None
     family: str = ""
     order_id: str = ""  # COMMITTED only
+    medium: str = "GPU"  # the tier: services/common/tiers.py
+    host_block_hashes: tuple[BlockHash, ...] = ()  # SNAPSHOT only: the host tier's blocks
 
 
 class EventLog:
@@ -71,12 +77,12 @@ class EventLog:
 
     def append(
         self, kind: EventType, hashes: tuple[BlockHash, ...], *, parent: BlockHash | None = None,
-        family: str = "", order_id: str = "",
+        family: str = "", order_id: str = "", medium: str = "GPU",
     ) -> KVEvent:
         with self._cond:
             self._last += 1
             event = KVEvent(self._last, kind, hashes, self._clock.now(), self._node_id,
-                            self._block_size, parent, family, order_id)
+                            self._block_size, parent, family, order_id, medium)
             self._events.append(event)
             self._cond.notify_all()
             return event
@@ -111,9 +117,9 @@ class EventLog:
                     continue
             first = False
             if stale:
-                hashes, cursor = snapshot()
-                if hashes or after_sequence != 0:
-                    yield self._snapshot_event(hashes, cursor)
+                hashes, cursor, host = snapshot()
+                if hashes or host or after_sequence != 0:
+                    yield self._snapshot_event(hashes, cursor, host)
                 continue
             yield from batch
             cursor = batch[-1].sequence
@@ -126,6 +132,6 @@ class EventLog:
         stop = min(len(self._events), start + BATCH)
         return [self._events[i] for i in range(start, stop)]
 
-    def _snapshot_event(self, hashes: list[BlockHash], sequence: int) -> KVEvent:
+    def _snapshot_event(self, hashes: list[BlockHash], sequence: int, host: list[BlockHash]) -> KVEvent:
         return KVEvent(sequence, EventType.SNAPSHOT, tuple(hashes), self._clock.now(),
-                       self._node_id, self._block_size)
+                       self._node_id, self._block_size, host_block_hashes=tuple(host))

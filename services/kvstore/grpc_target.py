@@ -67,7 +67,7 @@ class GrpcReplicationTarget:
         request = kvstore_pb2.ReserveRequest(
             order_id=order.order_id, block_hashes=order.block_hashes, lease_ms=max(1, round(lease_s * 1000)),
             source_node=order.source_node, family=order.family,
-            parent_hash=order.parent or 0, has_parent=order.parent is not None)
+            parent_hash=order.parent or 0, has_parent=order.parent is not None, medium=order.tier.medium)
         try:
             reply = self._stub.Reserve(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:

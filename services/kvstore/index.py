@@ -132,17 +132,29 @@ class BlockIndex:
             count += 1
         return count
 
-    def pop_victim(self, now: float) -> BlockEntry | None:
+    def pop_victim(self, now: float, protect: frozenset[BlockHash] | set[BlockHash] = frozenset()) -> BlockEntry | None:
         """Removes and returns the next block to evict, or None if every
-        resident block is pinned."""
-        while self._leases and self._leases[0][0] <= now:
-            deadline, _, block_hash = heapq.heappop(self._leases)
-            entry = self._entries.get(block_hash)
-            if entry is not None and entry.lease_deadline == deadline and entry.pins == 0:
+        resident block is pinned or protected. Protected blocks are passed
+        over where they stand: unlike a pin, protecting moves nothing in the
+        eviction order."""
+        passed: list[tuple[float, int, BlockHash]] = []
+        try:
+            while self._leases and self._leases[0][0] <= now:
+                item = heapq.heappop(self._leases)
+                deadline, _, block_hash = item
+                entry = self._entries.get(block_hash)
+                if entry is not None and entry.lease_deadline == deadline and entry.pins == 0:
+                    if block_hash in protect:
+                        passed.append(item)
+                        continue
+                    return self.remove(block_hash)
+        finally:
+            for item in passed:
+                heapq.heappush(self._leases, item)
+        for block_hash in self._lru:
+            if block_hash not in protect:
                 return self.remove(block_hash)
-        if not self._lru:
-            return None
-        return self.remove(next(iter(self._lru)))
+        return None
 
     def remove(self, block_hash: BlockHash) -> BlockEntry:
         """Drops an unpinned block from the index (its page is the caller's)."""

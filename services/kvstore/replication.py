@@ -31,9 +31,10 @@ from typing import Callable, Iterator, Mapping, Protocol, Sequence
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError
 from speckv.services.common.ids import BlockHash
+from speckv.services.common.tiers import Tier
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.dataplane.pack_pipeline import pipelined_chunks
-from speckv.services.kvstore.pool import Buffer
+from speckv.services.kvstore.pool import Buffer, PageId
 from speckv.services.kvstore.reservations import Grant
 from speckv.services.kvstore.store import KVStoreCore
 
@@ -54,6 +55,7 @@ class TransferOrder:
     target_node: str = ""
     replica_lease_s: float = 0.0  # 0: the copies are ordinary blocks
     parent: BlockHash | None = None
+    tier: Tier = Tier.DEVICE  # where the target keeps the copies
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +169,12 @@ class Replicator:
             crcs: dict[int, int] = {}
             total = len(grant.hashes) * grant.bytes_per_block
             if grant.hashes:
-                make = self._views if target.zero_copy and self._store.zero_copy else self._chunks
-                target.write_chunks(grant.handle, make(grant.hashes, chunk_bytes, crcs, result), total)
+                placed = self._store.pages_of(grant.hashes) if target.zero_copy else None
+                if placed is not None and self._store.tier_zero_copy(placed[0]):
+                    chunks = self._views(placed[0], placed[1], chunk_bytes, crcs, result)
+                else:
+                    chunks = self._chunks(grant.hashes, chunk_bytes, crcs, result)
+                target.write_chunks(grant.handle, chunks, total)
             target.commit(grant.handle, crcs, order.replica_lease_s)
             result.blocks_sent = len(grant.hashes)
             result.outcome = TransferOutcome.COMMITTED
@@ -195,15 +201,14 @@ class Replicator:
             result.bytes_sent += packed.data.nbytes
             yield Chunk(packed.offset, packed.data, packed.crc32c)
 
-    def _views(self, hashes: Sequence[BlockHash], chunk_bytes: int, crcs: dict[int, int],
+    def _views(self, tier: Tier, pages: Sequence[PageId], chunk_bytes: int, crcs: dict[int, int],
                result: ReplicationResult) -> Iterator[Chunk]:
-        """Zero-copy chunks: views of the held pages, crc32c from cached
-        segment checksums; records each crc and counts bytes."""
-        pages = self._store.pages_of(hashes)
-        total = len(hashes) * self._store.bytes_per_block
+        """Zero-copy chunks: views of the held pages (all in tier), crc32c
+        from cached segment checksums; records each crc and counts bytes."""
+        total = len(pages) * self._store.bytes_per_block
         for offset in range(0, total, chunk_bytes):
             size = min(chunk_bytes, total - offset)
-            views, crc = self._store.source_chunk(pages, offset, size)
+            views, crc = self._store.source_chunk(pages, offset, size, tier)
             crcs[offset] = crc
             result.bytes_sent += size
             yield Chunk(offset, None, crc, tuple(views))

@@ -35,8 +35,9 @@ MAINTENANCE_S = 1.0  # how often lapsed reservations are reaped at the latest
 
 
 def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
-    return KVStoreCore(config.node_id, config.kv_geometry(), config.num_pages, clock,
-                       event_retention=config.event_retention, backend=select_backend(config.backend))
+    return KVStoreCore(config.node_id, config.kv_geometry(), config.device_pages, clock,
+                       event_retention=config.event_retention, backend=select_backend(config.backend),
+                       host_pages=config.host_pages, host_backend=select_backend("numpy") if config.host_pages else None)
 
 
 def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:

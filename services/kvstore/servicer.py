@@ -9,6 +9,7 @@ import grpc
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry_proto import geometry_to_proto
 from speckv.services.common.ids import BlockHash
+from speckv.services.common.tiers import Tier
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
@@ -59,6 +60,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def Unpin(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinResponse:
         return kvstore_pb2.PinResponse(changed=self._store.unpin(list(request.block_hashes)))
 
+    def Promote(self, request: kvstore_pb2.PromoteRequest,
+                context: grpc.ServicerContext) -> kvstore_pb2.PromoteResponse:
+        return kvstore_pb2.PromoteResponse(promoted=self._store.promote(list(request.block_hashes)))
+
     def GetStats(self, request: kvstore_pb2.StatsRequest, context: grpc.ServicerContext) -> kvstore_pb2.StatsResponse:
         return stats_to_proto(self._store.stats())
 
@@ -83,7 +88,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         lease_s = request.lease_ms / MS if request.lease_ms else self._default_lease_s
         grant = self._store.reserve(
             request.order_id, list(request.block_hashes), lease_s, family=request.family,
-            parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=request.source_node)
+            parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=request.source_node,
+            tier=Tier.parse(request.medium))
         return kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
                                            bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,
                                            data_address=self._data_address)
@@ -111,7 +117,8 @@ def order_from_proto(message: common_pb2.ReplicationOrder) -> TransferOrder:
     return TransferOrder(
         order_id=message.order_id, block_hashes=tuple(BlockHash(h) for h in message.block_hashes),
         target_address=message.target_address, family=message.family, source_node=message.source_node,
-        target_node=message.target_node, replica_lease_s=message.lease_ms / MS)
+        target_node=message.target_node, replica_lease_s=message.lease_ms / MS,
+        tier=Tier.parse(message.target_medium))
 
 
 def result_to_proto(result: ReplicationResult) -> kvstore_pb2.ReplicateResponse:
@@ -124,16 +131,25 @@ def result_to_proto(result: ReplicationResult) -> kvstore_pb2.ReplicateResponse:
 
 
 def stats_to_proto(stats: StoreStats) -> kvstore_pb2.StatsResponse:
-    return kvstore_pb2.StatsResponse(
+    reply = kvstore_pb2.StatsResponse(
         node_id=stats.node_id, geometry=geometry_to_proto(stats.geometry), num_pages=stats.num_pages,
         used_pages=stats.used_pages, free_pages=stats.free_pages, pinned_pages=stats.pinned_pages,
         reserved_pages=stats.reserved_pages, replica_pages=stats.replica_pages, pool_bytes=stats.pool_bytes,
         last_event_sequence=stats.last_event_sequence, blocks_stored_total=stats.blocks_stored_total,
-        blocks_evicted_total=stats.blocks_evicted_total, blocks_committed_total=stats.blocks_committed_total)
+        blocks_evicted_total=stats.blocks_evicted_total, blocks_committed_total=stats.blocks_committed_total,
+        blocks_demoted_total=stats.blocks_demoted_total, blocks_promoted_total=stats.blocks_promoted_total,
+        blocks_dropped_total=stats.blocks_dropped_total)
+    host = stats.host
+    if host is not None:
+        reply.host_pages, reply.host_used_pages, reply.host_free_pages = host.num_pages, host.used_pages, host.free_pages
+        reply.host_pinned_pages, reply.host_replica_pages = host.pinned_pages, host.replica_pages
+        reply.host_pool_bytes = host.pool_bytes
+    return reply
 
 
 def event_to_proto(event: KVEvent) -> kvstore_pb2.KVEvent:
     return kvstore_pb2.KVEvent(
         sequence=event.sequence, type=int(event.type), block_hashes=event.block_hashes,
         parent_hash=event.parent or 0, has_parent=event.parent is not None, block_size=event.block_size,
-        family=event.family, node_id=event.node_id, time_s=event.time_s, order_id=event.order_id)
+        family=event.family, node_id=event.node_id, time_s=event.time_s, order_id=event.order_id,
+        medium=event.medium, host_block_hashes=event.host_block_hashes)

@@ -1,15 +1,30 @@
-"""KVStoreCore: one node's KV store, composing the pool, the index, the event
-log and the reservation book behind one lock.
+"""KVStoreCore: one node's KV store, composing its tiers (each a pool, an
+index and a reservation book; tier.py), the event log and the page mover
+behind one lock.
+
+Tiers: every node has a device tier; with host_pages > 0 it also has a host
+tier below it. A block is in one tier or both. A block the device tier
+evicts by LRU is demoted to the host tier (write-back: its bytes are copied
+down before its device page is freed), where it becomes the most recent
+block; a speculative replica whose lease lapsed is dropped, not demoted (a
+wrong guess is given back). The host tier evicts by the same policy
+(index.py), so a chain leaves it tail first too. `promote` copies a
+prefix's host-only blocks up into the device tier (the host copy stays) and
+is what a route's host hit waits for before prefill. Reads (lookups, reads,
+replication sources) see both tiers; a put stores into the device tier; a
+reservation names its tier.
 
 Invariants:
-- every page is in exactly one of: the free stack, the index (visible), an
-  open reservation (invisible until commit), or a put being written under the
-  lock (never observable);
+- every page of each tier is in exactly one of: its free stack, its index
+  (visible), an open reservation (invisible until commit), or a put, demotion
+  or promotion being written under the lock (never observable);
 - a request that fails changes nothing already stored: inputs are validated
   and room is found (evicting only as many blocks as needed, never pinned
   ones, never blocks the request itself names) before anything is written;
 - every state change that readers care about is appended to the event log
-  while the lock is held, so event order is state order.
+  while the lock is held, so event order is state order; events carry their
+  tier's medium ("GPU", "CPU"), and a demotion is STORED(CPU) before
+  REMOVED(GPU), so a reader never sees the block leave the node.
 
 Thread-safe: every public method takes the lock. Byte copies run under it too
 (a block is at most a few MiB: tens to hundreds of microseconds), except the
@@ -27,17 +42,19 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from speckv.kernels.backend import Backend
+from speckv.kernels.backend import Backend, NumpyBackend
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import BlockHash, OrderId
+from speckv.services.common.tiers import Tier
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.dataplane.segments import Piece, Span
 from speckv.services.kvstore.events import EventLog, EventType, KVEvent
 from speckv.services.kvstore.index import BlockEntry, BlockIndex
-from speckv.services.kvstore.pool import Buffer, PageId, PagePool
+from speckv.services.kvstore.pool import Buffer, PageId, PagePool, bytes_view
 from speckv.services.kvstore.reservations import Grant, Handle, Reservation, ReservationBook
+from speckv.services.kvstore.tier import PageMover, StoreTier
 
 
 @dataclass(slots=True)
@@ -75,7 +92,24 @@ class LookupResult:
 
 
 @dataclass(slots=True)
+class TierStats:
+    """One tier's pages (a block in both tiers has a page in each)."""
+
+    num_pages: int
+    used_pages: int  # not free: resident + reserved
+    free_pages: int
+    pinned_pages: int
+    reserved_pages: int
+    replica_pages: int  # speculative replicas still carrying a lease
+    evictable_pages: int  # resident and unpinned
+    pool_bytes: int
+
+
+@dataclass(slots=True)
 class StoreStats:
+    """The device tier's figures under their pre-tier names, then the host
+    tier's (all 0 without one) and the moves between them."""
+
     node_id: str
     geometry: KVGeometry
     num_pages: int
@@ -89,44 +123,81 @@ class StoreStats:
     last_event_sequence: int
     open_reservations: int
     blocks_stored_total: int
-    blocks_evicted_total: int
+    blocks_evicted_total: int  # left the device tier (demoted or dropped)
     blocks_committed_total: int
+    host: TierStats | None = None
+    blocks_demoted_total: int = 0
+    blocks_promoted_total: int = 0
+    blocks_dropped_total: int = 0  # left the node: evicted with no copy in the other tier
 
     @property
     def available_pages(self) -> int:
-        """Pages a new request could get: free plus evictable."""
+        """Device pages a new request could get: free plus evictable."""
         return self.free_pages + self.evictable_pages
+
+    @property
+    def host_pages(self) -> int:
+        return self.host.num_pages if self.host is not None else 0
 
 
 class KVStoreCore:
     def __init__(
         self, node_id: str, geometry: KVGeometry, num_pages: int, clock: Clock, *,
         event_retention: int = 100_000, max_hashes_per_request: int = 65_536, backend: Backend | None = None,
+        host_pages: int = 0, host_backend: Backend | None = None,
     ) -> None:
-        """backend: where the pool lives (None: host memory through NumPy)."""
+        """num_pages: the device tier's blocks; backend: where they live (None:
+        host memory through NumPy). host_pages: the host tier's blocks (0:
+        none); host_backend: its memory (None: NumPy, unpinned)."""
         self.node_id = validate.identifier(node_id, "node_id")
+        if host_pages < 0:
+            raise InvalidArgument(f"host_pages={host_pages}: must be >= 0 (0: no host tier)")
         self.geometry = geometry
         self.clock = clock
         self.max_hashes = max_hashes_per_request
         self._lock = threading.RLock()
-        self._pool = PagePool(geometry, num_pages, backend)
-        self._index = BlockIndex()
+        self._device = self._make_tier(Tier.DEVICE, num_pages, backend, node_id)
+        self._host = (self._make_tier(Tier.HOST, host_pages, host_backend or NumpyBackend(), f"{node_id}-host")
+                      if host_pages else None)
+        self._pool, self._index, self._book = self._device.pool, self._device.index, self._device.book
+        self._mover = PageMover(geometry.bytes_per_block, (host_backend or self._device.pool.backend))
         self._events = EventLog(node_id, geometry.block_size, event_retention, clock)
-        self._book = ReservationBook(self._pool, clock, self._publish, prefix=node_id)
         self._stored_total = self._evicted_total = self._committed_total = 0
+        self._demoted_total = self._promoted_total = self._dropped_total = 0
+
+    def _make_tier(self, tier: Tier, pages: int, backend: Backend | None, prefix: str) -> StoreTier:
+        pool = PagePool(self.geometry, pages, backend)
+        book = ReservationBook(pool, self.clock, lambda r, lease: self._publish(tier, r, lease), prefix=prefix)
+        return StoreTier(tier, pool, BlockIndex(), book)
 
     @property
     def bytes_per_block(self) -> int:
         return self.geometry.bytes_per_block
 
+    @property
+    def has_host_tier(self) -> bool:
+        return self._host is not None
+
     # ---- queries ------------------------------------------------------
     def lookup(self, hashes: Sequence[int]) -> LookupResult:
-        """Which hashes are resident; hits count as uses (LRU, lease)."""
+        """Which hashes are resident in either tier. The hits of the longest
+        resident prefix count as uses (LRU, lease): a block past the first
+        miss serves no prefill, so it is not used."""
         wanted = validate.hash_list(hashes, "lookup", self.max_hashes)
         with self._lock:
-            present = [h in self._index for h in wanted]
-            self._index.touch_chain([h for h, hit in zip(wanted, present) if hit])
-            return LookupResult(present, self._index.longest_prefix(wanted))
+            present = [self._holds(h) for h in wanted]
+            prefix = 0
+            for hit in present:
+                if not hit:
+                    break
+                prefix += 1
+            self._touch(wanted[:prefix])
+            return LookupResult(present, prefix)
+
+    def tier_of(self, block_hash: int) -> Tier | None:
+        """The tier a read of block_hash uses (the device tier when both hold it); None: not resident."""
+        with self._lock:
+            return self._read_tier(block_hash)
 
     def get_blocks(self, hashes: Sequence[int]) -> Iterator[tuple[BlockHash, np.ndarray]]:
         """Validates and pins every hash now (NotFound names the missing ones),
@@ -136,12 +207,12 @@ class KVStoreCore:
         wanted = validate.hash_list(hashes, "get_blocks", self.max_hashes)
         with self._lock:
             self._require_resident(wanted, "get_blocks")
-            for h in wanted:
-                self._index.pin(h)
-            self._index.touch_chain(wanted)
-        return self._read_pinned(wanted)
+            pinned = self._pin_all(wanted)
+            self._touch(wanted)
+        return self._read_pinned(wanted, pinned)
 
-    def _read_pinned(self, wanted: list[BlockHash]) -> Iterator[tuple[BlockHash, np.ndarray]]:
+    def _read_pinned(self, wanted: list[BlockHash],
+                     pinned: list[tuple[StoreTier, BlockHash]]) -> Iterator[tuple[BlockHash, np.ndarray]]:
         buffer = np.empty(self.bytes_per_block, dtype=np.uint8)
         try:
             for h in wanted:
@@ -149,24 +220,40 @@ class KVStoreCore:
                 yield h, buffer
         finally:
             with self._lock:
-                for h in reversed(wanted):  # back into the LRU tail first (index.py)
-                    self._index.unpin(h)
+                self._unpin_all(pinned)
 
     def pack(self, hashes: Sequence[BlockHash], out: Buffer) -> None:
-        """Canonical bytes of resident blocks into out, without counting as a
-        use (replication reads). The caller keeps them pinned."""
+        """Canonical bytes of resident blocks into out, from whichever tier
+        holds each (the device tier when both do), without counting as a use
+        (replication reads). The caller keeps them pinned."""
         with self._lock:
             self._require_resident(hashes, "pack")
-            self._pool.pack([self._index.get(h).page for h in hashes], out)  # type: ignore[union-attr]
+            runs = self._tier_runs(hashes)
+            if len(runs) == 1:
+                tier, pages = runs[0]
+                tier.pool.pack(pages, out)
+                return
+            flat, bpb, at = bytes_view(out), self.bytes_per_block, 0
+            for tier, pages in runs:
+                tier.pool.pack(pages, flat[at * bpb:(at + len(pages)) * bpb])
+                at += len(pages)
 
     def stats(self) -> StoreStats:
         with self._lock:
+            d = self._tier_stats(self._device)
             return StoreStats(
-                self.node_id, self.geometry, self._pool.num_pages,
-                self._pool.num_pages - self._pool.free_count, self._pool.free_count,
-                self._index.pinned_count, self._book.reserved_pages, self._index.replica_count,
-                self._index.evictable_count, self._pool.nbytes, self._events.last_sequence,
-                len(self._book), self._stored_total, self._evicted_total, self._committed_total)
+                self.node_id, self.geometry, d.num_pages, d.used_pages, d.free_pages, d.pinned_pages,
+                d.reserved_pages, d.replica_pages, d.evictable_pages, d.pool_bytes, self._events.last_sequence,
+                len(self._device.book) + (len(self._host.book) if self._host else 0), self._stored_total,
+                self._evicted_total, self._committed_total,
+                self._tier_stats(self._host) if self._host else None, self._demoted_total, self._promoted_total,
+                self._dropped_total)
+
+    @staticmethod
+    def _tier_stats(tier: StoreTier) -> TierStats:
+        pool, index = tier.pool, tier.index
+        return TierStats(pool.num_pages, pool.num_pages - pool.free_count, pool.free_count, index.pinned_count,
+                         tier.book.reserved_pages, index.replica_count, index.evictable_count, pool.nbytes)
 
     def subscribe(self, after_sequence: int, keep_going: Callable[[], bool] = lambda: True,
                   poll_s: float = 0.5) -> Iterator[KVEvent]:
@@ -174,13 +261,15 @@ class KVStoreCore:
             raise InvalidArgument(f"after_sequence={after_sequence}: must be >= 0")
         return self._events.subscribe(after_sequence, self._snapshot, keep_going, poll_s)
 
-    def _snapshot(self) -> tuple[list[BlockHash], int]:
+    def _snapshot(self) -> tuple[list[BlockHash], int, list[BlockHash]]:
         with self._lock:
-            return self._index.hashes(), self._events.last_sequence
+            host = self._host.index.hashes() if self._host else []
+            return self._device.index.hashes(), self._events.last_sequence, host
 
     # ---- writes -------------------------------------------------------
     def put_blocks(self, blocks: Sequence[BlockWrite]) -> PutResult:
-        """Stores the blocks not yet resident; resident ones count as uses."""
+        """Stores the blocks the device tier lacks (a host-only one gets its
+        device copy from the bytes given); resident ones count as uses."""
         hashes = validate.hash_list([b.block_hash for b in blocks], "put_blocks",
                                     min(self.max_hashes, self._pool.num_pages), unique=True)
         for i, block in enumerate(blocks):
@@ -197,50 +286,88 @@ class KVStoreCore:
                 self._pool.unpack(block.data, [page])
                 self._pool.seal([page])  # segment checksums now, while the bytes are hot
                 self._index.insert(BlockEntry(block.block_hash, page, block.family, block.parent))
-            self._index.touch_chain(hashes)  # the fresh ones too: the head ends most recent
+            self._touch(hashes)  # the fresh ones too: the head ends most recent
             self._stored_total += len(fresh)
             self._emit_stored(fresh)
             return PutResult(len(fresh), len(present), evicted)
 
+    def promote(self, hashes: Sequence[int]) -> int:
+        """Copies the blocks of hashes that only the host tier holds into the
+        device tier, in one staged copy, before a prefill reads them; every
+        hash must be resident (NotFound names the rest). The chain counts as
+        a use. Returns how many blocks were copied (0 without a host tier)."""
+        wanted = validate.hash_list(hashes, "promote", self.max_hashes)
+        with self._lock:
+            self._require_resident(wanted, "promote")
+            host = self._host
+            up = list(dict.fromkeys(h for h in wanted if h not in self._index))
+            if host is None or not up:
+                self._touch(wanted)
+                return 0
+            protect = [h for h in dict.fromkeys(wanted) if h in self._index]
+            for h in up:
+                host.index.pin(h)  # the device evictions below demote into the host tier: keep these
+            try:
+                pages, _ = self._allocate(len(up), protect=protect, what="promote")
+            finally:
+                for h in reversed(up):  # tail first: the pins leave the chain in LRU order (index.py)
+                    host.index.unpin(h)
+            sources = [host.index.get(h) for h in up]
+            self._mover.move(host.pool, [e.page for e in sources], self._pool, pages)  # type: ignore[union-attr]
+            for entry, page in zip(sources, pages):
+                assert entry is not None
+                self._index.insert(BlockEntry(entry.block_hash, page, entry.family, entry.parent))
+            self._touch(wanted)
+            self._promoted_total += len(up)
+            self._emit_runs(EventType.STORED, Tier.DEVICE, sources)  # type: ignore[arg-type]
+            return len(up)
+
     def pin(self, hashes: Sequence[int]) -> int:
+        """Pins each block in every tier that holds it now: neither tier evicts it."""
         wanted = validate.hash_list(hashes, "pin", self.max_hashes)
         with self._lock:
             self._require_resident(wanted, "pin")
-            for h in wanted:
-                self._index.pin(h)
-            self._index.touch_chain(wanted)
+            self._pin_all(wanted)
+            self._touch(wanted)
             return len(wanted)
 
     def unpin(self, hashes: Sequence[int]) -> int:
+        """Drops one pin per hash from every tier where the block is pinned."""
         wanted = validate.hash_list(hashes, "unpin", self.max_hashes)
         with self._lock:
             self._require_resident(wanted, "unpin")
             asked: dict[BlockHash, int] = {}
             for h in wanted:
                 asked[h] = asked.get(h, 0) + 1
-            short = [h for h, n in asked.items() if self._index.get(h).pins < n]  # type: ignore[union-attr]
+            short = [h for h, n in asked.items() if self._pins(h) < n]
             if short:
                 raise FailedPrecondition(f"unpin: blocks not pinned (that many times): {validate.quote(short)}")
             for h in reversed(wanted):  # back into the LRU tail first (index.py)
-                self._index.unpin(h)
+                for tier in self._tiers():
+                    entry = tier.index.get(h)
+                    if entry is not None and entry.pins:
+                        tier.index.unpin(h)
             return len(wanted)
 
     # ---- target side of replication ----------------------------------
     def reserve(
         self, order_id: str, hashes: Sequence[int], lease_s: float, *, family: str = "",
-        parent: BlockHash | None = None, source_node: str = "",
+        parent: BlockHash | None = None, source_node: str = "", tier: Tier = Tier.DEVICE,
     ) -> Grant:
-        """Holds pages for the hashes this node lacks (evicting if needed)."""
+        """Holds pages of tier for the hashes this node holds in no tier
+        (evicting if needed); FailedPrecondition when it has no such tier."""
         validate.identifier(order_id, "order_id")
         wanted = validate.hash_list(hashes, "reserve", self.max_hashes, unique=True)
         validate.lease(lease_s, "lease_s")
         with self._lock:
-            self._book.reap()
+            target = self._tier(tier, f"reserve for order {order_id}")
+            self._reap()
             parents = [parent, *wanted[:-1]]
-            needed = [(h, p) for h, p in zip(wanted, parents) if h not in self._index]
-            present = [h for h in wanted if h in self._index]
-            pages, _ = self._allocate(len(needed), protect=present, what=f"reserve for order {order_id}")
-            reservation = self._book.open(
+            needed = [(h, p) for h, p in zip(wanted, parents) if not self._holds(h)]
+            present = [h for h in wanted if h in target.index]
+            allocate = self._allocate if target is self._device else self._allocate_host
+            pages, _ = allocate(len(needed), protect=present, what=f"reserve for order {order_id}")
+            reservation = target.book.open(
                 OrderId(order_id), [h for h, _ in needed], pages, lease_s, parents=[p for _, p in needed],
                 family=family, parent=parent, source_node=source_node)
             return Grant(reservation.handle, tuple(reservation.hashes), self.bytes_per_block, reservation.deadline)
@@ -250,15 +377,15 @@ class KVStoreCore:
         live reservation, inside it); changes nothing but reaping."""
         validate.identifier(handle, "handle")
         with self._lock:
-            self._book.reap()
-            self._book.check(Handle(handle), offset, size)
+            self._reap()
+            self._book_of(handle).book.check(Handle(handle), offset, size)
 
     def write_chunk(self, handle: str, offset: int, data: Buffer, crc32c: int, actual_crc: int | None = None) -> int:
         """actual_crc: crc32c of data when the caller computed it already."""
         validate.identifier(handle, "handle")
         with self._lock:
-            self._book.reap()
-            return self._book.write(Handle(handle), offset, data, crc32c, actual_crc)
+            self._reap()
+            return self._book_of(handle).book.write(Handle(handle), offset, data, crc32c, actual_crc)
 
     def begin_write(self, handle: str, offset: int, size: int) -> ZeroCopyWrite | None:
         """Checks like check_write; on a host pool also registers a zero-copy
@@ -266,34 +393,36 @@ class KVStoreCore:
         device pool: stage the bytes and call write_chunk instead."""
         validate.identifier(handle, "handle")
         with self._lock:
-            self._book.reap()
-            if not self._pool.zero_copy:
-                self._book.check(Handle(handle), offset, size)
+            self._reap()
+            tier = self._book_of(handle)
+            if not tier.pool.zero_copy:
+                tier.book.check(Handle(handle), offset, size)
                 return None
-            reservation = self._book.begin_write(Handle(handle), offset, size)
-            spans = self._pool.spans(reservation.pages, offset, size)  # in range: checked above
+            reservation = tier.book.begin_write(Handle(handle), offset, size)
+            spans = tier.pool.spans(reservation.pages, offset, size)  # in range: checked above
             if spans is not None:
-                return ZeroCopyWrite(reservation, offset, size, spans, [], self._pool.span_views(spans))
-            pieces = self._pool.pieces(reservation.pages, offset, size)
-            return ZeroCopyWrite(reservation, offset, size, None, pieces, self._pool.views(pieces))
+                return ZeroCopyWrite(reservation, offset, size, spans, [], tier.pool.span_views(spans))
+            pieces = tier.pool.pieces(reservation.pages, offset, size)
+            return ZeroCopyWrite(reservation, offset, size, None, pieces, tier.pool.views(pieces))
 
     def finish_write(self, write: ZeroCopyWrite, crc32c: int, actual_crc: int, piece_crcs: Sequence[int]) -> int:
         """Ends a zero-copy write: its bytes had crc32c actual_crc, the sender
         said crc32c; piece_crcs are the crc32c of each of write.pieces, kept
         for the whole segments. Returns the reservation's covered bytes."""
         with self._lock:
-            covered = self._book.finish_write(write.reservation, write.offset, write.size, crc32c, actual_crc)
+            tier = self._book_of(write.reservation.handle)
+            covered = tier.book.finish_write(write.reservation, write.offset, write.size, crc32c, actual_crc)
             if write.spans is not None:
-                self._pool.crcs.record_spans(write.spans, piece_crcs)
+                tier.pool.crcs.record_spans(write.spans, piece_crcs)
             for piece, crc in zip(write.pieces, piece_crcs):
                 if piece.whole:
-                    self._pool.crcs.record(piece.page, piece.segment, crc)
+                    tier.pool.crcs.record(piece.page, piece.segment, crc)
             return covered
 
     def cancel_write(self, write: ZeroCopyWrite) -> None:
         """Ends a zero-copy write that did not complete (abort it too)."""
         with self._lock:
-            self._book.cancel_write(write.reservation, write.offset, write.size)
+            self._book_of(write.reservation.handle).book.cancel_write(write.reservation, write.offset, write.size)
 
     def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
         """replica_lease_s 0: the blocks are kept like any other block."""
@@ -301,116 +430,233 @@ class KVStoreCore:
         if replica_lease_s < 0:
             raise InvalidArgument(f"replica_lease_s={replica_lease_s}: must be >= 0")
         with self._lock:
-            self._book.reap()
-            return self._book.commit(Handle(handle), dict(chunk_crcs), replica_lease_s)
+            self._reap()
+            return self._book_of(handle).book.commit(Handle(handle), dict(chunk_crcs), replica_lease_s)
 
     def abort(self, handle: str, reason: str = "") -> int:
         validate.identifier(handle, "handle")
         with self._lock:
-            self._book.reap()
-            return self._book.abort(Handle(handle), reason)
+            self._reap()
+            return self._book_of(handle).book.abort(Handle(handle), reason)
 
     # ---- source side of replication -----------------------------------
     @contextmanager
     def hold(self, hashes: Sequence[int], what: str = "replicate") -> Iterator[list[BlockHash]]:
-        """Pins the blocks for the duration (FailedPrecondition naming the
-        ones this node lacks), without counting as a use."""
+        """Pins the blocks, in every tier holding them, for the duration
+        (FailedPrecondition naming the ones this node lacks), without
+        counting as a use."""
         wanted = validate.hash_list(hashes, what, self.max_hashes)
         with self._lock:
-            missing = [h for h in wanted if h not in self._index]
+            missing = [h for h in wanted if not self._holds(h)]
             if missing:
                 raise FailedPrecondition(
                     f"{what}: node {self.node_id} lacks {len(missing)} of {len(wanted)} blocks: "
                     f"{validate.quote(missing)}")
-            for h in wanted:
-                self._index.pin(h)
+            pinned = self._pin_all(wanted)
         try:
             yield wanted
         finally:
             with self._lock:
-                for h in wanted:
-                    self._index.unpin(h)
+                self._unpin_all(pinned)
 
-    def pages_of(self, hashes: Sequence[BlockHash]) -> list[PageId]:
-        """The pages of resident blocks (the caller holds them pinned)."""
+    def pages_of(self, hashes: Sequence[BlockHash]) -> tuple[Tier, list[PageId]] | None:
+        """The tier and pages of resident blocks when one tier holds them all
+        (the device tier first), else None; the caller holds them pinned."""
         with self._lock:
             self._require_resident(hashes, "pages_of")
-            return [self._index.get(h).page for h in hashes]  # type: ignore[union-attr]
+            for tier in self._tiers():
+                entries = [tier.index.get(h) for h in hashes]
+                if all(e is not None for e in entries):
+                    return tier.tier, [e.page for e in entries]  # type: ignore[union-attr]
+            return None
 
     @property
     def zero_copy(self) -> bool:
-        """Whether source_chunk and begin_write views work (a host pool)."""
+        """Whether source_chunk and begin_write views work on the device tier (a host pool)."""
         return self._pool.zero_copy
 
-    def source_chunk(self, pages: Sequence[PageId], offset: int, length: int) -> tuple[list[memoryview], int]:
+    def tier_zero_copy(self, tier: Tier) -> bool:
+        """Whether source_chunk views work on tier (a host pool)."""
+        return self._tier(tier, "tier_zero_copy").pool.zero_copy
+
+    def source_chunk(self, pages: Sequence[PageId], offset: int, length: int,
+                     tier: Tier = Tier.DEVICE) -> tuple[list[memoryview], int]:
         """Views of canonical bytes [offset, offset+length) of pages' blocks
-        (pinned by the caller, so they stay put and unchanged) and their
-        crc32c, folded from cached segment checksums (host pools only)."""
+        in tier (pinned by the caller, so they stay put and unchanged) and
+        their crc32c, folded from cached segment checksums (host pools only)."""
         with self._lock:
-            spans = self._pool.spans(pages, offset, length)
+            pool = self._tier(tier, "source_chunk").pool
+            spans = pool.spans(pages, offset, length)
             if spans is not None:
-                return self._pool.span_views(spans), self._pool.spans_crc(spans)
-            pieces = self._pool.pieces(pages, offset, length)
-            return self._pool.views(pieces), self._pool.range_crc(pieces)
+                return pool.span_views(spans), pool.spans_crc(spans)
+            pieces = pool.pieces(pages, offset, length)
+            return pool.views(pieces), pool.range_crc(pieces)
 
     # ---- housekeeping ---------------------------------------------------
     def maintenance(self) -> int:
         """Reaps lapsed reservations (freeing their pages); returns how many."""
         with self._lock:
-            return self._book.reap()
+            return self._reap()
 
     def close(self) -> None:
         """Ends every event subscription."""
         self._events.close()
 
     # ---- internals (lock held) ------------------------------------------
+    def _tiers(self) -> tuple[StoreTier, ...]:
+        return (self._device,) if self._host is None else (self._device, self._host)
+
+    def _tier(self, tier: Tier, what: str) -> StoreTier:
+        if tier is Tier.DEVICE:
+            return self._device
+        if self._host is None:
+            raise FailedPrecondition(f"{what}: node {self.node_id} has no host tier (started with host_pages 0)")
+        return self._host
+
+    def _book_of(self, handle: str) -> StoreTier:
+        """The tier whose book issued handle (host handles carry the host book's prefix)."""
+        if self._host is not None and handle.startswith(f"{self.node_id}-host-"):
+            return self._host
+        return self._device
+
+    def _reap(self) -> int:
+        return sum(tier.book.reap() for tier in self._tiers())
+
+    def _holds(self, block_hash: int) -> bool:
+        return block_hash in self._index or (self._host is not None and block_hash in self._host.index)
+
+    def _read_tier(self, block_hash: int) -> Tier | None:
+        if block_hash in self._index:
+            return Tier.DEVICE
+        if self._host is not None and block_hash in self._host.index:
+            return Tier.HOST
+        return None
+
+    def _tier_runs(self, hashes: Sequence[BlockHash]) -> list[tuple[StoreTier, list[PageId]]]:
+        """hashes (all resident) as runs of consecutive blocks read from one tier."""
+        runs: list[tuple[StoreTier, list[PageId]]] = []
+        for h in hashes:
+            tier = self._device if h in self._index else self._host
+            assert tier is not None
+            if not runs or runs[-1][0] is not tier:
+                runs.append((tier, []))
+            runs[-1][1].append(tier.index.get(h).page)  # type: ignore[union-attr]
+        return runs
+
+    def _touch(self, hashes: Sequence[BlockHash]) -> None:
+        """A use of a chain (head first) in every tier holding its blocks: tail first (index.py)."""
+        self._index.touch_chain([h for h in hashes if h in self._index])
+        if self._host is not None:
+            self._host.index.touch_chain([h for h in hashes if h in self._host.index])
+
+    def _pins(self, block_hash: BlockHash) -> int:
+        return max((e.pins for e in (t.index.get(block_hash) for t in self._tiers()) if e is not None), default=0)
+
+    def _pin_all(self, hashes: Sequence[BlockHash]) -> list[tuple[StoreTier, BlockHash]]:
+        """Pins each block in every tier holding it; returns what to unpin."""
+        pinned = []
+        for h in hashes:
+            for tier in self._tiers():
+                if h in tier.index:
+                    tier.index.pin(h)
+                    pinned.append((tier, h))
+        return pinned
+
+    def _unpin_all(self, pinned: list[tuple[StoreTier, BlockHash]]) -> None:
+        for tier, h in reversed(pinned):  # back into the LRU tail first (index.py)
+            tier.index.unpin(h)
+
     def _require_resident(self, hashes: Sequence[BlockHash], what: str) -> None:
-        missing = [h for h in dict.fromkeys(hashes) if h not in self._index]
+        missing = [h for h in dict.fromkeys(hashes) if not self._holds(h)]
         if missing:
             raise NotFound(f"{what}: unknown block hashes on node {self.node_id}: {validate.quote(missing)}")
 
     def _allocate(self, count: int, protect: Sequence[BlockHash], what: str) -> tuple[list[PageId], int]:
-        """count pages, evicting as few blocks as needed but none of protect.
+        """count device pages, evicting as few blocks as needed but none of
+        protect; evicted blocks are demoted to the host tier (_demote).
         Raises ResourceExhausted, changing nothing, when that is impossible."""
-        shortfall = count - self._pool.free_count
-        if shortfall <= 0:
-            return self._pool.alloc(count), 0
-        shielded = sum(1 for h in protect if self._index.get(h).pins == 0)  # type: ignore[union-attr]
-        evictable = self._index.evictable_count - shielded
-        if evictable < shortfall:
-            raise ResourceExhausted(
-                f"{what}: needs {count} pages but only {self._pool.free_count} are free and {evictable} "
-                f"evictable ({self._index.pinned_count} pinned, {self._book.reserved_pages} reserved, "
-                f"{self._pool.num_pages} in all)")
-        for h in protect:
-            self._index.pin(h)
-        try:
-            victims = [self._index.pop_victim(self.clock.now()) for _ in range(shortfall)]
-        finally:
-            for h in protect:
-                self._index.unpin(h)
-        self._pool.free([v.page for v in victims])  # type: ignore[union-attr]
-        self._evicted_total += len(victims)
-        self._events.append(EventType.REMOVED, tuple(v.block_hash for v in victims))  # type: ignore[union-attr]
+        victims = self._evict(self._device, count, protect, what)
+        if victims:
+            self._demote(victims)
+            self._pool.free([v.page for v in victims])
+            self._evicted_total += len(victims)
+            self._events.append(EventType.REMOVED, tuple(v.block_hash for v in victims), medium=Tier.DEVICE.medium)
         return self._pool.alloc(count), len(victims)
 
-    def _publish(self, reservation: Reservation, replica_lease_s: float) -> int:
-        """Book callback at commit: index the reserved blocks, emit COMMITTED.
-        A hash that became resident meanwhile keeps its copy; ours is freed."""
+    def _allocate_host(self, count: int, protect: Sequence[BlockHash], what: str) -> tuple[list[PageId], int]:
+        """count host pages, evicting (dropping) as few host blocks as needed but none of protect."""
+        host = self._host
+        assert host is not None
+        victims = self._evict(host, count, protect, what)
+        if victims:
+            host.pool.free([v.page for v in victims])
+            self._dropped_total += sum(1 for v in victims if v.block_hash not in self._index)
+            self._events.append(EventType.REMOVED, tuple(v.block_hash for v in victims), medium=Tier.HOST.medium)
+        return host.pool.alloc(count), len(victims)
+
+    def _evict(self, tier: StoreTier, count: int, protect: Sequence[BlockHash], what: str) -> list[BlockEntry]:
+        """Removes from tier's index the victims count new pages need (its
+        pool keeps their pages until the caller frees them)."""
+        pool, index = tier.pool, tier.index
+        shortfall = count - pool.free_count
+        if shortfall <= 0:
+            return []
+        guarded = {h for h in protect if h in index}
+        shielded = sum(1 for h in guarded if index.get(h).pins == 0)  # type: ignore[union-attr]
+        evictable = index.evictable_count - shielded
+        if evictable < shortfall:
+            raise ResourceExhausted(
+                f"{what}: needs {count} {tier.tier.name.lower()} pages but only {pool.free_count} are free and "
+                f"{evictable} evictable ({index.pinned_count} pinned, {tier.book.reserved_pages} reserved, "
+                f"{pool.num_pages} in all)")
+        now = self.clock.now()
+        return [index.pop_victim(now, guarded) for _ in range(shortfall)]  # type: ignore[misc]
+
+    def _demote(self, victims: list[BlockEntry]) -> None:
+        """Write-back of device victims (their pages still hold their bytes):
+        each one evicted by LRU goes to the host tier as its most recent
+        block, in eviction order, so a chain's head ends most recent there
+        too; a lapsed replica is dropped; a block the host tier already holds
+        is only touched there. What the host tier cannot make room for is
+        dropped."""
+        host, now = self._host, self.clock.now()
+        if host is None:
+            self._dropped_total += len(victims)
+            return
+        lapsed = [v for v in victims if v.lease_deadline is not None and v.lease_deadline <= now]
+        kept = [v for v in victims if not (v.lease_deadline is not None and v.lease_deadline <= now)]
+        known = [v for v in kept if v.block_hash in host.index]
+        down = [v for v in kept if v.block_hash not in host.index]
+        host.index.touch_chain([v.block_hash for v in reversed(known)])
+        room = min(len(down), host.pool.free_count + host.index.evictable_count)
+        down, lost = down[:room], down[room:]
+        pages, _ = self._allocate_host(len(down), protect=[], what="demote")
+        self._mover.move(self._pool, [v.page for v in down], host.pool, pages)
+        for entry, page in zip(down, pages):
+            host.index.insert(BlockEntry(entry.block_hash, page, entry.family, entry.parent))
+        self._demoted_total += len(down)
+        self._dropped_total += len(lost) + sum(1 for v in lapsed if v.block_hash not in host.index)
+        self._emit_runs(EventType.STORED, Tier.HOST, down[::-1])  # victims go tail first; events list chains head first
+
+    def _publish(self, tier: Tier, reservation: Reservation, replica_lease_s: float) -> int:
+        """Book callback at commit: index the reserved blocks in tier, emit
+        COMMITTED. A hash that became resident in that tier meanwhile keeps
+        its copy; ours is freed."""
+        target = self._tier(tier, "commit")
         lease = self.clock.now() + replica_lease_s if replica_lease_s > 0 else None
         published: list[BlockHash] = []
         # Tail first, so that once the lease lapses LRU takes the tail first (index.py).
         for h, page, parent in reversed(list(zip(reservation.hashes, reservation.pages, reservation.parents))):
-            if h in self._index:
-                self._pool.free([page])
+            if h in target.index:
+                target.pool.free([page])
                 continue
-            self._index.insert(BlockEntry(h, page, reservation.family, parent, lease_deadline=lease))
+            target.index.insert(BlockEntry(h, page, reservation.family, parent, lease_deadline=lease))
             published.append(h)
         published.reverse()
         if published:
             self._committed_total += len(published)
             self._events.append(EventType.COMMITTED, tuple(published), parent=reservation.parent,
-                                family=reservation.family, order_id=reservation.order_id)
+                                family=reservation.family, order_id=reservation.order_id, medium=tier.medium)
         return len(published)
 
     def _emit_stored(self, fresh: Sequence[BlockWrite]) -> None:
@@ -427,4 +673,17 @@ class KVStoreCore:
 
     def _append_stored(self, run: list[BlockWrite]) -> None:
         self._events.append(EventType.STORED, tuple(b.block_hash for b in run),
-                            parent=run[0].parent, family=run[0].family)
+                            parent=run[0].parent, family=run[0].family, medium=Tier.DEVICE.medium)
+
+    def _emit_runs(self, kind: EventType, tier: Tier, entries: Sequence[BlockEntry]) -> None:
+        """Events for blocks moved between tiers, one per run that chains (as _emit_stored)."""
+        run: list[BlockEntry] = []
+        for entry in entries:
+            if run and not (entry.parent == run[-1].block_hash and entry.family == run[-1].family):
+                self._events.append(kind, tuple(e.block_hash for e in run), parent=run[0].parent,
+                                    family=run[0].family, medium=tier.medium)
+                run = []
+            run.append(entry)
+        if run:
+            self._events.append(kind, tuple(e.block_hash for e in run), parent=run[0].parent,
+                                family=run[0].family, medium=tier.medium)

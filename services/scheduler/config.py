@@ -23,6 +23,8 @@ class SchedulerConfig(ServerSettings):
     engine_profiles_path: str = field(default="", metadata={"help": "engine profiles JSON; empty = the packaged one"})
     link_gbps: float = field(default=25.0, metadata={"help": "node-to-node link bandwidth for fetch-time estimates, Gbit/s"})
     link_overhead_ms: float = field(default=1.0, metadata={"help": "fixed cost of one node-to-node transfer, ms"})
+    host_link_gbps: float = field(default=0.0, metadata={"help": "each node's host<->device link (PCIe) for promotion-time estimates, Gbit/s; 0: host tiers are not priced"})
+    host_link_overhead_ms: float = field(default=0.0, metadata={"help": "fixed cost of one promotion copy, ms"})
     lookup_timeout_s: float = field(default=0.2, metadata={"help": "deadline of Route's confirming KVStore.Lookup, s"})
     policies_path: str = field(default="", metadata={"help": "policy/planner thresholds JSON; empty = the committed services/config/policies.json"})
     oracle_trace: str = field(default="", metadata={"help": "Mooncake-format trace the oracle policy reads the true future from; empty = no oracle"})
@@ -45,6 +47,9 @@ class SchedulerConfig(ServerSettings):
         if self.heartbeat_interval_ms >= self.node_timeout_s * 1000:
             raise InvalidArgument(f"heartbeat_interval_ms={self.heartbeat_interval_ms}: must be shorter "
                                   f"than node_timeout_s={self.node_timeout_s}")
+        if not self.host_link_gbps >= 0 or not self.host_link_overhead_ms >= 0:
+            raise InvalidArgument(f"host_link_gbps={self.host_link_gbps}, host_link_overhead_ms="
+                                  f"{self.host_link_overhead_ms}: must be >= 0 (host_link_gbps 0: not priced)")
         if self.link_overhead_ms < 0:
             raise InvalidArgument(f"link_overhead_ms={self.link_overhead_ms}: must be >= 0")
         if self.tie_ms < 0:

@@ -29,9 +29,11 @@ from typing import Callable
 
 import grpc
 
+from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import NodeId
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
+from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
@@ -52,7 +54,14 @@ def to_index_event(event: kvstore_pb2.KVEvent) -> IndexEvent | None:
     kind = KIND_OF_EVENT.get(event.type)
     if kind is None:
         return None
-    return IndexEvent(kind, list(event.block_hashes), event.has_parent, event.family, event.sequence)
+    try:
+        tier = Tier.parse(event.medium)
+    except InvalidArgument:
+        log.warning("kv event %d from %s names an unknown medium %r; skipped", event.sequence, event.node_id,
+                    event.medium)
+        return None
+    return IndexEvent(kind, list(event.block_hashes), event.has_parent, event.family, event.sequence, tier,
+                      list(event.host_block_hashes) or None)
 
 
 class NodeEventStream:
@@ -131,7 +140,9 @@ class NodeEventStream:
     def _take(self, message: kvstore_pb2.KVEvent) -> bool:
         """Applies one event; False ends this stream (stop, stale, or a gap)."""
         event = to_index_event(message)
-        if event is None:
+        if event is None:  # a kind or medium this index does not know: skipped, not a gap
+            if self.last_sequence and message.sequence == self.last_sequence + 1:
+                self.last_sequence = message.sequence
             return True
         if event.kind is not HolderEventKind.SNAPSHOT and self.last_sequence:
             if event.sequence <= self.last_sequence:

@@ -21,7 +21,8 @@ a cluster without host tiers pays nothing for them.
 
 Event semantics (vLLM KV events): STORED and COMMITTED add blocks to the
 event's tier, REMOVED drops them from it, SNAPSHOT replaces the node's whole
-inventory with the event's blocks in its tier. Not thread-safe:
+inventory with the event's blocks in its tier (and host_hashes in the host
+tier). Not thread-safe:
 SchedulerCore serialises access.
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ class IndexEvent:
     family: str = ""
     sequence: int = 0
     tier: Tier = Tier.DEVICE
+    host_hashes: list[int] | None = None  # SNAPSHOT only: the host tier's blocks (block_hashes: the device tier's)
 
 
 @dataclass(slots=True)
@@ -66,6 +68,8 @@ class HolderIndex:
         if event.kind is HolderEventKind.SNAPSHOT:
             self.drop_node(node)
             self._store(node, event.block_hashes, event.tier)
+            if event.host_hashes:
+                self._store(node, event.host_hashes, Tier.HOST)
         elif event.kind in (HolderEventKind.STORED, HolderEventKind.COMMITTED):
             self._store(node, event.block_hashes, event.tier)
             if not event.has_parent and event.block_hashes:

@@ -9,6 +9,7 @@ from speckv.services.common.errors import Aborted, InvalidArgument
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState
@@ -30,7 +31,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def RegisterNode(self, request, context):
         again, interval_ms = self._core.register_node(
-            request.node_id, request.address, request.capacity_pages, _geometry(request))
+            request.node_id, request.address, request.capacity_pages, _geometry(request), request.host_pages)
         return scheduler_pb2.RegisterNodeResponse(
             node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again)
 
@@ -67,7 +68,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("order is missing")
         o = request.order
         spec = OrderSpec(Family(o.family), list(o.block_hashes), NodeId(o.source_node), NodeId(o.target_node),
-                         o.lease_ms, o.priority, o.expected_benefit_ms, o.policy, o.target_address, o.order_id)
+                         o.lease_ms, o.priority, o.expected_benefit_ms, o.policy, o.target_address, o.order_id,
+                         Tier.parse(o.target_medium) if o.target_medium else None)
         return scheduler_pb2.SubmitOrderResponse(order_id=self._core.submit_order(spec).order_id)
 
     def ReportOrderStatus(self, request, context):
@@ -106,7 +108,7 @@ def _route_response(r: RouteResult) -> scheduler_pb2.RouteResponse:
         node_id=r.node_id, address=r.address, cached_blocks=r.cached_blocks,
         expected_ttft_ms=r.expected_ttft_ms, fetch_from_node=r.fetch_from or "",
         fetch_blocks=r.fetch_blocks, family=r.family, queue_ms=r.queue_ms,
-        prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms)
+        prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms, promote_blocks=r.promote_blocks, promote_ms=r.promote_ms)
 
 
 def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:
@@ -115,7 +117,7 @@ def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:
         order_id=order.order_id, family=s.family, block_hashes=s.block_hashes, source_node=s.source,
         target_node=s.target, target_address=s.target_address, lease_ms=s.lease_ms, priority=s.priority,
         expected_benefit_ms=s.expected_benefit_ms, policy=s.policy,
-        cancelled=order.state is OrderState.CANCELLED)
+        cancelled=order.state is OrderState.CANCELLED, target_medium=s.tier.medium if s.tier else "")
 
 
 def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> KVGeometry | None:

@@ -23,7 +23,7 @@ def alive(sched):
 
 def test_nodes_register_heartbeat_and_execute_orders():
     with scheduler(policy="none") as (sched_server, sched):
-        agents = dict(scheduler=sched_server.address, heartbeat_interval_s=0.1, num_pages=32)
+        agents = dict(scheduler=sched_server.address, heartbeat_interval_s=0.1, device_pages=32)
         with kvstore(node_id="a", **agents) as (server_a, a), kvstore(node_id="b", **agents) as (server_b, b):
             assert wait_until(lambda: set(alive(sched)) == {"a", "b"})
             nodes = alive(sched)

@@ -17,7 +17,7 @@ BPB = TINY.bytes_per_block
 
 @pytest.fixture(scope="module")
 def nodes():
-    with kvstore(node_id="a", num_pages=64) as (server_a, a), kvstore(node_id="b", num_pages=64) as (server_b, b):
+    with kvstore(node_id="a", device_pages=64) as (server_a, a), kvstore(node_id="b", device_pages=64) as (server_b, b):
         yield (server_a, a), (server_b, b)
 
 
@@ -200,7 +200,7 @@ def test_unknown_hashes_are_not_found(nodes):
 
 
 def test_full_pool_is_resource_exhausted_without_losing_blocks():
-    with kvstore(node_id="small", num_pages=4) as (_, stub):
+    with kvstore(node_id="small", device_pages=4) as (_, stub):
         put(stub, 1, 2, 3, 4)
         stub.Pin(kvstore_pb2.PinRequest(block_hashes=[1, 2, 3, 4]), timeout=TIMEOUT)
         with pytest.raises(grpc.RpcError) as info:

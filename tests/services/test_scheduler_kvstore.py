@@ -118,7 +118,7 @@ def test_event_stream_reconnects_and_resyncs_from_a_snapshot():
     sequence from its future) answers with a SNAPSHOT that replaces the old
     inventory; later events apply on top."""
     with scheduler() as (_, sched):
-        config = KVStoreConfig(node_id="n1", geometry="tiny", num_pages=64)  # no agent: registered by hand
+        config = KVStoreConfig(node_id="n1", geometry="tiny", device_pages=64)  # no agent: registered by hand
         first = build_kvstore(config, build_telemetry("kvstore", {})).start()
         port = first.port
         channel = grpc.insecure_channel(first.address)
@@ -131,7 +131,7 @@ def test_event_stream_reconnects_and_resyncs_from_a_snapshot():
         channel.close()
         first.stop(grace_s=0.5)
 
-        second = build_kvstore(KVStoreConfig(node_id="n1", geometry="tiny", num_pages=64, port=port),
+        second = build_kvstore(KVStoreConfig(node_id="n1", geometry="tiny", device_pages=64, port=port),
                                build_telemetry("kvstore", {})).start()
         channel = grpc.insecure_channel(second.address)
         try:
@@ -144,3 +144,30 @@ def test_event_stream_reconnects_and_resyncs_from_a_snapshot():
         finally:
             channel.close()
             second.stop(grace_s=0.5)
+
+
+def test_tiered_nodes_register_their_host_tier_and_orders_land_there_by_default():
+    """A node that registers a host tier gets replicas in it (the order's
+    default tier): the copy evicts nothing from the target's device tier, and
+    a route to a node whose prefix sits in its host tier names the blocks to
+    promote."""
+    with scheduler(host_link_gbps=8.0, tie_ms=0.1) as (server, sched):
+        with shared_kvstore(node_id="n1", geometry="tiny", scheduler=server.address, heartbeat_interval_s=0.2,
+                            device_pages=4, host_pages=16) as (_, kv1), \
+                shared_kvstore(node_id="n2", geometry="tiny", scheduler=server.address, heartbeat_interval_s=0.2,
+                               device_pages=4, host_pages=16) as (_, kv2):
+            assert wait_until(lambda: {k for k, n in nodes(sched).items() if n.alive} == {"n1", "n2"})
+            put_chain(kv1, CHAIN[:4])
+            put_chain(kv1, [2001, 2002], family="other")  # 4 device pages: CHAIN[3], CHAIN[2] go down
+            assert wait_until(lambda: nodes(sched)["n1"].num_blocks == 6)
+            route = sched.Route(scheduler_pb2.RouteRequest(request_id="r", block_hashes=CHAIN[:4],
+                                                           prompt_tokens=4 * 4 + 1, family="doc"),
+                                timeout=TIMEOUT)
+            assert route.node_id == "n1" and route.cached_blocks == 4 and route.promote_blocks == 2, route
+            assert route.promote_ms > 0
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=common_pb2.ReplicationOrder(
+                family="doc", block_hashes=CHAIN[:3], source_node="n1", target_node="n2", lease_ms=30_000)),
+                timeout=TIMEOUT)
+            assert wait_until(lambda: nodes(sched)["n2"].num_blocks == 3)
+            stats = kv2.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
+            assert (stats.host_replica_pages, stats.used_pages) == (3, 0)

@@ -32,8 +32,9 @@ def writes(*hashes: int, geometry: KVGeometry = TINY, family: str = "f") -> list
 
 
 def make_store(num_pages: int = 8, node_id: str = "n1", geometry: KVGeometry = TINY,
-               clock: Clock | None = None, retention: int = 1000) -> KVStoreCore:
-    return KVStoreCore(node_id, geometry, num_pages, clock or ManualClock(1000.0), event_retention=retention)
+               clock: Clock | None = None, retention: int = 1000, host_pages: int = 0) -> KVStoreCore:
+    return KVStoreCore(node_id, geometry, num_pages, clock or ManualClock(1000.0), event_retention=retention,
+                       host_pages=host_pages)
 
 
 def read(store: KVStoreCore, *hashes: int) -> list[bytes]:
@@ -49,7 +50,7 @@ def retained_events(store: KVStoreCore) -> list:
 def kvstore(clock: Clock | None = None, telemetry=None,
             **overrides) -> Iterator[tuple[object, kvstore_pb2_grpc.KVStoreStub]]:
     """A started kvstore server on 127.0.0.1 and a plain stub to it."""
-    config = KVStoreConfig(**{"num_pages": 64, **overrides})
+    config = KVStoreConfig(**{"device_pages": 64, **overrides})
     server = build_server(config, telemetry or build_telemetry("kvstore", {}), clock=clock).start()
     channel = grpc.insecure_channel(server.address)
     try:

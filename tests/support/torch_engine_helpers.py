@@ -62,7 +62,7 @@ def run(engine_: TorchEngine, *jobs: TorchJob) -> list:
 
 def model_kvstore_config(node_id: str, **overrides) -> KVStoreConfig:
     """A kvstore config whose geometry is the model's (preset tiny, overridden)."""
-    return KVStoreConfig(node_id=node_id, num_pages=256, geometry="tiny", num_layers=GEOMETRY.num_layers,
+    return KVStoreConfig(node_id=node_id, device_pages=256, geometry="tiny", num_layers=GEOMETRY.num_layers,
                          num_kv_heads=GEOMETRY.num_kv_heads, head_dim=GEOMETRY.head_dim, dtype=GEOMETRY.dtype,
                          block_size=GEOMETRY.block_size, **overrides)
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from speckv.v1 import common_pb2 as speckv_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17speckv/v1/kvstore.proto\x12\tspeckv.v1\x1a\x16speckv/v1/common.proto\"%\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"8\n\x0eLookupResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\x12\x15\n\rprefix_blocks\x18\x02 \x01(\r\"l\n\x0fPutBlockRequest\x12\x12\n\nblock_hash\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x13\n\x0bparent_hash\x18\x04 \x01(\x04\x12\x12\n\nhas_parent\x18\x05 \x01(\x08\"M\n\x11PutBlocksResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x17\n\x0f\x61lready_present\x18\x02 \x01(\r\x12\x0f\n\x07\x65victed\x18\x03 \x01(\r\"(\n\x10GetBlocksRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"=\n\tBlockData\x12\x12\n\nblock_hash\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x03 \x01(\r\"\"\n\nPinRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"\x1e\n\x0bPinResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xd5\x02\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\x08geometry\x18\x02 \x01(\x0b\x32\x15.speckv.v1.KVGeometry\x12\x11\n\tnum_pages\x18\x03 \x01(\r\x12\x12\n\nused_pages\x18\x04 \x01(\r\x12\x12\n\nfree_pages\x18\x05 \x01(\r\x12\x14\n\x0cpinned_pages\x18\x06 \x01(\r\x12\x16\n\x0ereserved_pages\x18\x07 \x01(\r\x12\x15\n\rreplica_pages\x18\x08 \x01(\r\x12\x12\n\npool_bytes\x18\t \x01(\x04\x12\x1b\n\x13last_event_sequence\x18\n \x01(\x04\x12\x1b\n\x13\x62locks_stored_total\x18\x0b \x01(\x04\x12\x1c\n\x14\x62locks_evicted_total\x18\x0c \x01(\x04\x12\x1e\n\x16\x62locks_committed_total\x18\r \x01(\x04\"0\n\x16SubscribeEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\"\xd7\x01\n\x07KVEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.speckv.v1.KVEventType\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x13\n\x0bparent_hash\x18\x04 \x01(\x04\x12\x12\n\nhas_parent\x18\x05 \x01(\x08\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x07 \x01(\t\x12\x0f\n\x07node_id\x18\x08 \x01(\t\x12\x0e\n\x06time_s\x18\t \x01(\x01\x12\x10\n\x08order_id\x18\n \x01(\t\"f\n\x10ReplicateRequest\x12*\n\x05order\x18\x01 \x01(\x0b\x32\x1b.speckv.v1.ReplicationOrder\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\x12\x11\n\ttransport\x18\x03 \x01(\t\"\xc1\x01\n\x11ReplicateResponse\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.speckv.v1.OrderState\x12\x13\n\x0b\x62locks_sent\x18\x03 \x01(\r\x12\x16\n\x0e\x62locks_skipped\x18\x04 \x01(\r\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x11\n\ttransport\x18\x08 \x01(\t\"\x98\x01\n\x0eReserveRequest\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x13\n\x0bsource_node\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x05 \x01(\t\x12\x13\n\x0bparent_hash\x18\x06 \x01(\x04\x12\x12\n\nhas_parent\x18\x07 \x01(\x08\"\x80\x01\n\x0fReserveResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x17\n\x0f\x62ytes_per_block\x18\x03 \x01(\x04\x12\x18\n\x10lease_deadline_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x64\x61ta_address\x18\x05 \x01(\t\"Q\n\x11WriteChunkRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\r\"-\n\x13WriteChunksResponse\x12\x16\n\x0e\x62ytes_received\x18\x01 \x01(\x04\"\xae\x01\n\rCommitRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12?\n\x0c\x63hunk_crc32c\x18\x02 \x03(\x0b\x32).speckv.v1.CommitRequest.ChunkCrc32cEntry\x12\x18\n\x10replica_lease_ms\x18\x03 \x01(\r\x1a\x32\n\x10\x43hunkCrc32cEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"*\n\x0e\x43ommitResponse\x12\x18\n\x10\x62locks_committed\x18\x01 \x01(\r\".\n\x0c\x41\x62ortRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\rAbortResponse\x12\x13\n\x0bpages_freed\x18\x01 \x01(\r*\x9a\x01\n\x0bKVEventType\x12\x1d\n\x19KV_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x18\n\x14KV_EVENT_TYPE_STORED\x10\x01\x12\x19\n\x15KV_EVENT_TYPE_REMOVED\x10\x02\x12\x1b\n\x17KV_EVENT_TYPE_COMMITTED\x10\x03\x12\x1a\n\x16KV_EVENT_TYPE_SNAPSHOT\x10\x04\x32\xa0\x06\n\x07KVStore\x12=\n\x06Lookup\x12\x18.speckv.v1.LookupRequest\x1a\x19.speckv.v1.LookupResponse\x12G\n\tPutBlocks\x12\x1a.speckv.v1.PutBlockRequest\x1a\x1c.speckv.v1.PutBlocksResponse(\x01\x12@\n\tGetBlocks\x12\x1b.speckv.v1.GetBlocksRequest\x1a\x14.speckv.v1.BlockData0\x01\x12\x34\n\x03Pin\x12\x15.speckv.v1.PinRequest\x1a\x16.speckv.v1.PinResponse\x12\x36\n\x05Unpin\x12\x15.speckv.v1.PinRequest\x1a\x16.speckv.v1.PinResponse\x12=\n\x08GetStats\x12\x17.speckv.v1.StatsRequest\x1a\x18.speckv.v1.StatsResponse\x12J\n\x0fSubscribeEvents\x12!.speckv.v1.SubscribeEventsRequest\x1a\x12.speckv.v1.KVEvent0\x01\x12\x46\n\tReplicate\x12\x1b.speckv.v1.ReplicateRequest\x1a\x1c.speckv.v1.ReplicateResponse\x12@\n\x07Reserve\x12\x19.speckv.v1.ReserveRequest\x1a\x1a.speckv.v1.ReserveResponse\x12M\n\x0bWriteChunks\x12\x1c.speckv.v1.WriteChunkRequest\x1a\x1e.speckv.v1.WriteChunksResponse(\x01\x12=\n\x06\x43ommit\x12\x18.speckv.v1.CommitRequest\x1a\x19.speckv.v1.CommitResponse\x12:\n\x05\x41\x62ort\x12\x17.speckv.v1.AbortRequest\x1a\x18.speckv.v1.AbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17speckv/v1/kvstore.proto\x12\tspeckv.v1\x1a\x16speckv/v1/common.proto\"%\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"8\n\x0eLookupResponse\x12\x0f\n\x07present\x18\x01 \x03(\x08\x12\x15\n\rprefix_blocks\x18\x02 \x01(\r\"l\n\x0fPutBlockRequest\x12\x12\n\nblock_hash\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x66\x61mily\x18\x03 \x01(\t\x12\x13\n\x0bparent_hash\x18\x04 \x01(\x04\x12\x12\n\nhas_parent\x18\x05 \x01(\x08\"M\n\x11PutBlocksResponse\x12\x0e\n\x06stored\x18\x01 \x01(\r\x12\x17\n\x0f\x61lready_present\x18\x02 \x01(\r\x12\x0f\n\x07\x65victed\x18\x03 \x01(\r\"(\n\x10GetBlocksRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"=\n\tBlockData\x12\x12\n\nblock_hash\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x03 \x01(\r\"\"\n\nPinRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"\x1e\n\x0bPinResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\r\"&\n\x0ePromoteRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"#\n\x0fPromoteResponse\x12\x10\n\x08promoted\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xc6\x04\n\rStatsResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\'\n\x08geometry\x18\x02 \x01(\x0b\x32\x15.speckv.v1.KVGeometry\x12\x11\n\tnum_pages\x18\x03 \x01(\r\x12\x12\n\nused_pages\x18\x04 \x01(\r\x12\x12\n\nfree_pages\x18\x05 \x01(\r\x12\x14\n\x0cpinned_pages\x18\x06 \x01(\r\x12\x16\n\x0ereserved_pages\x18\x07 \x01(\r\x12\x15\n\rreplica_pages\x18\x08 \x01(\r\x12\x12\n\npool_bytes\x18\t \x01(\x04\x12\x1b\n\x13last_event_sequence\x18\n \x01(\x04\x12\x1b\n\x13\x62locks_stored_total\x18\x0b \x01(\x04\x12\x1c\n\x14\x62locks_evicted_total\x18\x0c \x01(\x04\x12\x1e\n\x16\x62locks_committed_total\x18\r \x01(\x04\x12\x12\n\nhost_pages\x18\x0e \x01(\r\x12\x17\n\x0fhost_used_pages\x18\x0f \x01(\r\x12\x17\n\x0fhost_free_pages\x18\x10 \x01(\r\x12\x19\n\x11host_pinned_pages\x18\x11 \x01(\r\x12\x1a\n\x12host_replica_pages\x18\x12 \x01(\r\x12\x17\n\x0fhost_pool_bytes\x18\x13 \x01(\x04\x12\x1c\n\x14\x62locks_demoted_total\x18\x14 \x01(\x04\x12\x1d\n\x15\x62locks_promoted_total\x18\x15 \x01(\x04\x12\x1c\n\x14\x62locks_dropped_total\x18\x16 \x01(\x04\"0\n\x16SubscribeEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\"\x82\x02\n\x07KVEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12$\n\x04type\x18\x02 \x01(\x0e\x32\x16.speckv.v1.KVEventType\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x13\n\x0bparent_hash\x18\x04 \x01(\x04\x12\x12\n\nhas_parent\x18\x05 \x01(\x08\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x07 \x01(\t\x12\x0f\n\x07node_id\x18\x08 \x01(\t\x12\x0e\n\x06time_s\x18\t \x01(\x01\x12\x10\n\x08order_id\x18\n \x01(\t\x12\x0e\n\x06medium\x18\x0b \x01(\t\x12\x19\n\x11host_block_hashes\x18\x0c \x03(\x04\"f\n\x10ReplicateRequest\x12*\n\x05order\x18\x01 \x01(\x0b\x32\x1b.speckv.v1.ReplicationOrder\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\x12\x11\n\ttransport\x18\x03 \x01(\t\"\xc1\x01\n\x11ReplicateResponse\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.speckv.v1.OrderState\x12\x13\n\x0b\x62locks_sent\x18\x03 \x01(\r\x12\x16\n\x0e\x62locks_skipped\x18\x04 \x01(\r\x12\x12\n\nbytes_sent\x18\x05 \x01(\x04\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\x12\x0f\n\x07message\x18\x07 \x01(\t\x12\x11\n\ttransport\x18\x08 \x01(\t\"\xa8\x01\n\x0eReserveRequest\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12\x13\n\x0bsource_node\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x05 \x01(\t\x12\x13\n\x0bparent_hash\x18\x06 \x01(\x04\x12\x12\n\nhas_parent\x18\x07 \x01(\x08\x12\x0e\n\x06medium\x18\x08 \x01(\t\"\x80\x01\n\x0fReserveResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x17\n\x0f\x62ytes_per_block\x18\x03 \x01(\x04\x12\x18\n\x10lease_deadline_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x64\x61ta_address\x18\x05 \x01(\t\"Q\n\x11WriteChunkRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x04 \x01(\r\"-\n\x13WriteChunksResponse\x12\x16\n\x0e\x62ytes_received\x18\x01 \x01(\x04\"\xae\x01\n\rCommitRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12?\n\x0c\x63hunk_crc32c\x18\x02 \x03(\x0b\x32).speckv.v1.CommitRequest.ChunkCrc32cEntry\x12\x18\n\x10replica_lease_ms\x18\x03 \x01(\r\x1a\x32\n\x10\x43hunkCrc32cEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"*\n\x0e\x43ommitResponse\x12\x18\n\x10\x62locks_committed\x18\x01 \x01(\r\".\n\x0c\x41\x62ortRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"$\n\rAbortResponse\x12\x13\n\x0bpages_freed\x18\x01 \x01(\r*\x9a\x01\n\x0bKVEventType\x12\x1d\n\x19KV_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x18\n\x14KV_EVENT_TYPE_STORED\x10\x01\x12\x19\n\x15KV_EVENT_TYPE_REMOVED\x10\x02\x12\x1b\n\x17KV_EVENT_TYPE_COMMITTED\x10\x03\x12\x1a\n\x16KV_EVENT_TYPE_SNAPSHOT\x10\x04\x32\xe2\x06\n\x07KVStore\x12=\n\x06Lookup\x12\x18.speckv.v1.LookupRequest\x1a\x19.speckv.v1.LookupResponse\x12G\n\tPutBlocks\x12\x1a.speckv.v1.PutBlockRequest\x1a\x1c.speckv.v1.PutBlocksResponse(\x01\x12@\n\tGetBlocks\x12\x1b.speckv.v1.GetBlocksRequest\x1a\x14.speckv.v1.BlockData0\x01\x12\x34\n\x03Pin\x12\x15.speckv.v1.PinRequest\x1a\x16.speckv.v1.PinResponse\x12@\n\x07Promote\x12\x19.speckv.v1.PromoteRequest\x1a\x1a.speckv.v1.PromoteResponse\x12\x36\n\x05Unpin\x12\x15.speckv.v1.PinRequest\x1a\x16.speckv.v1.PinResponse\x12=\n\x08GetStats\x12\x17.speckv.v1.StatsRequest\x1a\x18.speckv.v1.StatsResponse\x12J\n\x0fSubscribeEvents\x12!.speckv.v1.SubscribeEventsRequest\x1a\x12.speckv.v1.KVEvent0\x01\x12\x46\n\tReplicate\x12\x1b.speckv.v1.ReplicateRequest\x1a\x1c.speckv.v1.ReplicateResponse\x12@\n\x07Reserve\x12\x19.speckv.v1.ReserveRequest\x1a\x1a.speckv.v1.ReserveResponse\x12M\n\x0bWriteChunks\x12\x1c.speckv.v1.WriteChunkRequest\x1a\x1e.speckv.v1.WriteChunksResponse(\x01\x12=\n\x06\x43ommit\x12\x18.speckv.v1.CommitRequest\x1a\x19.speckv.v1.CommitResponse\x12:\n\x05\x41\x62ort\x12\x17.speckv.v1.AbortRequest\x1a\x18.speckv.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_COMMITREQUEST_CHUNKCRC32CENTRY']._loaded_options = None
   _globals['_COMMITREQUEST_CHUNKCRC32CENTRY']._serialized_options = b'8\001'
-  _globals['_KVEVENTTYPE']._serialized_start=2173
-  _globals['_KVEVENTTYPE']._serialized_end=2327
+  _globals['_KVEVENTTYPE']._serialized_start=2550
+  _globals['_KVEVENTTYPE']._serialized_end=2704
   _globals['_LOOKUPREQUEST']._serialized_start=62
   _globals['_LOOKUPREQUEST']._serialized_end=99
   _globals['_LOOKUPRESPONSE']._serialized_start=101
@@ -52,36 +52,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PINREQUEST']._serialized_end=487
   _globals['_PINRESPONSE']._serialized_start=489
   _globals['_PINRESPONSE']._serialized_end=519
-  _globals['_STATSREQUEST']._serialized_start=521
-  _globals['_STATSREQUEST']._serialized_end=535
-  _globals['_STATSRESPONSE']._serialized_start=538
-  _globals['_STATSRESPONSE']._serialized_end=879
-  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_start=881
-  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_end=929
-  _globals['_KVEVENT']._serialized_start=932
-  _globals['_KVEVENT']._serialized_end=1147
-  _globals['_REPLICATEREQUEST']._serialized_start=1149
-  _globals['_REPLICATEREQUEST']._serialized_end=1251
-  _globals['_REPLICATERESPONSE']._serialized_start=1254
-  _globals['_REPLICATERESPONSE']._serialized_end=1447
-  _globals['_RESERVEREQUEST']._serialized_start=1450
-  _globals['_RESERVEREQUEST']._serialized_end=1602
-  _globals['_RESERVERESPONSE']._serialized_start=1605
-  _globals['_RESERVERESPONSE']._serialized_end=1733
-  _globals['_WRITECHUNKREQUEST']._serialized_start=1735
-  _globals['_WRITECHUNKREQUEST']._serialized_end=1816
-  _globals['_WRITECHUNKSRESPONSE']._serialized_start=1818
-  _globals['_WRITECHUNKSRESPONSE']._serialized_end=1863
-  _globals['_COMMITREQUEST']._serialized_start=1866
-  _globals['_COMMITREQUEST']._serialized_end=2040
-  _globals['_COMMITREQUEST_CHUNKCRC32CENTRY']._serialized_start=1990
-  _globals['_COMMITREQUEST_CHUNKCRC32CENTRY']._serialized_end=2040
-  _globals['_COMMITRESPONSE']._serialized_start=2042
-  _globals['_COMMITRESPONSE']._serialized_end=2084
-  _globals['_ABORTREQUEST']._serialized_start=2086
-  _globals['_ABORTREQUEST']._serialized_end=2132
-  _globals['_ABORTRESPONSE']._serialized_start=2134
-  _globals['_ABORTRESPONSE']._serialized_end=2170
-  _globals['_KVSTORE']._serialized_start=2330
-  _globals['_KVSTORE']._serialized_end=3130
+  _globals['_PROMOTEREQUEST']._serialized_start=521
+  _globals['_PROMOTEREQUEST']._serialized_end=559
+  _globals['_PROMOTERESPONSE']._serialized_start=561
+  _globals['_PROMOTERESPONSE']._serialized_end=596
+  _globals['_STATSREQUEST']._serialized_start=598
+  _globals['_STATSREQUEST']._serialized_end=612
+  _globals['_STATSRESPONSE']._serialized_start=615
+  _globals['_STATSRESPONSE']._serialized_end=1197
+  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_start=1199
+  _globals['_SUBSCRIBEEVENTSREQUEST']._serialized_end=1247
+  _globals['_KVEVENT']._serialized_start=1250
+  _globals['_KVEVENT']._serialized_end=1508
+  _globals['_REPLICATEREQUEST']._serialized_start=1510
+  _globals['_REPLICATEREQUEST']._serialized_end=1612
+  _globals['_REPLICATERESPONSE']._serialized_start=1615
+  _globals['_REPLICATERESPONSE']._serialized_end=1808
+  _globals['_RESERVEREQUEST']._serialized_start=1811
+  _globals['_RESERVEREQUEST']._serialized_end=1979
+  _globals['_RESERVERESPONSE']._serialized_start=1982
+  _globals['_RESERVERESPONSE']._serialized_end=2110
+  _globals['_WRITECHUNKREQUEST']._serialized_start=2112
+  _globals['_WRITECHUNKREQUEST']._serialized_end=2193
+  _globals['_WRITECHUNKSRESPONSE']._serialized_start=2195
+  _globals['_WRITECHUNKSRESPONSE']._serialized_end=2240
+  _globals['_COMMITREQUEST']._serialized_start=2243
+  _globals['_COMMITREQUEST']._serialized_end=2417
+  _globals['_COMMITREQUEST_CHUNKCRC32CENTRY']._serialized_start=2367
+  _globals['_COMMITREQUEST_CHUNKCRC32CENTRY']._serialized_end=2417
+  _globals['_COMMITRESPONSE']._serialized_start=2419
+  _globals['_COMMITRESPONSE']._serialized_end=2461
+  _globals['_ABORTREQUEST']._serialized_start=2463
+  _globals['_ABORTREQUEST']._serialized_end=2509
+  _globals['_ABORTRESPONSE']._serialized_start=2511
+  _globals['_ABORTRESPONSE']._serialized_end=2547
+  _globals['_KVSTORE']._serialized_start=2707
+  _globals['_KVSTORE']._serialized_end=3573
 # @@protoc_insertion_point(module_scope)

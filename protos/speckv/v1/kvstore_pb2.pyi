@@ -87,12 +87,24 @@ class PinResponse(_message.Message):
     changed: int
     def __init__(self, changed: _Optional[int] = ...) -> None: ...
 
+class PromoteRequest(_message.Message):
+    __slots__ = ("block_hashes",)
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PromoteResponse(_message.Message):
+    __slots__ = ("promoted",)
+    PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    promoted: int
+    def __init__(self, promoted: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total")
+    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total", "host_pages", "host_used_pages", "host_free_pages", "host_pinned_pages", "host_replica_pages", "host_pool_bytes", "blocks_demoted_total", "blocks_promoted_total", "blocks_dropped_total")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GEOMETRY_FIELD_NUMBER: _ClassVar[int]
     NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +118,15 @@ class StatsResponse(_message.Message):
     BLOCKS_STORED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_EVICTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_COMMITTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOST_USED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOST_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOST_PINNED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOST_REPLICA_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOST_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_DEMOTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_PROMOTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     geometry: _common_pb2.KVGeometry
     num_pages: int
@@ -119,7 +140,16 @@ class StatsResponse(_message.Message):
     blocks_stored_total: int
     blocks_evicted_total: int
     blocks_committed_total: int
-    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ...) -> None: ...
+    host_pages: int
+    host_used_pages: int
+    host_free_pages: int
+    host_pinned_pages: int
+    host_replica_pages: int
+    host_pool_bytes: int
+    blocks_demoted_total: int
+    blocks_promoted_total: int
+    blocks_dropped_total: int
+    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_used_pages: _Optional[int] = ..., host_free_pages: _Optional[int] = ..., host_pinned_pages: _Optional[int] = ..., host_replica_pages: _Optional[int] = ..., host_pool_bytes: _Optional[int] = ..., blocks_demoted_total: _Optional[int] = ..., blocks_promoted_total: _Optional[int] = ..., blocks_dropped_total: _Optional[int] = ...) -> None: ...
 
 class SubscribeEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)
@@ -128,7 +158,7 @@ class SubscribeEventsRequest(_message.Message):
     def __init__(self, after_sequence: _Optional[int] = ...) -> None: ...
 
 class KVEvent(_message.Message):
-    __slots__ = ("sequence", "type", "block_hashes", "parent_hash", "has_parent", "block_size", "family", "node_id", "time_s", "order_id")
+    __slots__ = ("sequence", "type", "block_hashes", "parent_hash", "has_parent", "block_size", "family", "node_id", "time_s", "order_id", "medium", "host_block_hashes")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +169,8 @@ class KVEvent(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_S_FIELD_NUMBER: _ClassVar[int]
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     type: KVEventType
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -149,7 +181,9 @@ class KVEvent(_message.Message):
     node_id: str
     time_s: float
     order_id: str
-    def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[KVEventType, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., block_size: _Optional[int] = ..., family: _Optional[str] = ..., node_id: _Optional[str] = ..., time_s: _Optional[float] = ..., order_id: _Optional[str] = ...) -> None: ...
+    medium: str
+    host_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[KVEventType, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., block_size: _Optional[int] = ..., family: _Optional[str] = ..., node_id: _Optional[str] = ..., time_s: _Optional[float] = ..., order_id: _Optional[str] = ..., medium: _Optional[str] = ..., host_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("order", "chunk_bytes", "transport")
@@ -182,7 +216,7 @@ class ReplicateResponse(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., seconds: _Optional[float] = ..., message: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent")
+    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +224,7 @@ class ReserveRequest(_message.Message):
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     HAS_PARENT_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     lease_ms: int
@@ -197,7 +232,8 @@ class ReserveRequest(_message.Message):
     family: str
     parent_hash: int
     has_parent: bool
-    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ...) -> None: ...
+    medium: str
+    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address")

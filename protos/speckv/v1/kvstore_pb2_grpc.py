@@ -54,6 +54,11 @@ class KVStoreStub:
                 request_serializer=speckv_dot_v1_dot_kvstore__pb2.PinRequest.SerializeToString,
                 response_deserializer=speckv_dot_v1_dot_kvstore__pb2.PinResponse.FromString,
                 _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/speckv.v1.KVStore/Promote',
+                request_serializer=speckv_dot_v1_dot_kvstore__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_kvstore__pb2.PromoteResponse.FromString,
+                _registered_method=True)
         self.Unpin = channel.unary_unary(
                 '/speckv.v1.KVStore/Unpin',
                 request_serializer=speckv_dot_v1_dot_kvstore__pb2.PinRequest.SerializeToString,
@@ -122,6 +127,14 @@ class KVStoreServicer:
 
     def Pin(self, request, context):
         """Pinned blocks are never evicted. Pins are counted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Promote(self, request, context):
+        """Copy the given blocks that only the host tier holds into the device tier
+        (before a prefill reads them); every hash must be resident.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -202,6 +215,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Pin,
                     request_deserializer=speckv_dot_v1_dot_kvstore__pb2.PinRequest.FromString,
                     response_serializer=speckv_dot_v1_dot_kvstore__pb2.PinResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=speckv_dot_v1_dot_kvstore__pb2.PromoteRequest.FromString,
+                    response_serializer=speckv_dot_v1_dot_kvstore__pb2.PromoteResponse.SerializeToString,
             ),
             'Unpin': grpc.unary_unary_rpc_method_handler(
                     servicer.Unpin,
@@ -352,6 +370,33 @@ class KVStore:
             '/speckv.v1.KVStore/Pin',
             speckv_dot_v1_dot_kvstore__pb2.PinRequest.SerializeToString,
             speckv_dot_v1_dot_kvstore__pb2.PinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.KVStore/Promote',
+            speckv_dot_v1_dot_kvstore__pb2.PromoteRequest.SerializeToString,
+            speckv_dot_v1_dot_kvstore__pb2.PromoteResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address", "capacity_pages", "geometry")
+    __slots__ = ("node_id", "address", "capacity_pages", "geometry", "host_pages")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
     GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity_pages: int
     geometry: _common_pb2.KVGeometry
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ...) -> None: ...
+    host_pages: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., host_pages: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_ms", "re_registered")
@@ -68,7 +70,7 @@ class RouteRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., family: _Optional[str] = ..., arrival_time_s: _Optional[float] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("node_id", "address", "cached_blocks", "expected_ttft_ms", "fetch_from_node", "fetch_blocks", "family", "queue_ms", "prefill_ms", "fetch_ms")
+    __slots__ = ("node_id", "address", "cached_blocks", "expected_ttft_ms", "fetch_from_node", "fetch_blocks", "family", "queue_ms", "prefill_ms", "fetch_ms", "promote_blocks", "promote_ms")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +81,8 @@ class RouteResponse(_message.Message):
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     FETCH_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_MS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     cached_blocks: int
@@ -89,7 +93,9 @@ class RouteResponse(_message.Message):
     queue_ms: float
     prefill_ms: float
     fetch_ms: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., expected_ttft_ms: _Optional[float] = ..., fetch_from_node: _Optional[str] = ..., fetch_blocks: _Optional[int] = ..., family: _Optional[str] = ..., queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ...) -> None: ...
+    promote_blocks: int
+    promote_ms: float
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., expected_ttft_ms: _Optional[float] = ..., fetch_from_node: _Optional[str] = ..., fetch_blocks: _Optional[int] = ..., family: _Optional[str] = ..., queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ..., promote_blocks: _Optional[int] = ..., promote_ms: _Optional[float] = ...) -> None: ...
 
 class RouteBatchRequest(_message.Message):
     __slots__ = ("requests",)

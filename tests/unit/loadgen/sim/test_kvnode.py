@@ -175,13 +175,18 @@ def test_a_lapsed_replica_is_dropped_not_demoted():
 
 
 def test_a_replica_to_the_host_tier_evicts_nothing_from_the_device_tier():
-    node = SimKVNode("n", pages=2, host_pages=2)
+    node = SimKVNode("n", pages=2, host_pages=3)
     node.put([1, 2], now=0.0)
     out = node.put([5, 6, 7], now=1.0, lease_deadline=10.0, tier=Tier.HOST)
     assert out.evicted == [] and node.tier_count(Tier.DEVICE) == 2
-    # Tail first in, so a replica longer than the tier keeps its head (as a device put does).
-    assert out.stored == [5, 6, 7] and out.host_evicted == [7] and node.in_tier(5, Tier.HOST)
-    assert node.lookup([1, 2]) == 2
+    assert out.stored == [5, 6, 7] and node.lookup([1, 2]) == 2
+
+
+def test_a_replica_the_host_tier_cannot_hold_without_evicting_itself_lands_nowhere():
+    node = SimKVNode("n", pages=2, host_pages=3)
+    node.put([5, 6], now=0.0, lease_deadline=10.0, tier=Tier.HOST)
+    out = node.put([5, 6, 7, 8], now=1.0, lease_deadline=10.0, tier=Tier.HOST)  # 2 new blocks, 1 page to spare
+    assert out.stored == [] and out.host_evicted == [] and node.tier_count(Tier.HOST) == 2
 
 
 def test_a_host_put_skips_blocks_the_device_tier_holds():

@@ -13,7 +13,7 @@ def parse(argv=(), environ=None):
 
 def test_defaults():
     config = parse()
-    assert (config.node_id, config.geometry, config.num_pages, config.scheduler) == ("node-0", "tiny", 4096, "")
+    assert (config.node_id, config.geometry, config.device_pages, config.scheduler) == ("node-0", "tiny", 4096, "")
     assert config.kv_geometry().bytes_per_block == 512 and config.chunk_bytes == 1 << 20
 
 
@@ -28,7 +28,8 @@ def test_flags_beat_environment():
     (["--node-id", " "], "node_id"),
     (["--geometry", "gpt-9"], "geometry"),
     (["--block-size", "-1"], "block_size"),
-    (["--num-pages", "0"], "num_pages"),
+    (["--device-pages", "0"], "device_pages"),
+    (["--host-pages", "-1"], "host_pages"),
     (["--chunk-kib", "128"], "chunk_kib"),
     (["--chunk-kib", "8192"], "chunk_kib"),
     (["--event-retention", "0"], "event_retention"),

@@ -23,7 +23,7 @@ class Resident:
         self.log.append(EventType.STORED, tuple(hashes))
 
     def snapshot(self):
-        return list(self.hashes), self.log.last_sequence
+        return list(self.hashes), self.log.last_sequence, []
 
 
 def make(retention=100):

@@ -127,7 +127,7 @@ def test_received_segment_checksums_serve_the_next_hop():
     crc, crcs = fill(write, data)
     store.finish_write(write, crc, crc, crcs)
     store.commit(grant.handle, {0: crc}, 0.0)
-    pages = store.pages_of([1, 2])
+    _, pages = store.pages_of([1, 2])
     assert all(store._pool.crcs.known(p) for p in pages)
     for offset, length in ((0, 2 * BPB), (BPB // 2, BPB), (3, 500)):
         views, chunk_crc = store.source_chunk(pages, offset, length)
@@ -138,7 +138,7 @@ def test_received_segment_checksums_serve_the_next_hop():
 def test_put_blocks_seals_checksums_and_source_chunks_match_packed_bytes():
     store, _ = setup()
     store.put_blocks(writes(5, 6, 7))
-    pages = store.pages_of([5, 6, 7])
+    _, pages = store.pages_of([5, 6, 7])
     assert all(store._pool.crcs.known(p) for p in pages)
     packed = np.zeros(3 * BPB, dtype=np.uint8)
     store.pack([5, 6, 7], packed)
