@@ -21,8 +21,14 @@ Order of work:
      is shared, so this pairs each number with a ceiling taken under the
      same load. The official ratios use the run's best ceiling.
 
+  4. the kvstore's host<->device tier moves (_transfer_tiers.py): demote
+     and promote of scattered blocks through the store's PageMover, beside
+     NumPy memcpy of the same bytes (on a GPU: beside a plain pinned
+     host<->device copy).
+
 Targets: tcp >= 0.7 x socket ceiling for chunks >= 1 MiB; NumPy
-pack/unpack >= 0.5 x memcpy; GPU pack/unpack >= 0.7 x device copy.
+pack/unpack >= 0.5 x memcpy; GPU pack/unpack >= 0.7 x device copy; NumPy
+demote/promote >= 0.5 x memcpy; CuPy demote/promote >= 0.7 x the plain copy.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from speckv.loadgen.bench import _transfer_ceilings as ceilings
+from speckv.loadgen.bench import _transfer_tiers as tiers
 from speckv.loadgen.bench._transfer_procs import KVStoreProcess, start_kvstore
 from speckv.services.common.geometry import preset
 from speckv.v1 import common_pb2, kvstore_pb2
@@ -67,6 +74,9 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     started = time.perf_counter()
     results.update(measure_ceilings(geometry, quick=args.quick, repeats=max(3, repeats)))
     show_ceilings(results)
+    results["tier_moves"] = tiers.tier_moves(geometry, max(1, volume // 2 // geometry.bytes_per_block),
+                                             max(3, repeats))
+    show_tier_moves(results["tier_moves"])
     chunk_sizes = [int(c) * KIB for c in args.chunks_kib.split(",") if c]
     transports = [t for t in args.transports.split(",") if t]
     results["replication"] = measure_replication(geometry, blocks, chunk_sizes, transports, repeats, environ)
@@ -123,6 +133,12 @@ def show_ceilings(results: dict[str, Any]) -> None:
     for key in ("pack_gbps", "unpack_gbps", "crc32c_gbps", "gpu_pack_gbps", "gpu_unpack_gbps"):
         if key in results:
             print(f"        {key:<24} {results[key]:8.2f} GB/s")
+
+
+def show_tier_moves(moves: dict[str, Any]) -> None:
+    for where, figures in moves.items():
+        line = ", ".join(f"{k} {v:.2f}" for k, v in figures.items())
+        print(f"tier moves ({where}): {line}")
 
 
 def measure_replication(geometry, blocks: int, chunk_sizes: list[int], transports: list[str], repeats: int,
@@ -209,4 +225,8 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
     if "device_copy_gbps" in c:
         out["gpu_pack_over_device_copy"] = results["gpu_pack_gbps"] / c["device_copy_gbps"]
         out["gpu_unpack_over_device_copy"] = results["gpu_unpack_gbps"] / c["device_copy_gbps"]
+    for where, figures in results.get("tier_moves", {}).items():
+        for key, value in figures.items():
+            if "_over_" in key:
+                out[f"{where}_{key}"] = value
     return out

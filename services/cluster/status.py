@@ -29,12 +29,13 @@ def scheduler_address(args: argparse.Namespace, environ: Mapping[str, str]) -> s
 
 def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
     nodes = Table(title=f"nodes (policy: {state.policy}, families: {state.num_families})")
-    for column in ("node", "address", "alive", "pages avail/cap", "queued tok", "running tok", "blocks",
-                   "heartbeat age s", "routes"):
+    for column in ("node", "address", "alive", "device pages avail/cap", "host blocks/cap", "queued tok",
+                   "running tok", "blocks", "heartbeat age s", "routes"):
         nodes.add_column(column)
     for n in state.nodes:
+        host = f"{n.host_blocks}/{n.host_pages}" if n.host_pages else "-"
         nodes.add_row(n.node_id, n.address, "yes" if n.alive else "DOWN", f"{n.free_pages}/{n.capacity_pages}",
-                      str(n.queued_tokens), str(n.running_tokens), str(n.num_blocks),
+                      host, str(n.queued_tokens), str(n.running_tokens), str(n.num_blocks),
                       f"{n.last_heartbeat_age_s:.1f}", str(n.routes_total))
     orders = Table(title="replication orders")
     orders.add_column("state")

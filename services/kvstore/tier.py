@@ -3,13 +3,11 @@ reservation book (services/common/tiers.py names the tiers).
 
 A node has a device tier and, optionally, a host tier below it. Each tier
 evicts by its own index's policy (index.py); a block in both tiers has an
-entry in each. Blocks move between tiers only through `move_pages`: one
-staged copy of many scattered pages, gathered out of one pool by the
-backend's pack kernel into one contiguous buffer and scattered into the other
-by its unpack kernel (the NumPy reference on CPU, the CUDA kernels on a GPU),
-so demoting or promoting n blocks is one gather and one scatter, not n small
-copies. The staging buffer is host memory, pinned when a device is present
-(Backend.host_empty), and reused while it is large enough.
+entry in each. Blocks move between tiers only through PageMover: on a GPU
+one staged copy of many scattered pages, gathered out of the device pool by
+the pack kernel into one pinned host buffer and scattered by the unpack
+kernel, so demoting or promoting n blocks is one transfer across the host
+link, not n small ones; on CPU (both tiers NumPy) one direct copy per block.
 """
 from __future__ import annotations
 
@@ -37,7 +35,16 @@ class StoreTier:
 
 
 class PageMover:
-    """Staged copies between two pools of one geometry (not thread-safe: the store's lock serialises it)."""
+    """Copies of blocks between two pools of one geometry (not thread-safe:
+    the store's lock serialises it).
+
+    Two host pools (the NumPy tiers on CPU): each block goes straight from
+    its source page to its target page, one strided NumPy copy per block, so
+    the bytes are read and written once. A pool on a device: one staged copy
+    of all the blocks, gathered by the source pool's pack kernel into one
+    host buffer (pinned where a device is present, reused while it is large
+    enough) and scattered by the target's unpack kernel: one transfer across
+    the host link, whatever the number of blocks."""
 
     def __init__(self, bytes_per_block: int, staging_backend) -> None:
         self._bytes_per_block = bytes_per_block
@@ -52,6 +59,12 @@ class PageMover:
             raise ValueError(f"{len(pages)} source pages for {len(into)} target pages")
         if not pages:
             return 0
+        if source.zero_copy and target.zero_copy:
+            target.crcs.invalidate(list(into))
+            src, dst = source.data, target.data
+            for s, d in zip(pages, into):
+                dst[:, :, d] = src[:, :, s]
+            return len(pages) * self._bytes_per_block
         nbytes = len(pages) * self._bytes_per_block
         if self._staging is None or self._staging.nbytes < nbytes:
             self._staging = self._backend.host_empty(nbytes)

@@ -412,5 +412,5 @@ class SchedulerCore:
         return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
                         n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
-                        self._cluster.queue_ms(n))
+                        self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id))
 

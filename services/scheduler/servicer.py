@@ -94,7 +94,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             capacity_pages=r.view.capacity_pages, free_pages=r.view.free_pages,
             queued_tokens=r.view.queued_tokens, running_tokens=r.view.running_tokens,
             num_blocks=r.view.num_blocks, last_heartbeat_age_s=r.last_heartbeat_age_s,
-            routes_total=r.routes_total) for r in snap.nodes]
+            routes_total=r.routes_total, host_pages=r.view.host_pages, host_blocks=r.view.host_blocks)
+            for r in snap.nodes]
         orders = [scheduler_pb2.OrderCount(state=STATE_TO_PROTO[s], count=c) for s, c in snap.order_counts.items()]
         r = snap.replicas
         return scheduler_pb2.ClusterState(

@@ -171,3 +171,4 @@ def test_tiered_nodes_register_their_host_tier_and_orders_land_there_by_default(
             assert wait_until(lambda: nodes(sched)["n2"].num_blocks == 3)
             stats = kv2.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
             assert (stats.host_replica_pages, stats.used_pages) == (3, 0)
+            assert (nodes(sched)["n2"].host_pages, nodes(sched)["n2"].host_blocks) == (16, 3)

@@ -172,7 +172,7 @@ class ClusterStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeState(_message.Message):
-    __slots__ = ("node_id", "address", "alive", "capacity_pages", "free_pages", "queued_tokens", "running_tokens", "num_blocks", "last_heartbeat_age_s", "routes_total")
+    __slots__ = ("node_id", "address", "alive", "capacity_pages", "free_pages", "queued_tokens", "running_tokens", "num_blocks", "last_heartbeat_age_s", "routes_total", "host_pages", "host_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +183,8 @@ class NodeState(_message.Message):
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     ROUTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     alive: bool
@@ -193,7 +195,9 @@ class NodeState(_message.Message):
     num_blocks: int
     last_heartbeat_age_s: float
     routes_total: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., capacity_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., routes_total: _Optional[int] = ...) -> None: ...
+    host_pages: int
+    host_blocks: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., capacity_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., routes_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_blocks: _Optional[int] = ...) -> None: ...
 
 class OrderCount(_message.Message):
     __slots__ = ("state", "count")

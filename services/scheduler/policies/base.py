@@ -32,8 +32,10 @@ class NodeView:
     waiting_requests: int
     block_size: int
     bytes_per_block: int
-    num_blocks: int
+    num_blocks: int  # in either tier
     queue_ms: float  # expected wait before new work's prefill starts (the router's figure)
+    host_pages: int = 0  # its host tier's capacity (0: none)
+    host_blocks: int = 0  # blocks its host tier holds
 
 
 class IndexReader(Protocol):
