@@ -67,14 +67,13 @@ class PutOutcome:
 class _TierLRU:
     """One tier's residency: the LRU order and the unused replicas' leases."""
 
-    __slots__ = ("lease", "leases", "lru", "pages", "tiebreak")
-
     def __init__(self, pages: int) -> None:
         self.pages = pages
         self.lru: OrderedDict[int, None] = OrderedDict()  # resident blocks, least recently used first
         self.lease: dict[int, float] = {}  # unused replica -> lease deadline
         self.leases: list[tuple[float, int, int]] = []  # (deadline, tiebreak, hash); stale entries skipped
         self.tiebreak = 0
+        self.lapsed = False  # whether the last pop_victim took a lapsed replica
 
     def touch_chain(self, hashes: Sequence[int]) -> None:
         """A use of a chain (given head first, all resident): tail first, so
@@ -85,19 +84,22 @@ class _TierLRU:
                 lease.pop(h, None)  # its heap entry is now stale
             lru.move_to_end(h)
 
-    def pop_victim(self, now: float) -> tuple[int, bool]:
-        """Removes the next block to evict (the tier is full, so one exists):
-        (its hash, whether it went as a lapsed replica)."""
+    def pop_victim(self, now: float) -> int:
+        """Removes and returns the next block to evict (the tier is full, so
+        one exists); `lapsed` says whether it went as a lapsed replica."""
         leases, lease = self.leases, self.lease
         while leases and leases[0][0] <= now:
             deadline, _, h = heapq.heappop(leases)
             if lease.get(h) == deadline:
                 del lease[h]
                 del self.lru[h]
-                return h, True
+                self.lapsed = True
+                return h
         h, _ = self.lru.popitem(last=False)
-        lease.pop(h, None)
-        return h, False
+        if lease:
+            lease.pop(h, None)
+        self.lapsed = False
+        return h
 
     def pop_victim_except(self, now: float, protect: set[int]) -> int:
         """pop_victim passing over protect where they stand (the live
@@ -224,9 +226,9 @@ class SimKVNode:
             if h in lru:
                 continue
             if len(lru) >= device.pages:
-                victim, gone = device.pop_victim(now)
+                victim = device.pop_victim(now)
                 evicted.append(victim)
-                if gone and host is not None:
+                if device.lapsed and host is not None:
                     lapsed.append(victim)
             lru[h] = None
             if lease_deadline is not None:
@@ -288,7 +290,7 @@ class SimKVNode:
         host.touch_chain([v for v in reversed(kept) if v in lru])
         shortfall = len(down) - (host.pages - len(lru))
         for _ in range(max(0, shortfall)):
-            out.host_evicted.append(host.pop_victim(now)[0])
+            out.host_evicted.append(host.pop_victim(now))
         for v in down:
             lru[v] = None
         out.demoted.extend(down)

@@ -339,10 +339,17 @@ class Simulation:
         index in the node's final state (kvnode.PutOutcome): stored, demoted,
         evicted from the device tier, evicted from the host tier; the blocks
         that left the node go to the replica ledger."""
-        self._emit(node, kind, out.stored, root, family, tier)
-        self._emit(node, HolderEventKind.STORED, out.demoted, root, family, Tier.HOST)
-        self._removed(node, out.evicted, Tier.DEVICE)
-        self._removed(node, out.host_evicted, Tier.HOST)
+        if not (out.demoted or out.host_evicted):  # no host tier moved: the one-tier events
+            self._emit(node, kind, out.stored, root, family, tier)
+            self._removed(node, out.evicted, Tier.DEVICE)
+        else:
+            events = [IndexEvent(kind, out.stored, has_parent=out.stored[0] != root, family=family, tier=tier)
+                      ] if out.stored else []
+            events.append(IndexEvent(HolderEventKind.STORED, out.demoted, has_parent=True, family=family,
+                                     tier=Tier.HOST))
+            events.append(IndexEvent(HolderEventKind.REMOVED, out.evicted, tier=Tier.DEVICE))
+            events.append(IndexEvent(HolderEventKind.REMOVED, out.host_evicted, tier=Tier.HOST))
+            self.core.apply_kv_events(node, self._gen[node], events)
         if out.dropped:
             self.ledger.apply(node, KVEventKind.REMOVED, out.dropped, now)
 

@@ -161,6 +161,19 @@ class SchedulerCore:
                 self._lifecycle.kv_committed(node_id, self._clock.now())
             return True
 
+    def apply_kv_events(self, node_id: NodeId, generation: int, events: Sequence[IndexEvent]) -> bool:
+        """Applies events in order under one lock (what one kvstore call
+        changed); False when generation is stale."""
+        with self._lock:
+            node = self._cluster.find(node_id)
+            if node is None or node.generation != generation:
+                return False
+            for event in events:
+                self._index.apply(node_id, event)
+                if event.kind is HolderEventKind.COMMITTED:
+                    self._lifecycle.kv_committed(node_id, self._clock.now())
+            return True
+
     def reset_inventory(self, node_id: NodeId, generation: int) -> bool:
         with self._lock:
             node = self._cluster.find(node_id)

@@ -194,8 +194,12 @@ class HolderIndex:
             return
         held = self._inventory.get(node, ())
         self._host.setdefault(node, set()).update(hashes)
-        self._host_only.setdefault(node, set()).update(h for h in hashes if h not in held)
-        self._add(node, hashes)
+        fresh = [h for h in hashes if h not in held]  # a demoted block is held already: only its tier changes
+        if fresh:
+            self._host_only.setdefault(node, set()).update(fresh)
+            self._add(node, fresh)
+        else:
+            self._host_only.setdefault(node, set())
 
     def _remove_device(self, node: NodeId, hashes: Sequence[int]) -> None:
         """Drops hashes from node's device tier: a block its host tier keeps
