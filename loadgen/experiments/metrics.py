@@ -174,7 +174,7 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
     (the shared prefix is in every node's device tier: it is used by every
     request) and the rest the device tier's; peer pulls are
     max(0, u - max(c, S)); the rest is recomputed. Promotion and pull times
-    are means over the requests that waited for one."""
+    are means over the requests that waited for one and whose wait was timed."""
     if reusable_tokens is None or shared_tokens is None:
         return {}
     returning, first_seen = [], []
@@ -191,8 +191,9 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
         host += from_host
         device += hits - from_host
         peer += max(0, used - max(cached, shared))
-    promotes = [r.promote_ms for r in served if r.promoted_tokens]
-    pulls = [r.fetch_ms for r in served if r.fetched_tokens]
+    # Only runs that time the waits fill these (the simulator; the live replay does not yet): none timed is None.
+    promotes = [r.promote_ms for r in served if r.promoted_tokens and r.promote_ms > 0]
+    pulls = [r.fetch_ms for r in served if r.fetched_tokens and r.fetch_ms > 0]
     return {"returning_requests": len(returning), "returning_ttft_p50_ms": percentile(returning, 50),
             "returning_ttft_p99_ms": percentile(returning, 99), "first_seen_ttft_p99_ms": percentile(first_seen, 99),
             "reuse_recovered_ratio": _ratio(device + host + peer, beyond), "device_hit_ratio": _ratio(device, beyond),
