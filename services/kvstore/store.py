@@ -288,7 +288,7 @@ class KVStoreCore:
                 self._index.insert(BlockEntry(block.block_hash, page, block.family, block.parent))
             self._touch(hashes)  # the fresh ones too: the head ends most recent
             self._stored_total += len(fresh)
-            self._emit_stored(fresh)
+            self._emit_runs(EventType.STORED, Tier.DEVICE, fresh)
             return PutResult(len(fresh), len(present), evicted)
 
     def promote(self, hashes: Sequence[int]) -> int:
@@ -659,31 +659,18 @@ class KVStoreCore:
                                 family=reservation.family, order_id=reservation.order_id, medium=tier.medium)
         return len(published)
 
-    def _emit_stored(self, fresh: Sequence[BlockWrite]) -> None:
-        """One STORED event per run of blocks that chain (parent = previous
-        block, same family), like vLLM's BlockStored."""
-        run: list[BlockWrite] = []
-        for block in fresh:
+    def _emit_runs(self, kind: EventType, tier: Tier, blocks: Sequence[BlockWrite] | Sequence[BlockEntry]) -> None:
+        """One event per run of blocks that chain (parent = previous block,
+        same family), like vLLM's BlockStored; blocks given head first."""
+        run: list[BlockWrite | BlockEntry] = []
+        for block in blocks:
             if run and not (block.parent == run[-1].block_hash and block.family == run[-1].family):
-                self._append_stored(run)
+                self._append_run(kind, tier, run)
                 run = []
             run.append(block)
         if run:
-            self._append_stored(run)
+            self._append_run(kind, tier, run)
 
-    def _append_stored(self, run: list[BlockWrite]) -> None:
-        self._events.append(EventType.STORED, tuple(b.block_hash for b in run),
-                            parent=run[0].parent, family=run[0].family, medium=Tier.DEVICE.medium)
-
-    def _emit_runs(self, kind: EventType, tier: Tier, entries: Sequence[BlockEntry]) -> None:
-        """Events for blocks moved between tiers, one per run that chains (as _emit_stored)."""
-        run: list[BlockEntry] = []
-        for entry in entries:
-            if run and not (entry.parent == run[-1].block_hash and entry.family == run[-1].family):
-                self._events.append(kind, tuple(e.block_hash for e in run), parent=run[0].parent,
-                                    family=run[0].family, medium=tier.medium)
-                run = []
-            run.append(entry)
-        if run:
-            self._events.append(kind, tuple(e.block_hash for e in run), parent=run[0].parent,
-                                family=run[0].family, medium=tier.medium)
+    def _append_run(self, kind: EventType, tier: Tier, run: list[BlockWrite | BlockEntry]) -> None:
+        self._events.append(kind, tuple(b.block_hash for b in run), parent=run[0].parent, family=run[0].family,
+                            medium=tier.medium)
