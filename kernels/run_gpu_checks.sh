@@ -11,7 +11,9 @@
 #    stubs need) are installed into a private folder first;
 # 3. pytest: tests/gpu plus the kernel and pool unit tests;
 # 4. the GPU benchmark (speckv.kernels.bench), printed and written as JSON to
-#    $OUT/gpu_bench.json ($OUT defaults to ./out).
+#    $OUT/gpu_bench.json ($OUT defaults to ./out);
+# 5. the kvstore's tier moves (demote/promote through the staged copy) beside
+#    a plain pinned host<->device copy, to $OUT/tier_moves.json.
 #
 # Environment: PYTHON (default python3), OUT, BENCH_GEOMETRY (llama-3-8b),
 # BENCH_BLOCKS (default: about 256 MiB of blocks). Every step runs; the exit
@@ -61,12 +63,22 @@ EOF
 command -v nvcc >/dev/null && nvcc --version | tail -1
 
 step "pytest tests/gpu and the kernel/pool unit tests"
-"$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/unit/test_kernels_*.py tests/unit/test_kvstore_pool*.py \
+"$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu tests/unit/kernels tests/unit/services/kvstore/test_pool*.py \
   || failed=1
 
 step "GPU benchmark -> $RESULTS/gpu_bench.json"
 "$PY" -m speckv.kernels.bench --geometry "${BENCH_GEOMETRY:-llama-3-8b}" ${BENCH_BLOCKS:+--blocks "$BENCH_BLOCKS"} \
   --json "$RESULTS/gpu_bench.json" || failed=1
+
+step "tier moves (CuPy device tier <-> pinned host tier) -> $RESULTS/tier_moves.json"
+"$PY" - "$RESULTS/tier_moves.json" <<'EOF' || failed=1
+import json, sys
+from speckv.loadgen.bench._transfer_tiers import tier_moves
+from speckv.services.common.geometry import preset
+moves = tier_moves(preset("llama-3-8b"), 128, 5)
+print(json.dumps(moves, indent=1))
+open(sys.argv[1], "w").write(json.dumps(moves, indent=1))
+EOF
 
 step "done: $([ $failed = 0 ] && echo all steps passed || echo SOME STEP FAILED)"
 exit $failed
