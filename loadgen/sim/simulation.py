@@ -336,33 +336,24 @@ class Simulation:
     def _apply(self, node: NodeId, out: PutOutcome, root: int, family: str, now: float,
                kind: HolderEventKind = HolderEventKind.STORED, tier: Tier = Tier.DEVICE) -> None:
         """The events a put's outcome makes, in the order that leaves the
-        index in the node's final state (kvnode.PutOutcome): stored, demoted,
-        evicted from the device tier, evicted from the host tier; the blocks
-        that left the node go to the replica ledger."""
-        if not (out.demoted or out.host_evicted):  # no host tier moved: the one-tier events
-            self._emit(node, kind, out.stored, root, family, tier)
-            self._removed(node, out.evicted, Tier.DEVICE)
-        else:
-            events = [IndexEvent(kind, out.stored, has_parent=out.stored[0] != root, family=family, tier=tier)
-                      ] if out.stored else []
+        index in the node's final state (kvnode.PutOutcome), in one index
+        call: stored, demoted, evicted from the device tier, evicted from the
+        host tier; the blocks that left the node go to the replica ledger. A
+        demotion never starts a chain: its blocks were held already."""
+        events = []
+        if out.stored:
+            events.append(IndexEvent(kind, out.stored, has_parent=out.stored[0] != root, family=family, tier=tier))
+        if out.demoted:
             events.append(IndexEvent(HolderEventKind.STORED, out.demoted, has_parent=True, family=family,
                                      tier=Tier.HOST))
+        if out.evicted:
             events.append(IndexEvent(HolderEventKind.REMOVED, out.evicted, tier=Tier.DEVICE))
+        if out.host_evicted:
             events.append(IndexEvent(HolderEventKind.REMOVED, out.host_evicted, tier=Tier.HOST))
+        if events:
             self.core.apply_kv_events(node, self._gen[node], events)
         if out.dropped:
             self.ledger.apply(node, KVEventKind.REMOVED, out.dropped, now)
-
-    def _emit(self, node: NodeId, kind: HolderEventKind, hashes: list[int], root: int, family: str,
-              tier: Tier = Tier.DEVICE) -> None:
-        if not hashes:
-            return
-        event = IndexEvent(kind, hashes, has_parent=hashes[0] != root, family=family, tier=tier)
-        self.core.apply_kv_event(node, self._gen[node], event)
-
-    def _removed(self, node: NodeId, hashes: list[int], tier: Tier) -> None:
-        if hashes:
-            self.core.apply_kv_event(node, self._gen[node], IndexEvent(HolderEventKind.REMOVED, hashes, tier=tier))
 
     # --- scheduler: ticks, orders, heartbeats -------------------------------------------
     def _tick(self) -> None:

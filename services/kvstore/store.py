@@ -107,19 +107,13 @@ class TierStats:
 
 @dataclass(slots=True)
 class StoreStats:
-    """The device tier's figures under their pre-tier names, then the host
-    tier's (all 0 without one) and the moves between them."""
+    """Both tiers' pages (host None without one), the event log's position
+    and the block counters; the device tier's figures also answer to their
+    pre-tier names (num_pages, used_pages, ...)."""
 
     node_id: str
     geometry: KVGeometry
-    num_pages: int
-    used_pages: int  # not free: resident + reserved
-    free_pages: int
-    pinned_pages: int
-    reserved_pages: int
-    replica_pages: int  # speculative replicas still carrying a lease
-    evictable_pages: int  # resident and unpinned
-    pool_bytes: int
+    device: TierStats
     last_event_sequence: int
     open_reservations: int
     blocks_stored_total: int
@@ -131,9 +125,41 @@ class StoreStats:
     blocks_dropped_total: int = 0  # left the node: evicted with no copy in the other tier
 
     @property
+    def num_pages(self) -> int:
+        return self.device.num_pages
+
+    @property
+    def used_pages(self) -> int:
+        return self.device.used_pages
+
+    @property
+    def free_pages(self) -> int:
+        return self.device.free_pages
+
+    @property
+    def pinned_pages(self) -> int:
+        return self.device.pinned_pages
+
+    @property
+    def reserved_pages(self) -> int:
+        return self.device.reserved_pages
+
+    @property
+    def replica_pages(self) -> int:
+        return self.device.replica_pages
+
+    @property
+    def evictable_pages(self) -> int:
+        return self.device.evictable_pages
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.device.pool_bytes
+
+    @property
     def available_pages(self) -> int:
         """Device pages a new request could get: free plus evictable."""
-        return self.free_pages + self.evictable_pages
+        return self.device.free_pages + self.device.evictable_pages
 
     @property
     def host_pages(self) -> int:
@@ -240,10 +266,8 @@ class KVStoreCore:
 
     def stats(self) -> StoreStats:
         with self._lock:
-            d = self._tier_stats(self._device)
             return StoreStats(
-                self.node_id, self.geometry, d.num_pages, d.used_pages, d.free_pages, d.pinned_pages,
-                d.reserved_pages, d.replica_pages, d.evictable_pages, d.pool_bytes, self._events.last_sequence,
+                self.node_id, self.geometry, self._tier_stats(self._device), self._events.last_sequence,
                 len(self._device.book) + (len(self._host.book) if self._host else 0), self._stored_total,
                 self._evicted_total, self._committed_total,
                 self._tier_stats(self._host) if self._host else None, self._demoted_total, self._promoted_total,
