@@ -1,8 +1,9 @@
 """Named synthetic workloads: services/config/scenarios.json, or a user's
 own file of the same shape (`speckv simulate --scenarios PATH`).
 
-A scenario is one generator of workload.py (mmpp or hawkes) with its
-parameters and family shape; keys left out take the dataclasses' defaults,
+A scenario is one generator (synthetic.py's mmpp or hawkes, fanout.py's
+fanout) with its parameters and family shape; keys left out take the
+dataclasses' defaults, a JSON list becomes a tuple (a (lo, hi) range),
 block tokens always come from the e2e configuration (the trace's block and
 the engine's must agree), and the seed from the command line. A bad file
 (unknown generator or key, a value the generator refuses) is an
@@ -16,20 +17,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from speckv.loadgen.workload.fanout import FanoutParams, fanout
+from speckv.loadgen.workload.fanout import describe as describe_fanout
 from speckv.loadgen.workload.synthetic import FamilyShape, HawkesParams, MmppParams, describe, hawkes, mmpp
 from speckv.services.common.config import CONFIG_DIR
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.traces import TraceRequest
 
 DEFAULT_SCENARIOS_PATH = CONFIG_DIR / "scenarios.json"
-GENERATORS = {"mmpp": MmppParams, "hawkes": HawkesParams}
+GENERATORS = {"mmpp": MmppParams, "hawkes": HawkesParams, "fanout": FanoutParams}
 
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     generator: str  # a key of GENERATORS
-    params: MmppParams | HawkesParams
+    params: MmppParams | HawkesParams | FanoutParams
     shape: FamilyShape
     note: str
 
@@ -37,11 +40,17 @@ class Scenario:
         """The workload, in arrival order (one seed, one workload)."""
         if isinstance(self.params, MmppParams):
             return mmpp(self.params, self.shape)
+        if isinstance(self.params, FanoutParams):
+            return fanout(self.params, self.shape)
         return hawkes(self.params, self.shape)
 
     def describe(self) -> dict[str, object]:
         """What the report prints: every parameter, defaults included."""
-        return {"scenario": self.name, **describe(self.params, self.shape), "note": self.note}
+        if isinstance(self.params, FanoutParams):
+            described = describe_fanout(self.params, self.shape)
+        else:
+            described = describe(self.params, self.shape)
+        return {"scenario": self.name, **described, "note": self.note}
 
 
 def load_scenarios(path: Path | str | None = None) -> dict[str, Mapping]:
@@ -65,7 +74,9 @@ def get_scenario(name: str, seed: int, block_tokens: int, path: Path | str | Non
     if generator not in GENERATORS:
         raise InvalidArgument(f"scenario {name!r}: generator must be one of {', '.join(GENERATORS)}, "
                               f"not {generator!r}")
-    params = _build(name, "params", GENERATORS[generator], {**raw.get("params", {}), "seed": seed})
+    params_raw = {key: tuple(value) if isinstance(value, list) else value
+                  for key, value in dict(raw.get("params", {})).items()}
+    params = _build(name, "params", GENERATORS[generator], {**params_raw, "seed": seed})
     shape_raw = dict(raw.get("shape", {}))
     if "output_tokens" in shape_raw:
         shape_raw["output_tokens"] = tuple(shape_raw["output_tokens"])
