@@ -65,7 +65,7 @@ from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.forecasts import FutureArrivals, TraceFutureArrivals
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
-from speckv.services.scheduler.replication.orders import Order, OrderState
+from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
 
 Progress = Callable[[int, int, RequestRecord | None], None]
 TICK_PRIORITY, HEARTBEAT_PRIORITY = 1, 2  # after arrivals and engine events at the same instant
@@ -366,6 +366,9 @@ class Simulation:
         if not self.kv[spec.source].holds_all(spec.block_hashes):
             self._report(order, OrderState.FAILED, "source no longer holds the chain")
             return
+        if spec.action is ActionKind.PREFETCH:
+            self._prefetch(order)
+            return
         self._report(order, OrderState.IN_FLIGHT)
         nbytes = len(spec.block_hashes) * self.config.real_bytes_per_block
         self.network.start(spec.source, spec.target, nbytes, partial(self._commit, order))
@@ -378,6 +381,29 @@ class Simulation:
         self.ledger.apply(target, KVEventKind.COMMITTED, out.stored, now, order.order_id, spec.family)
         self._apply(target, out, spec.block_hashes[0], spec.family, now, HolderEventKind.COMMITTED, tier)
         self._report(order, OrderState.COMMITTED, "committed", transfer.nbytes, len(spec.block_hashes))
+
+    def _prefetch(self, order: Order) -> None:
+        """Copies the node's host-only blocks of the prefix over its host link;
+        they enter its device tier when the copy lands (as the live store's
+        promote publishes them only once copied), if the node still holds the
+        whole prefix then."""
+        spec, node = order.spec, NodeId(order.spec.target)
+        blocks = self.kv[node].host_only(spec.block_hashes, len(spec.block_hashes))
+        if not blocks or self.host_links is None:
+            self._report(order, OrderState.COMMITTED, "nothing to promote")
+            return
+        self._report(order, OrderState.IN_FLIGHT)
+        self.host_links.start(f"{node}/host", node, blocks * self.config.real_bytes_per_block,
+                              partial(self._prefetched, order, blocks))
+
+    def _prefetched(self, order: Order, blocks: int, _transfer: Transfer) -> None:
+        spec, node, now = order.spec, NodeId(order.spec.target), self.queue.now()
+        kv = self.kv[node]
+        if not kv.holds_all(spec.block_hashes):
+            self._report(order, OrderState.FAILED, "the prefix left the node before the prefetch landed")
+            return
+        self._apply(node, kv.put(spec.block_hashes, now), spec.block_hashes[0], spec.family, now)
+        self._report(order, OrderState.COMMITTED, "prefetched", 0, blocks)
 
     def _report(self, order: Order, state: OrderState, message: str = "", nbytes: int = 0, blocks: int = 0) -> None:
         try:

@@ -147,7 +147,8 @@ class SchedulerAgent:
             return
         self._report(order.order_id, common_pb2.ORDER_STATE_IN_FLIGHT, "")
         try:
-            result = self._replicator.replicate(order_from_proto(order))
+            result = (self._prefetch(order) if order.action == "prefetch"
+                      else self._replicator.replicate(order_from_proto(order)))
         except SpeckvError as exc:
             result = ReplicationResult(order.order_id, TransferOutcome.FAILED, message=str(exc), error=exc)
         except Exception as exc:  # noqa: BLE001 - a bug must still fail the order, not hang it
@@ -156,6 +157,13 @@ class SchedulerAgent:
         state = (common_pb2.ORDER_STATE_COMMITTED if result.outcome is TransferOutcome.COMMITTED
                  else common_pb2.ORDER_STATE_FAILED)
         self._report(order.order_id, state, result.message, result.bytes_sent, result.blocks_sent)
+
+    def _prefetch(self, order: common_pb2.ReplicationOrder) -> ReplicationResult:
+        """Promotes this node's host-only blocks of the order's prefix (the
+        blocks never cross the network: bytes_sent stays 0)."""
+        promoted = self._store.promote(list(order.block_hashes))
+        return ReplicationResult(order.order_id, TransferOutcome.COMMITTED, blocks_sent=promoted,
+                                 message=f"prefetched {promoted} blocks into the device tier")
 
     def _report(self, order_id: str, state: int, message: str, bytes_sent: int = 0, blocks_sent: int = 0) -> None:
         try:

@@ -42,8 +42,16 @@ from speckv.services.scheduler.policies.registry import PolicyRegistry, default_
 from speckv.services.scheduler.policy_config import PolicyConfig, load_policy_config
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
 from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
-from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState, OrderTracker, validate_spec
+from speckv.services.scheduler.replication.orders import (
+    ActionKind,
+    Order,
+    OrderSpec,
+    OrderState,
+    OrderTracker,
+    validate_spec,
+)
 from speckv.services.scheduler.replication.replicas import LeasedReplicas
+from speckv.services.scheduler.reuse_history import ReuseHistory
 from speckv.services.scheduler.routing.candidates import CandidateSelector
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
@@ -96,7 +104,10 @@ class SchedulerCore:
         self._pcfg = settings.policy_config or load_policy_config()
         link = LinkModel(settings.link_gbps, settings.link_overhead_ms)
         self._link_bytes_per_s = settings.link_gbps * 1e9 / 8
-        self.context = PolicyContext(self._pcfg, profile, link, forecasts, future)
+        host_link = (LinkModel(settings.host_link_gbps, settings.host_link_overhead_ms)
+                     if settings.host_link_gbps > 0 else None)
+        self.context = PolicyContext(self._pcfg, profile, link, host_link=host_link, forecasts=forecasts,
+                                     future=future)
         self._registry = registry or default_registry(self.context)
         self._policy: Policy = self._registry.create(settings.policy)
         self._confirmer, self._arrivals, self._listener = confirmer, arrivals, listener
@@ -107,8 +118,7 @@ class SchedulerCore:
         self._lifecycle = OrderLifecycle(self._orders, LeasedReplicas(), self._index, self._submit_locked,
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
-        host_link = (LinkModel(settings.host_link_gbps, settings.host_link_overhead_ms)
-                     if settings.host_link_gbps > 0 else None)
+        self._reuse = ReuseHistory(self._pcfg.reuse)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link)
         self._backlog = LinkBacklog(link)
         self._selector = CandidateSelector(self._cluster, self._index, self._backlog,
@@ -129,6 +139,7 @@ class SchedulerCore:
             self._index.drop_node(node.node_id)
             self._lifecycle.ledger.drop_node(node.node_id)
             self._backlog.forget(node.node_id)
+            self._reuse.forget(node.node_id)
             generation = node.generation
         log.info("node %s %sregistered at %s", node_id, "re-" if again else "", address)
         if self._listener is not None:
@@ -156,9 +167,7 @@ class SchedulerCore:
             node = self._cluster.find(node_id)
             if node is None or node.generation != generation:
                 return False
-            self._index.apply(node_id, event)
-            if event.kind is HolderEventKind.COMMITTED:
-                self._lifecycle.kv_committed(node_id, self._clock.now())
+            self._apply_locked(node_id, event, self._clock.now())
             return True
 
     def apply_kv_events(self, node_id: NodeId, generation: int, events: Sequence[IndexEvent]) -> bool:
@@ -168,11 +177,17 @@ class SchedulerCore:
             node = self._cluster.find(node_id)
             if node is None or node.generation != generation:
                 return False
+            now = self._clock.now()
             for event in events:
-                self._index.apply(node_id, event)
-                if event.kind is HolderEventKind.COMMITTED:
-                    self._lifecycle.kv_committed(node_id, self._clock.now())
+                self._apply_locked(node_id, event, now)
             return True
+
+    def _apply_locked(self, node_id: NodeId, event: IndexEvent, now: float) -> None:
+        self._index.apply(node_id, event)
+        if event.kind is HolderEventKind.COMMITTED:
+            self._lifecycle.kv_committed(node_id, now)
+        elif event.kind is HolderEventKind.REMOVED:
+            self._reuse.removed(node_id, event.tier, event.block_hashes, now)
 
     def reset_inventory(self, node_id: NodeId, generation: int) -> bool:
         with self._lock:
@@ -230,7 +245,9 @@ class SchedulerCore:
         if decision.fetch_from is not None:
             self._backlog.add(decision.fetch_from, node.node_id, decision.fetch_blocks * node.bytes_per_block,
                               arrival_s)
+            self._backlog.note_pull(decision.fetch_from, node.node_id, now)
         if hashes:
+            self._reuse.wanted(hashes, now)
             self._index.note_family(query.family, hashes[0])
             self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
             if decision.cached_blocks or decision.fetch_blocks:
@@ -319,15 +336,21 @@ class SchedulerCore:
                 raise FailedPrecondition(f"node {node.node_id!r} is down; it takes no orders")
         if spec.tier is Tier.HOST and not target.host_pages:
             raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
+        if spec.action is ActionKind.PREFETCH and (not target.host_pages or spec.tier is Tier.HOST):
+            why = "no host tier" if not target.host_pages else "the order named its host tier"
+            raise FailedPrecondition(f"a prefetch promotes host-tier blocks into the device tier; node "
+                                     f"{target.node_id!r}: {why}")
         spec = replace(spec, block_hashes=list(spec.block_hashes),
                        target_address=spec.target_address or target.address,
                        family=spec.family or default_family(spec.block_hashes),
                        policy=spec.policy or "manual",
-                       tier=spec.tier or (Tier.HOST if target.host_pages else Tier.DEVICE))
+                       tier=spec.tier or (Tier.HOST if target.host_pages and spec.action is ActionKind.REPLICATE
+                                          else Tier.DEVICE))
         order = self._orders.submit(spec, now)
         self._lifecycle.issued(order)
-        # Booked when issued; a cancelled order's booking lapses on its own.
-        self._backlog.add(spec.source, spec.target, len(spec.block_hashes) * source.bytes_per_block, now)
+        if spec.action is ActionKind.REPLICATE:
+            # Booked when issued; a cancelled order's booking lapses on its own.
+            self._backlog.add(spec.source, spec.target, len(spec.block_hashes) * source.bytes_per_block, now)
         self._feed.publish(order.snapshot())
         return order.snapshot()
 
@@ -419,11 +442,12 @@ class SchedulerCore:
         return ClusterView(now, tuple(self._node_view(n, now) for n in nodes),
                            self._index, tuple(o.snapshot() for o in self._orders.active()),
                            self._families, {n.node_id: ledger.blocks_on(n.node_id) for n in nodes},
-                           self._link_bytes_per_s)
+                           self._link_bytes_per_s, self._backlog.waits(now), self._backlog.rates(now), self._reuse)
 
     def _node_view(self, n: Node, now: float) -> NodeView:
         return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
                         n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
-                        self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id))
+                        self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id),
+                        self._index.num_device_blocks(n.node_id))
 

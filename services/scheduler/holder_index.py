@@ -182,6 +182,9 @@ class HolderIndex:
     def num_blocks(self, node: NodeId) -> int:
         return len(self._inventory.get(node, ()))
 
+    def num_device_blocks(self, node: NodeId) -> int:
+        return len(self._inventory.get(node, ())) - len(self._host_only.get(node, ()))
+
     def num_families(self) -> int:
         return len(self._family_root)
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping, TypeVar
 
 from speckv.services.common.config import CONFIG_DIR
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.scheduler.reuse_history import ReuseSettings
 
 DEFAULT_POLICIES_PATH = CONFIG_DIR / "policies.json"
 T = TypeVar("T")
@@ -54,11 +55,12 @@ class PlannerSettings:
     demand: str  # "upper_quantile" or "expected_count": which forecast figure is the demand
     min_expected_requests: float  # families forecast below this are not considered
     min_burst_probability: float
-    ttft_target_ms: float  # holders serve a family only while they stay within this TTFT
     max_families_per_tick: int
-    candidates_per_family: int  # least-loaded non-holders considered as targets per family
-    evict_weight: float  # cost of evicting a target's whole capacity, in link-budget units
-    min_benefit_ms: float  # replicas expected to save less are not worth an order
+    candidates_per_family: int  # least-loaded non-holders priced as spill options and replica targets
+    min_benefit_ms: float  # a node whose prefix saves less per request is not a holder
+    min_net_ms: float  # an action is admitted only when its net saving exceeds this (ms)
+    replicate_to_device: bool  # also price replicas into a target's device tier (host tier always)
+    prefetch: bool  # price host -> device promotions at holders ahead of forecast requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +89,22 @@ class PolicyConfig:
     planner: PlannerSettings
     reactive_heat: HeatSettings
     reactive_migrate: MigrateSettings
+    reuse: ReuseSettings
     source: str = ""
 
     def validate(self) -> None:
         _positive(self, "router.spread_candidates", "families.max_families", "families.max_chain_blocks",
                   "families.heat_window_s", "leases.replica_lease_ms", "budgets.link_budget_window_s",
-                  "budgets.max_orders_per_tick", "planner.horizon_s", "planner.ttft_target_ms",
+                  "budgets.max_orders_per_tick", "planner.horizon_s",
                   "planner.max_families_per_tick", "planner.candidates_per_family",
                   "reactive_heat.heat_threshold", "reactive_heat.heat_per_replica", "reactive_heat.max_replicas",
                   "reactive_heat.action_cooldown_s", "reactive_heat.recreate_after_s",
-                  "reactive_migrate.queue_threshold_ms", "reactive_migrate.min_family_heat")
+                  "reactive_migrate.queue_threshold_ms", "reactive_migrate.min_family_heat",
+                  "reuse.window_s", "reuse.halflife_s", "reuse.max_ghosts", "reuse.prior_weight")
         _fraction(self, "families.prompt_ewma_alpha", "budgets.link_budget_fraction",
-                  "budgets.replica_memory_fraction", "planner.min_burst_probability")
+                  "budgets.replica_memory_fraction", "planner.min_burst_probability", "reuse.prior_p")
+        if self.planner.min_net_ms < 0:
+            raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
         if self.planner.demand not in ("upper_quantile", "expected_count"):
             raise InvalidArgument(f"planner.demand={self.planner.demand!r}: upper_quantile or expected_count")
         if self.reactive_migrate.target_queue_below_ms >= self.reactive_migrate.queue_threshold_ms:
@@ -107,7 +113,8 @@ class PolicyConfig:
 
 _SECTIONS: dict[str, type] = {"router": RouterSettings, "families": FamilySettings, "leases": LeaseSettings,
                               "budgets": BudgetSettings, "planner": PlannerSettings,
-                              "reactive_heat": HeatSettings, "reactive_migrate": MigrateSettings}
+                              "reactive_heat": HeatSettings, "reactive_migrate": MigrateSettings,
+                              "reuse": ReuseSettings}
 
 
 def load_policy_config(path: Path | str | None = None) -> PolicyConfig:
@@ -129,7 +136,13 @@ def _section(name: str, cls: type[T], raw: Any) -> T:
     for f in dataclasses.fields(cls):
         if f.name not in raw:
             raise InvalidArgument(f"policy configuration: {name}.{f.name} is missing")
-        kind = {"int": int, "float": float, "str": str}[str(f.type)]
+        kind = {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+        if kind is bool:
+            if not isinstance(raw[f.name], bool):
+                raise InvalidArgument(f"policy configuration: {name}.{f.name}={raw[f.name]!r} "
+                                      "is not true or false")
+            values[f.name] = raw[f.name]
+            continue
         try:
             values[f.name] = kind(raw[f.name])
         except (TypeError, ValueError):

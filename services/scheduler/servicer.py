@@ -12,7 +12,7 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState
+from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem, RouteResult
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -69,7 +69,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         o = request.order
         spec = OrderSpec(Family(o.family), list(o.block_hashes), NodeId(o.source_node), NodeId(o.target_node),
                          o.lease_ms, o.priority, o.expected_benefit_ms, o.policy, o.target_address, o.order_id,
-                         Tier.parse(o.target_medium) if o.target_medium else None)
+                         Tier.parse(o.target_medium) if o.target_medium else None,
+                         ActionKind.parse(o.action))
         return scheduler_pb2.SubmitOrderResponse(order_id=self._core.submit_order(spec).order_id)
 
     def ReportOrderStatus(self, request, context):
@@ -118,7 +119,8 @@ def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:
         order_id=order.order_id, family=s.family, block_hashes=s.block_hashes, source_node=s.source,
         target_node=s.target, target_address=s.target_address, lease_ms=s.lease_ms, priority=s.priority,
         expected_benefit_ms=s.expected_benefit_ms, policy=s.policy,
-        cancelled=order.state is OrderState.CANCELLED, target_medium=s.tier.medium if s.tier else "")
+        cancelled=order.state is OrderState.CANCELLED, target_medium=s.tier.medium if s.tier else "",
+        action=s.action.value)
 
 
 def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> KVGeometry | None:

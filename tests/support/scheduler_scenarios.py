@@ -35,17 +35,20 @@ class ScriptedForecasts:
 
 
 def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None, capacity: int = 4096,
-              **overrides) -> tuple[SchedulerCore, ManualClock]:
-    """A core with nodes n0..n{nodes-1}; overrides patch policy config sections,
-    e.g. planner={"ttft_target_ms": 500.0}."""
+              host_pages: int = 0, **overrides) -> tuple[SchedulerCore, ManualClock]:
+    """A core with nodes n0..n{nodes-1} (host tiers of host_pages blocks
+    behind a 400 Gbit/s host link when > 0); overrides patch policy config
+    sections, e.g. planner={"horizon_s": 5.0}."""
     config = load_policy_config()
     for section, values in overrides.items():
         config = dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **values)})
     clock = ManualClock(100.0)
-    core = SchedulerCore(SchedulerSettings(node_timeout_s=5.0, policy=policy, policy_config=config), clock,
-                         get_profile("llama-3-8b-h100"), forecasts=forecasts, future=future)
+    settings = SchedulerSettings(node_timeout_s=5.0, policy=policy, policy_config=config,
+                                 host_link_gbps=400.0 if host_pages else 0.0,
+                                 host_link_overhead_ms=0.05 if host_pages else 0.0)
+    core = SchedulerCore(settings, clock, get_profile("llama-3-8b-h100"), forecasts=forecasts, future=future)
     for i in range(nodes):
-        core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", capacity, None)
+        core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", capacity, None, host_pages)
     return core, clock
 
 

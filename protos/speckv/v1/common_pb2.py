@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16speckv/v1/common.proto\x12\tspeckv.v1\"\x92\x01\n\nKVGeometry\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x17\n\x0f\x62ytes_per_block\x18\x06 \x01(\x04\x12\x0c\n\x04name\x18\x07 \x01(\t\"\x87\x02\n\x10ReplicationOrder\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x13\n\x0bsource_node\x18\x04 \x01(\t\x12\x13\n\x0btarget_node\x18\x05 \x01(\t\x12\x16\n\x0etarget_address\x18\x06 \x01(\t\x12\x10\n\x08lease_ms\x18\x07 \x01(\r\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x1b\n\x13\x65xpected_benefit_ms\x18\t \x01(\x01\x12\x0e\n\x06policy\x18\n \x01(\t\x12\x11\n\tcancelled\x18\x0b \x01(\x08\x12\x15\n\rtarget_medium\x18\x0c \x01(\t*\xc3\x01\n\nOrderState\x12\x1b\n\x17ORDER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12ORDER_STATE_ISSUED\x10\x01\x12\x19\n\x15ORDER_STATE_IN_FLIGHT\x10\x02\x12\x19\n\x15ORDER_STATE_COMMITTED\x10\x03\x12\x16\n\x12ORDER_STATE_FAILED\x10\x04\x12\x19\n\x15ORDER_STATE_CANCELLED\x10\x05\x12\x17\n\x13ORDER_STATE_EXPIRED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16speckv/v1/common.proto\x12\tspeckv.v1\"\x92\x01\n\nKVGeometry\x12\x12\n\nnum_layers\x18\x01 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x02 \x01(\r\x12\x10\n\x08head_dim\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x17\n\x0f\x62ytes_per_block\x18\x06 \x01(\x04\x12\x0c\n\x04name\x18\x07 \x01(\t\"\x97\x02\n\x10ReplicationOrder\x12\x10\n\x08order_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x13\n\x0bsource_node\x18\x04 \x01(\t\x12\x13\n\x0btarget_node\x18\x05 \x01(\t\x12\x16\n\x0etarget_address\x18\x06 \x01(\t\x12\x10\n\x08lease_ms\x18\x07 \x01(\r\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12\x1b\n\x13\x65xpected_benefit_ms\x18\t \x01(\x01\x12\x0e\n\x06policy\x18\n \x01(\t\x12\x11\n\tcancelled\x18\x0b \x01(\x08\x12\x15\n\rtarget_medium\x18\x0c \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\r \x01(\t*\xc3\x01\n\nOrderState\x12\x1b\n\x17ORDER_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12ORDER_STATE_ISSUED\x10\x01\x12\x19\n\x15ORDER_STATE_IN_FLIGHT\x10\x02\x12\x19\n\x15ORDER_STATE_COMMITTED\x10\x03\x12\x16\n\x12ORDER_STATE_FAILED\x10\x04\x12\x19\n\x15ORDER_STATE_CANCELLED\x10\x05\x12\x17\n\x13ORDER_STATE_EXPIRED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'speckv.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ORDERSTATE']._serialized_start=453
-  _globals['_ORDERSTATE']._serialized_end=648
+  _globals['_ORDERSTATE']._serialized_start=469
+  _globals['_ORDERSTATE']._serialized_end=664
   _globals['_KVGEOMETRY']._serialized_start=38
   _globals['_KVGEOMETRY']._serialized_end=184
   _globals['_REPLICATIONORDER']._serialized_start=187
-  _globals['_REPLICATIONORDER']._serialized_end=450
+  _globals['_REPLICATIONORDER']._serialized_end=466
 # @@protoc_insertion_point(module_scope)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from speckv.services.common.ids import BlockHash, Family, NodeId, OrderId
+from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.families import FamilyProfile
 from speckv.services.scheduler.replication.orders import Order, OrderSpec
 
@@ -36,6 +37,7 @@ class NodeView:
     queue_ms: float  # expected wait before new work's prefill starts (the router's figure)
     host_pages: int = 0  # its host tier's capacity (0: none)
     host_blocks: int = 0  # blocks its host tier holds
+    device_blocks: int = 0  # blocks its device tier holds (the index's view)
 
 
 class IndexReader(Protocol):
@@ -47,6 +49,13 @@ class IndexReader(Protocol):
     def families(self) -> list[Family]: ...
     def longest_prefix(self, node: NodeId, block_hashes: Sequence[int]) -> int: ...
     def prefix_lengths(self, block_hashes: Sequence[int], min_length: int = 1) -> dict[NodeId, int]: ...
+    def host_only_count(self, node: NodeId, block_hashes: Sequence[int], length: int) -> int: ...
+
+
+class ReuseReader(Protocol):
+    """P(a block pushed out of a node's tier is wanted again soon); see reuse_history.py."""
+
+    def p_reuse(self, node: NodeId, tier: Tier, now: float) -> float: ...
 
 
 class FamilyReader(Protocol):
@@ -67,6 +76,9 @@ class ClusterView:
     families: FamilyReader | None = None
     replica_blocks: Mapping[NodeId, int] = field(default_factory=dict)  # blocks under a running replica lease
     link_bytes_per_s: float = 0.0  # every node's link rate (the router's link model)
+    link_wait_ms: Mapping[NodeId, float] = field(default_factory=dict)  # until its link is free (link_backlog.py)
+    pulls_per_s: Mapping[NodeId, float] = field(default_factory=dict)  # recent rate of pulls on its link
+    reuse: ReuseReader | None = None
 
     def live_nodes(self) -> list[NodeView]:
         return [n for n in self.nodes if n.alive]

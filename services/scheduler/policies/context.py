@@ -17,5 +17,6 @@ class PolicyContext:
     config: PolicyConfig
     profile: EngineProfile
     link: LinkModel
+    host_link: LinkModel | None = None  # every node's host<->device link (None: no host tiers)
     forecasts: ForecastSource | None = None  # predictive: the predictor (or an in-process one)
     future: FutureArrivals | None = None  # oracle: the true arrivals, from a trace

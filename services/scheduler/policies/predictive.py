@@ -1,12 +1,12 @@
-"""Policy `predictive` (ours): replicate ahead of forecast bursts.
+"""Policy `predictive` (ours): act ahead of forecast demand.
 
 Every tick, prepare() asks the ForecastSource (the predictor service in the
 live cluster, an in-process predictor in the simulator) for the top
 `planner.max_families_per_tick` families by expected arrivals within
 `planner.horizon_s` seconds; plan() hands them to the Planner (planner.py),
-which turns each family's demand beyond what its current holders can serve
-within `planner.ttft_target_ms` into replicas on the least-queued nodes,
-chosen greedily by benefit/cost under the per-link and per-node budgets
+which prices every candidate replica and prefetch in milliseconds of TTFT
+(saving minus the evictions and link delay it causes) and admits, greedily,
+those with a positive net under the per-link and per-node budgets
 (`budgets.*`), each with a lease of `leases.replica_lease_ms`. Orders still
 unstarted for families no longer forecast are cancelled. If the source is
 unavailable (returns nothing), the tick plans nothing and cancels the
@@ -28,7 +28,7 @@ class PlanningPolicy:
     description = ""
 
     def __init__(self, context: PolicyContext, source: ForecastSource) -> None:
-        self._planner = Planner(context.config, context.profile, context.link)
+        self._planner = Planner(context.config, context.profile, context.link, context.host_link)
         self._source = source
         self._horizon_s = context.config.planner.horizon_s
         self._max_families = context.config.planner.max_families_per_tick
@@ -43,6 +43,7 @@ class PlanningPolicy:
 
 class PredictivePolicy(PlanningPolicy):
     name = "predictive"
-    description = ("Forecast-driven speculative replication: the planner turns forecast per-family "
-                   "demand beyond what current holders serve within the TTFT target into replicas, "
-                   "greedy by benefit/cost under link and memory budgets, with leases.")
+    description = ("Forecast-driven speculation: the planner prices each replica (to a peer's host or "
+                   "device tier) and prefetch (host -> device at a holder) in expected ms of TTFT saved "
+                   "minus ms its evictions and link use cost, and issues those with a positive net "
+                   "under link and memory budgets, with leases.")

@@ -16,10 +16,6 @@ no policy can exceed them, whichever it is:
   capacity_pages` blocks of speculative replicas (leases still running) plus
   blocks of orders still landing there.
 
-cost(): the planner's price of an order, dimensionless:
-    nbytes / link_budget (source) + nbytes / link_budget (target)
-    + evict_weight * pages evicted on the target / its capacity
-where pages evicted = blocks beyond the target's free (or evictable) pages.
 Not thread-safe; lives for one plan() call.
 """
 from __future__ import annotations
@@ -66,12 +62,6 @@ class BudgetBook:
 
     def egress_left(self, node: NodeId) -> float:
         return self.link_budget - self._egress[node]
-
-    def cost(self, source: NodeId, target: NodeId, blocks: int, nbytes: int, evict_weight: float) -> float:
-        view = self._nodes[target]
-        evicted = max(0, blocks - view.free_pages)
-        link = nbytes / self.link_budget * 2 if self.link_budget > 0 else float("inf")
-        return link + evict_weight * evicted / max(1, view.capacity_pages)
 
     def usage(self) -> dict[str, dict[NodeId, float]]:
         """Spent budget per node (tests and metrics)."""

@@ -4,7 +4,9 @@ liveness.
 
 - COMMITTED (reported by the source's agent, or inferred when the target's
   KV event stream shows every block of the order resident there): a Replica
-  enters the ledger with a lease of the order's lease_ms from now.
+  enters the ledger with a lease of the order's lease_ms from now. A
+  prefetch acts on one node's own blocks: it is committed only by that
+  node's report, makes no replica and is never retried.
 - FAILED: retried from another live node holding the whole chain (not one
   already tried, never the target), up to `max_retries` times; the retry is a
   new order (new id) of the same spec.
@@ -25,7 +27,7 @@ from typing import Callable
 from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import NodeId, OrderId
 from speckv.services.scheduler.policies.base import IndexReader
-from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.replicas import LeasedReplicas, Replica
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,8 @@ class OrderLifecycle:
     def kv_committed(self, node: NodeId, now: float) -> list[Order]:
         """Commits active orders to node whose blocks the index now shows there."""
         done = []
-        for order in [o for o in self.orders.active() if o.spec.target == node]:
+        for order in [o for o in self.orders.active()
+                      if o.spec.target == node and o.spec.action is ActionKind.REPLICATE]:
             blocks = order.spec.block_hashes
             if self._index.longest_prefix(node, blocks) == len(blocks):
                 done.append(self.report(order.order_id, OrderState.COMMITTED, now, "seen in the target's KV events"))
@@ -102,6 +105,8 @@ class OrderLifecycle:
         if not order.state.terminal:
             return
         attempts = self._attempts.pop(order.order_id, _Attempts(0, frozenset({order.spec.source})))
+        if order.spec.action is not ActionKind.REPLICATE:
+            return  # a prefetch on one node: no replica to lease, no other source to retry from
         if order.state is OrderState.COMMITTED:
             blocks = len(order.spec.block_hashes)
             nbytes = order.bytes_sent or blocks * self._bytes_per_block(order.spec.target)

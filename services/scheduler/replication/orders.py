@@ -30,6 +30,24 @@ from speckv.services.common.ids import UINT64_MAX, Family, NodeId, OrderId
 from speckv.services.common.tiers import Tier
 
 
+class ActionKind(enum.Enum):
+    """What an order does. REPLICATE copies a prefix from source to target;
+    PREFETCH promotes the blocks of a prefix that a holder keeps only in its
+    host tier into its device tier, and acts on that one node (source ==
+    target)."""
+
+    REPLICATE = "replicate"
+    PREFETCH = "prefetch"
+
+    @staticmethod
+    def parse(text: str) -> "ActionKind":
+        """The wire form: "replicate" (or empty) or "prefetch"."""
+        try:
+            return ActionKind(text or "replicate")
+        except ValueError:
+            raise InvalidArgument(f"order action {text!r}: expected replicate or prefetch") from None
+
+
 class OrderState(enum.Enum):
     ISSUED = "issued"
     IN_FLIGHT = "in_flight"
@@ -66,6 +84,7 @@ class OrderSpec:
     target_address: str = ""
     order_id: str = ""
     tier: Tier | None = None  # where the target keeps the copy; None: its host tier when it has one
+    action: ActionKind = ActionKind.REPLICATE
 
 
 @dataclass(slots=True)
@@ -91,8 +110,11 @@ def validate_spec(spec: OrderSpec) -> None:
         raise InvalidArgument("order.source_node is empty")
     if not spec.target:
         raise InvalidArgument("order.target_node is empty")
-    if spec.source == spec.target:
-        raise InvalidArgument(f"order.source_node == order.target_node ({spec.source!r})")
+    if spec.action is ActionKind.REPLICATE and spec.source == spec.target:
+        raise InvalidArgument(f"order.source_node == order.target_node ({spec.source!r}): a replica needs a peer")
+    if spec.action is not ActionKind.REPLICATE and spec.source != spec.target:
+        raise InvalidArgument(f"a {spec.action.value} order acts on one node: source_node {spec.source!r} "
+                              f"!= target_node {spec.target!r}")
     if not spec.block_hashes:
         raise InvalidArgument("order.block_hashes is empty")
     if len(set(spec.block_hashes)) != len(spec.block_hashes):

@@ -19,17 +19,27 @@ bound that relaxes as time passes. Times are seconds on the scheduler's
 clock. Transfers the scheduler did not start (other clusters, on-demand
 copies by hand) are not seen. Not thread-safe: SchedulerCore serialises
 access.
+
+Pull rates: each end of a routed pull counts one pull on its link, in an
+exponentially decayed count (half-life rate_halflife_s); rate_per_s is that
+count over the half-life's mean life (halflife / ln 2), so a steady r pulls
+a second reads r. The planner prices the delay a speculative copy adds to
+pulls with it.
 """
 from __future__ import annotations
+
+import math
 
 from speckv.services.common.engine_profile import LinkModel
 from speckv.services.common.ids import NodeId
 
 
 class LinkBacklog:
-    def __init__(self, link: LinkModel) -> None:
+    def __init__(self, link: LinkModel, rate_halflife_s: float = 30.0) -> None:
         self._link = link
         self._busy_until: dict[NodeId, float] = {}
+        self._halflife_s = rate_halflife_s
+        self._pulls: dict[NodeId, tuple[float, float]] = {}  # node -> (decayed count, at s)
 
     def wait_ms(self, node: NodeId, now: float) -> float:
         """How long until node's link finishes what it was given (ms, >= 0)."""
@@ -45,10 +55,31 @@ class LinkBacklog:
         self._busy_until[target] = end
         return end
 
+    def note_pull(self, source: NodeId, target: NodeId, now: float) -> None:
+        for node in (source, target):
+            self._pulls[node] = (self._decayed(node, now) + 1.0, now)
+
+    def rate_per_s(self, node: NodeId, now: float) -> float:
+        """Recent pulls per second on node's link."""
+        return self._decayed(node, now) * math.log(2) / self._halflife_s
+
+    def rates(self, now: float) -> dict[NodeId, float]:
+        return {n: self.rate_per_s(n, now) for n in self._pulls}
+
+    def waits(self, now: float) -> dict[NodeId, float]:
+        return {n: self.wait_ms(n, now) for n in self._busy_until if self._busy_until[n] > now}
+
+    def _decayed(self, node: NodeId, now: float) -> float:
+        count, at = self._pulls.get(node, (0.0, now))
+        return count * math.exp2(-max(0.0, now - at) / self._halflife_s)
+
     def forget(self, node: NodeId) -> None:
         """A node that re-registered or left: its old transfers are gone."""
         self._busy_until.pop(node, None)
+        self._pulls.pop(node, None)
 
     def prune(self, now: float) -> None:
         """Drops links that are idle by now (bounds the map by busy links)."""
         self._busy_until = {n: t for n, t in self._busy_until.items() if t > now}
+        self._pulls = {n: (c, at) for n, (c, at) in self._pulls.items()
+                       if c * math.exp2(-max(0.0, now - at) / self._halflife_s) > 1e-3}

@@ -56,7 +56,7 @@ def test_reactive_migrate_moves_the_hottest_family_off_an_overloaded_node():
 def test_oracle_replicates_before_the_burst_the_trace_holds():
     burst = [TraceRequest(30.0 + i * 0.001, 2067, 10, tuple(CHAIN), BS, FAMILY) for i in range(200)]
     future = TraceFutureArrivals(burst, time_offset_s=80.0)  # scheduler t=110 is trace t=30
-    core, clock = make_core(4, "oracle", future=future, planner={"ttft_target_ms": 200.0, "horizon_s": 1.0})
+    core, clock = make_core(4, "oracle", future=future, planner={"horizon_s": 1.0})
     store(core, "n0", CHAIN)
     route_family(core, 1)
     clock.set(107.0)

@@ -4,9 +4,10 @@ import pytest
 
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.common.ids import NodeId
+from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
 from tests.support.scheduler_scenarios import (
     CHAIN,
     FAMILY,
@@ -17,7 +18,7 @@ from tests.support.scheduler_scenarios import (
     store,
 )
 
-TIGHT = {"planner": {"ttft_target_ms": 200.0, "horizon_s": 1.0}}  # one holder serves ~76 requests
+TIGHT = {"planner": {"horizon_s": 1.0}}
 
 
 def predictive(nodes=4, **overrides):
@@ -33,14 +34,19 @@ def test_replicates_ahead_of_a_forecast_burst_and_not_without_one():
     core, clock, forecasts = predictive()
     assert core.tick() == []  # nothing forecast
     forecasts.counts = {FAMILY: 3.0}
-    assert core.tick() == []  # forecast, but the holder serves it within the target
+    assert core.tick() == []  # forecast, but the holder serves 3 in a second without queueing
     forecasts.counts = {FAMILY: 200.0}
     orders = core.tick()
-    assert len(orders) == 2  # 200 - ~76 on the holder = ~124 excess; ~71 per replica
+    # 200 requests in 1 s: the holder takes one per 15.7 ms (64/s), a node
+    # recomputing one per 90 ms (11/s) and pulls take turns on n0's link
+    # (87 ms each), so the cluster falls behind until replicas turn the
+    # other three nodes into holders; each still cuts queueing, at no cost
+    # (empty targets, no other transfers): all three are worth it.
+    assert len(orders) == 3
     assert {o.spec.source for o in orders} == {"n0"} and "n0" not in {o.spec.target for o in orders}
     assert all(o.spec.block_hashes == CHAIN and o.spec.policy == "predictive" for o in orders)
     assert all(o.spec.lease_ms == 15000 and o.spec.expected_benefit_ms > 0 for o in orders)
-    assert core.tick() == []  # orders landing count as supply: nothing more to add
+    assert core.tick() == []  # orders landing count as holders: no non-holder is left
 
 
 @pytest.mark.parametrize("demand, expected, upper, replicates", [
@@ -65,7 +71,7 @@ def test_the_committed_planner_weighs_a_forecast_by_its_expected_count():
 def test_unstarted_orders_are_cancelled_when_the_burst_is_no_longer_forecast():
     core, clock, forecasts = predictive()
     forecasts.counts = {FAMILY: 200.0}
-    first, second = core.tick()
+    first, *_, second = core.tick()
     core.report_order(first.order_id, OrderState.IN_FLIGHT)
     forecasts.counts = {}
     core.tick()
@@ -173,7 +179,7 @@ def test_a_holder_whose_queue_already_breaks_the_target_serves_no_returning_requ
     """One request forecast within the horizon may arrive at once: a holder
     with queue + prefill above the TTFT target cannot take it, even though a
     late arrival would find its queue drained."""
-    core, clock, forecasts = predictive(planner={"ttft_target_ms": 2000.0, "horizon_s": 2.0})
+    core, clock, forecasts = predictive(planner={"horizon_s": 2.0})
     queued = next(t for t in range(0, 10_000_000, 1000)  # a queue between T and H + T
                   if 2200.0 < core.context.profile.queue_ms(t, 1) < 3000.0)
     core.heartbeat("n0", NodeLoad(queued_tokens=queued, waiting_requests=1))
@@ -211,3 +217,88 @@ def busy_n0_and_idle_others(core):
     """n0's queue alone breaks the 2 s target: it serves no forecast request."""
     heartbeat_all(core, 4, free_pages=16_384)
     core.heartbeat("n0", NodeLoad(free_pages=16_384, queued_prefill_ms=3_000.0))
+
+
+def _one_request_behind_a_swamped_holder(p_reuse: float, fill_targets: bool):
+    """n0 holds the 128-block chain with 3 s of queue; one request of the
+    family is forecast within 2 s (priced at 1 s); targets hold 512 pages."""
+    forecasts = ScriptedForecasts()
+    core, clock = make_core(4, "predictive", forecasts, capacity=512, planner={"horizon_s": 2.0},
+                            reuse={"prior_p": p_reuse, "prior_weight": 1e6})
+    store(core, "n0", CHAIN)
+    route_family(core, 2)
+    if fill_targets:
+        for i in (1, 2, 3):
+            store(core, f"n{i}", list(range(100_000 * i, 100_000 * i + 512)), family=f"filler{i}")
+    heartbeat_all(core, 4)
+    core.heartbeat("n0", NodeLoad(queued_prefill_ms=3000.0))
+    forecasts.counts = {FAMILY: 1.0}
+    return core
+
+
+@pytest.mark.parametrize("p_reuse, fill_targets, admitted", [
+    (1.0, True, False),  # the 128 blocks it pushes out cost 89 ms of recompute: more than it saves
+    (0.0, True, True),  # pushed-out blocks nobody wants again cost nothing
+    (1.0, False, True),  # empty targets: nothing pushed out
+])
+def test_a_replica_whose_evictions_cost_more_than_it_saves_is_refused(p_reuse, fill_targets, admitted):
+    """Without the replica the request recomputes on an idle node
+    (prefill_ms(2067, 0) = 89.8 ms; the holder's queue and a 102.6 ms pull
+    are worse); with it, it finds the chain cached: prefill_ms(19, 2048) =
+    15.7 ms, after the copy has landed (87 ms). Saving 74.1 ms. A full
+    target pushes out 128 blocks, each reused with p_reuse at a recompute of
+    89.8 ms / (2067 / 16) blocks = 0.695 ms: 89.0 ms at p = 1."""
+    core = _one_request_behind_a_swamped_holder(p_reuse, fill_targets)
+    profile = core.context.profile
+    saving = profile.prefill_ms(2067, 0) - profile.prefill_ms(19, 2048)
+    orders = core.tick()
+    assert bool(orders) is admitted
+    if admitted:
+        assert len(orders) == 1 and orders[0].spec.source == "n0"
+        assert orders[0].spec.expected_benefit_ms == pytest.approx(saving)
+
+
+def test_no_ttft_target_caps_a_fan_out():
+    """A burst that queues the holder far past the 2 s TTFT target is still
+    spread: the planner prices the queueing it avoids, however long."""
+    core, clock, forecasts = predictive(planner={"horizon_s": 2.0})
+    core.heartbeat("n0", NodeLoad(queued_prefill_ms=10_000.0))
+    forecasts.counts = {FAMILY: 100.0}
+    orders = core.tick()
+    # Recomputing on the three others serves 33 requests a second of the 50
+    # forecast; two replicas serve 128: the third would save little.
+    assert len(orders) >= 2 and {o.spec.target for o in orders} <= {"n1", "n2", "n3"}
+    assert sum(o.spec.expected_benefit_ms for o in orders) > 100 * 74.0  # every request saves a recompute or more
+
+
+def _host_only_holder(device_full: bool):
+    """One node (no peer to copy to) holding the chain in its host tier only."""
+    forecasts = ScriptedForecasts()
+    core, clock = make_core(1, "predictive", forecasts, capacity=512, host_pages=1024,
+                            planner={"horizon_s": 2.0}, reuse={"prior_p": 1.0, "prior_weight": 1e6})
+    assert core.apply_kv_event(NodeId("n0"), core.generation("n0"),
+                               IndexEvent(HolderEventKind.STORED, CHAIN, False, FAMILY, tier=Tier.HOST))
+    route_family(core, 2)
+    if device_full:
+        store(core, "n0", list(range(900_000, 900_512)), family="filler")
+    heartbeat_all(core, 1)
+    forecasts.counts = {FAMILY: 1.0}
+    return core
+
+
+def test_a_prefetch_takes_a_promotion_off_the_critical_path_when_it_evicts_nothing():
+    """n0 keeps the chain in its host tier only: a request there first
+    promotes 128 blocks (268 MB at 400 Gbit/s + 0.05 ms = 5.4 ms). Promoting
+    them ahead of the forecast request saves exactly that."""
+    core = _host_only_holder(device_full=False)
+    orders = core.tick()
+    assert [(o.spec.action, o.spec.source, o.spec.target, o.spec.tier) for o in orders] == [
+        (ActionKind.PREFETCH, "n0", "n0", Tier.DEVICE)]
+    assert orders[0].spec.block_hashes == CHAIN
+    assert orders[0].spec.expected_benefit_ms == pytest.approx(128 * 2 * 2**20 * 8 / 400e9 * 1e3 + 0.05)
+
+
+def test_a_prefetch_that_demotes_blocks_wanted_again_costs_more_than_it_saves():
+    """A full device tier demotes 128 blocks to make room; each is wanted
+    again (p = 1) and then costs its own promotion (0.09 ms): 11.8 ms > 5.4 ms."""
+    assert _host_only_holder(device_full=True).tick() == []

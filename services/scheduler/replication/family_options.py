@@ -1,0 +1,146 @@
+"""How a family's forecast requests could be served now, and what each
+speculative action would add: the planner's inputs, priced in ms (value.py).
+
+Options without any action (`serve_options`):
+- every live holder n of the family's prefix (L_n blocks, u_n of them in its
+  host tier alone): wait queue_n, promotion of u_n blocks over the host link
+  before prefill, prefill with L_n blocks cached;
+- the `spill` least-queued live non-holders, twice each: recomputing the
+  whole prompt, and pulling the longest held prefix L* from its best holder
+  (the router's pull: link backlog of both ends, then the slower of the wire
+  and the source's host link) before a prefill with L* cached; the pulls of
+  one source take turns on its link (value.py).
+The router picks among exactly these, so a forecast burst spills onto other
+nodes as recompute or pulls, and an action is priced against that.
+
+Actions (each an `ActionCandidate` with its new option):
+- replicate L* blocks to a non-holder's host or device tier: usable once
+  the copy lands (link backlog plus the transfer), then a host copy is
+  promoted before prefill like any host hit;
+- prefetch a holder's host-only blocks into its device tier: usable once
+  promoted (host link), then with nothing before prefill.
+What an action pushes out of its tier: the blocks beyond that tier's free
+pages (capacity minus what the index shows there, minus what this tick
+already planned there). Their reuse costs a promotion when the device tier
+demotes them to a host tier below, a recompute (the family's mean cost per
+block) otherwise. Pure: reads the view, never changes it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from speckv.services.common.engine_profile import EngineProfile, LinkModel
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.policies.base import NodeView
+from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.replication.value import Demand, ServeOption
+
+
+@dataclass(slots=True)
+class FamilyState:
+    """One forecast family as the planner prices it this tick."""
+
+    family: Family
+    demand: Demand
+    chain: list[int]  # the longest held prefix, L* blocks
+    prompt_tokens: int
+    source: NodeId  # the holder a copy of L* comes from
+    source_host_only: int  # of L*, blocks the source holds in its host tier alone
+    held: dict[NodeId, int]  # holders (and nodes already given the family this tick) -> blocks
+    host_only: dict[NodeId, int]  # holders -> blocks of their prefix only in their host tier
+    options: list[ServeOption]
+    full_ms: float  # prefill without any cache
+    hit_ms: float  # prefill with L* cached
+    recompute_ms_per_block: float
+    chosen: set[tuple[ActionKind, NodeId]] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionCandidate:
+    kind: ActionKind
+    family_index: int
+    node: NodeId  # the target of a replica; the holder of a prefetch
+    tier: Tier
+    blocks: int
+    nbytes: int
+    option: ServeOption
+    transfer_ms: float  # on the network link (0: none)
+
+
+class OptionPricer:
+    """The engine, link and host-link cost models the options are priced with."""
+
+    def __init__(self, profile: EngineProfile, link: LinkModel, host_link: LinkModel | None) -> None:
+        self._profile = profile
+        self._link = link
+        self._host_link = host_link
+
+    @property
+    def profile(self) -> EngineProfile:
+        return self._profile
+
+    def prefill_ms(self, prompt: int, cached_blocks: int, block_size: int) -> float:
+        cached = min(cached_blocks * block_size, prompt - 1)
+        return self._profile.prefill_ms(prompt - cached, cached)
+
+    def promote_ms(self, blocks: int, bytes_per_block: int) -> float:
+        if blocks <= 0 or self._host_link is None:
+            return 0.0
+        return self._host_link.transfer_ms(blocks * bytes_per_block)
+
+    def copy_ms(self, blocks: int, bytes_per_block: int, source_host_only: int) -> float:
+        """A copy of blocks off a source holding source_host_only of them in host memory alone."""
+        return max(self._link.transfer_ms(blocks * bytes_per_block),
+                   self.promote_ms(min(source_host_only, blocks), bytes_per_block))
+
+    def serve_options(self, fam: FamilyState, live: dict[NodeId, NodeView], queue: dict[NodeId, float],
+                      spill: list[NodeId], link_wait: dict[NodeId, float]) -> list[ServeOption]:
+        block_size = live[fam.source].block_size
+        options = []
+        for node, length in fam.held.items():
+            view = live[node]
+            options.append(ServeOption(node, queue[node],
+                                       self.promote_ms(fam.host_only.get(node, 0), view.bytes_per_block),
+                                       self.prefill_ms(fam.prompt_tokens, length, block_size)))
+        for node in spill:
+            view = live[node]
+            options.append(ServeOption(node, queue[node], 0.0, fam.full_ms))
+            wait = max(link_wait.get(fam.source, 0.0), link_wait.get(node, 0.0))
+            pull = self.copy_ms(len(fam.chain), view.bytes_per_block, fam.source_host_only)
+            options.append(ServeOption(node, queue[node], wait, fam.hit_ms, pull_ms=pull, pull_link=fam.source))
+        return options
+
+    def replica(self, fam: FamilyState, index: int, target: NodeView, tier: Tier, queue_ms: float,
+                link_wait: dict[NodeId, float]) -> ActionCandidate:
+        blocks = len(fam.chain)
+        nbytes = blocks * target.bytes_per_block
+        transfer = self.copy_ms(blocks, target.bytes_per_block, fam.source_host_only)
+        ready = max(link_wait.get(fam.source, 0.0), link_wait.get(target.node_id, 0.0)) + transfer
+        before = self.promote_ms(blocks, target.bytes_per_block) if tier is Tier.HOST else 0.0
+        option = ServeOption(target.node_id, queue_ms, before, fam.hit_ms, ready_ms=ready)
+        return ActionCandidate(ActionKind.REPLICATE, index, target.node_id, tier, blocks, nbytes, option, transfer)
+
+    def prefetch(self, fam: FamilyState, index: int, holder: NodeView, queue_ms: float) -> ActionCandidate | None:
+        blocks = fam.host_only.get(holder.node_id, 0)
+        if blocks <= 0 or self._host_link is None:
+            return None
+        length = fam.held[holder.node_id]
+        promote = self.promote_ms(blocks, holder.bytes_per_block)
+        option = ServeOption(holder.node_id, queue_ms, 0.0,
+                             self.prefill_ms(fam.prompt_tokens, length, holder.block_size), ready_ms=promote)
+        return ActionCandidate(ActionKind.PREFETCH, index, holder.node_id, Tier.DEVICE, blocks,
+                               blocks * holder.bytes_per_block, option, 0.0)
+
+    def miss_ms_per_block(self, fam: FamilyState, node: NodeView, tier: Tier) -> float:
+        """What reusing a block this action pushes out of node's tier costs."""
+        if tier is Tier.DEVICE and node.host_pages > 0 and self._host_link is not None:
+            return self.promote_ms(1, node.bytes_per_block)
+        return fam.recompute_ms_per_block
+
+
+def free_pages(node: NodeView, tier: Tier) -> int:
+    """Pages of node's tier that hold nothing, as the index sees it."""
+    if tier is Tier.HOST:
+        return max(0, node.host_pages - node.host_blocks)
+    return max(0, node.capacity_pages - node.device_blocks)

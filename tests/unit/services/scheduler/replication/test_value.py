@@ -1,0 +1,88 @@
+"""The planner's currency on hand-computed cases (value.py)."""
+import math
+
+import pytest
+
+from speckv.services.scheduler.replication.value import (
+    MAX_PRICED_REQUESTS,
+    ActionValue,
+    Demand,
+    ServeOption,
+    eviction_ms,
+    link_delay_ms,
+    saving_ms,
+    served_ttft_ms,
+)
+
+
+def test_one_request_waits_for_nothing_once_the_queue_drained():
+    # Arrives at 500 ms (the middle of 1 s); the 100 ms queue is gone by then.
+    assert served_ttft_ms([ServeOption("a", 100.0, 0.0, 50.0)], Demand(1, 1000.0)) == pytest.approx(50.0)
+
+
+def test_requests_of_a_burst_queue_behind_each_other():
+    # Arrivals at 25 and 75 ms; the first holds the node until 125 ms, so
+    # the second waits 50 ms: 100 + 150.
+    holder = ServeOption("a", 0.0, 0.0, 100.0)
+    assert served_ttft_ms([holder], Demand(2, 100.0)) == pytest.approx(250.0)
+    # A node recomputing in 120 ms takes the second request: 100 + 120.
+    other = ServeOption("b", 0.0, 0.0, 120.0)
+    assert served_ttft_ms([holder, other], Demand(2, 100.0)) == pytest.approx(220.0)
+    assert saving_ms([holder], [other], Demand(2, 100.0)) == pytest.approx(30.0)
+
+
+def test_a_fractional_request_counts_by_its_probability():
+    option = ServeOption("a", 0.0, 20.0, 80.0)
+    assert served_ttft_ms([option], Demand(0.25, 1000.0)) == pytest.approx(0.25 * 100.0)
+    assert Demand(2.5, 300.0).arrivals() == [(50.0, 1.0), (150.0, 1.0), (250.0, 0.5)]
+
+
+def test_pulls_from_one_source_take_turns_on_its_link():
+    # Arrivals at 5 and 15 ms, pulls of 40 ms from "s" to two idle nodes,
+    # then 10 ms of prefill: the first pulls 5..45 (TTFT 45 - 5 + 10 = 50),
+    # the second waits for the link and pulls 45..85 (TTFT 85 - 15 + 10 = 80).
+    pulls = [ServeOption("b", 0.0, 0.0, 10.0, pull_ms=40.0, pull_link="s"),
+             ServeOption("c", 0.0, 0.0, 10.0, pull_ms=40.0, pull_link="s")]
+    assert served_ttft_ms(pulls, Demand(2, 20.0)) == pytest.approx(130.0)
+
+
+def test_an_option_not_ready_serves_only_later_arrivals():
+    recompute = ServeOption("b", 0.0, 0.0, 90.0)
+    replica = ServeOption("c", 0.0, 0.0, 15.0, ready_ms=100.0)
+    # Arrivals at 50 (recompute: 90) and 150 (the replica has landed: 15).
+    assert served_ttft_ms([recompute, replica], Demand(2, 200.0)) == pytest.approx(105.0)
+
+
+def test_some_option_must_be_ready_at_once():
+    with pytest.raises(ValueError):
+        served_ttft_ms([ServeOption("c", 0.0, 0.0, 15.0, ready_ms=1.0)], Demand(1, 100.0))
+
+
+def test_a_huge_burst_is_walked_in_at_most_the_cap_of_requests():
+    arrivals = Demand(10 * MAX_PRICED_REQUESTS, 1000.0).arrivals()
+    assert len(arrivals) == MAX_PRICED_REQUESTS
+    assert sum(w for _, w in arrivals) == pytest.approx(10 * MAX_PRICED_REQUESTS)
+    assert Demand(0.0, 1000.0).arrivals() == []
+
+
+@pytest.mark.parametrize("blocks, p, cost, expected", [
+    (10, 0.3, 20.0, 60.0),
+    (0, 0.9, 20.0, 0.0),
+    (-3, 0.9, 20.0, 0.0),  # no block pushed out
+    (10, 1.5, 2.0, 20.0),  # a probability above 1 counts as 1
+])
+def test_eviction_loss_is_blocks_times_reuse_times_cost(blocks, p, cost, expected):
+    assert eviction_ms(blocks, p, cost) == pytest.approx(expected)
+
+
+def test_link_delay_is_half_the_transfer_for_every_pull_arriving_during_it():
+    # 2.5 pulls/s over a 100 ms transfer: 0.25 pulls, each waiting 50 ms.
+    assert link_delay_ms(100.0, [2.0, 0.5]) == pytest.approx(12.5)
+    assert link_delay_ms(100.0, []) == 0.0
+
+
+def test_net_is_saving_minus_losses_and_admits_only_a_gain():
+    assert ActionValue(100.0, 60.0, 30.0).net_ms == pytest.approx(10.0)
+    assert ActionValue(100.0, 60.0, 30.0).admitted
+    assert not ActionValue(80.0, 60.0, 20.0).admitted
+    assert not math.isnan(ActionValue(0.0, 0.0, 0.0).net_ms)

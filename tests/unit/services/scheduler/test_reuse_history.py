@@ -1,0 +1,55 @@
+"""P(reuse) of blocks pushed out of a tier, from ghost hits (reuse_history.py)."""
+import pytest
+
+from speckv.services.common.ids import NodeId
+from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.reuse_history import ReuseHistory, ReuseSettings
+
+A, B = NodeId("a"), NodeId("b")
+
+
+def test_a_fresh_node_reads_the_prior():
+    history = ReuseHistory(ReuseSettings(prior_p=0.3, prior_weight=4.0))
+    assert history.p_reuse(A, Tier.DEVICE, 0.0) == pytest.approx(0.3)
+
+
+def test_ghosts_wanted_within_the_window_are_hits_of_their_node_and_tier():
+    history = ReuseHistory(ReuseSettings(window_s=60.0, halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.HOST, list(range(10)), now=0.0)
+    assert history.wanted([0, 1, 2, 3, 99], now=30.0) == 4
+    assert history.wanted([0, 1], now=31.0) == 0  # a ghost counts once
+    # (4 hits + 4 x 0.5) / (10 removed + 4)
+    assert history.p_reuse(A, Tier.HOST, 31.0) == pytest.approx(6.0 / 14.0)
+    assert history.p_reuse(A, Tier.DEVICE, 31.0) == pytest.approx(0.5)
+    assert history.p_reuse(B, Tier.HOST, 31.0) == pytest.approx(0.5)
+
+
+def test_a_ghost_wanted_after_its_window_is_no_hit():
+    history = ReuseHistory(ReuseSettings(window_s=60.0, halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.DEVICE, [1, 2], now=0.0)
+    assert history.wanted([1, 2], now=61.0) == 0
+    assert history.p_reuse(A, Tier.DEVICE, 61.0) == pytest.approx(2.0 / 6.0)
+
+
+def test_counts_decay_with_their_half_life():
+    history = ReuseHistory(ReuseSettings(window_s=60.0, halflife_s=10.0, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.DEVICE, list(range(8)), now=0.0)
+    history.wanted(list(range(8)), now=0.0)  # 8 of 8: p = (8 + 2) / (8 + 4)
+    assert history.p_reuse(A, Tier.DEVICE, 0.0) == pytest.approx(10.0 / 12.0)
+    # one half-life later the history weighs 4 hits of 4: (4 + 2) / (4 + 4)
+    assert history.p_reuse(A, Tier.DEVICE, 10.0) == pytest.approx(6.0 / 8.0)
+
+
+def test_the_ghost_map_is_bounded_oldest_first():
+    history = ReuseHistory(ReuseSettings(max_ghosts=3))
+    history.removed(A, Tier.DEVICE, [1, 2, 3, 4], now=0.0)
+    assert history.wanted([1], now=1.0) == 0
+    assert history.wanted([2, 3, 4], now=1.0) == 3
+
+
+def test_a_node_that_left_forgets_its_history():
+    history = ReuseHistory(ReuseSettings(halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.DEVICE, list(range(100)), now=0.0)
+    assert history.p_reuse(A, Tier.DEVICE, 0.0) < 0.1
+    history.forget(A)
+    assert history.p_reuse(A, Tier.DEVICE, 0.0) == pytest.approx(0.5)
