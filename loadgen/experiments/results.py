@@ -101,6 +101,9 @@ class PolicySummary:
     pull_ms_mean: float | None = None
     # (none - policy) / (none - floor) on the returning p99; set by the comparison.
     avoidable_closed: float | None = None
+    # Speculative actions by kind (replicate, prefetch): orders, bytes, the
+    # saving expected at planning time and what they came to (outcomes.py).
+    actions: dict[str, dict[str, object]] | None = None
     live: LiveRunFigures | None = None
     simulated: SimulatedRunFigures | None = None
 

@@ -41,7 +41,7 @@ from typing import Mapping, Sequence
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.sim.comparison import assemble, print_tables, write_reports
-from speckv.loadgen.sim.jobs import Job, train_once
+from speckv.loadgen.sim.jobs import Job, train_once, train_returns_once
 from speckv.loadgen.sim.machine import describe_machine
 from speckv.loadgen.sim.pool import compiled_build, default_jobs, run_all
 from speckv.loadgen.sim.predictor import PREDICTOR_KINDS
@@ -70,6 +70,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--train-trace", default=None,
                    help="with --predictor lightgbm: train on the whole of this other trace instead of the "
                         "replayed trace's time before the slice")
+    p.add_argument("--returns", choices=("on", "off"), default="on",
+                   help="forecast-reading policies also plan on session-return forecasts, from a model "
+                        "trained on the trace before the slice (default on; off: family bursts alone)")
     p.add_argument("--speed", type=float, default=1.0,
                    help="match a live run replayed this many times faster (its wall-clock intervals, in trace s)")
     p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
@@ -129,6 +132,9 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     trained = train_once(args, config, jobs[0], console)
     if trained is not None:
         jobs = [replace(j, trained=trained) for j in jobs]
+    returns = train_returns_once(args, config, jobs[0], console)
+    if returns is not None:
+        jobs = [replace(j, returns=returns) for j in jobs]
     workers = min(args.jobs or default_jobs(os.cpu_count() or 1), len(jobs))
     results = run_all(jobs, workers, console, code_path, environ)
     args.wall_s = time.perf_counter() - began

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.report import console_tables, fmt, markdown_table, write_report
 from speckv.loadgen.experiments.results import (
@@ -98,6 +99,9 @@ def print_tables(comparison: Comparison, console) -> None:
                                     costs, ("wall s", "CPU s", "events/CPU s", "peak MiB")):
             console.print(table)
         console.print(markdown_table(row.policies, row.floor), markup=False)
+        actions = action_table(row.policies)
+        if actions:
+            console.print(f"speculative actions, {n} nodes:\n{actions}", markup=False)
     console.print(scale_table(comparison), markup=False)
 
 

@@ -32,6 +32,7 @@ from speckv.loadgen.sim.predictor import (
     train_on_base,
     train_on_other_trace,
 )
+from speckv.loadgen.sim.returns import MIN_TRAINING_TURNS, TrainedReturns, train_returns
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.workload.scaled import ScaledTrace, SliceView, copies_for
@@ -67,6 +68,7 @@ class Job:
     synthetic: bool = False
     scenarios_path: str | None = None
     host_pages: int | None = None  # each node's host tier; None: the configuration's
+    returns: TrainedReturns | None = None  # the session-return model (train_returns_once); None: none
 
     @property
     def serves_lightgbm(self) -> bool:
@@ -153,7 +155,7 @@ def _run_job(job: Job, progress) -> SimulationResult:
             progress.put((job.nodes, job.policy, done, total))
 
     sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), history, report,
-                     future=workload, trained=trained)
+                     future=workload, trained=trained, returns=job.returns)
     run = sim.run()
     bursts = burst_seconds(workload.times.tolist())
     # Each copy's floor is its base request's: copies have disjoint blocks, and
@@ -165,7 +167,8 @@ def _run_job(job: Job, progress) -> SimulationResult:
                                events_per_s=run.events / run.cpu_s if run.cpu_s else None, virtual_s=run.virtual_s,
                                network_bytes=run.network_bytes, peak_rss_mb=round(peak_rss_mb(), 1))
     return SimulationResult(
-        nodes=job.nodes, policy=job.policy, summary=replace(summary, simulated=cost), notes=notes,
+        nodes=job.nodes, policy=job.policy, summary=replace(summary, simulated=cost, actions=run.actions),
+        notes=notes,
         floor=floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts, floor.returning),
         predictor=run.predictor, code="mypyc" if running_compiled() else "python",
         requests_in_slice=hi - lo, burst_seconds=len(bursts),
@@ -191,6 +194,23 @@ def collection_for(job: Job):
         gc.set_threshold(*thresholds)
         if was_enabled:
             gc.enable()
+
+
+def train_returns_once(args: argparse.Namespace, config: E2EConfig, first: Job, console) -> TrainedReturns | None:
+    """The session-return model every forecast-reading simulation serves,
+    trained here once on the base trace before the slice (returns.py); None
+    with --returns off, when no policy reads forecasts, or when the trace
+    before the slice is too short to train on."""
+    if args.returns != "on" or not FORECAST_POLICIES.intersection(args.policy_list):
+        return None
+    with console.status("training the session-return model on the base trace before the slice"):
+        base, _ = build_workload(replace(first, nodes=config.nodes), config)
+        start = args.start_s if args.start_s is not None else float(base.times[0]) if len(base) else 0.0
+        _, before = base.window(-math.inf, start)
+        trained = train_returns([base[i] for i in range(before)], start, "the base trace")
+    console.print(f"session returns: {trained.description}" if trained else
+                  f"session returns: none (fewer than {MIN_TRAINING_TURNS} turns before the slice to train on)")
+    return trained
 
 
 def train_once(args: argparse.Namespace, config: E2EConfig, first: Job, console) -> TrainedPredictor | None:

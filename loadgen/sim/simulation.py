@@ -55,16 +55,24 @@ from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
 from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
 from speckv.loadgen.sim.network import Network, Transfer
 from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
+from speckv.loadgen.sim.returns import ReturnForecasts, TrainedReturns, warm
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
+from speckv.services.predictor.returns.tracker import ReturnTracker
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
-from speckv.services.scheduler.forecasts import FutureArrivals, TraceFutureArrivals
+from speckv.services.scheduler.forecasts import (
+    CombinedForecasts,
+    ForecastSource,
+    FutureArrivals,
+    TraceFutureArrivals,
+)
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
+from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
 
 Progress = Callable[[int, int, RequestRecord | None], None]
@@ -87,6 +95,7 @@ class SimRun:
     network_bytes: int = 0
     predictor: str = ""
     cpu_s: float = 0.0  # this process's CPU time for the run: wall_s with other processes' share taken out
+    actions: dict[str, dict[str, object]] = field(default_factory=dict)  # action kind -> ActionStats.to_json()
 
 
 class _Confirmer:
@@ -114,21 +123,33 @@ def _copy_done(then: Callable[[_Flight, str], None], flight: _Flight, what: str,
 class Simulation:
     def __init__(self, config: E2EConfig, settings: SimSettings, policy: str, requests: Sequence[TraceRequest],
                  history: Sequence[TraceRequest] = (), on_progress: Progress | None = None,
-                 future: FutureArrivals | None = None, trained: TrainedPredictor | None = None) -> None:
+                 future: FutureArrivals | None = None, trained: TrainedPredictor | None = None,
+                 returns: TrainedReturns | None = None) -> None:
         """requests: in arrival order (any Sequence; read once each, in order).
         future: the oracle's truth (default: the requests themselves).
-        trained: the model of settings.predictor "lightgbm" (predictor.py)."""
+        trained: the model of settings.predictor "lightgbm" (predictor.py).
+        returns: the session-return model (returns.py) the forecast-reading
+        policies also plan on; None: family bursts alone."""
         self.config, self.settings, self.policy = config, settings, policy
         self._requests = requests
         start = requests[0].arrival_s if len(requests) else 0.0
         self.queue = EventQueue(VirtualClock(start))
         self._on_progress = on_progress or (lambda total, done, record: None)
         self._forecasts: CoreForecasts | None = None
+        source: ForecastSource | None = None
         arrivals: CoreArrivals | None = None
+        self._returns: ReturnTracker | None = None
         self.predictor_note = f"not run ({policy} reads no forecasts)"
         if policy in FORECAST_POLICIES:
             predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
             self._forecasts, arrivals = CoreForecasts(predictor), CoreArrivals(predictor)
+            source = self._forecasts
+            if returns is not None:
+                self._returns = returns.tracker()
+                warm(self._returns, history, start, returns.config)
+                lease_s = load_policy_config().leases.replica_lease_ms / 1e3
+                source = CombinedForecasts([self._forecasts, ReturnForecasts(self._returns, lease_s)])
+                self.predictor_note += f"; plus {returns.description}"
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
         self.kv = {n: SimKVNode(n, settings.pool_pages, settings.host_pages) for n in self.ids}
         addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
@@ -141,7 +162,7 @@ class Simulation:
                               host_link_gbps=host_link.gbps if host_link else 0.0,
                               host_link_overhead_ms=host_link.overhead_ms if host_link else 0.0),
             self.queue.clock, config.profile, confirmer=_Confirmer({addresses[n]: self.kv[n] for n in self.ids}),
-            arrivals=arrivals, forecasts=self._forecasts,
+            arrivals=arrivals, forecasts=source,
             future=future if future is not None else TraceFutureArrivals(list(requests)))
         self._gen = {}
         for n in self.ids:
@@ -203,10 +224,12 @@ class Simulation:
             if not record.served and not record.error:
                 record.error = "not finished before the drain deadline"
         orders = {state.name: n for state, n in self.core.order_counts().items()}
+        actions = {kind.value: stats.to_json() for (policy, kind), stats in self.core.action_outcomes().items()
+                   if policy == self.policy}
         return SimRun(self.policy, self.records, self.ledger.totals(), orders, self.forecast_log,
                       time.perf_counter() - began, self._next, q.processed,
                       q.now() - (self._requests[0].arrival_s if self._requests else q.now()),
-                      self.network.bytes_total, self.predictor_note, time.process_time() - began_cpu)
+                      self.network.bytes_total, self.predictor_note, time.process_time() - began_cpu, actions)
 
     # --- requests -------------------------------------------------------------------
     def _arrive(self) -> None:
@@ -219,6 +242,8 @@ class Simulation:
         record = RequestRecord(request_key(i), request.arrival_s, request.family, request.prompt_tokens,
                                max(1, request.output_tokens))
         self.records.append(record)
+        if self._returns is not None:
+            self._returns.arrival(request.family, request.arrival_s, request.prompt_tokens)
         hashes = list(request.block_hashes[:request.full_blocks])
         try:
             route = self.core.route(record.request_id, hashes, request.prompt_tokens, request.family)
@@ -325,6 +350,9 @@ class Simulation:
         record.tpot_ms = times.tpot_ms
         record.e2e_ms = (job.finished_s - record.arrival_s) * 1e3
         record.queue_ms = max(0.0, record.ttft_ms - (job.submitted_s - record.arrival_s) * 1e3 - solo)
+        if self._returns is not None:
+            self._returns.turn_end(request.family, job.finished_s, record.arrival_s, request.prompt_tokens,
+                                   request.output_tokens)
         self._complete(record)
 
     def _complete(self, record: RequestRecord) -> None:

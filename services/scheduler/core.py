@@ -50,13 +50,16 @@ from speckv.services.scheduler.replication.orders import (
     OrderTracker,
     validate_spec,
 )
+from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import LeasedReplicas
 from speckv.services.scheduler.reuse_history import ReuseHistory
 from speckv.services.scheduler.routing.candidates import CandidateSelector
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
 from speckv.services.scheduler.routing.router import (
+    Candidate,
     KvAwareRouter,
+    RouteDecision,
     RouteQuery,
     best_holder,
     uncached_tokens,
@@ -245,13 +248,16 @@ class SchedulerCore:
         if decision.fetch_from is not None:
             self._backlog.add(decision.fetch_from, node.node_id, decision.fetch_blocks * node.bytes_per_block,
                               arrival_s)
-            self._backlog.note_pull(decision.fetch_from, node.node_id, now)
+        holder = decision.fetch_from or _longer_holder(candidates, decision)
+        if holder is not None:
+            self._backlog.note_pull(holder, node.node_id, now)
         if hashes:
             self._reuse.wanted(hashes, now)
             self._index.note_family(query.family, hashes[0])
             self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
             if decision.cached_blocks or decision.fetch_blocks:
                 self._lifecycle.ledger.mark_used(query.family, node.node_id)
+            self._lifecycle.outcomes.routed(query.family, node.node_id, decision.cached_blocks > 0, now)
         return PickedRoute(decision, candidates, node.address, node.geometry.block_size)
 
     def _finish(self, query: RouteQuery, picked: PickedRoute, arrival_s: float) -> RouteResult:
@@ -428,6 +434,12 @@ class SchedulerCore:
         with self._lock:
             return self._orders.counts()
 
+    def action_outcomes(self) -> dict[tuple[str, ActionKind], ActionStats]:
+        """Per (policy, action kind): orders, bytes and what they came to (outcomes.py)."""
+        with self._lock:
+            self._lifecycle.outcomes.sweep(self._clock.now())
+            return self._lifecycle.outcomes.stats()
+
     def live_node_count(self) -> int:
         with self._lock:
             return len(self._cluster.live_nodes(self._clock.now()))
@@ -451,3 +463,11 @@ class SchedulerCore:
                         self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id),
                         self._index.num_device_blocks(n.node_id))
 
+
+def _longer_holder(candidates: Sequence[Candidate], decision: RouteDecision) -> NodeId | None:
+    """A node holding a longer prefix than the one routed to: the request
+    could have pulled from it (whether it did or not), so it wants that link."""
+    holder = best_holder(candidates)
+    if holder is None or holder.node_id == decision.node_id or holder.cached_blocks <= decision.cached_blocks:
+        return None
+    return holder.node_id

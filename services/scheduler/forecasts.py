@@ -15,12 +15,22 @@ return [] and the planner simply plans nothing new that tick.
 from __future__ import annotations
 
 import bisect
+import enum
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from speckv.services.common.ids import Family
 from speckv.services.common.traces.records import TraceRequest
+
+
+class ForecastKind(enum.Enum):
+    """BURST: a family's arrival count (the predictor's count model, or the
+    truth); RETURN: P(a conversation's next turn comes within the horizon)
+    from the session-return model, as a count below one."""
+
+    BURST = "burst"
+    RETURN = "return"
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +40,27 @@ class Forecast:
     expected_count: float  # arrivals expected in (now, now + horizon]
     upper_quantile: float  # a high quantile of that count (== expected for the truth)
     burst_probability: float
+    kind: ForecastKind = ForecastKind.BURST
 
 
 class ForecastSource(Protocol):
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         """The top max_families families by expected count; [] when unavailable."""
         ...
+
+
+class CombinedForecasts:
+    """Several sources as one (e.g. family bursts and session returns): every
+    source's forecasts, in order; the planner keeps a family's larger count."""
+
+    def __init__(self, sources: Sequence[ForecastSource]) -> None:
+        self._sources = list(sources)
+
+    def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
+        out: list[Forecast] = []
+        for source in self._sources:
+            out.extend(source.forecast(now, horizon_s, max_families))
+        return out
 
 
 class FutureArrivals(Protocol):
@@ -63,12 +88,15 @@ class TraceFutureArrivals:
 
 
 class FutureForecasts:
-    """A ForecastSource that knows the future exactly (oracle)."""
+    """A ForecastSource that knows the future exactly (oracle): the true
+    counts within the horizon asked for, or within window_s when given."""
 
-    def __init__(self, future: FutureArrivals) -> None:
+    def __init__(self, future: FutureArrivals, window_s: float | None = None) -> None:
         self._future = future
+        self._window_s = window_s
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
+        horizon_s = self._window_s if self._window_s is not None else horizon_s
         counts = self._future.counts(now, now + horizon_s)
         top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:max_families]
         return [Forecast(family, horizon_s, float(n), float(n), 1.0) for family, n in top]

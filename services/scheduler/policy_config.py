@@ -54,8 +54,10 @@ class PlannerSettings:
     horizon_s: float  # forecast horizon the planner acts on
     demand: str  # "upper_quantile" or "expected_count": which forecast figure is the demand
     min_expected_requests: float  # families forecast below this are not considered
+    min_return_probability: float  # conversations less likely to return within the horizon are not considered
     min_burst_probability: float
     max_families_per_tick: int
+    plan_every_s: float  # the forecast-driven policies plan at most this often (s)
     candidates_per_family: int  # least-loaded non-holders priced as spill options and replica targets
     min_benefit_ms: float  # a node whose prefix saves less per request is not a holder
     min_net_ms: float  # an action is admitted only when its net saving exceeds this (ms)
@@ -102,7 +104,10 @@ class PolicyConfig:
                   "reactive_migrate.queue_threshold_ms", "reactive_migrate.min_family_heat",
                   "reuse.window_s", "reuse.halflife_s", "reuse.max_ghosts", "reuse.prior_weight")
         _fraction(self, "families.prompt_ewma_alpha", "budgets.link_budget_fraction",
-                  "budgets.replica_memory_fraction", "planner.min_burst_probability", "reuse.prior_p")
+                  "budgets.replica_memory_fraction", "planner.min_burst_probability", "reuse.prior_p",
+                  "planner.min_return_probability")
+        if self.planner.plan_every_s < 0:
+            raise InvalidArgument(f"planner.plan_every_s={self.planner.plan_every_s} must be >= 0")
         if self.planner.min_net_ms < 0:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
         if self.planner.demand not in ("upper_quantile", "expected_count"):
@@ -136,7 +141,9 @@ def _section(name: str, cls: type[T], raw: Any) -> T:
     for f in dataclasses.fields(cls):
         if f.name not in raw:
             raise InvalidArgument(f"policy configuration: {name}.{f.name} is missing")
-        kind = {"int": int, "float": float, "str": str, "bool": bool}[str(f.type)]
+        # A string under postponed annotations; the class itself in a module
+        # compiled by mypyc (reuse_history.ReuseSettings in the simulator's build).
+        kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str, "bool": bool}[f.type]
         if kind is bool:
             if not isinstance(raw[f.name], bool):
                 raise InvalidArgument(f"policy configuration: {name}.{f.name}={raw[f.name]!r} "

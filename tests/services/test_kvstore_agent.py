@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import threading
 
+import grpc
+import pytest
+
 from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
 from tests.support.kvstore_service import block_bytes, get, kvstore, put
 from tests.support.scheduler_service import scheduler
@@ -55,3 +58,30 @@ def test_node_re_registers_with_a_restarted_scheduler_and_stops_cleanly():
                 assert wait_until(lambda: "a" in alive(second), timeout=3 * TIMEOUT)
         # kvstore stopped with its agent: no thread left talking to the scheduler.
         assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("a-")])
+
+
+def test_a_prefetch_order_promotes_the_nodes_host_only_blocks_and_moves_nothing_over_the_network():
+    with scheduler(policy="none") as (sched_server, sched):
+        agents = dict(scheduler=sched_server.address, heartbeat_interval_s=0.1, device_pages=4, host_pages=16)
+        with kvstore(node_id="a", **agents) as (_, a):
+            assert wait_until(lambda: "a" in alive(sched))
+            for chain in ((11, 12), (13, 14), (15, 16)):  # 4 device pages: the oldest chain is demoted
+                put(a, *chain)
+            stats = a.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
+            assert (stats.blocks_demoted_total, stats.blocks_promoted_total) == (2, 0)
+            order = common_pb2.ReplicationOrder(block_hashes=[11, 12], source_node="a", target_node="a",
+                                                lease_ms=60_000, family="fam", action="prefetch")
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=order), timeout=TIMEOUT)
+            assert wait_until(lambda: order_counts(sched).get(common_pb2.ORDER_STATE_COMMITTED) == 1)
+            assert a.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).blocks_promoted_total == 2
+            assert [x.data for x in get(a, 11, 12)] == [block_bytes(h) for h in (11, 12)]
+            bad = common_pb2.ReplicationOrder(block_hashes=[11], source_node="a", target_node="a", lease_ms=1000,
+                                              action="replicate")
+            with pytest.raises(grpc.RpcError) as err:
+                sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=bad), timeout=TIMEOUT)
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            unknown = common_pb2.ReplicationOrder(block_hashes=[11], source_node="a", target_node="a",
+                                                  lease_ms=1000, action="retain")
+            with pytest.raises(grpc.RpcError) as err:
+                sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=unknown), timeout=TIMEOUT)
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "retain" in err.value.details()

@@ -10,7 +10,7 @@ from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
-from speckv.services.scheduler.forecasts import Forecast
+from speckv.services.scheduler.forecasts import Forecast, ForecastKind
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
 
@@ -26,12 +26,13 @@ class ScriptedForecasts:
     def __init__(self) -> None:
         self.counts: dict[str, float] = {}
         self.uppers: dict[str, float] = {}
+        self.kinds: dict[str, ForecastKind] = {}  # a family not named here is a BURST forecast
         self.calls = 0
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         self.calls += 1
-        return [Forecast(Family(f), horizon_s, n, self.uppers.get(f, n), 1.0)
-                for f, n in self.counts.items()][:max_families]
+        return [Forecast(Family(f), horizon_s, n, self.uppers.get(f, n), 1.0,
+                         self.kinds.get(f, ForecastKind.BURST)) for f, n in self.counts.items()][:max_families]
 
 
 def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None, capacity: int = 4096,

@@ -139,13 +139,33 @@ class ReturnTracker:
     def forecast_batch(self, now: float) -> "ReturnForecastBatch":
         """forecast(now) as arrays (no object per conversation: the form for
         many thousands of open conversations)."""
+        horizons = tuple(self._model.horizons_s)
+        scored = self._scored(now)
+        if scored is None:
+            empty = np.zeros(0)
+            return ReturnForecastBatch(horizons, (), empty, empty, np.zeros((0, len(horizons))), empty)
+        end, idle, curve = scored
+        alive = curve.at(idle)[0]
+        p = np.stack([curve.within(idle, t, alive) for t in horizons], axis=1)
+        return ReturnForecastBatch(horizons, tuple(self._open), end, idle, p, curve.expected_remaining(idle))
+
+    def p_within(self, now: float, within_s: float) -> tuple[tuple[str, ...], np.ndarray]:
+        """(open conversations, P(each returns within within_s of now | not
+        yet)): one window of any length, for a planner acting on it."""
+        scored = self._scored(now)
+        if scored is None:
+            return (), np.zeros(0)
+        _, idle, curve = scored
+        return tuple(self._open), curve.within(idle, within_s)
+
+    def _scored(self, now: float) -> "tuple[np.ndarray, np.ndarray, survival.SurvivalCurve] | None":
+        """Drops conversations idle past max_idle_s, scores new turn ends in
+        one batch; (end, idle, curve) of the open ones, None when none is."""
         horizon_end = now - self.max_idle_s
         for conversation in [c for c, e in self._open.items() if e.end_s < horizon_end]:
             del self._open[conversation]
-        horizons = tuple(self._model.horizons_s)
         if not self._open:
-            empty = np.zeros(0)
-            return ReturnForecastBatch(horizons, (), empty, empty, np.zeros((0, len(horizons))), empty)
+            return None
         entries = list(self._open.values())
         unscored = [e for e in entries if e.cdf is None]
         if unscored:
@@ -154,10 +174,8 @@ class ReturnTracker:
                 entry.cdf = cdf
         end = np.array([e.end_s for e in entries])
         idle = np.maximum(now - end, 0.0)
-        curve = survival.SurvivalCurve(np.stack([e.cdf for e in entries]), horizons, self._model.tail)
-        alive = curve.at(idle)[0]
-        p = np.stack([curve.within(idle, t, alive) for t in horizons], axis=1)
-        return ReturnForecastBatch(horizons, tuple(self._open), end, idle, p, curve.expected_remaining(idle))
+        return end, idle, survival.SurvivalCurve(np.stack([e.cdf for e in entries]), self._model.horizons_s,
+                                                 self._model.tail)
 
     def _check(self, model: CdfModel) -> None:
         if tuple(model.feature_names) != self.features.names():

@@ -8,7 +8,9 @@ which prices every candidate replica and prefetch in milliseconds of TTFT
 (saving minus the evictions and link delay it causes) and admits, greedily,
 those with a positive net under the per-link and per-node budgets
 (`budgets.*`), each with a lease of `leases.replica_lease_ms`. Orders still
-unstarted for families no longer forecast are cancelled. If the source is
+unstarted for families no longer forecast are cancelled. It plans at most
+every `planner.plan_every_s` (forecasts are not fresher than that; the
+scheduler's other ticks leave its orders be). If the source is
 unavailable (returns nothing), the tick plans nothing and cancels the
 policy's unstarted orders: no forecast, no speculation. Thresholds: the
 `planner`, `budgets` and `leases` sections of services/config/policies.json.
@@ -32,12 +34,21 @@ class PlanningPolicy:
         self._source = source
         self._horizon_s = context.config.planner.horizon_s
         self._max_families = context.config.planner.max_families_per_tick
+        self._every_s = context.config.planner.plan_every_s
+        self._planned_at: float | None = None
         self._forecasts: list[Forecast] = []
 
+    def _due(self, now: float) -> bool:
+        return self._planned_at is None or now - self._planned_at >= self._every_s - 1e-9
+
     def prepare(self, now: float) -> None:
-        self._forecasts = self._source.forecast(now, self._horizon_s, self._max_families)
+        if self._due(now):
+            self._forecasts = self._source.forecast(now, self._horizon_s, self._max_families)
 
     def plan(self, now: float, view: ClusterView) -> Plan:
+        if not self._due(now):
+            return Plan()
+        self._planned_at = now
         return self._planner.plan(now, view, self._forecasts, self.name)
 
 

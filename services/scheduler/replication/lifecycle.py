@@ -13,6 +13,8 @@ liveness.
 - A node going down fails the active orders it is the source of (and they
   are retried elsewhere) or the target of (not retried: the target is gone).
 - cancel(): only orders still ISSUED (not started) can be cancelled.
+- Outcomes: every issued order is followed to its outcome (outcomes.py):
+  used in time, used late, never used, cancelled or failed.
 - Leases: orders without progress for lease_ms expire (OrderTracker.sweep);
   replica leases end in the ledger (LeasedReplicas.expire).
 
@@ -28,6 +30,7 @@ from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import NodeId, OrderId
 from speckv.services.scheduler.policies.base import IndexReader
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.replication.outcomes import ActionOutcomes
 from speckv.services.scheduler.replication.replicas import LeasedReplicas, Replica
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ class OrderLifecycle:
         self._max_retries = max_retries
         self._attempts: dict[OrderId, _Attempts] = {}
         self.retries_issued = 0
+        self.outcomes = ActionOutcomes()
 
     def report(self, order_id: str, state: OrderState, now: float, message: str = "",
                bytes_sent: int = 0, blocks_sent: int = 0) -> Order:
@@ -95,15 +99,19 @@ class OrderLifecycle:
         expired = self.orders.sweep(now)
         for order in expired:
             self._attempts.pop(order.order_id, None)
+            self.outcomes.transition(order, now)
+        self.outcomes.sweep(now)
         return expired, self.ledger.expire(now)
 
     def issued(self, order: Order) -> None:
         """Registers a freshly submitted order (first attempt)."""
         self._attempts[order.order_id] = _Attempts(0, frozenset({order.spec.source}))
+        self.outcomes.issued(order, self._bytes_per_block(order.spec.target))
 
     def _after(self, order: Order, now: float) -> None:
         if not order.state.terminal:
             return
+        self.outcomes.transition(order, now)
         attempts = self._attempts.pop(order.order_id, _Attempts(0, frozenset({order.spec.source})))
         if order.spec.action is not ActionKind.REPLICATE:
             return  # a prefetch on one node: no replica to lease, no other source to retry from

@@ -2,10 +2,13 @@
 admitted only when it is expected to save more TTFT than it costs (ms).
 
 Each tick, for the families forecast to bring at least
-`min_expected_requests` requests within `horizon_s` (demand = the forecast's
-expected count or upper quantile, per `demand`; a session-return forecast's
-count is the probability that the conversation returns within the horizon;
-at most `max_families_per_tick`, largest first):
+`min_expected_requests` requests (family bursts) or to return with
+probability `min_return_probability` (session returns) within their
+forecast's horizon (demand =
+the forecast's expected count or upper quantile, per `demand`, spread over
+that horizon; a session-return forecast's count is the probability that the
+conversation returns within its horizon; a family forecast twice keeps the
+larger count; at most `max_families_per_tick`, largest first):
 
 1. Options. How the family's requests would be served now
    (family_options.py): its holders (promoting host-only blocks first), and
@@ -15,7 +18,10 @@ at most `max_families_per_tick`, largest first):
    non-holders, into their host tier and (if `replicate_to_device`) their
    device tier; prefetch the host-only blocks of each holder's prefix into
    its device tier.
-3. Value (value.py): saving = expected TTFT of the family's forecast
+3. Value (value.py), for families whose expected TTFT now exceeds what
+   every request hitting the whole prefix on an idle node would take by
+   more than `min_net_ms` (no action can save more than that gap):
+   saving = expected TTFT of the family's forecast
    requests without the candidate minus with it; minus the evictions it
    causes (blocks beyond the tier's free pages x P(reuse) from the reuse
    history x the cost of that reuse) minus the delay its transfer adds to
@@ -45,7 +51,7 @@ from typing import Sequence
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.forecasts import Forecast
+from speckv.services.scheduler.forecasts import Forecast, ForecastKind
 from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan
 from speckv.services.scheduler.policies.placement import holders_of
 from speckv.services.scheduler.policy_config import PolicyConfig
@@ -81,18 +87,21 @@ class Planner:
         tick = _Tick(self, now, view)
         if not tick.live:
             return Plan([], cancel)
-        for name, count in demand.items():
-            tick.add_family(name, count)
+        for name, (count, horizon_s) in demand.items():
+            tick.add_family(name, Demand(count, 1000.0 * horizon_s))
         return Plan(tick.select(policy), cancel)
 
-    def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, float]:
+    def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, tuple[float, float]]:
+        """family -> (requests expected, within seconds)."""
         p = self._cfg.planner
-        figures: dict[Family, float] = {}
+        figures: dict[Family, tuple[float, float]] = {}
         for f in forecasts:
             d = f.upper_quantile if p.demand == "upper_quantile" else f.expected_count
-            if d >= p.min_expected_requests and f.burst_probability >= p.min_burst_probability:
-                figures[f.family] = max(figures.get(f.family, 0.0), d)
-        top = sorted(figures.items(), key=lambda item: (-item[1], item[0]))[: p.max_families_per_tick]
+            floor = p.min_return_probability if f.kind is ForecastKind.RETURN else p.min_expected_requests
+            if d >= floor and f.burst_probability >= p.min_burst_probability:
+                if d > figures.get(f.family, (0.0, 0.0))[0]:
+                    figures[f.family] = (d, f.horizon_s)
+        top = sorted(figures.items(), key=lambda item: (-item[1][0], item[0]))[: p.max_families_per_tick]
         return dict(top)
 
 
@@ -116,19 +125,25 @@ class _Tick:
         # nets, the action moving fewer bytes over the network goes first.
         self.heap: list[tuple[float, int, int, ActionCandidate]] = []
 
-    def add_family(self, name: Family, count: float) -> None:
-        fam = self._family(name, count)
+    def add_family(self, name: Family, demand: Demand) -> None:
+        fam = self._family(name, demand)
         if fam is None:
+            return
+        baseline = served_ttft_ms(fam.options, fam.demand)
+        # No action can do better than every request hitting the whole
+        # prefix at once on an idle node: families already served about that
+        # well (most, most of the time) are not worth pricing candidates for.
+        if baseline - fam.demand.count * fam.hit_ms <= self.cfg.planner.min_net_ms:
             return
         index = len(self.families)
         self.families.append(fam)
-        self.baseline.append(served_ttft_ms(fam.options, fam.demand))
+        self.baseline.append(baseline)
         for candidate in self._candidates(fam, index):
             value = self.value(candidate)
             if value.net_ms > self.cfg.planner.min_net_ms:
                 heapq.heappush(self.heap, (-value.net_ms, _network_bytes(candidate), len(self.heap), candidate))
 
-    def _family(self, name: Family, count: float) -> FamilyState | None:
+    def _family(self, name: Family, demand: Demand) -> FamilyState | None:
         view, p = self.view, self.cfg.planner
         profile = view.families.profile(name) if view.families else None
         if profile is None or not profile.chain:
@@ -145,7 +160,7 @@ class _Tick:
             if node in self.live and node not in held:
                 held[node] = longest  # a copy landing there serves like a holder
         full_ms = self.pricer.prefill_ms(prompt, 0, block_size)
-        fam = FamilyState(name, Demand(count, 1000.0 * p.horizon_s), list(profile.chain[:longest]), prompt,
+        fam = FamilyState(name, demand, list(profile.chain[:longest]), prompt,
                           source, host_only[source], held, host_only, [], full_ms,
                           self.pricer.prefill_ms(prompt, longest, block_size),
                           full_ms / max(1.0, prompt / block_size))

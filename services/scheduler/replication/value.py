@@ -21,11 +21,13 @@ when net_ms > 0 (planner.py). Each term:
   same links: pulls arriving at rate r per second on an end during the
   T ms transfer wait T/2 ms on average (FIFO), so r * T/1000 * T/2 per end.
 
-Demand: `count` requests expected within `horizon_ms` of now, placed evenly
-(the k-th of n at (k + 1/2) * horizon/n; a fractional count weights the
-last one), the forecasts saying how many but not exactly when. Up to
-`MAX_PRICED_REQUESTS` are walked; beyond it every walked request stands for
-count / MAX_PRICED_REQUESTS of them. All times in ms from now. Pure.
+Demand: `count` requests expected within `horizon_ms` of now, the forecasts
+saying how many but not exactly when: n points placed evenly (the k-th at
+(k + 1/2) * horizon/n), each weighing count / n requests, with n = ceil(count)
+clamped to [MIN_PRICED_POINTS, MAX_PRICED_REQUESTS]. So a single likely
+return is priced over the whole window it may come in (a holder busy for
+the first seconds of it costs the share of arrivals that find it busy), not
+at one instant. All times in ms from now. Pure.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 MAX_PRICED_REQUESTS = 256
+MIN_PRICED_POINTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +61,9 @@ class Demand:
         """(arrival ms from now, weight) of the requests walked."""
         if self.count <= 0:
             return []
-        n = min(math.ceil(self.count - 1e-12), MAX_PRICED_REQUESTS)
-        scale = self.count / n if self.count > MAX_PRICED_REQUESTS else 1.0
-        step = self.horizon_ms / n
-        weights = [scale] * n
-        if self.count <= MAX_PRICED_REQUESTS:
-            weights[-1] = self.count - (n - 1)
-        return [((k + 0.5) * step, weights[k]) for k in range(n)]
+        n = min(max(math.ceil(self.count - 1e-12), MIN_PRICED_POINTS), MAX_PRICED_REQUESTS)
+        step, weight = self.horizon_ms / n, self.count / n
+        return [((k + 0.5) * step, weight) for k in range(n)]
 
 
 @dataclass(frozen=True, slots=True)

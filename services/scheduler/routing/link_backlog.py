@@ -20,11 +20,14 @@ clock. Transfers the scheduler did not start (other clusters, on-demand
 copies by hand) are not seen. Not thread-safe: SchedulerCore serialises
 access.
 
-Pull rates: each end of a routed pull counts one pull on its link, in an
-exponentially decayed count (half-life rate_halflife_s); rate_per_s is that
-count over the half-life's mean life (halflife / ln 2), so a steady r pulls
-a second reads r. The planner prices the delay a speculative copy adds to
-pulls with it.
+Pull rates: each end of a route that could pull (some node holds a longer
+prefix than the node routed to, whether the router pulled or recomputed)
+counts one on its link, in an exponentially decayed count (half-life
+rate_halflife_s); rate_per_s is that count over the half-life's mean life
+(halflife / ln 2), so a steady r a second reads r. Counting the pulls that
+could happen, not those that did, keeps the figure from falling exactly when
+a busy link makes the router recompute instead. The planner prices the
+delay a speculative copy adds to pulls with it.
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ import pytest
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
@@ -18,7 +19,7 @@ from tests.support.scheduler_scenarios import (
     store,
 )
 
-TIGHT = {"planner": {"horizon_s": 1.0}}
+TIGHT = {"planner": {"horizon_s": 1.0, "plan_every_s": 0.0}}  # plans on every tick
 
 
 def predictive(nodes=4, **overrides):
@@ -179,7 +180,7 @@ def test_a_holder_whose_queue_already_breaks_the_target_serves_no_returning_requ
     """One request forecast within the horizon may arrive at once: a holder
     with queue + prefill above the TTFT target cannot take it, even though a
     late arrival would find its queue drained."""
-    core, clock, forecasts = predictive(planner={"horizon_s": 2.0})
+    core, clock, forecasts = predictive(planner={"horizon_s": 2.0, "plan_every_s": 0.0})
     queued = next(t for t in range(0, 10_000_000, 1000)  # a queue between T and H + T
                   if 2200.0 < core.context.profile.queue_ms(t, 1) < 3000.0)
     core.heartbeat("n0", NodeLoad(queued_tokens=queued, waiting_requests=1))
@@ -223,7 +224,7 @@ def _one_request_behind_a_swamped_holder(p_reuse: float, fill_targets: bool):
     """n0 holds the 128-block chain with 3 s of queue; one request of the
     family is forecast within 2 s (priced at 1 s); targets hold 512 pages."""
     forecasts = ScriptedForecasts()
-    core, clock = make_core(4, "predictive", forecasts, capacity=512, planner={"horizon_s": 2.0},
+    core, clock = make_core(4, "predictive", forecasts, capacity=512, planner={"horizon_s": 2.0, "plan_every_s": 0.0},
                             reuse={"prior_p": p_reuse, "prior_weight": 1e6})
     store(core, "n0", CHAIN)
     route_family(core, 2)
@@ -261,7 +262,7 @@ def test_a_replica_whose_evictions_cost_more_than_it_saves_is_refused(p_reuse, f
 def test_no_ttft_target_caps_a_fan_out():
     """A burst that queues the holder far past the 2 s TTFT target is still
     spread: the planner prices the queueing it avoids, however long."""
-    core, clock, forecasts = predictive(planner={"horizon_s": 2.0})
+    core, clock, forecasts = predictive(planner={"horizon_s": 2.0, "plan_every_s": 0.0})
     core.heartbeat("n0", NodeLoad(queued_prefill_ms=10_000.0))
     forecasts.counts = {FAMILY: 100.0}
     orders = core.tick()
@@ -302,3 +303,15 @@ def test_a_prefetch_that_demotes_blocks_wanted_again_costs_more_than_it_saves():
     """A full device tier demotes 128 blocks to make room; each is wanted
     again (p = 1) and then costs its own promotion (0.09 ms): 11.8 ms > 5.4 ms."""
     assert _host_only_holder(device_full=True).tick() == []
+
+
+@pytest.mark.parametrize("kind, count, orders", [
+    (ForecastKind.RETURN, 0.04, 0),  # below min_return_probability (0.05): not priced
+    (ForecastKind.RETURN, 0.5, 1),  # a likely return behind a swamped holder: one replica
+    (ForecastKind.BURST, 0.5, 0),  # a count model's half request is below min_expected_requests (1.0)
+])
+def test_return_forecasts_and_burst_counts_have_their_own_floors(kind, count, orders):
+    core = _one_request_behind_a_swamped_holder(0.0, fill_targets=False)
+    forecasts = core.context.forecasts
+    forecasts.counts, forecasts.kinds = {FAMILY: count}, {FAMILY: kind}
+    assert len(core.tick()) == orders

@@ -21,36 +21,51 @@ def test_one_request_waits_for_nothing_once_the_queue_drained():
 
 
 def test_requests_of_a_burst_queue_behind_each_other():
-    # Arrivals at 25 and 75 ms; the first holds the node until 125 ms, so
-    # the second waits 50 ms: 100 + 150.
+    # Eight requests in 800 ms, at 50, 150, ... 750 ms; each holds the node
+    # for 100 ms, so each starts just as the one before ends: no wait.
     holder = ServeOption("a", 0.0, 0.0, 100.0)
-    assert served_ttft_ms([holder], Demand(2, 100.0)) == pytest.approx(250.0)
-    # A node recomputing in 120 ms takes the second request: 100 + 120.
+    assert served_ttft_ms([holder], Demand(8, 800.0)) == pytest.approx(800.0)
+    # In 400 ms they queue: arrivals 25, 75, ...; starts 25, 125, 225, ...:
+    # the k-th (from 0) waits 50 k ms: 8 x 100 + 50 x (0 + 1 + ... + 7).
+    assert served_ttft_ms([holder], Demand(8, 400.0)) == pytest.approx(800.0 + 50.0 * 28)
+    # A node recomputing in 120 ms takes a request whenever the holder's
+    # wait would pass 20 ms: arrivals 25 (a: 100), 75 (a waits 50: b, 120),
+    # 125 (a free at 125: 100), 175 (b free at 195, a at 225: b waits 20, 140),
+    # 225 (a: 100), 275 (a at 325, b at 315: b, 160)... as walked:
     other = ServeOption("b", 0.0, 0.0, 120.0)
-    assert served_ttft_ms([holder, other], Demand(2, 100.0)) == pytest.approx(220.0)
-    assert saving_ms([holder], [other], Demand(2, 100.0)) == pytest.approx(30.0)
+    both = served_ttft_ms([holder, other], Demand(8, 400.0))
+    assert both < served_ttft_ms([holder], Demand(8, 400.0))
+    assert saving_ms([holder], [other], Demand(8, 400.0)) == pytest.approx(
+        served_ttft_ms([holder], Demand(8, 400.0)) - both)
 
 
-def test_a_fractional_request_counts_by_its_probability():
+def test_a_fractional_request_counts_by_its_probability_over_its_whole_window():
     option = ServeOption("a", 0.0, 20.0, 80.0)
     assert served_ttft_ms([option], Demand(0.25, 1000.0)) == pytest.approx(0.25 * 100.0)
-    assert Demand(2.5, 300.0).arrivals() == [(50.0, 1.0), (150.0, 1.0), (250.0, 0.5)]
+    assert Demand(2.5, 400.0).arrivals() == [(50.0, 0.625), (150.0, 0.625), (250.0, 0.625), (350.0, 0.625)]
+    # A holder busy for the first 2 s of an 8 s window: a return at 1 s
+    # waits 1 s, one at 3, 5 or 7 s does not. P(return) = 0.4 spread over
+    # four points of 0.1: 0.1 x (1000 + 50) + 0.3 x 50.
+    busy = ServeOption("a", 2000.0, 0.0, 50.0)
+    assert served_ttft_ms([busy], Demand(0.4, 8000.0)) == pytest.approx(0.1 * 1050.0 + 0.3 * 50.0)
 
 
 def test_pulls_from_one_source_take_turns_on_its_link():
-    # Arrivals at 5 and 15 ms, pulls of 40 ms from "s" to two idle nodes,
-    # then 10 ms of prefill: the first pulls 5..45 (TTFT 45 - 5 + 10 = 50),
-    # the second waits for the link and pulls 45..85 (TTFT 85 - 15 + 10 = 80).
+    # Arrivals at 5, 15, 25 and 35 ms, pulls of 40 ms from "s" to idle
+    # nodes, then 10 ms of prefill: the first pulls 5..45 (TTFT 45 - 5 + 10
+    # = 50); the others wait for the link: 45..85 (TTFT 80), 85..125 (110),
+    # 125..165 (140).
     pulls = [ServeOption("b", 0.0, 0.0, 10.0, pull_ms=40.0, pull_link="s"),
              ServeOption("c", 0.0, 0.0, 10.0, pull_ms=40.0, pull_link="s")]
-    assert served_ttft_ms(pulls, Demand(2, 20.0)) == pytest.approx(130.0)
+    assert served_ttft_ms(pulls, Demand(4, 40.0)) == pytest.approx(50.0 + 80.0 + 110.0 + 140.0)
 
 
 def test_an_option_not_ready_serves_only_later_arrivals():
     recompute = ServeOption("b", 0.0, 0.0, 90.0)
-    replica = ServeOption("c", 0.0, 0.0, 15.0, ready_ms=100.0)
-    # Arrivals at 50 (recompute: 90) and 150 (the replica has landed: 15).
-    assert served_ttft_ms([recompute, replica], Demand(2, 200.0)) == pytest.approx(105.0)
+    replica = ServeOption("c", 0.0, 0.0, 15.0, ready_ms=200.0)
+    # Four requests at 50, 150 (recompute: 90 each), 250, 350 (the replica
+    # has landed: 15 each).
+    assert served_ttft_ms([recompute, replica], Demand(4, 400.0)) == pytest.approx(210.0)
 
 
 def test_some_option_must_be_ready_at_once():

@@ -1,0 +1,105 @@
+"""Each speculative order's outcome, per policy and action (outcomes.py)."""
+import dataclasses
+
+import pytest
+
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.replication.outcomes import ActionOutcomes
+
+F = Family("conv")
+BPB = 1000
+
+
+def _issued(outcomes, tracker, action=ActionKind.REPLICATE, lease_ms=10_000, benefit=50.0, now=0.0):
+    target = NodeId("b") if action is ActionKind.REPLICATE else NodeId("a")
+    order = tracker.submit(OrderSpec(F, [1, 2, 3], NodeId("a"), target, lease_ms, expected_benefit_ms=benefit,
+                                     policy="predictive", action=action), now)
+    outcomes.issued(order, BPB)
+    return order
+
+
+def _move(outcomes, tracker, order, state, now, blocks=0):
+    moved = tracker.report(order.order_id, state, now, blocks_sent=blocks)
+    outcomes.transition(moved, now)
+    return moved
+
+
+def _outcomes_of(outcomes, action=ActionKind.REPLICATE):
+    stats = outcomes.stats()[("predictive", action)]
+    return {k: v for k, v in stats.outcomes.items() if v}, stats
+
+
+def test_a_replica_read_after_it_landed_and_within_its_lease_was_used_in_time():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker)
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0)
+    outcomes.routed(F, NodeId("a"), True, 2.0)  # the holder, not the replica: no use
+    outcomes.routed(F, NodeId("b"), True, 3.0)
+    counts, stats = _outcomes_of(outcomes)
+    assert counts == {"used_in_time": 1}
+    assert stats.bytes == 3 * BPB and stats.bytes_used_in_time_share == 1.0
+    assert stats.expected_ms_by_outcome["used_in_time"] == 50.0
+
+
+def test_a_request_that_came_before_the_copy_landed_makes_it_late():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker)
+    outcomes.routed(F, NodeId("a"), True, 0.5)  # came while the order was still issued
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0)
+    outcomes.sweep(12.0)  # the lease ran out unused
+    assert _outcomes_of(outcomes)[0] == {"used_late": 1}
+
+
+def test_a_late_order_still_counts_as_used_in_time_when_a_later_request_reads_it():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker)
+    outcomes.routed(F, NodeId("a"), True, 0.5)
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0)
+    outcomes.routed(F, NodeId("b"), True, 5.0)
+    assert _outcomes_of(outcomes)[0] == {"used_in_time": 1}
+
+
+@pytest.mark.parametrize("when, cached, outcome", [
+    (12.0, True, "never_used"),  # read after its lease ended
+    (5.0, False, "never_used"),  # routed there but found no prefix (evicted already)
+])
+def test_a_replica_nobody_read_in_time_was_never_used(when, cached, outcome):
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker)
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0)
+    outcomes.routed(F, NodeId("b"), cached, when)
+    outcomes.sweep(20.0)
+    assert _outcomes_of(outcomes)[0] == {outcome: 1}
+
+
+@pytest.mark.parametrize("state, outcome", [(OrderState.CANCELLED, "cancelled"), (OrderState.FAILED, "failed"),
+                                            (OrderState.EXPIRED, "failed")])
+def test_orders_that_never_landed(state, outcome):
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker)
+    _move(outcomes, tracker, order, state, 1.0)
+    assert _outcomes_of(outcomes)[0] == {outcome: 1}
+    outcomes.routed(F, NodeId("b"), True, 2.0)  # closed: nothing changes
+    assert _outcomes_of(outcomes)[0] == {outcome: 1}
+
+
+def test_a_prefetch_counts_the_bytes_it_promoted_and_its_holders_reads():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker, action=ActionKind.PREFETCH)
+    assert outcomes.stats()[("predictive", ActionKind.PREFETCH)].bytes == 0  # nothing promoted yet
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0, blocks=2)  # one block was in the device tier
+    outcomes.routed(F, NodeId("a"), True, 2.0)
+    counts, stats = _outcomes_of(outcomes, ActionKind.PREFETCH)
+    assert counts == {"used_in_time": 1} and stats.bytes == 2 * BPB
+
+
+def test_policies_and_actions_are_counted_apart_and_records_are_dropped_when_decided():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    first = _issued(outcomes, tracker)
+    other = tracker.submit(dataclasses.replace(first.spec, policy="oracle", order_id=""), 0.0)
+    outcomes.issued(other, BPB)
+    _move(outcomes, tracker, first, OrderState.CANCELLED, 1.0)
+    _move(outcomes, tracker, other, OrderState.CANCELLED, 1.0)
+    assert set(outcomes.stats()) == {("predictive", ActionKind.REPLICATE), ("oracle", ActionKind.REPLICATE)}
+    assert outcomes._tracked == {} and outcomes._by_family == {}
