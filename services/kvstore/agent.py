@@ -145,6 +145,10 @@ class SchedulerAgent:
         # the scheduler already counts it cancelled. One already sending runs on.
         if self._stop.is_set() or self._cancelled.contains(order.order_id):
             return
+        if order.action not in ("", "replicate", "prefetch"):
+            # A newer scheduler's action this node cannot run: refuse it rather than copy.
+            self._report(order.order_id, common_pb2.ORDER_STATE_FAILED, f"unknown order action {order.action!r}")
+            return
         self._report(order.order_id, common_pb2.ORDER_STATE_IN_FLIGHT, "")
         try:
             result = (self._prefetch(order) if order.action == "prefetch"

@@ -250,9 +250,9 @@ class SchedulerCore:
                               arrival_s)
         holder = decision.fetch_from or _longer_holder(candidates, decision)
         if holder is not None:
-            self._backlog.note_pull(holder, node.node_id, now)
+            self._backlog.note_pull(holder, node.node_id, arrival_s)
         if hashes:
-            self._reuse.wanted(hashes, now)
+            self._reuse.wanted(hashes, now, decision.cached_blocks + decision.fetch_blocks)
             self._index.note_family(query.family, hashes[0])
             self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
             if decision.cached_blocks or decision.fetch_blocks:
@@ -342,10 +342,10 @@ class SchedulerCore:
                 raise FailedPrecondition(f"node {node.node_id!r} is down; it takes no orders")
         if spec.tier is Tier.HOST and not target.host_pages:
             raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
-        if spec.action is ActionKind.PREFETCH and (not target.host_pages or spec.tier is Tier.HOST):
-            why = "no host tier" if not target.host_pages else "the order named its host tier"
-            raise FailedPrecondition(f"a prefetch promotes host-tier blocks into the device tier; node "
-                                     f"{target.node_id!r}: {why}")
+        if spec.action is ActionKind.PREFETCH and spec.tier is Tier.HOST:
+            raise InvalidArgument("a prefetch promotes into the device tier: its target_medium must be GPU or empty")
+        if spec.action is ActionKind.PREFETCH and not target.host_pages:
+            raise FailedPrecondition(f"a prefetch promotes host-tier blocks; node {target.node_id!r} has no host tier")
         spec = replace(spec, block_hashes=list(spec.block_hashes),
                        target_address=spec.target_address or target.address,
                        family=spec.family or default_family(spec.block_hashes),

@@ -91,12 +91,14 @@ class FutureForecasts:
     """A ForecastSource that knows the future exactly (oracle): the true
     counts within the horizon asked for, or within window_s when given."""
 
-    def __init__(self, future: FutureArrivals, window_s: float | None = None) -> None:
+    def __init__(self, future: FutureArrivals, window_s: float | None = None,
+                 kind: ForecastKind = ForecastKind.BURST) -> None:
         self._future = future
         self._window_s = window_s
+        self._kind = kind
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         horizon_s = self._window_s if self._window_s is not None else horizon_s
         counts = self._future.counts(now, now + horizon_s)
         top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:max_families]
-        return [Forecast(family, horizon_s, float(n), float(n), 1.0) for family, n in top]
+        return [Forecast(family, horizon_s, float(n), float(n), 1.0, self._kind) for family, n in top]

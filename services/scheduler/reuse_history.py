@@ -4,17 +4,19 @@ P(reuse) for the blocks an action would push out.
 Every block removed from a node's tier (a REMOVED event: dropped from the
 node, or demoted from the device tier to the host tier below) becomes a
 ghost of that (node, tier) for `window_s` seconds, as in ARC's ghost lists.
-A route whose chain names a ghost within its window is a ghost hit: the
-block was wanted again before `window_s` had passed, so evicting it early
-cost that request. P(reuse) of (node, tier) = (ghost hits + prior_hits) /
+A route whose chain names a ghost within its window, at a position the
+routed node computes again (past what it had cached or pulled), is a ghost
+hit: the block was wanted again before `window_s` had passed and nobody
+served it from a cache, so its eviction cost that request. A ghost at a
+position served from a cache anyway is forgotten without a hit. P(reuse) of (node, tier) = (ghost hits + prior_hits) /
 (removals + prior_hits / prior_p) over exponentially decayed counts
 (half-life `halflife_s`), so one quiet minute does not erase an hour of
 history and a fresh node starts at prior_p.
 
 The ghost map holds at most `max_ghosts` blocks (oldest dropped first);
 a block removed from several nodes is a ghost of the latest one only (the
-route decides which node would have served it; the latest removal is the
-best guess). Time is the caller's clock, in seconds. Pure, not thread-safe.
+latest removal is the best guess at which node would have served it).
+Time is the caller's clock, in seconds. Pure, not thread-safe.
 """
 from __future__ import annotations
 
@@ -69,19 +71,20 @@ class ReuseHistory:
         while len(ghosts) > self._s.max_ghosts:
             ghosts.popitem(last=False)
 
-    def wanted(self, block_hashes: Sequence[int], now: float) -> int:
-        """A route's chain at now: counts (and forgets) its ghosts still in
-        their window. Returns how many were hits."""
+    def wanted(self, block_hashes: Sequence[int], now: float, recomputed_from: int = 0) -> int:
+        """A route's chain at now, whose blocks from position recomputed_from
+        on are computed again: counts those of its ghosts still in their
+        window and forgets every ghost it names. Returns the hits."""
         ghosts, hits = self._ghosts, 0
         if not ghosts:
             return 0
-        for h in block_hashes:
+        for i, h in enumerate(block_hashes):
             ghost = ghosts.get(h)
             if ghost is None:
                 continue
             del ghosts[h]
             node, tier, when = ghost
-            if now - when <= self._s.window_s:
+            if i >= recomputed_from and now - when <= self._s.window_s:
                 self._at(node, tier, now).hits += 1
                 hits += 1
         return hits
@@ -100,6 +103,8 @@ class ReuseHistory:
         """A node that left or re-registered: its history is no longer its own."""
         for key in [k for k in self._counts if k[0] == node]:
             del self._counts[key]
+        for h in [h for h, ghost in self._ghosts.items() if ghost[0] == node]:
+            del self._ghosts[h]
 
     def _at(self, node: NodeId, tier: Tier, now: float) -> _Counts:
         counts = self._counts.get((node, tier))

@@ -6,15 +6,15 @@ same `planner`, `budgets` and `leases` thresholds from
 services/config/policies.json) except for the input: instead of forecasts it
 reads, each tick, the exact number of requests per family that will arrive
 within `planner.horizon_s` seconds (the family-burst forecast's horizon) and
-within the replica lease (the window session-return forecasts are asked
-for), from a FutureArrivals source fed by the trace being replayed
+within the replica lease (as RETURN forecasts: the window session-return
+forecasts are asked for), from a FutureArrivals source fed by the trace being replayed
 (TraceFutureArrivals; scheduler time t is trace time t - time_offset_s).
 Expected count, upper quantile and burst probability are all the truth, so
 any gap between oracle and predictive is forecast error.
 """
 from __future__ import annotations
 
-from speckv.services.scheduler.forecasts import CombinedForecasts, FutureArrivals, FutureForecasts
+from speckv.services.scheduler.forecasts import CombinedForecasts, ForecastKind, FutureArrivals, FutureForecasts
 from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.predictive import PlanningPolicy
 
@@ -26,5 +26,5 @@ class OraclePolicy(PlanningPolicy):
 
     def __init__(self, context: PolicyContext, future: FutureArrivals) -> None:
         lease_s = context.config.leases.replica_lease_ms / 1e3
-        PlanningPolicy.__init__(self, context, CombinedForecasts([FutureForecasts(future),
-                                                                  FutureForecasts(future, window_s=lease_s)]))
+        returns = FutureForecasts(future, window_s=lease_s, kind=ForecastKind.RETURN)
+        PlanningPolicy.__init__(self, context, CombinedForecasts([FutureForecasts(future), returns]))

@@ -36,18 +36,20 @@ class PlanningPolicy:
         self._max_families = context.config.planner.max_families_per_tick
         self._every_s = context.config.planner.plan_every_s
         self._planned_at: float | None = None
+        self._fresh = False  # prepare() fetched forecasts that plan() has not used yet
         self._forecasts: list[Forecast] = []
 
-    def _due(self, now: float) -> bool:
-        return self._planned_at is None or now - self._planned_at >= self._every_s - 1e-9
-
     def prepare(self, now: float) -> None:
-        if self._due(now):
+        if self._planned_at is None or now - self._planned_at >= self._every_s - 1e-9:
             self._forecasts = self._source.forecast(now, self._horizon_s, self._max_families)
+            self._fresh = True
 
     def plan(self, now: float, view: ClusterView) -> Plan:
-        if not self._due(now):
+        """Plans only on forecasts its own prepare() just fetched (the two
+        read the clock apart: deciding twice could plan on stale ones)."""
+        if not self._fresh:
             return Plan()
+        self._fresh = False
         self._planned_at = now
         return self._planner.plan(now, view, self._forecasts, self.name)
 

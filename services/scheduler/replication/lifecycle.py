@@ -66,8 +66,10 @@ class OrderLifecycle:
         try:
             order = self.orders.report(order_id, state, now, message, bytes_sent, blocks_sent)
         except FailedPrecondition:
-            if self.orders.get(order_id).state.terminal:  # it expired on the way in
+            current = self.orders.get(order_id)
+            if current.state.terminal:  # it expired on the way in
                 self._attempts.pop(OrderId(order_id), None)
+                self.outcomes.transition(current, now)
             raise
         if order.state is not before:
             self._after(order, now)
@@ -133,7 +135,8 @@ class OrderLifecycle:
         if not sources:
             return
         try:
-            retry = self._submit(replace(spec, source=sources[0], order_id="", block_hashes=list(chain)), now)
+            retry = self._submit(replace(spec, source=sources[0], order_id="", block_hashes=list(chain),
+                                         expected_benefit_ms=0.0), now)
         except SpeckvError as exc:
             log.info("order %s: retry from %s not possible: %s", order.order_id, sources[0], exc)
             return

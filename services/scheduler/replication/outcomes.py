@@ -5,15 +5,20 @@ Every order issued is followed until it has an outcome:
   of its family was routed to its node (the target of a replica, the holder
   of a prefetch) with a cached prefix there;
 - used late: a request of its family was routed while the order was still
-  ISSUED or IN_FLIGHT (it had to go without it), and none used it in time;
+  ISSUED or IN_FLIGHT (it had to go without it), the order then landed, and
+  none used it in time;
 - never used: committed, and its lease ended with no use (and not late);
-- cancelled: cancelled before it started; failed: FAILED or EXPIRED.
+- cancelled: cancelled before it started; failed: FAILED or EXPIRED before
+  it landed.
 Each outcome counts the order's bytes (network bytes of a replica, counted
 when it is issued; the bytes a prefetch promoted, counted when it commits,
 as its prefix may be partly in the device tier already) and the saving the planner expected when it
 issued it (`expected_benefit_ms`), so a report can set what was expected
 beside what was used. An order's record is dropped once it has its outcome,
-so memory is bounded by the orders still active or leased.
+so memory is bounded by the orders still active or leased; totals are kept
+for at most MAX_POLICIES policy names (an order names its policy, and
+SubmitOrder takes any), the rest under "other". A retry is an order of its
+own whose expected saving is zero: its original carried it.
 
 Not thread-safe: SchedulerCore serialises access. Times are clock seconds.
 """
@@ -25,6 +30,8 @@ from dataclasses import dataclass, field
 
 from speckv.services.common.ids import Family, NodeId, OrderId
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
+
+MAX_POLICIES = 64
 
 
 class Outcome(enum.Enum):
@@ -84,10 +91,13 @@ class ActionOutcomes:
         self._tracked: dict[OrderId, _Tracked] = {}
         self._by_family: dict[Family, set[OrderId]] = defaultdict(set)
         self._stats: dict[tuple[str, ActionKind], ActionStats] = defaultdict(ActionStats)
+        self._policies: set[str] = set()
 
     def issued(self, order: Order, bytes_per_block: int) -> None:
         spec = order.spec
-        key = (spec.policy, spec.action)
+        policy = spec.policy if spec.policy in self._policies or len(self._policies) < MAX_POLICIES else "other"
+        self._policies.add(policy)
+        key = (policy, spec.action)
         nbytes = len(spec.block_hashes) * bytes_per_block if spec.action is ActionKind.REPLICATE else 0
         stats = self._stats[key]
         stats.orders += 1
@@ -110,7 +120,7 @@ class ActionOutcomes:
         elif order.state is OrderState.CANCELLED:
             self._close(order.order_id, Outcome.CANCELLED)
         elif order.state in (OrderState.FAILED, OrderState.EXPIRED):
-            self._close(order.order_id, Outcome.USED_LATE if tracked.late else Outcome.FAILED)
+            self._close(order.order_id, Outcome.FAILED)
 
     def routed(self, family: Family, node: NodeId, cached: bool, now: float) -> None:
         """A request of family went to node (cached: it found a prefix there)."""

@@ -7,8 +7,10 @@ probability `min_return_probability` (session returns) within their
 forecast's horizon (demand =
 the forecast's expected count or upper quantile, per `demand`, spread over
 that horizon; a session-return forecast's count is the probability that the
-conversation returns within its horizon; a family forecast twice keeps the
-larger count; at most `max_families_per_tick`, largest first):
+conversation returns within its horizon; a family with a burst forecast
+above its floor keeps that one, the near-term count being what a burst's
+queueing depends on, else its larger figure; at most
+`max_families_per_tick`, largest first):
 
 1. Options. How the family's requests would be served now
    (family_options.py): its holders (promoting host-only blocks first), and
@@ -32,10 +34,15 @@ larger count; at most `max_families_per_tick`, largest first):
    got worse), admitted only with net > `min_net_ms` and, for replicas,
    within the link and memory budgets (budgets.py); at most
    `max_orders_per_tick` orders, one per (action, family, node). A chosen
-   action's option joins its family's options and its expected work joins
-   its node's queue for the families priced after it.
+   action's option joins its family's options, the work its family's
+   requests would give its node joins that node's queue, and a copy's
+   transfer joins both its links' backlog, for every candidate priced
+   after it. A target of a copy still landing counts as a holder already
+   (a simplification: it serves only once the copy lands).
 5. Cancellation. Orders of this policy still ISSUED whose family is no
-   longer forecast are cancelled (not yet started, so nothing is lost).
+   longer among this tick's demand (not forecast, below its floor, or
+   outside the top `max_families_per_tick`) are cancelled (not yet
+   started, so nothing is lost).
 
 Replicas carry `leases.replica_lease_ms`; a prefetch carries the same
 lease as its deadline (its promoted blocks become the device tier's most
@@ -46,6 +53,7 @@ I/O, time only from `now`.
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Sequence
 
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
@@ -66,9 +74,11 @@ from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, 
 from speckv.services.scheduler.replication.value import (
     ActionValue,
     Demand,
+    ServeOption,
     eviction_ms,
     link_delay_ms,
     served_ttft_ms,
+    walk,
 )
 
 
@@ -94,15 +104,18 @@ class Planner:
     def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, tuple[float, float]]:
         """family -> (requests expected, within seconds)."""
         p = self._cfg.planner
-        figures: dict[Family, tuple[float, float]] = {}
+        figures: dict[Family, tuple[float, float, bool]] = {}  # (count, horizon s, a burst)
         for f in forecasts:
             d = f.upper_quantile if p.demand == "upper_quantile" else f.expected_count
-            floor = p.min_return_probability if f.kind is ForecastKind.RETURN else p.min_expected_requests
-            if d >= floor and f.burst_probability >= p.min_burst_probability:
-                if d > figures.get(f.family, (0.0, 0.0))[0]:
-                    figures[f.family] = (d, f.horizon_s)
+            burst = f.kind is ForecastKind.BURST
+            floor = p.min_expected_requests if burst else p.min_return_probability
+            if d < floor or f.burst_probability < p.min_burst_probability:
+                continue
+            old = figures.get(f.family)
+            if old is None or (burst, d) > (old[2], old[0]):
+                figures[f.family] = (d, f.horizon_s, burst)
         top = sorted(figures.items(), key=lambda item: (-item[1][0], item[0]))[: p.max_families_per_tick]
-        return dict(top)
+        return {family: (count, horizon) for family, (count, horizon, _) in top}
 
 
 class _Tick:
@@ -193,9 +206,19 @@ class _Tick:
                         out.append(candidate)
         return out
 
+    def current(self, c: ActionCandidate) -> ServeOption:
+        """c's option as things stand now: its node's queue with the work
+        this tick's chosen actions gave it, a copy's landing behind the
+        copies this tick already put on its links."""
+        fam = self.families[c.family_index]
+        if c.kind is ActionKind.REPLICATE:
+            wait = max(self.link_wait.get(fam.source, 0.0), self.link_wait.get(c.node, 0.0))
+            return replace(c.option, queue_ms=self.queue[c.node], ready_ms=wait + c.transfer_ms)
+        return replace(c.option, queue_ms=self.queue[c.node])
+
     def value(self, c: ActionCandidate) -> ActionValue:
         fam = self.families[c.family_index]
-        saving = self.baseline[c.family_index] - served_ttft_ms(fam.options + [c.option], fam.demand)
+        saving = self.baseline[c.family_index] - served_ttft_ms(fam.options + [self.current(c)], fam.demand)
         node = self.live[c.node]
         room = free_pages(node, c.tier) - self.planned.get((c.node, c.tier), 0)
         evicted = max(0, c.blocks - room)
@@ -230,10 +253,13 @@ class _Tick:
 
     def _accept(self, fam: FamilyState, c: ActionCandidate, value: ActionValue, policy: str) -> OrderSpec:
         fam.chosen.add((c.kind, c.node))
-        fam.options.append(c.option)
-        self.baseline[c.family_index] = served_ttft_ms(fam.options, fam.demand)
+        option = self.current(c)
+        fam.options.append(option)
+        self.baseline[c.family_index], work = walk(fam.options, fam.demand)
         self.planned[(c.node, c.tier)] = self.planned.get((c.node, c.tier), 0) + c.blocks
-        self.queue[c.node] += min(fam.demand.count, 1.0) * c.option.prefill_ms
+        self.queue[c.node] += work.get(c.node, 0.0)  # what its requests will keep the node busy with
+        if c.kind is ActionKind.REPLICATE:
+            self.link_wait[fam.source] = self.link_wait[c.node] = option.ready_ms
         source = fam.source if c.kind is ActionKind.REPLICATE else c.node
         chain = fam.chain if c.kind is ActionKind.REPLICATE else fam.chain[:fam.held[c.node]]
         return OrderSpec(fam.family, list(chain), source, c.node, self.cfg.leases.replica_lease_ms,

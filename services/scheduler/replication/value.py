@@ -82,12 +82,22 @@ class ActionValue:
 
 
 def served_ttft_ms(options: Sequence[ServeOption], demand: Demand) -> float:
-    """Weighted sum of the TTFT of demand's requests over options (ms).
+    """Weighted sum of the TTFT of demand's requests over options (ms)."""
+    return walk(options, demand)[0]
+
+
+def walk(options: Sequence[ServeOption], demand: Demand) -> tuple[float, dict[str, float]]:
+    """(weighted sum of the TTFT of demand's requests over options, ms;
+    node -> prefill ms of the requests it took, weighted).
+
 
     Each request, at its arrival a, takes the option minimising its TTFT,
     start - a + prefill, among options ready by a, where
-      pulled = max(a, link_free(pull_link)) + pull_ms  (a when no pull)
-      start  = max(a + before, pulled, busy_until(node)).
+      without a pull: start = max(a + before, busy_until(node))
+      with a pull:    pulled = max(a + before, link_free(pull_link)) + pull_ms
+                      start  = max(pulled, busy_until(node))
+    (a pull's before is the link backlog it waits out first, as the router
+    adds it).
     busy_until starts at queue_ms and moves to start + weight x prefill (a
     fractional request books its expected share); link_free starts at now and
     moves to the pull's start + weight x pull_ms: pulls from one source take
@@ -98,6 +108,7 @@ def served_ttft_ms(options: Sequence[ServeOption], demand: Demand) -> float:
     if not any(o.ready_ms <= 0.0 for o in options):
         raise ValueError("no option is ready now: include the recompute option")
     busy: dict[str, float] = {o.node: o.queue_ms for o in options}
+    work: dict[str, float] = {}
     link_free: dict[str, float] = {o.pull_link: 0.0 for o in options if o.pull_ms}
     total = 0.0
     for arrival, weight in demand.arrivals():
@@ -105,16 +116,21 @@ def served_ttft_ms(options: Sequence[ServeOption], demand: Demand) -> float:
         for o in options:
             if o.ready_ms > arrival:
                 continue
-            pull_start = max(arrival, link_free[o.pull_link]) if o.pull_ms else arrival
-            start = max(arrival + o.before_ms, pull_start + o.pull_ms, busy[o.node])
+            if o.pull_ms:
+                pull_start = max(arrival + o.before_ms, link_free[o.pull_link])
+                start = max(pull_start + o.pull_ms, busy[o.node])
+            else:
+                pull_start = arrival
+                start = max(arrival + o.before_ms, busy[o.node])
             ttft = start - arrival + o.prefill_ms
             if ttft < best_ttft:
                 best_ttft, best_start, best_pull, best = ttft, start, pull_start, o
         total += weight * best_ttft
         busy[best.node] = best_start + weight * best.prefill_ms
+        work[best.node] = work.get(best.node, 0.0) + weight * best.prefill_ms
         if best.pull_ms:
             link_free[best.pull_link] = best_pull + weight * best.pull_ms
-    return total
+    return total, work
 
 
 def saving_ms(without: Sequence[ServeOption], added: Sequence[ServeOption], demand: Demand,

@@ -53,3 +53,20 @@ def test_a_node_that_left_forgets_its_history():
     assert history.p_reuse(A, Tier.DEVICE, 0.0) < 0.1
     history.forget(A)
     assert history.p_reuse(A, Tier.DEVICE, 0.0) == pytest.approx(0.5)
+
+
+def test_a_ghost_served_from_a_cache_anyway_is_no_hit():
+    history = ReuseHistory(ReuseSettings(window_s=60.0, halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.HOST, [10, 11, 12, 13], now=0.0)
+    # The routed node had the first two blocks cached: only 12 and 13 were computed again.
+    assert history.wanted([10, 11, 12, 13], now=5.0, recomputed_from=2) == 2
+    assert history.wanted([10, 11], now=6.0) == 0  # forgotten either way
+
+
+def test_a_re_registered_node_keeps_no_old_ghosts():
+    history = ReuseHistory(ReuseSettings(halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.DEVICE, [1, 2, 3], now=0.0)
+    history.removed(B, Tier.DEVICE, [4], now=0.0)
+    history.forget(A)
+    assert history.wanted([1, 2, 3, 4], now=1.0) == 1  # only b's ghost is left
+    assert history.p_reuse(A, Tier.DEVICE, 1.0) == pytest.approx(0.5)

@@ -3,9 +3,11 @@ import dataclasses
 
 import pytest
 
+from speckv.services.common.errors import FailedPrecondition
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
-from speckv.services.scheduler.replication.outcomes import ActionOutcomes
+from speckv.services.scheduler.replication.outcomes import MAX_POLICIES, ActionOutcomes
+from tests.support.scheduler_scenarios import CHAIN, FAMILY, make_core, store
 
 F = Family("conv")
 BPB = 1000
@@ -75,9 +77,12 @@ def test_a_replica_nobody_read_in_time_was_never_used(when, cached, outcome):
 
 @pytest.mark.parametrize("state, outcome", [(OrderState.CANCELLED, "cancelled"), (OrderState.FAILED, "failed"),
                                             (OrderState.EXPIRED, "failed")])
-def test_orders_that_never_landed(state, outcome):
+@pytest.mark.parametrize("wanted_while_pending", [False, True])
+def test_orders_that_never_landed(state, outcome, wanted_while_pending):
     outcomes, tracker = ActionOutcomes(), OrderTracker()
     order = _issued(outcomes, tracker)
+    if wanted_while_pending and state is not OrderState.CANCELLED:
+        outcomes.routed(F, NodeId("a"), True, 0.5)  # late, but it never landed: failed all the same
     _move(outcomes, tracker, order, state, 1.0)
     assert _outcomes_of(outcomes)[0] == {outcome: 1}
     outcomes.routed(F, NodeId("b"), True, 2.0)  # closed: nothing changes
@@ -103,3 +108,27 @@ def test_policies_and_actions_are_counted_apart_and_records_are_dropped_when_dec
     _move(outcomes, tracker, other, OrderState.CANCELLED, 1.0)
     assert set(outcomes.stats()) == {("predictive", ActionKind.REPLICATE), ("oracle", ActionKind.REPLICATE)}
     assert outcomes._tracked == {} and outcomes._by_family == {}
+
+
+def test_totals_are_kept_for_a_bounded_number_of_policy_names():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    for k in range(MAX_POLICIES + 5):
+        order = tracker.submit(OrderSpec(F, [k + 1], NodeId("a"), NodeId("b"), 1000, policy=f"client-{k}"), 0.0)
+        outcomes.issued(order, BPB)
+    policies = {policy for policy, _ in outcomes.stats()}
+    assert len(policies) == MAX_POLICIES + 1 and "other" in policies
+    assert outcomes.stats()[("other", ActionKind.REPLICATE)].orders == 5
+
+
+def test_an_order_that_expires_as_it_is_reported_gets_its_outcome_and_is_forgotten():
+    core, clock = make_core(2)
+    store(core, "n0", CHAIN)
+    order = core.submit_order(OrderSpec(FAMILY, CHAIN, NodeId("n0"), NodeId("n1"), lease_ms=1000,
+                                        policy="predictive", expected_benefit_ms=10.0))
+    core.report_order(order.order_id, OrderState.IN_FLIGHT)
+    clock.advance(2.0)  # no progress for longer than its lease
+    with pytest.raises(FailedPrecondition):
+        core.report_order(order.order_id, OrderState.COMMITTED)
+    stats = core.action_outcomes()[("predictive", ActionKind.REPLICATE)]
+    assert stats.outcomes["failed"] == 1 and sum(stats.outcomes.values()) == 1
+    assert core._lifecycle.outcomes._tracked == {}
