@@ -252,7 +252,7 @@ class SchedulerCore:
         if holder is not None:
             self._backlog.note_pull(holder, node.node_id, arrival_s)
         if hashes:
-            self._reuse.wanted(hashes, now, decision.cached_blocks + decision.fetch_blocks)
+            self._reuse.wanted(hashes, now, decision.cached_blocks + decision.fetch_blocks, node.node_id)
             self._index.note_family(query.family, hashes[0])
             self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
             if decision.cached_blocks or decision.fetch_blocks:

@@ -4,11 +4,12 @@ P(reuse) for the blocks an action would push out.
 Every block removed from a node's tier (a REMOVED event: dropped from the
 node, or demoted from the device tier to the host tier below) becomes a
 ghost of that (node, tier) for `window_s` seconds, as in ARC's ghost lists.
-A route whose chain names a ghost within its window, at a position the
-routed node computes again (past what it had cached or pulled), is a ghost
-hit: the block was wanted again before `window_s` had passed and nobody
-served it from a cache, so its eviction cost that request. A ghost at a
-position served from a cache anyway is forgotten without a hit. P(reuse) of (node, tier) = (ghost hits + prior_hits) /
+A route whose chain names a ghost within its window is a ghost hit when
+the eviction cost that request: a host-tier ghost (the block left the
+node) at a position the routed node computes again (past what it had
+cached or pulled), a device-tier ghost (the block was demoted) when the
+request went to that node, which then promotes it, or computes it again.
+A ghost served from a cache anyway is forgotten without a hit. P(reuse) of (node, tier) = (ghost hits + prior_hits) /
 (removals + prior_hits / prior_p) over exponentially decayed counts
 (half-life `halflife_s`), so one quiet minute does not erase an hour of
 history and a fresh node starts at prior_p.
@@ -71,10 +72,12 @@ class ReuseHistory:
         while len(ghosts) > self._s.max_ghosts:
             ghosts.popitem(last=False)
 
-    def wanted(self, block_hashes: Sequence[int], now: float, recomputed_from: int = 0) -> int:
-        """A route's chain at now, whose blocks from position recomputed_from
-        on are computed again: counts those of its ghosts still in their
-        window and forgets every ghost it names. Returns the hits."""
+    def wanted(self, block_hashes: Sequence[int], now: float, recomputed_from: int = 0,
+               routed_to: NodeId | None = None) -> int:
+        """A route's chain at now, sent to routed_to, whose blocks from
+        position recomputed_from on are computed again: counts its ghosts
+        that are hits (module docstring) and forgets every ghost it names.
+        Returns the hits."""
         ghosts, hits = self._ghosts, 0
         if not ghosts:
             return 0
@@ -84,7 +87,8 @@ class ReuseHistory:
                 continue
             del ghosts[h]
             node, tier, when = ghost
-            if i >= recomputed_from and now - when <= self._s.window_s:
+            lost = i >= recomputed_from or (tier is Tier.DEVICE and node == routed_to)
+            if lost and now - when <= self._s.window_s:
                 self._at(node, tier, now).hits += 1
                 hits += 1
         return hits

@@ -26,7 +26,8 @@ queueing depends on, else its larger figure; at most
    saving = expected TTFT of the family's forecast
    requests without the candidate minus with it; minus the evictions it
    causes (blocks beyond the tier's free pages x P(reuse) from the reuse
-   history x the cost of that reuse) minus the delay its transfer adds to
+   history x the cost of that reuse; for the device tier, also the blocks
+   its demotions push out of a full host tier, at their recompute) minus the delay its transfer adds to
    pulls on its links. Nothing is capped at the TTFT target: fanning out
    is worth what the queueing it avoids is worth.
 4. Greedy by net ms (lazy: a popped candidate is re-priced against what
@@ -220,14 +221,23 @@ class _Tick:
         fam = self.families[c.family_index]
         saving = self.baseline[c.family_index] - served_ttft_ms(fam.options + [self.current(c)], fam.demand)
         node = self.live[c.node]
-        room = free_pages(node, c.tier) - self.planned.get((c.node, c.tier), 0)
-        evicted = max(0, c.blocks - room)
-        loss = eviction_ms(evicted, self.view.reuse.p_reuse(c.node, c.tier, self.now) if self.view.reuse else 1.0,
-                           self.pricer.miss_ms_per_block(fam, node, c.tier))
+        evicted = max(0, c.blocks - self._room(c.node, c.tier))
+        loss = eviction_ms(evicted, self._p_reuse(c.node, c.tier), self.pricer.miss_ms_per_block(fam, node, c.tier))
+        if c.tier is Tier.DEVICE and node.host_pages and evicted:
+            # Its demotions land in a host tier that may be full: what they push
+            # out of it leaves the node.
+            dropped = max(0, evicted - self._room(c.node, Tier.HOST))
+            loss += eviction_ms(dropped, self._p_reuse(c.node, Tier.HOST), fam.recompute_ms_per_block)
         rates = self.view.pulls_per_s
         link = link_delay_ms(c.transfer_ms, [rates.get(fam.source, 0.0), rates.get(c.node, 0.0)]) \
             if c.transfer_ms else 0.0
         return ActionValue(saving, loss, link)
+
+    def _room(self, node: NodeId, tier: Tier) -> int:
+        return free_pages(self.live[node], tier) - self.planned.get((node, tier), 0)
+
+    def _p_reuse(self, node: NodeId, tier: Tier) -> float:
+        return self.view.reuse.p_reuse(node, tier, self.now) if self.view.reuse else 1.0
 
     def select(self, policy: str) -> list[OrderSpec]:
         orders: list[OrderSpec] = []
@@ -256,7 +266,10 @@ class _Tick:
         option = self.current(c)
         fam.options.append(option)
         self.baseline[c.family_index], work = walk(fam.options, fam.demand)
+        demoted = max(0, c.blocks - self._room(c.node, c.tier)) if c.tier is Tier.DEVICE else 0
         self.planned[(c.node, c.tier)] = self.planned.get((c.node, c.tier), 0) + c.blocks
+        if demoted and self.live[c.node].host_pages:
+            self.planned[(c.node, Tier.HOST)] = self.planned.get((c.node, Tier.HOST), 0) + demoted
         self.queue[c.node] += work.get(c.node, 0.0)  # what its requests will keep the node busy with
         if c.kind is ActionKind.REPLICATE:
             self.link_wait[fam.source] = self.link_wait[c.node] = option.ready_ms

@@ -55,6 +55,15 @@ def test_a_node_that_left_forgets_its_history():
     assert history.p_reuse(A, Tier.DEVICE, 0.0) == pytest.approx(0.5)
 
 
+def test_a_demoted_block_wanted_on_its_node_is_a_hit_it_pays_a_promotion_for():
+    history = ReuseHistory(ReuseSettings(window_s=60.0, halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.DEVICE, [10, 11], now=0.0)
+    history.removed(B, Tier.DEVICE, [12], now=0.0)
+    # Served from a's host tier (cached there): a's demotions cost a promotion; b's block
+    # was served by a from its own cache, so b's demotion cost nothing.
+    assert history.wanted([10, 11, 12], now=5.0, recomputed_from=3, routed_to=A) == 2
+
+
 def test_a_ghost_served_from_a_cache_anyway_is_no_hit():
     history = ReuseHistory(ReuseSettings(window_s=60.0, halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
     history.removed(A, Tier.HOST, [10, 11, 12, 13], now=0.0)
