@@ -214,14 +214,22 @@ def _json_default(value: Any) -> Any:
     raise TypeError(type(value))
 
 
-def _print(report: dict[str, Any]) -> None:
-    fmt = lambda v: "   nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:6.3f}"  # noqa: E731
-    print(f"\n{'model':<10}{'h s':>5}{'rows':>7}{'base':>7}{'mean p':>7}{'AUC':>7}{'Brier':>7}{'ECE':>7}")
-    for name, per in report["models"].items():
-        for h in report["horizons_s"]:
+def _fmt(v: Any) -> str:
+    return "   nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:6.3f}"
+
+
+def _print_scores(models: Mapping[str, Mapping[str, Mapping[str, Any]]], horizons_s: list[float]) -> None:
+    """One line per model and horizon: rows, base rate, mean p, AUC, Brier, ECE."""
+    for name, per in models.items():
+        for h in horizons_s:
             m = per[f"h{h:g}"]
-            print(f"{name:<10}{h:>5g}{m['rows']:>7}{fmt(m['base_rate']):>7}{fmt(m['mean_p']):>7}{fmt(m['auc']):>7}"
-                  f"{fmt(m['brier']):>7}{fmt(m['ece']):>7}")
+            print(f"{name:<10}{h:>5g}{m['rows']:>7}{_fmt(m['base_rate']):>7}{_fmt(m['mean_p']):>7}"
+                  f"{_fmt(m['auc']):>7}{_fmt(m['brier']):>7}{_fmt(m['ece']):>7}")
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(f"\n{'model':<10}{'h s':>5}{'rows':>7}{'base':>7}{'mean p':>7}{'AUC':>7}{'Brier':>7}{'ECE':>7}")
+    _print_scores(report["models"], report["horizons_s"])
     h = report["calibration_horizon_s"]
     print(f"\ncalibration at {h:g} s (10 equal-mass bins; mean p -> observed rate, rows)")
     for name, table in report["calibration"].items():
@@ -232,11 +240,7 @@ def _print(report: dict[str, Any]) -> None:
           f"(not returned by the snapshot) every {tr['snapshot_s']:g} s of "
           f"the evaluated slice, {tr['mean_open_conversations']:.0f} open conversations on average, "
           f"forecast_batch() {tr['forecast_batch_ms_mean']:.1f} ms")
-    for name, per in tr["conditional"].items():
-        for h in report["horizons_s"]:
-            m = per[f"h{h:g}"]
-            print(f"{name:<10}{h:>5g}{m['rows']:>7}{fmt(m['base_rate']):>7}{fmt(m['mean_p']):>7}{fmt(m['auc']):>7}"
-                  f"{fmt(m['brier']):>7}{fmt(m['ece']):>7}")
+    _print_scores(tr["conditional"], report["horizons_s"])
     t = report["target"]
     print(f"\ntarget at {t['horizon_s']:g} s (reported, not tuned to): AUC >= {t['auc_min']} met: {t['auc_met']}; "
           f"ECE <= {t['ece_max']} met: {t['ece_met']}")
