@@ -10,7 +10,12 @@ Invariants:
   and in `total` (columns are zeroed as the head moves past them);
 - a row that no family owns is all zero, so a freed row is reusable as is;
 - a tracked family has at least one arrival in (head - W, head]: a family idle
-  for a whole window is forgotten (its row freed) when the head moves on.
+  for a whole window is forgotten (its row freed) when the head moves on;
+- with max_families > 0, at most max_families families are tracked: a new
+  family past the cap first evicts the least recently seen ones (smallest
+  newest step; ties: lowest row). An evicted family's counts leave its row
+  and its log entries are zeroed, so a row handed out again starts from zero;
+  the cluster total keeps its arrivals (they did happen).
 
 Time comes only from observations: the series never reads a clock. An
 observation in a step the head has passed but the window still holds
@@ -43,6 +48,7 @@ from speckv.services.common.ids import Family
 
 INITIAL_ROWS = 64
 INITIAL_LOG = 1024
+EVICT_FRACTION = 1 / 256  # at the cap, evict this share of it at once: one log pass per batch, not per family
 RING_PRODUCTS_KEPT = 4  # whole-ring products kept per version (one per weight vector: the rate half-lives)
 NO_STEP = -(1 << 63)  # np.iinfo(np.int64).min, written out: a row handed out has seen no arrival yet
 
@@ -56,11 +62,17 @@ class ArrivalPlacement(enum.Enum):
 class ArrivalSeries:
     """The ring of counts. Not thread-safe: the core serialises access."""
 
-    def __init__(self, step_s: float, window_steps: int, initial_rows: int = INITIAL_ROWS) -> None:
+    def __init__(self, step_s: float, window_steps: int, initial_rows: int = INITIAL_ROWS,
+                 max_families: int = 0) -> None:
+        """max_families: most families tracked at once (0: no cap)."""
         if not (math.isfinite(step_s) and step_s > 0):
             raise ValueError(f"step_s={step_s}: must be finite and > 0")
         if window_steps < 2:
             raise ValueError(f"window_steps={window_steps}: need at least 2")
+        if max_families < 0:
+            raise ValueError(f"max_families={max_families}: must be >= 0")
+        self.max_families = int(max_families)
+        self.evicted = 0  # families dropped at the cap since start
         self.step_s = float(step_s)
         self.window_steps = int(window_steps)
         capacity = max(1, initial_rows)
@@ -337,7 +349,34 @@ class ArrivalSeries:
         self._owned[idle] = False
         self._tracked_rows = None
 
+    def _evict_least_recent(self) -> None:
+        """Drops the least recently seen families to make room under the cap
+        (a batch of EVICT_FRACTION of it, at least one). Their window counts
+        are zeroed, and so are their log entries: the rows will be handed to
+        new families, whose weighted sums must not include the old arrivals."""
+        owned = np.flatnonzero(self._owned)
+        batch = min(len(owned), max(len(owned) - self.max_families + 1, int(self.max_families * EVICT_FRACTION), 1))
+        last = self._last_step[owned]
+        # stable sort on the newest step: ties go lowest row first, deterministically
+        victims = owned[np.argsort(last, kind="stable")[:batch]]
+        self._counts[victims] = 0.0
+        start, end = self._log_start, self._log_len
+        dead = np.isin(self._log_rows[start:end], victims)
+        if dead.any():
+            self._log_counts[start:end][dead] = 0.0
+            self._log_unit_counts = False
+        for row in victims.tolist():
+            del self._row_of[self._family_of[row]]
+            self._free.append(row)
+        self._family_of[victims] = None
+        self._owned[victims] = False
+        self._tracked_rows = None
+        self.evicted += len(victims)
+        self._version += 1
+
     def _take_row(self, family: str) -> int:
+        if self.max_families and len(self._row_of) >= self.max_families:
+            self._evict_least_recent()
         if not self._free:
             self._grow()
         row = self._free.pop()

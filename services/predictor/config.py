@@ -27,6 +27,9 @@ class PredictorConfig(ServerSettings):
     retrain_dir: str = field(default="", metadata={"help": "directory for retrained model versions (required with retrain_interval_s)"})
     retrain_quick: bool = field(default=False, metadata={"help": "retrain with the quick hyperparameters of services/config/predictor.json"})
     max_future_s: float = field(default=60.0, metadata={"help": "refuse observations further than this ahead of the predictor's clock, seconds; 0: no limit"})
+    max_clock_skew_s: float = field(default=300.0, metadata={"help": "refuse a forecast whose now_s is further than this from the predictor's clock (either way), seconds; 0: no limit"})
+    max_families_tracked: int = field(default=100_000, metadata={"help": "most families tracked at once; past it the least recently seen are dropped first; 0: no cap"})
+    reload_probe_timeout_s: float = field(default=60.0, metadata={"help": "a ReloadModel candidate must load and predict in a separate probe process within this, seconds"})
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -58,7 +61,9 @@ class PredictorConfig(ServerSettings):
     def core_settings(self) -> PredictorSettings:
         return PredictorSettings(step_s=self.step_s, window_s=self.window_s,
                             max_families_per_call=self.max_families_per_call,
-                            max_horizon_s=self.max_horizon_s, max_future_s=self.max_future_s)
+                            max_horizon_s=self.max_horizon_s, max_future_s=self.max_future_s,
+                            max_clock_skew_s=self.max_clock_skew_s, max_families_tracked=self.max_families_tracked,
+                            reload_probe_timeout_s=self.reload_probe_timeout_s)
 
     def builtin_params(self) -> EwmaParams:
         return EwmaParams(version="builtin-ewma", horizons_s=self.horizon_list(), quantile=self.quantile,

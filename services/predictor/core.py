@@ -37,8 +37,9 @@ from speckv.services.common.ids import Family
 from speckv.services.predictor.arrival_ring import ArrivalPlacement, ArrivalSeries
 from speckv.services.predictor.count_models import CountModel, Memos, SeriesState, rank_rows
 from speckv.services.predictor.live_features import LiveFeatures
-from speckv.services.predictor.manifest import load_model
+from speckv.services.predictor.manifest import load_model, model_directory
 from speckv.services.predictor.observations import Arrival, ObserveResult, Rejection, RejectReason, check_arrival
+from speckv.services.predictor.sandbox import probe_model
 
 BUILTIN_SOURCE = "builtin"
 
@@ -54,6 +55,14 @@ class PredictorSettings:
     max_horizon_s: float = 600.0
     max_future_s: float = 60.0  # observations further ahead of the clock are refused; 0: no limit
     max_family_len: int = 1024
+    # A forecast's now_s further than this from the clock (either way) is
+    # refused: a far-future now would take idle steps into the features that
+    # later arrivals can no longer correct. 0: no limit.
+    max_clock_skew_s: float = 300.0
+    # Most families tracked at once; a new family past it drops the least
+    # recently seen first (memory is rows x window steps x 4 bytes). 0: no cap.
+    max_families_tracked: int = 100_000
+    reload_probe_timeout_s: float = 60.0  # a candidate model must load and predict in the probe within this
 
     @property
     def window_steps(self) -> int:
@@ -66,8 +75,14 @@ class PredictorSettings:
                 raise InvalidArgument(f"{name}={value}: must be finite and > 0")
         if self.window_steps < 2 or abs(self.window_steps * self.step_s - self.window_s) > 1e-9 * self.window_s:
             raise InvalidArgument(f"window_s={self.window_s}: must be a whole number (>= 2) of step_s={self.step_s}")
-        if not (math.isfinite(self.max_future_s) and self.max_future_s >= 0):
-            raise InvalidArgument(f"max_future_s={self.max_future_s}: must be finite and >= 0")
+        for name in ("max_future_s", "max_clock_skew_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InvalidArgument(f"{name}={value}: must be finite and >= 0")
+        if not (math.isfinite(self.reload_probe_timeout_s) and self.reload_probe_timeout_s > 0):
+            raise InvalidArgument(f"reload_probe_timeout_s={self.reload_probe_timeout_s}: must be finite and > 0")
+        if self.max_families_tracked < 0:
+            raise InvalidArgument(f"max_families_tracked={self.max_families_tracked}: must be >= 0 (0: no cap)")
         for name in ("max_families_per_call", "max_horizons_per_call", "max_family_len"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 1")
@@ -123,7 +138,8 @@ class PredictorCore:
         self._clock = clock
         self._settings = settings
         self._lock = threading.Lock()
-        self._series = ArrivalSeries(settings.step_s, settings.window_steps)
+        self._series = ArrivalSeries(settings.step_s, settings.window_steps,
+                                     max_families=settings.max_families_tracked)
         self._counters = _Counters()
         self._check_fits(model)
         self._serving = _Serving(model, source, clock.now())
@@ -223,7 +239,12 @@ class PredictorCore:
 
     def reload(self, path: str) -> ModelInfoRecord:
         """Loads the model in directory path and swaps it in; on any error the
-        model in service stays and the error propagates."""
+        model in service stays and the error propagates. The candidate is
+        first loaded and exercised in a probe process (sandbox.py): a booster
+        that crashes the native library kills the probe, not the predictor,
+        and is FailedPrecondition."""
+        model_directory(path)  # cheap refusals (empty, overlong, absent) before a process is started
+        probe_model(path, self._settings.reload_probe_timeout_s)
         model = load_model(path)  # off the lock: file IO and validation
         self.install(model, str(Path(path)))
         return self.model_info()
@@ -322,10 +343,17 @@ class PredictorCore:
         return np.asarray(horizons_s, dtype=np.float64)
 
     def _now(self, now_s: float | None) -> float:
+        """now_s checked against the clock: finite, >= 0 and, with
+        max_clock_skew_s > 0, within that many seconds of the clock."""
+        clock_now = self._clock.now()
         if now_s is None:
-            return self._clock.now()
+            return clock_now
         if not (math.isfinite(now_s) and now_s >= 0):
             raise InvalidArgument(f"now_s={now_s}: must be finite and >= 0")
+        skew = self._settings.max_clock_skew_s
+        if skew > 0 and abs(now_s - clock_now) > skew:
+            raise InvalidArgument(f"now_s={now_s!r} is {now_s - clock_now:+.3f} s from the predictor's clock "
+                                  f"({clock_now!r}); at most max_clock_skew_s={skew:g} s either way")
         return float(now_s)
 
 

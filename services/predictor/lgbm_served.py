@@ -225,7 +225,7 @@ def _booster(directory: Path, name: Any, num_features: int, key: str) -> lgb.Boo
         raise InvalidArgument(f"{key}: {path} does not exist")
     try:
         booster = lgb.Booster(model_file=str(path))
-    except lgb.basic.LightGBMError as exc:
+    except (lgb.basic.LightGBMError, ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"{key}: {path} is not a LightGBM model ({exc})") from None
     if booster.num_feature() != num_features:
         raise InvalidArgument(f"{key}: {path} expects {booster.num_feature()} features, the spec gives {num_features}")

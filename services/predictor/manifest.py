@@ -8,7 +8,9 @@
 Validation is strict, so a typo cannot silently fall back to a default: an
 unknown kind, an unknown key, a key of the wrong type or a value out of range
 is InvalidArgument naming the key; a missing directory or manifest is
-NotFound. `load_model` only reads and builds; it never touches a model in
+NotFound; an empty, overlong (MAX_PATH_CHARS) or NUL-holding path and JSON
+nested past the parser's limit are InvalidArgument; a manifest the OS will
+not let us read is FailedPrecondition. `load_model` only reads and builds; it never touches a model in
 service (the core swaps a loaded model in). Kinds whose manifest carries more
 than numbers (kind "lightgbm": booster files beside the manifest, see
 lgbm_model.py) register a `parse` function and their extra keys.
@@ -21,11 +23,12 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from speckv.services.common.errors import InvalidArgument, NotFound
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.predictor.count_models import CountModel, EwmaModel, EwmaParams, LastValueModel, RateParams
 
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux: a longer path cannot name a directory anyway
 COMMON_KEYS = ("kind", "version", "horizons_s", "quantile", "metrics")
 
 
@@ -61,7 +64,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
 
 def load_model(path: str | Path) -> CountModel:
     """Reads path/manifest.json, validates it and builds its model."""
-    directory = _directory(path)
+    directory = model_directory(path)
     manifest = read_manifest(directory)
     kind_name = manifest.get("kind")
     if not isinstance(kind_name, str) or kind_name not in MODEL_KINDS:
@@ -92,14 +95,22 @@ def load_model(path: str | Path) -> CountModel:
 
 def read_manifest(directory: Path) -> dict[str, Any]:
     file = directory / MANIFEST_NAME
-    if not file.is_file():
-        raise NotFound(f"{file}: no {MANIFEST_NAME} in the model directory")
-    if file.stat().st_size > MAX_MANIFEST_BYTES:
-        raise InvalidArgument(f"{file}: larger than {MAX_MANIFEST_BYTES} bytes")
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
+        if not file.is_file():
+            raise NotFound(f"{file}: no {MANIFEST_NAME} in the model directory")
+        if file.stat().st_size > MAX_MANIFEST_BYTES:
+            raise InvalidArgument(f"{file}: larger than {MAX_MANIFEST_BYTES} bytes")
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:  # unreadable (permissions, a FIFO, IO error): the directory's state, not a bug
+        raise FailedPrecondition(f"{file}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"{file}: not valid UTF-8: {exc}") from None
+    try:
+        manifest = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidArgument(f"{file}: not valid JSON: {exc}") from None
+    except RecursionError:  # deeply nested JSON: the parser's recursion limit, not a bug of ours
+        raise InvalidArgument(f"{file}: JSON nested too deeply") from None
     if not isinstance(manifest, dict):
         raise InvalidArgument(f"{file}: the manifest must be a JSON object")
     return manifest
@@ -115,11 +126,23 @@ def write_manifest(directory: str | Path, manifest: Mapping[str, Any]) -> Path:
     return target / MANIFEST_NAME
 
 
-def _directory(path: str | Path) -> Path:
-    if not str(path).strip():
+def model_directory(path: str | Path) -> Path:
+    """path as a model directory: InvalidArgument when empty, longer than
+    MAX_PATH_CHARS or holding a NUL (the OS would refuse it with an error
+    that is not ours); NotFound when no such directory exists."""
+    text = str(path)
+    if not text.strip():
         raise InvalidArgument("path: empty (name a model directory)")
+    if len(text) > MAX_PATH_CHARS:
+        raise InvalidArgument(f"path: {len(text)} characters, at most {MAX_PATH_CHARS}")
+    if "\x00" in text:
+        raise InvalidArgument("path: holds a NUL character")
     directory = Path(path)
-    if not directory.is_dir():
+    try:
+        is_dir = directory.is_dir()
+    except OSError as exc:  # ENAMETOOLONG (a component over 255 bytes), EACCES, ...: the caller's path
+        raise InvalidArgument(f"path: cannot be a model directory ({exc.strerror})") from None
+    if not is_dir:
         raise NotFound(f"path={str(path)!r}: no such model directory")
     return directory
 

@@ -110,7 +110,7 @@ def test_now_defaults_to_the_clock_and_is_clamped_to_the_newest_observation(
     assert core.forecast(["f"]).now_s == NOW + 10  # the clock says NOW
     clock.advance(20)
     assert core.forecast(["f"]).now_s == NOW + 20
-    assert core.forecast(["f"], now_s=5.0).now_s == NOW + 10
+    assert core.forecast(["f"], now_s=NOW + 5).now_s == NOW + 10  # an earlier now_s is clamped up too
 
 
 def test_model_info_reports_the_serving_model(core: PredictorCore) -> None:

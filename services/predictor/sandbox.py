@@ -1,0 +1,129 @@
+"""Probe a candidate model directory in a separate process before serving it.
+
+A LightGBM model file is parsed and evaluated by native code: a crafted or
+damaged booster (an out-of-range child index, garbage trees) can abort or
+segfault the process that loads it. ReloadModel therefore loads and
+exercises a candidate first in a child process (multiprocessing, spawn
+context: a fresh interpreter, no state or locks inherited from the server's
+threads) and only a candidate that loads there and predicts finite values
+on a small dummy feature matrix is loaded by the server itself.
+
+Outcomes, as domain errors (the interceptor maps them to status codes):
+- the child's own domain error (InvalidArgument, NotFound, ...) is raised
+  again in the parent with its message: a malformed manifest is a malformed
+  request wherever it is found;
+- the child dies (signal, abort, non-zero exit), answers nothing within
+  timeout_s, or finds non-finite outputs: FailedPrecondition, the message
+  says which.
+
+The probe costs one interpreter start plus the model load (about a second
+with lightgbm); a reload is rare, so that is paid on every one.
+
+Left open: the files are read twice (child, then parent); a directory
+rewritten between the two reads is loaded unprobed. Model roots written
+only by trusted trainers (write_manifest renames the manifest in last) make
+that a non-issue in practice.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import numpy as np
+
+from speckv.services.common import errors
+from speckv.services.common.errors import FailedPrecondition, SpeckvError
+
+PROBE_ROWS = 16  # rows of the dummy feature matrix
+PROBE_SEED = 0
+
+# Domain errors the child may report, by name; anything else is a failed probe.
+_DOMAIN_ERRORS: dict[str, type[SpeckvError]] = {
+    cls.__name__: cls for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, SpeckvError) and cls is not SpeckvError
+}
+
+
+def probe_features(num_features: int) -> np.ndarray:
+    """The dummy matrix, (PROBE_ROWS, num_features) float64: a zero row (a
+    newcomer's features) and rows of small non-negative values (counts,
+    rates), so the boosters walk more than one path."""
+    rng = np.random.default_rng(PROBE_SEED)
+    X = rng.gamma(1.0, 3.0, size=(PROBE_ROWS, num_features))
+    X[0] = 0.0
+    return X
+
+
+def exercise(path: str) -> None:
+    """Loads path and, for a model that reads features, forecasts the dummy
+    matrix at every horizon it serves; FailedPrecondition on a non-finite
+    output. Runs in the probe process (also callable in-process, in tests)."""
+    from speckv.services.predictor.manifest import load_model  # the child imports only what it needs
+
+    model = load_model(path)
+    forecast_features = getattr(model, "forecast_features", None)
+    if forecast_features is None:  # pure-Python kinds: loading validated everything they read
+        return
+    X = probe_features(len(model.features))
+    out = forecast_features(X, np.asarray(model.horizons_s, dtype=np.float64))
+    for name in ("expected", "upper", "burst_probability"):
+        values = np.asarray(getattr(out, name))
+        if values.shape[0] != PROBE_ROWS or not np.isfinite(values).all():
+            raise FailedPrecondition(f"candidate model at {path}: {name} is not finite on the probe matrix")
+
+
+def _child(path: str, conn: Connection) -> None:
+    """Probe-process entry: sends ("ok", "", "") or (kind, error name, message)."""
+    try:
+        exercise(path)
+        conn.send(("ok", "", ""))
+    except SpeckvError as exc:
+        conn.send(("domain", type(exc).__name__, str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - anything the candidate raises is a refusal, reported
+        conn.send(("error", type(exc).__name__, str(exc)))
+    finally:
+        conn.close()
+
+
+def probe_model(path: str | Path, timeout_s: float) -> None:
+    """Returns when the model at path loads and predicts finite values in a
+    separate process within timeout_s seconds; raises otherwise (module
+    docstring). Never lets the candidate run in this process."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s={timeout_s}: must be finite and > 0")
+    ctx = multiprocessing.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child, args=(str(path), sender), name="predictor-model-probe", daemon=True)
+    process.start()
+    sender.close()  # the child holds the only writer: EOF as soon as it dies
+    try:
+        if not receiver.poll(timeout_s):
+            raise FailedPrecondition(f"candidate model at {path}: the probe did not load and predict within "
+                                     f"{timeout_s:g} s; the model in service is kept")
+        try:
+            kind, name, message = receiver.recv()
+        except (EOFError, OSError):
+            process.join(5.0)
+            raise FailedPrecondition(f"candidate model at {path}: the probe process died loading or predicting "
+                                     f"with it ({_exit_reason(process.exitcode)}); the model in service is "
+                                     "kept") from None
+    finally:
+        receiver.close()
+        if process.is_alive():
+            process.kill()
+        process.join(5.0)
+    if kind == "domain" and name in _DOMAIN_ERRORS:
+        raise _DOMAIN_ERRORS[name](message)
+    if kind != "ok":
+        raise FailedPrecondition(f"candidate model at {path}: the probe failed ({name}: {message}); "
+                                 "the model in service is kept")
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
