@@ -13,12 +13,10 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import ServiceServer, open_channel
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
 from speckv.services.predictor.server import build_server
-from speckv.services.predictor.training import load_config, train_on_counts
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
-from tests.support.predictor_synthetic import planted_arrivals, planted_counts
+from tests.support.predictor_synthetic import planted_arrivals, save_planted_model
 
 NOW = 5_000.0
 FEED_S = 900.0
@@ -27,10 +25,7 @@ DEADLINE_S = 60.0
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    result = train_on_counts(planted_counts(1200.0, seed=1), load_config(quick=True))
-    directory = tmp_path_factory.mktemp("model") / "v1"
-    save_model(directory, LightGbmModel(result.bundle, "lgbm-v1", trace="planted"))
-    return directory
+    return save_planted_model(tmp_path_factory.mktemp("model") / "v1")
 
 
 def _serve(config: PredictorConfig) -> ServiceServer:

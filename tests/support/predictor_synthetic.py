@@ -2,9 +2,13 @@
 one family with planted periodic bursts (seeded, so every run is the same)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from speckv.services.predictor.family_counts import FamilyCounts, aggregate
+from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
+from speckv.services.predictor.training import load_config, train_on_counts
 
 BURST_PERIOD_S = 45.0
 BURST_SIZE = 25
@@ -33,3 +37,10 @@ def planted_arrivals(duration_s: float, seed: int = 0, start_s: float = 0.0) -> 
 def planted_counts(duration_s: float, seed: int = 0) -> FamilyCounts:
     times, names = planted_arrivals(duration_s, seed)
     return aggregate(times, names, 1.0, 0.0, duration_s)
+
+
+def save_planted_model(directory: Path) -> Path:
+    """A LightGBM model (version lgbm-v1) trained on planted counts, saved in directory."""
+    result = train_on_counts(planted_counts(1200.0, seed=1), load_config(quick=True))
+    save_model(directory, LightGbmModel(result.bundle, "lgbm-v1", trace="planted"))
+    return directory

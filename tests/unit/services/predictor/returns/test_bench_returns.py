@@ -3,14 +3,8 @@ real one when the traces directory is there)."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
-
-import pytest
 
 from speckv.loadgen.bench import returns as bench
-from speckv.services.common.traces.records import DEFAULT_TRACES_DIR
-from tests.support.repo import REPO_ROOT
 from tests.unit.services.predictor.returns.synthetic import conversations, write_mooncake
 
 REPORT_KEYS = {"trace", "quick", "requests", "conversations", "turns", "overlapped_turns", "rows", "horizons_s",
@@ -45,12 +39,9 @@ def test_bench_runs_on_a_synthetic_trace_and_writes_json(tmp_path, capsys):
     assert "calibration at 300 s" in printed and "quantised" in printed
 
 
-def test_bench_on_the_real_trace_quick(tmp_path):
-    traces = Path(os.environ.get("SPECKV_TRACES") or REPO_ROOT / DEFAULT_TRACES_DIR)
-    if not (traces / bench.DEFAULT_TRACE).exists():
-        pytest.skip(f"no {bench.DEFAULT_TRACE} in {traces}")
+def test_bench_on_the_real_trace_quick(tmp_path, traces_dir):
     out = tmp_path / "returns.json"
-    assert bench.main(["--traces", str(traces), "--quick", "--json", str(out)], {}) == 0
+    assert bench.main(["--traces", str(traces_dir), "--quick", "--json", str(out)], {}) == 0
     report = json.loads(out.read_text())
     _check(report)
     assert report["requests"] == 12_031
