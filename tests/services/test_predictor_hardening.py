@@ -22,16 +22,11 @@ from speckv.services.predictor.manifest import MANIFEST_NAME
 from speckv.services.predictor.server import build_server
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
-from tests.support.predictor_synthetic import planted_arrivals, save_planted_model
+from tests.support.predictor_synthetic import planted_arrivals
 
 NOW = 5_000.0
 FEED_S = 900.0
 DEADLINE_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_planted_model(tmp_path_factory.mktemp("model") / "v1")
 
 
 def crashing_copy(model_dir: Path, target: Path) -> Path:

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import grpc
-import pytest
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import ServiceServer, open_channel
@@ -16,16 +15,11 @@ from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
-from tests.support.predictor_synthetic import planted_arrivals, save_planted_model
+from tests.support.predictor_synthetic import planted_arrivals
 
 NOW = 5_000.0
 FEED_S = 900.0
 DEADLINE_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_planted_model(tmp_path_factory.mktemp("model") / "v1")
 
 
 def _serve(config: PredictorConfig) -> ServiceServer:
