@@ -10,6 +10,7 @@ from speckv.services.common.server import ServerSettings
 from speckv.services.common.traces.mooncake import FAMILY_MODES
 from speckv.services.scheduler.policies.registry import default_registry
 from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.vllm_subscriber import parse_kv_events
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,11 @@ class SchedulerConfig(ServerSettings):
     tie_ms: float = field(default=1.0, metadata={"help": "expected TTFTs this close (ms) count as a tie and are spread"})
     arrival_queue: int = field(default=10000, metadata={"help": "arrival reports buffered for the predictor before dropping"})
     predictor_timeout_s: float = field(default=2.0, metadata={"help": "deadline of one ObserveArrivals batch, s"})
+    kv_events: str = field(default="", metadata={"help": (
+        "vLLM engines to index from their ZMQ KV events, no kvstore beside them: entries separated by ';', each "
+        "NODE=tcp://HOST:PORT (vLLM's PUB endpoint) with optional ,replay=tcp://HOST:PORT (its replay ROUTER), "
+        ",address=HOST:PORT (what Route answers; default the PUB's), ,pages=N (its KV blocks), ,topic=T; "
+        "empty = none")})
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -67,5 +73,6 @@ class SchedulerConfig(ServerSettings):
             raise InvalidArgument("policy='predictive' needs --predictor (where forecasts come from)")
         if self.oracle_family not in FAMILY_MODES:
             raise InvalidArgument(f"oracle_family={self.oracle_family!r}: expected one of {', '.join(FAMILY_MODES)}")
+        parse_kv_events(self.kv_events)
         if self.policy == "oracle" and not self.oracle_trace:
             raise InvalidArgument("policy='oracle' needs --oracle-trace (the true future arrivals)")

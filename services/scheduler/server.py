@@ -1,9 +1,10 @@
-"""Scheduler server: wires the core to gRPC, KV event streams, the predictor
-feed and the policy ticker, and stops them all on shutdown."""
+"""Scheduler server: wires the core to gRPC, KV event streams (kvstores' and
+vLLM engines'), the predictor feed and the policy ticker, and stops them all
+on shutdown."""
 from __future__ import annotations
 
 import threading
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
@@ -22,6 +23,7 @@ from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecasts, PredictorSender
 from speckv.services.scheduler.servicer import SchedulerServicer
 from speckv.services.scheduler.ticker import Ticker
+from speckv.services.scheduler.vllm_subscriber import VllmEventFeeds, parse_kv_events
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
@@ -29,17 +31,30 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
 class _NodeWiring:
     """Restarts a node's KV event stream and drops its old Lookup channel
-    whenever it (re-)registers."""
+    whenever it (re-)registers. A vLLM-fed node (--kv-events, at its
+    configured address) has no kvstore to stream from: its feed is its own."""
 
-    def __init__(self, confirmer: KVStoreConfirmer) -> None:
+    def __init__(self, confirmer: KVStoreConfirmer, vllm_nodes: Mapping[NodeId, str]) -> None:
         self.confirmer = confirmer
         self.event_sync: EventSync | None = None
+        self.vllm_nodes = vllm_nodes
 
     def node_registered(self, node_id: NodeId, address: str, generation: int, old_address: str | None) -> None:
         if old_address and old_address != address:
             self.confirmer.forget(old_address)
-        if self.event_sync is not None:
+        if self.event_sync is not None and self.vllm_nodes.get(node_id) != address:
             self.event_sync.follow(node_id, address, generation)
+
+
+class _SkipVllmConfirm:
+    """Route's confirming Lookup, except at vLLM-fed nodes' addresses, which
+    have no kvstore to ask: their prefixes stand on the index alone."""
+
+    def __init__(self, confirmer: KVStoreConfirmer, vllm_addresses: Sequence[str]) -> None:
+        self._confirmer, self._skip = confirmer, frozenset(vllm_addresses)
+
+    def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None:
+        return None if address in self._skip else self._confirmer.confirm(address, block_hashes)
 
 
 def core_settings(config: SchedulerConfig) -> SchedulerSettings:
@@ -71,11 +86,15 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     sender = PredictorSender(config.predictor, telemetry, config.predictor_timeout_s) if config.predictor else None
     forecasts = PredictorForecasts(config.predictor, telemetry, config.forecast_timeout_s) if config.predictor else None
     reporter = ArrivalReporter(sender, capacity=config.arrival_queue) if sender else None
-    wiring = _NodeWiring(confirmer)
+    vllm_specs = parse_kv_events(config.kv_events)
+    wiring = _NodeWiring(confirmer, {NodeId(s.node_id): s.route_address for s in vllm_specs})
+    confirm = _SkipVllmConfirm(confirmer, [s.route_address for s in vllm_specs]) if vllm_specs else confirmer
     core = SchedulerCore(core_settings(config), clock, profile,
-                         confirmer=confirmer if config.confirm_routes else None, arrivals=reporter,
+                         confirmer=confirm if config.confirm_routes else None, arrivals=reporter,
                          listener=wiring, forecasts=forecasts, future=future_arrivals(config))
     event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry)
+    vllm_feeds = VllmEventFeeds(vllm_specs, core, profile.geometry.block_size,
+                                config.heartbeat_interval_ms / 1000.0) if vllm_specs else None
     if inventory is not None:
         inventory(core)
     else:
@@ -94,12 +113,16 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         ticker.start()
         if reporter is not None:
             reporter.start()
+        if vllm_feeds is not None:
+            vllm_feeds.start()
 
     def stop() -> None:
         stopping.set()
         core.close()
         ticker.stop()
         event_sync.stop_all()
+        if vllm_feeds is not None:
+            vllm_feeds.stop()
         if reporter is not None:
             reporter.stop()
         if sender is not None:
@@ -118,6 +141,12 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         "speckv.scheduler.arrivals_dropped": lambda: [] if reporter is None else [
             (float(reporter.stats().dropped_full), {"reason": "queue_full"}),
             (float(reporter.stats().dropped_send), {"reason": "predictor_down"})],
+        "speckv.scheduler.vllm_events_skipped": lambda: [] if vllm_feeds is None else [
+            (float(n), {"node": node, "reason": reason})
+            for node, stats in vllm_feeds.stats().items() for reason, n in stats.skipped.items()],
+        "speckv.scheduler.vllm_catch_ups": lambda: [] if vllm_feeds is None else [
+            (float(n), {"node": node, "outcome": outcome}) for node, stats in vllm_feeds.stats().items()
+            for outcome, n in (("replayed", stats.replays), ("reset", stats.resets))],
     })
     return server
 

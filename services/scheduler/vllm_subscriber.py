@@ -1,0 +1,409 @@
+"""Nodes fed by vLLM's KV event streams (ZMQ adapter; the wire format and the
+sequence rules live in vllm_decode.py).
+
+`--kv-events` names vLLM engines that have no speckv kvstore beside them. For
+each one a thread subscribes (SUB) to the engine's ZMQ PUB endpoint, registers
+the node with the scheduler core when the connection first comes up, and
+feeds every batch through the same apply/reset path the kvstores' event
+streams use (event_sync.py), so the node is indexed and routed like any other.
+
+Rules:
+- Liveness: the thread heartbeats the node (an empty load report: no queue
+  figures, like a kvstore's) every heartbeat interval while its connection to
+  the PUB socket is up, so an engine that goes away stops getting routes after
+  node_timeout_s. Anyone may still report the node's queue via Heartbeat.
+- Sequences (SequenceTracker): a gap is caught up from the engine's replay
+  (ROUTER) socket; with no replay endpoint, or a replay that fails or no
+  longer holds every missed batch, the node's inventory is reset and the feed
+  carries on (what the replay did return is applied on top when it ends just
+  before the live batch). A fresh connection (start-up, or any reconnection:
+  the engine may have restarted) resets and replays from sequence 0.
+- Bad input is counted per reason (`stats()`) and logged at each power of ten,
+  never raised; a stale generation (the node id was re-registered by someone
+  else) ends the thread.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from speckv.services.common.errors import InvalidArgument, SpeckvError
+from speckv.services.common.geometry import KVGeometry
+from speckv.services.common.ids import NodeId
+from speckv.services.scheduler.cluster import LoadReport
+from speckv.services.scheduler.holder_index import IndexEvent
+from speckv.services.scheduler.vllm_decode import (
+    BadInput,
+    SequenceTracker,
+    Skip,
+    VllmBatchDecoder,
+    contiguous_run,
+    replay_request,
+    split_frames,
+    split_replay_frames,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PAGES = 65536  # a placeholder capacity when pages= is not given (only policies read it)
+POLL_MS = 100  # how often an idle thread checks for stop and heartbeats
+RECEIVE_HWM = 100_000  # as vLLM's PUB: live batches queue here while a replay runs
+MAX_REPLAY_BATCHES = 1_000_000  # bounds a runaway replay (vLLM buffers 10,000 by default)
+
+
+# --- configuration -----------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class VllmNodeSpec:
+    """One vLLM engine (one data-parallel rank: each rank publishes on its own port)."""
+
+    node_id: str
+    endpoint: str  # vLLM's PUB socket, e.g. tcp://10.0.0.5:5557
+    replay_endpoint: str = ""  # vLLM's replay ROUTER socket; "" = no catch-up, gaps reset the node
+    address: str = ""  # what Route answers for this node (the engine's serving host:port)
+    pages: int = DEFAULT_PAGES  # the engine's KV blocks (vLLM's num_gpu_blocks)
+    topic: str = ""  # topic prefix subscribed to (vLLM's default topic is "")
+
+    @property
+    def route_address(self) -> str:
+        """address, else the PUB endpoint's host:port."""
+        return self.address or self.endpoint.split("://", 1)[1]
+
+
+def parse_kv_events(text: str) -> list[VllmNodeSpec]:
+    """Parses --kv-events: entries separated by ';', each
+    `NODE=PUB_ENDPOINT[,replay=ENDPOINT][,address=HOST:PORT][,pages=N][,topic=T]`.
+    InvalidArgument names the entry and what is wrong."""
+    specs: list[VllmNodeSpec] = []
+    for entry in (e.strip() for e in text.split(";")):
+        if not entry:
+            continue
+        head, *options = [part.strip() for part in entry.split(",")]
+        node_id, sep, endpoint = head.partition("=")
+        if not sep or not node_id.strip():
+            raise InvalidArgument(f"kv_events entry {entry!r}: expected NODE=tcp://HOST:PORT[,replay=...]")
+        values: dict[str, str] = {}
+        for option in options:
+            key, sep, value = option.partition("=")
+            if not sep or key.strip() not in ("replay", "address", "pages", "topic") or key.strip() in values:
+                raise InvalidArgument(f"kv_events entry {entry!r}: option {option!r} is not one of "
+                                      "replay=, address=, pages=, topic= (each at most once)")
+            values[key.strip()] = value.strip()
+        spec = VllmNodeSpec(node_id.strip(), endpoint.strip(), values.get("replay", ""), values.get("address", ""),
+                            _pages(entry, values.get("pages")), values.get("topic", ""))
+        _check_spec(entry, spec)
+        if any(s.node_id == spec.node_id for s in specs):
+            raise InvalidArgument(f"kv_events: node {spec.node_id!r} is named twice")
+        specs.append(spec)
+    return specs
+
+
+def _pages(entry: str, text: str | None) -> int:
+    if text is None:
+        return DEFAULT_PAGES
+    try:
+        pages = int(text)
+    except ValueError:
+        pages = 0
+    if pages <= 0:
+        raise InvalidArgument(f"kv_events entry {entry!r}: pages={text!r} must be a whole number > 0")
+    return pages
+
+
+def _check_spec(entry: str, spec: VllmNodeSpec) -> None:
+    for name, endpoint in (("endpoint", spec.endpoint), ("replay", spec.replay_endpoint)):
+        if endpoint and not endpoint.startswith(("tcp://", "ipc://")):
+            raise InvalidArgument(f"kv_events entry {entry!r}: {name} {endpoint!r} must be tcp://HOST:PORT "
+                                  "or ipc://PATH (the scheduler connects; vLLM binds)")
+    if spec.endpoint.startswith("tcp://") and ":" not in spec.endpoint[len("tcp://"):]:
+        raise InvalidArgument(f"kv_events entry {entry!r}: endpoint {spec.endpoint!r} lacks a port")
+    if ":" not in spec.route_address:
+        raise InvalidArgument(f"kv_events entry {entry!r}: give address=HOST:PORT (what Route answers)")
+
+
+# --- the scheduler side ------------------------------------------------------
+
+class NodeSink(Protocol):
+    """What a feed needs of the scheduler core (SchedulerCore has it)."""
+
+    def register_node(self, node_id: str, address: str, capacity_pages: int,
+                      geometry: KVGeometry | None, host_pages: int = 0) -> tuple[bool, int]: ...
+
+    def generation(self, node_id: str) -> int: ...
+
+    def heartbeat(self, node_id: str, load: LoadReport) -> bool: ...
+
+    def apply_kv_events(self, node_id: NodeId, generation: int, events: Sequence[IndexEvent]) -> bool: ...
+
+    def reset_inventory(self, node_id: NodeId, generation: int) -> bool: ...
+
+
+@dataclass(slots=True)
+class FeedStats:
+    """Counts of one node's feed (cumulative)."""
+
+    batches: int = 0  # batches applied, replayed ones included
+    events: int = 0  # index events applied
+    replays: int = 0  # catch-ups that recovered every missed batch
+    resets: int = 0  # inventory resets (gaps not recovered, restarts, reconnections)
+    skipped: dict[str, int] = field(default_factory=dict)  # Skip reason -> count (events, or batches for
+    # bad_frames / garbage)
+
+
+class _Stop(Exception):
+    """The node's generation moved on, or stop() was called: end the thread."""
+
+
+class VllmNodeFeed:
+    """The subscription thread of one vLLM engine. Its sockets live and die in
+    its own thread (zmq sockets are not thread-safe)."""
+
+    def __init__(self, spec: VllmNodeSpec, sink: NodeSink, context: zmq.Context, block_size: int,
+                 heartbeat_interval_s: float, replay_timeout_s: float = 2.0) -> None:
+        self.spec, self.node_id = spec, NodeId(spec.node_id)
+        self._sink, self._context = sink, context
+        self._decoder = VllmBatchDecoder(block_size)
+        self._tracker = SequenceTracker()
+        self._heartbeat_s, self._replay_timeout_s = heartbeat_interval_s, replay_timeout_s
+        self._generation: int | None = None
+        self._connected = False
+        self._replay: zmq.Socket | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._stats = FeedStats()
+        self._thread = threading.Thread(target=self._run, name=f"vllm-events-{spec.node_id}", daemon=True)
+
+    def start(self) -> "VllmNodeFeed":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout_s: float) -> bool:
+        """True when the thread has ended."""
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def stats(self) -> FeedStats:
+        with self._lock:
+            s = self._stats
+            return FeedStats(s.batches, s.events, s.replays, s.resets, dict(s.skipped))
+
+    # --- the thread -------------------------------------------------------
+    def _run(self) -> None:
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        sub.setsockopt(zmq.SUBSCRIBE, self.spec.topic.encode())
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sub.connect(self.spec.endpoint)
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        next_beat = 0.0
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(POLL_MS))
+                if monitor in ready:
+                    self._on_monitor(recv_monitor_message(monitor))
+                if sub in ready:
+                    self._drain(sub)
+                now = time.monotonic()
+                if self._connected and self._generation is not None and now >= next_beat:
+                    if self._sink.generation(self.spec.node_id) != self._generation:
+                        self._stale()  # never keep alive a registration that is not ours
+                    self._sink.heartbeat(self.node_id, LoadReport())
+                    next_beat = now + self._heartbeat_s
+        except _Stop:
+            pass
+        except Exception:  # a bug must not take the scheduler down: this node's feed ends, loudly
+            log.exception("vLLM KV events of %s: feed ended by an unexpected error", self.node_id)
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+            self._close_replay()
+
+    def _on_monitor(self, message: dict) -> None:
+        if message["event"] == zmq.EVENT_CONNECTED:
+            self._connected = True
+            log.info("vLLM KV events of %s: connected to %s", self.node_id, self.spec.endpoint)
+            if self._generation is None:
+                self._register()
+        elif message["event"] == zmq.EVENT_DISCONNECTED:
+            self._connected = False
+            self._tracker.lost_connection()
+            log.warning("vLLM KV events of %s: lost %s; the node goes down unless it comes back",
+                        self.node_id, self.spec.endpoint)
+
+    def _register(self) -> None:
+        try:
+            self._sink.register_node(self.spec.node_id, self.spec.route_address, self.spec.pages, None)
+            self._generation = self._sink.generation(self.spec.node_id)
+        except SpeckvError as exc:
+            log.error("vLLM KV events of %s: cannot register the node (%s); its feed ends", self.node_id, exc)
+            raise _Stop from None
+        log.info("node %s registered from vLLM KV events (Route answers %s; no kvstore confirms its prefixes)",
+                 self.node_id, self.spec.route_address)
+
+    def _drain(self, sub: zmq.Socket) -> None:
+        """Handles what has arrived, a bounded number at a time so stop and
+        heartbeats are never starved."""
+        for _ in range(1000):
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if self._generation is None:
+                self._register()  # a batch raced the monitor's connected event
+            self._on_message(frames)
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        try:
+            sequence, payload = split_frames(frames)
+        except BadInput as exc:
+            self._count(exc.reason, 1, exc.detail)
+            return
+        plan = self._tracker.plan(sequence)
+        if plan.reset:
+            self._reset(plan.why, quiet=self._stats.batches == 0)
+        if plan.replay_from is not None:
+            self._catch_up(plan.replay_from, sequence, plan.why, fresh=plan.reset)
+        self._apply(sequence, payload)
+
+    def _catch_up(self, start: int, end: int, why: str, fresh: bool) -> None:
+        """Applies [start, end) from the replay socket, or resets."""
+        if not self.spec.replay_endpoint:
+            if not fresh:
+                log.warning("vLLM KV events of %s: %s and no replay endpoint; inventory reset", self.node_id, why)
+                self._reset(why, quiet=True)
+            return
+        replayed = self._request_replay(start)
+        run, complete = contiguous_run(replayed or [], start, end)
+        if replayed is None or not complete:
+            got = f"{run[0][0]}..{run[-1][0]}" if run else "nothing usable"
+            level = logging.INFO if fresh else logging.WARNING
+            log.log(level, "vLLM KV events of %s: %s; the replay returned %s, so the inventory is reset%s",
+                    self.node_id, why, got, " and rebuilt from what it returned" if run else "")
+            if not fresh:
+                self._reset(why, quiet=True)
+        else:
+            with self._lock:
+                self._stats.replays += 1
+            log.info("vLLM KV events of %s: %s; caught up from the replay socket", self.node_id, why)
+        for sequence, payload in run:
+            self._apply(sequence, payload)
+
+    def _request_replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """Every batch vLLM's ROUTER returns for sequences >= start, until its
+        end marker; None when it does not answer in time or answers garbage
+        (then the socket is dropped, so a late answer cannot be mistaken for
+        the next one)."""
+        if self._replay is None:
+            self._replay = self._context.socket(zmq.DEALER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.connect(self.spec.replay_endpoint)
+        replay = self._replay
+        replay.send_multipart(replay_request(start))
+        deadline = time.monotonic() + self._replay_timeout_s
+        batches: list[tuple[int, bytes]] = []
+        while not self._stop.is_set() and len(batches) < MAX_REPLAY_BATCHES:
+            wait_ms = math.ceil((deadline - time.monotonic()) * 1000)
+            if wait_ms <= 0 or not replay.poll(min(wait_ms, POLL_MS)):
+                if wait_ms <= 0:
+                    break
+                continue
+            try:
+                item = split_replay_frames(replay.recv_multipart())
+            except BadInput as exc:
+                self._count(exc.reason, 1, exc.detail)
+                break
+            if item is None:
+                return batches
+            batches.append(item)
+            deadline = time.monotonic() + self._replay_timeout_s  # the deadline is between frames
+        log.warning("vLLM KV events of %s: replay from %s did not finish", self.node_id, self.spec.replay_endpoint)
+        self._close_replay()
+        return None
+
+    def _close_replay(self) -> None:
+        if self._replay is not None:
+            self._replay.close(linger=0)
+            self._replay = None
+
+    def _apply(self, sequence: int, payload: bytes) -> None:
+        self._tracker.applied(sequence)
+        try:
+            batch = self._decoder.decode(sequence, payload)
+        except BadInput as exc:  # skipped, not a gap: a replay would decode no better
+            self._count(exc.reason, 1, f"batch {sequence}: {exc.detail}")
+            return
+        for reason, count in batch.skipped.items():
+            self._count(reason, count, f"batch {sequence}: {batch.details[reason]}")
+        if batch.events and not self._sink.apply_kv_events(self.node_id, self._current(), batch.events):
+            self._stale()
+        with self._lock:
+            self._stats.batches += 1
+            self._stats.events += len(batch.events)
+
+    def _reset(self, why: str, quiet: bool) -> None:
+        if not self._sink.reset_inventory(self.node_id, self._current()):
+            self._stale()
+        if not quiet:
+            log.warning("vLLM KV events of %s: %s; inventory reset", self.node_id, why)
+        with self._lock:
+            self._stats.resets += 1
+
+    def _count(self, reason: Skip, count: int, detail: str) -> None:
+        with self._lock:
+            before = self._stats.skipped.get(reason.value, 0)
+            after = self._stats.skipped[reason.value] = before + count
+        if int(math.log10(after)) > (int(math.log10(before)) if before else -1):  # at 1, 10, 100, ...
+            log.warning("vLLM KV events of %s: skipped (%s, %d so far): %s", self.node_id, reason.value, after,
+                        detail)
+
+    def _current(self) -> int:
+        if self._generation is None:
+            self._register()
+        assert self._generation is not None
+        return self._generation
+
+    def _stale(self) -> None:
+        log.warning("vLLM KV events of %s: the node was registered again by someone else; this feed ends",
+                    self.node_id)
+        raise _Stop
+
+
+class VllmEventFeeds:
+    """Owns one VllmNodeFeed per configured engine and their zmq context."""
+
+    def __init__(self, specs: Sequence[VllmNodeSpec], sink: NodeSink, block_size: int,
+                 heartbeat_interval_s: float, replay_timeout_s: float = 2.0) -> None:
+        self._context = zmq.Context()
+        self.feeds = {NodeId(s.node_id): VllmNodeFeed(s, sink, self._context, block_size, heartbeat_interval_s,
+                                                      replay_timeout_s) for s in specs}
+
+    def start(self) -> None:
+        for feed in self.feeds.values():
+            feed.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        for feed in self.feeds.values():
+            feed.stop()
+        ended = all([feed.join(timeout_s) for feed in self.feeds.values()])
+        if ended:
+            self._context.term()
+        else:  # a thread still holds sockets: terminating would block on them
+            log.warning("a vLLM KV event feed did not end within %.1f s; its zmq context is left open", timeout_s)
+
+    def stats(self) -> dict[NodeId, FeedStats]:
+        return {node: feed.stats() for node, feed in self.feeds.items()}
