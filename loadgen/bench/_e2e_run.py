@@ -90,7 +90,8 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
                           *extra.get("scheduler", [])]
     # Replication moves scaled bytes on the wall clock: the kvstore's link cap
     # is the real link / byte scale x the replay's compression.
-    extra["kvstore"] = ["--link-gbps", repr(link_gbps * speed), *geometry_args, *extra.get("kvstore", [])]
+    extra["kvstore"] = ["--link-gbps", repr(link_gbps * speed), "--retain-max-share", repr(config.retain_max_share),
+                        *geometry_args, *extra.get("kvstore", [])]
     return ClusterSpec(nodes=config.nodes, geometry=preset, block_size=block_size,
                        device_pages=config.pool_pages, host_pages=config.host_pages, policy="none",
                        extra_args=extra)

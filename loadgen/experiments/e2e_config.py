@@ -52,6 +52,7 @@ class E2EConfig:
     warm_kv_fraction: float = 0.9  # share of the cluster's device pages the warm start fills with pre-slice KV
     host_pages: int = 0  # each node's host tier, blocks (0: none)
     host_link: LinkModel | None = None  # each node's host<->device link, real bytes (None: no host tier)
+    retain_max_share: float = 0.0  # share of each node's last tier retain orders may hold at once
     family: str = "prefix"  # how trace requests are keyed into families (loadgen.traces.mooncake.FAMILY_MODES)
 
     @property
@@ -98,6 +99,7 @@ def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
             extra_args={k: [str(a) for a in v] for k, v in cluster.get("extra_args", {}).items()},
             family=str(model.get("family", "prefix")),
             host_pages=int(cluster.get("host_pages", 0)),
+            retain_max_share=float(cluster.get("retain_max_share", 0.0)),
             host_link=(LinkModel(float(cluster["host_link_gbps"]), float(cluster.get("host_link_overhead_ms", 0.0)))
                        if "host_link_gbps" in cluster else None),
             warm_kv_fraction=float(slices.get("warm_kv_fraction", 0.9)))
@@ -112,6 +114,8 @@ def _validate(config: E2EConfig, source: Path) -> None:
         raise InvalidArgument(f"e2e config {source}: cluster.nodes and cluster.pool_pages must be > 0")
     if config.host_pages < 0:
         raise InvalidArgument(f"e2e config {source}: cluster.host_pages must be >= 0 (0: no host tier)")
+    if not 0.0 <= config.retain_max_share < 1.0:
+        raise InvalidArgument(f"e2e config {source}: cluster.retain_max_share must be in [0, 1)")
     if config.host_pages and (config.host_link is None or config.host_link.gbps <= 0):
         raise InvalidArgument(f"e2e config {source}: a host tier (cluster.host_pages > 0) needs "
                               "cluster.host_link_gbps > 0")

@@ -30,6 +30,11 @@ when stale entries outnumber the live leases, as the live index does).
 tests/unit/loadgen/sim/test_kvnode.py replays random puts and lookups on both
 and checks the same blocks are stored and evicted, in the same order.
 
+Retention (services/common/retention.py, the retain action): the node's
+last tier (host, else device) passes over retained blocks with the live
+store's rule, so a retained block is demoted but not dropped before its
+deadline; `retain_max_blocks` caps how many are retained at once.
+
 Simplifications, said here once: nothing is pinned (a replication source's
 blocks could be evicted mid-copy; the copy still lands), and there are no
 reservations (a replica takes its pages when it commits, not when it starts).
@@ -42,6 +47,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
 
 
@@ -74,6 +80,7 @@ class _TierLRU:
         self.leases: list[tuple[float, int, int]] = []  # (deadline, tiebreak, hash); stale entries skipped
         self.tiebreak = 0
         self.lapsed = False  # whether the last pop_victim took a lapsed replica
+        self.retention: Retention | None = None  # set on the node's last tier only
 
     def touch_chain(self, hashes: Sequence[int]) -> None:
         """A use of a chain (given head first, all resident): tail first, so
@@ -87,31 +94,60 @@ class _TierLRU:
     def pop_victim(self, now: float) -> int:
         """Removes and returns the next block to evict (the tier is full, so
         one exists); `lapsed` says whether it went as a lapsed replica."""
-        leases, lease = self.leases, self.lease
+        leases, lease, retention = self.leases, self.lease, self.retention
+        passed: list[tuple[float, int, int]] = []
+        victim = -1
         while leases and leases[0][0] <= now:
-            deadline, _, h = heapq.heappop(leases)
+            item = heapq.heappop(leases)
+            deadline, _, h = item
             if lease.get(h) == deadline:
+                if retention and retention.holds(h, now):
+                    passed.append(item)
+                    continue
                 del lease[h]
                 del self.lru[h]
-                self.lapsed = True
-                return h
-        h, _ = self.lru.popitem(last=False)
+                victim = h
+                break
+        for item in passed:
+            heapq.heappush(leases, item)
+        if victim != -1:
+            self.lapsed = True
+            return victim
+        lru = self.lru
+        if retention:
+            self._pass_over_retained(retention, now)
+        h, _ = lru.popitem(last=False)
         if lease:
             lease.pop(h, None)
         self.lapsed = False
         return h
 
+    def _pass_over_retained(self, retention: Retention, now: float, protect: set[int] | None = None) -> None:
+        """Moves the retained blocks before the first unretained one (protect
+        aside, where they stand) to the recent end, in order: a second chance
+        (retention.py; the live BlockIndex does the same)."""
+        lru = self.lru
+        moved = []
+        for h in lru:
+            if protect is not None and h in protect:
+                continue
+            if not retention.holds(h, now):
+                break
+            moved.append(h)
+        for h in moved:
+            lru.move_to_end(h)
+
     def pop_victim_except(self, now: float, protect: set[int]) -> int:
         """pop_victim passing over protect where they stand (the live
         BlockIndex.pop_victim's protect); the tier holds an unprotected block."""
-        leases, lease = self.leases, self.lease
+        leases, lease, retention = self.leases, self.lease, self.retention
         passed = []
         victim = None
         while leases and leases[0][0] <= now:
             item = heapq.heappop(leases)
             deadline, _, h = item
             if lease.get(h) == deadline:
-                if h in protect:
+                if h in protect or (retention and retention.holds(h, now)):
                     passed.append(item)
                     continue
                 del lease[h]
@@ -122,7 +158,11 @@ class _TierLRU:
             heapq.heappush(leases, item)
         if victim is not None:
             return victim
-        victim = next(h for h in self.lru if h not in protect)
+        if retention:
+            self._pass_over_retained(retention, now, protect)
+            victim = next((h for h in self.lru if h not in protect and not retention.holds(h, now)), None)
+        if victim is None:
+            victim = next(h for h in self.lru if h not in protect)
         del self.lru[victim]
         lease.pop(victim, None)
         return victim
@@ -140,7 +180,7 @@ class _TierLRU:
 
 
 class SimKVNode:
-    def __init__(self, node_id: str, pages: int, host_pages: int = 0) -> None:
+    def __init__(self, node_id: str, pages: int, host_pages: int = 0, retain_max_blocks: int = 0) -> None:
         if pages <= 0:
             raise ValueError(f"pages={pages}: must be > 0")
         if host_pages < 0:
@@ -150,6 +190,19 @@ class SimKVNode:
         self.host_pages = host_pages
         self._device = _TierLRU(pages)
         self._host: _TierLRU | None = _TierLRU(host_pages) if host_pages else None
+        self._retention: Retention | None = Retention(retain_max_blocks) if retain_max_blocks > 0 else None
+        (self._host or self._device).retention = self._retention
+
+    def retain(self, hashes: Sequence[int], until: float, now: float) -> int:
+        """Retains the prefix of hashes the node holds until `until` (the
+        cap allowing); returns the blocks retained. 0 without retention."""
+        if self._retention is None:
+            return 0
+        return self._retention.retain(hashes[:self._longest_prefix(hashes)], until, now)
+
+    @property
+    def retained_blocks(self) -> int:
+        return len(self._retention) if self._retention is not None else 0
 
     def __len__(self) -> int:
         """Blocks on the node, in either tier."""
@@ -201,13 +254,16 @@ class SimKVNode:
         return self._longest_prefix(hashes) == len(hashes)
 
     def put(self, hashes: Sequence[int], now: float, lease_deadline: float | None = None,
-            tier: Tier = Tier.DEVICE) -> PutOutcome:
+            tier: Tier = Tier.DEVICE, promote: bool = False) -> PutOutcome:
         """Stores a chain (head first) in tier; new blocks evict as needed,
         and the whole chain counts as a use with its head most recent.
         lease_deadline marks new blocks as speculative replicas: then, as the
         live store publishes a replica, they go in tail first and resident
-        ones are left as they are. A device put of host-only blocks is their
-        promotion. A host put skips blocks the node holds in either tier."""
+        ones are left as they are. A device put of host-only blocks gives
+        them a device copy; promote says it is their promotion (the live
+        store's promote, which pins their host copies meanwhile: the
+        demotions it causes do not push them out of the host tier). A host
+        put skips blocks the node holds in either tier."""
         if tier is Tier.HOST:
             return self._put_host(hashes, now, lease_deadline)
         out = PutOutcome([], [], [], [], [])
@@ -215,12 +271,21 @@ class SimKVNode:
         device = self._device
         lru = device.lru
         host = self._host
+        pinned = {h for h in hashes if h not in lru and h in host.lru} if promote and host is not None else None
         order = list(hashes)
         if lease_deadline is not None:
             order.reverse()
         else:  # resident blocks of the chain are a use now: no insert below may evict them (the live store protects them)
             device.touch_chain([h for h in hashes if h in lru])
         lapsed: list[int] = []  # victims that went as lapsed replicas (with a host tier)
+        if device.retention:
+            # All victims first, as the live store allocates a put's pages at
+            # once: passing over retained blocks moves them behind what this
+            # put inserts, which must not then be its victims. Without
+            # retention, evicting as it goes takes the same victims.
+            resident = {h for h in order if h in lru}  # protected as the live store protects them
+            for _ in range(min(len(lru) - len(resident), len(lru) + len(order) - len(resident) - device.pages)):
+                evicted.append(device.pop_victim_except(now, resident))
         # This loop runs for every block of every prompt in the simulation.
         for h in order:
             if h in lru:
@@ -240,9 +305,11 @@ class SimKVNode:
             device.touch_chain([h for h in hashes if h in lru])
         if host is None:
             out.dropped = evicted
+            if self._retention and evicted:
+                self._retention.release([h for h in evicted if h not in lru])
             return out
         if evicted:
-            self._demote(evicted, set(lapsed), now, out)
+            self._demote(evicted, set(lapsed), now, out, pinned)
         if lease_deadline is None:
             host.touch_chain([h for h in hashes if h in host.lru])  # a use of the host copies too
         self._settle(out)
@@ -261,11 +328,13 @@ class SimKVNode:
         if needed > host.pages - len(present):
             self._settle(out)
             return out  # no room without evicting the chain itself: the live store refuses the reservation
+        # All the room first, as the live store reserves it at once (passing
+        # over retained blocks must not move them behind what this put inserts).
+        for _ in range(max(0, needed - (host.pages - len(lru)))):
+            out.host_evicted.append(host.pop_victim_except(now, present))
         for h in reversed(hashes) if lease_deadline is not None else hashes:
             if h in lru or h in dev:
                 continue
-            if len(lru) >= host.pages:
-                out.host_evicted.append(host.pop_victim_except(now, present))
             lru[h] = None
             if lease_deadline is not None:
                 host.push_lease(lease_deadline, h)
@@ -275,22 +344,25 @@ class SimKVNode:
         self._settle(out)
         return out
 
-    def _demote(self, victims: list[int], lapsed: set[int], now: float, out: PutOutcome) -> None:
+    def _demote(self, victims: list[int], lapsed: set[int], now: float, out: PutOutcome,
+                pinned: set[int] | None = None) -> None:
         """The write-back of one call's device victims, in the live store's
         steps (KVStoreCore._demote): lapsed replicas are dropped; victims the
         host tier holds already are touched there, in eviction order; the
         others go in as its most recent blocks, in eviction order, after the
-        host tier has evicted all the room they need at once; what the tier
-        cannot hold at all is dropped."""
+        host tier has evicted all the room they need at once (never pinned,
+        the host copies a promotion reads); what the tier cannot hold at all
+        is dropped."""
         host = self._host
         assert host is not None
         lru = host.lru
         kept = [v for v in victims if v not in lapsed] if lapsed else victims
-        down = [v for v in kept if v not in lru][:host.pages]  # what cannot fit is dropped
+        room = host.pages - (len(pinned) if pinned else 0)
+        down = [v for v in kept if v not in lru][:room]  # what cannot fit is dropped
         host.touch_chain([v for v in reversed(kept) if v in lru])
         shortfall = len(down) - (host.pages - len(lru))
         for _ in range(max(0, shortfall)):
-            out.host_evicted.append(host.pop_victim(now))
+            out.host_evicted.append(host.pop_victim_except(now, pinned) if pinned else host.pop_victim(now))
         for v in down:
             lru[v] = None
         out.demoted.extend(down)
@@ -306,6 +378,8 @@ class SimKVNode:
         left_device = set(out.evicted)
         out.dropped = ([h for h in out.evicted if h not in hlru]
                        + [h for h in out.host_evicted if h not in dev and h not in left_device])
+        if self._retention and out.dropped:
+            self._retention.release(out.dropped)
 
     def _longest_prefix(self, hashes: Sequence[int]) -> int:
         dev, count = self._device.lru, 0

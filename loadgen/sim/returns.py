@@ -83,12 +83,17 @@ def warm(tracker: ReturnTracker, history: Sequence[TraceRequest], until_s: float
 
 
 class ReturnForecasts:
-    """A ForecastSource over a ReturnTracker (see the module docstring)."""
+    """A ForecastSource over a ReturnTracker (see the module docstring).
+    kind RETENTION serves the retain step over its own window (retain.ttl_s)
+    and family count (max_families, overriding the caller's)."""
 
-    def __init__(self, tracker: ReturnTracker, window_s: float, refresh_s: float = 1.0) -> None:
+    def __init__(self, tracker: ReturnTracker, window_s: float, refresh_s: float = 1.0,
+                 kind: ForecastKind = ForecastKind.RETURN, max_families: int | None = None) -> None:
         self._tracker = tracker
         self._window_s = window_s
         self._refresh_s = refresh_s
+        self._kind = kind
+        self._max_families = max_families
         self._at: float | None = None
         self._cached: list[Forecast] = []
 
@@ -96,8 +101,9 @@ class ReturnForecasts:
         if self._at is not None and now - self._at < self._refresh_s:
             return self._cached
         conversations, p = self._tracker.p_within(now, self._window_s)
-        top = np.argsort(-p, kind="stable")[:max_families] if len(p) else np.zeros(0, dtype=np.int64)
+        limit = self._max_families if self._max_families is not None else max_families
+        top = np.argsort(-p, kind="stable")[:limit] if len(p) else np.zeros(0, dtype=np.int64)
         self._cached = [Forecast(Family(conversations[i]), self._window_s, float(p[i]), float(p[i]), 1.0,
-                                 ForecastKind.RETURN) for i in top.tolist()]
+                                 self._kind) for i in top.tolist()]
         self._at = now
         return self._cached

@@ -28,6 +28,11 @@ class SimSettings:
     node_timeout_s: float = 6.0  # as the live e2e scheduler is started
     liveness_s: float = 1.0  # an idle, unchanged node still heartbeats this often
     host_pages: int = 0  # each node's host tier, blocks (0: none)
+    retain_max_share: float = 0.0  # share of each node's last tier retain orders may hold at once
+
+    @property
+    def retain_max_blocks(self) -> int:
+        return int(self.retain_max_share * (self.host_pages or self.pool_pages))
 
     @staticmethod
     def from_e2e(config: E2EConfig, nodes: int | None = None, speed: float = 1.0,
@@ -36,7 +41,8 @@ class SimSettings:
                            heartbeat_s=config.heartbeat_interval_s * speed, tick_s=config.scheduler_tick_s * speed,
                            forecast_poll_s=config.forecast_poll_s * speed,
                            forecast_horizon_s=config.forecast_horizon_s * speed, warmup_s=config.warmup_s,
-                           predictor=predictor, host_pages=config.host_pages)
+                           predictor=predictor, host_pages=config.host_pages,
+                           retain_max_share=config.retain_max_share)
 
     def with_nodes(self, nodes: int) -> "SimSettings":
         return replace(self, nodes=nodes)

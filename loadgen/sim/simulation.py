@@ -66,6 +66,7 @@ from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.forecasts import (
     CombinedForecasts,
+    ForecastKind,
     ForecastSource,
     FutureArrivals,
     TraceFutureArrivals,
@@ -147,11 +148,17 @@ class Simulation:
             if returns is not None:
                 self._returns = returns.tracker()
                 warm(self._returns, history, start, returns.config)
-                lease_s = load_policy_config().leases.replica_lease_ms / 1e3
-                source = CombinedForecasts([self._forecasts, ReturnForecasts(self._returns, lease_s)])
+                policies = load_policy_config()
+                sources: list[ForecastSource] = [self._forecasts,
+                                                 ReturnForecasts(self._returns, policies.leases.replica_lease_ms / 1e3)]
+                if policies.retain.enabled:
+                    sources.append(ReturnForecasts(self._returns, policies.retain.ttl_s, kind=ForecastKind.RETENTION,
+                                                   max_families=policies.retain.max_families))
+                source = CombinedForecasts(sources)
                 self.predictor_note += f"; plus {returns.description}"
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
-        self.kv = {n: SimKVNode(n, settings.pool_pages, settings.host_pages) for n in self.ids}
+        self.kv = {n: SimKVNode(n, settings.pool_pages, settings.host_pages, settings.retain_max_blocks)
+                   for n in self.ids}
         addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
         host_link = config.host_link if settings.host_pages else None
         if settings.host_pages and host_link is None:
@@ -277,7 +284,7 @@ class Simulation:
         if not promoted or self.host_links is None:
             return 0
         now = self.queue.now()
-        self._apply(node, kv.put(prefix, now), prefix[0], request.family, now)
+        self._apply(node, kv.put(prefix, now, promote=True), prefix[0], request.family, now)
         flight.waiting += 1
         nbytes = promoted * self.config.real_bytes_per_block
         self.host_links.start(f"{node}/host", node, nbytes, partial(_copy_done, self._copied, flight, "promote"))
@@ -397,6 +404,11 @@ class Simulation:
         if spec.action is ActionKind.PREFETCH:
             self._prefetch(order)
             return
+        if spec.action is ActionKind.RETAIN:
+            now = self.queue.now()
+            retained = self.kv[spec.target].retain(spec.block_hashes, now + spec.lease_ms / 1e3, now)
+            self._report(order, OrderState.COMMITTED, "retained", 0, retained)
+            return
         self._report(order, OrderState.IN_FLIGHT)
         nbytes = len(spec.block_hashes) * self.config.real_bytes_per_block
         self.network.start(spec.source, spec.target, nbytes, partial(self._commit, order))
@@ -430,7 +442,7 @@ class Simulation:
         if not kv.holds_all(spec.block_hashes):
             self._report(order, OrderState.FAILED, "the prefix left the node before the prefetch landed")
             return
-        self._apply(node, kv.put(spec.block_hashes, now), spec.block_hashes[0], spec.family, now)
+        self._apply(node, kv.put(spec.block_hashes, now, promote=True), spec.block_hashes[0], spec.family, now)
         self._report(order, OrderState.COMMITTED, "prefetched", 0, blocks)
 
     def _report(self, order: Order, state: OrderState, message: str = "", nbytes: int = 0, blocks: int = 0) -> None:

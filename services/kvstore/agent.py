@@ -145,13 +145,14 @@ class SchedulerAgent:
         # the scheduler already counts it cancelled. One already sending runs on.
         if self._stop.is_set() or self._cancelled.contains(order.order_id):
             return
-        if order.action not in ("", "replicate", "prefetch"):
+        if order.action not in ("", "replicate", "prefetch", "retain"):
             # A newer scheduler's action this node cannot run: refuse it rather than copy.
             self._report(order.order_id, common_pb2.ORDER_STATE_FAILED, f"unknown order action {order.action!r}")
             return
         self._report(order.order_id, common_pb2.ORDER_STATE_IN_FLIGHT, "")
         try:
             result = (self._prefetch(order) if order.action == "prefetch"
+                      else self._retain(order) if order.action == "retain"
                       else self._replicator.replicate(order_from_proto(order)))
         except SpeckvError as exc:
             result = ReplicationResult(order.order_id, TransferOutcome.FAILED, message=str(exc), error=exc)
@@ -168,6 +169,12 @@ class SchedulerAgent:
         promoted = self._store.promote(list(order.block_hashes))
         return ReplicationResult(order.order_id, TransferOutcome.COMMITTED, blocks_sent=promoted,
                                  message=f"prefetched {promoted} blocks into the device tier")
+
+    def _retain(self, order: common_pb2.ReplicationOrder) -> ReplicationResult:
+        """Keeps the order's prefix on this node for its lease (nothing moves)."""
+        retained = self._store.retain(list(order.block_hashes), order.lease_ms / 1e3)
+        return ReplicationResult(order.order_id, TransferOutcome.COMMITTED, blocks_sent=retained,
+                                 message=f"retained {retained} blocks for {order.lease_ms} ms")
 
     def _report(self, order_id: str, state: int, message: str, bytes_sent: int = 0, blocks_sent: int = 0) -> None:
         try:

@@ -26,6 +26,7 @@ class KVStoreConfig(ServerSettings):
     dtype: str = field(default="", metadata={"help": "override the preset's dtype: float16 | bfloat16 | float32 (empty: preset's)"})
     device_pages: int = field(default=4096, metadata={"help": "blocks the device tier holds (the engine's HBM; the NumPy pool stands in on CPU)"})
     host_pages: int = field(default=0, metadata={"help": "blocks the host tier below it holds (host DRAM, pinned when a GPU is present); 0: no host tier"})
+    retain_max_share: float = field(default=0.5, metadata={"help": "at most this share of the last tier's pages (host, else device) is retained by retain orders at once, in [0, 1); 0: retain orders retain nothing"})
     scheduler: str = field(default="", metadata={"help": "scheduler address host:port to register with; empty: none"})
     advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
     heartbeat_interval_s: float = field(default=1.0, metadata={"help": "seconds between heartbeats to the scheduler (unless it asks for another)"})
@@ -47,6 +48,8 @@ class KVStoreConfig(ServerSettings):
             raise InvalidArgument(f"device_pages={self.device_pages}: must be > 0")
         if self.host_pages < 0:
             raise InvalidArgument(f"host_pages={self.host_pages}: must be >= 0 (0: no host tier)")
+        if not 0.0 <= self.retain_max_share < 1.0:
+            raise InvalidArgument(f"retain_max_share={self.retain_max_share}: must be in [0, 1)")
         if not MIN_CHUNK <= self.chunk_kib * KIB <= MAX_CHUNK:
             raise InvalidArgument(f"chunk_kib={self.chunk_kib}: must be {MIN_CHUNK // KIB}..{MAX_CHUNK // KIB}")
         largest = max(self.chunk_kib * KIB, geometry.bytes_per_block) + MESSAGE_OVERHEAD

@@ -7,7 +7,11 @@ Eviction order (the policy, in full):
   2. then least-recently-used among all unpinned blocks (replicas whose lease
      is still running included: the lease protects a replica from rule 1's
      priority, not from ordinary LRU).
-Pinned blocks (pin count > 0) are never evicted.
+Pinned blocks (pin count > 0) are never evicted. Retained blocks (the
+retain action, services/common/retention.py: the caller passes the node's
+Retention to its last tier only) are passed over by both rules, a retained
+block at the LRU head going to the recent end, unless every candidate is
+retained.
 
 Within one use of a chain (a prompt's blocks, head first) the head ends most
 recently used: callers touch, unpin and publish chains tail first
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from speckv.services.common.ids import BlockHash
+from speckv.services.common.retention import Retention
 from speckv.services.kvstore.pool import PageId
 
 MAX_HASH = (1 << 64) - 1
@@ -132,11 +137,13 @@ class BlockIndex:
             count += 1
         return count
 
-    def pop_victim(self, now: float, protect: frozenset[BlockHash] | set[BlockHash] = frozenset()) -> BlockEntry | None:
+    def pop_victim(self, now: float, protect: frozenset[BlockHash] | set[BlockHash] = frozenset(),
+                   retention: Retention | None = None) -> BlockEntry | None:
         """Removes and returns the next block to evict, or None if every
         resident block is pinned or protected. Protected blocks are passed
         over where they stand: unlike a pin, protecting moves nothing in the
-        eviction order."""
+        eviction order. Retained blocks are passed over as the module
+        docstring says."""
         passed: list[tuple[float, int, BlockHash]] = []
         try:
             while self._leases and self._leases[0][0] <= now:
@@ -144,17 +151,36 @@ class BlockIndex:
                 deadline, _, block_hash = item
                 entry = self._entries.get(block_hash)
                 if entry is not None and entry.lease_deadline == deadline and entry.pins == 0:
-                    if block_hash in protect:
+                    if block_hash in protect or (retention and retention.holds(block_hash, now)):
                         passed.append(item)
                         continue
                     return self.remove(block_hash)
         finally:
             for item in passed:
                 heapq.heappush(self._leases, item)
+        if retention:
+            self._pass_over_retained(retention, now, protect)
+            for block_hash in self._lru:
+                if block_hash not in protect and not retention.holds(block_hash, now):
+                    return self.remove(block_hash)
         for block_hash in self._lru:
             if block_hash not in protect:
                 return self.remove(block_hash)
         return None
+
+    def _pass_over_retained(self, retention: Retention, now: float,
+                            protect: frozenset[BlockHash] | set[BlockHash]) -> None:
+        """Moves the retained blocks before the first unretained one (protect
+        aside, where they stand) to the recent end, in order: a second chance."""
+        moved = []
+        for block_hash in self._lru:
+            if block_hash in protect:
+                continue
+            if not retention.holds(block_hash, now):
+                break
+            moved.append(block_hash)
+        for block_hash in moved:
+            self._lru.move_to_end(block_hash)
 
     def remove(self, block_hash: BlockHash) -> BlockEntry:
         """Drops an unpinned block from the index (its page is the caller's)."""

@@ -26,7 +26,7 @@ from speckv.services.kvstore.dataplane.token_bucket import TokenBucket, gbit_to_
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.replication import Replicator, TargetFactory
 from speckv.services.kvstore.servicer import KVStoreServicer
-from speckv.services.kvstore.store import KVStoreCore
+from speckv.services.kvstore.store import KVStoreCore, StoreStats, TierStats
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 SERVICE = "kvstore"
@@ -37,7 +37,8 @@ MAINTENANCE_S = 1.0  # how often lapsed reservations are reaped at the latest
 def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
     return KVStoreCore(config.node_id, config.kv_geometry(), config.device_pages, clock,
                        event_retention=config.event_retention, backend=select_backend(config.backend),
-                       host_pages=config.host_pages, host_backend=select_backend("numpy") if config.host_pages else None)
+                       host_pages=config.host_pages, host_backend=select_backend("numpy") if config.host_pages else None,
+                       retain_max_share=config.retain_max_share)
 
 
 def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
@@ -115,28 +116,43 @@ def _maintain(store: KVStoreCore, stopping: threading.Event) -> None:
         store.maintenance()
 
 
+Observations = list[tuple[float, dict[str, str]]]
+PAGE_STATES = ("used", "free", "pinned", "reserved", "replica", "evictable")  # TierStats' <state>_pages
+BLOCK_TOTALS = ("stored", "evicted", "committed", "demoted", "promoted", "dropped")  # blocks_<kind>_total
+
+
+def _tiers(stats: StoreStats) -> list[tuple[str, TierStats]]:
+    """(tier name, its stats): the device tier, then the host tier if the node has one."""
+    return [("device", stats.device), *([("host", stats.host)] if stats.host is not None else [])]
+
+
+def tier_pages(stats: StoreStats) -> Observations:
+    """Pages of each (tier, state); every point names the node, so one
+    dashboard query draws each node's pool. A page of a block held in both
+    tiers counts in each."""
+    return [(float(getattr(tier, f"{state}_pages")), {"node": stats.node_id, "tier": name, "state": state})
+            for name, tier in _tiers(stats) for state in PAGE_STATES]
+
+
+def tier_occupancy(stats: StoreStats) -> Observations:
+    """Used pages / pages, 0..1, per tier."""
+    return [(tier.used_pages / tier.num_pages if tier.num_pages else 0.0, {"node": stats.node_id, "tier": name})
+            for name, tier in _tiers(stats)]
+
+
+def block_totals(stats: StoreStats) -> Observations:
+    """Blocks stored, evicted, ... since start (cumulative, never decrease)."""
+    return [(float(getattr(stats, f"blocks_{kind}_total")), {"node": stats.node_id, "kind": kind})
+            for kind in BLOCK_TOTALS]
+
+
 def _register_metrics(telemetry: Telemetry, store: KVStoreCore) -> None:
-    def pages():
-        s = store.stats()
-        return [(float(s.used_pages), {"state": "used"}), (float(s.free_pages), {"state": "free"}),
-                (float(s.pinned_pages), {"state": "pinned"}), (float(s.reserved_pages), {"state": "reserved"}),
-                (float(s.replica_pages), {"state": "replica"}), (float(s.evictable_pages), {"state": "evictable"})]
-
-    def totals():
-        s = store.stats()
-        return [(float(s.blocks_stored_total), {"kind": "stored"}),
-                (float(s.blocks_evicted_total), {"kind": "evicted"}),
-                (float(s.blocks_committed_total), {"kind": "committed"})]
-
-    def occupancy():
-        s = store.stats()
-        return [(s.used_pages / s.num_pages, {})]
-
     register_gauges(telemetry.meter_provider, SERVICE, {
-        "speckv.kvstore.pages": pages,
-        "speckv.kvstore.pool.occupancy": occupancy,
-        "speckv.kvstore.blocks": totals,
-        "speckv.kvstore.events.last_sequence": lambda: [(float(store.stats().last_event_sequence), {})],
+        "speckv.kvstore.pages": lambda: tier_pages(store.stats()),
+        "speckv.kvstore.pool.occupancy": lambda: tier_occupancy(store.stats()),
+        "speckv.kvstore.blocks": lambda: block_totals(store.stats()),
+        "speckv.kvstore.events.last_sequence": lambda: [(float(store.stats().last_event_sequence),
+                                                         {"node": store.node_id})],
     })
 
 

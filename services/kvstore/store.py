@@ -35,6 +35,7 @@ caller holds pinned (hold), so neither can be reused underneath.
 """
 from __future__ import annotations
 
+import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import BlockHash, OrderId
+from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.dataplane.segments import Piece, Span
@@ -123,6 +125,7 @@ class StoreStats:
     blocks_demoted_total: int = 0
     blocks_promoted_total: int = 0
     blocks_dropped_total: int = 0  # left the node: evicted with no copy in the other tier
+    retained_blocks: int = 0  # blocks retained now (the retain action), expired ones until the next retain
 
     @property
     def num_pages(self) -> int:
@@ -170,14 +173,18 @@ class KVStoreCore:
     def __init__(
         self, node_id: str, geometry: KVGeometry, num_pages: int, clock: Clock, *,
         event_retention: int = 100_000, max_hashes_per_request: int = 65_536, backend: Backend | None = None,
-        host_pages: int = 0, host_backend: Backend | None = None,
+        host_pages: int = 0, host_backend: Backend | None = None, retain_max_share: float = 0.0,
     ) -> None:
         """num_pages: the device tier's blocks; backend: where they live (None:
         host memory through NumPy). host_pages: the host tier's blocks (0:
-        none); host_backend: its memory (None: NumPy, unpinned)."""
+        none); host_backend: its memory (None: NumPy, unpinned).
+        retain_max_share: at most this share of the last tier's pages (host,
+        else device) is retained at once (0: retain retains nothing)."""
         self.node_id = validate.identifier(node_id, "node_id")
         if host_pages < 0:
             raise InvalidArgument(f"host_pages={host_pages}: must be >= 0 (0: no host tier)")
+        if not 0.0 <= retain_max_share < 1.0:
+            raise InvalidArgument(f"retain_max_share={retain_max_share}: must be in [0, 1)")
         self.geometry = geometry
         self.clock = clock
         self.max_hashes = max_hashes_per_request
@@ -190,6 +197,9 @@ class KVStoreCore:
         self._events = EventLog(node_id, geometry.block_size, event_retention, clock)
         self._stored_total = self._evicted_total = self._committed_total = 0
         self._demoted_total = self._promoted_total = self._dropped_total = 0
+        self._last = self._host or self._device  # the tier a block leaves the node from
+        self._retention = Retention(int(retain_max_share * self._last.pool.num_pages))
+        self._evicted_now: list[BlockHash] = []  # this call's victims, while anything is retained
 
     def _make_tier(self, tier: Tier, pages: int, backend: Backend | None, prefix: str) -> StoreTier:
         pool = PagePool(self.geometry, pages, backend)
@@ -271,7 +281,7 @@ class KVStoreCore:
                 len(self._device.book) + (len(self._host.book) if self._host else 0), self._stored_total,
                 self._evicted_total, self._committed_total,
                 self._tier_stats(self._host) if self._host else None, self._demoted_total, self._promoted_total,
-                self._dropped_total)
+                self._dropped_total, len(self._retention))
 
     @staticmethod
     def _tier_stats(tier: StoreTier) -> TierStats:
@@ -313,6 +323,7 @@ class KVStoreCore:
             self._touch(hashes)  # the fresh ones too: the head ends most recent
             self._stored_total += len(fresh)
             self._emit_runs(EventType.STORED, Tier.DEVICE, fresh)
+            self._settle_retention()
             return PutResult(len(fresh), len(present), evicted)
 
     def promote(self, hashes: Sequence[int]) -> int:
@@ -344,7 +355,26 @@ class KVStoreCore:
             self._touch(wanted)
             self._promoted_total += len(up)
             self._emit_runs(EventType.STORED, Tier.DEVICE, sources)  # type: ignore[arg-type]
+            self._settle_retention()
             return len(up)
+
+    def retain(self, hashes: Sequence[int], ttl_s: float) -> int:
+        """Keeps the prefix of hashes this node holds (either tier) from
+        leaving it for ttl_s seconds (services/common/retention.py: passed
+        over by the last tier's eviction, at most retain_max_share of its
+        pages at once). Nothing is copied and nothing counts as a use.
+        Returns how many blocks are retained until then."""
+        wanted = validate.hash_list(hashes, "retain", self.max_hashes)
+        if not math.isfinite(ttl_s) or ttl_s <= 0:
+            raise InvalidArgument(f"retain: ttl_s={ttl_s} must be a positive number of seconds")
+        with self._lock:
+            held = 0
+            for h in wanted:
+                if not self._holds(h):
+                    break
+                held += 1
+            now = self.clock.now()
+            return self._retention.retain(wanted[:held], now + ttl_s, now)
 
     def pin(self, hashes: Sequence[int]) -> int:
         """Pins each block in every tier that holds it now: neither tier evicts it."""
@@ -394,6 +424,7 @@ class KVStoreCore:
             reservation = target.book.open(
                 OrderId(order_id), [h for h, _ in needed], pages, lease_s, parents=[p for _, p in needed],
                 family=family, parent=parent, source_node=source_node)
+            self._settle_retention()
             return Grant(reservation.handle, tuple(reservation.hashes), self.bytes_per_block, reservation.deadline)
 
     def check_write(self, handle: str, offset: int, size: int) -> None:
@@ -634,7 +665,18 @@ class KVStoreCore:
                 f"{evictable} evictable ({index.pinned_count} pinned, {tier.book.reserved_pages} reserved, "
                 f"{pool.num_pages} in all)")
         now = self.clock.now()
-        return [index.pop_victim(now, guarded) for _ in range(shortfall)]  # type: ignore[misc]
+        retention = self._retention if tier is self._last else None
+        victims = [index.pop_victim(now, guarded, retention) for _ in range(shortfall)]
+        if self._retention:
+            self._evicted_now.extend(v.block_hash for v in victims)  # type: ignore[union-attr]
+        return victims  # type: ignore[return-value]
+
+    def _settle_retention(self) -> None:
+        """Ends the retention of what this call's evictions took off the node
+        (not what it evicted and stored again), as the simulator does."""
+        if self._evicted_now:
+            self._retention.release([h for h in self._evicted_now if not self._holds(h)])
+            self._evicted_now.clear()
 
     def _demote(self, victims: list[BlockEntry]) -> None:
         """Write-back of device victims (their pages still hold their bytes):

@@ -344,13 +344,17 @@ class SchedulerCore:
             raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
         if spec.action is ActionKind.PREFETCH and spec.tier is Tier.HOST:
             raise InvalidArgument("a prefetch promotes into the device tier: its target_medium must be GPU or empty")
+        if spec.action is ActionKind.RETAIN and spec.tier is not None and spec.tier is not (
+                Tier.HOST if target.host_pages else Tier.DEVICE):
+            raise InvalidArgument(f"a retain protects node {target.node_id!r}'s last tier "
+                                  f"({'CPU' if target.host_pages else 'GPU'}): its target_medium must be that or empty")
         if spec.action is ActionKind.PREFETCH and not target.host_pages:
             raise FailedPrecondition(f"a prefetch promotes host-tier blocks; node {target.node_id!r} has no host tier")
         spec = replace(spec, block_hashes=list(spec.block_hashes),
                        target_address=spec.target_address or target.address,
                        family=spec.family or default_family(spec.block_hashes),
                        policy=spec.policy or "manual",
-                       tier=spec.tier or (Tier.HOST if target.host_pages and spec.action is ActionKind.REPLICATE
+                       tier=spec.tier or (Tier.HOST if target.host_pages and spec.action is not ActionKind.PREFETCH
                                           else Tier.DEVICE))
         order = self._orders.submit(spec, now)
         self._lifecycle.issued(order)

@@ -27,10 +27,14 @@ from speckv.services.common.traces.records import TraceRequest
 class ForecastKind(enum.Enum):
     """BURST: a family's arrival count (the predictor's count model, or the
     truth); RETURN: P(a conversation's next turn comes within the horizon)
-    from the session-return model, as a count below one."""
+    from the session-return model, as a count below one, over an action's
+    useful life (the replica lease); RETENTION: the same over the retain
+    action's much longer window (retain.ttl_s), priced by the retain step
+    only (retention_plan.py)."""
 
     BURST = "burst"
     RETURN = "return"
+    RETENTION = "retention"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +96,15 @@ class FutureForecasts:
     counts within the horizon asked for, or within window_s when given."""
 
     def __init__(self, future: FutureArrivals, window_s: float | None = None,
-                 kind: ForecastKind = ForecastKind.BURST) -> None:
+                 kind: ForecastKind = ForecastKind.BURST, max_families: int | None = None) -> None:
         self._future = future
         self._window_s = window_s
         self._kind = kind
+        self._max_families = max_families  # overrides the caller's (the retain step prices more)
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         horizon_s = self._window_s if self._window_s is not None else horizon_s
         counts = self._future.counts(now, now + horizon_s)
-        top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:max_families]
+        limit = self._max_families if self._max_families is not None else max_families
+        top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit]
         return [Forecast(family, horizon_s, float(n), float(n), 1.0, self._kind) for family, n in top]

@@ -66,6 +66,15 @@ class PlannerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RetainSettings:
+    enabled: bool  # the planner prices retain actions at all
+    ttl_s: float  # a retain's lease: how long its blocks are kept (s), and the return forecast's window
+    min_probability: float  # conversations less likely to return within ttl_s are not priced
+    max_families: int  # at most this many families priced per tick, likeliest first
+    max_per_tick: int  # at most this many retain orders per tick, largest net first
+
+
+@dataclass(frozen=True, slots=True)
 class HeatSettings:
     heat_threshold: int  # routes in the heat window that make a family hot
     heat_per_replica: int  # one more replica per this many routes in the window
@@ -92,6 +101,7 @@ class PolicyConfig:
     reactive_heat: HeatSettings
     reactive_migrate: MigrateSettings
     reuse: ReuseSettings
+    retain: RetainSettings
     source: str = ""
 
     def validate(self) -> None:
@@ -102,10 +112,11 @@ class PolicyConfig:
                   "reactive_heat.heat_threshold", "reactive_heat.heat_per_replica", "reactive_heat.max_replicas",
                   "reactive_heat.action_cooldown_s", "reactive_heat.recreate_after_s",
                   "reactive_migrate.queue_threshold_ms", "reactive_migrate.min_family_heat",
-                  "reuse.window_s", "reuse.halflife_s", "reuse.max_ghosts", "reuse.prior_weight")
+                  "reuse.window_s", "reuse.halflife_s", "reuse.max_ghosts", "reuse.prior_weight",
+                  "retain.ttl_s", "retain.max_families", "retain.max_per_tick")
         _fraction(self, "families.prompt_ewma_alpha", "budgets.link_budget_fraction",
                   "budgets.replica_memory_fraction", "planner.min_burst_probability", "reuse.prior_p",
-                  "planner.min_return_probability")
+                  "planner.min_return_probability", "retain.min_probability")
         if self.planner.plan_every_s < 0:
             raise InvalidArgument(f"planner.plan_every_s={self.planner.plan_every_s} must be >= 0")
         if self.planner.min_net_ms < 0:
@@ -119,7 +130,7 @@ class PolicyConfig:
 _SECTIONS: dict[str, type] = {"router": RouterSettings, "families": FamilySettings, "leases": LeaseSettings,
                               "budgets": BudgetSettings, "planner": PlannerSettings,
                               "reactive_heat": HeatSettings, "reactive_migrate": MigrateSettings,
-                              "reuse": ReuseSettings}
+                              "reuse": ReuseSettings, "retain": RetainSettings}
 
 
 def load_policy_config(path: Path | str | None = None) -> PolicyConfig:

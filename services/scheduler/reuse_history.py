@@ -44,6 +44,7 @@ class _Counts:
     removed: float = 0.0
     hits: float = 0.0
     at: float = 0.0  # when the counts were last decayed (s)
+    since: float = 0.0  # when counting began (s)
 
     def decay(self, now: float, halflife_s: float) -> None:
         if now > self.at:
@@ -103,6 +104,23 @@ class ReuseHistory:
             hits, removed = counts.hits, counts.removed
         return min(1.0, (hits + s.prior_weight * s.prior_p) / (removed + s.prior_weight))
 
+    def removal_rate(self, node: NodeId, tier: Tier, now: float) -> float:
+        """Blocks leaving node's tier per second, over the same decayed
+        window as p_reuse (0.0 before anything left it). A constant rate r
+        leaves r x h/ln 2 x (1 - 2^(-T/h)) decayed removals after T seconds
+        of counting (h the half-life), so dividing by that weight is exact
+        for a steady rate, however recently counting began."""
+        counts = self._counts.get((node, tier))
+        if counts is None:
+            return 0.0
+        halflife = self._s.halflife_s
+        counts.decay(now, halflife)
+        elapsed = now - counts.since
+        if elapsed <= 0.0:
+            return 0.0
+        weight = halflife / math.log(2.0) * (1.0 - math.exp2(-elapsed / halflife))
+        return counts.removed / weight
+
     def forget(self, node: NodeId) -> None:
         """A node that left or re-registered: its history is no longer its own."""
         for key in [k for k in self._counts if k[0] == node]:
@@ -113,6 +131,6 @@ class ReuseHistory:
     def _at(self, node: NodeId, tier: Tier, now: float) -> _Counts:
         counts = self._counts.get((node, tier))
         if counts is None:
-            counts = self._counts[(node, tier)] = _Counts(at=now)
+            counts = self._counts[(node, tier)] = _Counts(at=now, since=now)
         counts.decay(now, self._s.halflife_s)
         return counts

@@ -81,7 +81,29 @@ def test_a_prefetch_order_promotes_the_nodes_host_only_blocks_and_moves_nothing_
                 sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=bad), timeout=TIMEOUT)
             assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             unknown = common_pb2.ReplicationOrder(block_hashes=[11], source_node="a", target_node="a",
-                                                  lease_ms=1000, action="retain")
+                                                  lease_ms=1000, action="evict")
             with pytest.raises(grpc.RpcError) as err:
                 sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=unknown), timeout=TIMEOUT)
-            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "retain" in err.value.details()
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "evict" in err.value.details()
+
+
+def test_a_retain_order_keeps_the_prefix_on_the_node_past_lru_pressure():
+    with scheduler(policy="none") as (sched_server, sched):
+        agents = dict(scheduler=sched_server.address, heartbeat_interval_s=0.1, device_pages=2, host_pages=4,
+                      retain_max_share=0.5)
+        with kvstore(node_id="a", **agents) as (_, a):
+            assert wait_until(lambda: "a" in alive(sched))
+            put(a, 11, 12)
+            order = common_pb2.ReplicationOrder(block_hashes=[11, 12, 13], source_node="a", target_node="a",
+                                                lease_ms=60_000, family="fam", action="retain")
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=order), timeout=TIMEOUT)
+            assert wait_until(lambda: order_counts(sched).get(common_pb2.ORDER_STATE_COMMITTED) == 1)
+            for first in range(20, 40, 2):  # ten chains through 2 device and 4 host pages
+                put(a, first, first + 1)
+            assert a.Lookup(kvstore_pb2.LookupRequest(block_hashes=[11, 12]), timeout=TIMEOUT).prefix_blocks == 2
+            assert [x.data for x in get(a, 11, 12)] == [block_bytes(h) for h in (11, 12)]
+            wrong_tier = common_pb2.ReplicationOrder(block_hashes=[11], source_node="a", target_node="a",
+                                                     lease_ms=1000, action="retain", target_medium="GPU")
+            with pytest.raises(grpc.RpcError) as err:  # a node with a host tier retains there
+                sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=wrong_tier), timeout=TIMEOUT)
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT

@@ -32,9 +32,10 @@ def writes(*hashes: int, geometry: KVGeometry = TINY, family: str = "f") -> list
 
 
 def make_store(num_pages: int = 8, node_id: str = "n1", geometry: KVGeometry = TINY,
-               clock: Clock | None = None, retention: int = 1000, host_pages: int = 0) -> KVStoreCore:
+               clock: Clock | None = None, retention: int = 1000, host_pages: int = 0,
+               retain_max_share: float = 0.0) -> KVStoreCore:
     return KVStoreCore(node_id, geometry, num_pages, clock or ManualClock(1000.0), event_retention=retention,
-                       host_pages=host_pages)
+                       host_pages=host_pages, retain_max_share=retain_max_share)
 
 
 def read(store: KVStoreCore, *hashes: int) -> list[bytes]:

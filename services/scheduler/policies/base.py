@@ -56,6 +56,7 @@ class ReuseReader(Protocol):
     """P(a block pushed out of a node's tier is wanted again soon); see reuse_history.py."""
 
     def p_reuse(self, node: NodeId, tier: Tier, now: float) -> float: ...
+    def removal_rate(self, node: NodeId, tier: Tier, now: float) -> float: ...
 
 
 class FamilyReader(Protocol):

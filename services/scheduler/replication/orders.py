@@ -33,19 +33,21 @@ from speckv.services.common.tiers import Tier
 class ActionKind(enum.Enum):
     """What an order does. REPLICATE copies a prefix from source to target;
     PREFETCH promotes the blocks of a prefix that a holder keeps only in its
-    host tier into its device tier, and acts on that one node (source ==
-    target)."""
+    host tier into its device tier; RETAIN keeps the prefix a holder has from
+    leaving it until the order's lease ends (services/common/retention.py).
+    PREFETCH and RETAIN act on one node (source == target)."""
 
     REPLICATE = "replicate"
     PREFETCH = "prefetch"
+    RETAIN = "retain"
 
     @staticmethod
     def parse(text: str) -> "ActionKind":
-        """The wire form: "replicate" (or empty) or "prefetch"."""
+        """The wire form: "replicate" (or empty), "prefetch" or "retain"."""
         try:
             return ActionKind(text or "replicate")
         except ValueError:
-            raise InvalidArgument(f"order action {text!r}: expected replicate or prefetch") from None
+            raise InvalidArgument(f"order action {text!r}: expected replicate, prefetch or retain") from None
 
 
 class OrderState(enum.Enum):

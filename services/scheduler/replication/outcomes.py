@@ -11,8 +11,9 @@ Every order issued is followed until it has an outcome:
 - cancelled: cancelled before it started; failed: FAILED or EXPIRED before
   it landed.
 Each outcome counts the order's bytes (network bytes of a replica, counted
-when it is issued; the bytes a prefetch promoted, counted when it commits,
-as its prefix may be partly in the device tier already) and the saving the planner expected when it
+when it is issued; the bytes a prefetch promoted or a retain protected,
+counted when it commits, as its prefix may be partly in the device tier
+already or beyond the retention cap) and the saving the planner expected when it
 issued it (`expected_benefit_ms`), so a report can set what was expected
 beside what was used. An order's record is dropped once it has its outcome,
 so memory is bounded by the orders still active or leased; totals are kept
@@ -114,7 +115,7 @@ class ActionOutcomes:
             return
         if order.state is OrderState.COMMITTED:
             tracked.lease_end = now + tracked.lease_s
-            if order.spec.action is ActionKind.PREFETCH:
+            if order.spec.action is not ActionKind.REPLICATE:  # promoted or retained, as reported
                 tracked.nbytes = order.blocks_sent * tracked.bytes_per_block
                 self._stats[tracked.key].bytes += tracked.nbytes
         elif order.state is OrderState.CANCELLED:

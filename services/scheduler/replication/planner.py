@@ -47,8 +47,10 @@ queueing depends on, else its larger figure; at most
 
 Replicas carry `leases.replica_lease_ms`; a prefetch carries the same
 lease as its deadline (its promoted blocks become the device tier's most
-recently used, nothing more). Not built yet: the third action of the
-design, retain (protect blocks from eviction for a bounded time). Pure: no
+recently used, nothing more). The third action, retain (keep a holder's
+prefix from leaving it for `retain.ttl_s`), is priced apart on the
+RETENTION forecasts (retention_plan.py) and its orders join the plan; they
+are never cancelled here (they run as soon as a node takes them). Pure: no
 I/O, time only from `now`.
 """
 from __future__ import annotations
@@ -72,6 +74,7 @@ from speckv.services.scheduler.replication.family_options import (
     free_pages,
 )
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
+from speckv.services.scheduler.replication.retention_plan import RetentionPlanner
 from speckv.services.scheduler.replication.value import (
     ActionValue,
     Demand,
@@ -88,25 +91,30 @@ class Planner:
                  host_link: LinkModel | None = None) -> None:
         self._cfg = config
         self._pricer = OptionPricer(profile, link, host_link)
+        self._retention = RetentionPlanner(config, self._pricer)
 
     def plan(self, now: float, view: ClusterView, forecasts: Sequence[Forecast], policy: str) -> Plan:
         demand = self._demand(forecasts)
         cancel = [o.order_id for o in view.active_orders
-                  if o.spec.policy == policy and o.state is OrderState.ISSUED and o.spec.family not in demand]
+                  if o.spec.policy == policy and o.state is OrderState.ISSUED and o.spec.family not in demand
+                  and o.spec.action is not ActionKind.RETAIN]
+        retains = self._retention.plan(now, view, forecasts, policy)
         if not demand or view.families is None:
-            return Plan([], cancel)
+            return Plan(retains, cancel)
         tick = _Tick(self, now, view)
         if not tick.live:
-            return Plan([], cancel)
+            return Plan(retains, cancel)
         for name, (count, horizon_s) in demand.items():
             tick.add_family(name, Demand(count, 1000.0 * horizon_s))
-        return Plan(tick.select(policy), cancel)
+        return Plan(tick.select(policy) + retains, cancel)
 
     def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, tuple[float, float]]:
         """family -> (requests expected, within seconds)."""
         p = self._cfg.planner
         figures: dict[Family, tuple[float, float, bool]] = {}  # (count, horizon s, a burst)
         for f in forecasts:
+            if f.kind is ForecastKind.RETENTION:
+                continue  # the retain step's (retention_plan.py)
             d = f.upper_quantile if p.demand == "upper_quantile" else f.expected_count
             burst = f.kind is ForecastKind.BURST
             floor = p.min_expected_requests if burst else p.min_return_probability

@@ -1,7 +1,8 @@
 """The simulator's tiered node agrees with the live tiered kvstore, and the
 scheduler's index agrees with both: a scripted two-node scenario (random
 puts, routed reuse with promotion, replicas into the host tier, leases
-lapsing) run on two KVStoreCores and two SimKVNodes. After every step each
+lapsing, retentions, with and without a host tier) run on two KVStoreCores
+and two SimKVNodes. After every step each
 block is in the same tiers on both, and a HolderIndex fed the live stores'
 events (through the proto and the scheduler's event decoding, the live path)
 holds what a HolderIndex fed the simulator's outcomes holds."""
@@ -26,11 +27,13 @@ UNIVERSE = range(1, 40)
 
 
 class Scenario:
-    def __init__(self, device: int, host: int) -> None:
+    def __init__(self, device: int, host: int, retain_share: float = 0.5) -> None:
         self.clock = ManualClock(100.0)
-        self.live = {n: make_store(num_pages=device, host_pages=host, node_id=n, clock=self.clock, retention=100_000)
+        self.host = host
+        self.live = {n: make_store(num_pages=device, host_pages=host, node_id=n, clock=self.clock, retention=100_000,
+                                   retain_max_share=retain_share)
                      for n in NODES}
-        self.sim = {n: SimKVNode(n, device, host) for n in NODES}
+        self.sim = {n: SimKVNode(n, device, host, int(retain_share * (host or device))) for n in NODES}
         self.live_index, self.sim_index = HolderIndex(), HolderIndex()
         self.seen = {n: 0 for n in NODES}
 
@@ -45,8 +48,12 @@ class Scenario:
         if prefix:
             self.live[node].promote(chain[:prefix])
             if self.sim[node].host_only(chain, prefix):
-                self._sim_events(node, self.sim[node].put(chain[:prefix], self.clock.now()),
+                self._sim_events(node, self.sim[node].put(chain[:prefix], self.clock.now(), promote=True),
                                  HolderEventKind.STORED, Tier.DEVICE)
+
+    def retain(self, node: str, chain: list[int], ttl_s: float) -> None:
+        now = self.clock.now()
+        assert self.live[node].retain(chain, ttl_s) == self.sim[node].retain(chain, now + ttl_s, now)
 
     def replicate(self, source: str, target: str, chain: list[int], lease_s: float) -> None:
         held = 0  # the source's prefix, read without a use (a replication source's reads are none)
@@ -79,8 +86,13 @@ class Scenario:
                 if event.sequence > self.seen[node]:
                     self.live_index.apply(NodeId(node), to_index_event(event_to_proto(event)))
                     self.seen[node] = event.sequence
+            live_host = self.live[node]._host
+            # The same eviction order too (nothing is pinned between steps).
+            assert list(self.live[node]._device.index._lru) == list(self.sim[node]._device.lru), node
+            if live_host is not None:
+                assert list(live_host.index._lru) == list(self.sim[node]._host.lru), node
             for h in UNIVERSE:
-                live_tiers = (h in self.live[node]._device.index, h in self.live[node]._host.index)
+                live_tiers = (h in self.live[node]._device.index, live_host is not None and h in live_host.index)
                 sim_tiers = (self.sim[node].in_tier(h, Tier.DEVICE), self.sim[node].in_tier(h, Tier.HOST))
                 assert live_tiers == sim_tiers, (node, h)
                 n = NodeId(node)
@@ -88,10 +100,11 @@ class Scenario:
                 assert self.live_index.host_only_count(n, [h], 1) == self.sim_index.host_only_count(n, [h], 1)
 
 
+@pytest.mark.parametrize("host", [8, 0])
 @pytest.mark.parametrize("seed", range(6))
-def test_live_store_simulator_and_index_agree_on_a_two_node_scenario(seed):
+def test_live_store_simulator_and_index_agree_on_a_two_node_scenario(seed, host):
     rng = random.Random(seed)
-    scenario = Scenario(device=6, host=8)
+    scenario = Scenario(device=6, host=host)
     conversations = [[100 * c + k for k in range(1, rng.randint(2, 5))] for c in range(1, 9)]
     universe = {h for chain in conversations for h in chain}
     global UNIVERSE
@@ -105,9 +118,11 @@ def test_live_store_simulator_and_index_agree_on_a_two_node_scenario(seed):
             scenario.put(node, chain)
         elif roll < 0.7:
             scenario.put(node, chain)
-        elif roll < 0.85:
+        elif roll < 0.78 and host:
             other = "b" if node == "a" else "a"
             scenario.replicate(node, other, chain, rng.choice([0.5, 5.0]))
+        elif roll < 0.85:
+            scenario.retain(node, chain, rng.choice([0.5, 4.0, 20.0]))
         else:
             scenario.clock.advance(rng.choice([0.2, 1.0, 3.0]))
         scenario.check()

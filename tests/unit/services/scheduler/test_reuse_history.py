@@ -79,3 +79,15 @@ def test_a_re_registered_node_keeps_no_old_ghosts():
     history.forget(A)
     assert history.wanted([1, 2, 3, 4], now=1.0) == 1  # only b's ghost is left
     assert history.p_reuse(A, Tier.DEVICE, 1.0) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("elapsed_s", [10.0, 300.0, 3000.0])
+def test_removal_rate_reads_a_steady_rate_however_recently_counting_began(elapsed_s):
+    history = ReuseHistory(ReuseSettings(halflife_s=300.0))
+    assert history.removal_rate(A, Tier.HOST, 0.0) == 0.0
+    step = 0.5
+    for k in range(int(elapsed_s / step)):
+        history.removed(A, Tier.HOST, [k * 10 + i for i in range(5)], now=k * step)  # 10 blocks/s
+    rate = history.removal_rate(A, Tier.HOST, elapsed_s - step)
+    assert rate == pytest.approx(10.0, rel=0.06)  # the first batch lands at t = 0: a half-step's excess
+    assert history.removal_rate(A, Tier.DEVICE, elapsed_s) == 0.0

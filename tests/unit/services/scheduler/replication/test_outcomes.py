@@ -89,14 +89,25 @@ def test_orders_that_never_landed(state, outcome, wanted_while_pending):
     assert _outcomes_of(outcomes)[0] == {outcome: 1}
 
 
-def test_a_prefetch_counts_the_bytes_it_promoted_and_its_holders_reads():
+@pytest.mark.parametrize("action", [ActionKind.PREFETCH, ActionKind.RETAIN])
+def test_a_one_node_action_counts_the_bytes_it_promoted_or_retained_and_its_holders_reads(action):
     outcomes, tracker = ActionOutcomes(), OrderTracker()
-    order = _issued(outcomes, tracker, action=ActionKind.PREFETCH)
-    assert outcomes.stats()[("predictive", ActionKind.PREFETCH)].bytes == 0  # nothing promoted yet
-    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0, blocks=2)  # one block was in the device tier
+    order = _issued(outcomes, tracker, action=action)
+    assert outcomes.stats()[("predictive", action)].bytes == 0  # nothing promoted or retained yet
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0, blocks=2)  # one block was in the device tier / over the cap
+    outcomes.routed(F, NodeId("b"), True, 1.5)  # another node's read is not this order's
     outcomes.routed(F, NodeId("a"), True, 2.0)
-    counts, stats = _outcomes_of(outcomes, ActionKind.PREFETCH)
+    counts, stats = _outcomes_of(outcomes, action)
     assert counts == {"used_in_time": 1} and stats.bytes == 2 * BPB
+
+
+def test_a_retain_whose_conversation_came_back_after_its_lease_was_never_used():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker, action=ActionKind.RETAIN, lease_ms=300_000)
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 0.0, blocks=3)
+    outcomes.routed(F, NodeId("a"), True, 301.0)
+    outcomes.sweep(301.0)
+    assert _outcomes_of(outcomes, ActionKind.RETAIN)[0] == {"never_used": 1}
 
 
 def test_policies_and_actions_are_counted_apart_and_records_are_dropped_when_decided():

@@ -1,0 +1,86 @@
+"""Retention: blocks a node keeps from leaving it until a deadline (the
+retain action of the planner; Continuum's TTL pinning of a tool call's KV,
+here for any forecast return).
+
+Rules, shared by the live kvstore (services/kvstore) and the simulator
+(loadgen/sim/kvnode.py), so both evict the same blocks:
+- Retention protects a block in its node's last tier (the host tier when
+  the node has one, else the device tier): a retained block may still be
+  demoted from the device tier to the host tier, which loses nothing; it is
+  not dropped from the node before its deadline.
+- Eviction in the last tier passes over a retained block met at the LRU
+  head by moving it to the most recent end (a second chance), so passing
+  over costs O(1) amortised and a retention buys at least its deadline.
+- At most `max_blocks` blocks are retained at once (a configured share of
+  the last tier's pages): a retain that would exceed it retains the head of
+  its chain only, so a tier can always make room. If every evictable block
+  is retained anyway (pins, reservations), eviction takes the LRU head:
+  retention is a preference, never a reason to refuse a write.
+- Deadlines only grow: retaining a retained block keeps the later one.
+
+Times are the caller's clock, in seconds. Pure, not thread-safe.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+
+class Retention:
+    """block hash -> retained-until deadline (s), at most max_blocks of them."""
+
+    def __init__(self, max_blocks: int) -> None:
+        if max_blocks < 0:
+            raise ValueError(f"max_blocks={max_blocks}: must be >= 0")
+        self.max_blocks = max_blocks
+        self._until: dict[int, float] = {}
+        self._heap: list[tuple[float, int]] = []  # (deadline, hash); stale entries skipped
+
+    def __len__(self) -> int:
+        """Blocks retained, expired ones included until the next purge."""
+        return len(self._until)
+
+    def __bool__(self) -> bool:
+        return bool(self._until)
+
+    def holds(self, block_hash: int, now: float) -> bool:
+        """Whether block_hash is retained at now."""
+        until = self._until.get(block_hash)
+        return until is not None and until > now
+
+    def retain(self, hashes: Sequence[int], until: float, now: float) -> int:
+        """Retains hashes (a chain, head first) until `until`, as far as the
+        cap allows: returns how many of them are retained until then."""
+        self.purge(now)
+        if until <= now:
+            return 0
+        held = self._until
+        count = 0
+        for h in hashes:
+            old = held.get(h)
+            if old is None:
+                if len(held) >= self.max_blocks:
+                    break
+            elif old >= until:
+                count += 1
+                continue
+            held[h] = until
+            heapq.heappush(self._heap, (until, h))
+            count += 1
+        if len(self._heap) > 2 * len(held) + 64:
+            self._heap = [(d, h) for h, d in held.items()]
+            heapq.heapify(self._heap)
+        return count
+
+    def release(self, hashes: Sequence[int]) -> None:
+        """Forgets the retention of hashes (blocks that left the node)."""
+        for h in hashes:
+            self._until.pop(h, None)
+
+    def purge(self, now: float) -> None:
+        """Forgets every retention whose deadline has passed."""
+        heap, held = self._heap, self._until
+        while heap and heap[0][0] <= now:
+            deadline, h = heapq.heappop(heap)
+            if held.get(h) == deadline:
+                del held[h]

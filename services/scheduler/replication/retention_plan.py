@@ -1,0 +1,138 @@
+"""The retain action: keep a conversation's KV on its holder until its
+forecast return, when that is worth the pages it holds (ms of TTFT).
+
+For each family with a RETENTION forecast (P = P(its next request comes
+within `retain.ttl_s` of now), at least `retain.min_probability`; at most
+`retain.max_families`, likeliest first):
+
+- Holder: the live node holding the longest prefix of the family's chain
+  worth at least `planner.min_benefit_ms` (ties: least queued). Nobody
+  holds it: skipped. Retained there by this planner until at least
+  now + ttl_s / 2: skipped (a retention is renewed once half of it has run).
+- Time left d (s): when its blocks would leave that node without
+  retention, from the family's last route (its last use) plus the node's
+  residency, the time a just-used block takes to leave the node:
+  device pages / device removal rate + host pages / host removal rate
+  (reuse_history.py counts what leaves each tier; a tier nothing leaves
+  holds it for good). d >= ttl_s: nothing to save.
+- saving = P x (1 - d / ttl_s) x (prefill without the prefix - the prefill
+  and promotion with it). The forecast says how likely a return within
+  ttl_s is, not when: the return is taken as uniform over the window, and
+  one after d finds the prefix gone. Queueing is left out (a retained
+  prefix keeps its request on its busy holder, or spares it a recompute
+  anywhere: either way the prefill term dominates).
+- loss = eviction_ms(L, P(reuse) of the node's last tier, the family's
+  recompute per block): while it lasts, the L pages it holds push L other
+  blocks out of the node, each reused with the tier's observed chance.
+- Admitted when net > `planner.min_net_ms`, at most `retain.max_per_tick`
+  per tick, largest net first, with lease ttl_s. The node's kvstore caps
+  what it retains at once (a share of its last tier, retention.py): the
+  order then retains the chain's head only.
+
+Pure: reads the view, keeps only the deadlines of the retentions it
+ordered (so it does not order them again); time only from `now`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.forecasts import Forecast, ForecastKind
+from speckv.services.scheduler.policies.base import ClusterView, NodeView
+from speckv.services.scheduler.policies.placement import holders_of
+from speckv.services.scheduler.policy_config import PolicyConfig
+from speckv.services.scheduler.replication.family_options import OptionPricer
+from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
+from speckv.services.scheduler.replication.value import eviction_ms
+
+
+class RetentionPlanner:
+    def __init__(self, config: PolicyConfig, pricer: OptionPricer) -> None:
+        self._cfg = config
+        self._pricer = pricer
+        self._retained: dict[Family, tuple[NodeId, float]] = {}  # family -> (node, retained until, s)
+
+    def plan(self, now: float, view: ClusterView, forecasts: Sequence[Forecast], policy: str) -> list[OrderSpec]:
+        r = self._cfg.retain
+        if not r.enabled or view.families is None:
+            return []
+        self._forget_lapsed(now)
+        chances = sorted(((f.expected_count, f.family) for f in forecasts
+                          if f.kind is ForecastKind.RETENTION and f.expected_count >= r.min_probability),
+                         key=lambda item: (-item[0], item[1]))[:r.max_families]
+        if not chances:
+            return []
+        live = {n.node_id: n for n in view.live_nodes()}
+        residency = {n: self.residency_s(view, node, now) for n, node in live.items()}
+        shortest = min(residency.values(), default=math.inf)
+        priced: list[tuple[float, OrderSpec]] = []
+        for p, family in chances:
+            held = self._retained.get(family)
+            if held is not None and held[1] >= now + r.ttl_s / 2:
+                continue
+            profile = view.families.profile(family)
+            if profile is None or profile.last_route + shortest - now >= r.ttl_s:
+                continue  # safe for the whole window on any node: nothing to price
+            spec = self._price(now, view, live, residency, family, min(p, 1.0), policy)
+            if spec is not None:
+                priced.append((spec.expected_benefit_ms, spec))
+        priced.sort(key=lambda item: (-item[0], item[1].family))
+        orders = [spec for _, spec in priced[:r.max_per_tick]]
+        for spec in orders:
+            self._retained[spec.family] = (spec.target, now + r.ttl_s)
+        return orders
+
+    def _price(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],
+               family: Family, p: float, policy: str) -> OrderSpec | None:
+        assert view.families is not None
+        profile = view.families.profile(family)
+        if profile is None or not profile.chain:
+            return None
+        held = holders_of(view, profile, live, self._pricer.profile, self._cfg.planner.min_benefit_ms)
+        if not held:
+            return None
+        node_id = min(held, key=lambda n: (-held[n], live[n].queue_ms, n))
+        node, blocks = live[node_id], held[node_id]
+        ttl_s = self._cfg.retain.ttl_s
+        left_s = max(0.0, profile.last_route + residency[node_id] - now)
+        if left_s >= ttl_s:
+            return None
+        prompt = max(int(profile.prompt_tokens), 1)
+        full_ms = self._pricer.prefill_ms(prompt, 0, node.block_size)
+        host_only = view.index.host_only_count(node_id, profile.chain, blocks)
+        hit_ms = (self._pricer.prefill_ms(prompt, blocks, node.block_size)
+                  + self._pricer.promote_ms(host_only, node.bytes_per_block))
+        saving = p * (1.0 - left_s / ttl_s) * max(0.0, full_ms - hit_ms)
+        last_tier = Tier.HOST if node.host_pages else Tier.DEVICE
+        p_reuse = view.reuse.p_reuse(node_id, last_tier, now) if view.reuse else 1.0
+        loss = eviction_ms(blocks, p_reuse, full_ms / max(1.0, prompt / node.block_size))
+        net = saving - loss
+        if net <= self._cfg.planner.min_net_ms:
+            return None
+        return OrderSpec(family, list(profile.chain[:blocks]), node_id, node_id, int(ttl_s * 1000),
+                         priority=min(int(net), 2**31 - 1), expected_benefit_ms=net, policy=policy,
+                         tier=last_tier, action=ActionKind.RETAIN)
+
+    @staticmethod
+    def residency_s(view: ClusterView, node: NodeView, now: float) -> float:
+        """How long a block just used on node stays on it (s): the time to
+        age through each tier at the rate blocks leave it (inf if nothing
+        leaves a tier, or no removal history is kept)."""
+        reuse = view.reuse
+        if reuse is None:
+            return math.inf
+        total = 0.0
+        for tier, pages in ((Tier.DEVICE, node.capacity_pages), (Tier.HOST, node.host_pages)):
+            if pages <= 0:
+                continue
+            rate = reuse.removal_rate(node.node_id, tier, now)
+            if rate <= 0.0:
+                return math.inf
+            total += pages / rate
+        return total
+
+    def _forget_lapsed(self, now: float) -> None:
+        if len(self._retained) > 4 * self._cfg.retain.max_families:
+            self._retained = {f: v for f, v in self._retained.items() if v[1] > now}

@@ -1,0 +1,56 @@
+"""Retention: deadlines per block, a cap on how many, expiry and release."""
+import pytest
+
+from speckv.services.common.retention import Retention
+
+
+def test_retains_a_chain_until_its_deadline():
+    r = Retention(max_blocks=10)
+    assert r.retain([1, 2, 3], until=20.0, now=10.0) == 3
+    assert all(r.holds(h, 19.9) for h in (1, 2, 3))
+    assert not any(r.holds(h, 20.0) for h in (1, 2, 3))  # the deadline itself is past
+    assert not r.holds(4, 10.0)
+
+
+def test_the_cap_retains_the_head_of_a_chain_only():
+    r = Retention(max_blocks=3)
+    assert r.retain([1, 2], until=50.0, now=0.0) == 2
+    assert r.retain([7, 8, 9], until=50.0, now=0.0) == 1  # one slot left: the head
+    assert r.holds(7, 1.0) and not r.holds(8, 1.0) and not r.holds(9, 1.0)
+    assert len(r) == 3
+
+
+@pytest.mark.parametrize("first, second, kept", [(30.0, 20.0, 30.0), (20.0, 30.0, 30.0)])
+def test_deadlines_only_grow(first, second, kept):
+    r = Retention(max_blocks=1)
+    r.retain([5], until=first, now=0.0)
+    assert r.retain([5], until=second, now=0.0) == 1  # already retained: no new slot needed
+    assert r.holds(5, kept - 0.1) and not r.holds(5, kept)
+
+
+def test_expired_retentions_free_their_slots():
+    r = Retention(max_blocks=2)
+    r.retain([1, 2], until=10.0, now=0.0)
+    assert r.retain([3], until=30.0, now=5.0) == 0  # full
+    assert r.retain([3], until=30.0, now=10.0) == 1  # 1 and 2 lapsed at 10
+    assert len(r) == 1
+
+
+def test_release_forgets_blocks_that_left_and_frees_their_slots():
+    r = Retention(max_blocks=2)
+    r.retain([1, 2], until=10.0, now=0.0)
+    r.release([1, 99])
+    assert not r.holds(1, 1.0) and r.holds(2, 1.0)
+    assert r.retain([3], until=10.0, now=1.0) == 1
+
+
+@pytest.mark.parametrize("max_blocks", [0, 1])
+def test_a_deadline_not_in_the_future_or_no_room_retains_nothing(max_blocks):
+    r = Retention(max_blocks=max_blocks)
+    assert r.retain([1], until=5.0, now=5.0) == 0
+    assert not r and len(r) == 0
+
+
+def test_a_negative_cap_is_refused():
+    with pytest.raises(ValueError):
+        Retention(-1)

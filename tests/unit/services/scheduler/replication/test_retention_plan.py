@@ -1,0 +1,111 @@
+"""The retain step's arithmetic on scripted cases with hand-computed values
+(retention_plan.py): saving = P x (1 - d / ttl) x (prefill without the
+prefix - with it), loss = blocks x P(reuse) x recompute per block."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.forecasts import Forecast, ForecastKind
+from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.replication.family_options import OptionPricer
+from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.replication.planner import Planner
+from speckv.services.scheduler.replication.retention_plan import RetentionPlanner
+from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, make_core, route_family, store
+
+TTL = 300.0
+PROMPT = (len(CHAIN) + 1) * BS + 3  # route_family's prompt: the chain, one own block, 3 tokens
+
+
+class ScriptedReuse:
+    """P(reuse) and removal rates as the test sets them (the ReuseReader interface)."""
+
+    def __init__(self, p_reuse: float, rate_per_s: float) -> None:
+        self.p, self.rate = p_reuse, rate_per_s
+
+    def p_reuse(self, node, tier, now):
+        return self.p
+
+    def removal_rate(self, node, tier, now):
+        return self.rate
+
+
+def setup(p_reuse=0.2, rate=10.0, device=200, host=400):
+    core, clock = make_core(2, "none", capacity=device, host_pages=host)
+    store(core, "n0", CHAIN)
+    route_family(core, 1)  # the catalog learns the chain and prompt; last route at t = 100
+    heartbeat_all(core, 2)
+    ctx = core.context
+    planner = RetentionPlanner(ctx.config, OptionPricer(ctx.profile, ctx.link, ctx.host_link))
+    return core, clock, planner, ScriptedReuse(p_reuse, rate)
+
+
+def plan(core, clock, planner, reuse, p, at):
+    clock.advance(at - clock.now())
+    heartbeat_all(core, 2)
+    view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
+    return planner.plan(clock.now(), view, [Forecast(FAMILY, TTL, p, p, 1.0, ForecastKind.RETENTION)], "predictive")
+
+
+def expected_net(core, p, left_s, p_reuse):
+    profile = core._profile
+    full = profile.prefill_ms(PROMPT, 0)
+    hit = profile.prefill_ms(PROMPT - len(CHAIN) * BS, len(CHAIN) * BS)
+    return p * (1 - left_s / TTL) * (full - hit) - len(CHAIN) * p_reuse * full / (PROMPT / BS)
+
+
+def test_retains_a_likely_return_whose_prefix_would_leave_before_it():
+    core, clock, planner, reuse = setup()
+    # residency = 200 / 10 + 400 / 10 = 60 s from the last route at 100: gone at 160; at 130, 30 s left
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0)
+    assert len(orders) == 1
+    o = orders[0]
+    assert (o.action, o.source, o.target, o.tier) == (ActionKind.RETAIN, NodeId("n0"), NodeId("n0"), Tier.HOST)
+    assert o.block_hashes == CHAIN and o.lease_ms == 300_000
+    assert o.expected_benefit_ms == pytest.approx(expected_net(core, 0.5, 30.0, 0.2))
+    assert expected_net(core, 0.5, 30.0, 0.2) > 0
+
+
+def test_a_retain_whose_pages_cost_more_than_it_saves_is_refused():
+    core, clock, planner, reuse = setup(p_reuse=0.9)
+    assert expected_net(core, 0.2, 30.0, 0.9) < 0
+    assert plan(core, clock, planner, reuse, p=0.2, at=130.0) == []
+
+
+def test_nothing_to_retain_when_the_prefix_outlives_the_window_anyway():
+    core, clock, planner, reuse = setup(rate=0.1)  # residency 6,000 s
+    assert plan(core, clock, planner, reuse, p=0.99, at=130.0) == []
+
+
+def test_a_tier_nothing_leaves_holds_for_good():
+    core, clock, planner, reuse = setup(rate=0.0)
+    assert planner.residency_s(core._view(clock.now()), core._view(clock.now()).nodes[0], clock.now()) == math.inf
+    assert plan(core, clock, planner, reuse, p=0.99, at=130.0) == []
+
+
+def test_a_retention_is_renewed_only_once_half_of_it_has_run():
+    core, clock, planner, reuse = setup()
+    assert len(plan(core, clock, planner, reuse, p=0.5, at=130.0)) == 1
+    assert plan(core, clock, planner, reuse, p=0.5, at=131.0) == []
+    assert len(plan(core, clock, planner, reuse, p=0.5, at=130.0 + TTL / 2 + 1)) == 1
+
+
+def test_below_the_probability_floor_or_with_no_holder_nothing_is_priced():
+    core, clock, planner, reuse = setup()
+    floor = load_policy_config().retain.min_probability
+    assert plan(core, clock, planner, reuse, p=floor / 2, at=130.0) == []
+    core2, clock2, planner2, reuse2 = setup()
+    view = dataclasses.replace(core2._view(clock2.now()), reuse=reuse2)
+    other = Forecast(Family("nobody-holds-this"), TTL, 0.9, 0.9, 1.0, ForecastKind.RETENTION)
+    assert planner2.plan(clock2.now(), view, [other], "predictive") == []
+
+
+def test_a_retention_forecast_never_drives_replicas_or_prefetches():
+    ctx = setup()[0].context
+    forecasts = [Forecast(FAMILY, TTL, 200.0, 200.0, 1.0, ForecastKind.RETENTION)]
+    assert Planner(ctx.config, ctx.profile, ctx.link, ctx.host_link)._demand(forecasts) == {}
