@@ -105,6 +105,9 @@ class _Confirmer:
     def __init__(self, by_address: dict[str, SimKVNode]) -> None:
         self._by_address = by_address
 
+    def asks(self, address: str) -> bool:
+        return True
+
     def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None:
         node = self._by_address.get(address)
         return None if node is None else node.lookup(block_hashes)

@@ -70,7 +70,14 @@ log = logging.getLogger(__name__)
 
 
 class PrefixConfirmer(Protocol):
-    def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None: ...
+    def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None:
+        """Blocks of the longest prefix present at address; None if it did not answer."""
+        ...
+
+    def asks(self, address: str) -> bool:
+        """Whether address has a kvstore to ask (a vLLM-fed node has none:
+        its prefixes stand on the index alone, and no answer is news)."""
+        ...
 
 
 class ArrivalSink(Protocol):
@@ -283,7 +290,7 @@ class SchedulerCore:
         return result
 
     def _confirm(self, address: str, hashes: list[int]) -> int | None:
-        if self._confirmer is None or not hashes:
+        if self._confirmer is None or not hashes or not self._confirmer.asks(address):
             return None
         confirmed = self._confirmer.confirm(address, hashes)
         if confirmed is None and address not in self._unconfirmed:

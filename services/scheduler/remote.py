@@ -30,6 +30,9 @@ class KVStoreConfirmer:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
 
+    def asks(self, address: str) -> bool:
+        return True
+
     def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None:
         """Blocks of the longest prefix present on address; None if it did not answer."""
         stub = kvstore_pb2_grpc.KVStoreStub(self._channel(address))

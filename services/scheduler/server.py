@@ -53,8 +53,11 @@ class _SkipVllmConfirm:
     def __init__(self, confirmer: KVStoreConfirmer, vllm_addresses: Sequence[str]) -> None:
         self._confirmer, self._skip = confirmer, frozenset(vllm_addresses)
 
+    def asks(self, address: str) -> bool:
+        return address not in self._skip
+
     def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None:
-        return None if address in self._skip else self._confirmer.confirm(address, block_hashes)
+        return self._confirmer.confirm(address, block_hashes)
 
 
 def core_settings(config: SchedulerConfig) -> SchedulerSettings:

@@ -17,9 +17,13 @@ BS = 4
 
 
 class Confirmer:
-    def __init__(self, answer=None):
+    def __init__(self, answer=None, silent=()):
         self.answer = answer
         self.calls = []
+        self.silent = set(silent)  # addresses with no kvstore to ask
+
+    def asks(self, address):
+        return address not in self.silent
 
     def confirm(self, address, hashes):
         self.calls.append(address)
@@ -80,6 +84,16 @@ def test_confirmation_overrides_the_index(env):
     r = core.route("r1", CHAIN, 64 * BS + 5, arrival_time_s=5.0)
     assert r.node_id == "b" and r.cached_blocks == 10 and r.confirmed
     assert sink.arrivals[0].time_s == 5.0 and sink.arrivals[0].cached_tokens == 10 * BS
+
+
+def test_a_node_with_no_kvstore_to_ask_is_routed_on_the_index_without_a_lookup(env, caplog):
+    core, clock, confirmer, sink, listener = env
+    confirmer.silent = {"h:b"}  # a vLLM-fed node (--kv-events)
+    store(core, listener, "b", CHAIN)
+    with caplog.at_level("WARNING"):
+        r = core.route("r1", CHAIN, 64 * BS + 5)
+    assert r.node_id == "b" and r.cached_blocks == 64 and not r.confirmed
+    assert "h:b" not in confirmer.calls and "did not answer" not in caplog.text
 
 
 def test_burst_spreads_over_nodes_via_pending_load(env):
