@@ -5,6 +5,8 @@ Children get SIGTERM when the launcher dies (PR_SET_PDEATHSIG), so no process
 outlives it even on a crash; `stop()` sends SIGTERM to all, lets them drain,
 and SIGKILLs what is left after the grace period. Each child logs to
 `<run_dir>/<name>.log`; the first line a service prints names its address.
+With `metrics_port_base` set, each service also serves Prometheus /metrics on a
+port of its own (`metrics_ports`), named in cluster.json.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from speckv.services.common.errors import Unavailable
+from speckv.services.common.errors import InvalidArgument, Unavailable
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
@@ -43,6 +45,7 @@ class ServiceProcess:
     address: str
     pid: int
     log_path: str
+    metrics_address: str = ""  # host:port of its /metrics endpoint; empty: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,17 @@ class ClusterSpec:
     host_pages: int = 0  # each node's host tier (0: none)
     policy: str = "none"
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)  # per kind
+    metrics_port_base: int = 0  # 0: no /metrics endpoints; else see metrics_ports
+
+
+def metrics_ports(base: int, nodes: int) -> dict[str, int]:
+    """Each service's /metrics port from base: the predictor base, the
+    scheduler base + 1, node-i base + 2 + i; {} when base is 0 (off)."""
+    if not base:
+        return {}
+    if not 1 <= base <= 65535 - (nodes + 1):
+        raise InvalidArgument(f"metrics_port_base={base}: base..base+{nodes + 1} must be ports (1..65535)")
+    return {"predictor": base, "scheduler": base + 1, **{f"node-{i}": base + 2 + i for i in range(nodes)}}
 
 
 def _die_with_parent() -> None:
@@ -68,6 +82,7 @@ class LocalCluster:
         self.run_dir = run_dir
         self._environ = dict(environ)
         self._popens: dict[str, subprocess.Popen] = {}
+        self._metrics_ports: dict[str, int] = {}
         self.services: list[ServiceProcess] = []
 
     @property
@@ -88,6 +103,7 @@ class LocalCluster:
         """Starts every service and returns once all are SERVING and every
         node has registered with the scheduler; stops all on failure."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics_ports = metrics_ports(self.spec.metrics_port_base, self.spec.nodes)
         deadline = time.monotonic() + timeout_s
         try:
             predictor = self._spawn("predictor", "predictor", [], deadline)
@@ -111,15 +127,19 @@ class LocalCluster:
 
     def _spawn(self, name: str, kind: str, args: list[str], deadline: float) -> ServiceProcess:
         log_path = self.run_dir / f"{name}.log"
+        # Always explicit: a SPECKV_METRICS_PORT in the launcher's environment
+        # would give every child the same port.
+        metrics_port = self._metrics_ports.get(name, 0)
         command = [sys.executable, "-m", "speckv.services.cli", kind, "--host", self.spec.host, "--port", "0",
-                   *args, *self.spec.extra_args.get(kind, ())]
+                   "--metrics-port", str(metrics_port), *args, *self.spec.extra_args.get(kind, ())]
         env = {**self._environ, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, preexec_fn=_die_with_parent)
         self._popens[name] = popen
         address = _await_address(log_path, popen, name, deadline)
-        service = ServiceProcess(name, kind, address, popen.pid, str(log_path))
+        metrics_address = f"{self.spec.host}:{metrics_port}" if metrics_port else ""
+        service = ServiceProcess(name, kind, address, popen.pid, str(log_path), metrics_address)
         self.services.append(service)
         return service
 

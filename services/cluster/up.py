@@ -33,11 +33,15 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     parser.add_argument("--host-pages", type=int, default=0, help="host-tier blocks per node (0: no host tier)")
     parser.add_argument("--policy", default="none", help="replication policy of the scheduler")
     parser.add_argument("--run-dir", default=None, help="logs and cluster.json [env SPECKV_RUN_DIR]")
+    parser.add_argument("--metrics-port-base", type=int, default=0,
+                        help="serve Prometheus /metrics per service: predictor on this port, scheduler +1, "
+                             "node-i +2+i (0: none, the default)")
     args = parser.parse_args(list(argv))
     if not 1 <= args.nodes <= 64:
         raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
-                       device_pages=args.device_pages, host_pages=args.host_pages, policy=args.policy)
+                       device_pages=args.device_pages, host_pages=args.host_pages, policy=args.policy,
+                       metrics_port_base=args.metrics_port_base)
     return spec, args
 
 

@@ -3,7 +3,12 @@ interceptor, OpenTelemetry, message size limits and graceful shutdown.
 
 Shutdown order: health goes NOT_SERVING (load balancers stop sending), stop
 hooks end long-lived streams, the server refuses new calls and in-flight calls
-drain for up to grace_s, then telemetry is flushed.
+drain for up to grace_s, the metrics endpoint closes, then telemetry is
+flushed.
+
+With `metrics_port` set, the process also answers Prometheus scrapes at
+http://host:metrics_port/metrics (metrics_http.py), on the gRPC server's host,
+from the same instruments its OpenTelemetry exporters see.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.interceptor import ErrorMappingInterceptor
+from speckv.services.common.metrics_http import MetricsEndpoint
 from speckv.services.common.service_metrics import RpcMetrics
 from speckv.services.common.telemetry import Telemetry
 
@@ -37,9 +43,14 @@ class ServerSettings:
     max_message_mb: int = field(default=64, metadata={"help": "largest gRPC message accepted or sent, MiB"})
     grace_s: float = field(default=5.0, metadata={"help": "how long in-flight calls may drain on shutdown"})
     workers: int = field(default=32, metadata={"help": "server handler threads"})
+    metrics_port: int = field(default=0, metadata={
+        "help": "port of the Prometheus /metrics HTTP endpoint, on host; 0: no endpoint"})
 
     def validate(self) -> None:
         check_port("port", self.port)
+        check_port("metrics_port", self.metrics_port)
+        if self.metrics_port and self.metrics_port == self.port:
+            raise InvalidArgument(f"metrics_port={self.metrics_port}: must differ from port")
         check_positive("grace_s", self.grace_s)
         if not 1 <= self.max_message_mb <= 1024:
             raise InvalidArgument(f"max_message_mb={self.max_message_mb}: must be 1..1024")
@@ -102,6 +113,9 @@ class ServiceServer:
         self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
         if self.port == 0:
             raise InvalidArgument(f"could not bind {settings.host}:{settings.port}")
+        # Bound now, like the gRPC port, so a taken port fails before serving.
+        self.metrics = MetricsEndpoint(telemetry.meter_provider, settings.host, settings.metrics_port) \
+            if settings.metrics_port else None
 
     @property
     def address(self) -> str:
@@ -117,6 +131,8 @@ class ServiceServer:
 
     def start(self) -> "ServiceServer":
         self._server.start()
+        if self.metrics is not None:
+            self.metrics.start()
         for hook in self._start_hooks:
             hook()
         for service in ("", *self.service_names):
@@ -135,6 +151,8 @@ class ServiceServer:
             except Exception:  # noqa: BLE001 - one bad hook must not block shutdown
                 log.exception("stop hook failed in %s", self.name)
         self._server.stop(self.settings.grace_s if grace_s is None else grace_s).wait()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.telemetry.shutdown()
         log.info("%s stopped", self.name)
 

@@ -5,6 +5,12 @@ Exporters follow the standard variables, read from the environ mapping given
 take `none` (the default here), `console` or `otlp`; the OTLP exporter reads
 OTEL_EXPORTER_OTLP_* itself. Health-check RPCs are not traced: probes would
 drown the traces that matter.
+
+Every reader of a process (OTLP, console, the Prometheus endpoint of
+metrics_http.py, a test's in-memory one) sees the same instruments through one
+MeterProvider and the same views: the RPC latency histogram has buckets in
+seconds sized for RPC latencies (the SDK's default boundaries, 0..10000, suit
+milliseconds and would put every RPC in its first bucket).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -30,6 +37,10 @@ from speckv.services.common.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 EXPORTER_CHOICES = ("none", "console", "otlp")
+RPC_DURATION = "speckv.rpc.server.duration"  # service_metrics.RpcMetrics' histogram
+# Upper bounds, seconds: from a loopback lookup to a long bulk PutBlocks
+# stream; longer calls (event streams held open) land in +Inf.
+RPC_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 @dataclass(slots=True)
@@ -67,8 +78,14 @@ def build_telemetry(
     for processor in (*_span_processors(environ), *span_processors):
         tracer_provider.add_span_processor(processor)
     readers = (*_metric_readers(environ), *metric_readers)
-    meter_provider = MeterProvider(resource=resource, metric_readers=list(readers))
+    meter_provider = MeterProvider(resource=resource, metric_readers=list(readers), views=metric_views())
     return Telemetry(tracer_provider, meter_provider)
+
+
+def metric_views() -> list[View]:
+    """Views every reader shares; instruments no view names keep the SDK's defaults."""
+    return [View(instrument_name=RPC_DURATION,
+                 aggregation=ExplicitBucketHistogramAggregation(RPC_SECONDS_BUCKETS))]
 
 
 def _choice(environ: Mapping[str, str], variable: str) -> str:

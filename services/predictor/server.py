@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Mapping
 
 import grpc
+from opentelemetry.metrics import Counter
 
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
@@ -41,7 +42,7 @@ def build_retrainer(config: PredictorConfig, core: PredictorCore) -> Retrainer:
 def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
     core = build_core(config, clock or SystemClock())
     stopping = threading.Event()
-    servicer = PredictorServicer(core, stopping)
+    servicer = _CountingServicer(core, stopping, _forecasts_counter(telemetry))
 
     def register(server: grpc.Server) -> list[str]:
         predictor_pb2_grpc.add_PredictorServicer_to_server(servicer, server)
@@ -55,6 +56,35 @@ def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | N
         server.on_stop(retrainer.stop)
     _register_metrics(telemetry, core)
     return server
+
+
+class _CountingServicer(PredictorServicer):
+    """The servicer, counting the family forecasts each Forecast answer carries."""
+
+    def __init__(self, core: PredictorCore, stopping: threading.Event, forecasts: Counter) -> None:
+        super().__init__(core, stopping)
+        self._forecasts = forecasts
+
+    def Forecast(self, request: predictor_pb2.ForecastRequest,
+                 context: grpc.ServicerContext) -> predictor_pb2.ForecastResponse:
+        response = super().Forecast(request, context)
+        for known, n in forecast_rows(response).items():
+            if n:
+                self._forecasts.add(n, {"known": known})
+        return response
+
+
+def forecast_rows(response: predictor_pb2.ForecastResponse) -> dict[str, int]:
+    """Family rows of one answer: "true" where the model knew the family,
+    "false" where its prior answered (a row holds every horizon asked)."""
+    known = sum(1 for row in response.forecasts if row.known)
+    return {"true": known, "false": len(response.forecasts) - known}
+
+
+def _forecasts_counter(telemetry: Telemetry) -> Counter:
+    return telemetry.meter_provider.get_meter(f"speckv.{SERVICE}").create_counter(
+        "speckv.predictor.forecasts", unit="{forecast}",
+        description="family forecasts served by Forecast, by whether the model knew the family")
 
 
 def _register_metrics(telemetry: Telemetry, core: PredictorCore) -> None:

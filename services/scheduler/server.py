@@ -21,6 +21,9 @@ from speckv.services.scheduler.event_sync import EventSync
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecasts, PredictorSender
+from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.replication.outcomes import ActionStats
+from speckv.services.scheduler.replication.replicas import ReplicaStats
 from speckv.services.scheduler.servicer import SchedulerServicer
 from speckv.services.scheduler.ticker import Ticker
 from speckv.services.scheduler.vllm_subscriber import VllmEventFeeds, parse_kv_events
@@ -141,6 +144,9 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
                                             for s, n in core.order_counts().items()],
         "speckv.scheduler.live_nodes": lambda: [(float(core.live_node_count()), {})],
         "speckv.scheduler.replicas": lambda: _replica_gauges(core),
+        "speckv.scheduler.replica_bytes": lambda: replica_bytes(core.cluster_state().replicas),
+        "speckv.scheduler.action.orders": lambda: action_orders(core.action_outcomes()),
+        "speckv.scheduler.action.bytes": lambda: action_bytes(core.action_outcomes()),
         "speckv.scheduler.arrivals_dropped": lambda: [] if reporter is None else [
             (float(reporter.stats().dropped_full), {"reason": "queue_full"}),
             (float(reporter.stats().dropped_send), {"reason": "predictor_down"})],
@@ -154,10 +160,43 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     return server
 
 
-def _replica_gauges(core: SchedulerCore) -> list[tuple[float, dict[str, str]]]:
+Observations = list[tuple[float, dict[str, str]]]
+PENDING = "pending"  # issued, no outcome yet (outcomes.py)
+
+
+def _replica_gauges(core: SchedulerCore) -> Observations:
     stats = core.cluster_state().replicas
     return [(float(stats.committed), {"outcome": "committed"}), (float(stats.kept), {"outcome": "kept"}),
             (float(stats.released_unused), {"outcome": "released_unused"})]
+
+
+def replica_bytes(stats: ReplicaStats) -> Observations:
+    """Bytes of committed replicas since start, and of those whose lease ended
+    unused (wasted, a subset); cumulative, as GetClusterState reports them."""
+    return [(float(stats.bytes_committed), {"kind": "replicated"}), (float(stats.bytes_wasted), {"kind": "wasted"})]
+
+
+def action_orders(stats: Mapping[tuple[str, ActionKind], ActionStats]) -> Observations:
+    """Orders per (policy, action, outcome) since start; `pending` ones have
+    no outcome yet, so the outcomes of a (policy, action) sum to its orders."""
+    return _by_outcome(stats, lambda s: s.orders, lambda s: s.outcomes)
+
+
+def action_bytes(stats: Mapping[tuple[str, ActionKind], ActionStats]) -> Observations:
+    """The same split of the orders' bytes (outcomes.py says which bytes an
+    order counts and when); `pending`: counted, not yet decided."""
+    return _by_outcome(stats, lambda s: s.bytes, lambda s: s.bytes_by_outcome)
+
+
+def _by_outcome(stats: Mapping[tuple[str, ActionKind], ActionStats], total: Callable[[ActionStats], int],
+                by_outcome: Callable[[ActionStats], Mapping[str, int]]) -> Observations:
+    rows: Observations = []
+    for (policy, action), s in sorted(stats.items(), key=lambda item: (item[0][0], item[0][1].value)):
+        labels = {"policy": policy, "action": action.value}
+        decided = by_outcome(s)
+        rows += [(float(n), {**labels, "outcome": outcome}) for outcome, n in decided.items()]
+        rows.append((float(total(s) - sum(decided.values())), {**labels, "outcome": PENDING}))
+    return rows
 
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:

@@ -15,7 +15,9 @@ from speckv.services.common.server import ServerSettings
 from tests.support.repo import REPO_ROOT
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
-SERVICES = COMPOSE["services"]
+# The speckv services; the `monitoring` profile's Prometheus and Grafana run
+# images of their own (tests/unit/test_monitoring_config.py checks them).
+SERVICES = {name: s for name, s in COMPOSE["services"].items() if s.get("image", "").startswith("speckv:")}
 
 
 def config_class(service: str) -> type:

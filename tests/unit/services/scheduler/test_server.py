@@ -1,0 +1,39 @@
+"""The scheduler's gauges of orders by outcome and of replicated bytes."""
+from __future__ import annotations
+
+from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.replication.outcomes import ActionStats, Outcome
+from speckv.services.scheduler.replication.replicas import ReplicaStats
+from speckv.services.scheduler.server import PENDING, action_bytes, action_orders, replica_bytes
+
+
+def _stats(orders: int, nbytes: int, decided: dict[Outcome, tuple[int, int]]) -> ActionStats:
+    stats = ActionStats(orders=orders, bytes=nbytes)
+    for outcome, (n, b) in decided.items():
+        stats.outcomes[outcome.value] = n
+        stats.bytes_by_outcome[outcome.value] = b
+    return stats
+
+
+def test_each_policy_and_action_splits_its_orders_and_bytes_by_outcome_with_the_rest_pending():
+    stats = {("predictive", ActionKind.REPLICATE): _stats(5, 500, {Outcome.USED_IN_TIME: (2, 200),
+                                                                   Outcome.NEVER_USED: (1, 100)}),
+             ("predictive", ActionKind.RETAIN): _stats(1, 0, {})}
+    orders = {(a["policy"], a["action"], a["outcome"]): v for v, a in action_orders(stats)}
+    assert orders[("predictive", "replicate", "used_in_time")] == 2
+    assert orders[("predictive", "replicate", "never_used")] == 1
+    assert orders[("predictive", "replicate", PENDING)] == 2
+    assert sum(v for (p, a, _), v in orders.items() if a == "replicate") == 5
+    assert orders[("predictive", "retain", PENDING)] == 1
+    assert {o for _, _, o in orders} == {o.value for o in Outcome} | {PENDING}
+    nbytes = {(a["action"], a["outcome"]): v for v, a in action_bytes(stats)}
+    assert (nbytes[("replicate", "used_in_time")], nbytes[("replicate", PENDING)]) == (200, 200)
+
+
+def test_no_orders_no_points():
+    assert action_orders({}) == [] and action_bytes({}) == []
+
+
+def test_replica_bytes_are_replicated_and_wasted():
+    stats = ReplicaStats(committed=3, released_unused=1, bytes_committed=3072, bytes_wasted=1024)
+    assert replica_bytes(stats) == [(3072.0, {"kind": "replicated"}), (1024.0, {"kind": "wasted"})]
