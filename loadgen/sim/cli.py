@@ -28,6 +28,11 @@ forecasts (FORECAST_POLICIES: predictive), so only their report time lines
 draw forecasts; the live bench draws the same line for every policy.
 --predictor lightgbm trains the model once, before any worker starts
 (jobs.py says on what).
+
+A policy named `predictive-without-retain` (or -replicate, -prefetch; oracle
+too) runs that policy with the action turned off (ablation.py); beside its
+policy it measures what the action saved, printed and written under
+"ablation" in the JSON.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
+from speckv.loadgen.sim.ablation import RunFigures, ablation_rows, ablation_table, parse_variant
 from speckv.loadgen.sim.comparison import assemble, print_tables, write_reports
 from speckv.loadgen.sim.jobs import Job, train_once, train_returns_once
 from speckv.loadgen.sim.machine import describe_machine
@@ -97,6 +103,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.scenarios and not args.synthetic:
         raise InvalidArgument("--scenarios names the file of --synthetic scenarios: give --synthetic too")
     args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
+    for name in args.policy_list:
+        parse_variant(name)  # a bad ablation name fails here, before any worker starts
     if not args.policy_list or len(set(args.policy_list)) != len(args.policy_list):
         raise InvalidArgument(f"--policies={args.policies!r}: name each policy once")
     try:
@@ -140,13 +148,18 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     args.wall_s = time.perf_counter() - began
     comparison = assemble(results, args, config, machine)
     print_tables(comparison, console)
+    ablation = ablation_rows([RunFigures(r.nodes, r.policy, r.ttfts, r.summary.actions,
+                                         r.summary.returning_ttft_p99_ms) for r in results])
+    if ablation:
+        console.print(f"what each action measurably saved (ablation.py):\n{ablation_table(ablation)}", markup=False)
     totals = comparison.simulated
     assert totals is not None
     console.print(f"wall {args.wall_s:.1f} s for {len(jobs)} simulations in {workers} workers; "
                   f"{totals.simulated_events} events, {totals.events_per_s:.0f} events per CPU second; "
                   f"{machine['cores']} cores, reference loop {machine['reference_loop_ms']:.1f} ms (machine.py)")
     if args.json:
-        Path(args.json).write_text(json.dumps(comparison.to_json(), indent=2))
+        Path(args.json).write_text(json.dumps({**comparison.to_json(), "ablation": [r.to_json() for r in ablation]},
+                                              indent=2))
         console.print(f"JSON written to {args.json}")
     if args.report:
         write_reports(comparison, results, Path(args.report), console)

@@ -24,6 +24,7 @@ from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e
 from speckv.loadgen.experiments.metrics import burst_seconds, summarize
 from speckv.loadgen.experiments.results import FloorSummary, PolicySummary, SimulatedRunFigures
 from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
+from speckv.loadgen.sim.ablation import parse_variant
 from speckv.loadgen.sim.compiled import running_compiled
 from speckv.loadgen.sim.machine import peak_rss_mb
 from speckv.loadgen.sim.predictor import (
@@ -73,7 +74,7 @@ class Job:
     @property
     def serves_lightgbm(self) -> bool:
         """Its simulation runs the predictor (the policy reads forecasts) with the LightGBM model."""
-        return self.predictor == "lightgbm" and self.policy in FORECAST_POLICIES
+        return self.predictor == "lightgbm" and parse_variant(self.policy).policy in FORECAST_POLICIES
 
 
 @dataclass(slots=True)
@@ -201,7 +202,8 @@ def train_returns_once(args: argparse.Namespace, config: E2EConfig, first: Job, 
     trained here once on the base trace before the slice (returns.py); None
     with --returns off, when no policy reads forecasts, or when the trace
     before the slice is too short to train on."""
-    if args.returns != "on" or not FORECAST_POLICIES.intersection(args.policy_list):
+    if args.returns != "on" or not FORECAST_POLICIES.intersection(
+            parse_variant(p).policy for p in args.policy_list):
         return None
     with console.status("training the session-return model on the base trace before the slice"):
         base, _ = build_workload(replace(first, nodes=config.nodes), config)
@@ -217,7 +219,8 @@ def train_once(args: argparse.Namespace, config: E2EConfig, first: Job, console)
     """The LightGBM model every worker serves, trained here once (each
     worker training on its merged history ran out of memory); None for the
     builtin predictor, or when none of the policies asked for reads forecasts."""
-    if args.predictor != "lightgbm" or not FORECAST_POLICIES.intersection(args.policy_list):
+    if args.predictor != "lightgbm" or not FORECAST_POLICIES.intersection(
+            parse_variant(p).policy for p in args.policy_list):
         return None
     if args.train_trace:
         with console.status(f"training LightGBM on {Path(args.train_trace).name}"):

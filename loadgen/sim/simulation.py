@@ -51,6 +51,7 @@ from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.experiments.warm_start import resident_tail
+from speckv.loadgen.sim.ablation import config_without, parse_variant
 from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
 from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
 from speckv.loadgen.sim.network import Network, Transfer
@@ -135,6 +136,11 @@ class Simulation:
         returns: the session-return model (returns.py) the forecast-reading
         policies also plan on; None: family bursts alone."""
         self.config, self.settings, self.policy = config, settings, policy
+        variant = parse_variant(policy)  # ablation.py: a policy with one action turned off
+        self._runs = variant.policy
+        policies = load_policy_config()
+        if variant.without is not None:
+            policies = config_without(policies, variant.without)
         self._requests = requests
         start = requests[0].arrival_s if len(requests) else 0.0
         self.queue = EventQueue(VirtualClock(start))
@@ -144,14 +150,13 @@ class Simulation:
         arrivals: CoreArrivals | None = None
         self._returns: ReturnTracker | None = None
         self.predictor_note = f"not run ({policy} reads no forecasts)"
-        if policy in FORECAST_POLICIES:
+        if variant.policy in FORECAST_POLICIES:
             predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
             self._forecasts, arrivals = CoreForecasts(predictor), CoreArrivals(predictor)
             source = self._forecasts
             if returns is not None:
                 self._returns = returns.tracker()
                 warm(self._returns, history, start, returns.config)
-                policies = load_policy_config()
                 sources: list[ForecastSource] = [self._forecasts,
                                                  ReturnForecasts(self._returns, policies.leases.replica_lease_ms / 1e3)]
                 if policies.retain.enabled:
@@ -167,7 +172,8 @@ class Simulation:
         if settings.host_pages and host_link is None:
             raise ValueError("a host tier (host_pages > 0) needs the configuration's host link")
         self.core = SchedulerCore(
-            SchedulerSettings(node_timeout_s=settings.node_timeout_s, policy=policy, link_gbps=config.link.gbps,
+            SchedulerSettings(node_timeout_s=settings.node_timeout_s, policy=variant.policy, policy_config=policies,
+                              link_gbps=config.link.gbps,
                               link_overhead_ms=config.link.overhead_ms,
                               host_link_gbps=host_link.gbps if host_link else 0.0,
                               host_link_overhead_ms=host_link.overhead_ms if host_link else 0.0),
@@ -235,7 +241,7 @@ class Simulation:
                 record.error = "not finished before the drain deadline"
         orders = {state.name: n for state, n in self.core.order_counts().items()}
         actions = {kind.value: stats.to_json() for (policy, kind), stats in self.core.action_outcomes().items()
-                   if policy == self.policy}
+                   if policy == self._runs}
         return SimRun(self.policy, self.records, self.ledger.totals(), orders, self.forecast_log,
                       time.perf_counter() - began, self._next, q.processed,
                       q.now() - (self._requests[0].arrival_s if self._requests else q.now()),

@@ -61,6 +61,7 @@ class PlannerSettings:
     candidates_per_family: int  # least-loaded non-holders priced as spill options and replica targets
     min_benefit_ms: float  # a node whose prefix saves less per request is not a holder
     min_net_ms: float  # an action is admitted only when its net saving exceeds this (ms)
+    replicate: bool  # price replicas at all (off: prefetch and retain only; the simulator's ablation)
     replicate_to_device: bool  # also price replicas into a target's device tier (host tier always)
     prefetch: bool  # price host -> device promotions at holders ahead of forecast requests
 

@@ -201,7 +201,7 @@ class _Tick:
     def _candidates(self, fam: FamilyState, index: int) -> list[ActionCandidate]:
         p = self.cfg.planner
         out: list[ActionCandidate] = []
-        for node in self._spill(fam):
+        for node in self._spill(fam) if p.replicate else ():
             target = self.live[node]
             tiers = ([Tier.HOST] if target.host_pages else []) + ([Tier.DEVICE] if p.replicate_to_device
                                                                  or not target.host_pages else [])
