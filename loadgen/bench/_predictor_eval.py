@@ -6,6 +6,16 @@ Poisson tail above the burst threshold, as the online rate models do. Each
 model's alarm threshold is chosen on the validation slice of training, never
 on the reported rows.
 
+Point forecasts: "served" is what the service serves (the expected count
+chosen on validation per horizon and family class, selection.py, with the
+count booster's quantile and burst probability); each model candidate is
+scored alone beside it with the same distribution. The Poisson floor is a
+ceiling measured on the same rows: the expected absolute error of the
+median of Poisson(the family's realised rate over a centred window,
+FLOOR_WINDOW_S), i.e. what a forecaster that knew each row's local rate
+exactly, and nothing more, would score on a Poisson stream. It reads the
+future, so it is a reference, never a model.
+
 Returns (the session-return event of sparse families, see BURST_DEFINITION):
 a row is a return row for horizon h when its family had no arrival for at
 least the longest horizon (since_arrival_s >= max(horizons): a silence, not
@@ -21,14 +31,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from speckv.services.predictor import negbin, poisson
 from speckv.services.predictor.dataset import Rows
 from speckv.services.predictor.evaluation import best_alarm_threshold, burst_score, mae, pinball, rmse
+from speckv.services.predictor.family_counts import FamilyCounts
 from speckv.services.predictor.features import FeatureSpec
 from speckv.services.predictor.lgbm_forecaster import LgbmBundle
 
-SINCE_ARRIVAL_COL = FeatureSpec().names().index("since_arrival_s")  # before the optional time-of-day terms
+FLOOR_WINDOW_S = 60.0  # the Poisson floor's centred window: long enough to average, short against level shifts
 
 
 @dataclass(slots=True)
@@ -45,21 +57,63 @@ def poisson_outputs(mean: np.ndarray, threshold: np.ndarray, q: float) -> Output
 
 
 def lgbm_outputs(bundle: LgbmBundle, X: np.ndarray) -> Outputs:
+    """The served forecast: the chosen point forecast, the count booster's
+    distribution (P(count >= 1) from it too)."""
     expected, upper, prob = bundle.predict(X)
-    p_any = np.stack([negbin.exceed_probability(np.zeros(len(X)), expected[:, i], phi)
+    mean = bundle.mean(X)
+    p_any = np.stack([negbin.exceed_probability(np.zeros(len(X)), mean[:, i], phi)
                       for i, phi in enumerate(bundle.dispersion)], axis=1)
     return Outputs(expected, upper, prob, p_any)
 
 
-def median_outputs(bundle: LgbmBundle, out: Outputs) -> Outputs:
-    """out with the expected count replaced by the distribution's median."""
-    median = np.stack([negbin.quantile(0.5, out.expected[:, i], phi) for i, phi in enumerate(bundle.dispersion)],
-                      axis=1)
-    return Outputs(median, out.upper, out.prob, out.p_any)
+def candidate_outputs(bundle: LgbmBundle, X: np.ndarray, served: Outputs, name: str) -> Outputs:
+    """served with the point forecast replaced by candidate `name`'s."""
+    point = np.stack([bundle.candidates_at(X, i, [name])[name] for i in range(len(bundle.horizons_s))], axis=1)
+    return Outputs(point, served.upper, served.prob, served.p_any)
 
 
-def return_labels(rows: Rows, horizons_s: tuple[float, ...]) -> np.ndarray:
-    idle = rows.X[:, SINCE_ARRIVAL_COL] >= max(horizons_s)
+def poisson_floor(rows: Rows, counts: FamilyCounts, horizons_s: tuple[float, ...]) -> np.ndarray:
+    """Per horizon, the mean over rows of E|N - median(N)|, N ~ Poisson(k *
+    the row family's mean count per step over the FLOOR_WINDOW_S centred on
+    the row's step, clipped to the data): (horizons,)."""
+    c = counts.counts
+    T = counts.steps
+    half = max(1, round(FLOOR_WINDOW_S / counts.step_s / 2))
+    fam = np.repeat(np.arange(len(counts.families)), np.diff(c.indptr))
+    keys = fam.astype(np.int64) * (T + 1) + c.indices
+    cum = np.concatenate([[0.0], np.cumsum(c.data)])
+
+    def before(f: np.ndarray, step: np.ndarray) -> np.ndarray:  # arrivals of f in steps < step
+        return cum[np.searchsorted(keys, f.astype(np.int64) * (T + 1) + step)]
+
+    lo = np.maximum(rows.step.astype(np.int64) - half, 0)
+    hi = np.minimum(rows.step.astype(np.int64) + half + 1, T)
+    rate = (before(rows.family, hi) - before(rows.family, lo)) / (hi - lo)
+    out = []
+    for h in horizons_s:
+        lam = rate * round(h / counts.step_s)
+        values, inverse = np.unique(lam, return_inverse=True)
+        out.append(float(np.mean(_poisson_median_mae(values)[inverse.ravel()])) if len(lam) else math.nan)
+    return np.array(out)
+
+
+def _poisson_median_mae(lam: np.ndarray) -> np.ndarray:
+    """E|N - median(N)| for N ~ Poisson(lam), each lam."""
+    out = np.zeros(len(lam))
+    for j, value in enumerate(lam):
+        if value <= 0:
+            continue
+        top = int(value + 12.0 * math.sqrt(value) + 12)
+        k = np.arange(top + 1)
+        pmf = stats.poisson.pmf(k, value)
+        median = stats.poisson.median(value)
+        out[j] = float(np.sum(pmf * np.abs(k - median)))
+    return out
+
+
+def return_labels(rows: Rows, spec: FeatureSpec, horizons_s: tuple[float, ...]) -> np.ndarray:
+    """Return rows: the family silent for at least the longest horizon, then an arrival within h."""
+    idle = rows.X[:, spec.names().index("since_arrival_s")] >= max(horizons_s)
     return idle[:, None] & (rows.count >= 1)
 
 
@@ -68,17 +122,18 @@ def alarm_thresholds(valid: Rows, out: Outputs, step_s: float) -> list[float]:
                                  step_s) for i in range(out.prob.shape[1])]
 
 
-def return_thresholds(valid: Rows, out: Outputs, horizons_s: tuple[float, ...], step_s: float) -> list[float]:
-    labels = return_labels(valid, horizons_s)
+def return_thresholds(valid: Rows, out: Outputs, spec: FeatureSpec, horizons_s: tuple[float, ...],
+                      step_s: float) -> list[float]:
+    labels = return_labels(valid, spec, horizons_s)
     ones = np.ones(len(valid), dtype=np.int16)
     return [best_alarm_threshold(out.p_any[:, i], labels[:, i], ones, valid.family, valid.step, step_s)
             for i in range(len(horizons_s))]
 
 
-def score(rows: Rows, out: Outputs, thresholds: list[float], horizons_s: tuple[float, ...], q: float,
-          step_s: float, return_thresholds: list[float]) -> dict[str, dict[str, Any]]:
+def score(rows: Rows, out: Outputs, thresholds: list[float], spec: FeatureSpec, horizons_s: tuple[float, ...],
+          q: float, step_s: float, return_thresholds: list[float]) -> dict[str, dict[str, Any]]:
     result: dict[str, dict[str, Any]] = {}
-    returns = return_labels(rows, horizons_s)
+    returns = return_labels(rows, spec, horizons_s)
     ones = np.ones(len(rows), dtype=np.int16)
     for i, h in enumerate(horizons_s):
         ret = burst_score(returns[:, i], out.p_any[:, i] >= return_thresholds[i], ones, rows.family, rows.step,

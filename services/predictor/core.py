@@ -40,6 +40,7 @@ from speckv.services.predictor.live_features import LiveFeatures
 from speckv.services.predictor.manifest import load_model, model_directory
 from speckv.services.predictor.observations import Arrival, ObserveResult, Rejection, RejectReason, check_arrival
 from speckv.services.predictor.sandbox import probe_model
+from speckv.services.predictor.selection import Choice
 
 BUILTIN_SOURCE = "builtin"
 
@@ -115,6 +116,9 @@ class ModelInfoRecord:
     families_tracked: int
     observations_total: int
     burst_definition: str
+    # the served point forecast per horizon and family class (selection.py); empty: the model's own mean
+    choices: tuple[Choice, ...] = ()
+    family_classes: str = ""
 
 
 @dataclass(slots=True)
@@ -235,7 +239,8 @@ class PredictorCore:
         m = serving.model
         return ModelInfoRecord(m.name, m.version, tuple(m.horizons_s), m.quantile, tuple(m.features),
                                dict(m.metrics), serving.source, serving.loaded_at_s, tracked, total,
-                               m.burst_definition)
+                               m.burst_definition, tuple(getattr(m, "choices", ())),
+                               str(getattr(m, "family_classes", "")))
 
     def reload(self, path: str) -> ModelInfoRecord:
         """Loads the model in directory path and swaps it in; on any error the

@@ -89,6 +89,13 @@ def build_rows(data: FamilyCounts, spec: FeatureSpec, horizons_s: Sequence[float
     return _concat(parts, len(spec.names()), len(ks))
 
 
+def concat_rows(parts: list[Rows]) -> Rows:
+    """The rows of every part, in order (parts of the same features, horizons and baselines)."""
+    if not parts:
+        raise ValueError("concat_rows: no parts")
+    return _concat(parts, parts[0].X.shape[1], parts[0].count.shape[1])
+
+
 def _concat(parts: list[Rows], nf: int, nh: int) -> Rows:
     if not parts:
         z = np.zeros((0, nh))

@@ -36,6 +36,7 @@ O(rows) per step; max_w is read from the ring when features are asked for.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -80,6 +81,13 @@ class FeatureSpec:
         return max(max(self.lags), max(self.windows), self.burst_span)
 
     def names(self) -> tuple[str, ...]:
+        return _names(self)
+
+    def column(self, name: str) -> int:
+        """Index of feature `name` in names(); KeyError when it is not one."""
+        return _columns(self)[name]
+
+    def _derive_names(self) -> tuple[str, ...]:
         out = [f"lag_{k}" for k in self.lags]
         for w in self.windows:
             out += [f"mean_{w}", f"max_{w}", f"std_{w}"]
@@ -117,6 +125,17 @@ class FeatureSpec:
         spec = cls(**out)
         spec.validate()
         return spec
+
+
+# A spec is frozen and hashable: its names are derived once (serving asks for them on every forecast).
+@functools.lru_cache(maxsize=64)
+def _names(spec: FeatureSpec) -> tuple[str, ...]:
+    return spec._derive_names()
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(spec: FeatureSpec) -> dict[str, int]:
+    return {name: i for i, name in enumerate(_names(spec))}
 
 
 def _ewma_update(state: np.ndarray, counts: np.ndarray, a: float) -> np.ndarray:

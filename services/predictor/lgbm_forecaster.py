@@ -27,6 +27,16 @@ Rows whose every future count is zero are sampled at keep_zero with weight
 1 / keep_zero: the sums every objective minimises keep their expectation,
 and the long idle tails of thousands of families stop dominating the time.
 Early stopping watches the validation slice (the newest part of training).
+
+Served point forecast (`expected`): with a selection (selection.py, made by
+point_fit.py) the expected count served at each horizon is the selection's
+candidate or blend for the row's family class, over the candidates named in
+`candidates_at` (the count booster's mean and median, the level-free l1
+booster of level_free.py, the baselines of feature_baselines.py); without
+one (a model saved before selections existed) it is the count booster's
+mean. The upper quantile and burst probability always come from the count
+booster's distribution (`mean`): the selection changes the point forecast
+only.
 """
 from __future__ import annotations
 
@@ -40,10 +50,16 @@ import numpy as np
 from speckv.services.predictor import negbin
 from speckv.services.predictor.dataset import Rows
 from speckv.services.predictor.evaluation import best_alarm_threshold
+from speckv.services.predictor.feature_baselines import FeatureBaselines
 from speckv.services.predictor.features import FeatureSpec
+from speckv.services.predictor.level_free import predict_level_free
+from speckv.services.predictor.selection import Selection
 from speckv.services.predictor.targets import burst_threshold
 
 KINDS = ("count",)
+LEVEL_FREE_KIND = "l1"  # boosters["l1"]: the level-free boosters, when trained
+MEAN, MEDIAN, LEVEL_FREE = "lightgbm", "lightgbm-median", "lightgbm-l1"
+MODEL_CANDIDATES = (MEAN, MEDIAN, LEVEL_FREE)
 BASE_PARAMS = {"verbosity": -1, "deterministic": True, "force_row_wise": True}
 # Training threads (config "num_threads", default 1): the retrainer shares the
 # cores with the serving path, and OpenMP's barriers collapse when a thread is
@@ -85,46 +101,108 @@ class LgbmBundle:
     spec: FeatureSpec
     horizons_s: tuple[float, ...]
     quantile: float
-    boosters: dict[str, list[lgb.Booster]]  # "count" -> one per horizon
+    boosters: dict[str, list[lgb.Booster]]  # "count" (and "l1" when trained) -> one per horizon
     alarm_threshold: list[float]
     offset: LevelOffset
     dispersion: list[float]  # phi per horizon
     train_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    baselines: FeatureBaselines | None = None  # the baseline candidates, with a selection
+    selection: Selection | None = None  # None: the served point forecast is the mean
 
     def steps(self) -> list[int]:
         return [round(h / self.spec.step_s) for h in self.horizons_s]
 
-    def expected(self, X: np.ndarray, num_threads: int = 2) -> np.ndarray:
-        """Expected count per row and horizon, float64 (N, horizons)."""
+    def candidate_names(self) -> tuple[str, ...]:
+        """Every candidate this bundle can compute."""
+        models = MODEL_CANDIDATES if LEVEL_FREE_KIND in self.boosters else MODEL_CANDIDATES[:2]
+        return (*models, *(self.baselines.names() if self.baselines is not None else ()))
+
+    def mean(self, X: np.ndarray, num_threads: int = 2) -> np.ndarray:
+        """The count booster's mean per row and horizon, float64 (N, horizons)."""
         X = np.ascontiguousarray(X, dtype=np.float32)
         base = self.offset.base(X, self.spec)
         out = np.empty((len(X), len(self.horizons_s)))
         for i in range(len(self.horizons_s)):
-            out[:, i] = self._expected_at(X, base, i, num_threads)
+            out[:, i] = self._mean_at(X, base, i, num_threads)
+        return out
+
+    def expected(self, X: np.ndarray, num_threads: int = 2) -> np.ndarray:
+        """The served point forecast per row and horizon, float64 (N, horizons)."""
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        out = np.empty((len(X), len(self.horizons_s)))
+        for i in range(len(self.horizons_s)):
+            out[:, i] = self.expected_at(X, i, num_threads)
         return out
 
     def expected_at(self, X: np.ndarray, i: int, num_threads: int = 2) -> np.ndarray:
-        """Expected count per row at horizon i alone, float64 (N,): equal
-        bit for bit to expected(X)[:, i] (a booster scores each row alone)."""
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        return self._expected_at(X, self.offset.base(X, self.spec), i, num_threads)
+        """The served point forecast at horizon i alone, float64 (N,): equal
+        bit for bit to expected(X)[:, i] (every candidate scores each row
+        alone, and the selection combines them row by row)."""
+        return self._served_at(np.ascontiguousarray(X, dtype=np.float32), i, num_threads, None)
 
-    def _expected_at(self, X: np.ndarray, base: np.ndarray, i: int, num_threads: int) -> np.ndarray:
+    def _served_at(self, X: np.ndarray, i: int, num_threads: int, mean: np.ndarray | None) -> np.ndarray:
+        """expected_at with the count booster's mean at horizon i when known."""
+        if self.selection is None:
+            return mean if mean is not None else self._mean_at(X, self.offset.base(X, self.spec), i, num_threads)
+        candidates = self.candidates_at(X, i, self.selection.needed(i), num_threads, mean)
+        return self.selection.combine(i, candidates, self.row_classes(X))
+
+    def row_classes(self, X: np.ndarray) -> np.ndarray:
+        """Each row's family class (selection.py), int64 (N,)."""
+        if self.selection is None:
+            return np.zeros(len(X), dtype=np.int64)
+        return self.selection.classes.classify(self.level_per_s(X))
+
+    def level_per_s(self, X: np.ndarray) -> np.ndarray:
+        """Each row's long-run level (the level_hl<L>s feature), arrivals per second."""
+        return X[:, self.spec.column(f"level_hl{self.spec.long_halflife_s:g}s")]
+
+    def candidates_at(self, X: np.ndarray, i: int, names: Sequence[str], num_threads: int = 2,
+                      mean: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Each named candidate's point forecast at horizon i, float64 (N,);
+        mean: the count booster's at horizon i, when already computed."""
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        k = self.steps()[i]
+        base = self.offset.base(X, self.spec)
+        out: dict[str, np.ndarray] = {}
+        if mean is None and (MEAN in names or MEDIAN in names):
+            mean = self._mean_at(X, base, i, num_threads)
+        for name in names:
+            if name == MEAN:
+                out[name] = mean
+            elif name == MEDIAN:
+                out[name] = negbin.quantile(0.5, mean, self.dispersion[i])
+            elif name == LEVEL_FREE and LEVEL_FREE_KIND in self.boosters and self.baselines is not None:
+                threads = num_threads if len(X) >= PARALLEL_MIN_ROWS else 1
+                out[name] = predict_level_free(self.boosters[LEVEL_FREE_KIND][i], X, self.spec, base,
+                                               self.baselines, k, threads)
+            elif self.baselines is not None and name in self.baselines.names():
+                out[name] = self.baselines.forecast(name, X, k)
+            else:
+                raise ValueError(f"{name!r}: not a candidate of this model ({', '.join(self.candidate_names())})")
+        return out
+
+    def _mean_at(self, X: np.ndarray, base: np.ndarray, i: int, num_threads: int) -> np.ndarray:
         threads = num_threads if len(X) >= PARALLEL_MIN_ROWS else 1
         raw = self.boosters["count"][i].predict(X, raw_score=True, num_threads=threads)
         return self.steps()[i] * base * np.exp(raw)
 
     def predict(self, X: np.ndarray, num_threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """expected, upper, burst probability: each (N, horizons) float64."""
-        expected = self.expected(X, num_threads)
-        level = X[:, self.spec.names().index(f"level_hl{self.spec.long_halflife_s:g}s")]
-        upper, prob = np.empty_like(expected), np.empty_like(expected)
+        """expected (the served point forecast), upper, burst probability
+        (both from the count booster's distribution): each (N, horizons) float64."""
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        mean = self.mean(X, num_threads)
+        expected = np.empty_like(mean)
+        for i in range(len(self.horizons_s)):
+            expected[:, i] = self._served_at(X, i, num_threads, mean[:, i])
+        level = self.level_per_s(X)
+        upper, prob = np.empty_like(mean), np.empty_like(mean)
         for i, h in enumerate(self.horizons_s):
             phi = self.dispersion[i]
             threshold = burst_threshold(level, h, self.spec.burst_ratio, self.spec.min_burst_count)
-            upper[:, i] = negbin.quantile(self.quantile, expected[:, i], phi)
-            prob[:, i] = negbin.exceed_probability(threshold, expected[:, i], phi)
+            upper[:, i] = negbin.quantile(self.quantile, mean[:, i], phi)
+            prob[:, i] = negbin.exceed_probability(threshold, mean[:, i], phi)
         return expected, upper, np.clip(prob, 0.0, 1.0)
 
 
@@ -185,7 +263,7 @@ def train_bundle(train: Rows, valid: Rows, spec: FeatureSpec, horizons_s: Sequen
     bundle = LgbmBundle(spec, tuple(float(h) for h in horizons_s), float(quantile), {"count": boosters},
                         [0.5] * len(ks), offset, [0.0] * len(ks))
     if len(valid):
-        expected = bundle.expected(valid.X)
+        expected = bundle.mean(valid.X)
         bundle.dispersion = [negbin.fit_dispersion(expected[:, i], valid.count[:, i]) for i in range(len(ks))]
         _, _, prob = bundle.predict(valid.X)
         bundle.alarm_threshold = [best_alarm_threshold(prob[:, i], valid.label[:, i], valid.onset[:, i],

@@ -7,9 +7,16 @@ names the feature_spec derives), feature_spec, alarm_threshold and
 dispersion (one per horizon), offset (the level offset of lgbm.py:
 halflife_s, prior_per_step, prior_steps), trace (what it was trained on),
 files and metrics. Loading checks every file parses and expects exactly
-those features.
+those features. Optional, written by training since selections exist:
+"point" = {"baselines": {ewma_halflife_s, period_steps}, "selection": the
+per-horizon, per-class choice with every candidate's validation MAE
+(selection.py)}, with the level-free boosters as files.l1 (l1_h1.txt, ...)
+when trained. Without "point" the served point forecast is the count
+booster's mean, as before.
 
-Serving: features come from the core's OnlineFeatures (state.features), as of
+Serving: the expected count served is exactly the bundle's (the chosen
+candidate or blend per horizon and family class, lgbm_forecaster.py), the
+choice readable through `choices` (GetModelInfo). Features come from the core's OnlineFeatures (state.features), as of
 the last complete step. Families never seen read as a fresh family (all
 family features zero, cluster and time terms current), so their forecast is
 the model's own prior for a newcomer. A requested horizon the model was not
@@ -34,10 +41,14 @@ import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor.count_models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
+from speckv.services.predictor.feature_baselines import FeatureBaselines, season_lags
 from speckv.services.predictor.features import FeatureSpec, OnlineFeatures
-from speckv.services.predictor.lgbm_forecaster import KINDS, LevelOffset, LgbmBundle
+from speckv.services.predictor.level_free import extra_columns
+from speckv.services.predictor.lgbm_forecaster import KINDS, LEVEL_FREE_KIND, LevelOffset, LgbmBundle
+from speckv.services.predictor.selection import Choice, Selection
 
 EXTRA_KEYS = ("features", "feature_spec", "alarm_threshold", "dispersion", "offset", "trace", "files")
+OPTIONAL_KEYS = ("point",)
 
 
 class LightGbmModel:
@@ -60,6 +71,20 @@ class LightGbmModel:
     @property
     def feature_spec(self) -> FeatureSpec:
         return self.bundle.spec
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        """The served point forecast per horizon and family class (empty: the mean)."""
+        selection = self.bundle.selection
+        return selection.choices if selection is not None else ()
+
+    @property
+    def family_classes(self) -> str:
+        """How a row's family class is decided (empty without a selection)."""
+        selection = self.bundle.selection
+        if selection is None:
+            return ""
+        return selection.classes.describe(f"level_hl{self.bundle.spec.long_halflife_s:g}s")
 
     @property
     def history_s(self) -> float:
@@ -147,18 +172,26 @@ def save_model(directory: str | Path, model: LightGbmModel) -> Path:
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     files: dict[str, list[str]] = {}
-    for kind in KINDS:
+    bundle = model.bundle
+    for kind in (*KINDS, LEVEL_FREE_KIND):
+        if kind not in bundle.boosters:
+            continue
         files[kind] = []
-        for h, booster in zip(model.horizons_s, model.bundle.boosters[kind]):
+        for h, booster in zip(model.horizons_s, bundle.boosters[kind]):
             name = f"{kind}_h{h:g}.txt"
             booster.save_model(str(target / name))
             files[kind].append(name)
-    return write_manifest(target, {
+    manifest = {
         "kind": "lightgbm", "version": model.version, "horizons_s": list(model.horizons_s),
         "quantile": model.quantile, "metrics": model.metrics, "features": list(model.features),
-        "feature_spec": model.bundle.spec.to_dict(), "alarm_threshold": list(model.bundle.alarm_threshold),
-        "dispersion": list(model.bundle.dispersion), "offset": _offset_dict(model.bundle.offset),
-        "trace": model.trace, "files": files})
+        "feature_spec": bundle.spec.to_dict(), "alarm_threshold": list(bundle.alarm_threshold),
+        "dispersion": list(bundle.dispersion), "offset": _offset_dict(bundle.offset),
+        "trace": model.trace, "files": files}
+    if bundle.selection is not None and bundle.baselines is not None:
+        manifest["point"] = {"baselines": {"ewma_halflife_s": bundle.baselines.ewma_halflife_s,
+                                           "period_steps": bundle.baselines.period_steps},
+                             "selection": bundle.selection.to_dict()}
+    return write_manifest(target, manifest)
 
 
 def _offset_dict(offset: LevelOffset) -> dict[str, float]:
@@ -214,7 +247,45 @@ def load_lightgbm(manifest: Mapping[str, Any], metrics: Mapping[str, float], dir
             raise InvalidArgument(f"files.{kind}: must list one model file per horizon")
         boosters[kind] = [_booster(directory, name, len(spec.names()), f"files.{kind}") for name in names]
     bundle = LgbmBundle(spec, horizons_s, quantile, boosters, thresholds, offset, dispersion)
+    if "point" in manifest:
+        _parse_point(manifest["point"], files, directory, bundle)
     return LightGbmModel(bundle, version, metrics, str(manifest["trace"]))
+
+
+def _parse_point(value: Any, files: Any, directory: Path, bundle: LgbmBundle) -> None:
+    """Sets bundle.baselines, the level-free boosters and bundle.selection
+    from the manifest's "point"; InvalidArgument naming the key otherwise."""
+    if not isinstance(value, dict) or sorted(value) != ["baselines", "selection"]:
+        raise InvalidArgument("point: must be an object with exactly baselines and selection")
+    raw = value["baselines"]
+    if not isinstance(raw, dict) or sorted(raw) != ["ewma_halflife_s", "period_steps"]:
+        raise InvalidArgument("point.baselines: must be an object with exactly ewma_halflife_s and period_steps")
+    halflife, period = raw["ewma_halflife_s"], raw["period_steps"]
+    if isinstance(halflife, bool) or not isinstance(halflife, (int, float)) or not np.isfinite(halflife) \
+            or halflife <= 0 or isinstance(period, bool) or not isinstance(period, int) or period < 0:
+        raise InvalidArgument("point.baselines: ewma_halflife_s must be a number > 0, period_steps an integer >= 0")
+    baselines = FeatureBaselines(bundle.spec, float(halflife), period)
+    try:
+        baselines.validate()
+    except ValueError as exc:
+        raise InvalidArgument(f"point.baselines: {exc}") from None
+    read = season_lags(period, bundle.steps()) if period > 0 else ()
+    missing = [lag for lag in read if lag not in bundle.spec.lags]
+    if missing:
+        raise InvalidArgument(f"point.baselines.period_steps={period}: reads lag_{missing[0]}, not a feature")
+    bundle.baselines = baselines
+    names = files.get(LEVEL_FREE_KIND) if isinstance(files, dict) else None
+    if names is not None:
+        if not isinstance(names, list) or len(names) != len(bundle.horizons_s):
+            raise InvalidArgument(f"files.{LEVEL_FREE_KIND}: must list one model file per horizon")
+        extra = extra_columns(baselines)  # the level-free features' own columns
+        bundle.boosters[LEVEL_FREE_KIND] = [_booster(directory, name, len(bundle.spec.names()) + extra,
+                                                     f"files.{LEVEL_FREE_KIND}") for name in names]
+    try:
+        bundle.selection = Selection.from_dict(value["selection"], bundle.horizons_s, bundle.candidate_names())
+    except ValueError as exc:
+        raise InvalidArgument(f"point.{exc}" if str(exc).startswith("selection") else f"point.selection: {exc}") \
+            from None
 
 
 def _booster(directory: Path, name: Any, num_features: int, key: str) -> lgb.Booster:

@@ -13,7 +13,10 @@ nested past the parser's limit are InvalidArgument; a manifest the OS will
 not let us read is FailedPrecondition. `load_model` only reads and builds; it never touches a model in
 service (the core swaps a loaded model in). Kinds whose manifest carries more
 than numbers (kind "lightgbm": booster files beside the manifest, see
-lgbm_model.py) register a `parse` function and their extra keys.
+lgbm_served.py) register a `parse` function and their extra keys; the
+lightgbm kind's optional "point" records the served point forecast chosen
+per horizon and family class on validation (selection.py), which the model
+then serves and GetModelInfo shows.
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "last-value": ModelKind(RateParams, lambda params, metrics, _dir: LastValueModel(params, metrics)),
     "lightgbm": ModelKind(RateParams, lambda *_: None, parse=_parse_lightgbm,  # type: ignore[arg-type]
                           extra_keys=("features", "feature_spec", "alarm_threshold", "dispersion", "offset",
-                                      "trace", "files")),
+                                      "trace", "files", "point")),
 }
 
 

@@ -7,6 +7,9 @@ Validation (a candidate that fails is discarded, the model in service stays):
 - its count MAE at the reference horizon (the middle trained horizon) on that
   slice at most (1 + tolerance) x the best of: the EWMA baseline on the same
   rows, and the LightGBM model in service when it reads the same features.
+  The candidate's count is its served point forecast (the choice made on
+  that same slice, selection.py), so this guards against a broken candidate,
+  not a second test of the choice.
 Swap: the candidate is written as a model directory (boosters, then the
 manifest, atomically), read back through load_model like any ReloadModel,
 and installed with one assignment under the core's lock, so a Forecast sees
@@ -23,10 +26,10 @@ from pathlib import Path
 import numpy as np
 from scipy import sparse
 
-from speckv.services.predictor.baselines import Ewma
 from speckv.services.predictor.core import PredictorCore
 from speckv.services.predictor.evaluation import mae
 from speckv.services.predictor.family_counts import FamilyCounts
+from speckv.services.predictor.feature_baselines import EWMA, FeatureBaselines
 from speckv.services.predictor.lgbm_forecaster import is_sane
 from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
 from speckv.services.predictor.manifest import load_model
@@ -87,9 +90,10 @@ class Retrainer:
                               (first + start) * step_s)
         keep = np.flatnonzero(np.diff(counts.counts.indptr) > 0)
         counts = FamilyCounts([families[i] for i in keep], counts.counts[keep], step_s, counts.start_s)
-        ewma = Ewma(self._config.spec, self._settings.ewma_halflife_s)
-        trained = train_on_counts(counts, self._config, [ewma])
+        trained = train_on_counts(counts, self._config)
         valid, bundle = trained.validation, trained.bundle
+        # the EWMA baseline read off the candidate's own features (training may add lags, moving columns)
+        ewma = FeatureBaselines(bundle.spec, self._settings.ewma_halflife_s)
         if not len(valid):
             return RetrainResult(RetrainOutcome.SKIPPED, "no validation rows")
         if not is_sane(bundle, valid.X):
@@ -97,12 +101,13 @@ class Retrainer:
         ref = len(self._config.horizons_s) // 2
         truth = valid.count[:, ref].astype(np.float64)
         candidate = mae(bundle.predict(valid.X)[0][:, ref], truth)
-        reference = mae(valid.baselines[ewma.name][:, ref], truth)
+        reference = mae(ewma.forecast(EWMA, valid.X, bundle.steps()[ref]), truth)
         serving = self._core.serving_model
         if isinstance(serving, LightGbmModel) and serving.feature_spec == bundle.spec:
             reference = min(reference, mae(serving.bundle.predict(valid.X)[0][:, ref], truth))
         if not candidate <= (1.0 + self._settings.tolerance) * reference:
-            return RetrainResult(RetrainOutcome.REJECTED, f"validation MAE {candidate:.4f} above reference {reference:.4f}",
+            return RetrainResult(RetrainOutcome.REJECTED,
+                                 f"validation MAE {candidate:.4f} above reference {reference:.4f}",
                                  candidate_mae=candidate, reference_mae=reference)
         self._serial += 1
         version = f"online-{self._serial}-step{first + int(window.shape[1]) - 1}"

@@ -8,6 +8,7 @@ import grpc
 
 from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
 from speckv.services.predictor.observations import Arrival, ObserveResult
+from speckv.services.predictor.selection import Choice
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 
@@ -71,4 +72,13 @@ def model_info_to_proto(info: ModelInfoRecord) -> predictor_pb2.ModelInfo:
         name=info.name, version=info.version, horizons_s=list(info.horizons_s), quantile=info.quantile,
         features=list(info.features), metrics=info.metrics, source=info.source, loaded_at_s=info.loaded_at_s,
         families_tracked=info.families_tracked, observations_total=info.observations_total,
-        burst_definition=info.burst_definition)
+        burst_definition=info.burst_definition, choices=[choice_to_proto(c) for c in info.choices],
+        family_classes=info.family_classes)
+
+
+def choice_to_proto(choice: Choice) -> predictor_pb2.ForecastChoice:
+    return predictor_pb2.ForecastChoice(
+        horizon_s=choice.horizon_s, family_class=choice.family_class, chosen=choice.chosen,
+        weights=[predictor_pb2.CandidateWeight(forecaster=n, weight=w) for n, w in choice.weights],
+        candidates=[predictor_pb2.CandidateScore(forecaster=n, validation_mae=v) for n, v in choice.validation_mae],
+        validation_rows=choice.rows, inherited=choice.inherited)

@@ -2,6 +2,8 @@
 and background retraining swapping models while Forecast keeps answering."""
 from __future__ import annotations
 
+import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -60,6 +62,35 @@ def test_lightgbm_forecasts_from_a_stream_fed_over_grpc(model_dir: Path) -> None
         assert odd.forecasts[0].horizons[0].horizon_s == 3.0
         info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
         assert info.name == "lightgbm" and "level_hl120s" in info.features
+    finally:
+        channel.close()
+        server.stop(grace_s=0.5)
+
+
+def test_get_model_info_shows_the_served_choice_per_horizon_and_class(model_dir: Path) -> None:
+    """The choice recorded in the manifest (selection.py) is what GetModelInfo
+    shows over real gRPC: per horizon and family class, the forecaster or
+    blend served, its weights and every candidate's validation MAE."""
+    selection = json.loads((model_dir / "manifest.json").read_text())["point"]["selection"]
+    server = _serve(PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir)))
+    channel, stub = _stub(server)
+    try:
+        info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
+        classes = selection["classes"]["names"]
+        assert len(info.choices) == len(info.horizons_s) * len(classes) == len(selection["choices"])
+        assert "level_hl120s" in info.family_classes and all(name in info.family_classes for name in classes)
+        for shown, recorded in zip(info.choices, selection["choices"]):
+            assert (shown.horizon_s, shown.family_class, shown.chosen) == (
+                recorded["horizon_s"], recorded["family_class"], recorded["chosen"])
+            assert {w.forecaster: w.weight for w in shown.weights} == recorded["weights"]
+            assert abs(sum(w.weight for w in shown.weights) - 1.0) < 1e-9
+            scores = {c.forecaster: c.validation_mae for c in shown.candidates}
+            assert set(scores) == set(recorded["validation_mae"]) >= {"last-value", "ewma", "blend"}
+            assert all(math.isnan(v) if recorded["validation_mae"][n] is None else v == recorded["validation_mae"][n]
+                       for n, v in scores.items())
+            assert shown.validation_rows == recorded["rows"] and shown.inherited == recorded["inherited"]
+        busy = [c for c in info.choices if c.validation_rows > 0]
+        assert busy and all(c.chosen in ("blend", *(w.forecaster for w in c.weights)) for c in busy)
     finally:
         channel.close()
         server.stop(grace_s=0.5)

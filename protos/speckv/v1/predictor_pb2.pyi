@@ -79,7 +79,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition")
+    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition", "choices", "family_classes")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,8 @@ class ModelInfo(_message.Message):
     FAMILIES_TRACKED_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BURST_DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     horizons_s: _containers.RepeatedScalarFieldContainer[float]
@@ -109,7 +111,43 @@ class ModelInfo(_message.Message):
     families_tracked: int
     observations_total: int
     burst_definition: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ...) -> None: ...
+    choices: _containers.RepeatedCompositeFieldContainer[ForecastChoice]
+    family_classes: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ForecastChoice, _Mapping]]] = ..., family_classes: _Optional[str] = ...) -> None: ...
+
+class ForecastChoice(_message.Message):
+    __slots__ = ("horizon_s", "family_class", "chosen", "weights", "candidates", "validation_rows", "inherited")
+    HORIZON_S_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_ROWS_FIELD_NUMBER: _ClassVar[int]
+    INHERITED_FIELD_NUMBER: _ClassVar[int]
+    horizon_s: float
+    family_class: str
+    chosen: str
+    weights: _containers.RepeatedCompositeFieldContainer[CandidateWeight]
+    candidates: _containers.RepeatedCompositeFieldContainer[CandidateScore]
+    validation_rows: int
+    inherited: bool
+    def __init__(self, horizon_s: _Optional[float] = ..., family_class: _Optional[str] = ..., chosen: _Optional[str] = ..., weights: _Optional[_Iterable[_Union[CandidateWeight, _Mapping]]] = ..., candidates: _Optional[_Iterable[_Union[CandidateScore, _Mapping]]] = ..., validation_rows: _Optional[int] = ..., inherited: _Optional[bool] = ...) -> None: ...
+
+class CandidateWeight(_message.Message):
+    __slots__ = ("forecaster", "weight")
+    FORECASTER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    forecaster: str
+    weight: float
+    def __init__(self, forecaster: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class CandidateScore(_message.Message):
+    __slots__ = ("forecaster", "validation_mae")
+    FORECASTER_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_MAE_FIELD_NUMBER: _ClassVar[int]
+    forecaster: str
+    validation_mae: float
+    def __init__(self, forecaster: _Optional[str] = ..., validation_mae: _Optional[float] = ...) -> None: ...
 
 class ReloadModelRequest(_message.Message):
     __slots__ = ("path",)

@@ -66,10 +66,12 @@ def test_saved_model_loads_through_the_manifest_and_predicts_the_same(trained, t
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert manifest["kind"] == "lightgbm" and manifest["features"] == list(result.bundle.spec.names())
     assert sorted(p.name for p in (tmp_path / "m").glob("*.txt")) == sorted(
-        f"count_h{h:g}.txt" for h in result.bundle.horizons_s)
+        f"{kind}_h{h:g}.txt" for kind in ("count", "l1") for h in result.bundle.horizons_s)
+    assert manifest["point"]["selection"] == result.bundle.selection.to_dict()
     assert len(manifest["dispersion"]) == len(result.bundle.horizons_s) and manifest["offset"]["prior_per_step"] > 0
     loaded = load_model(tmp_path / "m")
     assert isinstance(loaded, LightGbmModel) and loaded.version == "t-1" and loaded.trace == "planted"
+    assert loaded.choices == result.bundle.selection.choices
     X = result.rows.X[:500]
     for a, b in zip(result.bundle.predict(X), loaded.bundle.predict(X)):
         np.testing.assert_array_equal(a, b)
@@ -85,6 +87,12 @@ def test_saved_model_loads_through_the_manifest_and_predicts_the_same(trained, t
     (lambda m: m["offset"].pop("prior_steps"), "offset"),
     (lambda m: m.pop("feature_spec"), "feature_spec"),
     (lambda m: m.update(quantile=2.0), "quantile"),
+    (lambda m: m["point"]["selection"]["choices"][0].update(weights={"no-such": 1.0}), "point.selection"),
+    (lambda m: m["point"]["selection"]["choices"][0].update(weights={"ewma": 0.5}), "point.selection"),
+    (lambda m: m["point"]["selection"]["choices"].pop(), "point.selection.choices"),
+    (lambda m: m["point"]["baselines"].update(period_steps=-1), "point.baselines"),
+    (lambda m: m["point"]["baselines"].update(period_steps=400), "point.baselines.period_steps"),
+    (lambda m: m["files"]["l1"].pop(), "files.l1"),
 ])
 def test_broken_model_directories_are_invalid(trained, tmp_path, edit, key):
     _, _, result = trained

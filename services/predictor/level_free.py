@@ -1,0 +1,121 @@
+"""The level-free absolute-error booster ("lightgbm-l1"): one per horizon,
+a candidate point forecast for the selection (selection.py).
+
+Why: the count booster (lgbm_forecaster.py) models the mean, and its
+quantile and burst probability need that; but the served point forecast is
+judged by absolute error, which the conditional median minimises, and on
+bursty on/off traffic the mean sits far from it. Why level-free: a level
+shift between training and serving (a busy hour, then a quiet one) must not
+leave the forecast at a level training saw.
+
+Model. With base the level offset's causal level per step (LevelOffset,
+the ewma_hl<h>s feature shrunk toward the training mean), for k steps:
+    forecast = k * base * g(z),
+g the booster's output, trained with objective l1 (config `point.params`)
+on target y / (k * base) with weight k * base, so its loss is
+sum |y - k * base * g| exactly: the absolute error of the counts. z are
+the level-free features (`level_free_features`): every count-valued
+feature divided by base (lags, window means, maxima and deviations, EWMAs),
+the long-run level as a multiple of base, the cluster terms divided by the
+slowest cluster EWMA, and the rest (ratios, times since, turns, time of
+day) as they are; plus, per horizon, the seasonal forecast over k * base
+when the seasonal candidate exists; and last, log(k * base), the one
+absolute term.
+Why the absolute term, and thinned copies: Poisson noise is not scale-free
+(its relative size falls as the level rises), so how much to trust the
+latest steps depends on the level. Trained at one level, a model cannot
+know that; so training adds binomially thinned copies of its counts (each
+arrival kept with probability p, for each p in `thinning`): the same
+traffic's timing at lower levels, where log(k * base) tells the levels
+apart. A level drop after training (Azure code: 15.6 arrivals per 5 s in
+training, 6.25 after) then lands on levels the model has seen; a rise past
+the training level does not, and reads as the highest level seen (the
+selection's cap on the model's weight bounds that, selection.py).
+Training rows and weights are the count booster's (idle rows sampled at
+keep_zero, weight 1 / keep_zero) plus the thinned copies' training rows;
+early stopping watches the real validation slice only, by the same l1 loss.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, Sequence
+
+import lightgbm as lgb
+import numpy as np
+
+from speckv.services.predictor.dataset import Rows
+from speckv.services.predictor.feature_baselines import SEASONAL_NAIVE, FeatureBaselines
+from speckv.services.predictor.features import FeatureSpec
+
+NAME = "lightgbm-l1"
+BASE_FLOOR = 1e-6  # counts per step; base is already > 0 whenever the training rows held an arrival
+COUNT_PREFIXES = ("lag_", "mean_", "max_", "std_", "ewma_")
+
+
+def level_free_features(X: np.ndarray, spec: FeatureSpec, base: np.ndarray,
+                        baselines: FeatureBaselines, k: int) -> np.ndarray:
+    """z for rows X (float32 (N, features) of spec), base (N,) counts per
+    step: float32 (N, extra_columns + features) in spec.names() order, then
+    the seasonal column when baselines has a period, then log(k * base)."""
+    counted, level, cluster, slow = _groups(spec)
+    b = np.maximum(np.asarray(base, dtype=np.float64), BASE_FLOOR)
+    Z = X.astype(np.float64, copy=True)
+    Z[:, counted] /= b[:, None]
+    Z[:, level] *= spec.step_s / b
+    if len(cluster) and slow >= 0:
+        Z[:, cluster] /= np.maximum(X[:, slow].astype(np.float64), BASE_FLOOR)[:, None]
+    extra = [baselines.forecast(SEASONAL_NAIVE, X, k) / (k * b)] if SEASONAL_NAIVE in baselines.names() else []
+    return np.ascontiguousarray(np.column_stack([Z, *extra, np.log(k * b)]), dtype=np.float32)
+
+
+def extra_columns(baselines: FeatureBaselines) -> int:
+    """Columns level_free_features adds after the spec's features."""
+    return 2 if SEASONAL_NAIVE in baselines.names() else 1
+
+
+@functools.lru_cache(maxsize=64)
+def _groups(spec: FeatureSpec) -> tuple[np.ndarray, int, np.ndarray, int]:
+    """(count-valued columns, the level column, cluster columns, the slowest
+    cluster EWMA's column or -1), derived once per spec."""
+    names = spec.names()
+    counted = np.array([i for i, n in enumerate(names) if n.startswith(COUNT_PREFIXES)], dtype=np.int64)
+    cluster = np.array([i for i, n in enumerate(names) if n.startswith("cluster_")], dtype=np.int64)
+    slow = spec.column(f"cluster_ewma_hl{max(spec.cluster_halflives_s):g}s") if spec.cluster_halflives_s else -1
+    return counted, spec.column(f"level_hl{spec.long_halflife_s:g}s"), cluster, slow
+
+
+def train_level_free(train: Rows, valid: Rows, index: np.ndarray, weight: np.ndarray, base_train: np.ndarray,
+                     base_valid: np.ndarray, spec: FeatureSpec, baselines: FeatureBaselines, ks: Sequence[int],
+                     point: Mapping[str, Any], base_params: Mapping[str, Any], seed: int) -> list[lgb.Booster]:
+    """One l1 booster per horizon. index, weight: the training rows kept
+    and their sampling weights; base_*: each row's base (counts per step).
+    point: num_boost_round, early_stopping_rounds and the LightGBM params."""
+    params = {**base_params, **dict(point.get("params", {})), "seed": seed}
+    rounds, stop = int(point.get("num_boost_round", 100)), int(point.get("early_stopping_rounds", 0))
+    boosters: list[lgb.Booster] = []
+    for i, k in enumerate(ks):
+        scale = k * np.maximum(base_train[index], BASE_FLOOR)
+        Z = level_free_features(train.X[index], spec, base_train[index], baselines, k)
+        data = lgb.Dataset(Z, label=train.count[index, i] / scale, weight=weight * scale, free_raw_data=False,
+                           params={"max_bin": int(base_params.get("max_bin", 63)), "feature_pre_filter": False,
+                                   "verbosity": -1})
+        callbacks, valid_sets = [], []
+        if len(valid) and stop > 0:
+            vscale = k * np.maximum(base_valid, BASE_FLOOR)
+            vz = level_free_features(valid.X, spec, base_valid, baselines, k)
+            valid_sets = [lgb.Dataset(vz, label=valid.count[:, i] / vscale, weight=vscale, reference=data,
+                                      free_raw_data=False)]
+            callbacks = [lgb.early_stopping(stop, verbose=False)]
+        booster = lgb.train(params, data, num_boost_round=rounds, valid_sets=valid_sets, callbacks=callbacks)
+        if booster.best_iteration > 0:
+            booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
+        boosters.append(booster)
+    return boosters
+
+
+def predict_level_free(booster: lgb.Booster, X: np.ndarray, spec: FeatureSpec, base: np.ndarray,
+                       baselines: FeatureBaselines, k: int, num_threads: int) -> np.ndarray:
+    """k * base * g(z), float64 (N,), floored at 0 (a count)."""
+    Z = level_free_features(X, spec, base, baselines, k)
+    g = booster.predict(Z, num_threads=num_threads)
+    return np.maximum(k * np.maximum(np.asarray(base, dtype=np.float64), BASE_FLOOR) * g, 0.0)
