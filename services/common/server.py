@@ -1,5 +1,14 @@
 """A production-shaped gRPC server: health checking, reflection, the error
-interceptor, OpenTelemetry, message size limits and graceful shutdown.
+interceptor, OpenTelemetry, message size limits, caps on streams and queued
+calls, and graceful shutdown.
+
+Threads: a streaming call holds a handler thread for as long as its client
+keeps it open, so the pool has max_streams threads for streams plus
+`workers` more that only unary calls (and refusals) ever wait for: streams
+beyond max_streams (or max_streams_per_peer from one host) are answered
+RESOURCE_EXHAUSTED at once (interceptor.py), so a unary call always finds a
+thread. Calls beyond the threads wait in a queue of max_queued_calls; grpc
+answers RESOURCE_EXHAUSTED beyond that. docs/limits.md lists every limit.
 
 Shutdown order: health goes NOT_SERVING (load balancers stop sending), stop
 hooks end long-lived streams, the server refuses new calls and in-flight calls
@@ -25,7 +34,7 @@ from grpc_reflection.v1alpha import reflection
 
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.interceptor import ErrorMappingInterceptor
+from speckv.services.common.interceptor import ErrorMappingInterceptor, StreamSlots
 from speckv.services.common.metrics_http import MetricsEndpoint
 from speckv.services.common.service_metrics import RpcMetrics
 from speckv.services.common.telemetry import Telemetry
@@ -42,7 +51,15 @@ class ServerSettings:
     port: int = field(default=0, metadata={"help": "port to bind; 0 picks a free one"})
     max_message_mb: int = field(default=64, metadata={"help": "largest gRPC message accepted or sent, MiB"})
     grace_s: float = field(default=5.0, metadata={"help": "how long in-flight calls may drain on shutdown"})
-    workers: int = field(default=32, metadata={"help": "server handler threads"})
+    workers: int = field(default=32, metadata={
+        "help": "handler threads kept for unary calls, on top of the max_streams threads streams may hold"})
+    max_streams: int = field(default=128, metadata={
+        "help": "streaming calls served at once (server, client or bidirectional streams); more: RESOURCE_EXHAUSTED"})
+    # 64: `speckv up` runs up to 64 nodes on one host, each with a stream open to the scheduler.
+    max_streams_per_peer: int = field(default=64, metadata={
+        "help": "streaming calls served at once from one peer host (capped at max_streams); more: RESOURCE_EXHAUSTED"})
+    max_queued_calls: int = field(default=256, metadata={
+        "help": "calls waiting for a handler thread at most; more: RESOURCE_EXHAUSTED"})
     metrics_port: int = field(default=0, metadata={
         "help": "port of the Prometheus /metrics HTTP endpoint, on host; 0: no endpoint"})
 
@@ -55,7 +72,20 @@ class ServerSettings:
         if not 1 <= self.max_message_mb <= 1024:
             raise InvalidArgument(f"max_message_mb={self.max_message_mb}: must be 1..1024")
         if self.workers < 4:
-            raise InvalidArgument(f"workers={self.workers}: need at least 4 (streams hold threads)")
+            raise InvalidArgument(f"workers={self.workers}: need at least 4 threads for unary calls")
+        for name in ("max_streams", "max_streams_per_peer", "max_queued_calls"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 1")
+
+    @property
+    def handler_threads(self) -> int:
+        """The pool: a thread per admitted stream plus the unary headroom."""
+        return self.max_streams + self.workers
+
+    @property
+    def max_concurrent_rpcs(self) -> int:
+        """Calls grpc accepts at once: one per thread plus the queue."""
+        return self.handler_threads + self.max_queued_calls
 
     @property
     def max_message_bytes(self) -> int:
@@ -99,11 +129,13 @@ class ServiceServer:
         self._start_hooks: list[Callable[[], None]] = []
         self._stop_hooks: list[Callable[[], None]] = []
         self._stopped = threading.Event()
+        self.stream_slots = StreamSlots(settings.max_streams, settings.max_streams_per_peer)
+        mapping = ErrorMappingInterceptor(RpcMetrics(telemetry.meter_provider, name), self.stream_slots)
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix=name),
-            interceptors=[telemetry.server_interceptor(), ErrorMappingInterceptor(RpcMetrics(telemetry.meter_provider, name))],
+            futures.ThreadPoolExecutor(max_workers=settings.handler_threads, thread_name_prefix=name),
+            interceptors=[telemetry.server_interceptor(), mapping],
             options=[*channel_options(settings.max_message_bytes), ("grpc.so_reuseport", 0)],
-            maximum_concurrent_rpcs=settings.workers * 8,
+            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
         )
         self.service_names = list(register(self._server))
         self._health = health.HealthServicer(experimental_non_blocking=True)

@@ -11,6 +11,7 @@ from speckv.services.common.server import ServerSettings
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 
 KIB = 1024
+MAX_LEASE_S = 24 * 3600.0  # what the store itself accepts (validate.lease)
 MESSAGE_OVERHEAD = 64 * KIB  # room for the non-data fields of a chunk or block message
 TRANSPORTS = ("tcp", "grpc")
 
@@ -38,6 +39,16 @@ class KVStoreConfig(ServerSettings):
     data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is tcp; 0 picks a free one"})
     backend: str = field(default="numpy", metadata={"help": f"pool memory: {' | '.join(BACKEND_CHOICES)} (auto: CuPy when a CUDA device is present)"})
     link_gbps: float = field(default=0.0, metadata={"help": "cap on replication bytes this node sends, Gbit/s (emulates a network link); 0: no cap"})
+    max_reservation_lease_s: float = field(default=60.0, metadata={
+        "help": "longest lease a Reserve may ask (lease_ms), seconds; longer: INVALID_ARGUMENT"})
+    pin_lease_s: float = field(default=120.0, metadata={
+        "help": "how long a Pin holds its blocks unless Unpin ends it first, seconds (renew: pin again, unpin once)"})
+    max_family_chars: int = field(default=256, metadata={
+        "help": "longest family name PutBlocks or Reserve may carry, characters; longer: INVALID_ARGUMENT"})
+    data_max_connections: int = field(default=64, metadata={
+        "help": "TCP data plane connections served at once; more are answered RESOURCE_EXHAUSTED and closed"})
+    data_read_timeout_s: float = field(default=10.0, metadata={
+        "help": "a TCP data plane connection silent this long is closed, its open writes aborted, seconds"})
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -61,6 +72,18 @@ class KVStoreConfig(ServerSettings):
             raise InvalidArgument(f"event_retention={self.event_retention}: must be > 0")
         check_positive("heartbeat_interval_s", self.heartbeat_interval_s)
         check_positive("reservation_lease_s", self.reservation_lease_s)
+        check_positive("max_reservation_lease_s", self.max_reservation_lease_s)
+        if self.reservation_lease_s > self.max_reservation_lease_s:
+            raise InvalidArgument(f"reservation_lease_s={self.reservation_lease_s}: over max_reservation_lease_s="
+                                  f"{self.max_reservation_lease_s} (peers set alike would refuse its Reserves)")
+        if not 0 < self.pin_lease_s <= MAX_LEASE_S or not 0 < self.max_reservation_lease_s <= MAX_LEASE_S:
+            raise InvalidArgument(f"pin_lease_s={self.pin_lease_s}, max_reservation_lease_s="
+                                  f"{self.max_reservation_lease_s}: must be in (0, {MAX_LEASE_S:g}] seconds")
+        if self.max_family_chars < 1:
+            raise InvalidArgument(f"max_family_chars={self.max_family_chars}: must be >= 1")
+        if self.data_max_connections < 1:
+            raise InvalidArgument(f"data_max_connections={self.data_max_connections}: must be >= 1")
+        check_positive("data_read_timeout_s", self.data_read_timeout_s)
         check_positive("peer_timeout_s", self.peer_timeout_s)
         if self.transport not in TRANSPORTS:
             raise InvalidArgument(f"transport={self.transport!r}: expected one of {', '.join(TRANSPORTS)}")

@@ -25,13 +25,13 @@ from speckv.services.kvstore.dataplane.tcp_target import TcpReplicationTarget
 from speckv.services.kvstore.dataplane.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.replication import Replicator, TargetFactory
-from speckv.services.kvstore.servicer import KVStoreServicer
+from speckv.services.kvstore.servicer import KVStoreServicer, RequestLimits
 from speckv.services.kvstore.store import KVStoreCore, StoreStats, TierStats
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 SERVICE = "kvstore"
 SERVICE_NAME = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
-MAINTENANCE_S = 1.0  # how often lapsed reservations are reaped at the latest
+MAINTENANCE_S = 1.0  # how often lapsed reservations and pin leases are ended at the latest
 
 
 def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
@@ -47,11 +47,13 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     transports = build_transports(config, telemetry, clock)
     replicator = Replicator(store, transports[config.transport], clock, chunk_bytes=config.chunk_bytes,
                             reservation_lease_s=config.reservation_lease_s, transports=transports)
-    data_plane = DataPlaneServer(store, config.host, config.data_port, config.node_id) \
-        if config.transport == "tcp" else None
+    data_plane = DataPlaneServer(store, config.host, config.data_port, config.node_id,
+                                 max_connections=config.data_max_connections,
+                                 read_timeout_s=config.data_read_timeout_s) if config.transport == "tcp" else None
     stopping = threading.Event()
+    limits = RequestLimits(config.max_reservation_lease_s, config.pin_lease_s, config.max_family_chars)
     servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s,
-                               data_address=_data_address(config, data_plane))
+                               data_address=_data_address(config, data_plane), limits=limits)
 
     def register(server: grpc.Server) -> list[str]:
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)

@@ -1,7 +1,13 @@
-"""gRPC face of the kvstore: unpack, call the core, pack. No logic here."""
+"""gRPC face of the kvstore: unpack, check the wire limits (RequestLimits),
+call the core, pack. No other logic here.
+
+PutBlocks checks each message as it arrives (count, block size, family), so
+a bad stream is refused at its first bad message instead of being buffered
+whole first."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Iterator
 
 import grpc
@@ -10,6 +16,7 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry_proto import geometry_to_proto
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.tiers import Tier
+from speckv.services.kvstore import validate
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
@@ -19,14 +26,28 @@ from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 MS = 1000.0
 
 
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one request may ask (KVStoreConfig's fields of the same names).
+    Seconds and characters."""
+
+    max_reservation_lease_s: float = 60.0
+    pin_lease_s: float = 120.0
+    max_family_chars: int = 256
+
+
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, store: KVStoreCore, replicator: Replicator, stopping: threading.Event,
-                 default_reservation_lease_s: float, data_address: str = "") -> None:
+                 default_reservation_lease_s: float, data_address: str = "",
+                 limits: RequestLimits = RequestLimits()) -> None:
         self._store = store
         self._data_address = data_address
         self._replicator = replicator
         self._stopping = stopping
         self._default_lease_s = default_reservation_lease_s
+        self._limits = limits
+        # The store refuses a put of more blocks than the device tier has pages: refuse them as they come.
+        self._max_put_blocks = min(store.max_hashes, store.stats().num_pages)
 
     def Lookup(self, request: kvstore_pb2.LookupRequest, context: grpc.ServicerContext) -> kvstore_pb2.LookupResponse:
         result = self._store.lookup(list(request.block_hashes))
@@ -35,9 +56,13 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def PutBlocks(self, request_iterator: Iterator[kvstore_pb2.PutBlockRequest],
                   context: grpc.ServicerContext) -> kvstore_pb2.PutBlocksResponse:
         blocks: list[BlockWrite] = []
+        bytes_per_block, max_family = self._store.bytes_per_block, self._limits.max_family_chars
         for message in request_iterator:
-            if len(blocks) >= self._store.max_hashes:
-                raise InvalidArgument(f"put_blocks: more than {self._store.max_hashes} blocks in one stream")
+            i = len(blocks)
+            if i >= self._max_put_blocks:
+                raise InvalidArgument(f"put_blocks: more than {self._max_put_blocks} blocks in one stream")
+            validate.block_size(len(message.data), bytes_per_block, i, message.block_hash)
+            validate.family(message.family, f"put_blocks: block {i}'s family", max_family)
             blocks.append(BlockWrite(BlockHash(message.block_hash), message.data, message.family,
                                      BlockHash(message.parent_hash) if message.has_parent else None))
         result = self._store.put_blocks(blocks)
@@ -55,7 +80,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             blocks.close()  # drops the read pins even when the client goes away
 
     def Pin(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinResponse:
-        return kvstore_pb2.PinResponse(changed=self._store.pin(list(request.block_hashes)))
+        return kvstore_pb2.PinResponse(changed=self._store.pin(list(request.block_hashes), self._limits.pin_lease_s))
 
     def Unpin(self, request: kvstore_pb2.PinRequest, context: grpc.ServicerContext) -> kvstore_pb2.PinResponse:
         return kvstore_pb2.PinResponse(changed=self._store.unpin(list(request.block_hashes)))
@@ -77,6 +102,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Replicate(self, request: kvstore_pb2.ReplicateRequest,
                   context: grpc.ServicerContext) -> kvstore_pb2.ReplicateResponse:
+        validate.family(request.order.family, "replicate: order.family", self._limits.max_family_chars)
         result = self._replicator.replicate(order_from_proto(request.order), chunk_bytes=request.chunk_bytes,
                                             transport=request.transport)
         if result.error is not None:
@@ -86,6 +112,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def Reserve(self, request: kvstore_pb2.ReserveRequest,
                 context: grpc.ServicerContext) -> kvstore_pb2.ReserveResponse:
         lease_s = request.lease_ms / MS if request.lease_ms else self._default_lease_s
+        if lease_s > self._limits.max_reservation_lease_s:
+            raise InvalidArgument(f"reserve: lease_ms={request.lease_ms}: at most "
+                                  f"{self._limits.max_reservation_lease_s * MS:g} ms (max_reservation_lease_s)")
+        validate.family(request.family, "reserve: family", self._limits.max_family_chars)
         grant = self._store.reserve(
             request.order_id, list(request.block_hashes), lease_s, family=request.family,
             parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=request.source_node,

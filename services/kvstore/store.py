@@ -35,6 +35,7 @@ caller holds pinned (hold), so neither can be reused underneath.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from contextlib import contextmanager
@@ -200,6 +201,9 @@ class KVStoreCore:
         self._last = self._host or self._device  # the tier a block leaves the node from
         self._retention = Retention(int(retain_max_share * self._last.pool.num_pages))
         self._evicted_now: list[BlockHash] = []  # this call's victims, while anything is retained
+        # Deadlines of the pins pin() gave, a min-heap per block (inf: no lease);
+        # a block's heap is as long as its client pins, which unpin and maintenance end.
+        self._pin_leases: dict[BlockHash, list[float]] = {}
 
     def _make_tier(self, tier: Tier, pages: int, backend: Backend | None, prefix: str) -> StoreTier:
         pool = PagePool(self.geometry, pages, backend)
@@ -376,31 +380,36 @@ class KVStoreCore:
             now = self.clock.now()
             return self._retention.retain(wanted[:held], now + ttl_s, now)
 
-    def pin(self, hashes: Sequence[int]) -> int:
-        """Pins each block in every tier that holds it now: neither tier evicts it."""
+    def pin(self, hashes: Sequence[int], lease_s: float | None = None) -> int:
+        """Pins each block in every tier that holds it now: neither tier evicts
+        it until unpin drops the pin or, with lease_s (seconds), maintenance()
+        does once lease_s has passed. Pinning again and unpinning once renews."""
         wanted = validate.hash_list(hashes, "pin", self.max_hashes)
+        if lease_s is not None:
+            validate.lease(lease_s, "pin lease_s")
         with self._lock:
             self._require_resident(wanted, "pin")
             self._pin_all(wanted)
             self._touch(wanted)
+            deadline = self.clock.now() + lease_s if lease_s is not None else math.inf
+            for h in wanted:
+                heapq.heappush(self._pin_leases.setdefault(h, []), deadline)
             return len(wanted)
 
     def unpin(self, hashes: Sequence[int]) -> int:
-        """Drops one pin per hash from every tier where the block is pinned."""
+        """Drops one pin per hash (the one whose lease ends first) from every
+        tier where the block is pinned."""
         wanted = validate.hash_list(hashes, "unpin", self.max_hashes)
         with self._lock:
             self._require_resident(wanted, "unpin")
             asked: dict[BlockHash, int] = {}
             for h in wanted:
                 asked[h] = asked.get(h, 0) + 1
-            short = [h for h, n in asked.items() if self._pins(h) < n]
+            short = [h for h, n in asked.items() if len(self._pin_leases.get(h, ())) < n]
             if short:
                 raise FailedPrecondition(f"unpin: blocks not pinned (that many times): {validate.quote(short)}")
             for h in reversed(wanted):  # back into the LRU tail first (index.py)
-                for tier in self._tiers():
-                    entry = tier.index.get(h)
-                    if entry is not None and entry.pins:
-                        tier.index.unpin(h)
+                self._drop_pin(h)
             return len(wanted)
 
     # ---- target side of replication ----------------------------------
@@ -549,8 +558,10 @@ class KVStoreCore:
 
     # ---- housekeeping ---------------------------------------------------
     def maintenance(self) -> int:
-        """Reaps lapsed reservations (freeing their pages); returns how many."""
+        """Reaps lapsed reservations (freeing their pages) and ends pins whose
+        lease has passed; returns how many reservations it reaped."""
         with self._lock:
+            self._expire_pins()
             return self._reap()
 
     def close(self) -> None:
@@ -604,9 +615,6 @@ class KVStoreCore:
         if self._host is not None:
             self._host.index.touch_chain([h for h in hashes if h in self._host.index])
 
-    def _pins(self, block_hash: BlockHash) -> int:
-        return max((e.pins for e in (t.index.get(block_hash) for t in self._tiers()) if e is not None), default=0)
-
     def _pin_all(self, hashes: Sequence[BlockHash]) -> list[tuple[StoreTier, BlockHash]]:
         """Pins each block in every tier holding it; returns what to unpin."""
         pinned = []
@@ -616,6 +624,25 @@ class KVStoreCore:
                     tier.index.pin(h)
                     pinned.append((tier, h))
         return pinned
+
+    def _drop_pin(self, h: BlockHash) -> None:
+        """Ends h's client pin that lapses first: the pins left then lapse no
+        earlier than if any other had ended, so no holder loses its pin early."""
+        leases = self._pin_leases[h]
+        heapq.heappop(leases)
+        if not leases:
+            del self._pin_leases[h]
+        for tier in self._tiers():
+            entry = tier.index.get(h)
+            if entry is not None and entry.pins:
+                tier.index.unpin(h)
+
+    def _expire_pins(self) -> None:
+        now = self.clock.now()
+        lapsed = [h for h, leases in self._pin_leases.items() if leases[0] <= now]
+        for h in reversed(lapsed):  # pinned head first, so tails go back into the LRU first (index.py)
+            while h in self._pin_leases and self._pin_leases[h][0] <= now:
+                self._drop_pin(h)
 
     def _unpin_all(self, pinned: list[tuple[StoreTier, BlockHash]]) -> None:
         for tier, h in reversed(pinned):  # back into the LRU tail first (index.py)

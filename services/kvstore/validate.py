@@ -48,3 +48,18 @@ def lease(seconds: float, what: str, max_s: float = 24 * 3600.0) -> float:
     if not 0 < seconds <= max_s:
         raise InvalidArgument(f"{what}={seconds}: must be in (0, {max_s:g}] seconds")
     return seconds
+
+
+def family(name: str, what: str, max_chars: int) -> str:
+    """A family name ("" allowed: none) of at most max_chars characters: the
+    store keeps it with every block and the scheduler with every family."""
+    if len(name) > max_chars:
+        raise InvalidArgument(f"{what} is {len(name)} characters long, at most {max_chars} (max_family_chars)")
+    return name
+
+
+def block_size(size: int, expected: int, index: int, block_hash: int) -> None:
+    """Block `index` of a put (hash block_hash) is exactly `expected` bytes."""
+    if size != expected:
+        raise InvalidArgument(f"put_blocks: block {index} (hash {block_hash}) has {size} bytes, "
+                              f"expected bytes_per_block={expected}")

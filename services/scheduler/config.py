@@ -37,6 +37,12 @@ class SchedulerConfig(ServerSettings):
     tie_ms: float = field(default=1.0, metadata={"help": "expected TTFTs this close (ms) count as a tie and are spread"})
     arrival_queue: int = field(default=10000, metadata={"help": "arrival reports buffered for the predictor before dropping"})
     predictor_timeout_s: float = field(default=2.0, metadata={"help": "deadline of one ObserveArrivals batch, s"})
+    # Engine profiles name no context length yet; 256 Ki tokens admits every prompt of the committed
+    # Mooncake traces, which the live experiments route, while a uint32's 4 Gi cannot be booked.
+    max_prompt_tokens: int = field(default=262_144, metadata={
+        "help": "largest prompt_tokens a Route may carry (the served model's context); larger: INVALID_ARGUMENT"})
+    max_family_chars: int = field(default=256, metadata={
+        "help": "longest family name a Route or SubmitOrder may carry, characters; longer: INVALID_ARGUMENT"})
     kv_events: str = field(default="", metadata={"help": (
         "vLLM engines to index from their ZMQ KV events, no kvstore beside them: entries separated by ';', each "
         "NODE=tcp://HOST:PORT (vLLM's PUB endpoint) with optional ,replay=tcp://HOST:PORT (its replay ROUTER), "
@@ -60,6 +66,9 @@ class SchedulerConfig(ServerSettings):
             raise InvalidArgument(f"link_overhead_ms={self.link_overhead_ms}: must be >= 0")
         if self.tie_ms < 0:
             raise InvalidArgument(f"tie_ms={self.tie_ms}: must be >= 0")
+        for name in ("max_prompt_tokens", "max_family_chars"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 1")
         if self.arrival_queue <= 0:
             raise InvalidArgument(f"arrival_queue={self.arrival_queue}: must be > 0")
         if self.predictor and ":" not in self.predictor:

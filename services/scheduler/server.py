@@ -24,7 +24,7 @@ from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecast
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import ReplicaStats
-from speckv.services.scheduler.servicer import SchedulerServicer
+from speckv.services.scheduler.servicer import RequestLimits, SchedulerServicer
 from speckv.services.scheduler.ticker import Ticker
 from speckv.services.scheduler.vllm_subscriber import VllmEventFeeds, parse_kv_events
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -106,7 +106,7 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     else:
         wiring.event_sync = event_sync
     stopping = threading.Event()
-    servicer = SchedulerServicer(core, stopping)
+    servicer = SchedulerServicer(core, stopping, RequestLimits(config.max_prompt_tokens, config.max_family_chars))
 
     def register(server) -> list[str]:
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)

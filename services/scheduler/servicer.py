@@ -1,8 +1,10 @@
-"""Scheduler gRPC servicer: unpack, call SchedulerCore, pack. Errors are the
-core's domain errors, mapped to status codes by the shared interceptor."""
+"""Scheduler gRPC servicer: unpack, check the wire limits (RequestLimits),
+call SchedulerCore, pack. Errors are the core's domain errors, mapped to
+status codes by the shared interceptor."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Iterator
 
 from speckv.services.common.errors import Aborted, InvalidArgument
@@ -24,10 +26,34 @@ _LOAD_FIELDS = ("queued_tokens", "running_tokens", "free_pages", "num_running_re
 WATCH_POLL_S = 1.0  # how often an idle WatchOrders stream checks that its client is still there
 
 
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one request may carry (SchedulerConfig's fields of the same
+    names): prompt tokens, and characters of a family name. The router books
+    a routed prompt's tokens on its node until that node's next heartbeat,
+    and the family catalog keeps every name, so neither may be unbounded."""
+
+    max_prompt_tokens: int = 262_144
+    max_family_chars: int = 256
+
+    def check_family(self, family: str, what: str = "family") -> None:
+        if len(family) > self.max_family_chars:
+            raise InvalidArgument(f"{what} is {len(family)} characters long, at most {self.max_family_chars} "
+                                  "(max_family_chars)")
+
+    def check_route(self, prompt_tokens: int, family: str) -> None:
+        if prompt_tokens > self.max_prompt_tokens:
+            raise InvalidArgument(f"prompt_tokens={prompt_tokens}: more than the model's context, "
+                                  f"max_prompt_tokens={self.max_prompt_tokens}")
+        self.check_family(family)
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, core: SchedulerCore, stopping: threading.Event) -> None:
+    def __init__(self, core: SchedulerCore, stopping: threading.Event,
+                 limits: RequestLimits = RequestLimits()) -> None:
         self._core = core
         self._stopping = stopping
+        self._limits = limits
 
     def RegisterNode(self, request, context):
         again, interval_ms = self._core.register_node(
@@ -40,10 +66,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.HeartbeatResponse(known=self._core.heartbeat(request.node_id, load))
 
     def Route(self, request, context):
+        self._limits.check_route(request.prompt_tokens, request.family)
         return _route_response(self._core.route(request.request_id, request.block_hashes, request.prompt_tokens,
                                                 request.family, request.arrival_time_s))
 
     def RouteBatch(self, request, context):
+        for i, r in enumerate(request.requests):
+            try:
+                self._limits.check_route(r.prompt_tokens, r.family)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"requests[{i}]: {exc}") from None
         items = [RouteRequestItem(r.request_id, r.block_hashes, r.prompt_tokens, r.family, r.arrival_time_s)
                  for r in request.requests]
         return scheduler_pb2.RouteBatchResponse(responses=[_route_response(r) for r in self._core.route_batch(items)])
@@ -67,6 +99,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if not request.HasField("order"):
             raise InvalidArgument("order is missing")
         o = request.order
+        self._limits.check_family(o.family, "order.family")
         spec = OrderSpec(Family(o.family), list(o.block_hashes), NodeId(o.source_node), NodeId(o.target_node),
                          o.lease_ms, o.priority, o.expected_benefit_ms, o.policy, o.target_address, o.order_id,
                          Tier.parse(o.target_medium) if o.target_medium else None,

@@ -11,15 +11,17 @@ segment is checksummed right after it lands, while hot in cache; the
 chunk's crc32c is folded from those (checksum.combine) and finish_write
 compares it with the header's and keeps the segment checksums for when this
 node is the source. On a device pool the payload goes through a staging
-buffer reused for the whole connection (checksummed piece by piece as it
-lands) and write_chunk copies it into the pages (pinned staging + unpack).
+buffer (checksummed piece by piece as it lands) and write_chunk copies it
+into the pages (pinned staging + unpack); the buffer is lent from a shared
+pool for that chunk only, so an idle connection holds none.
 
 Failure rules (nothing half-written is ever published):
 - a bad frame, an unknown or dead handle, a range outside the reservation or
   a bad crc32c -> error reply (gRPC status number + message), connection
   closed, and every reservation this connection wrote to is aborted;
 - the connection dropping (EOF or reset, inside a frame or before the END of
-  a reservation it wrote to) -> those reservations are aborted too.
+  a reservation it wrote to), or staying silent past the socket's timeout
+  (listener.py sets it) -> those reservations are aborted too.
 An END frame confirms a reservation: it is then left to Commit or its lease.
 """
 from __future__ import annotations
@@ -59,7 +61,9 @@ class ChunkSink(Protocol):
 
 class StagingBuffers:
     """Bounded free list of receive buffers of MAX_CHUNK_BYTES, touched once at
-    creation so first-touch page faults stay off the hot path. Thread-safe."""
+    creation so first-touch page faults stay off the hot path; lent per chunk,
+    so the buffers in use are at most the connections receiving a chunk now.
+    Thread-safe."""
 
     def __init__(self, keep: int = 4) -> None:
         import threading
@@ -80,11 +84,27 @@ class StagingBuffers:
                 self._free.append(buffer)
 
 
-def serve_connection(sock: socket.socket, sink: ChunkSink, staging: np.ndarray, peer: str = "") -> None:
+class _OneBuffer:
+    """One caller-owned staging buffer, lent to every chunk in turn."""
+
+    def __init__(self, buffer: np.ndarray) -> None:
+        self._buffer = buffer
+
+    def get(self) -> np.ndarray:
+        return self._buffer
+
+    def put(self, buffer: np.ndarray) -> None:
+        pass
+
+
+def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffers | np.ndarray,
+                     peer: str = "") -> None:
     """Reads frames until the peer closes; see the module doc for the rules.
-    Never raises for peer or client errors (they are logged and answered)."""
+    Never raises for peer or client errors (they are logged and answered).
+    staging: the pool a chunk for a device pool borrows its buffer from, or
+    one buffer of MAX_CHUNK_BYTES that every such chunk uses."""
     scratch = wire.header_buffer()
-    payload = memoryview(staging)
+    buffers = staging if isinstance(staging, StagingBuffers) else _OneBuffer(staging)
     written: dict[str, int] = {}  # handle -> bytes covered, not yet confirmed by END
     try:
         while True:
@@ -100,11 +120,17 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: np.ndarray, 
             if write is not None:
                 written[frame.handle] = _receive_into(sock, sink, write, frame.crc32c)
                 continue
-            actual = _receive(sock, payload, staging, frame.length)
-            written[frame.handle] = sink.write_chunk(frame.handle, frame.offset, staging[:frame.length],
-                                                     frame.crc32c, actual)
+            buffer = buffers.get()
+            try:
+                actual = _receive(sock, memoryview(buffer), buffer, frame.length)
+                written[frame.handle] = sink.write_chunk(frame.handle, frame.offset, buffer[:frame.length],
+                                                         frame.crc32c, actual)
+            finally:
+                buffers.put(buffer)
     except wire.ConnectionLost as exc:
         _abort_all(sink, written, f"data plane connection from {peer} dropped: {exc}")
+    except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO / SO_SNDTIMEO passed with no byte moved
+        _abort_all(sink, written, f"data plane connection from {peer} idle past its read timeout; closed")
     except errors.SpeckvError as exc:
         _answer_error(sock, exc, written)
         _abort_all(sink, written, f"data plane from {peer}: {exc}")
