@@ -26,18 +26,20 @@ import grpc
 
 from speckv.loadgen.bench._e2e_engines import EngineSetup, build_engines, engine_setup
 from speckv.loadgen.bench._e2e_warm import WarmStats, warm_cluster
+from speckv.loadgen.bench.returns import train_for_replay
 from speckv.loadgen.engines.driver import LiveEngines, TraceClock
 from speckv.loadgen.engines.emulated import EngineJob
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
 from speckv.loadgen.experiments.kv_event_follower import EventCollector
 from speckv.loadgen.experiments.metrics import RequestRecord
-from speckv.loadgen.experiments.reference_router import ReferenceRouter
+from speckv.loadgen.experiments.reference_router import ReferenceRouter, TurnEndReporter
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger, ReplicaTotals
 from speckv.loadgen.workload.replay import SleepWaiter, TimeMap, replay_open_loop
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.errors import Unavailable
 from speckv.services.common.traces import TraceRequest
+from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.v1 import (
     common_pb2,
     kvstore_pb2,
@@ -71,11 +73,12 @@ class PolicyRun:
 
 
 def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, speed: float,
-                 setup: EngineSetup | None = None) -> ClusterSpec:
+                 setup: EngineSetup | None = None, predictor_args: Sequence[str] = ()) -> ClusterSpec:
     """The committed cluster, identical for every policy, its kvstores holding
     the engine setup's geometry (default: the emulated one's). The oracle's
     trace is the slice re-stamped onto the replay's wall clock (speed
-    applied), its t=0 at oracle_offset_s on the scheduler's clock."""
+    applied), its t=0 at oracle_offset_s on the scheduler's clock.
+    predictor_args: extra predictor flags (the session-return model)."""
     setup = setup or engine_setup(config)
     link_gbps = config.link.gbps / setup.byte_scale
     preset, block_size, geometry_args = setup.cluster_geometry()
@@ -92,6 +95,7 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
     # is the real link / byte scale x the replay's compression.
     extra["kvstore"] = ["--link-gbps", repr(link_gbps * speed), "--retain-max-share", repr(config.retain_max_share),
                         *geometry_args, *extra.get("kvstore", [])]
+    extra["predictor"] = [*predictor_args, *extra.get("predictor", [])]
     return ClusterSpec(nodes=config.nodes, geometry=preset, block_size=block_size,
                        device_pages=config.pool_pages, host_pages=config.host_pages, policy="none",
                        extra_args=extra)
@@ -111,23 +115,34 @@ def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], sl
                run_dir: Path | None = None, model_dir: Path | None = None,
                setup: EngineSetup | None = None) -> PolicyRun:
     """model_dir: the predictor model to load before replay (None: its builtin
-    one); setup: the engines (None: the emulated ones)."""
+    one); setup: the engines (None: the emulated ones). A policy that reads
+    forecasts also gets session-return foresight: a return model trained on
+    the trace before the slice, on the replay's clock (bench/returns.py
+    train_for_replay), served by the predictor (--returns-model) with its
+    tracker warmed on that history (--returns-warm), and every finished
+    request reported to it as a turn end (TurnEndReporter)."""
     setup = setup or engine_setup(config)
     requests = setup.scale([r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s])
     warm = setup.scale([r for r in trace if slice_.start_s - config.warmup_s <= r.arrival_s < slice_.start_s])
     with tempfile.TemporaryDirectory(prefix=f"speckv-e2e-{policy}-") as tmp:
         directory = run_dir or Path(tmp)
         directory.mkdir(parents=True, exist_ok=True)
+        returns = (train_for_replay(setup.scale([r for r in trace if r.arrival_s < slice_.start_s]), slice_.start_s,
+                                    slice_.speed, directory / "returns-model")
+                   if policy in FORECAST_POLICIES else None)  # before the clock starts: training takes a while
         wall0 = time.monotonic() + setup.start_budget_s
         unix0 = SystemClock().now() + setup.start_budget_s
+        unix_times = TimeMap(unix0, slice_.start_s, slice_.speed)
         oracle = directory / "oracle_trace.jsonl"
         write_restamped_trace(oracle, requests, slice_)
-        cluster = LocalCluster(cluster_spec(config, oracle, unix0, slice_.speed, setup), directory, environ)
+        predictor_args = (returns.predictor_args(unix_times.to_clock, directory / "returns-warm.jsonl")
+                          if returns else [])
+        cluster = LocalCluster(cluster_spec(config, oracle, unix0, slice_.speed, setup, predictor_args), directory,
+                               environ)
         with cluster:
             times = TimeMap(wall0, slice_.start_s, slice_.speed)
-            unix_times = TimeMap(unix0, slice_.start_s, slice_.speed)
             return _run_on(cluster, config, setup, policy, requests, warm, times, unix_times, on_progress,
-                           model_dir)
+                           model_dir, turn_ends=returns is not None)
 
 
 def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: SliceSpec) -> None:
@@ -141,7 +156,8 @@ def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: 
 
 def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy: str,
             requests: list[TraceRequest], warm: list[TraceRequest], times: TimeMap, unix_times: TimeMap,
-            on_progress: Callable[[int, int, RequestRecord | None], None], model_dir: Path | None) -> PolicyRun:
+            on_progress: Callable[[int, int, RequestRecord | None], None], model_dir: Path | None,
+            turn_ends: bool = False) -> PolicyRun:
     nodes = cluster.node_addresses()
     scheduler_channel = grpc.insecure_channel(cluster.scheduler_address)
     predictor_channel = grpc.insecure_channel(cluster.predictor_address)
@@ -172,9 +188,10 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
         router_box: list[ReferenceRouter] = []
         engines = LiveEngines(engine_map, TraceClock(times), scheduler_channel,
                               lambda events: router_box[0].on_engine_events(events), config.heartbeat_interval_s)
+        reporter = TurnEndReporter(predictor_channel, unix_times.to_clock) if turn_ends else None
         router = ReferenceRouter(scheduler_channel, kv_channels, engines, config.profile, ledger, ledger_lock,
                                  setup.geometry.bytes_per_block, config.real_geometry.bytes_per_token,
-                                 on_done=finished, jobs=jobs)
+                                 on_done=finished, jobs=jobs, turn_ends=reporter)
         router_box.append(router)
         forecasts: list[tuple[float, str, float]] = []
         poller = _ForecastPoller(predictor_channel, config, unix_times, forecasts).start()

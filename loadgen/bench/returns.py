@@ -1,4 +1,4 @@
-"""`speckv bench returns [--traces DIR] [--trace NAME] [--quick] [--json OUT]`.
+"""`speckv bench returns [--traces DIR] [--trace NAME] [--quick] [--json OUT] [--save DIR]`.
 
 Session-return foresight on the Mooncake conversation trace (a family is a
 conversation; services/predictor/returns). Every turn end gets a feature row
@@ -18,6 +18,13 @@ services/config/predictor.json, fixed; nothing is tuned on the evaluated
 rows. Target of issue 21 (reported, not tuned to): AUC >= 0.75 and ECE <=
 0.05 for "returns within 300 s".
 
+--save DIR writes the evaluated model (trained on turn ends before the
+evaluated slice only) as a return-model directory the predictor serves:
+`speckv predictor --returns-model DIR` (services/predictor/returns/store.py).
+
+The live e2e bench's model (train_for_replay, ReplayReturns) is trained the
+same way on the trace before its replayed slice, on the replay's clock.
+
 Timestamps in the trace are quantised to ~3 s and turn ends come from a
 service-time model, so a return delay is known to a few seconds only: a
 30 s label flips for returns within a few seconds of the boundary, and
@@ -34,19 +41,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from speckv.services.common.traces import resolve_traces_dir
+from speckv.services.common.traces import TraceRequest, resolve_traces_dir
 from speckv.services.common.traces.mooncake import load_mooncake
 from speckv.services.predictor.returns import evaluation
 from speckv.services.predictor.returns.baselines import fit_baselines
 from speckv.services.predictor.returns.config import ReturnConfig, load_return_config
 from speckv.services.predictor.returns.dataset import Split, build_rows
 from speckv.services.predictor.returns.model import train_return_model
+from speckv.services.predictor.returns.store import PastTurn, save_return_model, write_past_turns
 from speckv.services.predictor.returns.survival import Tail, monotone
 from speckv.services.predictor.returns.tracker import ReturnTracker
+from speckv.services.predictor.returns.training import train_before
 from speckv.services.predictor.returns.turns import TurnRecord, build_turns
 
 DEFAULT_TRACE = "mooncake_conversation_trace.jsonl"
@@ -116,7 +125,16 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         "target": _target(models["lightgbm"].get(f"h{CALIBRATION_HORIZON_S:g}")),
         "notes": [QUANTISATION_NOTE],
     }
+    if args.save:
+        version = f"returns-{path.stem}-before-{split.eval_start_s:.0f}s{'-quick' if args.quick else ''}"
+        save_return_model(args.save, model, config.features, version,
+                          f"session-return LightGBM trained on the turn ends of {path.name} before "
+                          f"{split.eval_start_s:.0f} s (labels censored there)")
+        report["saved"] = {"directory": str(args.save), "version": version}
     _print(report)
+    if args.save:
+        print(f"saved the model to {args.save} (version {report['saved']['version']}): "
+              f"speckv predictor --returns-model {args.save}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=_json_default), encoding="utf-8")
     return 0
@@ -130,7 +148,58 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer boosting rounds (session_return.quick)")
     p.add_argument("--config", default=None, help="hyperparameter file (default: services/config/predictor.json)")
     p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--save", default=None, help="write the model (trained before the evaluated slice only) to this "
+                                                "directory, for speckv predictor --returns-model DIR")
     return p.parse_args(argv)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReturns:
+    """The session-return model of one live replay: trained on the trace
+    before the slice, on the replay's clock (training.train_before: times,
+    horizons and windows / speed), saved in `directory` for the predictor's
+    --returns-model; and
+    the history before the slice that warms its tracker (--returns-warm)."""
+
+    directory: Path
+    version: str
+    history: tuple[TraceRequest, ...]  # requests before the slice, trace time
+    config: ReturnConfig
+    slice_start_s: float
+    description: str
+
+    def predictor_args(self, to_clock: Callable[[float], float], warm_path: Path) -> list[str]:
+        """Writes the warm file (every request before the slice: its arrival
+        and, when it ended before the slice, its modelled end, as
+        loadgen/sim/returns.warm feeds the simulator's tracker), each time
+        mapped by to_clock (trace s -> the services' clock); returns the
+        predictor's flags. The warm start then routes the last warmup_s of
+        that history again: the predictor recognises those arrivals as the
+        ones it holds (serving.py)."""
+        turns = []
+        for r in self.history:
+            end = r.arrival_s + self.config.service(r.prompt_tokens, r.output_tokens)
+            turns.append(PastTurn(r.family, to_clock(r.arrival_s), to_clock(end) if end < self.slice_start_s else None,
+                                  r.prompt_tokens, r.output_tokens))
+        write_past_turns(warm_path, turns)
+        return ["--returns-model", str(self.directory), "--returns-warm", str(warm_path)]
+
+
+def train_for_replay(trace: Sequence[TraceRequest], slice_start_s: float, speed: float, directory: Path
+                     ) -> ReplayReturns | None:
+    """The return model of a replay of trace from slice_start_s at speed x,
+    trained on every request before the slice (never one of it); None when
+    fewer than training.MIN_TRAINING_TURNS turns precede the slice."""
+    config = load_return_config()
+    history = tuple(r for r in trace if r.arrival_s < slice_start_s)
+    trained = train_before(history, slice_start_s, config, speed)
+    if trained is None:
+        return None
+    version = f"e2e-returns-before-{slice_start_s:g}s-x{speed:g}"
+    description = (f"session-return LightGBM {version} trained on {trained.turns} turns before {slice_start_s:g} s "
+                   f"of trace (labels censored there), on the replay's clock (times, horizons and windows / {speed:g})")
+    save_return_model(directory, trained.model, trained.spec, version, description)
+    return ReplayReturns(directory, version, history, config, slice_start_s, description)
 
 
 def _single_row_s(model, X: np.ndarray) -> float:

@@ -16,6 +16,11 @@ nothing, and books what the engine really reused (its cached and fetched
 tokens after admission, replica reads among the local ones) rather than the
 route's estimate.
 
+Turn ends: with a TurnEndReporter, every request that finishes is reported
+to the predictor as a turn end of its conversation (ReportTurnEnds, batched
+on the reporter's thread, never on the request path), which is what
+session-return foresight needs from a router (README.md, the predictor).
+
 Failures: a Route error is retried up to `route_attempts` times; a node that
 fails (its kvstore refuses the blocks, or its engine is marked failed) gets
 no more work, and a request routed to a failed node is re-routed, then
@@ -24,6 +29,7 @@ falls back to the least-loaded healthy engine (recomputing its prefix).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from concurrent import futures
@@ -39,7 +45,14 @@ from speckv.loadgen.experiments.metrics import RequestRecord, request_key
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.traces import TraceRequest
-from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from speckv.v1 import (
+    kvstore_pb2,
+    kvstore_pb2_grpc,
+    predictor_pb2,
+    predictor_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +115,114 @@ class EmulatedJobs:
         return self._profile.prefill_ms(job.prompt_tokens - skipped, skipped)
 
 
+@dataclass(slots=True)
+class TurnEndStats:
+    offered: int = 0
+    sent: int = 0  # turn ends in batches the predictor took
+    failed: int = 0  # turn ends in batches that failed (logged, dropped)
+    dropped: int = 0  # not queued: the queue was full, or the reporter had stopped
+    batches: int = 0
+
+
+class TurnEndReporter:
+    """Reports finished turns to the predictor (Predictor.ReportTurnEnds),
+    batched off the request path: offer() never blocks (a full queue drops
+    and counts); one thread sends up to batch_max at a time, waiting at most
+    flush_s for more; a failed batch is logged (once per outage) and counted,
+    never fatal. Times are offered in trace seconds and sent on the services'
+    clock (to_clock). close() sends what is queued, then stops."""
+
+    def __init__(self, predictor: grpc.Channel, to_clock: Callable[[float], float], batch_max: int = 256,
+                 flush_s: float = 0.2, capacity: int = 10_000, timeout_s: float = 2.0) -> None:
+        self._stub = predictor_pb2_grpc.PredictorStub(predictor)
+        self._to_clock = to_clock
+        self._batch_max, self._flush_s, self._timeout_s = batch_max, flush_s, timeout_s
+        self._queue: queue.Queue[predictor_pb2.TurnEnd | None] = queue.Queue(maxsize=capacity)
+        self._stats = TurnEndStats()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._failing = False
+        self._thread = threading.Thread(target=self._run, name="turn-ends", daemon=True)
+        self._thread.start()
+
+    def offer(self, conversation: str, arrival_s: float, end_s: float, prompt_tokens: int, output_tokens: int) -> None:
+        """One turn: arrival and end in trace seconds."""
+        message = predictor_pb2.TurnEnd(conversation=conversation, arrival_s=self._to_clock(arrival_s),
+                                        end_s=self._to_clock(end_s), prompt_tokens=max(0, prompt_tokens),
+                                        output_tokens=max(0, output_tokens))
+        with self._lock:
+            self._stats.offered += 1
+            if self._closed:
+                self._stats.dropped += 1
+                return
+        try:
+            self._queue.put_nowait(message)
+        except queue.Full:
+            with self._lock:
+                self._stats.dropped += 1
+
+    def stats(self) -> TurnEndStats:
+        with self._lock:
+            return TurnEndStats(self._stats.offered, self._stats.sent, self._stats.failed, self._stats.dropped,
+                                self._stats.batches)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)  # the thread sends everything queued before it, then stops
+        self._thread.join(timeout_s)
+        s = self.stats()
+        log.info("turn ends: %d offered, %d sent in %d batches, %d failed, %d dropped", s.offered, s.sent, s.batches,
+                 s.failed, s.dropped)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < self._batch_max:
+                try:
+                    item = self._queue.get(timeout=self._flush_s)
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._send(batch)
+
+    def _send(self, batch: list[predictor_pb2.TurnEnd]) -> None:
+        try:
+            self._stub.ReportTurnEnds(predictor_pb2.TurnEndBatch(turn_ends=batch), timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            if not self._failing:
+                log.warning("ReportTurnEnds failed (%s: %s); turn ends are dropped until it answers",
+                            exc.code().name if hasattr(exc, "code") else "?",
+                            exc.details() if hasattr(exc, "details") else exc)
+            self._failing = True
+            with self._lock:
+                self._stats.failed += len(batch)
+            return
+        self._failing = False
+        with self._lock:
+            self._stats.sent += len(batch)
+            self._stats.batches += 1
+
+
 class ReferenceRouter:
     def __init__(self, scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], engines: LiveEngines,
                  profile: EngineProfile, ledger: ReplicaLedger, ledger_lock: threading.Lock,
                  stored_bytes_per_block: int, real_bytes_per_token: int,
                  on_done: Callable[[RequestRecord], None] = lambda _: None, workers: int = 8,
-                 route_attempts: int = 3, jobs: JobFactory | None = None) -> None:
-        """jobs: the engine's job factory (None: EmulatedJobs of `profile`)."""
+                 route_attempts: int = 3, jobs: JobFactory | None = None,
+                 turn_ends: TurnEndReporter | None = None) -> None:
+        """jobs: the engine's job factory (None: EmulatedJobs of `profile`);
+        turn_ends: where finished turns are reported (None: nowhere); the
+        router closes it."""
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler)
         self._kvstores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
         self._engines = engines
@@ -116,6 +230,7 @@ class ReferenceRouter:
         self._ledger, self._ledger_lock = ledger, ledger_lock
         self._block_bytes = stored_bytes_per_block
         self._on_done, self._attempts = on_done, route_attempts
+        self._turn_ends = turn_ends
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="router")
         self._store_pool = futures.ThreadPoolExecutor(2, thread_name_prefix="store")
         self._lock = threading.Lock()
@@ -126,6 +241,8 @@ class ReferenceRouter:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._store_pool.shutdown(wait=True)
+        if self._turn_ends is not None:
+            self._turn_ends.close()
 
     def pending(self) -> int:
         with self._lock:
@@ -227,6 +344,9 @@ class ReferenceRouter:
                 times = job_times(event.job, self._jobs.solo_prefill_ms(event.job))
                 record.ttft_ms, record.tpot_ms, record.e2e_ms = times.ttft_ms, times.tpot_ms, times.e2e_ms
                 record.queue_ms = times.queue_ms
+                if self._turn_ends is not None and event.job.finished_s is not None:
+                    self._turn_ends.offer(request.family, request.arrival_s, event.job.finished_s,
+                                          request.prompt_tokens, request.output_tokens)
                 self._complete(record)
 
     def _book_engine_reuse(self, record: RequestRecord, request: TraceRequest, job: EngineJob) -> None:

@@ -8,6 +8,8 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
 from speckv.services.predictor.core import PredictorSettings
 from speckv.services.predictor.count_models import HISTORY_HALFLIVES, EwmaModel, EwmaParams
+from speckv.services.predictor.returns.config import TrackerLimits
+from speckv.services.predictor.returns.serving import ReturnsSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,9 @@ class PredictorConfig(ServerSettings):
     max_clock_skew_s: float = field(default=300.0, metadata={"help": "refuse a forecast whose now_s is further than this from the predictor's clock (either way), seconds; 0: no limit"})
     max_families_tracked: int = field(default=100_000, metadata={"help": "most families tracked at once; past it the least recently seen are dropped first; 0: no cap"})
     reload_probe_timeout_s: float = field(default=60.0, metadata={"help": "a ReloadModel candidate must load and predict in a separate probe process within this, seconds"})
+    returns_model: str = field(default="", metadata={"help": "session-return model directory (speckv bench returns --save DIR) that ForecastReturns serves; empty: none (ForecastReturns is FAILED_PRECONDITION)"})
+    returns_warm: str = field(default="", metadata={"help": "JSONL of past turns (conversation, arrival_s, end_s, prompt_tokens, output_tokens on the predictor's clock) fed to the return tracker at start; needs returns_model"})
+    returns_arrival_match_s: float = field(default=1.0, metadata={"help": "a turn end's arrival_s is matched to the conversation's reported arrival within this, and an arrival this close to one already reported is the same one, seconds"})
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -45,6 +50,10 @@ class PredictorConfig(ServerSettings):
             raise InvalidArgument(f"retrain_interval_s={self.retrain_interval_s}: must be finite and >= 0")
         if self.retrain_interval_s > 0 and not self.retrain_dir:
             raise InvalidArgument("retrain_dir: required when retrain_interval_s > 0")
+        if self.returns_warm and not self.returns_model:
+            raise InvalidArgument("returns_warm: needs returns_model (nothing to warm without a return model)")
+        if not (math.isfinite(self.returns_arrival_match_s) and self.returns_arrival_match_s >= 0):
+            raise InvalidArgument(f"returns_arrival_match_s={self.returns_arrival_match_s}: must be finite and >= 0")
         self.builtin_params().validate()  # names halflife_s, quantile, burst_ratio, ... on error
         slowest = max(self.halflife_s, self.long_halflife_s)
         if HISTORY_HALFLIVES * slowest > self.window_s:
@@ -64,6 +73,13 @@ class PredictorConfig(ServerSettings):
                             max_horizon_s=self.max_horizon_s, max_future_s=self.max_future_s,
                             max_clock_skew_s=self.max_clock_skew_s, max_families_tracked=self.max_families_tracked,
                             reload_probe_timeout_s=self.reload_probe_timeout_s)
+
+    def returns_settings(self, tracker: TrackerLimits, conversations_held: int) -> ReturnsSettings:
+        """The served tracker's limits: its caps from the `session_return`
+        section of services/config/predictor.json, the clock checks from ours."""
+        return ReturnsSettings(max_open_conversations=tracker.max_open_conversations, max_idle_s=tracker.max_idle_s,
+                               max_conversations_held=conversations_held, max_clock_skew_s=self.max_clock_skew_s,
+                               max_future_s=self.max_future_s, arrival_match_s=self.returns_arrival_match_s)
 
     def builtin_params(self) -> EwmaParams:
         return EwmaParams(version="builtin-ewma", horizons_s=self.horizon_list(), quantile=self.quantile,

@@ -18,6 +18,8 @@ from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.core import BUILTIN_SOURCE, PredictorCore
 from speckv.services.predictor.manifest import load_model
 from speckv.services.predictor.retrain import Retrainer, RetrainSettings
+from speckv.services.predictor.returns.config import load_return_config
+from speckv.services.predictor.returns.serving import ReturnsCore
 from speckv.services.predictor.servicer import PredictorServicer
 from speckv.services.predictor.training import load_config
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
@@ -32,6 +34,22 @@ def build_core(config: PredictorConfig, clock: Clock) -> PredictorCore:
     return PredictorCore(clock, config.builtin_model(), config.core_settings(), source=BUILTIN_SOURCE)
 
 
+def build_returns(config: PredictorConfig, clock: Clock) -> ReturnsCore:
+    """Session returns: the model of config.returns_model (none: every
+    ForecastReturns is FAILED_PRECONDITION), the tracker's caps from the
+    committed `session_return` section, warmed with config.returns_warm."""
+    section = load_return_config()
+    settings = config.returns_settings(section.tracker, section.features.max_conversations)
+    if not config.returns_model:
+        return ReturnsCore(clock, settings)
+    from speckv.services.predictor.returns.store import load_return_model, read_past_turns  # imports LightGBM
+
+    returns = ReturnsCore(clock, settings, load_return_model(config.returns_model))
+    if config.returns_warm:
+        returns.warm(read_past_turns(config.returns_warm))
+    return returns
+
+
 def build_retrainer(config: PredictorConfig, core: PredictorCore) -> Retrainer:
     training = load_config(quick=config.retrain_quick)
     training = replace(training, spec=replace(training.spec, step_s=config.step_s))
@@ -40,9 +58,11 @@ def build_retrainer(config: PredictorConfig, core: PredictorCore) -> Retrainer:
 
 
 def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
-    core = build_core(config, clock or SystemClock())
+    clock = clock or SystemClock()
+    core = build_core(config, clock)
+    returns = build_returns(config, clock)
     stopping = threading.Event()
-    servicer = _CountingServicer(core, stopping, _forecasts_counter(telemetry))
+    servicer = _CountingServicer(core, stopping, returns, _forecasts_counter(telemetry))
 
     def register(server: grpc.Server) -> list[str]:
         predictor_pb2_grpc.add_PredictorServicer_to_server(servicer, server)
@@ -54,15 +74,16 @@ def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | N
         retrainer = build_retrainer(config, core)
         server.on_start(retrainer.start)
         server.on_stop(retrainer.stop)
-    _register_metrics(telemetry, core)
+    _register_metrics(telemetry, core, returns)
     return server
 
 
 class _CountingServicer(PredictorServicer):
     """The servicer, counting the family forecasts each Forecast answer carries."""
 
-    def __init__(self, core: PredictorCore, stopping: threading.Event, forecasts: Counter) -> None:
-        super().__init__(core, stopping)
+    def __init__(self, core: PredictorCore, stopping: threading.Event, returns: ReturnsCore,
+                 forecasts: Counter) -> None:
+        super().__init__(core, stopping, returns)
         self._forecasts = forecasts
 
     def Forecast(self, request: predictor_pb2.ForecastRequest,
@@ -87,13 +108,16 @@ def _forecasts_counter(telemetry: Telemetry) -> Counter:
         description="family forecasts served by Forecast, by whether the model knew the family")
 
 
-def _register_metrics(telemetry: Telemetry, core: PredictorCore) -> None:
+def _register_metrics(telemetry: Telemetry, core: PredictorCore, returns: ReturnsCore) -> None:
     def observations():
         return [(float(n), {"outcome": name}) for name, n in core.counters().items()]
 
     register_gauges(telemetry.meter_provider, SERVICE, {
         "speckv.predictor.families_tracked": lambda: [(float(core.families_tracked), {})],
         "speckv.predictor.observations": observations,
+        "speckv.predictor.open_conversations": lambda: [(float(returns.open_conversations), {})],
+        "speckv.predictor.returns_events": lambda: [(float(n), {"kind": name})
+                                                    for name, n in returns.counters().items()],
     })
 
 

@@ -8,14 +8,16 @@ import grpc
 
 from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
 from speckv.services.predictor.observations import Arrival, ObserveResult
+from speckv.services.predictor.returns.serving import ReturnsAnswer, ReturnsCore, TurnEndRecord, TurnEndResult
 from speckv.services.predictor.selection import Choice
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
-    def __init__(self, core: PredictorCore, stopping: threading.Event) -> None:
+    def __init__(self, core: PredictorCore, stopping: threading.Event, returns: ReturnsCore) -> None:
         self._core = core
         self._stopping = stopping
+        self._returns = returns
 
     def ObserveArrivals(self, request_iterator: Iterator[predictor_pb2.Arrival],
                         context: grpc.ServicerContext) -> predictor_pb2.ObserveSummary:
@@ -24,7 +26,9 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
         # a client that stays silent is cut off by the server's grace period.
         total = ObserveResult()
         for message in request_iterator:
-            total.merge(self._core.observe((arrival_from_proto(message),)))
+            arrival = (arrival_from_proto(message),)
+            total.merge(self._core.observe(arrival))
+            self._returns.observe(arrival)  # conversation = family; it skips what the count core rejects
             if self._stopping.is_set():
                 break
         return predictor_pb2.ObserveSummary(accepted=total.accepted, rejected=total.rejected,
@@ -44,6 +48,36 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
     def ReloadModel(self, request: predictor_pb2.ReloadModelRequest,
                     context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
         return model_info_to_proto(self._core.reload(request.path))
+
+
+    def ReportTurnEnds(self, request: predictor_pb2.TurnEndBatch,
+                       context: grpc.ServicerContext) -> predictor_pb2.TurnEndAck:
+        return turn_end_ack_to_proto(self._returns.report([turn_end_from_proto(t) for t in request.turn_ends]))
+
+    def ForecastReturns(self, request: predictor_pb2.ForecastReturnsRequest,
+                        context: grpc.ServicerContext) -> predictor_pb2.ForecastReturnsResponse:
+        answer = self._returns.forecast(request.within_s, now_s=request.now_s if request.now_s else None,
+                                        max_conversations=request.max_conversations,
+                                        min_probability=request.min_probability)
+        return returns_to_proto(answer)
+
+
+def turn_end_from_proto(message: predictor_pb2.TurnEnd) -> TurnEndRecord:
+    return TurnEndRecord(message.conversation, message.arrival_s, message.end_s, message.prompt_tokens,
+                         message.output_tokens)
+
+
+def turn_end_ack_to_proto(result: TurnEndResult) -> predictor_pb2.TurnEndAck:
+    return predictor_pb2.TurnEndAck(accepted=result.accepted, opened=result.opened,
+                                    open_conversations=result.open_conversations, model=result.model)
+
+
+def returns_to_proto(answer: ReturnsAnswer) -> predictor_pb2.ForecastReturnsResponse:
+    Row = predictor_pb2.ConversationReturn
+    return predictor_pb2.ForecastReturnsResponse(
+        returns=[Row(conversation=c, probability=p) for c, p in zip(answer.conversations,
+                                                                    answer.probabilities.tolist())],
+        model=answer.model, now_s=answer.now_s, open_conversations=answer.open_conversations)
 
 
 def arrival_from_proto(message: predictor_pb2.Arrival) -> Arrival:

@@ -1,7 +1,8 @@
 """gRPC clients the scheduler core uses through small interfaces: prefix
 confirmation against a node's kvstore (KVStore.Lookup), arrival reports to
-the predictor (Predictor.ObserveArrivals) and forecasts from it
-(Predictor.Forecast, a ForecastSource). Every call carries a deadline.
+the predictor (Predictor.ObserveArrivals) and forecasts from it: family
+bursts (Predictor.Forecast) and session returns (Predictor.ForecastReturns),
+ForecastSources combined by PredictorForecastSources. Every call carries a deadline.
 Channels are instrumented, so a Route's Lookup joins the Route's trace."""
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from speckv.services.common.ids import Family
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
-from speckv.services.scheduler.forecasts import Forecast
+from speckv.services.scheduler.forecasts import CombinedForecasts, Forecast, ForecastKind
+from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, predictor_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -119,3 +121,76 @@ class PredictorForecasts:
 
     def close(self) -> None:
         self._channel.close()
+
+
+class PredictorReturnForecasts:
+    """ForecastSource over Predictor.ForecastReturns: the session-return
+    forecasts the simulator's ReturnForecasts gives (loadgen/sim/returns.py).
+    Each call asks twice: within the replica lease (RETURN forecasts, the
+    caller's max_families, at least planner.min_return_probability) and,
+    when retain is enabled, within retain.ttl_s (RETENTION forecasts, at most
+    retain.max_families, at least retain.min_probability); count = P(the
+    conversation's next turn within that window | not back yet).
+
+    A predictor with no return model answers FAILED_PRECONDITION: that is
+    [] (the planner plans on family bursts alone), logged once at INFO; any
+    other error is [] too, logged once per outage."""
+
+    def __init__(self, address: str, telemetry: Telemetry | None, policy: PolicyConfig,
+                 timeout_s: float = 1.0) -> None:
+        self._channel = open_channel(address, telemetry)
+        self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
+        self._timeout_s = timeout_s
+        self._lease_s = policy.leases.replica_lease_ms / 1e3
+        self._min_return = policy.planner.min_return_probability
+        self._retain = policy.retain
+        self._failing: grpc.StatusCode | None = None
+
+    def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
+        out = self._ask(now, self._lease_s, max_families, self._min_return, ForecastKind.RETURN)
+        if self._failing is None and self._retain.enabled:  # no model, or down: the second call would fail too
+            out += self._ask(now, self._retain.ttl_s, self._retain.max_families, self._retain.min_probability,
+                             ForecastKind.RETENTION)
+        return out
+
+    def _ask(self, now: float, within_s: float, limit: int, min_p: float, kind: ForecastKind) -> list[Forecast]:
+        request = predictor_pb2.ForecastReturnsRequest(now_s=now, within_s=within_s, max_conversations=limit,
+                                                       min_probability=min_p)
+        try:
+            reply = self._stub.ForecastReturns(request, timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+            if code != self._failing:
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.info("predictor serves no session-return model: planning on family bursts alone")
+                else:
+                    log.warning("predictor ForecastReturns failed (no return forecasts until it answers): %s", code)
+            self._failing = code
+            return []
+        if self._failing is not None:
+            log.info("predictor ForecastReturns answers (model %s)", reply.model)
+        self._failing = None
+        return [Forecast(Family(r.conversation), within_s, r.probability, r.probability, 1.0, kind)
+                for r in reply.returns]
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class PredictorForecastSources:
+    """What the live `predictive` policy reads from the predictor: family
+    bursts (PredictorForecasts) and session returns (PredictorReturnForecasts),
+    one list (forecasts.CombinedForecasts); either failing leaves the other."""
+
+    def __init__(self, address: str, telemetry: Telemetry | None, policy: PolicyConfig,
+                 timeout_s: float = 1.0) -> None:
+        self.bursts = PredictorForecasts(address, telemetry, timeout_s)
+        self.returns = PredictorReturnForecasts(address, telemetry, policy, timeout_s)
+        self._combined = CombinedForecasts([self.bursts, self.returns])
+
+    def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
+        return self._combined.forecast(now, horizon_s, max_families)
+
+    def close(self) -> None:
+        self.bursts.close()
+        self.returns.close()

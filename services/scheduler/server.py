@@ -20,7 +20,7 @@ from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.event_sync import EventSync
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecasts, PredictorSender
+from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecastSources, PredictorSender
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import ReplicaStats
@@ -90,12 +90,14 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     profile = get_profile(config.engine_profile, config.engine_profiles_path or None)
     confirmer = KVStoreConfirmer(telemetry, config.lookup_timeout_s)
     sender = PredictorSender(config.predictor, telemetry, config.predictor_timeout_s) if config.predictor else None
-    forecasts = PredictorForecasts(config.predictor, telemetry, config.forecast_timeout_s) if config.predictor else None
+    settings = core_settings(config)
+    forecasts = (PredictorForecastSources(config.predictor, telemetry, settings.policy_config,
+                                          config.forecast_timeout_s) if config.predictor else None)
     reporter = ArrivalReporter(sender, capacity=config.arrival_queue) if sender else None
     vllm_specs = parse_kv_events(config.kv_events)
     wiring = _NodeWiring(confirmer, {NodeId(s.node_id): s.route_address for s in vllm_specs})
     confirm = _SkipVllmConfirm(confirmer, [s.route_address for s in vllm_specs]) if vllm_specs else confirmer
-    core = SchedulerCore(core_settings(config), clock, profile,
+    core = SchedulerCore(settings, clock, profile,
                          confirmer=confirm if config.confirm_routes else None, arrivals=reporter,
                          listener=wiring, forecasts=forecasts, future=future_arrivals(config))
     event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry)

@@ -154,3 +154,67 @@ class ReloadModelRequest(_message.Message):
     PATH_FIELD_NUMBER: _ClassVar[int]
     path: str
     def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class TurnEnd(_message.Message):
+    __slots__ = ("conversation", "arrival_s", "end_s", "prompt_tokens", "output_tokens")
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_S_FIELD_NUMBER: _ClassVar[int]
+    END_S_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    conversation: str
+    arrival_s: float
+    end_s: float
+    prompt_tokens: int
+    output_tokens: int
+    def __init__(self, conversation: _Optional[str] = ..., arrival_s: _Optional[float] = ..., end_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+
+class TurnEndBatch(_message.Message):
+    __slots__ = ("turn_ends",)
+    TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
+    turn_ends: _containers.RepeatedCompositeFieldContainer[TurnEnd]
+    def __init__(self, turn_ends: _Optional[_Iterable[_Union[TurnEnd, _Mapping]]] = ...) -> None: ...
+
+class TurnEndAck(_message.Message):
+    __slots__ = ("accepted", "opened", "open_conversations", "model")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    OPEN_CONVERSATIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    opened: int
+    open_conversations: int
+    model: str
+    def __init__(self, accepted: _Optional[int] = ..., opened: _Optional[int] = ..., open_conversations: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ForecastReturnsRequest(_message.Message):
+    __slots__ = ("now_s", "within_s", "max_conversations", "min_probability")
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    WITHIN_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONVERSATIONS_FIELD_NUMBER: _ClassVar[int]
+    MIN_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    now_s: float
+    within_s: float
+    max_conversations: int
+    min_probability: float
+    def __init__(self, now_s: _Optional[float] = ..., within_s: _Optional[float] = ..., max_conversations: _Optional[int] = ..., min_probability: _Optional[float] = ...) -> None: ...
+
+class ConversationReturn(_message.Message):
+    __slots__ = ("conversation", "probability")
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    conversation: str
+    probability: float
+    def __init__(self, conversation: _Optional[str] = ..., probability: _Optional[float] = ...) -> None: ...
+
+class ForecastReturnsResponse(_message.Message):
+    __slots__ = ("returns", "model", "now_s", "open_conversations")
+    RETURNS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    OPEN_CONVERSATIONS_FIELD_NUMBER: _ClassVar[int]
+    returns: _containers.RepeatedCompositeFieldContainer[ConversationReturn]
+    model: str
+    now_s: float
+    open_conversations: int
+    def __init__(self, returns: _Optional[_Iterable[_Union[ConversationReturn, _Mapping]]] = ..., model: _Optional[str] = ..., now_s: _Optional[float] = ..., open_conversations: _Optional[int] = ...) -> None: ...

@@ -54,6 +54,16 @@ class PredictorStub:
                 request_serializer=speckv_dot_v1_dot_predictor__pb2.ReloadModelRequest.SerializeToString,
                 response_deserializer=speckv_dot_v1_dot_predictor__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.ReportTurnEnds = channel.unary_unary(
+                '/speckv.v1.Predictor/ReportTurnEnds',
+                request_serializer=speckv_dot_v1_dot_predictor__pb2.TurnEndBatch.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_predictor__pb2.TurnEndAck.FromString,
+                _registered_method=True)
+        self.ForecastReturns = channel.unary_unary(
+                '/speckv.v1.Predictor/ForecastReturns',
+                request_serializer=speckv_dot_v1_dot_predictor__pb2.ForecastReturnsRequest.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_predictor__pb2.ForecastReturnsResponse.FromString,
+                _registered_method=True)
 
 
 class PredictorServicer:
@@ -87,6 +97,26 @@ class PredictorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportTurnEnds(self, request, context):
+        """Session returns (docs/session_returns.md). Routers report each turn's end
+        here; its arrival already came through ObserveArrivals (conversation =
+        family). All or nothing: one bad turn end is INVALID_ARGUMENT and none of
+        the batch is applied. Without a return model the batch is validated and
+        dropped (TurnEndAck.model is empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForecastReturns(self, request, context):
+        """P(each open conversation's next turn arrives within within_s of now |
+        not yet), likeliest first. FAILED_PRECONDITION when no return model is
+        loaded (--returns-model).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PredictorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +139,16 @@ def add_PredictorServicer_to_server(servicer, server):
                     servicer.ReloadModel,
                     request_deserializer=speckv_dot_v1_dot_predictor__pb2.ReloadModelRequest.FromString,
                     response_serializer=speckv_dot_v1_dot_predictor__pb2.ModelInfo.SerializeToString,
+            ),
+            'ReportTurnEnds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTurnEnds,
+                    request_deserializer=speckv_dot_v1_dot_predictor__pb2.TurnEndBatch.FromString,
+                    response_serializer=speckv_dot_v1_dot_predictor__pb2.TurnEndAck.SerializeToString,
+            ),
+            'ForecastReturns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForecastReturns,
+                    request_deserializer=speckv_dot_v1_dot_predictor__pb2.ForecastReturnsRequest.FromString,
+                    response_serializer=speckv_dot_v1_dot_predictor__pb2.ForecastReturnsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +259,60 @@ class Predictor:
             '/speckv.v1.Predictor/ReloadModel',
             speckv_dot_v1_dot_predictor__pb2.ReloadModelRequest.SerializeToString,
             speckv_dot_v1_dot_predictor__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTurnEnds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.Predictor/ReportTurnEnds',
+            speckv_dot_v1_dot_predictor__pb2.TurnEndBatch.SerializeToString,
+            speckv_dot_v1_dot_predictor__pb2.TurnEndAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForecastReturns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.Predictor/ForecastReturns',
+            speckv_dot_v1_dot_predictor__pb2.ForecastReturnsRequest.SerializeToString,
+            speckv_dot_v1_dot_predictor__pb2.ForecastReturnsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,5 +15,10 @@ concept:
 - baselines: constant base rate and empirical rates by bucket;
 - evaluation: AUC, Brier, ECE and calibration tables;
 - tracker: ReturnTracker, the online core holding open conversations;
+- serving: ReturnsCore, the tracker as the predictor service serves it
+  (two report streams matched, validation, filters, a lock);
+- store: a model on disk (manifest + LightGBM text) and past turns for
+  warming a tracker;
+- training: a model trained before a cut, optionally on a replay's clock;
 - config: the `session_return` section of services/config/predictor.json.
 """

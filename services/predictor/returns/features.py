@@ -189,6 +189,20 @@ class ReturnFeatures:
         i = bisect.bisect_right(state.times, arrival_s)
         return state.times[i] if i < len(state.times) else None
 
+    def nearest_arrival(self, conversation: str, time_s: float, tolerance_s: float) -> float | None:
+        """The held arrival of `conversation` closest to time_s (the earlier
+        one on a tie), if within tolerance_s of it; else None. Read-only: the
+        live service matches a router's arrival time to the one the
+        scheduler reported (they differ by the Route call) and recognises a
+        reported arrival it already holds."""
+        state = self._conversations.get(conversation)
+        if state is None or not state.times:
+            return None
+        i = bisect.bisect_left(state.times, time_s)
+        near = [state.times[j] for j in (i - 1, i) if 0 <= j < len(state.times)]
+        best = min(near, key=lambda t: abs(t - time_s))
+        return best if abs(best - time_s) <= tolerance_s else None
+
     def turn_end(self, conversation: str, now: float, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  signal: float = 0.0) -> np.ndarray:
         """The turn of `conversation` that arrived at arrival_s ended at
