@@ -82,28 +82,44 @@ def warm(tracker: ReturnTracker, history: Sequence[TraceRequest], until_s: float
             tracker.turn_end(r.family, t, r.arrival_s, r.prompt_tokens, r.output_tokens)
 
 
+CURVE_POINTS = 10  # P(within t) at t = window x k / 10: the retain step's curve (coarse is conservative)
+
+
 class ReturnForecasts:
     """A ForecastSource over a ReturnTracker (see the module docstring).
     kind RETENTION serves the retain step over its own window (retain.ttl_s)
-    and family count (max_families, overriding the caller's)."""
+    and family count (max_families, overriding the caller's), each forecast
+    with its survival curve at CURVE_POINTS times (Forecast.curve) when
+    curve is set (retain.pricing "curve")."""
 
     def __init__(self, tracker: ReturnTracker, window_s: float, refresh_s: float = 1.0,
-                 kind: ForecastKind = ForecastKind.RETURN, max_families: int | None = None) -> None:
+                 kind: ForecastKind = ForecastKind.RETURN, max_families: int | None = None,
+                 curve: bool = False) -> None:
         self._tracker = tracker
         self._window_s = window_s
         self._refresh_s = refresh_s
         self._kind = kind
         self._max_families = max_families
+        self._with_curve = curve and kind is ForecastKind.RETENTION
         self._at: float | None = None
         self._cached: list[Forecast] = []
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         if self._at is not None and now - self._at < self._refresh_s:
             return self._cached
-        conversations, p = self._tracker.p_within(now, self._window_s)
         limit = self._max_families if self._max_families is not None else max_families
+        times = [self._window_s * k / CURVE_POINTS for k in range(1, CURVE_POINTS + 1)]
+        if self._with_curve:
+            conversations, grid = self._tracker.p_within_grid(now, times)
+        else:
+            conversations, p_window = self._tracker.p_within(now, self._window_s)
+            grid = p_window.reshape(-1, 1)
+        p = grid[:, -1]
         top = np.argsort(-p, kind="stable")[:limit] if len(p) else np.zeros(0, dtype=np.int64)
         self._cached = [Forecast(Family(conversations[i]), self._window_s, float(p[i]), float(p[i]), 1.0,
-                                 self._kind) for i in top.tolist()]
+                                 self._kind, self._curve(times, grid[i])) for i in top.tolist()]
         self._at = now
         return self._cached
+
+    def _curve(self, times: list[float], row: np.ndarray) -> tuple[tuple[float, float], ...]:
+        return tuple(zip(times, row.tolist())) if self._with_curve else ()

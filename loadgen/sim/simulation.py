@@ -161,7 +161,8 @@ class Simulation:
                                                  ReturnForecasts(self._returns, policies.leases.replica_lease_ms / 1e3)]
                 if policies.retain.enabled:
                     sources.append(ReturnForecasts(self._returns, policies.retain.ttl_s, kind=ForecastKind.RETENTION,
-                                                   max_families=policies.retain.max_families))
+                                                   max_families=policies.retain.max_families,
+                                                   curve=policies.retain.pricing == "curve"))
                 source = CombinedForecasts(sources)
                 self.predictor_note += f"; plus {returns.description}"
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]

@@ -115,6 +115,18 @@ class ScaledTrace(Sequence[TraceRequest]):
         by_copy = Counter(zip(self._copy[lo:hi].tolist(), [base[r].family for r in self._index[lo:hi].tolist()]))
         return {Family(copy_family(k, family)): n for (k, family), n in by_copy.items()}
 
+    def first_arrivals(self, start: float, end: float) -> dict[Family, float]:
+        """FutureArrivals: each family's first arrival in (start, end]."""
+        lo = int(np.searchsorted(self.times, start, "right"))
+        hi = int(np.searchsorted(self.times, end, "right"))
+        base = self._base
+        first: dict[tuple[int, str], float] = {}
+        for t, k, r in zip(self.times[lo:hi].tolist(), self._copy[lo:hi].tolist(), self._index[lo:hi].tolist()):
+            key = (k, base[r].family)
+            if key not in first:
+                first[key] = t
+        return {Family(copy_family(k, family)): t for (k, family), t in first.items()}
+
 
 class SliceView(Sequence[TraceRequest]):
     """Requests [lo, hi) of a sequence, without copying it."""

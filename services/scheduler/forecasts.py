@@ -45,6 +45,20 @@ class Forecast:
     upper_quantile: float  # a high quantile of that count (== expected for the truth)
     burst_probability: float
     kind: ForecastKind = ForecastKind.BURST
+    # RETENTION only, optional: (t s, P(the next request comes within t)),
+    # t and P nondecreasing, t <= horizon_s; read as a step (P at the largest
+    # t <= the time asked, 0 before the first point). Empty: unknown.
+    curve: tuple[tuple[float, float], ...] = ()
+
+
+def p_within(curve: Sequence[tuple[float, float]], t: float) -> float:
+    """P(within t) of a Forecast.curve, read as a step (see Forecast)."""
+    p = 0.0
+    for at, value in curve:
+        if at > t:
+            break
+        p = value
+    return p
 
 
 class ForecastSource(Protocol):
@@ -72,6 +86,10 @@ class FutureArrivals(Protocol):
         """True arrivals per family in (start, end], scheduler seconds."""
         ...
 
+    def first_arrivals(self, start: float, end: float) -> dict[Family, float]:
+        """Each family's first arrival in (start, end], scheduler seconds."""
+        ...
+
 
 class TraceFutureArrivals:
     """The future as a trace says it will be (the oracle's input)."""
@@ -87,6 +105,14 @@ class TraceFutureArrivals:
         hi = bisect.bisect_right(self._times, end - self._offset)
         return dict(Counter(self._families[lo:hi]))
 
+    def first_arrivals(self, start: float, end: float) -> dict[Family, float]:
+        lo = bisect.bisect_right(self._times, start - self._offset)
+        hi = bisect.bisect_right(self._times, end - self._offset)
+        first: dict[Family, float] = {}
+        for t, family in zip(self._times[lo:hi], self._families[lo:hi]):
+            first.setdefault(family, t + self._offset)
+        return first
+
     def __len__(self) -> int:
         return len(self._times)
 
@@ -96,15 +122,22 @@ class FutureForecasts:
     counts within the horizon asked for, or within window_s when given."""
 
     def __init__(self, future: FutureArrivals, window_s: float | None = None,
-                 kind: ForecastKind = ForecastKind.BURST, max_families: int | None = None) -> None:
+                 kind: ForecastKind = ForecastKind.BURST, max_families: int | None = None,
+                 curve: bool = False) -> None:
         self._future = future
         self._window_s = window_s
         self._kind = kind
         self._max_families = max_families  # overrides the caller's (the retain step prices more)
+        self._curve = curve and kind is ForecastKind.RETENTION  # the true next arrival as the curve
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         horizon_s = self._window_s if self._window_s is not None else horizon_s
         counts = self._future.counts(now, now + horizon_s)
         limit = self._max_families if self._max_families is not None else max_families
         top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit]
-        return [Forecast(family, horizon_s, float(n), float(n), 1.0, self._kind) for family, n in top]
+        if not self._curve:
+            return [Forecast(family, horizon_s, float(n), float(n), 1.0, self._kind) for family, n in top]
+        # The truth of "when": P(within t) steps from 0 to 1 at the first arrival.
+        first = self._future.first_arrivals(now, now + horizon_s)
+        return [Forecast(family, horizon_s, float(n), float(n), 1.0, self._kind, ((first[family] - now, 1.0),))
+                for family, n in top]

@@ -73,6 +73,7 @@ class RetainSettings:
     min_probability: float  # conversations less likely to return within ttl_s are not priced
     max_families: int  # at most this many families priced per tick, likeliest first
     max_per_tick: int  # at most this many retain orders per tick, largest net first
+    pricing: str  # "uniform" (a return uniform over the window) or "curve" (the forecast's P(within t))
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,8 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.plan_every_s={self.planner.plan_every_s} must be >= 0")
         if self.planner.min_net_ms < 0:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
+        if self.retain.pricing not in ("uniform", "curve"):
+            raise InvalidArgument(f"retain.pricing={self.retain.pricing!r}: uniform or curve")
         if self.planner.demand not in ("upper_quantile", "expected_count"):
             raise InvalidArgument(f"planner.demand={self.planner.demand!r}: upper_quantile or expected_count")
         if self.reactive_migrate.target_queue_below_ms >= self.reactive_migrate.queue_threshold_ms:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -157,6 +157,16 @@ class ReturnTracker:
             return (), np.zeros(0)
         _, idle, curve = scored
         return tuple(self._open), curve.within(idle, within_s)
+
+    def p_within_grid(self, now: float, within_s: Sequence[float]) -> tuple[tuple[str, ...], np.ndarray]:
+        """(open conversations, (N, K) P(each returns within each of within_s
+        of now | not yet)): the curve a planner reads a window's share from."""
+        scored = self._scored(now)
+        if scored is None:
+            return (), np.zeros((0, len(within_s)))
+        _, idle, curve = scored
+        alive = curve.at(idle)[0]
+        return tuple(self._open), np.stack([curve.within(idle, t, alive) for t in within_s], axis=1)
 
     def _scored(self, now: float) -> "tuple[np.ndarray, np.ndarray, survival.SurvivalCurve] | None":
         """Drops conversations idle past max_idle_s, scores new turn ends in

@@ -31,5 +31,5 @@ class OraclePolicy(PlanningPolicy):
         retain = context.config.retain
         if retain.enabled:
             sources.append(FutureForecasts(future, window_s=retain.ttl_s, kind=ForecastKind.RETENTION,
-                                           max_families=retain.max_families))
+                                           max_families=retain.max_families, curve=retain.pricing == "curve"))
         PlanningPolicy.__init__(self, context, CombinedForecasts(sources))

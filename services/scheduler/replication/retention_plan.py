@@ -15,12 +15,15 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
   device pages / device removal rate + host pages / host removal rate
   (reuse_history.py counts what leaves each tier; a tier nothing leaves
   holds it for good). d >= ttl_s: nothing to save.
-- saving = P x (1 - d / ttl_s) x (prefill without the prefix - the prefill
-  and promotion with it). The forecast says how likely a return within
-  ttl_s is, not when: the return is taken as uniform over the window, and
-  one after d finds the prefix gone. Queueing is left out (a retained
-  prefix keeps its request on its busy holder, or spares it a recompute
-  anywhere: either way the prefill term dominates).
+- saving = P(the return comes in (d, ttl_s]) x (prefill without the prefix
+  - the prefill and promotion with it): a return after d finds the prefix
+  gone, one before d finds it anyway. With the forecast's curve (P(within
+  t) at several t: the session-return model's survival curve, the oracle's
+  true next arrival) and `retain.pricing` "curve", that is P(ttl_s) - P(d);
+  otherwise ("uniform", the committed choice) the return is taken as
+  uniform over the window, P x (1 - d / ttl_s). Queueing is left
+  out (a retained prefix keeps its request on its busy holder, or spares it
+  a recompute anywhere: either way the prefill term dominates).
 - loss = eviction_ms(L, P(reuse) of the node's last tier, the family's
   recompute per block): while it lasts, the L pages it holds push L other
   blocks out of the node, each reused with the tier's observed chance.
@@ -39,7 +42,7 @@ from typing import Sequence
 
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.forecasts import Forecast, ForecastKind
+from speckv.services.scheduler.forecasts import Forecast, ForecastKind, p_within
 from speckv.services.scheduler.policies.base import ClusterView, NodeView
 from speckv.services.scheduler.policies.placement import holders_of
 from speckv.services.scheduler.policy_config import PolicyConfig
@@ -59,7 +62,7 @@ class RetentionPlanner:
         if not r.enabled or view.families is None:
             return []
         self._forget_lapsed(now)
-        chances = sorted(((f.expected_count, f.family) for f in forecasts
+        chances = sorted(((f.expected_count, f.family, f.curve) for f in forecasts
                           if f.kind is ForecastKind.RETENTION and f.expected_count >= r.min_probability),
                          key=lambda item: (-item[0], item[1]))[:r.max_families]
         if not chances:
@@ -68,14 +71,14 @@ class RetentionPlanner:
         residency = {n: self.residency_s(view, node, now) for n, node in live.items()}
         shortest = min(residency.values(), default=math.inf)
         priced: list[tuple[float, OrderSpec]] = []
-        for p, family in chances:
+        for p, family, curve in chances:
             held = self._retained.get(family)
             if held is not None and held[1] >= now + r.ttl_s / 2:
                 continue
             profile = view.families.profile(family)
             if profile is None or profile.last_route + shortest - now >= r.ttl_s:
                 continue  # safe for the whole window on any node: nothing to price
-            spec = self._price(now, view, live, residency, family, min(p, 1.0), policy)
+            spec = self._price(now, view, live, residency, family, min(p, 1.0), curve, policy)
             if spec is not None:
                 priced.append((spec.expected_benefit_ms, spec))
         priced.sort(key=lambda item: (-item[0], item[1].family))
@@ -85,7 +88,7 @@ class RetentionPlanner:
         return orders
 
     def _price(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],
-               family: Family, p: float, policy: str) -> OrderSpec | None:
+               family: Family, p: float, curve: tuple[tuple[float, float], ...], policy: str) -> OrderSpec | None:
         assert view.families is not None
         profile = view.families.profile(family)
         if profile is None or not profile.chain:
@@ -104,7 +107,11 @@ class RetentionPlanner:
         host_only = view.index.host_only_count(node_id, profile.chain, blocks)
         hit_ms = (self._pricer.prefill_ms(prompt, blocks, node.block_size)
                   + self._pricer.promote_ms(host_only, node.bytes_per_block))
-        saving = p * (1.0 - left_s / ttl_s) * max(0.0, full_ms - hit_ms)
+        if curve and self._cfg.retain.pricing == "curve":
+            after = max(0.0, p - p_within(curve, left_s))
+        else:
+            after = p * (1.0 - left_s / ttl_s)
+        saving = after * max(0.0, full_ms - hit_ms)
         last_tier = Tier.HOST if node.host_pages else Tier.DEVICE
         p_reuse = view.reuse.p_reuse(node_id, last_tier, now) if view.reuse else 1.0
         loss = eviction_ms(blocks, p_reuse, full_ms / max(1.0, prompt / node.block_size))

@@ -192,6 +192,11 @@ def test_scaled_trace_copies_are_disjoint_rotated_replicas():
     assert all(100.0 <= t < 160.0 for t in scaled.times[lo:hi])
     assert scaled.counts(100.0, 160.0) == Counter(scaled.family_of(i) for i in range(len(scaled))
                                                   if 100.0 < scaled.times[i] <= 160.0)
+    first: dict[str, float] = {}
+    for i in range(len(scaled)):
+        if 100.0 < scaled.times[i] <= 160.0:
+            first.setdefault(scaled.family_of(i), float(scaled.times[i]))
+    assert scaled.first_arrivals(100.0, 160.0) == first
 
 
 def test_simulated_hashes_sit_at_two_to_the_62_and_stay_uint64():

@@ -153,3 +153,16 @@ def test_tracker_batch_form_equals_the_objects():
     assert batch.conversations == ("a", "b") and batch.idle_s.tolist() == [25.0, 24.0]
     assert [[f.p_within[h] for h in SPEC.horizons_s] for f in objects] == batch.p_within.tolist()
     assert [f.expected_s for f in objects] == batch.expected_s.tolist()
+
+
+def test_tracker_grid_is_p_within_at_each_window():
+    tracker = ReturnTracker(_Fixed(SPEC, [0.2, 0.5]), SPEC)
+    assert tracker.p_within_grid(0.0, [10.0, 20.0])[1].shape == (0, 2)
+    for k, c in enumerate(("a", "b")):
+        tracker.arrival(c, float(k))
+        tracker.turn_end(c, 5.0 + k, float(k), 10, 10)
+    conversations, grid = tracker.p_within_grid(30.0, [7.0, 15.0, 40.0])
+    assert conversations == ("a", "b")
+    for j, window in enumerate((7.0, 15.0, 40.0)):
+        assert grid[:, j].tolist() == pytest.approx(tracker.p_within(30.0, window)[1].tolist())
+    assert (grid[:, 0] <= grid[:, 1]).all() and (grid[:, 1] <= grid[:, 2]).all()

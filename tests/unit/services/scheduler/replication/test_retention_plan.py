@@ -35,8 +35,8 @@ class ScriptedReuse:
         return self.rate
 
 
-def setup(p_reuse=0.2, rate=10.0, device=200, host=400):
-    core, clock = make_core(2, "none", capacity=device, host_pages=host)
+def setup(p_reuse=0.2, rate=10.0, device=200, host=400, pricing="uniform"):
+    core, clock = make_core(2, "none", capacity=device, host_pages=host, retain={"pricing": pricing})
     store(core, "n0", CHAIN)
     route_family(core, 1)  # the catalog learns the chain and prompt; last route at t = 100
     heartbeat_all(core, 2)
@@ -109,3 +109,38 @@ def test_a_retention_forecast_never_drives_replicas_or_prefetches():
     ctx = setup()[0].context
     forecasts = [Forecast(FAMILY, TTL, 200.0, 200.0, 1.0, ForecastKind.RETENTION)]
     assert Planner(ctx.config, ctx.profile, ctx.link, ctx.host_link)._demand(forecasts) == {}
+
+
+def test_with_a_curve_the_saving_is_the_chance_of_a_return_after_the_blocks_would_have_gone():
+    core, clock, planner, reuse = setup(pricing="curve")
+    # 30 s left at t = 130: returns within 30 s find the prefix anyway
+    curve = ((15.0, 0.1), (30.0, 0.3), (150.0, 0.5), (300.0, 0.6))
+    clock.advance(30.0)
+    heartbeat_all(core, 2)
+    view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
+    forecast = Forecast(FAMILY, TTL, 0.6, 0.6, 1.0, ForecastKind.RETENTION, curve)
+    (order,) = planner.plan(clock.now(), view, [forecast], "predictive")
+    profile = core._profile
+    full = profile.prefill_ms(PROMPT, 0)
+    hit = profile.prefill_ms(PROMPT - len(CHAIN) * BS, len(CHAIN) * BS)
+    loss = len(CHAIN) * 0.2 * full / (PROMPT / BS)
+    assert order.expected_benefit_ms == pytest.approx((0.6 - 0.3) * (full - hit) - loss)
+
+
+def test_a_curve_that_has_every_return_before_the_blocks_leave_retains_nothing():
+    core, clock, planner, reuse = setup(pricing="curve")
+    clock.advance(30.0)
+    heartbeat_all(core, 2)
+    view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
+    forecast = Forecast(FAMILY, TTL, 0.6, 0.6, 1.0, ForecastKind.RETENTION, ((10.0, 0.6),))
+    assert planner.plan(clock.now(), view, [forecast], "predictive") == []
+
+
+def test_the_committed_uniform_pricing_ignores_a_curve():
+    core, clock, planner, reuse = setup()
+    clock.advance(30.0)
+    heartbeat_all(core, 2)
+    view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
+    forecast = Forecast(FAMILY, TTL, 0.5, 0.5, 1.0, ForecastKind.RETENTION, ((10.0, 0.5),))
+    (order,) = planner.plan(clock.now(), view, [forecast], "predictive")
+    assert order.expected_benefit_ms == pytest.approx(expected_net(core, 0.5, 30.0, 0.2))
