@@ -24,6 +24,8 @@ TOOLS = {
     "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),
     "demo": ("speckv.loadgen.demo", "start a local cluster and replay a slice of a real trace"),
     "simulate": ("speckv.loadgen.sim.cli", "the end-to-end comparison in virtual time, at any node count"),
+    "cost": ("speckv.loadgen.experiments.cost_cli", "price per token of recompute, promotion and pull: the regime"),
+    "profile": ("speckv.loadgen.experiments.profile_cli", "fit an engine profile to Vidur's measurements"),
 }
 
 

@@ -4,7 +4,10 @@ into typed records.
 Invariants: every policy of one comparison runs on the same E2EConfig; the
 byte scale factor is derived from the two geometries (real model bytes per
 token / kvstore bytes per token), never configured, and every link bandwidth
-handed to a service that moves scaled bytes is divided by it.
+handed to a service that moves scaled bytes is divided by it. The node link
+is named (cluster.link, a profile of services/config/links.json: one GPU's
+link, times the engine profile's GPUs); older files that give link_gbps and
+link_overhead_ms instead still load.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from speckv.services.common.config import CONFIG_DIR
 from speckv.services.common.engine_profile import EngineProfile, LinkModel, get_profile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry, preset
+from speckv.services.common.links import get_link
 from speckv.services.common.traces.mooncake import FAMILY_MODES
 
 DEFAULT_E2E_PATH = CONFIG_DIR / "e2e.json"
@@ -85,7 +89,7 @@ def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
             profile=profile, real_geometry=preset(model["kv_bytes_geometry"], block_tokens),
             store_geometry=str(raw["scaled_kv"]["kvstore_geometry"]), block_tokens=block_tokens,
             nodes=int(cluster["nodes"]), pool_pages=int(cluster["pool_pages"]),
-            link=LinkModel(float(cluster["link_gbps"]), float(cluster["link_overhead_ms"])),
+            link=_node_link(cluster, profile, source),
             heartbeat_interval_s=float(cluster["heartbeat_interval_s"]),
             ttft_target_ms=float(cluster["ttft_target_ms"]), scheduler_tick_s=float(cluster["scheduler_tick_s"]),
             engine=EngineLimits(int(engine["max_batched_tokens"]), int(engine["max_num_seqs"]),
@@ -107,6 +111,20 @@ def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
         raise InvalidArgument(f"e2e config {source}: bad or missing field ({exc})") from None
     _validate(config, source)
     return config
+
+
+def _node_link(cluster: dict, profile: EngineProfile, source: Path) -> LinkModel:
+    """The real node-to-node link: the named profile for an engine of
+    profile.tensor_parallel GPUs, or the figures themselves in older files."""
+    if "link" not in cluster:
+        return LinkModel(float(cluster["link_gbps"]), float(cluster["link_overhead_ms"]))
+    if "link_gbps" in cluster or "link_overhead_ms" in cluster:
+        raise InvalidArgument(f"e2e config {source}: cluster.link names a link profile; drop cluster.link_gbps "
+                              "and cluster.link_overhead_ms (the profile has them)")
+    try:
+        return get_link(str(cluster["link"])).model(profile.tensor_parallel)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"e2e config {source}: cluster.link: {exc}") from None
 
 
 def _validate(config: E2EConfig, source: Path) -> None:

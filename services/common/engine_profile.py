@@ -15,7 +15,12 @@ Transfer (milliseconds) of n bytes over one link:
     transfer_ms = link_overhead_ms + n * 8 / (link_gbps * 1e9) * 1e3
 
 Profiles live in services/config/engine_profiles.json; each says where its
-numbers come from.
+numbers come from, and one without a `source` is refused at load. A profile
+fitted to published measurements (`measured`: true, `speckv profile fit`)
+also carries its `provenance`: the files and commit it was fitted from, how
+they were scaled, the held-out error and the attention source. An engine with
+tensor parallelism spans `tensor_parallel` GPUs; its costs are the whole
+engine's, and each of its GPUs has its own link (links.py).
 """
 from __future__ import annotations
 
@@ -32,6 +37,10 @@ DEFAULT_PROFILES_PATH = CONFIG_DIR / "engine_profiles.json"
 
 @dataclass(frozen=True, slots=True)
 class EngineProfile:
+    """One engine's prefill cost (formula above): times in ms of the whole
+    engine, token counts in tokens. Invariants (checked at load): ms_per_token
+    > 0, overhead_ms and ms_per_token_pair >= 0, tensor_parallel >= 1."""
+
     name: str
     model: str
     hardware: str
@@ -41,6 +50,7 @@ class EngineProfile:
     geometry: KVGeometry
     measured: bool = False
     source: str = ""
+    tensor_parallel: int = 1  # GPUs one engine spans (each with its own NIC and PCIe link)
 
     def prefill_ms(self, new_tokens: int, cached_tokens: int = 0) -> float:
         new = max(1, new_tokens)
@@ -84,16 +94,35 @@ def get_profile(name: str, path: Path | str | None = None) -> EngineProfile:
     return profiles[name]
 
 
+# What a fitted profile's provenance must name, so that anyone can redo the fit.
+PROVENANCE_KEYS = ("files", "commit", "scaling", "held_out_error", "attention")
+
+
 def _profile(name: str, spec: dict, source: Path) -> EngineProfile:
+    where = f"engine profile {name!r} in {source}"
     try:
         profile = EngineProfile(
             name=name, model=str(spec["model"]), hardware=str(spec.get("hardware", "")),
             overhead_ms=float(spec["overhead_ms"]), ms_per_token=float(spec["ms_per_token"]),
             ms_per_token_pair=float(spec.get("ms_per_token_pair", 0.0)),
             geometry=KVGeometry(name=str(spec["model"]), **spec["geometry"]),
-            measured=bool(spec.get("measured", False)), source=str(spec.get("source", "")))
+            measured=bool(spec.get("measured", False)), source=str(spec.get("source", "")),
+            tensor_parallel=int(spec.get("tensor_parallel", 1)))
     except (KeyError, TypeError, ValueError, InvalidArgument) as exc:
-        raise InvalidArgument(f"engine profile {name!r} in {source}: bad or missing field ({exc})") from None
+        raise InvalidArgument(f"{where}: bad or missing field ({exc})") from None
     if profile.ms_per_token <= 0 or profile.overhead_ms < 0 or profile.ms_per_token_pair < 0:
-        raise InvalidArgument(f"engine profile {name!r} in {source}: costs must be >= 0 (ms_per_token > 0)")
+        raise InvalidArgument(f"{where}: costs must be >= 0 (ms_per_token > 0)")
+    if profile.tensor_parallel < 1:
+        raise InvalidArgument(f"{where}: tensor_parallel must be >= 1")
+    if not profile.source.strip():
+        raise InvalidArgument(f"{where} has no source: every profile must say where its figures come from "
+                              "(a citation, or 'Approximate. ...' with the assumptions)")
+    if profile.measured:
+        provenance = spec.get("provenance")
+        missing = [key for key in PROVENANCE_KEYS
+                   if not isinstance(provenance, dict) or not provenance.get(key)]
+        if missing:
+            raise InvalidArgument(f"{where} is marked measured but its provenance lacks "
+                                  f"{', '.join(missing)}: a fitted profile names its source files, commit, "
+                                  "scaling, held-out error and attention source")
     return profile
