@@ -35,6 +35,7 @@ from speckv.services.common.clock import Clock
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import Family
 from speckv.services.predictor.arrival_ring import ArrivalPlacement, ArrivalSeries
+from speckv.services.predictor.clock_skew import checked_now
 from speckv.services.predictor.count_models import CountModel, Memos, SeriesState, rank_rows
 from speckv.services.predictor.live_features import LiveFeatures
 from speckv.services.predictor.manifest import load_model, model_directory
@@ -348,18 +349,8 @@ class PredictorCore:
         return np.asarray(horizons_s, dtype=np.float64)
 
     def _now(self, now_s: float | None) -> float:
-        """now_s checked against the clock: finite, >= 0 and, with
-        max_clock_skew_s > 0, within that many seconds of the clock."""
-        clock_now = self._clock.now()
-        if now_s is None:
-            return clock_now
-        if not (math.isfinite(now_s) and now_s >= 0):
-            raise InvalidArgument(f"now_s={now_s}: must be finite and >= 0")
-        skew = self._settings.max_clock_skew_s
-        if skew > 0 and abs(now_s - clock_now) > skew:
-            raise InvalidArgument(f"now_s={now_s!r} is {now_s - clock_now:+.3f} s from the predictor's clock "
-                                  f"({clock_now!r}); at most max_clock_skew_s={skew:g} s either way")
-        return float(now_s)
+        """now_s checked against the clock (clock_skew.py)."""
+        return checked_now(now_s, self._clock.now(), self._settings.max_clock_skew_s)
 
 
 def top_order(values: np.ndarray, limit: int) -> np.ndarray:

@@ -46,6 +46,7 @@ import numpy as np
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument
+from speckv.services.predictor.clock_skew import checked_now
 from speckv.services.predictor.observations import Arrival
 from speckv.services.predictor.returns.tracker import ReturnTracker
 
@@ -261,17 +262,8 @@ class ReturnsCore:
     # --- checks --------------------------------------------------------------
 
     def _now(self, now_s: float | None) -> float:
-        """now_s checked as Forecast's is: finite, >= 0, within max_clock_skew_s of the clock."""
-        clock_now = self._clock.now()
-        if now_s is None:
-            return clock_now
-        if not (math.isfinite(now_s) and now_s >= 0):
-            raise InvalidArgument(f"now_s={now_s}: must be finite and >= 0")
-        skew = self._settings.max_clock_skew_s
-        if skew > 0 and abs(now_s - clock_now) > skew:
-            raise InvalidArgument(f"now_s={now_s!r} is {now_s - clock_now:+.3f} s from the predictor's clock "
-                                  f"({clock_now!r}); at most max_clock_skew_s={skew:g} s either way")
-        return float(now_s)
+        """now_s checked as Forecast's is (clock_skew.py)."""
+        return checked_now(now_s, self._clock.now(), self._settings.max_clock_skew_s)
 
     def _check_turn_ends(self, turn_ends: Sequence[TurnEndRecord]) -> None:
         s = self._settings
