@@ -2,7 +2,9 @@
 freshly started local cluster built from the one committed configuration
 (services/config/e2e.json), with emulated engines, the reference router and
 open-loop replay. Prints a table per policy and writes JSON (--json) and an
-HTML report (--report DIR).
+HTML report (--report DIR). Each policy's latency and SLO figures carry 95 %
+bootstrap intervals over the slice's requests (metrics.bootstrap_intervals:
+`ci95` in the JSON, whiskers in the report).
 
 Before the policies run, the predictor's LightGBM model is trained once on
 the `warmup_s` of trace before the slice (_e2e_model.py) and every policy's
@@ -20,11 +22,13 @@ run; `none` is the floor. Burst windows are fixed from the whole trace.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
+import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -32,7 +36,13 @@ from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes
 from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
-from speckv.loadgen.experiments.metrics import burst_seconds, percentile, summarize
+from speckv.loadgen.experiments.metrics import (
+    BOOTSTRAP_RESAMPLES,
+    bootstrap_intervals,
+    burst_seconds,
+    percentile,
+    summarize,
+)
 from speckv.loadgen.experiments.report import console_tables, markdown_table, write_report
 from speckv.loadgen.experiments.results import (
     Comparison,
@@ -45,7 +55,7 @@ from speckv.loadgen.experiments.results import (
 from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
-from speckv.services.common.traces import load_mooncake
+from speckv.services.common.traces import TraceRequest, load_mooncake
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
 
@@ -85,21 +95,32 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
             environ: Mapping[str, str], console, quick: bool = False,
             setup: EngineSetup | None = None) -> tuple[Comparison, dict[str, PolicyRun]]:
     """setup: the engines (None: the emulated ones)."""
-    setup = setup or engine_setup(config)
     trace = load_mooncake(trace_path, family=config.family)
+    return compare_requests(trace_path.name, trace, policies, config, slice_, environ, console, quick, setup)
+
+
+def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[str], config: E2EConfig,
+                     slice_: SliceSpec, environ: Mapping[str, str], console, quick: bool = False,
+                     setup: EngineSetup | None = None) -> tuple[Comparison, dict[str, PolicyRun]]:
+    """The comparison on a workload already loaded (a trace keyed into the
+    config's families, or a synthetic one), in arrival order; name is what
+    the result calls it. Every policy's summary carries its 95 % bootstrap
+    intervals (ci95)."""
+    setup = setup or engine_setup(config)
     bursts = burst_seconds(r.arrival_s for r in trace)
     in_slice = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
     if not in_slice:
         raise InvalidArgument(f"the slice [{slice_.start_s}, {slice_.start_s + slice_.duration_s}) s of "
-                              f"{trace_path.name} holds no request")
-    console.print(f"{trace_path.name}: {len(in_slice)} requests in [{slice_.start_s:g}, "
+                              f"{name} holds no request")
+    console.print(f"{name}: {len(in_slice)} requests in [{slice_.start_s:g}, "
                   f"{slice_.start_s + slice_.duration_s:g}) s, {sum(1 for r in in_slice if int(r.arrival_s) in bursts)}"
                   f" in burst seconds; {config.nodes} nodes, {setup.kind} engines, replayed {slice_.speed:g}x faster; "
                   f"KV bytes scaled 1/{setup.byte_scale}")
     runs: dict[str, PolicyRun] = {}
     summaries: dict[str, PolicySummary] = {}
     with tempfile.TemporaryDirectory(prefix="speckv-e2e-model-") as model_dir:
-        model = train_before_slice(trace, slice_, Path(model_dir), quick, config.warmup_s)
+        with quiet_lightgbm_training():
+            model = train_before_slice(trace, slice_, Path(model_dir), quick, config.warmup_s)
         console.print(f"predictor: {model.describe()}")
         for policy in policies:
             runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory,
@@ -114,11 +135,13 @@ def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: Sl
         run = runs[policy]
         summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, setup.real_bytes_per_block,
                             run.orders, reusable, config.profile, shared)
-        summaries[policy] = replace(summary, live=_live_figures(run))
+        summaries[policy] = replace(summary, live=_live_figures(run),
+                                    ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable,
+                                                             shared))
     floor_row = (floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts, floor.returning)
                  if floor is not None else None)
     result = Comparison(
-        trace=trace_path.name, slice=slice_, ttft_target_ms=config.ttft_target_ms,
+        trace=name, slice=slice_, ttft_target_ms=config.ttft_target_ms,
         byte_scale_factor=setup.byte_scale, nodes=config.nodes, engine_profile=config.profile.name,
         link_gbps=config.link.gbps, real_bytes_per_block=setup.real_bytes_per_block,
         burst_seconds_in_trace=len(bursts), policies=with_avoidable_closed(summaries, floor_row), floor=floor_row,
@@ -150,8 +173,25 @@ def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: Eng
         f"{slice_.speed:g}x as much trace time.",
         "Live figures come from one run of each policy on a shared machine: identical runs move a p99 of a few "
         "hundred requests by tens of percent, so a difference between policies that moved no bytes is noise "
-        "(avoidable closed included). Verdicts come from `speckv simulate` of the same slice.",
+        "(avoidable closed included). Each latency and SLO figure carries a 95 % percentile bootstrap interval "
+        f"over the slice's requests (ci95; {BOOTSTRAP_RESAMPLES} draws): a difference inside it is a tie, and "
+        "since it leaves out the run-to-run spread, one outside it is a hint. Verdicts come from `speckv "
+        "simulate` of the same slice.",
     ]
+
+
+@contextlib.contextmanager
+def quiet_lightgbm_training() -> Iterator[None]:
+    """Training the predictor without LightGBM's "Overriding the parameters
+    from Reference Dataset" UserWarning on the console: the training builds
+    its validation Dataset with `reference=` the training one, on purpose, so
+    that both share the training set's bins, and LightGBM warns whenever a
+    referencing Dataset adopts its reference's parameters. Only that message
+    from lightgbm is silenced; any other warning still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Overriding the parameters from Reference Dataset",
+                                category=UserWarning, module=r"lightgbm(\.|$)")
+        yield
 
 
 def _run_with_progress(config, policy, trace, slice_, environ, console, model_dir: Path,

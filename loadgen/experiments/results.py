@@ -106,10 +106,17 @@ class PolicySummary:
     actions: dict[str, dict[str, object]] | None = None
     live: LiveRunFigures | None = None
     simulated: SimulatedRunFigures | None = None
+    # Figure name -> (low, high): its 95 % bootstrap interval over the run's
+    # requests (metrics.bootstrap_intervals), for the figures that are
+    # statistics of requests; None: not computed for this run.
+    ci95: dict[str, tuple[float, float]] | None = None
 
     def to_json(self) -> dict[str, object]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("live", "simulated")}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("live", "simulated", "ci95")}
         out["orders"] = dict(self.orders)
+        if self.ci95 is not None:
+            out["ci95"] = {name: [low, high] for name, (low, high) in self.ci95.items()}
         for extra in (self.live, self.simulated):
             if extra is not None:
                 out.update(extra.to_json())
