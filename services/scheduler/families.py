@@ -48,6 +48,7 @@ class FamilyCatalog:
         # __missing__ call, and every route counts a key that is often new.
         self._heat: dict[Family, int] = {}
         self._node_heat: dict[tuple[Family, NodeId], int] = {}
+        self._node_routes: dict[NodeId, int] = {}  # routes to each node within the window
 
     def observe(self, family: Family, hashes: Sequence[int], prompt_tokens: int, node: NodeId, now: float) -> None:
         profile = self._profiles.get(family)
@@ -67,6 +68,7 @@ class FamilyCatalog:
         heat, node_heat, key = self._heat, self._node_heat, (family, node)
         heat[family] = heat.get(family, 0) + 1
         node_heat[key] = node_heat.get(key, 0) + 1
+        self._node_routes[node] = self._node_routes.get(node, 0) + 1
         self._expire(now)
 
     def profile(self, family: Family) -> FamilyProfile | None:
@@ -97,6 +99,12 @@ class FamilyCatalog:
                 best[node] = (family, n)
         return best
 
+    def node_route_rates(self, now: float) -> dict[NodeId, float]:
+        """Routes per second to each node over the heat window ending at now."""
+        self._expire(now)
+        window = self._s.heat_window_s
+        return {node: n / window for node, n in self._node_routes.items()}
+
     def __len__(self) -> int:
         return len(self._profiles)
 
@@ -107,6 +115,7 @@ class FamilyCatalog:
             _, family, node = window.popleft()
             _decrement(self._heat, family)
             _decrement(self._node_heat, (family, node))
+            _decrement(self._node_routes, node)
 
 
 def _follow_chain(chain: list[int], hashes: Sequence[int], max_blocks: int, diverged: bool) -> bool:

@@ -64,6 +64,7 @@ class PlannerSettings:
     replicate: bool  # price replicas at all (off: prefetch and retain only; the simulator's ablation)
     replicate_to_device: bool  # also price replicas into a target's device tier (host tier always)
     prefetch: bool  # price host -> device promotions at holders ahead of forecast requests
+    queue_externality: bool  # charge an action the queueing the work it draws to a node adds to others routed there
 
 
 @dataclass(frozen=True, slots=True)

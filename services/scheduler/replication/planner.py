@@ -28,7 +28,9 @@ queueing depends on, else its larger figure; at most
    causes (blocks beyond the tier's free pages x P(reuse) from the reuse
    history x the cost of that reuse; for the device tier, also the blocks
    its demotions push out of a full host tier, at their recompute) minus the delay its transfer adds to
-   pulls on its links. Nothing is capped at the TTFT target: fanning out
+   pulls on its links, and, with `queue_externality`, minus the queueing
+   the work it moves onto a node adds to the others routed there
+   (value.queue_externality_ms; off in the committed configuration). Nothing is capped at the TTFT target: fanning out
    is worth what the queueing it avoids is worth.
 4. Greedy by net ms (lazy: a popped candidate is re-priced against what
    this tick already chose for its family and tier, and pushed back if it
@@ -81,7 +83,7 @@ from speckv.services.scheduler.replication.value import (
     ServeOption,
     eviction_ms,
     link_delay_ms,
-    served_ttft_ms,
+    queue_externality_ms,
     walk,
 )
 
@@ -143,6 +145,10 @@ class _Tick:
             self.landing.setdefault(order.spec.family, set()).add(order.spec.target)
         self.families: list[FamilyState] = []
         self.baseline: list[float] = []  # each family's expected TTFT (ms) with its current options
+        self.base_work: list[dict[str, float]] = []  # and the prefill work (ms) it gives each node
+        rates = (view.families.node_route_rates(now)
+                 if view.families is not None and self.cfg.planner.queue_externality else {})
+        self.route_rates: dict[str, float] = {node: r for node, r in rates.items()}  # keyed as walk's work
         # (-net ms, network bytes, insertion order, candidate): among equal
         # nets, the action moving fewer bytes over the network goes first.
         self.heap: list[tuple[float, int, int, ActionCandidate]] = []
@@ -151,7 +157,7 @@ class _Tick:
         fam = self._family(name, demand)
         if fam is None:
             return
-        baseline = served_ttft_ms(fam.options, fam.demand)
+        baseline, work = walk(fam.options, fam.demand)
         # No action can do better than every request hitting the whole
         # prefix at once on an idle node: families already served about that
         # well (most, most of the time) are not worth pricing candidates for.
@@ -160,6 +166,7 @@ class _Tick:
         index = len(self.families)
         self.families.append(fam)
         self.baseline.append(baseline)
+        self.base_work.append(work)
         for candidate in self._candidates(fam, index):
             value = self.value(candidate)
             if value.net_ms > self.cfg.planner.min_net_ms:
@@ -227,7 +234,10 @@ class _Tick:
 
     def value(self, c: ActionCandidate) -> ActionValue:
         fam = self.families[c.family_index]
-        saving = self.baseline[c.family_index] - served_ttft_ms(fam.options + [self.current(c)], fam.demand)
+        with_ms, work = walk(fam.options + [self.current(c)], fam.demand)
+        saving = self.baseline[c.family_index] - with_ms
+        queue = (queue_externality_ms(self.base_work[c.family_index], work, self.route_rates)
+                 if self.route_rates else 0.0)
         node = self.live[c.node]
         evicted = max(0, c.blocks - self._room(c.node, c.tier))
         loss = eviction_ms(evicted, self._p_reuse(c.node, c.tier), self.pricer.miss_ms_per_block(fam, node, c.tier))
@@ -239,7 +249,7 @@ class _Tick:
         rates = self.view.pulls_per_s
         link = link_delay_ms(c.transfer_ms, [rates.get(fam.source, 0.0), rates.get(c.node, 0.0)]) \
             if c.transfer_ms else 0.0
-        return ActionValue(saving, loss, link)
+        return ActionValue(saving, loss, link, queue)
 
     def _room(self, node: NodeId, tier: Tier) -> int:
         return free_pages(self.live[node], tier) - self.planned.get((node, tier), 0)
@@ -274,6 +284,7 @@ class _Tick:
         option = self.current(c)
         fam.options.append(option)
         self.baseline[c.family_index], work = walk(fam.options, fam.demand)
+        self.base_work[c.family_index] = work
         demoted = max(0, c.blocks - self._room(c.node, c.tier)) if c.tier is Tier.DEVICE else 0
         self.planned[(c.node, c.tier)] = self.planned.get((c.node, c.tier), 0) + c.blocks
         if demoted and self.live[c.node].host_pages:

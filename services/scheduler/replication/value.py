@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 MAX_PRICED_REQUESTS = 256
 MIN_PRICED_POINTS = 4
@@ -71,10 +71,11 @@ class ActionValue:
     saving_ms: float
     eviction_ms: float
     link_ms: float
+    queue_ms: float = 0.0  # what the work it moves between nodes costs the others routed there
 
     @property
     def net_ms(self) -> float:
-        return self.saving_ms - self.eviction_ms - self.link_ms
+        return self.saving_ms - self.eviction_ms - self.link_ms - self.queue_ms
 
     @property
     def admitted(self) -> bool:
@@ -142,6 +143,19 @@ def saving_ms(without: Sequence[ServeOption], added: Sequence[ServeOption], dema
 def eviction_ms(blocks_evicted: int, p_reuse: float, miss_ms_per_block: float) -> float:
     """Expected TTFT lost to the blocks an action pushes out (ms)."""
     return max(0, blocks_evicted) * min(max(p_reuse, 0.0), 1.0) * max(miss_ms_per_block, 0.0)
+
+
+def queue_externality_ms(work_before: Mapping[str, float], work_after: Mapping[str, float],
+                         routes_per_s: Mapping[str, float]) -> float:
+    """Expected delay an action adds to the other requests routed to the
+    nodes whose work it changes: requests arriving at rate r during an added
+    busy time of W ms wait W/2 on average, r x W/1000 x W/2; work taken off a
+    node gives the same back (signed). ms."""
+    total = 0.0
+    for node in set(work_before) | set(work_after):
+        delta = work_after.get(node, 0.0) - work_before.get(node, 0.0)
+        total += max(routes_per_s.get(node, 0.0), 0.0) * delta * abs(delta) / 2e3
+    return total
 
 
 def link_delay_ms(transfer_ms: float, pulls_per_s: Sequence[float]) -> float:

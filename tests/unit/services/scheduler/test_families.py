@@ -29,3 +29,16 @@ def chain_after(*requests: list[int]) -> list[int]:
 )
 def test_chain_follows_continuations_and_cuts_on_divergence(requests, expected):
     assert chain_after(*requests) == expected
+
+
+def test_node_route_rates_count_routes_in_the_heat_window():
+    from speckv.services.common.ids import NodeId
+    from speckv.services.scheduler.families import FamilyCatalog
+    from speckv.services.scheduler.policy_config import load_policy_config
+    settings = load_policy_config().families  # heat_window_s 10
+    catalog = FamilyCatalog(settings)
+    for t in range(5):
+        catalog.observe("f", [1, 2], 32, NodeId("a"), float(t))
+    catalog.observe("g", [3], 16, NodeId("b"), 4.0)
+    assert catalog.node_route_rates(4.0) == {"a": 5 / settings.heat_window_s, "b": 1 / settings.heat_window_s}
+    assert catalog.node_route_rates(14.5) == {}  # all out of the window

@@ -101,3 +101,13 @@ def test_net_is_saving_minus_losses_and_admits_only_a_gain():
     assert ActionValue(100.0, 60.0, 30.0).admitted
     assert not ActionValue(80.0, 60.0, 20.0).admitted
     assert not math.isnan(ActionValue(0.0, 0.0, 0.0).net_ms)
+
+
+def test_the_queue_externality_charges_work_drawn_to_a_busy_node_and_credits_work_taken_off():
+    from speckv.services.scheduler.replication.value import queue_externality_ms
+    before, after = {"a": 100.0, "b": 50.0}, {"a": 300.0, "b": 0.0}
+    rates = {"a": 4.0, "b": 2.0}
+    # a: +200 ms of work, 4 routes/s: 4 x 0.2 s x 100 ms = 80 ms; b: -50 ms at 2/s: -(2 x 0.05 x 25) = -2.5 ms
+    assert queue_externality_ms(before, after, rates) == pytest.approx(80.0 - 2.5)
+    assert queue_externality_ms(before, before, rates) == 0.0
+    assert queue_externality_ms(before, after, {}) == 0.0
