@@ -12,7 +12,11 @@ Measured, in this order:
   empty unary call: the floor of Python gRPC on this machine), p50/p99 ms;
 - route_grpc_per_s: Route calls/s from 4 client threads, next to the same for
   the empty call (empty_grpc_per_s), and routes/s through RouteBatch of 64
-  (route_batch_per_s).
+  (route_batch_per_s);
+- state_dir: what the durable control state costs (docs/state.md). Two
+  `speckv scheduler` processes of 16 nodes, one in memory and one with
+  --state-dir (SQLite), called in turn call by call: Route (writes nothing)
+  and SubmitOrder (one transaction each), p50/p99 ms per process.
 Targets: in-process route p99 < 100 us; tick p99 < 100 ms; gRPC
 route p99 <= 1.5 x the empty call's p99; >= 1,500 routes/s. Numbers, not
 pass/fail tests: a shared machine is noisy, so read them with the
@@ -24,10 +28,14 @@ import argparse
 import gc
 import json
 import logging
+import os
+import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Mapping
 
 import grpc
@@ -40,7 +48,7 @@ from speckv.services.common.engine_profile import get_profile
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem
-from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
+from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
@@ -67,6 +75,10 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     _show("gRPC empty call", results["empty_grpc_ms"], "ms", None)
     print(f"gRPC route throughput: {results['route_grpc_per_s']:.0f}/s (target >= 1500; empty call "
           f"{results['empty_grpc_per_s']:.0f}/s); RouteBatch(64): {results['route_batch_per_s']:.0f} routes/s")
+    results["state_dir"] = _state_dir(n_calls)
+    for rpc, by_mode in results["state_dir"].items():
+        for mode, p in by_mode.items():
+            _show(f"{rpc} ({mode})", p, "ms", None)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(results, out, indent=2)
@@ -133,6 +145,85 @@ def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
             server.kill()
     return {"route_grpc_ms": _pcts(route_ms), "empty_grpc_ms": _pcts(empty_ms), "route_grpc_per_s": route_rate,
             "empty_grpc_per_s": empty_rate, "route_batch_per_s": batch_rate}
+
+
+STATE_NODES = 16
+_LISTENING = re.compile(r"listening on (\S+:\d+)")
+
+
+def _state_dir(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Route and SubmitOrder against a scheduler in memory and one with
+    --state-dir, alternating call by call so both see the same machine;
+    ms per call, {rpc: {"memory" | "state_dir": percentiles}}."""
+    with tempfile.TemporaryDirectory(prefix="speckv-bench-state-") as tmp:
+        servers = {"memory": _start_scheduler([], Path(tmp) / "memory.log"),
+                   "state_dir": _start_scheduler(["--state-dir", str(Path(tmp) / "state")], Path(tmp) / "state.log")}
+        channels = {mode: grpc.insecure_channel(address) for mode, (_, address) in servers.items()}
+        try:
+            stubs = {mode: scheduler_pb2_grpc.SchedulerStub(channel) for mode, channel in channels.items()}
+            for stub in stubs.values():
+                for i in range(STATE_NODES):  # nothing listens at port 9: no kvstore to follow
+                    stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(
+                        node_id=f"n{i:02d}", address="127.0.0.1:9", capacity_pages=16_384), timeout=10)
+            rng = np.random.default_rng(0)
+            routes = [scheduler_pb2.RouteRequest(request_id=f"r{i}", block_hashes=rng.integers(1, 1 << 62, 8).tolist(),
+                                                 prompt_tokens=8 * 16 + 5, family=f"fam{i % 100}")
+                      for i in range(1_000)]
+
+            def order(i: int) -> scheduler_pb2.SubmitOrderRequest:
+                return scheduler_pb2.SubmitOrderRequest(order=common_pb2.ReplicationOrder(
+                    family=f"fam{i % 100}", block_hashes=[4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4],
+                    source_node=f"n{i % STATE_NODES:02d}", target_node=f"n{(i + 1) % STATE_NODES:02d}",
+                    lease_ms=3_600_000))
+
+            calls = [(f"{rpc}_ms", mode, fn) for rpc, fn in (
+                ("route", lambda stub, i: stub.Route(routes[i % len(routes)], timeout=10)),
+                ("submit_order", lambda stub, i: stub.SubmitOrder(order(i), timeout=10))) for mode in stubs]
+            times = _interleave([lambda i, fn=fn, stub=stubs[mode]: fn(stub, i) for _, mode, fn in calls], n_calls)
+        finally:
+            for channel in channels.values():
+                channel.close()
+            for popen, _ in servers.values():
+                popen.terminate()
+                try:
+                    popen.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    popen.kill()
+                    popen.wait(timeout=15)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (rpc, mode, _), samples in zip(calls, times):
+        out.setdefault(rpc, {})[mode] = _pcts(samples)
+    return out
+
+
+def _start_scheduler(args: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
+    """A `speckv scheduler` process on 127.0.0.1:<free port> that never marks
+    a node down nor asks a kvstore (its nodes are names only): (process, address)."""
+    argv = [sys.executable, "-m", "speckv.services.cli", "scheduler", "--host", "127.0.0.1", "--port", "0",
+            "--engine-profile", PROFILE, "--no-confirm-routes", "--node-timeout-s", "86400", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECKV_LOG_LEVEL": "WARNING"}
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env)
+    assert popen.stdout is not None
+    for raw in popen.stdout:
+        match = _LISTENING.search(raw.decode(errors="replace"))
+        if match:
+            # nothing else is printed on stdout, so the pipe never fills
+            return popen, match.group(1)
+    popen.wait(timeout=15)
+    raise RuntimeError(f"the scheduler process did not start: {log_path.read_text(errors='replace')[-2000:]}")
+
+
+def _interleave(fns: list[Callable[[int], object]], n: int, warmup: int = 200) -> list[list[float]]:
+    """Calls each of fns in turn, n times each after `warmup` rounds; ms per call, per fn."""
+    times: list[list[float]] = [[] for _ in fns]
+    for i in range(n + warmup):
+        for fn, samples in zip(fns, times):
+            start = time.perf_counter_ns()
+            fn(i)
+            if i >= warmup:
+                samples.append((time.perf_counter_ns() - start) / 1e6)
+    return times
 
 
 def _alternate(a: Callable[[int], object], b: Callable[[int], object], n: int) -> tuple[list[float], list[float]]:

@@ -43,6 +43,9 @@ class SchedulerConfig(ServerSettings):
         "help": "largest prompt_tokens a Route may carry (the served model's context); larger: INVALID_ARGUMENT"})
     max_family_chars: int = field(default=256, metadata={
         "help": "longest family name a Route or SubmitOrder may carry, characters; longer: INVALID_ARGUMENT"})
+    state_dir: str = field(default="", metadata={"help": (
+        "folder of the durable control state (policy, order log, node registry; SQLite scheduler.db), so a "
+        "restart resumes where it stopped; empty = memory only")})
     kv_events: str = field(default="", metadata={"help": (
         "vLLM engines to index from their ZMQ KV events, no kvstore beside them: entries separated by ';', each "
         "NODE=tcp://HOST:PORT (vLLM's PUB endpoint) with optional ,replay=tcp://HOST:PORT (its replay ROUTER), "

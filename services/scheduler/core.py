@@ -9,6 +9,12 @@ remote consultations go through small interfaces injected by the server:
 - ArrivalSink: every routed request is offered as an arrival (never blocks).
 A NodeListener hears about (re-)registrations so the server can (re)start
 that node's KV event stream.
+- StateJournal (optional; state_store.py): the durable control state. The
+  core calls it, under its lock, at each change a restart must not forget:
+  SetPolicy, a node's registration, each order's submission and transition
+  (through the OrderTracker's journal). `restore()` resumes from what it
+  saved. Without one (the simulator, the tests, the default) all of it
+  lives in memory only.
 
 Routing scores the candidates CandidateSelector picks (routing/candidates.py:
 the live holders of the first block plus the `router.spread_candidates`
@@ -21,8 +27,9 @@ through OrderLifecycle (retries, replicas, commits seen in KV events).
 from __future__ import annotations
 
 import logging
+import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence
 
 from speckv.services.common.clock import Clock
@@ -32,7 +39,7 @@ from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId, default_family
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
-from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad
+from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad, NodeStatus
 from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
 from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex, IndexEvent
@@ -45,6 +52,7 @@ from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
 from speckv.services.scheduler.replication.orders import (
     ActionKind,
     Order,
+    OrderJournal,
     OrderSpec,
     OrderState,
     OrderTracker,
@@ -89,6 +97,43 @@ class NodeListener(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class SavedNode:
+    """A registration as the durable state keeps it (what RegisterNode said)."""
+
+    node_id: NodeId
+    address: str
+    capacity_pages: int  # device tier, blocks
+    host_pages: int  # host tier, blocks (0: none)
+    geometry: KVGeometry
+
+
+@dataclass(slots=True)
+class SavedState:
+    """What a previous run left in the durable state (SchedulerCore.restore).
+    policy: the one SetPolicy last chose ("" = never called); orders: active
+    ones in any order, terminal ones in the order they finished;
+    next_order_id: the number the next generated order id carries (above
+    every id ever generated); order_totals: orders that ever reached each
+    terminal state."""
+
+    policy: str = ""
+    nodes: list[SavedNode] = field(default_factory=list)
+    orders: list[Order] = field(default_factory=list)
+    next_order_id: int = 1
+    order_totals: dict[OrderState, int] = field(default_factory=dict)
+
+
+class StateJournal(OrderJournal, Protocol):
+    """The durable control state: each call is one transaction, made under
+    the core's lock, before the call that made the change returns. A write
+    that fails raises (Unavailable) and so fails that call."""
+
+    def policy_set(self, name: str) -> None: ...
+
+    def node_registered(self, node: SavedNode) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerSettings:
     node_timeout_s: float = 5.0
     heartbeat_interval_ms: int = 1000
@@ -107,7 +152,8 @@ class SchedulerCore:
     def __init__(self, settings: SchedulerSettings, clock: Clock, profile: EngineProfile,
                  registry: PolicyRegistry | None = None, confirmer: PrefixConfirmer | None = None,
                  arrivals: ArrivalSink | None = None, listener: NodeListener | None = None,
-                 forecasts: ForecastSource | None = None, future: FutureArrivals | None = None) -> None:
+                 forecasts: ForecastSource | None = None, future: FutureArrivals | None = None,
+                 state: StateJournal | None = None) -> None:
         self.settings = settings
         self._clock = clock
         self._profile = profile
@@ -124,7 +170,8 @@ class SchedulerCore:
         self._cluster = Cluster(settings.node_timeout_s, profile.queue_ms)
         self._index = HolderIndex()
         self._families = FamilyCatalog(self._pcfg.families)
-        self._orders = OrderTracker()
+        self._state = state
+        self._orders = OrderTracker(journal=state)
         self._lifecycle = OrderLifecycle(self._orders, LeasedReplicas(), self._index, self._submit_locked,
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
@@ -151,6 +198,11 @@ class SchedulerCore:
             self._backlog.forget(node.node_id)
             self._reuse.forget(node.node_id)
             generation = node.generation
+            if self._state is not None:
+                # A failed write fails this call with the registration made in memory;
+                # the node's agent registers again, which saves it and restarts its stream.
+                self._state.node_registered(SavedNode(node.node_id, node.address, node.capacity_pages,
+                                                      node.host_pages, node.geometry))
         log.info("node %s %sregistered at %s", node_id, "re-" if again else "", address)
         if self._listener is not None:
             self._listener.node_registered(NodeId(node_id), address, generation, old_address)
@@ -383,6 +435,8 @@ class SchedulerCore:
     def set_policy(self, name: str) -> PolicyInfo:
         policy = self._registry.create(name)
         with self._lock:
+            if self._state is not None:
+                self._state.policy_set(name)  # first: a failed write keeps the old policy
             self._policy = policy
         log.info("policy is now %s", name)
         return self.get_policy()
@@ -430,6 +484,58 @@ class SchedulerCore:
             log.info("order %s expired (%s -> %s)", order.order_id, order.spec.source, order.spec.target)
         for replica in released:
             log.debug("replica of %s on %s released unused", replica.family, replica.node)
+
+    # --- durable state ---------------------------------------------------
+    def restore(self, saved: SavedState) -> None:
+        """Resumes from what a previous run saved; once, on a core with no
+        nodes and no orders, before serving (the server calls it after wiring
+        the listener). Writes nothing back.
+        - Policy: the one SetPolicy last chose, unless it cannot run with this
+          run's settings (e.g. oracle without a trace): then the configured one
+          stays, with a warning.
+        - Nodes: each is known (heartbeats answer known=True, orders may name
+          it) but not alive until its next heartbeat: no routes, no orders to
+          or from it before then. The listener hears of it as a new
+          registration, so its block index is rebuilt from its KV event
+          stream from sequence 0.
+        - Orders: ISSUED and IN_FLIGHT ones come back as they were, their
+          leases running from now, so their agents' reports still find them
+          and WatchOrders sends the ISSUED ones again; terminal ones stay
+          reportable up to the tracker's retention; generated ids continue at
+          saved.next_order_id, so none is ever reused.
+        Not restored: replica leases, outcome statistics and link bookings of
+        the orders before the restart (they start empty, as in a new run)."""
+        policy: Policy | None = None
+        if saved.policy and saved.policy != self._policy.name:
+            try:
+                policy = self._registry.create(saved.policy)
+            except SpeckvError as exc:
+                log.warning("the saved policy %s cannot run here (%s); keeping %s", saved.policy, exc,
+                            self._policy.name)
+        registered: list[tuple[NodeId, str, int]] = []
+        with self._lock:
+            if self._cluster.num_nodes() or any(self._orders.counts().values()):
+                raise FailedPrecondition("restore needs a scheduler with no nodes and no orders")
+            now = self._clock.now()
+            for n in saved.nodes:
+                # Registered as last heard at -inf: not alive (for the cluster and its load
+                # board alike) until a heartbeat, and DOWN already, so staying silent is no
+                # UP -> DOWN transition that would fail the orders it is part of.
+                node, _ = self._cluster.register(n.node_id, n.address, n.capacity_pages, n.geometry,
+                                                 -math.inf, n.host_pages)
+                node.status = NodeStatus.DOWN
+                registered.append((node.node_id, node.address, node.generation))
+            for order in self._orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
+                self._lifecycle.issued(order)
+            if policy is not None:
+                self._policy = policy
+        if policy is not None:
+            log.info("policy %s restored from the saved state", policy.name)
+        log.info("restored %d nodes (alive at their next heartbeat) and %d orders", len(registered),
+                 len(saved.orders))
+        if self._listener is not None:
+            for node_id, address, generation in registered:
+                self._listener.node_registered(node_id, address, generation, None)
 
     # --- state -------------------------------------------------------------
     def cluster_state(self) -> ClusterSnapshot:

@@ -9,6 +9,7 @@ from typing import Callable, Mapping, Sequence
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
 from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.server import ServiceServer, serve_until_signal
 from speckv.services.common.service_metrics import register_gauges
@@ -25,6 +26,7 @@ from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import ReplicaStats
 from speckv.services.scheduler.servicer import RequestLimits, SchedulerServicer
+from speckv.services.scheduler.state_store import StateStore
 from speckv.services.scheduler.ticker import Ticker
 from speckv.services.scheduler.vllm_subscriber import VllmEventFeeds, parse_kv_events
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -85,8 +87,12 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
                  inventory: Callable[[SchedulerCore], None] | None = None) -> ServiceServer:
     """The scheduler server. `inventory`, when given, fills the core's nodes
     and block index before serving *instead of* the kvstores' event streams
-    (benchmarks of a synthetic cluster whose nodes do not exist)."""
+    (benchmarks of a synthetic cluster whose nodes do not exist). With
+    --state-dir the core journals its control state there and resumes from
+    it; an unusable database fails here (FailedPrecondition), before serving."""
     clock = clock or SystemClock()
+    store = StateStore.open(config.state_dir) if config.state_dir else None
+    saved = store.load() if store is not None else None
     profile = get_profile(config.engine_profile, config.engine_profiles_path or None)
     confirmer = KVStoreConfirmer(telemetry, config.lookup_timeout_s)
     sender = PredictorSender(config.predictor, telemetry, config.predictor_timeout_s) if config.predictor else None
@@ -99,7 +105,7 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     confirm = _SkipVllmConfirm(confirmer, [s.route_address for s in vllm_specs]) if vllm_specs else confirmer
     core = SchedulerCore(settings, clock, profile,
                          confirmer=confirm if config.confirm_routes else None, arrivals=reporter,
-                         listener=wiring, forecasts=forecasts, future=future_arrivals(config))
+                         listener=wiring, forecasts=forecasts, future=future_arrivals(config), state=store)
     event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry)
     vllm_feeds = VllmEventFeeds(vllm_specs, core, profile.geometry.block_size,
                                 config.heartbeat_interval_ms / 1000.0) if vllm_specs else None
@@ -107,6 +113,12 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         inventory(core)
     else:
         wiring.event_sync = event_sync
+    if store is not None and saved is not None:
+        try:
+            core.restore(saved)  # after the wiring: restored nodes' event streams start here
+        except SpeckvError as exc:
+            store.close()
+            raise FailedPrecondition(f"state database {store.path}: cannot resume from it: {exc}") from None
     stopping = threading.Event()
     servicer = SchedulerServicer(core, stopping, RequestLimits(config.max_prompt_tokens, config.max_family_chars))
 
@@ -138,6 +150,8 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         if forecasts is not None:
             forecasts.close()
         confirmer.close()
+        if store is not None:
+            store.close()
 
     server.on_start(start)
     server.on_stop(stop)

@@ -16,6 +16,12 @@ Counts: ISSUED and IN_FLIGHT count orders active now; terminal states count
 every order that ever reached them. Only the newest `max_retained` terminal
 orders are kept for reports (older ones answer NotFound).
 
+Journal: when the tracker has one (the scheduler's durable state,
+services/scheduler/state_store.py), every change of the log is written to it
+as it happens: a submission before the order is issued (a failed write
+issues nothing), every transition after it is made, with the ids the
+retention just dropped. `restore()` loads a saved log into an empty tracker.
+
 Not thread-safe: SchedulerCore serialises access. Times are clock seconds.
 """
 from __future__ import annotations
@@ -24,6 +30,7 @@ import dataclasses
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
 
 from speckv.services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.ids import UINT64_MAX, Family, NodeId, OrderId
@@ -127,9 +134,25 @@ def validate_spec(spec: OrderSpec) -> None:
         raise InvalidArgument(f"order.lease_ms={spec.lease_ms}: must be > 0")
 
 
+class OrderJournal(Protocol):
+    """Where an OrderTracker records each change of its log as it happens."""
+
+    def order_issued(self, order: Order, next_id: int) -> None:
+        """order is about to be issued (ISSUED); next_id is the number the
+        tracker's next generated id will carry. Raising issues nothing."""
+        ...
+
+    def order_changed(self, order: Order, evicted: Sequence[OrderId]) -> None:
+        """order moved to order.state (or made IN_FLIGHT progress); a
+        terminal state comes once per order. evicted: terminal orders the
+        retention forgot on the way, oldest first."""
+        ...
+
+
 @dataclass(slots=True)
 class OrderTracker:
     max_retained: int = 10_000
+    journal: OrderJournal | None = None  # None: the log lives in memory only
     _active: dict[OrderId, Order] = field(default_factory=dict)
     _done: OrderedDict[OrderId, Order] = field(default_factory=OrderedDict)
     _totals: dict[OrderState, int] = field(default_factory=lambda: {s: 0 for s in OrderState})
@@ -143,8 +166,35 @@ class OrderTracker:
             raise AlreadyExists(f"order {order_id!r} exists")
         order = Order(order_id, spec, OrderState.ISSUED, created_at=now, last_progress=now)
         order.spec.order_id = order_id
+        if self.journal is not None:
+            self.journal.order_issued(order, self._next_id)
         self._active[order_id] = order
         return order
+
+    def restore(self, orders: Sequence[Order], next_id: int, totals: Mapping[OrderState, int],
+                now: float) -> list[Order]:
+        """Loads a saved log into this empty tracker (a restart) and returns
+        the active orders. Active ones (ISSUED, IN_FLIGHT) come back as they
+        were, their last progress now, so their leases run from the restart;
+        terminal ones in the order given (the order they finished), the
+        newest max_retained kept; generated ids continue at next_id (never
+        below where this tracker stands); totals: the terminal states' counts.
+        Nothing is written to the journal (it already holds all of it)."""
+        if self._active or self._done:
+            raise FailedPrecondition("orders can only be restored into an empty tracker")
+        for order in orders:
+            if order.state.terminal:
+                self._done[order.order_id] = order
+            else:
+                order.last_progress = now
+                self._active[order.order_id] = order
+        while len(self._done) > self.max_retained:
+            self._done.popitem(last=False)
+        for state, count in totals.items():
+            if state.terminal:
+                self._totals[state] = count
+        self._next_id = max(self._next_id, next_id)
+        return list(self._active.values())
 
     def report(self, order_id: str, state: OrderState, now: float, message: str = "",
                bytes_sent: int = 0, blocks_sent: int = 0) -> Order:
@@ -196,13 +246,15 @@ class OrderTracker:
 
     def _move(self, order: Order, state: OrderState) -> None:
         order.state = state
-        if not state.terminal:
-            return
-        self._totals[state] += 1
-        self._active.pop(order.order_id, None)
-        self._done[order.order_id] = order
-        while len(self._done) > self.max_retained:
-            self._done.popitem(last=False)
+        evicted: list[OrderId] = []
+        if state.terminal:
+            self._totals[state] += 1
+            self._active.pop(order.order_id, None)
+            self._done[order.order_id] = order
+            while len(self._done) > self.max_retained:
+                evicted.append(self._done.popitem(last=False)[0])
+        if self.journal is not None:
+            self.journal.order_changed(order, evicted)
 
     def _new_id(self) -> OrderId:
         while True:

@@ -1,0 +1,266 @@
+"""The scheduler's durable control state: an embedded SQLite database under
+`--state-dir` (SchedulerCore's StateJournal, and what `restore()` reads).
+
+What it keeps: the policy SetPolicy last chose, every node registration, and
+the order log (every active order, the terminal ones the OrderTracker still
+retains, the next generated id and the terminal totals). Not the block index
+(rebuilt from the kvstores' event streams), loads, liveness or replica
+leases: a restart learns those again within a heartbeat. The kvstores' pools
+are not state at all: KV is a cache.
+
+Invariants:
+- One transaction per change (each journal call): the database is always a
+  state the scheduler was in between two calls, whatever kills the process.
+- Durability: WAL with synchronous=NORMAL, so a committed change survives
+  the process being killed (kill -9); a power loss or kernel crash may lose
+  the last changes since the WAL was last synced, never corrupt the file.
+- One scheduler per database: the connection holds SQLite's exclusive lock
+  (locking_mode=EXCLUSIVE) from open to close, so a second scheduler on the
+  same state dir fails at start; the lock dies with its process.
+- `schema_version` holds one row. A database without it that has tables,
+  one of a newer version, or one that fails SQLite's quick_check or holds a
+  row that does not read back is refused at open or load with
+  FailedPrecondition naming the file: never a silent reset.
+- Block hashes are uint64: kept as little-endian 8-byte words in a BLOB
+  (SQLite's INTEGER is signed).
+
+Thread-safe (one lock around the connection); SchedulerCore already calls it
+under its own lock. A failed write rolls back and raises Unavailable.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import struct
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from speckv.services.common.errors import FailedPrecondition, SpeckvError, Unavailable
+from speckv.services.common.geometry import KVGeometry
+from speckv.services.common.ids import Family, NodeId, OrderId
+from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.core import SavedNode, SavedState
+from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+DB_FILE = "scheduler.db"
+LOCK_WAIT_S = 1.0  # how long open() waits for another holder of the database before refusing
+
+# Version 1. `finished` numbers terminal orders in the order they finished (NULL while active).
+SCHEMA = (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",  # policy, next_order_id
+    """CREATE TABLE nodes (
+        node_id TEXT PRIMARY KEY, address TEXT NOT NULL, capacity_pages INTEGER NOT NULL,
+        host_pages INTEGER NOT NULL, num_layers INTEGER NOT NULL, num_kv_heads INTEGER NOT NULL,
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, block_size INTEGER NOT NULL, geometry_name TEXT NOT NULL)""",
+    """CREATE TABLE orders (
+        order_id TEXT PRIMARY KEY, family TEXT NOT NULL, block_hashes BLOB NOT NULL, source TEXT NOT NULL,
+        target TEXT NOT NULL, target_address TEXT NOT NULL, lease_ms INTEGER NOT NULL, priority INTEGER NOT NULL,
+        expected_benefit_ms REAL NOT NULL, policy TEXT NOT NULL, tier TEXT, action TEXT NOT NULL,
+        state TEXT NOT NULL, created_at REAL NOT NULL, last_progress REAL NOT NULL, message TEXT NOT NULL,
+        bytes_sent INTEGER NOT NULL, blocks_sent INTEGER NOT NULL, finished INTEGER)""",
+    "CREATE INDEX orders_finished ON orders (finished)",
+    "CREATE TABLE order_totals (state TEXT PRIMARY KEY, count INTEGER NOT NULL)",
+)
+_ORDER_COLUMNS = ("order_id, family, block_hashes, source, target, target_address, lease_ms, priority, "
+                  "expected_benefit_ms, policy, tier, action, state, created_at, last_progress, message, "
+                  "bytes_sent, blocks_sent, finished")
+
+
+class StateStore:
+    """The SQLite database of one scheduler's control state. `open()` it,
+    `load()` what a previous run saved, hand it to SchedulerCore as its
+    journal, `close()` it on stop."""
+
+    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
+        self.path = path
+        self._db = connection
+        self._lock = threading.Lock()
+        row = self._read("SELECT COALESCE(MAX(finished), 0) FROM orders")
+        self._finished = int(row[0][0])  # the last `finished` number given
+
+    @classmethod
+    def open(cls, state_dir: str | Path) -> StateStore:
+        """Opens (creating if need be) state_dir/scheduler.db; FailedPrecondition
+        when it is unreadable, corrupt, not ours, of a newer schema or held by
+        another scheduler."""
+        folder = Path(state_dir)
+        path = folder / DB_FILE
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=LOCK_WAIT_S)
+        except (OSError, sqlite3.Error) as exc:
+            raise FailedPrecondition(f"state dir {folder}: cannot open {path}: {exc}") from None
+        try:
+            _prepare(db, path)
+        except BaseException:
+            db.close()
+            raise
+        return cls(path, db)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # --- reading ---------------------------------------------------------
+    def load(self) -> SavedState:
+        """Everything saved, as SchedulerCore.restore takes it."""
+        meta = dict(self._read("SELECT key, value FROM meta"))
+        try:
+            next_id = int(meta.get("next_order_id", "1"))
+            nodes = [_node(row) for row in self._read(
+                "SELECT node_id, address, capacity_pages, host_pages, num_layers, num_kv_heads, head_dim, dtype, "
+                "block_size, geometry_name FROM nodes ORDER BY node_id")]
+            orders = [_order(row) for row in self._read(
+                f"SELECT {_ORDER_COLUMNS} FROM orders ORDER BY finished IS NOT NULL, finished, created_at, order_id")]
+            totals = {OrderState(state): int(count) for state, count in self._read(
+                "SELECT state, count FROM order_totals")}
+        except (ValueError, TypeError, struct.error, SpeckvError) as exc:
+            raise FailedPrecondition(f"state database {self.path}: a saved row does not read back ({exc}); "
+                                     "it is damaged or was edited by hand") from None
+        return SavedState(meta.get("policy", ""), nodes, orders, next_id, totals)
+
+    # --- the journal (SchedulerCore's StateJournal) -----------------------
+    def policy_set(self, name: str) -> None:
+        self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES ('policy', ?)", (name,))])
+
+    def node_registered(self, node: SavedNode) -> None:
+        g = node.geometry
+        self._write([("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (node.node_id, node.address, node.capacity_pages, node.host_pages, g.num_layers,
+                       g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name))])
+
+    def order_issued(self, order: Order, next_id: int) -> None:
+        self._write([(f"INSERT OR REPLACE INTO orders ({_ORDER_COLUMNS}) VALUES ({', '.join('?' * 19)})",
+                      _order_row(order, None)),
+                     ("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_order_id', ?)", (str(next_id),))])
+
+    def order_changed(self, order: Order, evicted: Sequence[OrderId]) -> None:
+        with self._lock:
+            finished = self._finished + 1 if order.state.terminal else None
+            statements = [(f"INSERT OR REPLACE INTO orders ({_ORDER_COLUMNS}) VALUES ({', '.join('?' * 19)})",
+                           _order_row(order, finished))]
+            if finished is not None:
+                statements.append(("INSERT INTO order_totals (state, count) VALUES (?, 1) "
+                                   "ON CONFLICT (state) DO UPDATE SET count = count + 1", (order.state.value,)))
+            statements += [("DELETE FROM orders WHERE order_id = ?", (order_id,)) for order_id in evicted]
+            self._transaction(statements)
+            if finished is not None:
+                self._finished = finished
+
+    # --- plumbing ----------------------------------------------------------
+    def _write(self, statements: list[tuple[str, tuple[object, ...]]]) -> None:
+        with self._lock:
+            self._transaction(statements)
+
+    def _transaction(self, statements: list[tuple[str, tuple[object, ...]]]) -> None:
+        """Runs statements as one transaction; the caller holds the lock."""
+        try:
+            self._db.execute("BEGIN")
+            for sql, args in statements:
+                self._db.execute(sql, args)
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # a closed or broken connection: nothing was committed either way
+            log.error("state database %s: write failed: %s", self.path, exc)
+            raise Unavailable(f"the scheduler's state database {self.path} could not be written: {exc}") from None
+
+    def _read(self, sql: str) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._db.execute(sql).fetchall()
+            except sqlite3.Error as exc:
+                raise FailedPrecondition(f"state database {self.path}: cannot read: {exc}") from None
+
+
+def _prepare(db: sqlite3.Connection, path: Path) -> None:
+    """Locks, checks and (when empty) creates the schema; FailedPrecondition
+    names what is wrong."""
+    try:
+        db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        db.execute("BEGIN IMMEDIATE")  # takes the write lock now, and holds it: EXCLUSIVE mode
+        db.execute("COMMIT")
+        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        db.execute("PRAGMA synchronous=NORMAL")
+        problems = [row[0] for row in db.execute("PRAGMA quick_check").fetchall()]
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise FailedPrecondition(f"state database {path} is in use by another process (another scheduler "
+                                     "on the same --state-dir?)") from None
+        raise FailedPrecondition(f"state database {path} is unreadable: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise FailedPrecondition(f"state database {path} is corrupt or not a database ({exc}); move it aside "
+                                 "to start with an empty state") from None
+    if mode != "wal":
+        raise FailedPrecondition(f"state database {path}: WAL journal mode refused (journal_mode={mode})")
+    if problems != ["ok"]:
+        found = "; ".join(" ".join(p.split()) for p in problems[:3])
+        raise FailedPrecondition(f"state database {path} is corrupt ({found}); move it aside to start with an "
+                                 "empty state")
+    if not tables:
+        try:
+            db.execute("BEGIN")
+            for sql in SCHEMA:
+                db.execute(sql)
+            db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise FailedPrecondition(f"state database {path}: cannot create the schema: {exc}") from None
+        log.info("state database %s created (schema %d)", path, SCHEMA_VERSION)
+        return
+    if "schema_version" not in tables:
+        raise FailedPrecondition(f"{path} is not a speckv scheduler state database (it has no schema_version "
+                                 "table); point --state-dir elsewhere")
+    versions = [row[0] for row in db.execute("SELECT version FROM schema_version").fetchall()]
+    if len(versions) != 1 or not isinstance(versions[0], int):
+        raise FailedPrecondition(f"state database {path}: schema_version holds {versions!r}, expected one number")
+    if versions[0] > SCHEMA_VERSION:
+        raise FailedPrecondition(f"state database {path} has schema version {versions[0]}, newer than this "
+                                 f"scheduler reads ({SCHEMA_VERSION}): run the speckv that wrote it")
+    if versions[0] < SCHEMA_VERSION:  # no older schema exists yet; a migration goes here when one does
+        raise FailedPrecondition(f"state database {path} has schema version {versions[0]}, which this "
+                                 f"scheduler cannot migrate (it reads {SCHEMA_VERSION})")
+    log.info("state database %s opened (schema %d)", path, SCHEMA_VERSION)
+
+
+def _hashes_blob(hashes: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(hashes)}Q", *hashes)
+
+
+def _hashes(blob: bytes) -> list[int]:
+    if len(blob) % 8:
+        raise ValueError(f"block_hashes of {len(blob)} bytes: not whole 8-byte words")
+    return list(struct.unpack(f"<{len(blob) // 8}Q", blob))
+
+
+def _order_row(order: Order, finished: int | None) -> tuple[object, ...]:
+    s = order.spec
+    return (order.order_id, s.family, _hashes_blob(s.block_hashes), s.source, s.target, s.target_address,
+            s.lease_ms, s.priority, s.expected_benefit_ms, s.policy, s.tier.value if s.tier else None,
+            s.action.value, order.state.value, order.created_at, order.last_progress, order.message,
+            order.bytes_sent, order.blocks_sent, finished)
+
+
+def _order(row: tuple) -> Order:
+    (order_id, family, blob, source, target, target_address, lease_ms, priority, benefit, policy, tier, action,
+     state, created_at, last_progress, message, bytes_sent, blocks_sent, _finished) = row
+    spec = OrderSpec(Family(family), _hashes(blob), NodeId(source), NodeId(target), int(lease_ms), int(priority),
+                     float(benefit), policy, target_address, order_id, Tier(tier) if tier is not None else None,
+                     ActionKind(action))
+    return Order(OrderId(order_id), spec, OrderState(state), float(created_at), float(last_progress), message,
+                 int(bytes_sent), int(blocks_sent))
+
+
+def _node(row: tuple) -> SavedNode:
+    node_id, address, capacity, host, layers, heads, head_dim, dtype, block_size, name = row
+    return SavedNode(NodeId(node_id), address, int(capacity), int(host),
+                     KVGeometry(int(layers), int(heads), int(head_dim), dtype, int(block_size), name))

@@ -1,0 +1,260 @@
+"""The scheduler's durable control state: the SQLite store on its own (round
+trip, refusals), the OrderTracker's journal and restore, and a SchedulerCore
+resuming from what another one saved (ManualClock, no network)."""
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from speckv.services.common.clock import ManualClock
+from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.errors import FailedPrecondition, NotFound, Unavailable
+from speckv.services.common.geometry import KVGeometry, preset
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.core import SavedNode, SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.state_store import DB_FILE, SCHEMA_VERSION, StateStore
+
+GEOMETRY = KVGeometry(2, 2, 16, "float32", 4)
+BIG_HASH = 2**64 - 1  # uint64: does not fit SQLite's signed INTEGER
+
+
+def spec(source: str = "a", target: str = "b", hashes: tuple[int, ...] = (1, 2, 3), lease_ms: int = 10_000,
+         **kw) -> OrderSpec:
+    return OrderSpec(Family("f"), list(hashes), NodeId(source), NodeId(target), lease_ms, **kw)
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = StateStore.open(tmp_path / "state")
+    yield s
+    s.close()
+
+
+def reopen(store: StateStore) -> StateStore:
+    store.close()
+    return StateStore.open(store.path.parent)
+
+
+# --- the store -------------------------------------------------------------
+def test_an_empty_state_dir_is_created_with_an_empty_state(tmp_path):
+    store = StateStore.open(tmp_path / "new" / "dir")
+    saved = store.load()
+    assert (saved.policy, saved.nodes, saved.orders, saved.next_order_id, saved.order_totals) == ("", [], [], 1, {})
+    assert (tmp_path / "new" / "dir" / DB_FILE).is_file()
+    store.close()
+
+
+def test_policy_nodes_and_orders_read_back_as_written(store):
+    store.policy_set("reactive-heat")
+    store.policy_set("oracle")
+    nodes = [SavedNode(NodeId("b"), "h:2", 64, 256, preset("tiny", 16)),
+             SavedNode(NodeId("a"), "h:1", 100, 0, GEOMETRY)]
+    for n in nodes:
+        store.node_registered(n)
+    store.node_registered(SavedNode(NodeId("a"), "h:9", 128, 0, GEOMETRY))  # re-registered: replaces
+    tracker = OrderTracker(max_retained=2, journal=store)
+    first = tracker.submit(spec(hashes=(BIG_HASH, 0, 7), priority=3, expected_benefit_ms=12.5, policy="p",
+                                target_address="h:2", tier=Tier.HOST), now=10.0)
+    second = tracker.submit(spec(source="b", target="b", action=ActionKind.PREFETCH), now=11.0)
+    tracker.report(first.order_id, OrderState.IN_FLIGHT, 12.0, "moving", bytes_sent=100, blocks_sent=1)
+    done = [tracker.submit(spec(), now=13.0) for _ in range(3)]
+    for order, state in zip(done, (OrderState.COMMITTED, OrderState.FAILED, OrderState.COMMITTED)):
+        tracker.report(order.order_id, state, 14.0)
+
+    saved = reopen(store).load()
+    assert saved.policy == "oracle"
+    assert saved.nodes == [SavedNode(NodeId("a"), "h:9", 128, 0, GEOMETRY), nodes[0]]
+    assert saved.nodes[1].geometry.name == "tiny"
+    by_id = {o.order_id: o for o in saved.orders}
+    # the oldest terminal order fell out of the retention (2), in the database too
+    assert list(by_id) == [first.order_id, second.order_id, done[1].order_id, done[2].order_id]
+    a = by_id[first.order_id]
+    assert (a.state, a.spec.block_hashes, a.spec.tier, a.spec.priority, a.spec.expected_benefit_ms, a.spec.policy,
+            a.spec.target_address, a.created_at, a.last_progress, a.message, a.bytes_sent, a.blocks_sent) == (
+        OrderState.IN_FLIGHT, [BIG_HASH, 0, 7], Tier.HOST, 3, 12.5, "p", "h:2", 10.0, 12.0, "moving", 100, 1)
+    assert by_id[second.order_id].spec.action is ActionKind.PREFETCH and by_id[second.order_id].spec.tier is None
+    assert [by_id[o.order_id].state for o in done[1:]] == [OrderState.FAILED, OrderState.COMMITTED]
+    assert saved.next_order_id == 6
+    assert saved.order_totals == {OrderState.COMMITTED: 2, OrderState.FAILED: 1}
+
+
+def test_a_newer_schema_is_refused(store):
+    path = store.path
+    store.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    with pytest.raises(FailedPrecondition, match=f"schema version {SCHEMA_VERSION + 1}, newer than this"):
+        StateStore.open(path.parent)
+
+
+def test_a_garbage_file_is_refused_never_reset(tmp_path):
+    (tmp_path / DB_FILE).write_bytes(b"not a database" * 500)
+    with pytest.raises(FailedPrecondition, match="corrupt or not a database"):
+        StateStore.open(tmp_path)
+    assert (tmp_path / DB_FILE).read_bytes() == b"not a database" * 500
+
+
+def test_a_damaged_page_is_refused(store):
+    path = store.path
+    for i in range(50):
+        store.node_registered(SavedNode(NodeId(f"n{i}"), f"h:{i}", 8, 0, GEOMETRY))
+    store.close()
+    data = bytearray(path.read_bytes())
+    page = 4096  # page 2: a table's b-tree root (the schema on page 1 still reads)
+    data[page:page + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    with pytest.raises(FailedPrecondition, match="corrupt"):
+        StateStore.open(path.parent)
+
+
+def test_a_database_that_is_not_ours_is_refused(tmp_path):
+    with closing(sqlite3.connect(tmp_path / DB_FILE, isolation_level=None)) as db:
+        db.execute("CREATE TABLE something (x)")
+    with pytest.raises(FailedPrecondition, match="not a speckv scheduler state database"):
+        StateStore.open(tmp_path)
+
+
+def test_a_row_that_does_not_read_back_is_an_error_at_load(store):
+    tracker = OrderTracker(journal=store)
+    tracker.submit(spec(), now=1.0)
+    store._db.execute("UPDATE orders SET state = 'lost'")  # as a hand edit would
+    with pytest.raises(FailedPrecondition, match="does not read back"):
+        store.load()
+
+
+def test_a_second_scheduler_on_the_same_dir_is_refused(store):
+    with pytest.raises(FailedPrecondition, match="in use by another process"):
+        StateStore.open(store.path.parent)
+    store.policy_set("oracle")  # the first one still holds it
+    assert store.load().policy == "oracle"
+
+
+def test_a_failed_write_raises_unavailable_and_keeps_the_old_policy(store):
+    clock = ManualClock(100.0)
+    core = SchedulerCore(SchedulerSettings(), clock, get_profile("tiny"), state=store)
+    store._db.execute("DROP TABLE meta")  # every later policy write fails
+    with pytest.raises(Unavailable, match="could not be written"):
+        core.set_policy("reactive-heat")
+    assert core.get_policy().name == "none"
+
+
+# --- the tracker ---------------------------------------------------------
+def test_restore_resumes_leases_from_now_keeps_terminal_ones_and_continues_ids(store):
+    tracker = OrderTracker(journal=store)
+    issued, moving, committed = (tracker.submit(spec(), now=5.0) for _ in range(3))
+    tracker.report(moving.order_id, OrderState.IN_FLIGHT, 6.0)
+    tracker.report(committed.order_id, OrderState.COMMITTED, 6.0)
+    saved = store.load()
+
+    again = OrderTracker(max_retained=10)
+    active = again.restore(saved.orders, saved.next_order_id, saved.order_totals, now=1000.0)
+    assert sorted(o.order_id for o in active) == [issued.order_id, moving.order_id]
+    assert all(o.last_progress == 1000.0 and o.created_at == 5.0 for o in active)
+    assert again.get(committed.order_id).state is OrderState.COMMITTED
+    assert again.counts()[OrderState.COMMITTED] == 1 and again.counts()[OrderState.IN_FLIGHT] == 1
+    assert again.sweep(1009.9) == []  # a 10 s lease, from the restart
+    assert again.report(moving.order_id, OrderState.COMMITTED, 1009.9).state is OrderState.COMMITTED
+    assert again.submit(spec(), now=1010.0).order_id == "o-00000004"
+    with pytest.raises(FailedPrecondition, match="empty tracker"):
+        again.restore(saved.orders, 1, {}, now=0.0)
+
+
+def test_restore_keeps_only_the_newest_retained_terminal_orders():
+    tracker = OrderTracker()
+    orders = [tracker.submit(spec(), now=1.0) for _ in range(4)]
+    for o in orders:
+        tracker.report(o.order_id, OrderState.FAILED, 2.0)
+    small = OrderTracker(max_retained=2)
+    small.restore(orders, 5, {OrderState.FAILED: 4}, now=3.0)
+    with pytest.raises(NotFound):
+        small.get(orders[1].order_id)
+    assert small.get(orders[2].order_id).state is OrderState.FAILED
+    assert small.counts()[OrderState.FAILED] == 4
+
+
+# --- a core resuming -------------------------------------------------------
+class Listener:
+    def __init__(self):
+        self.seen = []
+
+    def node_registered(self, node_id, address, generation, old_address):
+        self.seen.append((node_id, address, old_address))
+
+
+def new_core(store: StateStore, clock: ManualClock, listener: Listener | None = None) -> SchedulerCore:
+    return SchedulerCore(SchedulerSettings(node_timeout_s=5.0), clock, get_profile("tiny"), listener=listener,
+                         state=store)
+
+
+def test_a_new_core_resumes_policy_nodes_and_orders(store):
+    clock = ManualClock(1000.0)
+    core = new_core(store, clock)
+    for n in "abc":
+        core.register_node(n, f"h:{n}", 1000, None, host_pages=50 if n == "c" else 0)
+    core.set_policy("reactive-heat")
+    issued = core.submit_order(spec("a", "b"))
+    moving = core.submit_order(spec("b", "c"))
+    committed = core.submit_order(spec("a", "c"))
+    core.report_order(moving.order_id, OrderState.IN_FLIGHT)
+    core.report_order(committed.order_id, OrderState.COMMITTED)
+    store = reopen(store)
+
+    clock.advance(60.0)  # the restart took a minute: far past every lease and node timeout
+    listener = Listener()
+    resumed = new_core(store, clock, listener)
+    resumed.restore(store.load())
+    assert resumed.get_policy().name == "reactive-heat"
+    assert listener.seen == [("a", "h:a", None), ("b", "h:b", None), ("c", "h:c", None)]
+    state = resumed.cluster_state()
+    assert [(r.view.node_id, r.view.alive, r.view.host_pages) for r in state.nodes] == [
+        ("a", False, 0), ("b", False, 0), ("c", False, 50)]
+    assert resumed.live_node_count() == 0
+    resumed.tick()  # silent restored nodes are down already: their orders are not failed
+    assert resumed.get_order(issued.order_id).state is OrderState.ISSUED
+    assert resumed.get_order(moving.order_id).state is OrderState.IN_FLIGHT
+    assert resumed.get_order(committed.order_id).state is OrderState.COMMITTED
+    with pytest.raises(FailedPrecondition, match="is down"):
+        resumed.submit_order(spec("a", "b"))
+
+    for n in "abc":
+        assert resumed.heartbeat(n, NodeLoad(free_pages=10))
+    assert resumed.live_node_count() == 3
+    assert resumed.report_order(moving.order_id, OrderState.COMMITTED, bytes_sent=10) is OrderState.COMMITTED
+    assert resumed.report_order(committed.order_id, OrderState.COMMITTED) is OrderState.COMMITTED  # idempotent
+    watcher = resumed.watch_orders("a")
+    assert watcher.next(0.0).order_id == issued.order_id  # sent again to its source
+    assert resumed.submit_order(spec("a", "b")).order_id == "o-00000004"
+
+    for step in (4.9, 5.0, 0.2):  # leases (10 s) run from the restart; heartbeats keep the nodes up
+        clock.advance(step)
+        for n in "abc":
+            resumed.heartbeat(n, NodeLoad(free_pages=10))
+        resumed.tick()
+        assert resumed.get_order(issued.order_id).state is (OrderState.ISSUED if step != 0.2 else OrderState.EXPIRED)
+
+
+def test_a_saved_policy_that_cannot_run_here_leaves_the_configured_one(store):
+    store.policy_set("oracle")  # needs --oracle-trace, which this core has not
+    core = new_core(store, ManualClock(0.0))
+    core.restore(store.load())
+    assert core.get_policy().name == "none"
+
+
+def test_restore_needs_an_empty_core(store):
+    core = new_core(store, ManualClock(0.0))
+    core.register_node("a", "h:a", 10, None)
+    with pytest.raises(FailedPrecondition, match="no nodes and no orders"):
+        core.restore(store.load())
+
+
+def test_a_write_after_close_is_unavailable(tmp_path):
+    store = StateStore.open(tmp_path)
+    store.close()
+    with pytest.raises(Unavailable):
+        store.policy_set("none")
