@@ -9,6 +9,8 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
 from speckv.services.common.server import ServerSettings
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
+from speckv.services.kvstore.vllm_encode import Encoding
+from speckv.services.kvstore.vllm_publisher import DEFAULT_REPLAY_BATCHES, PublisherSettings, check_endpoint
 
 KIB = 1024
 MAX_LEASE_S = 24 * 3600.0  # what the store itself accepts (validate.lease)
@@ -49,6 +51,17 @@ class KVStoreConfig(ServerSettings):
         "help": "TCP data plane connections served at once; more are answered RESOURCE_EXHAUSTED and closed"})
     data_read_timeout_s: float = field(default=10.0, metadata={
         "help": "a TCP data plane connection silent this long is closed, its open writes aborted, seconds"})
+    kv_events_publish: str = field(default="", metadata={
+        "help": "bind a ZMQ PUB socket here (tcp://HOST:PORT, tcp://*:PORT, ipc://PATH) and publish this node's "
+                "KV events on it in vLLM's wire format; empty: off"})
+    kv_events_replay: str = field(default="", metadata={
+        "help": "bind vLLM's replay ROUTER socket here (needs kv_events_publish); empty: none"})
+    kv_events_topic: str = field(default="", metadata={"help": "topic frame of each published batch"})
+    kv_events_encoding: str = field(default=Encoding.TAGGED.value, metadata={
+        "help": "tagged (events as maps, as current vLLM releases publish them) or array_like (positional "
+                "arrays, as releases before vllm#42892 did)"})
+    kv_events_replay_batches: int = field(default=DEFAULT_REPLAY_BATCHES, metadata={
+        "help": "published batches kept for the replay socket; older ones are not replayed"})
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -92,6 +105,7 @@ class KVStoreConfig(ServerSettings):
             raise InvalidArgument(f"backend={self.backend!r}: expected one of {', '.join(BACKEND_CHOICES)}")
         if not self.link_gbps >= 0:
             raise InvalidArgument(f"link_gbps={self.link_gbps}: must be >= 0 (0: no cap)")
+        self.kv_events_settings()
 
     def kv_geometry(self) -> KVGeometry:
         if self.geometry not in PRESETS:
@@ -106,6 +120,24 @@ class KVStoreConfig(ServerSettings):
                 raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 0 (0 keeps the preset's)")
         # A custom shape is no longer the named model: keep the preset's name only when nothing changed.
         return replace(base, name="custom", **overrides) if overrides else base
+
+    def kv_events_settings(self) -> PublisherSettings | None:
+        """The vLLM KV event publisher's settings, None when it is off;
+        InvalidArgument names the kv_events_* field that is wrong."""
+        encoding = Encoding.parse(self.kv_events_encoding, "kv_events_encoding")
+        if self.kv_events_replay_batches <= 0:
+            raise InvalidArgument(f"kv_events_replay_batches={self.kv_events_replay_batches}: must be > 0")
+        if not self.kv_events_publish:
+            if self.kv_events_replay:
+                raise InvalidArgument(f"kv_events_replay={self.kv_events_replay!r}: needs kv_events_publish")
+            return None
+        check_endpoint("kv_events_publish", self.kv_events_publish)
+        if self.kv_events_replay:
+            check_endpoint("kv_events_replay", self.kv_events_replay)
+            if self.kv_events_replay == self.kv_events_publish:
+                raise InvalidArgument(f"kv_events_replay={self.kv_events_replay!r}: the same as kv_events_publish")
+        return PublisherSettings(self.kv_events_publish, self.kv_events_replay, self.kv_events_topic, encoding,
+                                 self.kv_events_replay_batches)
 
     @property
     def chunk_bytes(self) -> int:

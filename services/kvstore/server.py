@@ -27,6 +27,7 @@ from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.replication import Replicator, TargetFactory
 from speckv.services.kvstore.servicer import KVStoreServicer, RequestLimits
 from speckv.services.kvstore.store import KVStoreCore, StoreStats, TierStats
+from speckv.services.kvstore.vllm_publisher import VllmEventPublisher
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 SERVICE = "kvstore"
@@ -50,6 +51,8 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     data_plane = DataPlaneServer(store, config.host, config.data_port, config.node_id,
                                  max_connections=config.data_max_connections,
                                  read_timeout_s=config.data_read_timeout_s) if config.transport == "tcp" else None
+    kv_events = config.kv_events_settings()  # binds now: a taken port fails the start, not a later thread
+    publisher = VllmEventPublisher(store, kv_events, config.node_id) if kv_events is not None else None
     stopping = threading.Event()
     limits = RequestLimits(config.max_reservation_lease_s, config.pin_lease_s, config.max_family_chars)
     servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s,
@@ -73,12 +76,16 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
         if data_plane is not None:
             data_plane.start()
         maintenance.start()
+        if publisher is not None:
+            publisher.start()
         if agent is not None:
             agent.start()
 
     def stop() -> None:
         stopping.set()
         store.close()
+        if publisher is not None:
+            publisher.stop(config.grace_s)
         if data_plane is not None:
             data_plane.stop()
         if agent is not None:

@@ -45,20 +45,8 @@ import msgpack
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.tiers import Tier
+from speckv.services.common.vllm_wire import BATCH_FIELDS, EVENT_FIELDS, SEQUENCE_BYTES, TAG_FIELD, UINT64_MASK
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
-
-UINT64_MASK = (1 << 64) - 1
-SEQUENCE_BYTES = 8
-TAG_FIELD = "type"  # msgspec's default tag field for tagged structs encoded as maps
-
-# Positional field order of each event struct after its tag (array_like encoding).
-EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                    "lora_name", "extra_keys", "group_idx"),
-    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
-    "AllBlocksCleared": (),
-}
-BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
 
 
 class Skip(enum.Enum):

@@ -19,7 +19,7 @@ ROW = re.compile(r"^\| (\w+) \| `(\w+)` \| ([^|]+) \| `(--[\w-]+)` \| `(SPECKV_\
 LIMITS = {
     "every": {"max_streams", "max_streams_per_peer", "workers", "max_queued_calls", "max_message_mb"},
     "kvstore": {"max_reservation_lease_s", "pin_lease_s", "max_family_chars", "data_max_connections",
-                "data_read_timeout_s"},
+                "data_read_timeout_s", "kv_events_replay_batches"},
     "scheduler": {"max_prompt_tokens", "max_family_chars"},
 }
 
