@@ -11,9 +11,10 @@ the reported rows; the summary puts its MAE beside the best baseline's
 (ARIMA included, though only the baselines the features carry are served
 candidates) and beside the Poisson floor (_predictor_eval.py). Also:
 training time (features + fit on the 70 %), and Forecast latency through
-the predictor core for 1 and for 10,000 families, beside the ceiling
-measured in the same run (one raw Booster.predict call per booster on
-10,000 rows).
+the predictor core for 1, 1,000 and 10,000 families with the model's
+compiled trees and with LightGBM's predict, in the same run, whether the two
+answers are identical, and where the compiled 10,000-family forecast's time
+goes (_predictor_latency.py).
 Bins: config step_s, unless the trace's timestamps are coarser (the 1st
 percentile of gaps between distinct timestamps, RESOLUTION_QUANTILE; the
 Mooncake conversation trace arrives in batches every ~3 s): then bins of
@@ -118,7 +119,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
               "fit_s": result.fit_s, "trees": {k: [b.num_trees() for b in v] for k, v in bundle.boosters.items()},
               "dispersion": bundle.dispersion, "time_of_day": bundle.spec.time_of_day,
               "forecast_ms_1": latency["forecast_ms_1"], "forecast_ms_10k": latency["forecast_ms_10k"],
-              "ceiling_predict_ms_10k": latency["ceiling_predict_ms_10k"],
+              "latency": latency,
               "season_steps": next(f.period for f in forecasters if isinstance(f, SeasonalNaive)),
               "choices": [c.to_dict() for c in bundle.selection.choices] if bundle.selection else [],
               "summary": _summary(models, floor, H), "models": models}
@@ -211,9 +212,24 @@ def _print(report: dict, horizons: tuple[float, ...]) -> None:
               f"on {c['rows']} rows{' (inherited)' if c['inherited'] else ''}")
     print(f"\ntrain_s {report['train_s']:.2f} (features {report['features_s']:.2f}, fit {report['fit_s']:.2f}; "
           f"CPU {report['train_cpu_s']:.2f} s); "
-          f"forecast ms: 1 family {report['forecast_ms_1']:.2f}, 10k families {report['forecast_ms_10k']:.2f} "
-          f"(ceiling: raw Booster.predict on 10k rows {report['ceiling_predict_ms_10k']:.2f}); "
           f"1-min load average at the end {report['load_average_1m']:.1f} on {os.cpu_count()} cores")
+    _print_latency(report["latency"])
+
+
+def _print_latency(latency: dict) -> None:
+    sizes = list(latency["forecast_ms"]["compiled"])
+    print(f"\nForecast latency, ms (median; served by: {latency['inference']}; compiled in "
+          f"{latency['compile_s']:.1f} s; answers for every family identical bit for bit: "
+          f"{'yes' if latency['identical'] else 'NO'})")
+    print(f"{'families':<10}" + "".join(f"{n:>9}" for n in sizes) + f"{'CPU ms at ' + sizes[-1]:>20}")
+    for path, per in latency["forecast_ms"].items():
+        print(f"{path:<10}" + "".join(f"{per[n]:>9.2f}" for n in sizes)
+              + f"{latency['forecast_cpu_ms_10k'][path]:>20.2f}")
+    b = latency["breakdown_ms_10k"]
+    print(f"compiled, {sizes[-1]} families on one thread: {b['forecast_one_thread']:.1f} ms = core "
+          f"{b['core_rest']:.1f} + features {b['features']:.1f} + count trees {b['count_trees']:.1f} + "
+          f"level-free features and trees {b['level_free']:.1f} + distribution {b['distribution']:.1f} + "
+          f"rest of the model {b['model_rest']:.1f}")
 
 
 if __name__ == "__main__":

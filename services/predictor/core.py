@@ -120,6 +120,8 @@ class ModelInfoRecord:
     # the served point forecast per horizon and family class (selection.py); empty: the model's own mean
     choices: tuple[Choice, ...] = ()
     family_classes: str = ""
+    # how the model's trees are evaluated: compiled, or LightGBM's predict and why (empty: no trees)
+    inference: str = ""
 
 
 @dataclass(slots=True)
@@ -241,7 +243,7 @@ class PredictorCore:
         return ModelInfoRecord(m.name, m.version, tuple(m.horizons_s), m.quantile, tuple(m.features),
                                dict(m.metrics), serving.source, serving.loaded_at_s, tracked, total,
                                m.burst_definition, tuple(getattr(m, "choices", ())),
-                               str(getattr(m, "family_classes", "")))
+                               str(getattr(m, "family_classes", "")), str(getattr(m, "inference", "")))
 
     def reload(self, path: str) -> ModelInfoRecord:
         """Loads the model in directory path and swaps it in; on any error the

@@ -49,6 +49,9 @@ NEVER = np.iinfo(np.int64).min // 4
 SECONDS_PER_DAY = 86_400.0
 # A periodic feature generalises only when training saw each phase this many times.
 MIN_PERIODS = 2.0
+# OnlineFeatures._peaks reduces every row's window maxima in place, rather than gathering the rows
+# asked, from this fraction of the capacity asked on (docs/predictor.md, "Where the time goes").
+WHOLE_FRACTION = 1 / 32
 
 
 def periodic_features_usable(history_s: float, period_s: float = SECONDS_PER_DAY) -> bool:
@@ -257,7 +260,7 @@ class OnlineFeatures:
     capacity: int = 64
     next_step: int | None = None  # the step advance() expects next
     _ring: np.ndarray = field(init=False)
-    _peak: np.ndarray = field(init=False)  # float32 (capacity, 2 * max window): counts twice over, see _peaks
+    _peak: np.ndarray = field(init=False)  # float32 (2 * max window, capacity): counts twice over, see _peaks
     _sums: np.ndarray = field(init=False)  # (windows + span, capacity)
     _sumsq: np.ndarray = field(init=False)
     _ewma: np.ndarray = field(init=False)  # (halflives + long, capacity)
@@ -281,7 +284,7 @@ class OnlineFeatures:
         nw, nh, R = len(self.spec.windows) + 1, len(self.spec.halflives_s) + 1, self.spec.ring
         self.capacity = capacity
         self._ring = np.zeros((capacity, R))
-        self._peak = np.zeros((capacity, 2 * max(self.spec.windows)), dtype=np.float32)
+        self._peak = np.zeros((2 * max(self.spec.windows), capacity), dtype=np.float32)
         self._sums, self._sumsq = np.zeros((nw, capacity)), np.zeros((nw, capacity))
         self._ewma = np.zeros((nh, capacity))
         self._last_burst = np.full(capacity, NEVER, dtype=np.int64)
@@ -295,14 +298,14 @@ class OnlineFeatures:
         old = (self._ring, self._sums, self._sumsq, self._ewma, self._last_burst, self._last_arrival, self._turns)
         peak, n = self._peak, self.capacity
         self._allocate(capacity)
-        self._peak[:n] = peak
+        self._peak[:, :n] = peak
         self._ring[:n], self._sums[:, :n], self._sumsq[:, :n], self._ewma[:, :n] = old[0], old[1], old[2], old[3]
         self._last_burst[:n], self._last_arrival[:n], self._turns[:n] = old[4], old[5], old[6]
 
     def reset_rows(self, rows: np.ndarray) -> None:
         """Forgets rows' history (a row handed to a new family)."""
         self._ring[rows] = 0.0
-        self._peak[rows] = 0.0
+        self._peak[:, rows] = 0.0
         self._sums[:, rows] = self._sumsq[:, rows] = self._ewma[:, rows] = 0.0
         self._last_burst[rows] = self._last_arrival[rows] = NEVER
         self._turns[rows] = 0.0
@@ -323,7 +326,7 @@ class OnlineFeatures:
             self._sumsq[i] += counts * counts - old * old
         self._ring[:, col] = counts
         W = max(spec.windows)
-        self._peak[:, step % W] = self._peak[:, step % W + W] = counts  # exact: counts are small integers
+        self._peak[step % W] = self._peak[step % W + W] = counts  # exact: counts are small integers
         for i, h in enumerate((*spec.halflives_s, spec.long_halflife_s)):
             a = spec.decay(h)
             self._ewma[i] = _ewma_update(self._ewma[i], counts, a)
@@ -340,19 +343,26 @@ class OnlineFeatures:
         self.next_step = step + 1
 
     def _peaks(self, r: np.ndarray, known: np.ndarray, step: int) -> dict[int, np.ndarray]:
-        """max_w for each window. _peak holds each step at columns step % W
-        and step % W + W, so the last w steps are one contiguous slice ending
-        at step % W + W; windows nest, so each reads only the steps the
-        shorter one did not (W column reads per row in all, no ring gather)."""
+        """max_w for each window. _peak holds each step at rows step % W and
+        step % W + W (one row of every family's counts per step), so the last
+        w steps are one contiguous slice of rows ending at step % W + W;
+        windows nest, so each reads only the steps the shorter one did not
+        (W rows in all). When the rows asked are at least WHOLE_FRACTION of
+        the capacity (a forecast of many families), every family's maximum is
+        taken over whole rows (contiguous, elementwise) and the rows asked
+        picked after: a scattered gather costs far more per element than a
+        contiguous pass. Else the asked columns are gathered first. Max is
+        exact, so both ways give the same bits."""
         W = max(self.spec.windows)
         end = step % W + W + 1
         out: dict[int, np.ndarray] = {}
-        best = np.zeros(len(r), dtype=np.float32)
+        whole = len(r) >= WHOLE_FRACTION * self.capacity
+        best = np.zeros(self.capacity if whole else len(r), dtype=np.float32)
         done = 0
         for w in sorted(set(self.spec.windows)):
-            block = self._peak[r, end - w:end - done]
-            best = np.maximum(best, block.max(axis=1))
-            out[w] = np.where(known, best, 0.0)
+            block = self._peak[end - w:end - done]
+            best = np.maximum(best, (block if whole else block[:, r]).max(axis=0))
+            out[w] = np.where(known, best[r] if whole else best, 0.0)
             done = w
         return out
 

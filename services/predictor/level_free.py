@@ -57,15 +57,37 @@ def level_free_features(X: np.ndarray, spec: FeatureSpec, base: np.ndarray,
     """z for rows X (float32 (N, features) of spec), base (N,) counts per
     step: float32 (N, extra_columns + features) in spec.names() order, then
     the seasonal column when baselines has a period, then log(k * base)."""
-    counted, level, cluster, slow = _groups(spec)
-    b = np.maximum(np.asarray(base, dtype=np.float64), BASE_FLOOR)
-    Z = X.astype(np.float64, copy=True)
-    Z[:, counted] /= b[:, None]
-    Z[:, level] *= spec.step_s / b
-    if len(cluster) and slow >= 0:
-        Z[:, cluster] /= np.maximum(X[:, slow].astype(np.float64), BASE_FLOOR)[:, None]
-    extra = [baselines.forecast(SEASONAL_NAIVE, X, k) / (k * b)] if SEASONAL_NAIVE in baselines.names() else []
-    return np.ascontiguousarray(np.column_stack([Z, *extra, np.log(k * b)]), dtype=np.float32)
+    return LevelFreeRows(X, spec, base, baselines).at(k).copy()
+
+
+class LevelFreeRows:
+    """level_free_features(X, spec, base, baselines, k) for every k of one
+    X: the columns that do not depend on k are computed once (a forecast
+    asks for every horizon). Each value is computed in float64 by the same
+    operations and rounded to float32 once, so at(k) equals
+    level_free_features(..., k) bit for bit."""
+
+    def __init__(self, X: np.ndarray, spec: FeatureSpec, base: np.ndarray, baselines: FeatureBaselines) -> None:
+        counted, level, cluster, slow = _groups(spec)
+        b = np.maximum(np.asarray(base, dtype=np.float64), BASE_FLOOR)
+        Z = X.astype(np.float64, copy=True)
+        Z[:, counted] /= b[:, None]
+        Z[:, level] *= spec.step_s / b
+        if len(cluster) and slow >= 0:
+            Z[:, cluster] /= np.maximum(X[:, slow].astype(np.float64), BASE_FLOOR)[:, None]
+        self._out = np.empty((len(X), X.shape[1] + extra_columns(baselines)), dtype=np.float32)
+        self._out[:, :X.shape[1]] = Z
+        self._X, self._b, self._baselines = X, b, baselines
+
+    def at(self, k: int) -> np.ndarray:
+        """z at k steps, float32 (N, extra_columns + features), C order; the
+        same buffer for every k (valid until the next call)."""
+        out, b, col = self._out, self._b, self._X.shape[1]
+        if SEASONAL_NAIVE in self._baselines.names():
+            out[:, col] = self._baselines.forecast(SEASONAL_NAIVE, self._X, k) / (k * b)
+            col += 1
+        out[:, col] = np.log(k * b)
+        return out
 
 
 def extra_columns(baselines: FeatureBaselines) -> int:
@@ -113,9 +135,8 @@ def train_level_free(train: Rows, valid: Rows, index: np.ndarray, weight: np.nda
     return boosters
 
 
-def predict_level_free(booster: lgb.Booster, X: np.ndarray, spec: FeatureSpec, base: np.ndarray,
-                       baselines: FeatureBaselines, k: int, num_threads: int) -> np.ndarray:
-    """k * base * g(z), float64 (N,), floored at 0 (a count)."""
-    Z = level_free_features(X, spec, base, baselines, k)
-    g = booster.predict(Z, num_threads=num_threads)
+def level_free_forecast(g: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
+    """k * base * g, float64 (N,), floored at 0 (a count); g: the booster's
+    output on the rows' level-free features (its raw score: objective l1
+    has no output transform)."""
     return np.maximum(k * np.maximum(np.asarray(base, dtype=np.float64), BASE_FLOOR) * g, 0.0)

@@ -37,22 +37,34 @@ one (a model saved before selections existed) it is the count booster's
 mean. The upper quantile and burst probability always come from the count
 booster's distribution (`mean`): the selection changes the point forecast
 only.
+
+Serving speed (issue 22, item 4): every booster's raw score comes from the
+bundle's compiled trees where a model directory provided them
+(`compiled`, compiled_trees.py), else from LightGBM's predict, the same
+bits either way. One call's rows share what every horizon derives alike
+(`_Batch`: the level offset's base, the level-free features' horizon-free
+columns, the family classes). predict and expected_at split PARALLEL_MIN_ROWS
+rows or more into two halves on two threads; every output row depends on
+its own row alone, so that changes no bit.
 """
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
 import lightgbm as lgb
 import numpy as np
 
 from speckv.services.predictor import negbin
+from speckv.services.predictor.compiled_trees import CompiledTrees, raw_scores
 from speckv.services.predictor.dataset import Rows
 from speckv.services.predictor.evaluation import best_alarm_threshold
 from speckv.services.predictor.feature_baselines import FeatureBaselines
 from speckv.services.predictor.features import FeatureSpec
-from speckv.services.predictor.level_free import predict_level_free
+from speckv.services.predictor.level_free import LevelFreeRows, level_free_forecast
 from speckv.services.predictor.selection import Selection
 from speckv.services.predictor.targets import burst_threshold
 
@@ -66,10 +78,11 @@ BASE_PARAMS = {"verbosity": -1, "deterministic": True, "force_row_wise": True}
 # descheduled, so a second training thread can make training many times
 # slower under load (docs/performance.md, "LightGBM threads").
 TRAIN_THREADS = 1
-# Below this many rows predict on one thread: waking a second OpenMP thread is
-# cheap on an idle machine but can cost tens of ms on a loaded one, more than
-# a small batch's whole prediction (docs/performance.md, "LightGBM threads").
+# Below this many rows predict on one thread: waking a second thread is cheap
+# on an idle machine but can cost tens of ms on a loaded one, more than a small
+# batch's whole prediction (docs/performance.md, "LightGBM threads").
 PARALLEL_MIN_ROWS = 2_000
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +122,7 @@ class LgbmBundle:
     extra: dict[str, Any] = field(default_factory=dict)
     baselines: FeatureBaselines | None = None  # the baseline candidates, with a selection
     selection: Selection | None = None  # None: the served point forecast is the mean
+    compiled: CompiledTrees | None = None  # the boosters as native code (compiled_trees.py); None: LightGBM's predict
 
     def steps(self) -> list[int]:
         return [round(h / self.spec.step_s) for h in self.horizons_s]
@@ -120,33 +134,32 @@ class LgbmBundle:
 
     def mean(self, X: np.ndarray, num_threads: int = 2) -> np.ndarray:
         """The count booster's mean per row and horizon, float64 (N, horizons)."""
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        base = self.offset.base(X, self.spec)
-        out = np.empty((len(X), len(self.horizons_s)))
+        batch = _Batch(self, X)
+        out = np.empty((len(batch.X), len(self.horizons_s)))
         for i in range(len(self.horizons_s)):
-            out[:, i] = self._mean_at(X, base, i, num_threads)
+            out[:, i] = self._mean_at(batch, i, num_threads)
         return out
 
     def expected(self, X: np.ndarray, num_threads: int = 2) -> np.ndarray:
         """The served point forecast per row and horizon, float64 (N, horizons)."""
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        out = np.empty((len(X), len(self.horizons_s)))
+        batch = _Batch(self, X)
+        out = np.empty((len(batch.X), len(self.horizons_s)))
         for i in range(len(self.horizons_s)):
-            out[:, i] = self.expected_at(X, i, num_threads)
+            out[:, i] = self._served_at(batch, i, num_threads, None)
         return out
 
     def expected_at(self, X: np.ndarray, i: int, num_threads: int = 2) -> np.ndarray:
         """The served point forecast at horizon i alone, float64 (N,): equal
         bit for bit to expected(X)[:, i] (every candidate scores each row
         alone, and the selection combines them row by row)."""
-        return self._served_at(np.ascontiguousarray(X, dtype=np.float32), i, num_threads, None)
+        return _by_halves(lambda part: self._served_at(_Batch(self, part), i, 1, None), X, num_threads)
 
-    def _served_at(self, X: np.ndarray, i: int, num_threads: int, mean: np.ndarray | None) -> np.ndarray:
+    def _served_at(self, batch: "_Batch", i: int, num_threads: int, mean: np.ndarray | None) -> np.ndarray:
         """expected_at with the count booster's mean at horizon i when known."""
         if self.selection is None:
-            return mean if mean is not None else self._mean_at(X, self.offset.base(X, self.spec), i, num_threads)
-        candidates = self.candidates_at(X, i, self.selection.needed(i), num_threads, mean)
-        return self.selection.combine(i, candidates, self.row_classes(X))
+            return mean if mean is not None else self._mean_at(batch, i, num_threads)
+        candidates = self._candidates(batch, i, self.selection.needed(i), num_threads, mean)
+        return self.selection.combine(i, candidates, batch.classes())
 
     def row_classes(self, X: np.ndarray) -> np.ndarray:
         """Each row's family class (selection.py), int64 (N,)."""
@@ -162,41 +175,54 @@ class LgbmBundle:
                       mean: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Each named candidate's point forecast at horizon i, float64 (N,);
         mean: the count booster's at horizon i, when already computed."""
-        X = np.ascontiguousarray(X, dtype=np.float32)
+        return self._candidates(_Batch(self, X), i, names, num_threads, mean)
+
+    def _candidates(self, batch: "_Batch", i: int, names: Sequence[str], num_threads: int,
+                    mean: np.ndarray | None) -> dict[str, np.ndarray]:
         k = self.steps()[i]
-        base = self.offset.base(X, self.spec)
         out: dict[str, np.ndarray] = {}
         if mean is None and (MEAN in names or MEDIAN in names):
-            mean = self._mean_at(X, base, i, num_threads)
+            mean = self._mean_at(batch, i, num_threads)
         for name in names:
             if name == MEAN:
                 out[name] = mean
             elif name == MEDIAN:
                 out[name] = negbin.quantile(0.5, mean, self.dispersion[i])
             elif name == LEVEL_FREE and LEVEL_FREE_KIND in self.boosters and self.baselines is not None:
-                threads = num_threads if len(X) >= PARALLEL_MIN_ROWS else 1
-                out[name] = predict_level_free(self.boosters[LEVEL_FREE_KIND][i], X, self.spec, base,
-                                               self.baselines, k, threads)
+                g = self._raw(LEVEL_FREE_KIND, i, batch.level_free().at(k), num_threads)
+                out[name] = level_free_forecast(g, batch.base, k)
             elif self.baselines is not None and name in self.baselines.names():
-                out[name] = self.baselines.forecast(name, X, k)
+                out[name] = self.baselines.forecast(name, batch.X, k)
             else:
                 raise ValueError(f"{name!r}: not a candidate of this model ({', '.join(self.candidate_names())})")
         return out
 
-    def _mean_at(self, X: np.ndarray, base: np.ndarray, i: int, num_threads: int) -> np.ndarray:
+    def _mean_at(self, batch: "_Batch", i: int, num_threads: int) -> np.ndarray:
+        return self.steps()[i] * batch.base * np.exp(self._raw("count", i, batch.X, num_threads))
+
+    def _raw(self, kind: str, i: int, X: np.ndarray, num_threads: int) -> np.ndarray:
+        """Booster kind at horizon i's raw score on X: the compiled trees
+        where loaded, else LightGBM's predict; the same bits either way."""
         threads = num_threads if len(X) >= PARALLEL_MIN_ROWS else 1
-        raw = self.boosters["count"][i].predict(X, raw_score=True, num_threads=threads)
-        return self.steps()[i] * base * np.exp(raw)
+        return raw_scores(self.compiled, self.boosters, kind, i, X, threads)
 
     def predict(self, X: np.ndarray, num_threads: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """expected (the served point forecast), upper, burst probability
-        (both from the count booster's distribution): each (N, horizons) float64."""
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        mean = self.mean(X, num_threads)
+        (both from the count booster's distribution): each (N, horizons)
+        float64. With num_threads > 1 and at least PARALLEL_MIN_ROWS rows,
+        the two halves of the rows run on two threads (every output row
+        depends on its own row alone, so the bits are the same)."""
+        return _by_halves(self._predict_rows, X, num_threads)
+
+    def _predict_rows(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        batch = _Batch(self, X)
+        mean = np.empty((len(batch.X), len(self.horizons_s)))
+        for i in range(len(self.horizons_s)):
+            mean[:, i] = self._mean_at(batch, i, 1)
         expected = np.empty_like(mean)
         for i in range(len(self.horizons_s)):
-            expected[:, i] = self._served_at(X, i, num_threads, mean[:, i])
-        level = self.level_per_s(X)
+            expected[:, i] = self._served_at(batch, i, 1, mean[:, i])
+        level = self.level_per_s(batch.X)
         upper, prob = np.empty_like(mean), np.empty_like(mean)
         for i, h in enumerate(self.horizons_s):
             phi = self.dispersion[i]
@@ -204,6 +230,64 @@ class LgbmBundle:
             upper[:, i] = negbin.quantile(self.quantile, mean[:, i], phi)
             prob[:, i] = negbin.exceed_probability(threshold, mean[:, i], phi)
         return expected, upper, np.clip(prob, 0.0, 1.0)
+
+
+class _Batch:
+    """One call's rows (float32, C order) and what every horizon derives
+    from them alike (the level offset's base, the level-free features'
+    horizon-free columns, the family classes), each computed once."""
+
+    __slots__ = ("X", "base", "_bundle", "_level_free", "_classes")
+
+    def __init__(self, bundle: LgbmBundle, X: np.ndarray) -> None:
+        self.X = np.ascontiguousarray(X, dtype=np.float32)
+        self.base = bundle.offset.base(self.X, bundle.spec)
+        self._bundle = bundle
+        self._level_free: LevelFreeRows | None = None
+        self._classes: np.ndarray | None = None
+
+    def level_free(self) -> LevelFreeRows:
+        if self._level_free is None:
+            b = self._bundle
+            if b.baselines is None:
+                raise ValueError("the level-free features need the model's baselines")
+            self._level_free = LevelFreeRows(self.X, b.spec, self.base, b.baselines)
+        return self._level_free
+
+    def classes(self) -> np.ndarray:
+        if self._classes is None:
+            self._classes = self._bundle.row_classes(self.X)
+        return self._classes
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _by_halves(compute: Callable[[np.ndarray], _T], X: np.ndarray, num_threads: int) -> _T:
+    """compute(X) on one thread, or, with num_threads > 1 and at least
+    PARALLEL_MIN_ROWS rows, compute on each half of the rows on two threads
+    and the halves joined (compute returns an array or a tuple of arrays,
+    one row per row of X; each row must depend on its own row alone).
+    Threads rather than the libraries' own: every step of a forecast is
+    row-wise, so the halves overlap the features, the trees and the
+    distribution alike, and a Python thread that is descheduled only waits
+    instead of spinning at an OpenMP barrier."""
+    global _pool
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    if num_threads < 2 or len(X) < PARALLEL_MIN_ROWS:
+        return compute(X)
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lgbm-rows")
+        pool = _pool
+    half = len(X) // 2
+    later = pool.submit(compute, X[half:])
+    first = compute(X[:half])
+    halves: tuple[Any, Any] = (first, later.result())
+    if isinstance(first, tuple):
+        return cast(_T, tuple(np.concatenate(pair) for pair in zip(*halves)))
+    return cast(_T, np.concatenate(halves))
 
 
 def sample_weights(rows: Rows, keep_zero: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,11 @@ those features. Optional, written by training since selections exist:
 per-horizon, per-class choice with every candidate's validation MAE
 (selection.py)}, with the level-free boosters as files.l1 (l1_h1.txt, ...)
 when trained. Without "point" the served point forecast is the count
-booster's mean, as before.
+booster's mean, as before. Optional, written by save_model since compiled
+trees exist: "compiled", every booster as a shared library beside its file
+(count_h1.so, ...; compiled_trees.py). Loaded last and checked against the
+boosters; when absent or unusable the model serves LightGBM's predict, the
+same outputs, and `inference` (GetModelInfo) says which path serves and why.
 
 Serving: the expected count served is exactly the bundle's (the chosen
 candidate or blend per horizon and family class, lgbm_forecaster.py), the
@@ -40,6 +44,7 @@ import lightgbm as lgb
 import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.predictor import compiled_trees
 from speckv.services.predictor.count_models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
 from speckv.services.predictor.feature_baselines import FeatureBaselines, season_lags
 from speckv.services.predictor.features import FeatureSpec, OnlineFeatures
@@ -48,14 +53,16 @@ from speckv.services.predictor.lgbm_forecaster import KINDS, LEVEL_FREE_KIND, Le
 from speckv.services.predictor.selection import Choice, Selection
 
 EXTRA_KEYS = ("features", "feature_spec", "alarm_threshold", "dispersion", "offset", "trace", "files")
-OPTIONAL_KEYS = ("point",)
+OPTIONAL_KEYS = ("point", "compiled")
 
 
 class LightGbmModel:
     name = "lightgbm"
+    # Threads of a forecast of PARALLEL_MIN_ROWS rows or more (the row halves, lgbm_forecaster.py)
+    threads = 2
 
     def __init__(self, bundle: LgbmBundle, version: str, metrics: Mapping[str, float] | None = None,
-                 trace: str = "") -> None:
+                 trace: str = "", inference: str = "") -> None:
         self.bundle = bundle
         self.version = version
         self.horizons_s = bundle.horizons_s
@@ -63,6 +70,9 @@ class LightGbmModel:
         self.features = bundle.spec.names()
         self.metrics = dict(metrics or {})
         self.trace = trace
+        # How the trees are evaluated, for GetModelInfo: the compiled trees, or LightGBM's predict and why
+        self.inference = inference or (bundle.compiled.describe() if bundle.compiled is not None
+                                       else "lightgbm predict (the model was not loaded from a model directory)")
         s = bundle.spec
         self.burst_definition = (f"{BURST_DEFINITION} Here burst_ratio={s.burst_ratio:g}, "
                                  f"min_burst_count={s.min_burst_count:g}, long_halflife_s={s.long_halflife_s:g} "
@@ -120,7 +130,7 @@ class LightGbmModel:
         the same features (families whose histories match step for step)
         score the same bits, a booster scoring each row alone."""
         distinct, inverse = _distinct_rows(X)
-        return self.bundle.expected_at(distinct, i)[inverse]
+        return self.bundle.expected_at(distinct, i, self.threads)[inverse]
 
     def _columns(self, horizons: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The trained horizon serving each asked one, and the scale to it (1, asked)."""
@@ -131,7 +141,7 @@ class LightGbmModel:
 
     def forecast_features(self, X: np.ndarray, horizons: np.ndarray) -> CountForecast:
         """The forecast of rows with features X (one row each)."""
-        expected, upper, prob = self.bundle.predict(X)
+        expected, upper, prob = self.bundle.predict(X, self.threads)
         col, scale = self._columns(horizons)
         return CountForecast(expected[:, col] * scale, upper[:, col] * scale, prob[:, col])
 
@@ -165,8 +175,10 @@ def _online(state: SeriesState) -> OnlineFeatures:
     return state.features
 
 
-def save_model(directory: str | Path, model: LightGbmModel) -> Path:
-    """Writes the booster files, then the manifest (atomically, last)."""
+def save_model(directory: str | Path, model: LightGbmModel, compile_trees: bool = True) -> Path:
+    """Writes the booster files, their compiled libraries (compiled_trees.py;
+    with compile_trees, else the manifest says they were not asked for),
+    then the manifest (atomically, last)."""
     from speckv.services.predictor.manifest import write_manifest
 
     target = Path(directory)
@@ -186,7 +198,9 @@ def save_model(directory: str | Path, model: LightGbmModel) -> Path:
         "quantile": model.quantile, "metrics": model.metrics, "features": list(model.features),
         "feature_spec": bundle.spec.to_dict(), "alarm_threshold": list(bundle.alarm_threshold),
         "dispersion": list(bundle.dispersion), "offset": _offset_dict(bundle.offset),
-        "trace": model.trace, "files": files}
+        "trace": model.trace, "files": files,
+        "compiled": (compiled_trees.build(target, files, model.horizons_s) if compile_trees
+                     else {"unavailable": "not asked for when the model was written"})}
     if bundle.selection is not None and bundle.baselines is not None:
         manifest["point"] = {"baselines": {"ewma_halflife_s": bundle.baselines.ewma_halflife_s,
                                            "period_steps": bundle.baselines.period_steps},
@@ -249,7 +263,12 @@ def load_lightgbm(manifest: Mapping[str, Any], metrics: Mapping[str, float], dir
     bundle = LgbmBundle(spec, horizons_s, quantile, boosters, thresholds, offset, dispersion)
     if "point" in manifest:
         _parse_point(manifest["point"], files, directory, bundle)
-    return LightGbmModel(bundle, version, metrics, str(manifest["trace"]))
+    # Last, once every booster parsed: the compiled trees are checked against them. Any problem with
+    # them is a fallback to LightGBM's predict (same outputs), never a refused model.
+    bundle.compiled, why = compiled_trees.load(manifest.get("compiled"), directory,
+                                               {kind: files[kind] for kind in bundle.boosters}, bundle.boosters)
+    inference = f"lightgbm predict (fallback: {why})" if bundle.compiled is None else ""
+    return LightGbmModel(bundle, version, metrics, str(manifest["trace"]), inference)
 
 
 def _parse_point(value: Any, files: Any, directory: Path, bundle: LgbmBundle) -> None:

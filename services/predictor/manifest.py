@@ -16,7 +16,9 @@ than numbers (kind "lightgbm": booster files beside the manifest, see
 lgbm_served.py) register a `parse` function and their extra keys; the
 lightgbm kind's optional "point" records the served point forecast chosen
 per horizon and family class on validation (selection.py), which the model
-then serves and GetModelInfo shows.
+then serves and GetModelInfo shows, and its optional "compiled" lists the
+boosters' compiled libraries (compiled_trees.py): anything wrong there is a
+fallback to LightGBM's predict, never a refused model.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "last-value": ModelKind(RateParams, lambda params, metrics, _dir: LastValueModel(params, metrics)),
     "lightgbm": ModelKind(RateParams, lambda *_: None, parse=_parse_lightgbm,  # type: ignore[arg-type]
                           extra_keys=("features", "feature_spec", "alarm_threshold", "dispersion", "offset",
-                                      "trace", "files", "point")),
+                                      "trace", "files", "point", "compiled")),
 }
 
 

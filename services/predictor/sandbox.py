@@ -2,11 +2,18 @@
 
 A LightGBM model file is parsed and evaluated by native code: a crafted or
 damaged booster (an out-of-range child index, garbage trees) can abort or
-segfault the process that loads it. ReloadModel therefore loads and
-exercises a candidate first in a child process (multiprocessing, spawn
-context: a fresh interpreter, no state or locks inherited from the server's
-threads) and only a candidate that loads there and predicts finite values
-on a small dummy feature matrix is loaded by the server itself.
+segfault the process that loads it, and a model directory's compiled trees
+(compiled_trees.py) are shared libraries whose code runs in the process that
+loads them. ReloadModel therefore loads and exercises a candidate first in
+a child process (multiprocessing, spawn context: a fresh interpreter, no
+state or locks inherited from the server's threads) and only a candidate
+that loads there and predicts finite values on a small dummy feature matrix
+is loaded by the server itself. Loading runs the compiled trees (each is
+checked against LightGBM's predict on its check rows) and the forecast of
+the dummy matrix runs them again, so a library that crashes kills the
+probe: a refused reload, never a dead predictor. A library that loads but
+differs from LightGBM's predict is no crash: the model loads with LightGBM's
+predict, here and in the server alike (its ModelInfo says so).
 
 Outcomes, as domain errors (the interceptor maps them to status codes):
 - the child's own domain error (InvalidArgument, NotFound, ...) is raised
@@ -57,9 +64,10 @@ def probe_features(num_features: int) -> np.ndarray:
 
 
 def exercise(path: str) -> None:
-    """Loads path and, for a model that reads features, forecasts the dummy
-    matrix at every horizon it serves; FailedPrecondition on a non-finite
-    output. Runs in the probe process (also callable in-process, in tests)."""
+    """Loads path (its compiled trees too, where it has them) and, for a
+    model that reads features, forecasts the dummy matrix at every horizon
+    it serves; FailedPrecondition on a non-finite output. Runs in the probe
+    process (also callable in-process, in tests, on trusted directories)."""
     from speckv.services.predictor.manifest import load_model  # the child imports only what it needs
 
     model = load_model(path)

@@ -107,7 +107,7 @@ def model_info_to_proto(info: ModelInfoRecord) -> predictor_pb2.ModelInfo:
         features=list(info.features), metrics=info.metrics, source=info.source, loaded_at_s=info.loaded_at_s,
         families_tracked=info.families_tracked, observations_total=info.observations_total,
         burst_definition=info.burst_definition, choices=[choice_to_proto(c) for c in info.choices],
-        family_classes=info.family_classes)
+        family_classes=info.family_classes, inference=info.inference)
 
 
 def choice_to_proto(choice: Choice) -> predictor_pb2.ForecastChoice:

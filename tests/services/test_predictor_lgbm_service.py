@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import grpc
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import ServiceServer, open_channel
 from speckv.services.common.telemetry import build_telemetry
+from speckv.services.predictor import compiled_trees
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server
 from speckv.v1 import predictor_pb2 as pb
@@ -91,6 +93,32 @@ def test_get_model_info_shows_the_served_choice_per_horizon_and_class(model_dir:
             assert shown.validation_rows == recorded["rows"] and shown.inherited == recorded["inherited"]
         busy = [c for c in info.choices if c.validation_rows > 0]
         assert busy and all(c.chosen in ("blend", *(w.forecaster for w in c.weights)) for c in busy)
+    finally:
+        channel.close()
+        server.stop(grace_s=0.5)
+
+
+def test_get_model_info_says_how_the_trees_are_evaluated(model_dir: Path, tmp_path: Path) -> None:
+    """The model directory's compiled trees serve the forecast; a copy
+    without them reloads and says it serves LightGBM's predict and why,
+    with the same forecast (issue 22, item 4)."""
+    server = _serve(PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir)))
+    channel, stub = _stub(server)
+    try:
+        _feed(stub)
+        request = pb.ForecastRequest(families=["bursty", "steady-a", "steady-b", "new"])
+        compiled = stub.Forecast(request, timeout=DEADLINE_S)
+        info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
+        if compiled_trees.unavailable():
+            assert info.inference.startswith("lightgbm predict (fallback: ")
+            return
+        assert info.inference.startswith("compiled trees (tl2cgen ")
+        plain = shutil.copytree(model_dir, tmp_path / "plain")
+        for library in plain.glob("*.so"):
+            library.unlink()
+        reloaded = stub.ReloadModel(pb.ReloadModelRequest(path=str(plain)), timeout=DEADLINE_S)
+        assert reloaded.inference.startswith("lightgbm predict (fallback: ") and "missing" in reloaded.inference
+        assert stub.Forecast(request, timeout=DEADLINE_S).forecasts == compiled.forecasts
     finally:
         channel.close()
         server.stop(grace_s=0.5)

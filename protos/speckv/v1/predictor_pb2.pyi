@@ -79,7 +79,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition", "choices", "family_classes")
+    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition", "choices", "family_classes", "inference")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class ModelInfo(_message.Message):
     BURST_DEFINITION_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     FAMILY_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     horizons_s: _containers.RepeatedScalarFieldContainer[float]
@@ -113,7 +114,8 @@ class ModelInfo(_message.Message):
     burst_definition: str
     choices: _containers.RepeatedCompositeFieldContainer[ForecastChoice]
     family_classes: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ForecastChoice, _Mapping]]] = ..., family_classes: _Optional[str] = ...) -> None: ...
+    inference: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ForecastChoice, _Mapping]]] = ..., family_classes: _Optional[str] = ..., inference: _Optional[str] = ...) -> None: ...
 
 class ForecastChoice(_message.Message):
     __slots__ = ("horizon_s", "family_class", "chosen", "weights", "candidates", "validation_rows", "inherited")

@@ -9,6 +9,7 @@ import pytest
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.predictor import compiled_trees
 from speckv.services.predictor.core import PredictorCore, PredictorSettings
 from speckv.services.predictor.count_models import EwmaModel, EwmaParams
 from speckv.services.predictor.dataset import build_rows
@@ -71,6 +72,7 @@ def test_saved_model_loads_through_the_manifest_and_predicts_the_same(trained, t
     assert len(manifest["dispersion"]) == len(result.bundle.horizons_s) and manifest["offset"]["prior_per_step"] > 0
     loaded = load_model(tmp_path / "m")
     assert isinstance(loaded, LightGbmModel) and loaded.version == "t-1" and loaded.trace == "planted"
+    assert loaded.bundle.compiled is not None or compiled_trees.unavailable()  # served by the compiled trees
     assert loaded.choices == result.bundle.selection.choices
     X = result.rows.X[:500]
     for a, b in zip(result.bundle.predict(X), loaded.bundle.predict(X)):
@@ -96,7 +98,7 @@ def test_saved_model_loads_through_the_manifest_and_predicts_the_same(trained, t
 ])
 def test_broken_model_directories_are_invalid(trained, tmp_path, edit, key):
     _, _, result = trained
-    save_model(tmp_path, LightGbmModel(result.bundle, "t-1"))
+    save_model(tmp_path, LightGbmModel(result.bundle, "t-1"), compile_trees=False)  # the manifest is under test
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     edit(manifest)
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
@@ -106,7 +108,7 @@ def test_broken_model_directories_are_invalid(trained, tmp_path, edit, key):
 
 def test_garbage_booster_file_is_invalid(trained, tmp_path):
     _, _, result = trained
-    save_model(tmp_path, LightGbmModel(result.bundle, "t-1"))
+    save_model(tmp_path, LightGbmModel(result.bundle, "t-1"), compile_trees=False)
     (tmp_path / "count_h2.txt").write_text("not a model")
     with pytest.raises(InvalidArgument, match="files.count"):
         load_model(tmp_path)
