@@ -12,10 +12,11 @@ import zmq
 
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.vllm_decode import VllmBatchDecoder, replay_request, split_frames, split_replay_frames
+from speckv.services.scheduler.vllm_decode import VllmBatchDecoder, split_frames
 from speckv.v1 import kvstore_pb2, scheduler_pb2
 from tests.support.kvstore_service import TINY, kvstore, put
 from tests.support.scheduler_service import register, scheduler
+from tests.support.vllm_replay import replay
 from tests.support.waiting import TIMEOUT, wait_until
 
 TOPIC = b"kv-events"
@@ -56,25 +57,6 @@ def probe_until_subscribed(stub, sub: zmq.Socket, first_hash: int) -> list[tuple
         if got and stored_hashes(got[-1][1]) == [[first_hash + i]]:
             return got
     raise AssertionError("the SUB socket never received a batch")
-
-
-def replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    try:
-        dealer.connect(endpoint)
-        dealer.send_multipart(replay_request(start))
-        batches = []
-        while True:
-            assert dealer.poll(int(TIMEOUT * 1000)), "the replay socket did not answer"
-            item = split_replay_frames(dealer.recv_multipart())
-            if item is None:
-                return batches
-            batches.append(item)
-    finally:
-        dealer.close(linger=0)
-        context.term()
 
 
 def test_a_kvstore_publishes_stores_and_evictions_as_vllm_batches():

@@ -51,7 +51,7 @@ HEALTH_SERVICES = {
     "scheduler": scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,
 }
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
-PROCESS_MIB = 64  # a kvstore's RSS before its pool (measured ~65 MiB at start)
+PROCESS_MIB = 64  # a kvstore's memory beyond its pool: the figure and how it was read are in deploy/k8s/README.md
 # Sample downward-API values for resolving a container's environment.
 FIELD_REFS = {"metadata.name": "speckv-node-0", "metadata.namespace": "speckv", "status.podIP": "10.1.2.3"}
 

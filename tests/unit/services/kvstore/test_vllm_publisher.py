@@ -18,9 +18,10 @@ from speckv.services.kvstore.vllm_publisher import (
     check_endpoint,
 )
 from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.vllm_decode import VllmBatchDecoder, replay_request, split_replay_frames
+from speckv.services.scheduler.vllm_decode import VllmBatchDecoder
 from tests.support.kvstore_service import TINY, make_store, writes
-from tests.support.waiting import TIMEOUT, wait_until
+from tests.support.vllm_replay import replay
+from tests.support.waiting import wait_until
 
 # --- the replay buffer ---------------------------------------------------------
 
@@ -92,26 +93,6 @@ def test_bad_settings_name_the_field(argv, field):
 @pytest.fixture
 def endpoints(tmp_path):
     return f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
-
-
-def replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
-    """What a replay socket answers, asked as the scheduler asks (a DEALER)."""
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    try:
-        dealer.connect(endpoint)
-        dealer.send_multipart(replay_request(start))
-        batches = []
-        while True:
-            assert dealer.poll(int(TIMEOUT * 1000)), "the replay socket did not answer"
-            item = split_replay_frames(dealer.recv_multipart())
-            if item is None:
-                return batches
-            batches.append(item)
-    finally:
-        dealer.close(linger=0)
-        context.term()
 
 
 def test_blocks_resident_before_it_starts_are_published_as_a_reset(endpoints):
