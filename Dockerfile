@@ -7,8 +7,7 @@ FROM python:3.11-slim
 ARG PIP_EXTRA_INDEX_URL=""
 ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     PIP_NO_CACHE_DIR=1 \
-    PYTHONUNBUFFERED=1 \
-    SPECKV_HOST=0.0.0.0
+    PYTHONUNBUFFERED=1
 
 WORKDIR /opt/speckv
 COPY pyproject.toml README.md ./
@@ -16,7 +15,10 @@ COPY protos ./protos
 COPY services ./services
 COPY kernels ./kernels
 COPY loadgen ./loadgen
-RUN pip install . && useradd --system --uid 10001 speckv
+# No SPECKV_HOST here: a service binds loopback unless it is given TLS files
+# (docker-compose.yml makes them) or --insecure (docs/security.md).
+# /certs exists owned by speckv, so a fresh volume mounted there is writable.
+RUN pip install . && useradd --system --uid 10001 speckv && mkdir /certs && chown speckv /certs
 USER speckv
 
 # Traces are mounted, never baked in: -v /path/to/traces:/traces

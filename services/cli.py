@@ -1,7 +1,8 @@
 """The `speckv` command: one entry point for every service and tool.
 
     speckv kvstore|predictor|scheduler [flags]   run one service process
-    speckv up --nodes N                          the local cluster
+    speckv up --nodes N [--tls]                  the local cluster
+    speckv certs --out DIR --nodes a,b           a local CA and mutual-TLS certificates
     speckv status                                the scheduler's cluster state
     speckv demo                                  replay a trace slice on a local cluster
 """
@@ -20,6 +21,7 @@ SERVICES = ("kvstore", "predictor", "scheduler")
 TOOLS = {
     "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
     "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
+    "certs": ("speckv.services.common.certs", "make a local CA and mutual-TLS certificates (docs/security.md)"),
     "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
     "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),
     "demo": ("speckv.loadgen.demo", "start a local cluster and replay a slice of a real trace"),

@@ -17,6 +17,11 @@ Measured, in this order:
   `speckv scheduler` processes of 16 nodes, one in memory and one with
   --state-dir (SQLite), called in turn call by call: Route (writes nothing)
   and SubmitOrder (one transaction each), p50/p99 ms per process.
+- tls (with --tls): what mutual TLS costs (docs/security.md). Two `speckv
+  scheduler` processes of 16 nodes, one plaintext and one with --tls-*
+  (certificates made in a temporary folder), called in turn call by call:
+  Route and the empty health Check, p50/p99 ms per process; target: TLS
+  Route p99 <= 1.3 x plaintext's.
 Targets: in-process route p99 < 100 us; tick p99 < 100 ms; gRPC
 route p99 <= 1.5 x the empty call's p99; >= 1,500 routes/s. Numbers, not
 pass/fail tests: a shared machine is noisy, so read them with the
@@ -43,8 +48,10 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
+from speckv.services.common.certs import make_bundle
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.tls import dial
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem
@@ -59,6 +66,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     parser.add_argument("--blocks", type=int, default=1_000_000)
     parser.add_argument("--families", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tls", action="store_true",
+                        help="also compare Route with and without mutual TLS (two 16-node scheduler processes)")
     args = parser.parse_args(argv)
     logging.getLogger("speckv.services.scheduler").setLevel(logging.WARNING)  # 1,000 registrations
     shape = SynthShape(args.nodes, args.blocks, args.families, seed=args.seed)
@@ -79,6 +88,13 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     for rpc, by_mode in results["state_dir"].items():
         for mode, p in by_mode.items():
             _show(f"{rpc} ({mode})", p, "ms", None)
+    if args.tls:
+        results["tls"] = _tls(n_calls)
+        for rpc, by_mode in results["tls"].items():
+            for mode, p in by_mode.items():
+                target = 1.3 * results["tls"]["route_ms"]["plaintext"]["p99"] \
+                    if (rpc, mode) == ("route_ms", "tls") else None
+                _show(f"{rpc} ({mode})", p, "ms", target)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(results, out, indent=2)
@@ -180,6 +196,54 @@ def _state_dir(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
                 ("route", lambda stub, i: stub.Route(routes[i % len(routes)], timeout=10)),
                 ("submit_order", lambda stub, i: stub.SubmitOrder(order(i), timeout=10))) for mode in stubs]
             times = _interleave([lambda i, fn=fn, stub=stubs[mode]: fn(stub, i) for _, mode, fn in calls], n_calls)
+        finally:
+            for channel in channels.values():
+                channel.close()
+            for popen, _ in servers.values():
+                popen.terminate()
+                try:
+                    popen.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    popen.kill()
+                    popen.wait(timeout=15)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (rpc, mode, _), samples in zip(calls, times):
+        out.setdefault(rpc, {})[mode] = _pcts(samples)
+    return out
+
+
+def _tls(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Route and the empty health Check against a plaintext scheduler and a
+    mutual-TLS one, alternating call by call; ms per call, {rpc: {"plaintext"
+    | "tls": percentiles}}. Each node registers with its own certificate
+    (the TLS scheduler accepts nothing else); the calls are the admin's."""
+    nodes = [f"n{i:02d}" for i in range(STATE_NODES)]
+    with tempfile.TemporaryDirectory(prefix="speckv-bench-tls-") as tmp:
+        certs = make_bundle(Path(tmp) / "tls", nodes)
+        sched = certs.service("scheduler")
+        servers = {"plaintext": _start_scheduler([], Path(tmp) / "plaintext.log"),
+                   "tls": _start_scheduler(["--tls-cert", sched.cert, "--tls-key", sched.key, "--tls-ca", sched.ca],
+                                           Path(tmp) / "tls.log")}
+        tls = {"plaintext": None, "tls": certs.admin.load()}
+        channels = {mode: dial(address, tls[mode], "scheduler") for mode, (_, address) in servers.items()}
+        try:
+            for mode, (_, address) in servers.items():
+                for node in nodes:
+                    node_tls = certs.node(node).load() if tls[mode] is not None else None
+                    with dial(address, node_tls, "scheduler") as channel:
+                        scheduler_pb2_grpc.SchedulerStub(channel).RegisterNode(scheduler_pb2.RegisterNodeRequest(
+                            node_id=node, address="127.0.0.1:9", capacity_pages=16_384), timeout=10)
+            rng = np.random.default_rng(0)
+            routes = [scheduler_pb2.RouteRequest(request_id=f"r{i}", block_hashes=rng.integers(1, 1 << 62, 8).tolist(),
+                                                 prompt_tokens=8 * 16 + 5, family=f"fam{i % 100}")
+                      for i in range(1_000)]
+            empty = health_pb2.HealthCheckRequest()
+            stubs = {mode: (scheduler_pb2_grpc.SchedulerStub(c), health_pb2_grpc.HealthStub(c))
+                     for mode, c in channels.items()}
+            calls = [("route_ms", mode, lambda i, s=stubs[mode][0]: s.Route(routes[i % len(routes)], timeout=10))
+                     for mode in stubs]
+            calls += [("empty_ms", mode, lambda i, h=stubs[mode][1]: h.Check(empty, timeout=10)) for mode in stubs]
+            times = _interleave([fn for _, _, fn in calls], n_calls)
         finally:
             for channel in channels.values():
                 channel.close()

@@ -1,5 +1,8 @@
 """`speckv health`: a standard gRPC health-protocol probe (grpc.health.v1),
-for container healthchecks and scripts. Exit 0 when SERVING, 1 otherwise."""
+for container healthchecks and scripts. Exit 0 when SERVING, 1 otherwise.
+With --tls-* (or SPECKV_TLS_*) it presents that certificate and checks the
+server's against the address it dials (every server certificate names
+loopback)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +12,9 @@ from typing import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from speckv.services.common.config import add_config_arguments, config_from
+from speckv.services.common.tls import ClientTlsSettings, dial
+
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     parser = argparse.ArgumentParser(prog="speckv health", description=__doc__)
@@ -16,8 +22,10 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                         help="host:port to probe (default 127.0.0.1:$SPECKV_PORT)")
     parser.add_argument("--service", default="", help="service name; empty = the whole server")
     parser.add_argument("--timeout-s", type=float, default=2.0)
+    # In a container the service's own SPECKV_TLS_* apply: any certificate the CA signed may probe.
+    add_config_arguments(parser, ClientTlsSettings)
     args = parser.parse_args(list(argv))
-    with grpc.insecure_channel(args.address) as channel:
+    with dial(args.address, config_from(ClientTlsSettings, args, environ).load()) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout_s)

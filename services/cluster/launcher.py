@@ -7,6 +7,12 @@ and SIGKILLs what is left after the grace period. Each child logs to
 `<run_dir>/<name>.log`; the first line a service prints names its address.
 With `metrics_port_base` set, each service also serves Prometheus /metrics on a
 port of its own (`metrics_ports`), named in cluster.json.
+
+With `tls` set, the launcher first makes a throwaway CA and a certificate per
+service in `<run_dir>/tls` (certs.py), starts every service with mutual TLS
+and talks to them as the admin; cluster.json names the admin's files, so
+`speckv status` finds them. Without it no child inherits SPECKV_TLS_* from
+the launcher's environment (a stray admin certificate would not be a node's).
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ from typing import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from speckv.services.common.certs import CertBundle, make_bundle
 from speckv.services.common.errors import InvalidArgument, Unavailable
+from speckv.services.common.tls import TlsFiles, TlsMaterial, dial
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
@@ -59,6 +67,7 @@ class ClusterSpec:
     policy: str = "none"
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)  # per kind
     metrics_port_base: int = 0  # 0: no /metrics endpoints; else see metrics_ports
+    tls: bool = False  # mutual TLS everywhere, with certificates made at start (module docstring)
 
 
 def metrics_ports(base: int, nodes: int) -> dict[str, int]:
@@ -84,6 +93,12 @@ class LocalCluster:
         self._popens: dict[str, subprocess.Popen] = {}
         self._metrics_ports: dict[str, int] = {}
         self.services: list[ServiceProcess] = []
+        self.certs: CertBundle | None = None
+
+    @property
+    def admin_tls(self) -> TlsMaterial | None:
+        """What a client of this cluster presents (None: plaintext cluster)."""
+        return self.certs.admin.load() if self.certs is not None else None
 
     @property
     def scheduler_address(self) -> str:
@@ -105,6 +120,10 @@ class LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._metrics_ports = metrics_ports(self.spec.metrics_port_base, self.spec.nodes)
         deadline = time.monotonic() + timeout_s
+        if self.spec.tls:
+            self.certs = make_bundle(self.run_dir / "tls", [f"node-{i}" for i in range(self.spec.nodes)],
+                                     hosts=[self.spec.host])
+        admin = self.admin_tls
         try:
             predictor = self._spawn("predictor", "predictor", [], deadline)
             scheduler = self._spawn("scheduler", "scheduler",
@@ -117,8 +136,8 @@ class LocalCluster:
                     node_args += ["--block-size", str(self.spec.block_size)]
                 self._spawn(f"node-{i}", "kvstore", node_args, deadline)
             for service in self.services:
-                wait_serving(service.address, deadline)
-            wait_nodes_registered(scheduler.address, self.spec.nodes, deadline)
+                wait_serving(service.address, deadline, admin)
+            wait_nodes_registered(scheduler.address, self.spec.nodes, deadline, admin)
         except BaseException:
             self.stop()
             raise
@@ -132,7 +151,10 @@ class LocalCluster:
         metrics_port = self._metrics_ports.get(name, 0)
         command = [sys.executable, "-m", "speckv.services.cli", kind, "--host", self.spec.host, "--port", "0",
                    "--metrics-port", str(metrics_port), *args, *self.spec.extra_args.get(kind, ())]
-        env = {**self._environ, "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in self._environ.items() if k not in _TLS_VARIABLES} | {"PYTHONUNBUFFERED": "1"}
+        if self.certs is not None:
+            files = self.certs.node(name) if kind == "kvstore" else self.certs.service(kind)
+            command += _tls_flags(files)
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, preexec_fn=_die_with_parent)
@@ -161,6 +183,8 @@ class LocalCluster:
 
     def _write_state(self) -> None:
         state = {"scheduler": self.scheduler_address, "services": [asdict(s) for s in self.services]}
+        if self.certs is not None:
+            state["admin_tls"] = asdict(self.certs.admin)
         (self.run_dir / "cluster.json").write_text(json.dumps(state, indent=2))
 
     def __enter__(self) -> "LocalCluster":
@@ -169,6 +193,13 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_TLS_VARIABLES = ("SPECKV_TLS_CERT", "SPECKV_TLS_KEY", "SPECKV_TLS_CA")
+
+
+def _tls_flags(files: TlsFiles) -> list[str]:
+    return ["--tls-cert", files.cert, "--tls-key", files.key, "--tls-ca", files.ca]
 
 
 def _await_address(log_path: Path, popen: subprocess.Popen, name: str, deadline: float) -> str:
@@ -187,9 +218,9 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def wait_serving(address: str, deadline: float) -> None:
+def wait_serving(address: str, deadline: float, tls: TlsMaterial | None = None) -> None:
     """Polls the standard gRPC health service until it says SERVING."""
-    with grpc.insecure_channel(address) as channel:
+    with dial(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
@@ -203,8 +234,9 @@ def wait_serving(address: str, deadline: float) -> None:
             time.sleep(0.1)
 
 
-def wait_nodes_registered(scheduler_address: str, nodes: int, deadline: float) -> None:
-    with grpc.insecure_channel(scheduler_address) as channel:
+def wait_nodes_registered(scheduler_address: str, nodes: int, deadline: float,
+                          tls: TlsMaterial | None = None) -> None:
+    with dial(scheduler_address, tls, "scheduler") as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         while True:
             state = stub.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=2.0)

@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from speckv.services.cluster.launcher import default_run_dir
+from speckv.services.common.config import add_config_arguments, config_from
 from speckv.services.common.errors import NotFound, Unavailable
+from speckv.services.common.tls import ClientTlsSettings, TlsFiles, TlsMaterial, dial
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -25,6 +27,19 @@ def scheduler_address(args: argparse.Namespace, environ: Mapping[str, str]) -> s
     if not state.exists():
         raise NotFound(f"no local cluster found at {state}; start one with `speckv up` or pass --scheduler")
     return json.loads(state.read_text())["scheduler"]
+
+
+def client_tls(args: argparse.Namespace, environ: Mapping[str, str]) -> TlsMaterial | None:
+    """--tls-* (or SPECKV_TLS_*), else the admin files a local `speckv up --tls`
+    cluster named in its cluster.json, else None (plaintext)."""
+    settings = config_from(ClientTlsSettings, args, environ)
+    if settings.files() is not None:
+        return settings.load()
+    if args.scheduler or environ.get("SPECKV_SCHEDULER"):
+        return None
+    state = Path(args.run_dir or default_run_dir(environ)) / "cluster.json"
+    admin = json.loads(state.read_text()).get("admin_tls") if state.exists() else None
+    return TlsFiles(**admin).load() if admin else None
 
 
 def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
@@ -50,9 +65,10 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     parser.add_argument("--scheduler", default=None, help="scheduler address host:port [env SPECKV_SCHEDULER]")
     parser.add_argument("--run-dir", default=None, help="local cluster run dir [env SPECKV_RUN_DIR]")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_config_arguments(parser, ClientTlsSettings)
     args = parser.parse_args(list(argv))
     address = scheduler_address(args, environ)
-    with grpc.insecure_channel(address) as channel:
+    with dial(address, client_tls(args, environ), "scheduler") as channel:
         try:
             state = scheduler_pb2_grpc.SchedulerStub(channel).GetClusterState(
                 scheduler_pb2.ClusterStateRequest(), timeout=5.0)

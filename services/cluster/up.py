@@ -36,12 +36,15 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     parser.add_argument("--metrics-port-base", type=int, default=0,
                         help="serve Prometheus /metrics per service: predictor on this port, scheduler +1, "
                              "node-i +2+i (0: none, the default)")
+    parser.add_argument("--tls", action="store_true",
+                        help="mutual TLS everywhere: a throwaway CA and per-service certificates in RUN_DIR/tls "
+                             "(docs/security.md)")
     args = parser.parse_args(list(argv))
     if not 1 <= args.nodes <= 64:
         raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
                        device_pages=args.device_pages, host_pages=args.host_pages, policy=args.policy,
-                       metrics_port_base=args.metrics_port_base)
+                       metrics_port_base=args.metrics_port_base, tls=args.tls)
     return spec, args
 
 
@@ -57,6 +60,10 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         services = cluster.start()
         console.print(services_table(services))
         console.print(f"scheduler: {cluster.scheduler_address}   (speckv status --run-dir {run_dir})")
+        if cluster.certs is not None:
+            admin = cluster.certs.admin
+            console.print(f"mutual TLS; admin identity: --tls-cert {admin.cert} --tls-key {admin.key} "
+                          f"--tls-ca {admin.ca}")
         print("ready; Ctrl-C or SIGTERM stops every service", flush=True)
         while not stop.wait(0.5):
             pass

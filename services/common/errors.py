@@ -32,6 +32,15 @@ class Aborted(SpeckvError):
     """The operation was abandoned (checksum mismatch, lapsed lease)."""
 
 
+class PermissionDenied(SpeckvError):
+    """The caller's certificate proves an identity that may not make this
+    call (authz.py): the message names the identity and who may."""
+
+
+class Unauthenticated(SpeckvError):
+    """The call must come from a proven identity and its caller proves none."""
+
+
 class Unavailable(SpeckvError):
     """A peer needed for the operation cannot be reached; retrying may help."""
 

@@ -1,6 +1,10 @@
 """A production-shaped gRPC server: health checking, reflection, the error
 interceptor, OpenTelemetry, message size limits, caps on streams and queued
-calls, and graceful shutdown.
+calls, mutual TLS, and graceful shutdown.
+
+TLS: with --tls-cert/--tls-key/--tls-ca the one port is mutual TLS (tls.py);
+without, the host must be loopback unless --insecure says otherwise, and then
+the start logs a loud warning (docs/security.md).
 
 Threads: a streaming call holds a handler thread for as long as its client
 keeps it open, so the pool has max_streams threads for streams plus
@@ -38,6 +42,7 @@ from speckv.services.common.interceptor import ErrorMappingInterceptor, StreamSl
 from speckv.services.common.metrics_http import MetricsEndpoint
 from speckv.services.common.service_metrics import RpcMetrics
 from speckv.services.common.telemetry import Telemetry
+from speckv.services.common.tls import SERVICES, URI_PREFIX, Identity, Role, TlsFiles, TlsMaterial, is_loopback
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20
@@ -62,6 +67,14 @@ class ServerSettings:
         "help": "calls waiting for a handler thread at most; more: RESOURCE_EXHAUSTED"})
     metrics_port: int = field(default=0, metadata={
         "help": "port of the Prometheus /metrics HTTP endpoint, on host; 0: no endpoint"})
+    # Mutual TLS (tls.py, docs/security.md): all three or none. The same files serve the
+    # process's own outbound calls (a kvstore's to the scheduler, the scheduler's to kvstores).
+    tls_cert: str = field(default="", metadata={"help": "this process's certificate (PEM); with tls_key and "
+                                                        "tls_ca: mutual TLS on every call in and out"})
+    tls_key: str = field(default="", metadata={"help": "the private key of tls_cert (PEM, unencrypted)"})
+    tls_ca: str = field(default="", metadata={"help": "the CA certificate (PEM) that signed every peer's"})
+    insecure: bool = field(default=False, metadata={
+        "help": "allow a non-loopback host without TLS (anyone who reaches the port can do anything)"})
 
     def validate(self) -> None:
         check_port("port", self.port)
@@ -76,6 +89,25 @@ class ServerSettings:
         for name in ("max_streams", "max_streams_per_peer", "max_queued_calls"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.tls_files() is not None:
+            self.tls()  # the files are read and checked now, so a bad one fails the start naming it
+        else:
+            self.check_plaintext_host()
+
+    def check_plaintext_host(self) -> None:
+        """Without TLS only loopback, unless --insecure was chosen."""
+        if not is_loopback(self.host) and not self.insecure:
+            raise InvalidArgument(f"host={self.host!r}: without TLS a service binds loopback only; give "
+                                  "--tls-cert/--tls-key/--tls-ca (docs/security.md), or --insecure to serve "
+                                  "plaintext to anyone who reaches the port")
+
+    def tls_files(self) -> TlsFiles | None:
+        return TlsFiles.from_settings(self.tls_cert, self.tls_key, self.tls_ca)
+
+    def tls(self) -> TlsMaterial | None:
+        """The loaded TLS files (None: TLS off); InvalidArgument names a bad file."""
+        files = self.tls_files()
+        return files.load() if files is not None else None
 
     @property
     def handler_threads(self) -> int:
@@ -106,9 +138,14 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
-def open_channel(address: str, telemetry: Telemetry | None, max_message_bytes: int = 64 * MIB) -> grpc.Channel:
-    """An instrumented insecure channel (trace context propagates through it)."""
-    channel = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+def open_channel(address: str, telemetry: Telemetry | None, max_message_bytes: int = 64 * MIB,
+                 tls: TlsMaterial | None = None, peer_role: str = "") -> grpc.Channel:
+    """An instrumented channel (trace context propagates through it):
+    mutual TLS presenting tls's certificate, the server proving peer_role
+    (tls.ROLES; "": its address), or plaintext when tls is None."""
+    options = channel_options(max_message_bytes)
+    channel = (tls.secure_channel(address, options, peer_role) if tls is not None
+               else grpc.insecure_channel(address, options=options))
     return telemetry.instrument_channel(channel) if telemetry is not None else channel
 
 
@@ -142,7 +179,19 @@ class ServiceServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server)
-        self.port = self._server.add_insecure_port(f"{settings.host}:{settings.port}")
+        self.tls = settings.tls()
+        _check_identity(name, self.tls)
+        bind = f"{settings.host}:{settings.port}"
+        # One port, TLS or plaintext, never both: authz.py relies on it.
+        if self.tls is not None:
+            self.port = self._server.add_secure_port(bind, self.tls.server_credentials())
+        else:
+            settings.check_plaintext_host()  # again: a config built without validate() must not slip past
+            if not is_loopback(settings.host):
+                log.warning("!!! %s serves PLAINTEXT gRPC on %s (--insecure): no TLS, no identities; anyone who "
+                            "reaches this port may register nodes, set the policy and read or write KV blocks. "
+                            "Use --tls-cert/--tls-key/--tls-ca (docs/security.md). !!!", name, bind)
+            self.port = self._server.add_insecure_port(bind)
         if self.port == 0:
             raise InvalidArgument(f"could not bind {settings.host}:{settings.port}")
         # Bound now, like the gRPC port, so a taken port fails before serving.
@@ -190,6 +239,17 @@ class ServiceServer:
 
     def wait(self) -> None:
         self._stopped.wait()
+
+
+def _check_identity(name: str, tls: TlsMaterial | None) -> None:
+    """A service's certificate must name it: clients verify the role's DNS name
+    (tls.py), so a wrong one would fail every handshake later, less clearly."""
+    if tls is None or name not in ("kvstore", *SERVICES):
+        return
+    role_ok = tls.identity.role is Role.NODE if name == "kvstore" else tls.identity == Identity.service(name)
+    if not role_ok:
+        raise InvalidArgument(f"tls_cert: names {tls.identity}, not a {name} identity "
+                              f"({URI_PREFIX}{'node/<id>' if name == 'kvstore' else 'service/' + name})")
 
 
 def serve_until_signal(server: ServiceServer) -> int:

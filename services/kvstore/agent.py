@@ -29,6 +29,7 @@ from speckv.services.common.errors import SpeckvError
 from speckv.services.common.geometry_proto import geometry_to_proto
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
+from speckv.services.common.tls import TlsMaterial
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOutcome
 from speckv.services.kvstore.servicer import order_from_proto
 from speckv.services.kvstore.store import KVStoreCore
@@ -54,13 +55,14 @@ class Backoff:
 
 class SchedulerAgent:
     def __init__(self, store: KVStoreCore, replicator: Replicator, scheduler_address: str, advertise_address: str,
-                 telemetry: Telemetry | None, *, heartbeat_interval_s: float = 1.0, timeout_s: float = 10.0) -> None:
+                 telemetry: Telemetry | None, *, heartbeat_interval_s: float = 1.0, timeout_s: float = 10.0,
+                 tls: TlsMaterial | None = None) -> None:
         self._store = store
         self._replicator = replicator
         self._address = advertise_address
         self._interval_s = heartbeat_interval_s
         self._timeout_s = timeout_s
-        self._channel = open_channel(scheduler_address, telemetry)
+        self._channel = open_channel(scheduler_address, telemetry, tls=tls, peer_role="scheduler")
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._stop = threading.Event()
         self._lock = threading.Lock()

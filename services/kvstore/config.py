@@ -8,6 +8,7 @@ from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
 from speckv.services.common.server import ServerSettings
+from speckv.services.common.tls import Identity
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 from speckv.services.kvstore.vllm_encode import Encoding
 from speckv.services.kvstore.vllm_publisher import DEFAULT_REPLAY_BATCHES, PublisherSettings, check_endpoint
@@ -67,6 +68,11 @@ class KVStoreConfig(ServerSettings):
         ServerSettings.validate(self)
         if not self.node_id.strip():
             raise InvalidArgument("node_id is empty")
+        tls = self.tls()
+        if tls is not None and tls.identity != Identity.node(self.node_id):
+            # The scheduler would refuse every RegisterNode; say so at start, naming the file.
+            raise InvalidArgument(f"tls_cert={self.tls_cert}: proves {tls.identity}, not node_id={self.node_id!r} "
+                                  f"({Identity.node(self.node_id).uri})")
         geometry = self.kv_geometry()  # names geometry / block_size on error
         if self.device_pages <= 0:
             raise InvalidArgument(f"device_pages={self.device_pages}: must be > 0")

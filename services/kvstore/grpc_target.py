@@ -18,6 +18,7 @@ from speckv.services.common.ids import BlockHash
 from speckv.services.common.interceptor import STATUS_OF_ERROR
 from speckv.services.common.server import MIB, open_channel
 from speckv.services.common.telemetry import Telemetry
+from speckv.services.common.tls import TlsMaterial
 from speckv.services.kvstore.dataplane.token_bucket import TokenBucket
 from speckv.services.kvstore.replication import Chunk, TransferOrder
 from speckv.services.kvstore.reservations import Grant, Handle
@@ -55,12 +56,12 @@ class GrpcReplicationTarget:
 
     def __init__(self, address: str, telemetry: Telemetry | None, *, timeout_s: float = 10.0,
                  min_rate_bytes_s: float = 20 * MIB, max_message_bytes: int = 64 * MIB,
-                 bucket: TokenBucket | None = None) -> None:
+                 bucket: TokenBucket | None = None, tls: TlsMaterial | None = None) -> None:
         self.address = address
         self.bucket = bucket
         self._timeout_s = timeout_s
         self._min_rate = min_rate_bytes_s
-        self._channel = open_channel(address, telemetry, max_message_bytes)
+        self._channel = open_channel(address, telemetry, max_message_bytes, tls, "kvstore")
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
 
     def reserve(self, order: TransferOrder, lease_s: float) -> Grant:

@@ -70,7 +70,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     if config.scheduler:
         agent = SchedulerAgent(store, replicator, config.scheduler, config.advertise_address or server.address,
                                telemetry, heartbeat_interval_s=config.heartbeat_interval_s,
-                               timeout_s=config.peer_timeout_s)
+                               timeout_s=config.peer_timeout_s, tls=server.tls)
 
     def start() -> None:
         if data_plane is not None:
@@ -102,9 +102,11 @@ def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock) 
     """Name -> factory of the per-order target; both share the node's link cap."""
     bucket = TokenBucket(gbit_to_bytes_per_s(config.link_gbps), clock) if config.link_gbps > 0 else None
 
+    tls = config.tls()
+
     def grpc_target(address: str) -> GrpcReplicationTarget:
         return GrpcReplicationTarget(address, telemetry, timeout_s=config.peer_timeout_s,
-                                     max_message_bytes=config.max_message_bytes, bucket=bucket)
+                                     max_message_bytes=config.max_message_bytes, bucket=bucket, tls=tls)
 
     def tcp_target(address: str) -> TcpReplicationTarget:
         return TcpReplicationTarget(grpc_target(address), timeout_s=config.peer_timeout_s, bucket=bucket)

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import grpc
 
+from speckv.services.common import authz
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry_proto import geometry_to_proto
 from speckv.services.common.ids import BlockHash
@@ -102,6 +103,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Replicate(self, request: kvstore_pb2.ReplicateRequest,
                   context: grpc.ServicerContext) -> kvstore_pb2.ReplicateResponse:
+        # An operator's call (the scheduler's orders reach the agent over WatchOrders, never here):
+        # it makes this node connect to any address the request names.
+        authz.require_admin(context, "Replicate")
         validate.family(request.order.family, "replicate: order.family", self._limits.max_family_chars)
         result = self._replicator.replicate(order_from_proto(request.order), chunk_bytes=request.chunk_bytes,
                                             transport=request.transport)

@@ -6,6 +6,7 @@ from typing import Iterator
 
 import grpc
 
+from speckv.services.common import authz
 from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
 from speckv.services.predictor.observations import Arrival, ObserveResult
 from speckv.services.predictor.returns.serving import ReturnsAnswer, ReturnsCore, TurnEndRecord, TurnEndResult
@@ -47,6 +48,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
 
     def ReloadModel(self, request: predictor_pb2.ReloadModelRequest,
                     context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
+        authz.require_admin(context, "ReloadModel")  # it loads any folder the server can read
         return model_info_to_proto(self._core.reload(request.path))
 
 

@@ -34,6 +34,7 @@ from speckv.services.common.ids import NodeId
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
 from speckv.services.common.tiers import Tier
+from speckv.services.common.tls import TlsMaterial
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
@@ -69,9 +70,9 @@ class NodeEventStream:
 
     def __init__(self, node_id: NodeId, address: str, generation: int, apply: ApplyFn,
                  reset: ResetFn, telemetry: Telemetry | None,
-                 backoff_s: float = 0.05, backoff_max_s: float = 2.0) -> None:
+                 backoff_s: float = 0.05, backoff_max_s: float = 2.0, tls: TlsMaterial | None = None) -> None:
         self.node_id, self.address, self.generation = node_id, address, generation
-        self._apply, self._reset, self._telemetry = apply, reset, telemetry
+        self._apply, self._reset, self._telemetry, self._tls = apply, reset, telemetry, tls
         self._backoff_s, self._backoff_max_s = backoff_s, backoff_max_s
         self._stop = threading.Event()
         self._channel_lock = threading.Lock()
@@ -118,7 +119,7 @@ class NodeEventStream:
         with self._channel_lock:
             if self._stop.is_set():
                 return None
-            self._channel = open_channel(self.address, self._telemetry)
+            self._channel = open_channel(self.address, self._telemetry, tls=self._tls, peer_role="kvstore")
             return self._channel
 
     def _close(self, channel: grpc.Channel) -> None:
@@ -166,8 +167,8 @@ class EventSync:
     """Owns one NodeEventStream per node. Thread-safe."""
 
     def __init__(self, apply: ApplyFn, reset: ResetFn, telemetry: Telemetry | None,
-                 backoff_s: float = 0.05, backoff_max_s: float = 2.0) -> None:
-        self._apply, self._reset, self._telemetry = apply, reset, telemetry
+                 backoff_s: float = 0.05, backoff_max_s: float = 2.0, tls: TlsMaterial | None = None) -> None:
+        self._apply, self._reset, self._telemetry, self._tls = apply, reset, telemetry, tls
         self._backoff = (backoff_s, backoff_max_s)
         self._streams: dict[NodeId, NodeEventStream] = {}
         self._lock = threading.Lock()
@@ -176,7 +177,7 @@ class EventSync:
     def follow(self, node_id: NodeId, address: str, generation: int) -> None:
         """(Re)starts the subscription of node_id at address."""
         stream = NodeEventStream(node_id, address, generation, self._apply, self._reset,
-                                 self._telemetry, *self._backoff)
+                                 self._telemetry, *self._backoff, tls=self._tls)
         with self._lock:
             old = self._streams.get(node_id)
             if self._closed or (old is not None and old.generation > generation):

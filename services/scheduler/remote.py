@@ -15,6 +15,7 @@ import grpc
 from speckv.services.common.ids import Family
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
+from speckv.services.common.tls import TlsMaterial
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.forecasts import CombinedForecasts, Forecast, ForecastKind
 from speckv.services.scheduler.policy_config import PolicyConfig
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 class KVStoreConfirmer:
     """Confirms a cached prefix with the node itself. One channel per address."""
 
-    def __init__(self, telemetry: Telemetry | None, timeout_s: float) -> None:
+    def __init__(self, telemetry: Telemetry | None, timeout_s: float, tls: TlsMaterial | None = None) -> None:
         self._telemetry = telemetry
+        self._tls = tls
         self._timeout_s = timeout_s
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
@@ -62,15 +64,17 @@ class KVStoreConfirmer:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = open_channel(address, self._telemetry)
+                channel = self._channels[address] = open_channel(address, self._telemetry, tls=self._tls,
+                                                                 peer_role="kvstore")
             return channel
 
 
 class PredictorSender:
     """Sends one batch of arrivals per ObserveArrivals call."""
 
-    def __init__(self, address: str, telemetry: Telemetry | None, timeout_s: float = 2.0) -> None:
-        self._channel = open_channel(address, telemetry)
+    def __init__(self, address: str, telemetry: Telemetry | None, timeout_s: float = 2.0,
+                 tls: TlsMaterial | None = None) -> None:
+        self._channel = open_channel(address, telemetry, tls=tls, peer_role="predictor")
         self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
         self._timeout_s = timeout_s
         self.rejected_total = 0
@@ -92,8 +96,9 @@ class PredictorForecasts:
     """ForecastSource over Predictor.Forecast. An unreachable predictor
     yields [] (logged once per outage): no forecast, no speculation."""
 
-    def __init__(self, address: str, telemetry: Telemetry | None, timeout_s: float = 1.0) -> None:
-        self._channel = open_channel(address, telemetry)
+    def __init__(self, address: str, telemetry: Telemetry | None, timeout_s: float = 1.0,
+                 tls: TlsMaterial | None = None) -> None:
+        self._channel = open_channel(address, telemetry, tls=tls, peer_role="predictor")
         self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
         self._timeout_s = timeout_s
         self._failing = False
@@ -137,8 +142,8 @@ class PredictorReturnForecasts:
     other error is [] too, logged once per outage."""
 
     def __init__(self, address: str, telemetry: Telemetry | None, policy: PolicyConfig,
-                 timeout_s: float = 1.0) -> None:
-        self._channel = open_channel(address, telemetry)
+                 timeout_s: float = 1.0, tls: TlsMaterial | None = None) -> None:
+        self._channel = open_channel(address, telemetry, tls=tls, peer_role="predictor")
         self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
         self._timeout_s = timeout_s
         self._lease_s = policy.leases.replica_lease_ms / 1e3
@@ -183,9 +188,9 @@ class PredictorForecastSources:
     one list (forecasts.CombinedForecasts); either failing leaves the other."""
 
     def __init__(self, address: str, telemetry: Telemetry | None, policy: PolicyConfig,
-                 timeout_s: float = 1.0) -> None:
-        self.bursts = PredictorForecasts(address, telemetry, timeout_s)
-        self.returns = PredictorReturnForecasts(address, telemetry, policy, timeout_s)
+                 timeout_s: float = 1.0, tls: TlsMaterial | None = None) -> None:
+        self.bursts = PredictorForecasts(address, telemetry, timeout_s, tls)
+        self.returns = PredictorReturnForecasts(address, telemetry, policy, timeout_s, tls)
         self._combined = CombinedForecasts([self.bursts, self.returns])
 
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:

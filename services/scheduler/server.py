@@ -94,11 +94,13 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     store = StateStore.open(config.state_dir) if config.state_dir else None
     saved = store.load() if store is not None else None
     profile = get_profile(config.engine_profile, config.engine_profiles_path or None)
-    confirmer = KVStoreConfirmer(telemetry, config.lookup_timeout_s)
-    sender = PredictorSender(config.predictor, telemetry, config.predictor_timeout_s) if config.predictor else None
+    tls = config.tls()  # the scheduler's own certificate on its calls to kvstores and the predictor too
+    confirmer = KVStoreConfirmer(telemetry, config.lookup_timeout_s, tls)
+    sender = (PredictorSender(config.predictor, telemetry, config.predictor_timeout_s, tls)
+              if config.predictor else None)
     settings = core_settings(config)
     forecasts = (PredictorForecastSources(config.predictor, telemetry, settings.policy_config,
-                                          config.forecast_timeout_s) if config.predictor else None)
+                                          config.forecast_timeout_s, tls) if config.predictor else None)
     reporter = ArrivalReporter(sender, capacity=config.arrival_queue) if sender else None
     vllm_specs = parse_kv_events(config.kv_events)
     wiring = _NodeWiring(confirmer, {NodeId(s.node_id): s.route_address for s in vllm_specs})
@@ -106,7 +108,7 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     core = SchedulerCore(settings, clock, profile,
                          confirmer=confirm if config.confirm_routes else None, arrivals=reporter,
                          listener=wiring, forecasts=forecasts, future=future_arrivals(config), state=store)
-    event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry)
+    event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry, tls=tls)
     vllm_feeds = VllmEventFeeds(vllm_specs, core, profile.geometry.block_size,
                                 config.heartbeat_interval_ms / 1000.0) if vllm_specs else None
     if inventory is not None:

@@ -1,4 +1,5 @@
-"""Scheduler gRPC servicer: unpack, check the wire limits (RequestLimits),
+"""Scheduler gRPC servicer: unpack, check the caller's identity where a call
+is guarded (authz.py; off without TLS), check the wire limits (RequestLimits),
 call SchedulerCore, pack. Errors are the core's domain errors, mapped to
 status codes by the shared interceptor."""
 from __future__ import annotations
@@ -7,6 +8,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
+from speckv.services.common import authz
 from speckv.services.common.errors import Aborted, InvalidArgument
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.geometry_proto import geometry_from_proto
@@ -56,12 +58,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._limits = limits
 
     def RegisterNode(self, request, context):
+        authz.require_node(context, request.node_id, "RegisterNode")
         again, interval_ms = self._core.register_node(
             request.node_id, request.address, request.capacity_pages, _geometry(request), request.host_pages)
         return scheduler_pb2.RegisterNodeResponse(
             node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again)
 
     def Heartbeat(self, request, context):
+        authz.require_node(context, request.node_id, "Heartbeat")
         load = LoadReport(*(getattr(request, name) if request.HasField(name) else None for name in _LOAD_FIELDS))
         return scheduler_pb2.HeartbeatResponse(known=self._core.heartbeat(request.node_id, load))
 
@@ -81,6 +85,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.RouteBatchResponse(responses=[_route_response(r) for r in self._core.route_batch(items)])
 
     def WatchOrders(self, request, context) -> Iterator[common_pb2.ReplicationOrder]:
+        authz.require_node_or_admin(context, request.node_id, "WatchOrders")  # node_id "": every node's, admin only
         watcher = self._core.watch_orders(request.node_id)
         context.add_callback(watcher.close)  # client gone: wake the loop at once
         try:
@@ -96,6 +101,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._core.unwatch(watcher)
 
     def SubmitOrder(self, request, context):
+        authz.require_admin(context, "SubmitOrder")
         if not request.HasField("order"):
             raise InvalidArgument("order is missing")
         o = request.order
@@ -111,11 +117,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if state is None:
             raise InvalidArgument(f"state={request.state}: report IN_FLIGHT, COMMITTED, FAILED, "
                                   "CANCELLED or EXPIRED")
+        if authz.enforced(context):  # the order's source node runs it and reports it; else an admin
+            authz.require_node_or_admin(context, self._core.get_order(request.order_id).spec.source,
+                                        "ReportOrderStatus")
         new_state = self._core.report_order(request.order_id, state, request.message,
                                             request.bytes_sent, request.blocks_sent)
         return scheduler_pb2.OrderStatusAck(state=STATE_TO_PROTO[new_state])
 
     def SetPolicy(self, request, context):
+        authz.require_admin(context, "SetPolicy")
         return _policy_info(self._core.set_policy(request.name))
 
     def GetPolicy(self, request, context):

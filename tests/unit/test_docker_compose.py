@@ -10,14 +10,17 @@ import pytest
 import yaml
 
 from speckv.services import cli
-from speckv.services.common.config import env_name
+from speckv.services.common.config import config_from, env_name
 from speckv.services.common.server import ServerSettings
 from tests.support.repo import REPO_ROOT
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 # The speckv services; the `monitoring` profile's Prometheus and Grafana run
-# images of their own (tests/unit/test_monitoring_config.py checks them).
-SERVICES = {name: s for name, s in COMPOSE["services"].items() if s.get("image", "").startswith("speckv:")}
+# images of their own (tests/unit/test_monitoring_config.py checks them), and
+# the one-shot `certs` container runs a tool, not a service.
+SPECKV = {name: s for name, s in COMPOSE["services"].items() if s.get("image", "").startswith("speckv:")}
+SERVICES = {name: s for name, s in SPECKV.items() if s["command"][0] in cli.SERVICES}
+TOOLS = {name: s for name, s in SPECKV.items() if name not in SERVICES}
 
 
 def config_class(service: str) -> type:
@@ -57,3 +60,23 @@ def test_healthcheck_speaks_grpc_health(name):
     assert test[:3] == ["CMD", "speckv", "health"]
     port = SERVICES[name]["environment"]["SPECKV_PORT"]
     assert test[test.index("--address") + 1].endswith(f":{port}")
+
+
+def test_only_the_certs_tool_runs_beside_the_services():
+    assert sorted(TOOLS) == ["certs"]
+    assert TOOLS["certs"]["command"][0] in cli.TOOLS
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_binds_beyond_loopback_only_with_tls(name, tmp_path):
+    """Each service's environment names its own certificate from the certs
+    container's bundle, and builds a valid config from that bundle (made here
+    with the container's own command line)."""
+    env = SERVICES[name]["environment"]
+    assert env["SPECKV_HOST"] == "0.0.0.0" and "SPECKV_INSECURE" not in env
+    assert SERVICES[name]["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+    argv = TOOLS["certs"]["command"]
+    assert cli.main([*argv[:argv.index("--out") + 1], str(tmp_path), *argv[argv.index("--out") + 2:]], {}) == 0
+    local = {k: v.replace("/certs", str(tmp_path), 1) if k.startswith("SPECKV_TLS_") else v for k, v in env.items()}
+    config = config_from(config_class(SERVICES[name]["command"][0]), None, local)
+    assert config.tls() is not None

@@ -28,10 +28,13 @@ PROTOBUF = ("grpc", "speckv.v1", "google.protobuf")
 ADAPTERS = {
     "speckv.services.cli",
     "speckv.services.cluster.*",
+    "speckv.services.common.authz",
+    "speckv.services.common.certs",
     "speckv.services.common.geometry_proto",
     "speckv.services.common.interceptor",
     "speckv.services.common.server",
     "speckv.services.common.telemetry",
+    "speckv.services.common.tls",
     "speckv.services.kvstore.agent",
     "speckv.services.kvstore.config",
     "speckv.services.kvstore.grpc_target",
