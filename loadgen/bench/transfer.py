@@ -21,7 +21,11 @@ Order of work:
      is shared, so this pairs each number with a ceiling taken under the
      same load. The official ratios use the run's best ceiling.
 
-  4. the kvstore's host<->device tier moves (_transfer_tiers.py): demote
+  4. the data plane's protection (_transfer_protect.py): replication with
+     data_plane_auth on against off, alternating in the same run, and the
+     ratio on / off (target >= 0.8; docs/security.md);
+
+  5. the kvstore's host<->device tier moves (_transfer_tiers.py): demote
      and promote of scattered blocks through the store's PageMover, beside
      NumPy memcpy of the same bytes (on a GPU: beside a plain pinned
      host<->device copy).
@@ -42,8 +46,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from speckv.loadgen.bench import _transfer_ceilings as ceilings
+from speckv.loadgen.bench import _transfer_protect as protect
 from speckv.loadgen.bench import _transfer_tiers as tiers
 from speckv.loadgen.bench._transfer_procs import KVStoreProcess, start_kvstore
+from speckv.loadgen.bench._transfer_tls import tls_socket_gbps
 from speckv.services.common.geometry import preset
 from speckv.v1 import common_pb2, kvstore_pb2
 
@@ -60,6 +66,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=0, help="timed replications per setting (default 5, quick 2)")
     parser.add_argument("--chunks-kib", default="256,1024,4096", help="chunk sizes, KiB, comma-separated")
     parser.add_argument("--transports", default="tcp,grpc", help="data planes to measure")
+    parser.add_argument("--no-protection", action="store_true",
+                        help="skip the data_plane_auth on/off comparison")
     return parser.parse_args(argv)
 
 
@@ -80,6 +88,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     chunk_sizes = [int(c) * KIB for c in args.chunks_kib.split(",") if c]
     transports = [t for t in args.transports.split(",") if t]
     results["replication"] = measure_replication(geometry, blocks, chunk_sizes, transports, repeats, environ)
+    if not args.no_protection:
+        results["protection"] = measure_protection(geometry, blocks, max(3, repeats), environ)
     results["ratios"] = ratios(results)
     results["seconds"] = round(time.perf_counter() - started, 1)
     for key, value in results["ratios"].items():
@@ -97,10 +107,11 @@ def measure_ceilings(geometry, *, quick: bool, repeats: int) -> dict[str, Any]:
     pack, unpack = ceilings.pack_unpack_gbps(geometry, pack_blocks, repeats)
     default = ceilings.socket_gbps(2 * size, repeats)
     tuned = ceilings.socket_gbps(2 * size, repeats, tuned=True)
+    tls = tls_socket_gbps(2 * size, repeats)  # the TLS data plane's ceiling (prototype; docs/security.md)
     out: dict[str, Any] = {
         "ceilings": {"memcpy_gbps": ceilings.memcpy_gbps(pack_blocks * geometry.bytes_per_block, repeats),
                      "socket_gbps": max(default, tuned), "socket_default_gbps": default,
-                     "socket_tuned_gbps": tuned},
+                     "socket_tuned_gbps": tuned, "tls_socket_gbps": tls},
         "pack_gbps": pack, "unpack_gbps": unpack,
         "crc32c_gbps": ceilings.crc32c_gbps(4 * MIB, 20),
     }
@@ -141,10 +152,23 @@ def show_tier_moves(moves: dict[str, Any]) -> None:
         print(f"tier moves ({where}): {line}")
 
 
+def _kvstore_args(geometry, blocks: int) -> list[str]:
+    return ["--geometry", geometry.name, "--device-pages", str(blocks + 4), "--max-message-mb", "16",
+            "--reservation-lease-s", "60", "--peer-timeout-s", "60"]
+
+
+def measure_protection(geometry, blocks: int, repeats: int, environ: Mapping[str, str]) -> dict[str, Any]:
+    row = protect.protection(_kvstore_args(geometry, blocks), 1024 * KIB, repeats, environ,
+                             lambda source, target: _Bench(source, target, geometry, blocks).replicate)
+    print(f"protection tcp chunk 1024 KiB  off {row['off_gbps']:6.2f} GB/s, on {row['on_gbps']:6.2f} GB/s "
+          f"(medians {row['off_median_gbps']:.2f} / {row['on_median_gbps']:.2f}): on / off {row['ratio']:.2f} "
+          f"(median {row['ratio_median']:.2f})")
+    return row
+
+
 def measure_replication(geometry, blocks: int, chunk_sizes: list[int], transports: list[str], repeats: int,
                         environ: Mapping[str, str]) -> list[dict[str, Any]]:
-    args = ["--geometry", geometry.name, "--device-pages", str(blocks + 4), "--max-message-mb", "16",
-            "--reservation-lease-s", "60", "--peer-timeout-s", "60"]
+    args = _kvstore_args(geometry, blocks)
     source = start_kvstore("bench-src", args, environ=environ)
     target = link = None
     try:
@@ -196,8 +220,8 @@ class _Bench:
         hashes = self._fresh()
         self._orders += 1
         order = common_pb2.ReplicationOrder(
-            order_id=f"bench-{self._orders}", block_hashes=hashes, source_node="bench-src",
-            target_node="bench-dst", target_address=self.target.address, family="bench")
+            order_id=f"bench-{self._orders}", block_hashes=hashes, source_node=self.source.node_id,
+            target_node=self.target.node_id, target_address=self.target.address, family="bench")
         request = kvstore_pb2.ReplicateRequest(order=order, chunk_bytes=chunk_bytes, transport=transport)
         started = time.perf_counter()
         reply = self.source.stub.Replicate(request, timeout=TIMEOUT_S)
@@ -217,11 +241,15 @@ class _Bench:
 def ratios(results: dict[str, Any]) -> dict[str, float]:
     c = results["ceilings"]
     out = {"pack_over_memcpy": results["pack_gbps"] / c["memcpy_gbps"],
+           "tls_socket_over_socket": c["tls_socket_gbps"] / c["socket_gbps"],
            "unpack_over_memcpy": results["unpack_gbps"] / c["memcpy_gbps"]}
     for row in results.get("replication", []):
         name = f"{row['transport']}_{row['chunk_bytes'] // KIB}k"
         out[f"{name}_over_socket"] = row["gbps"] / c["socket_gbps"]
         out[f"{name}_over_adjacent_socket"] = row["gbps"] / row["socket_adjacent_gbps"]
+    if "protection" in results:
+        out["protected_over_unprotected"] = results["protection"]["ratio"]
+        out["protected_over_unprotected_median"] = results["protection"]["ratio_median"]
     if "device_copy_gbps" in c:
         out["gpu_pack_over_device_copy"] = results["gpu_pack_gbps"] / c["device_copy_gbps"]
         out["gpu_unpack_over_device_copy"] = results["gpu_unpack_gbps"] / c["device_copy_gbps"]

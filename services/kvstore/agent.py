@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from speckv.services.common.errors import SpeckvError
+from speckv.services.common.errors import SpeckvError, Unavailable
 from speckv.services.common.geometry_proto import geometry_to_proto
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import Telemetry
@@ -117,6 +117,15 @@ class SchedulerAgent:
         self.registrations += 1
         log.info("registered %s at %s with the scheduler", self._store.node_id, self._address)
         return reply.heartbeat_interval_ms / 1000.0 if reply.heartbeat_interval_ms else self._interval_s
+
+    def registered_nodes(self) -> dict[str, str]:
+        """The scheduler's registry, node id -> registered address (peers.py
+        caches it); Unavailable when the scheduler cannot be asked."""
+        try:
+            state = self._stub.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=self._timeout_s)
+        except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed by stop()
+            raise Unavailable(f"scheduler registry: {_describe(exc)}") from None
+        return {node.node_id: node.address for node in state.nodes}
 
     def _heartbeat_request(self) -> scheduler_pb2.HeartbeatRequest:
         stats = self._store.stats()

@@ -17,6 +17,7 @@ KIB = 1024
 MAX_LEASE_S = 24 * 3600.0  # what the store itself accepts (validate.lease)
 MESSAGE_OVERHEAD = 64 * KIB  # room for the non-data fields of a chunk or block message
 TRANSPORTS = ("tcp", "grpc")
+DATA_PLANE_AUTH = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,13 @@ class KVStoreConfig(ServerSettings):
         "help": "TCP data plane connections served at once; more are answered RESOURCE_EXHAUSTED and closed"})
     data_read_timeout_s: float = field(default=10.0, metadata={
         "help": "a TCP data plane connection silent this long is closed, its open writes aborted, seconds"})
+    data_plane_auth: str = field(default="auto", metadata={
+        "help": "protect replication: write capabilities on every reservation write, replicas only to registered "
+                "nodes' registered addresses (learned from --scheduler); auto: on exactly when TLS is on, "
+                "on | off: always | never (docs/security.md)"})
+    capability_ttl_s: float = field(default=300.0, metadata={
+        "help": "how long a reservation's write capability stays valid after its Reserve, seconds "
+                "(the reservation's lease ends it sooner when no byte arrives)"})
     kv_events_publish: str = field(default="", metadata={
         "help": "bind a ZMQ PUB socket here (tcp://HOST:PORT, tcp://*:PORT, ipc://PATH) and publish this node's "
                 "KV events on it in vLLM's wire format; empty: off"})
@@ -103,6 +111,10 @@ class KVStoreConfig(ServerSettings):
         if self.data_max_connections < 1:
             raise InvalidArgument(f"data_max_connections={self.data_max_connections}: must be >= 1")
         check_positive("data_read_timeout_s", self.data_read_timeout_s)
+        if self.data_plane_auth not in DATA_PLANE_AUTH:
+            raise InvalidArgument(f"data_plane_auth={self.data_plane_auth!r}: expected one of "
+                                  f"{', '.join(DATA_PLANE_AUTH)}")
+        check_positive("capability_ttl_s", self.capability_ttl_s)
         check_positive("peer_timeout_s", self.peer_timeout_s)
         if self.transport not in TRANSPORTS:
             raise InvalidArgument(f"transport={self.transport!r}: expected one of {', '.join(TRANSPORTS)}")
@@ -144,6 +156,13 @@ class KVStoreConfig(ServerSettings):
                 raise InvalidArgument(f"kv_events_replay={self.kv_events_replay!r}: the same as kv_events_publish")
         return PublisherSettings(self.kv_events_publish, self.kv_events_replay, self.kv_events_topic, encoding,
                                  self.kv_events_replay_batches)
+
+    @property
+    def protected(self) -> bool:
+        """Whether data_plane_auth is in force: on, or auto with TLS on."""
+        if self.data_plane_auth == "auto":
+            return bool(self.tls_cert or self.tls_key or self.tls_ca)
+        return self.data_plane_auth == "on"
 
     @property
     def chunk_bytes(self) -> int:

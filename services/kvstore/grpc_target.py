@@ -59,6 +59,7 @@ class GrpcReplicationTarget:
                  bucket: TokenBucket | None = None, tls: TlsMaterial | None = None) -> None:
         self.address = address
         self.bucket = bucket
+        self.capability = b""  # the last Reserve's write capability: presented with every later call
         self._timeout_s = timeout_s
         self._min_rate = min_rate_bytes_s
         self._channel = open_channel(address, telemetry, max_message_bytes, tls, "kvstore")
@@ -73,13 +74,15 @@ class GrpcReplicationTarget:
             reply = self._stub.Reserve(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise domain_error(exc, self.address, f"Reserve for order {order.order_id}") from None
+        self.capability = reply.capability
         return Grant(Handle(reply.handle), tuple(BlockHash(h) for h in reply.block_hashes),
-                     reply.bytes_per_block, reply.lease_deadline_s, reply.data_address)
+                     reply.bytes_per_block, reply.lease_deadline_s, reply.data_address, reply.capability)
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
         # protobuf needs bytes: the one copy this fallback cannot avoid.
         requests = (kvstore_pb2.WriteChunkRequest(handle=handle, offset=c.offset, data=_as_bytes(c.data),
-                                                  crc32c=c.crc32c) for c in paced(chunks, self.bucket))
+                                                  crc32c=c.crc32c, capability=self.capability)
+                    for c in paced(chunks, self.bucket))
         rate = min(self._min_rate, self.bucket.rate) if self.bucket is not None else self._min_rate
         timeout = self._timeout_s + total_bytes / rate
         try:
@@ -89,7 +92,8 @@ class GrpcReplicationTarget:
 
     def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
         request = kvstore_pb2.CommitRequest(
-            handle=handle, chunk_crc32c=dict(chunk_crcs), replica_lease_ms=round(replica_lease_s * 1000))
+            handle=handle, chunk_crc32c=dict(chunk_crcs), replica_lease_ms=round(replica_lease_s * 1000),
+            capability=self.capability)
         try:
             return self._stub.Commit(request, timeout=self._timeout_s).blocks_committed
         except grpc.RpcError as exc:
@@ -97,7 +101,8 @@ class GrpcReplicationTarget:
 
     def abort(self, handle: str, reason: str) -> None:
         try:
-            self._stub.Abort(kvstore_pb2.AbortRequest(handle=handle, reason=reason[:1000]), timeout=self._timeout_s)
+            self._stub.Abort(kvstore_pb2.AbortRequest(handle=handle, reason=reason[:1000], capability=self.capability),
+                             timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise domain_error(exc, self.address, f"Abort of {handle}") from None
 

@@ -16,6 +16,12 @@
   4. target.commit with the crc32c of every chunk, keyed by offset;
   any failure after the reserve -> target.abort (best effort), order FAILED.
 
+With data_plane_auth on (a RegisteredPeers given), step 1 is preceded by a
+check that the target is a registered node's registered address, and the
+data address the target answers must be on that node's host (peers.py):
+a refused target is never connected to. The order's source_node defaults
+to this node (it is what the target's write capability names).
+
 The transport sits behind ReplicationTarget: the bulk TCP data plane
 (tcp_target.py), the gRPC WriteChunks fallback (grpc_target.py) or a core in
 the same process (local_target.py). An order may name the transport and the
@@ -24,7 +30,7 @@ chunk size; otherwise the node's defaults apply.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -34,6 +40,7 @@ from speckv.services.common.ids import BlockHash
 from speckv.services.common.tiers import Tier
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.dataplane.pack_pipeline import pipelined_chunks
+from speckv.services.kvstore.peers import RegisteredPeers
 from speckv.services.kvstore.pool import Buffer, PageId
 from speckv.services.kvstore.reservations import Grant
 from speckv.services.kvstore.store import KVStoreCore
@@ -121,14 +128,17 @@ class ReplicationResult:
 class Replicator:
     def __init__(self, store: KVStoreCore, connect: TargetFactory, clock: Clock, *,
                  chunk_bytes: int = 1024 * KIB, reservation_lease_s: float = 10.0,
-                 transports: Mapping[str, TargetFactory] | None = None) -> None:
+                 transports: Mapping[str, TargetFactory] | None = None,
+                 peers: RegisteredPeers | None = None) -> None:
         """connect: the node's default transport; transports: the ones an order
-        may ask for by name."""
+        may ask for by name; peers: where replicas may go (None: anywhere, as
+        without data_plane_auth)."""
         _check_chunk(chunk_bytes, "chunk_bytes")
         self._store = store
         self._connect = connect
         self._transports = dict(transports or {})
         self._clock = clock
+        self._peers = peers
         self.chunk_bytes = chunk_bytes
         self.reservation_lease_s = reservation_lease_s
 
@@ -147,6 +157,10 @@ class Replicator:
             raise InvalidArgument(f"transport={transport!r}: expected one of {', '.join(self._transports) or '(none)'}")
         connect = self._transports[transport] if transport else self._connect
         chunk_bytes = chunk_bytes or self.chunk_bytes
+        if self._peers is not None:
+            self._peers.check(order.target_node, order.target_address)  # before any connection
+        if not order.source_node:
+            order = replace(order, source_node=self._store.node_id)
         started = self._clock.now()
         result = ReplicationResult(order.order_id, TransferOutcome.FAILED)
         with self._store.hold(order.block_hashes, f"replicate order {order.order_id}"):
@@ -187,6 +201,8 @@ class Replicator:
             raise FailedPrecondition(
                 f"order {order.order_id}: target {order.target_address} has {grant.bytes_per_block} bytes "
                 f"per block, this node {self._store.bytes_per_block}: different KV geometry")
+        if self._peers is not None and grant.data_address:
+            self._peers.check_data_address(order.target_address, grant.data_address)
         unknown = set(grant.hashes) - set(order.block_hashes)
         if unknown:
             raise FailedPrecondition(f"order {order.order_id}: target reserved hashes not in the order: "

@@ -140,6 +140,7 @@ class Grant:
     bytes_per_block: int
     deadline_s: float  # target clock
     data_address: str = ""  # the target's TCP data plane, host:port; "": WriteChunks only
+    capability: bytes = b""  # write capability (write_gate.py) to present with every write; b"": none asked
 
 
 # publish(reservation, replica_lease_s) -> blocks newly made visible; it takes

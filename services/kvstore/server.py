@@ -8,13 +8,14 @@ start with the server, so a node registers only once it accepts calls.
 from __future__ import annotations
 
 import threading
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grpc
 
 from speckv.kernels.backend import select_backend
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
+from speckv.services.common.errors import Unavailable
 from speckv.services.common.server import ServiceServer, serve_until_signal
 from speckv.services.common.service_metrics import register_gauges
 from speckv.services.common.telemetry import Telemetry, build_telemetry
@@ -24,10 +25,12 @@ from speckv.services.kvstore.dataplane.listener import DataPlaneServer
 from speckv.services.kvstore.dataplane.tcp_target import TcpReplicationTarget
 from speckv.services.kvstore.dataplane.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
+from speckv.services.kvstore.peers import RegisteredPeers, RegistryFetch
 from speckv.services.kvstore.replication import Replicator, TargetFactory
 from speckv.services.kvstore.servicer import KVStoreServicer, RequestLimits
 from speckv.services.kvstore.store import KVStoreCore, StoreStats, TierStats
 from speckv.services.kvstore.vllm_publisher import VllmEventPublisher
+from speckv.services.kvstore.write_gate import WriteGate
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 SERVICE = "kvstore"
@@ -46,17 +49,23 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     clock = clock or SystemClock()
     store = build_core(config, clock)
     transports = build_transports(config, telemetry, clock)
+    # data_plane_auth: the gate mints and checks write capabilities; peers keeps replicas to registered nodes.
+    agent: SchedulerAgent | None = None
+    gate = WriteGate(config.node_id, clock, config.capability_ttl_s) if config.protected else None
+    peers = RegisteredPeers(_registry_of(lambda: agent) if config.scheduler else None, clock) \
+        if config.protected else None
     replicator = Replicator(store, transports[config.transport], clock, chunk_bytes=config.chunk_bytes,
-                            reservation_lease_s=config.reservation_lease_s, transports=transports)
+                            reservation_lease_s=config.reservation_lease_s, transports=transports, peers=peers)
     data_plane = DataPlaneServer(store, config.host, config.data_port, config.node_id,
                                  max_connections=config.data_max_connections,
-                                 read_timeout_s=config.data_read_timeout_s) if config.transport == "tcp" else None
+                                 read_timeout_s=config.data_read_timeout_s, gate=gate) \
+        if config.transport == "tcp" else None
     kv_events = config.kv_events_settings()  # binds now: a taken port fails the start, not a later thread
     publisher = VllmEventPublisher(store, kv_events, config.node_id) if kv_events is not None else None
     stopping = threading.Event()
     limits = RequestLimits(config.max_reservation_lease_s, config.pin_lease_s, config.max_family_chars)
     servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s,
-                               data_address=_data_address(config, data_plane), limits=limits)
+                               data_address=_data_address(config, data_plane), limits=limits, gate=gate)
 
     def register(server: grpc.Server) -> list[str]:
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)
@@ -66,7 +75,6 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     _register_metrics(telemetry, store)
     maintenance = threading.Thread(target=_maintain, args=(store, stopping), name=f"{config.node_id}-maintenance",
                                    daemon=True)
-    agent = None
     if config.scheduler:
         agent = SchedulerAgent(store, replicator, config.scheduler, config.advertise_address or server.address,
                                telemetry, heartbeat_interval_s=config.heartbeat_interval_s,
@@ -112,6 +120,16 @@ def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock) 
         return TcpReplicationTarget(grpc_target(address), timeout_s=config.peer_timeout_s, bucket=bucket)
 
     return {"tcp": tcp_target, "grpc": grpc_target}
+
+
+def _registry_of(agent: Callable[[], SchedulerAgent | None]) -> RegistryFetch:
+    """The scheduler's registry through the agent built after the replicator."""
+    def fetch() -> dict[str, str]:
+        current = agent()
+        if current is None:
+            raise Unavailable("scheduler registry: the agent is not started yet")
+        return current.registered_nodes()
+    return fetch
 
 
 def _data_address(config: KVStoreConfig, data_plane: DataPlaneServer | None) -> str:

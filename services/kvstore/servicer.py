@@ -3,7 +3,14 @@ call the core, pack. No other logic here.
 
 PutBlocks checks each message as it arrives (count, block size, family), so
 a bad stream is refused at its first bad message instead of being buffered
-whole first."""
+whole first.
+
+With a WriteGate (data_plane_auth on) Reserve answers a write capability
+and WriteChunks, Commit and Abort need it (checked before the store is
+asked anything, so a refused call changes nothing). Over TLS, a node's
+Reserve is for itself as the source: the capability names the node its
+certificate proves, and only that node (or the admin) may then write,
+commit or abort with it."""
 from __future__ import annotations
 
 import threading
@@ -13,15 +20,18 @@ from typing import Iterator
 import grpc
 
 from speckv.services.common import authz
-from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.capability import Capability
+from speckv.services.common.errors import InvalidArgument, PermissionDenied
 from speckv.services.common.geometry_proto import geometry_to_proto
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.tiers import Tier
+from speckv.services.common.tls import ADMIN, Identity, Role, peer_identity
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
 from speckv.services.kvstore.store import BlockWrite, KVStoreCore, StoreStats
+from speckv.services.kvstore.write_gate import WriteGate
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 
 MS = 1000.0
@@ -40,8 +50,9 @@ class RequestLimits:
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, store: KVStoreCore, replicator: Replicator, stopping: threading.Event,
                  default_reservation_lease_s: float, data_address: str = "",
-                 limits: RequestLimits = RequestLimits()) -> None:
+                 limits: RequestLimits = RequestLimits(), gate: WriteGate | None = None) -> None:
         self._store = store
+        self._gate = gate
         self._data_address = data_address
         self._replicator = replicator
         self._stopping = stopping
@@ -120,31 +131,65 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             raise InvalidArgument(f"reserve: lease_ms={request.lease_ms}: at most "
                                   f"{self._limits.max_reservation_lease_s * MS:g} ms (max_reservation_lease_s)")
         validate.family(request.family, "reserve: family", self._limits.max_family_chars)
+        source = _source_node(context, request.source_node) if self._gate is not None else request.source_node
         grant = self._store.reserve(
             request.order_id, list(request.block_hashes), lease_s, family=request.family,
-            parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=request.source_node,
+            parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=source,
             tier=Tier.parse(request.medium))
+        capability = self._gate.mint(grant, request.order_id, source) if self._gate is not None else b""
         return kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
                                            bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,
-                                           data_address=self._data_address)
+                                           data_address=self._data_address, capability=capability)
 
     def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
                     context: grpc.ServicerContext) -> kvstore_pb2.WriteChunksResponse:
         handle, received = "", 0
+        capability: Capability | None = None
         for message in request_iterator:
             if handle and message.handle != handle:
                 raise InvalidArgument(f"write_chunks: one stream writes one reservation ({handle!r}, "
                                       f"then {message.handle!r})")
             handle = message.handle
+            if self._gate is not None:  # the MAC once per stream; range and expiry per chunk
+                if capability is None:
+                    capability = self._writer(context, message.capability, handle)
+                self._gate.still_covers(capability, handle, message.offset, len(message.data))
             received = self._store.write_chunk(message.handle, message.offset, message.data, message.crc32c)
         return kvstore_pb2.WriteChunksResponse(bytes_received=received)
 
     def Commit(self, request: kvstore_pb2.CommitRequest, context: grpc.ServicerContext) -> kvstore_pb2.CommitResponse:
+        self._writer(context, request.capability, request.handle)
         committed = self._store.commit(request.handle, dict(request.chunk_crc32c), request.replica_lease_ms / MS)
         return kvstore_pb2.CommitResponse(blocks_committed=committed)
 
     def Abort(self, request: kvstore_pb2.AbortRequest, context: grpc.ServicerContext) -> kvstore_pb2.AbortResponse:
+        self._writer(context, request.capability, request.handle)
         return kvstore_pb2.AbortResponse(pages_freed=self._store.abort(request.handle, request.reason))
+
+
+    def _writer(self, context: grpc.ServicerContext, token: bytes, handle: str) -> Capability | None:
+        """The caller's capability for handle (None without a gate): it must
+        verify, and over TLS the caller must be its source node or the admin."""
+        if self._gate is None:
+            return None
+        capability = self._gate.check(token, handle)
+        caller = peer_identity(context)
+        if caller is not None and caller not in (ADMIN, Identity(Role.NODE, capability.source_node)):
+            raise PermissionDenied(f"reservation {handle}: {caller} may not write it; its capability is for "
+                                   f"source node {capability.source_node!r}")
+        return capability
+
+
+def _source_node(context: grpc.ServicerContext, asked: str) -> str:
+    """The source a Reserve is for: over TLS a node reserves as itself (the
+    node its certificate proves); the admin, or any caller without TLS, as
+    asked."""
+    caller = peer_identity(context)
+    if caller is None or caller.role is not Role.NODE:
+        return asked
+    if asked and asked != caller.name:
+        raise PermissionDenied(f"reserve for source node {asked!r}: {caller} may reserve only as itself")
+    return caller.name
 
 
 def order_from_proto(message: common_pb2.ReplicationOrder) -> TransferOrder:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from speckv.services.common import authz
-from speckv.services.common.errors import Aborted, InvalidArgument
+from speckv.services.common.errors import Aborted, InvalidArgument, PermissionDenied
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import Family, NodeId
@@ -111,6 +111,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                          Tier.parse(o.target_medium) if o.target_medium else None,
                          ActionKind.parse(o.action))
         return scheduler_pb2.SubmitOrderResponse(order_id=self._core.submit_order(spec).order_id)
+        if o.target_address and authz.enforced(context):
+            # Over TLS an order goes only where its target registered (issue 23: no order to an arbitrary host:port).
+            registered = {r.view.node_id: r.view.address for r in self._core.cluster_state().nodes}
+            if registered.get(o.target_node) != o.target_address:
+                raise PermissionDenied(f"SubmitOrder: target_address={o.target_address!r} is not the registered "
+                                       f"address of node {o.target_node!r}; leave it empty to use that")
 
     def ReportOrderStatus(self, request, context):
         state = STATE_FROM_PROTO.get(request.state)

@@ -236,30 +236,34 @@ class ReserveRequest(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address")
+    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     LEASE_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     handle: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     bytes_per_block: int
     lease_deadline_s: float
     data_address: str
-    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class WriteChunkRequest(_message.Message):
-    __slots__ = ("handle", "offset", "data", "crc32c")
+    __slots__ = ("handle", "offset", "data", "crc32c", "capability")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     handle: str
     offset: int
     data: bytes
     crc32c: int
-    def __init__(self, handle: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, handle: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class WriteChunksResponse(_message.Message):
     __slots__ = ("bytes_received",)
@@ -268,7 +272,7 @@ class WriteChunksResponse(_message.Message):
     def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms")
+    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability")
     class ChunkCrc32cEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -279,10 +283,12 @@ class CommitRequest(_message.Message):
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_CRC32C_FIELD_NUMBER: _ClassVar[int]
     REPLICA_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     handle: str
     chunk_crc32c: _containers.ScalarMap[int, int]
     replica_lease_ms: int
-    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("blocks_committed",)
@@ -291,12 +297,14 @@ class CommitResponse(_message.Message):
     def __init__(self, blocks_committed: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
-    __slots__ = ("handle", "reason")
+    __slots__ = ("handle", "reason", "capability")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     handle: str
     reason: str
-    def __init__(self, handle: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, handle: _Optional[str] = ..., reason: _Optional[str] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
     __slots__ = ("pages_freed",)

@@ -26,6 +26,7 @@ import threading
 from speckv.services.common.errors import InvalidArgument, ResourceExhausted
 from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.dataplane.receiver import ChunkSink, StagingBuffers, serve_connection
+from speckv.services.kvstore.write_gate import WriteGate
 
 log = logging.getLogger(__name__)
 SOCKET_BUFFER_BYTES = 8 * 1024 * 1024
@@ -49,14 +50,16 @@ def set_io_timeout(sock: socket.socket, seconds: float) -> None:
 class DataPlaneServer:
     """Binds at construction (so the port is known before start).
     max_connections: connections served at once; read_timeout_s: the
-    longest a served connection may stay silent, seconds."""
+    longest a served connection may stay silent, seconds; gate: the write
+    capabilities every connection must present (None: none asked)."""
 
     def __init__(self, sink: ChunkSink, host: str, port: int, name: str = "kvstore", *,
-                 max_connections: int = 64, read_timeout_s: float = 10.0) -> None:
+                 max_connections: int = 64, read_timeout_s: float = 10.0, gate: WriteGate | None = None) -> None:
         if max_connections < 1 or not read_timeout_s > 0:
             raise InvalidArgument(f"data plane: max_connections={max_connections} must be >= 1 and "
                                   f"read_timeout_s={read_timeout_s} > 0")
         self._sink = sink
+        self._gate = gate
         self._name = name
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
@@ -139,7 +142,7 @@ class DataPlaneServer:
 
     def _serve(self, conn: socket.socket, peer: str) -> None:
         try:
-            serve_connection(conn, self._sink, self._staging, peer)
+            serve_connection(conn, self._sink, self._staging, peer, self._gate)
         except Exception:  # noqa: BLE001 - a bug in one connection must not kill the listener
             log.exception("data plane connection from %s failed", peer)
         finally:

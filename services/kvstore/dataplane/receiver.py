@@ -15,6 +15,14 @@ buffer (checksummed piece by piece as it lands) and write_chunk copies it
 into the pages (pinned staging + unpack); the buffer is lent from a shared
 pool for that chunk only, so an idle connection holds none.
 
+With a WriteGate (data_plane_auth on), a connection must present a
+handle's write capability in an AUTH frame before any CHUNK or END of that
+handle; the capability is verified once (its MAC), then each chunk is
+checked against its range and expiry before its payload is read. A frame
+without a valid capability is answered PERMISSION_DENIED and the
+connection closed, aborting nothing it did not write to: the refusal comes
+before the store is asked anything.
+
 Failure rules (nothing half-written is ever published):
 - a bad frame, an unknown or dead handle, a range outside the reservation or
   a bad crc32c -> error reply (gRPC status number + message), connection
@@ -34,10 +42,12 @@ import google_crc32c
 import numpy as np
 
 from speckv.services.common import errors
+from speckv.services.common.capability import Capability
 from speckv.services.kvstore.checksum import combine
 from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.pool import Buffer
 from speckv.services.kvstore.store import ZeroCopyWrite
+from speckv.services.kvstore.write_gate import WriteGate
 
 log = logging.getLogger(__name__)
 PIECE = 256 * 1024  # bytes received and checksummed at a time (fits in L2)
@@ -98,19 +108,29 @@ class _OneBuffer:
 
 
 def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffers | np.ndarray,
-                     peer: str = "") -> None:
+                     peer: str = "", gate: WriteGate | None = None) -> None:
     """Reads frames until the peer closes; see the module doc for the rules.
     Never raises for peer or client errors (they are logged and answered).
     staging: the pool a chunk for a device pool borrows its buffer from, or
-    one buffer of MAX_CHUNK_BYTES that every such chunk uses."""
+    one buffer of MAX_CHUNK_BYTES that every such chunk uses. gate: checks
+    write capabilities (None: none asked, as without data_plane_auth)."""
     scratch = wire.header_buffer()
     buffers = staging if isinstance(staging, StagingBuffers) else _OneBuffer(staging)
     written: dict[str, int] = {}  # handle -> bytes covered, not yet confirmed by END
+    allowed: dict[str, Capability] = {}  # handle -> its verified capability, this connection only
     try:
         while True:
             frame = wire.read_frame(sock, scratch)
             if frame is None:
                 break
+            if frame.kind is wire.Kind.AUTH:
+                token = bytearray(frame.length)
+                wire.recv_exact(sock, memoryview(token))
+                if gate is not None:
+                    allowed[frame.handle] = gate.check(bytes(token), frame.handle)
+                continue
+            if gate is not None:
+                _authorize(gate, allowed, frame)
             if frame.kind is wire.Kind.END:
                 received = written.pop(frame.handle, 0)
                 wire.send_reply(sock, wire.OK, received, "")
@@ -138,6 +158,17 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffe
         _abort_all(sink, written, f"data plane connection from {peer} broke: {exc}")
     else:
         _abort_all(sink, written, f"data plane connection from {peer} closed before END")
+
+
+def _authorize(gate: WriteGate, allowed: dict[str, Capability], frame: wire.Frame) -> None:
+    """Raises PermissionDenied unless this connection presented the frame's
+    handle's capability and it still covers the frame (range, expiry)."""
+    capability = allowed.get(frame.handle)
+    if capability is None:
+        raise errors.PermissionDenied(f"data plane: no write capability presented for reservation {frame.handle} "
+                                      "on this connection (send its AUTH frame first)")
+    if frame.kind is wire.Kind.CHUNK:
+        gate.still_covers(capability, frame.handle, frame.offset, frame.length)
 
 
 def _receive(sock: socket.socket, payload: memoryview, staging: np.ndarray, length: int) -> int:

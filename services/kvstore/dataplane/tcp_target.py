@@ -9,7 +9,8 @@ header and the payload in one sendmsg, gathering the payload straight from
 the source pool's segment views (zero-copy chunks) or the staging buffer
 (packed chunks, e.g. from a GPU pool); peek for an early error reply from the target so a refused chunk stops
 the transfer at once. At the end, an END frame and the target's reply confirm
-that every byte landed before the source commits.
+that every byte landed before the source commits. When the target's Reserve
+returned a write capability, an AUTH frame carrying it goes first.
 
 A target without a data address (its transport is grpc) gets the chunks over
 WriteChunks instead: the fallback.
@@ -44,6 +45,7 @@ class TcpReplicationTarget:
         self._timeout_s = timeout_s
         self._bucket = bucket
         self._data_address = ""
+        self._capability = b""
         self.transport = "tcp"
 
     @property
@@ -54,6 +56,7 @@ class TcpReplicationTarget:
     def reserve(self, order: TransferOrder, lease_s: float) -> Grant:
         grant = self._control.reserve(order, lease_s)
         self._data_address = grant.data_address
+        self._capability = grant.capability
         self.transport = "tcp" if grant.data_address else "grpc"
         return grant
 
@@ -75,6 +78,9 @@ class TcpReplicationTarget:
         header, poller = wire.header_buffer(), select.poll()
         poller.register(sock, select.POLLIN)
         try:
+            if self._capability:
+                head = wire.encode_header(header, wire.Kind.AUTH, handle, 0, len(self._capability), 0)
+                wire.send_views(sock, [head, memoryview(self._capability)])
             for chunk in chunks:
                 size = chunk.nbytes
                 self._pace(size)

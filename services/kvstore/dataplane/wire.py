@@ -8,7 +8,11 @@ One connection carries chunks for one or more reservations; every chunk is
 
 kind CHUNK writes payload at byte `offset` of the reservation `handle`; kind
 END (offset, length, crc 0) asks the target to confirm everything written to
-`handle` so far. The target answers an END, and any error, with one reply
+`handle` so far; kind AUTH carries `length` bytes of payload, the write
+capability of `handle` (services/common/capability.py; offset and crc 0),
+which a target with data_plane_auth on needs once per handle per connection
+before any CHUNK or END of it. The target answers an END, and any error,
+with one reply
 
     reply   !4sIQI  magic b"SKVR", status, bytes_received, len(message)
     message len(message) bytes of UTF-8
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from speckv.services.common import errors
+from speckv.services.common.capability import MAX_TOKEN_BYTES
 
 MAGIC, REPLY_MAGIC = b"SKV1", b"SKVR"
 HEADER = struct.Struct("!4sBHxQQI")
@@ -39,7 +44,8 @@ MAX_MESSAGE_BYTES = 4096
 OK = 0
 STATUS_OF_ERROR: dict[type[errors.SpeckvError], int] = {
     errors.InvalidArgument: 3, errors.NotFound: 5, errors.AlreadyExists: 6, errors.ResourceExhausted: 8,
-    errors.FailedPrecondition: 9, errors.Aborted: 10, errors.Unavailable: 14,
+    errors.FailedPrecondition: 9, errors.Aborted: 10, errors.Unavailable: 14, errors.PermissionDenied: 7,
+    errors.Unauthenticated: 16,
 }
 ERROR_OF_STATUS = {code: cls for cls, code in STATUS_OF_ERROR.items()}
 
@@ -47,6 +53,7 @@ ERROR_OF_STATUS = {code: cls for cls, code in STATUS_OF_ERROR.items()}
 class Kind(IntEnum):
     CHUNK = 1
     END = 2
+    AUTH = 3
 
 
 class ConnectionLost(errors.Unavailable):
@@ -105,12 +112,14 @@ def read_frame(sock: socket.socket, scratch: bytearray) -> Frame | None:
     magic, kind, handle_len, offset, length, crc = HEADER.unpack_from(scratch)
     if magic != MAGIC:
         raise errors.InvalidArgument(f"data plane: bad frame magic {magic!r}")
-    if kind not in (Kind.CHUNK, Kind.END):
+    if kind not in (Kind.CHUNK, Kind.END, Kind.AUTH):
         raise errors.InvalidArgument(f"data plane: unknown frame kind {kind}")
     if not 0 < handle_len <= MAX_HANDLE_BYTES:
         raise errors.InvalidArgument(f"data plane: handle length {handle_len} outside 1..{MAX_HANDLE_BYTES}")
     if kind == Kind.CHUNK and not 0 < length <= MAX_CHUNK_BYTES:
         raise errors.InvalidArgument(f"data plane: chunk length {length} outside 1..{MAX_CHUNK_BYTES}")
+    if kind == Kind.AUTH and not 0 < length <= MAX_TOKEN_BYTES:
+        raise errors.InvalidArgument(f"data plane: capability length {length} outside 1..{MAX_TOKEN_BYTES}")
     recv_exact(sock, view[HEADER.size:HEADER.size + handle_len])
     handle = bytes(view[HEADER.size:HEADER.size + handle_len]).decode("utf-8", errors="replace")
     return Frame(Kind(kind), handle, offset, length, crc)
