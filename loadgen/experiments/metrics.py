@@ -175,6 +175,12 @@ def _burst_breakdown(burst: Sequence[RequestRecord], reusable_tokens: Mapping[st
     return queue, lost / len(burst), recompute / len(burst)
 
 
+def reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str, int] | None,
+                  shared_tokens: Mapping[str, int] | None) -> dict[str, float | int | None]:
+    """_reuse_figures for any subset of served requests (one node's, one window's)."""
+    return _reuse_figures(served, reusable_tokens, shared_tokens)
+
+
 def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str, int] | None,
                    shared_tokens: Mapping[str, int] | None) -> dict[str, float | int | None]:
     """The returning/first-seen split and the sources of reused tokens (results.PolicySummary).

@@ -33,6 +33,7 @@ from rich import box  # noqa: E402
 from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
 
+from speckv.loadgen.experiments.event_table import event_table, load_around_events, utilisation_table  # noqa: E402
 from speckv.loadgen.experiments.results import Comparison, FloorSummary, PolicySummary, figure_of  # noqa: E402
 
 # What placement can change (returning requests, where their reused tokens
@@ -112,11 +113,15 @@ def write_report(out_dir: Path, result: Comparison, ttfts: Mapping[str, Sequence
         "timeline.png": _timeline(timelines, arrivals),
         "bytes_over_time.png": _bytes_over_time(timelines),
     }
+    loads = {p: t["node_load"] for p, t in timelines.items() if t.get("node_load")}
+    if loads:
+        plots["load_around_events.png"] = load_around_events(loads)  # type: ignore[arg-type]
     for name, figure in plots.items():
         figure.savefig(out_dir / name, dpi=110, bbox_inches="tight")
         plt.close(figure)
+    extra = "\n\n".join(t for t in (utilisation_table(result.policies), event_table(result.policies)) if t)
     index = out_dir / "index.html"
-    index.write_text(_html(result, table, out_dir, list(plots)))
+    index.write_text(_html(result, table + ("\n\n" + extra if extra else ""), out_dir, list(plots)))
     return index
 
 
@@ -580,7 +585,12 @@ def _verdict_line(row: PolicySummary, baseline: PolicySummary) -> str:
 
 
 def _markdown_html(table: str) -> str:
-    rows = table.splitlines()
+    """One HTML table per Markdown table (tables are separated by a blank line)."""
+    return "".join(_one_table_html(t) for t in table.split("\n\n") if t.strip())
+
+
+def _one_table_html(table: str) -> str:
+    rows = table.strip().splitlines()
     head = [c.strip() for c in rows[0].strip("|").split("|")]
     body = [[c.strip() for c in r.strip("|").split("|")] for r in rows[2:]]
     return ("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"

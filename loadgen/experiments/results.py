@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 
 from speckv.loadgen.experiments.e2e_config import SliceSpec
 
+# nodes_needed: the SLO attainment an operator buys nodes to reach.
+NODES_NEEDED_ATTAINMENT = 0.99
+
 
 @dataclass(frozen=True, slots=True)
 class LiveRunFigures:
@@ -104,6 +107,10 @@ class PolicySummary:
     # Speculative actions by kind (replicate, prefetch): orders, bytes, the
     # saving expected at planning time and what they came to (outcomes.py).
     actions: dict[str, dict[str, object]] | None = None
+    # Per-node busy time and overload (utilisation.py): overload_idle_share, busy_cv.
+    utilisation: dict[str, object] | None = None
+    # Node events of the run (event_metrics.py), in time order; None: a run without events.
+    events: list[dict[str, object]] | None = None
     live: LiveRunFigures | None = None
     simulated: SimulatedRunFigures | None = None
     # Figure name -> (low, high): its 95 % bootstrap interval over the run's
@@ -194,6 +201,17 @@ class SimulatedTotals:
     by_nodes: dict[str, ScaleRow]
     machine: dict[str, object] = field(default_factory=dict)
 
+    def nodes_needed(self, min_attainment: float = NODES_NEEDED_ATTAINMENT) -> dict[str, int | None]:
+        """Per policy, the smallest simulated node count whose SLO attainment
+        is >= min_attainment (None: none of them reached it)."""
+        out: dict[str, int | None] = {}
+        for n in sorted(self.by_nodes, key=int):
+            for name, s in self.by_nodes[n].policies.items():
+                out.setdefault(name, None)
+                if out[name] is None and s.slo_attainment is not None and s.slo_attainment >= min_attainment:
+                    out[name] = int(n)
+        return out
+
     def scale(self) -> dict[str, dict[str, dict[str, object]]]:
         """Burst p99 and bytes replicated per policy and node count."""
         return {n: {p: {"burst_ttft_p99_ms": s.burst_ttft_p99_ms, "bytes_replicated": s.bytes_replicated}
@@ -237,7 +255,10 @@ class Comparison:
             out.update({"simulated": True, "wall_s": sim.wall_s, "simulated_events": sim.simulated_events,
                         "code": sim.code, "cpu_s": sim.cpu_s, "events_per_s": sim.events_per_s,
                         "peak_rss_mb": sim.peak_rss_mb,
-                        "by_nodes": {n: row.to_json() for n, row in sim.by_nodes.items()}, "scale": sim.scale()})
+                        "by_nodes": {n: row.to_json() for n, row in sim.by_nodes.items()}, "scale": sim.scale(),
+                        "nodes_needed": {"min_slo_attainment": NODES_NEEDED_ATTAINMENT,
+                                         "node_counts": sorted(map(int, sim.by_nodes)),
+                                         "policies": sim.nodes_needed()}})
         out["notes"] = list(self.notes)
         if sim is not None:
             out["machine"] = sim.machine

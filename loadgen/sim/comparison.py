@@ -9,8 +9,10 @@ from pathlib import Path
 
 from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.e2e_config import E2EConfig
+from speckv.loadgen.experiments.event_table import event_table, nodes_needed_line, utilisation_table
 from speckv.loadgen.experiments.report import console_tables, fmt, markdown_table, write_report
 from speckv.loadgen.experiments.results import (
+    NODES_NEEDED_ATTAINMENT,
     Comparison,
     PolicySummary,
     ScaleRow,
@@ -102,7 +104,16 @@ def print_tables(comparison: Comparison, console) -> None:
         actions = action_table(row.policies)
         if actions:
             console.print(f"speculative actions, {n} nodes:\n{actions}", markup=False)
+        for title, table in ((f"utilisation, {n} nodes (utilisation.py)", utilisation_table(row.policies)),
+                             (f"node events, {n} nodes (event_metrics.py)", event_table(row.policies))):
+            if table:
+                console.print(f"{title}:\n{table}", markup=False)
     console.print(scale_table(comparison), markup=False)
+    sim = comparison.simulated
+    assert sim is not None
+    needed = nodes_needed_line(sim.nodes_needed(), sorted(map(int, sim.by_nodes)), NODES_NEEDED_ATTAINMENT)
+    if needed:
+        console.print(needed, markup=False)
 
 
 def _cost_cells(summary: PolicySummary) -> list[str]:

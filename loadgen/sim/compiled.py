@@ -49,6 +49,7 @@ HOT_MODULES: tuple[str, ...] = (
     "loadgen/experiments/replica_ledger.py",
     "loadgen/sim/event_loop.py",
     "loadgen/sim/kvnode.py",
+    "loadgen/sim/membership.py",
     "loadgen/sim/network.py",
     "loadgen/sim/simulation.py",
     "loadgen/workload/scaled.py",

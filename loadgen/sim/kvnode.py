@@ -215,6 +215,13 @@ class SimKVNode:
         host = self._host
         return block_hash in self._device.lru or (host is not None and block_hash in host.lru)
 
+    def held_blocks(self) -> set[int]:
+        """Every block on the node, in either tier."""
+        held = set(self._device.lru)
+        if self._host is not None:
+            held.update(self._host.lru)
+        return held
+
     def tier_count(self, tier: Tier) -> int:
         """Blocks the tier holds."""
         if tier is Tier.DEVICE:

@@ -40,25 +40,31 @@ free pages); an unchanged node still reports every liveness_s.
 """
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Sequence
 
 from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, EngineJob, job_times
 from speckv.loadgen.engines.fast import FastEngine
 from speckv.loadgen.experiments.e2e_config import E2EConfig
+from speckv.loadgen.experiments.event_metrics import WINDOW_S as EVENT_WINDOW_S
+from speckv.loadgen.experiments.event_metrics import EventOutcome
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
+from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.experiments.warm_start import resident_tail
 from speckv.loadgen.sim.ablation import config_without, parse_variant
 from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
 from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
+from speckv.loadgen.sim.membership import Membership
 from speckv.loadgen.sim.network import Network, Transfer
 from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
 from speckv.loadgen.sim.returns import ReturnForecasts, TrainedReturns, warm
 from speckv.loadgen.sim.settings import SimSettings
-from speckv.services.common.errors import SpeckvError
+from speckv.loadgen.workload.node_events import MOST_KV, EventKind, ScheduledEvent
+from speckv.services.common.errors import InvalidArgument, SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
@@ -98,6 +104,8 @@ class SimRun:
     predictor: str = ""
     cpu_s: float = 0.0  # this process's CPU time for the run: wall_s with other processes' share taken out
     actions: dict[str, dict[str, object]] = field(default_factory=dict)  # action kind -> ActionStats.to_json()
+    node_events: list[EventOutcome] = field(default_factory=list)  # node events (kill, add), in time order
+    lifetimes: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (joined, left), trace s
 
 
 class _Confirmer:
@@ -116,9 +124,14 @@ class _Confirmer:
 
 @dataclass(slots=True)
 class _Flight:
+    """One attempt at serving a request (a re-sent request gets a new one)."""
+
     record: RequestRecord
-    request: TraceRequest
+    request: TraceRequest  # what this attempt sends (a migrated decode's prompt holds the streamed tokens)
     waiting: int = 0  # copies (promotion, pull) still running before the job can start
+    attempt: int = 0  # re-sends before this one
+    first_token_s: float | None = None  # the client's first token, from this attempt or an earlier one
+    job: EngineJob | None = None
 
 
 def _copy_done(then: Callable[[_Flight, str], None], flight: _Flight, what: str, _transfer: Transfer) -> None:
@@ -129,12 +142,15 @@ class Simulation:
     def __init__(self, config: E2EConfig, settings: SimSettings, policy: str, requests: Sequence[TraceRequest],
                  history: Sequence[TraceRequest] = (), on_progress: Progress | None = None,
                  future: FutureArrivals | None = None, trained: TrainedPredictor | None = None,
-                 returns: TrainedReturns | None = None) -> None:
+                 returns: TrainedReturns | None = None, node_events: Sequence[ScheduledEvent] = (),
+                 migration_limit: int = DEFAULT_MIGRATION_LIMIT) -> None:
         """requests: in arrival order (any Sequence; read once each, in order).
         future: the oracle's truth (default: the requests themselves).
         trained: the model of settings.predictor "lightgbm" (predictor.py).
         returns: the session-return model (returns.py) the forecast-reading
-        policies also plan on; None: family bursts alone."""
+        policies also plan on; None: family bursts alone.
+        node_events: kills and adds at trace times (membership.py says how
+        they play out); migration_limit: re-sends a request may have."""
         self.config, self.settings, self.policy = config, settings, policy
         variant = parse_variant(policy)  # ablation.py: a policy with one action turned off
         self._runs = variant.policy
@@ -168,7 +184,8 @@ class Simulation:
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
         self.kv = {n: SimKVNode(n, settings.pool_pages, settings.host_pages, settings.retain_max_blocks)
                    for n in self.ids}
-        addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
+        addresses = self._addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
+        self._by_address = {addresses[n]: self.kv[n] for n in self.ids}
         host_link = config.host_link if settings.host_pages else None
         if settings.host_pages and host_link is None:
             raise ValueError("a host tier (host_pages > 0) needs the configuration's host link")
@@ -178,7 +195,7 @@ class Simulation:
                               link_overhead_ms=config.link.overhead_ms,
                               host_link_gbps=host_link.gbps if host_link else 0.0,
                               host_link_overhead_ms=host_link.overhead_ms if host_link else 0.0),
-            self.queue.clock, config.profile, confirmer=_Confirmer({addresses[n]: self.kv[n] for n in self.ids}),
+            self.queue.clock, config.profile, confirmer=_Confirmer(self._by_address),
             arrivals=arrivals, forecasts=source,
             future=future if future is not None else TraceFutureArrivals(list(requests)))
         self._gen = {}
@@ -199,6 +216,10 @@ class Simulation:
         self._next = 0
         self._done = 0
         self._upcoming: TraceRequest | None = None
+        self.membership = Membership(migration_limit, tracking=bool(node_events))
+        for n in self.ids:
+            self.membership.lifetimes[n] = (-math.inf, math.inf)
+        self._node_events = list(node_events)
         self._warm_start(history)
 
     def _warm_start(self, history: Sequence[TraceRequest]) -> None:
@@ -234,6 +255,8 @@ class Simulation:
         q.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)
         if self._forecasts is not None:
             q.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)
+        for event in self._node_events:
+            q.at(event.at_s, partial(self._node_event, event), TICK_PRIORITY)
         deadline = (self._requests[-1].arrival_s if self._requests else q.now()) + self.settings.drain_s
         total = len(self._requests)
         q.run(until_s=deadline, stop=lambda: self._done >= total)
@@ -246,7 +269,8 @@ class Simulation:
         return SimRun(self.policy, self.records, self.ledger.totals(), orders, self.forecast_log,
                       time.perf_counter() - began, self._next, q.processed,
                       q.now() - (self._requests[0].arrival_s if self._requests else q.now()),
-                      self.network.bytes_total, self.predictor_note, time.process_time() - began_cpu, actions)
+                      self.network.bytes_total, self.predictor_note, time.process_time() - began_cpu, actions,
+                      self.membership.outcomes, self.membership.lifetimes)
 
     # --- requests -------------------------------------------------------------------
     def _arrive(self) -> None:
@@ -261,6 +285,13 @@ class Simulation:
         self.records.append(record)
         if self._returns is not None:
             self._returns.arrival(request.family, request.arrival_s, request.prompt_tokens)
+        if self.membership.kills:
+            self.membership.arrived(record.request_id, request.block_hashes)
+        self._dispatch(_Flight(record, request))
+
+    def _dispatch(self, flight: _Flight) -> None:
+        """Routes one attempt and starts it: its promotion and pull, then its job."""
+        record, request = flight.record, flight.request
         hashes = list(request.block_hashes[:request.full_blocks])
         try:
             route = self.core.route(record.request_id, hashes, request.prompt_tokens, request.family)
@@ -276,7 +307,7 @@ class Simulation:
         fetched = min(route.fetch_blocks * block, request.prompt_tokens - 1 - cached) if route.fetch_from else 0
         record.node_id, record.cached_tokens, record.fetched_tokens = node, cached, fetched
         record.fetch_from = route.fetch_from or ""
-        flight = self._inflight[record.request_id] = _Flight(record, request)
+        self._inflight[record.request_id] = flight
         promoted = self._promote(node, hashes[:route.cached_blocks], request, flight)
         record.promoted_tokens = min(promoted * block, cached)
         if fetched:
@@ -284,7 +315,7 @@ class Simulation:
             nbytes = fetched * self.config.real_geometry.bytes_per_token
             self.network.start(record.fetch_from, node, nbytes, partial(_copy_done, self._copied, flight, "pull"))
         if not flight.waiting:
-            self._submit(record)
+            self._submit(flight)
 
     def _promote(self, node: NodeId, prefix: list[int], request: TraceRequest, flight: _Flight) -> int:
         """Puts the prefix blocks only node's host tier holds into its device
@@ -303,6 +334,8 @@ class Simulation:
     def _copied(self, flight: _Flight, what: str) -> None:
         """A promotion or a pull of flight is in; the last one submits its job."""
         record = flight.record
+        if self._inflight.get(record.request_id) is not flight:
+            return  # the attempt was re-sent (a node it needed died) or has failed
         waited_ms = (self.queue.now() - record.arrival_s) * 1e3
         if what == "promote":
             record.promote_ms = waited_ms
@@ -310,15 +343,17 @@ class Simulation:
             record.fetch_ms = waited_ms
         flight.waiting -= 1
         if not flight.waiting:
-            self._submit(record)
+            self._submit(flight)
 
-    def _submit(self, record: RequestRecord) -> None:
+    def _submit(self, flight: _Flight) -> None:
+        record, request = flight.record, flight.request
         node = NodeId(record.node_id)
         engine = self.engines[node]
         now = self.queue.now()
         self._handle(node, engine.advance(now))
-        engine.submit(EngineJob(record.request_id, record.prompt_tokens, record.output_tokens,
-                                cached_tokens=record.cached_tokens + record.fetched_tokens), now)
+        flight.job = EngineJob(record.request_id, request.prompt_tokens, max(1, request.output_tokens),
+                               cached_tokens=record.cached_tokens + record.fetched_tokens)
+        engine.submit(flight.job, now)
         self._dirty.add(node)
         self._wake(node)
 
@@ -334,6 +369,8 @@ class Simulation:
 
     def _engine_due(self, node: NodeId) -> None:
         self._wakes[node] = None
+        if node in self.membership.dead:
+            return
         self._handle(node, self.engines[node].advance(self.queue.now()))
         self._dirty.add(node)
         self._wake(node)
@@ -341,9 +378,11 @@ class Simulation:
     def _handle(self, node: NodeId, events: list[EngineEvent]) -> None:
         for event in events:
             flight = self._inflight.get(event.job.request_id)
-            if flight is None:
+            if flight is None or flight.job is not event.job:
                 continue
             if event.kind is EngineEventKind.FIRST_TOKEN:
+                if flight.first_token_s is None:
+                    flight.first_token_s = event.job.first_token_s
                 self._store(node, flight)
             else:
                 self._finish(flight, event)
@@ -355,6 +394,7 @@ class Simulation:
         if first_new >= len(hashes):
             return
         now = self.queue.now()
+        self.membership.prefilled(hashes[first_new:], request.block_tokens)
         self._apply(node, self.kv[node].put(hashes[first_new:], now), hashes[0], request.family, now)
 
     def _finish(self, flight: _Flight, event: EngineEvent) -> None:
@@ -363,7 +403,8 @@ class Simulation:
         solo = self.config.profile.prefill_ms(request.prompt_tokens - skipped, skipped)
         times = job_times(job, solo)
         assert job.first_token_s is not None and job.finished_s is not None  # a FINISHED event's job
-        record.ttft_ms = (job.first_token_s - record.arrival_s) * 1e3
+        first_token_s = flight.first_token_s if flight.first_token_s is not None else job.first_token_s
+        record.ttft_ms = (first_token_s - record.arrival_s) * 1e3
         record.tpot_ms = times.tpot_ms
         record.e2e_ms = (job.finished_s - record.arrival_s) * 1e3
         record.queue_ms = max(0.0, record.ttft_ms - (job.submitted_s - record.arrival_s) * 1e3 - solo)
@@ -397,8 +438,93 @@ class Simulation:
             events.append(IndexEvent(HolderEventKind.REMOVED, out.host_evicted, tier=Tier.HOST))
         if events:
             self.core.apply_kv_events(node, self._gen[node], events)
+        if out.stored:
+            self.membership.stored(node, root, family)
         if out.dropped:
             self.ledger.apply(node, KVEventKind.REMOVED, out.dropped, now)
+
+    # --- node events (membership.py) ------------------------------------------------------
+    def _node_event(self, event: ScheduledEvent) -> None:
+        if event.kind is EventKind.ADD:
+            self._add_node()
+        else:
+            self._kill(self._victim(event.node))
+
+    def _alive(self) -> list[NodeId]:
+        return [n for n in self.ids if n not in self.membership.dead]
+
+    def _victim(self, name: str) -> NodeId:
+        """The node a kill names: MOST_KV (most blocks in both tiers; ties:
+        the lowest id) or an alive node's id."""
+        alive = self._alive()
+        if not alive:
+            raise InvalidArgument("a kill with no node alive")
+        if name == MOST_KV:
+            return max(alive, key=lambda n: (len(self.kv[n]), -self.ids.index(n)))
+        if NodeId(name) not in alive:
+            raise InvalidArgument(f"a kill names node {name!r}, which is not an alive node "
+                                  f"(alive: {', '.join(alive)})")
+        return NodeId(name)
+
+    def _kill(self, node: NodeId) -> None:
+        """The node's kvstore and engine die now: the scheduler hears at once
+        (its event stream closes), its KV is gone, and what it was serving,
+        or a pull from it was feeding, is re-sent."""
+        now = self.queue.now()
+        held = self.kv[node].held_blocks()
+        outcome = self.membership.killed(node, now, held, len(self._alive()) - 1)
+        i = self._next - 1
+        while i >= 0 and self._requests[i].arrival_s >= now - EVENT_WINDOW_S:
+            self.membership.arrived(request_key(i), self._requests[i].block_hashes)
+            i -= 1
+        self.core.node_lost(node, "simulated kill: its event stream closed")
+        wake = self._wakes[node]
+        if wake is not None:
+            wake.cancel()
+        self._wakes[node] = None
+        self.ledger.apply(node, KVEventKind.REMOVED, list(held), now)
+        del self._by_address[self._addresses[node]]
+        touched = [f for f in self._inflight.values()
+                   if f.record.node_id == node or (f.waiting and f.record.fetch_from == node)]
+        for flight in touched:
+            self._resend(flight, outcome)
+
+    def _resend(self, flight: _Flight, outcome: EventOutcome) -> None:
+        """The reference router's migration: before the first token the
+        request goes again from the start; during decode, with the tokens
+        streamed so far appended to its prompt and only the rest to generate.
+        Past the migration limit it fails (lost)."""
+        record, request = flight.record, flight.request
+        self._inflight.pop(record.request_id, None)
+        if flight.attempt >= self.membership.migration_limit:
+            outcome.requests_lost += 1
+            record.error = f"lost: its node died {flight.attempt + 1} times (migration limit " \
+                           f"{self.membership.migration_limit})"
+            self._complete(record)
+            return
+        outcome.requests_resent += 1
+        record.retried = True
+        streamed = flight.job.tokens_out if flight.job is not None and flight.first_token_s is not None else 0
+        again = replace(request, prompt_tokens=request.prompt_tokens + streamed,
+                        output_tokens=max(1, request.output_tokens - streamed))
+        self._dispatch(_Flight(record, again, attempt=flight.attempt + 1, first_token_s=flight.first_token_s))
+
+    def _add_node(self) -> None:
+        """One cold node joins and registers with the running scheduler."""
+        now = self.queue.now()
+        node = NodeId(f"node-{len(self.ids)}")
+        settings, config = self.settings, self.config
+        self.ids.append(node)
+        self.kv[node] = SimKVNode(node, settings.pool_pages, settings.host_pages, settings.retain_max_blocks)
+        address = self._addresses[node] = f"sim-{node}:{len(self.ids)}"
+        self._by_address[address] = self.kv[node]
+        self.core.register_node(node, address, settings.pool_pages, config.real_geometry, settings.host_pages)
+        self._gen[node] = self.core.generation(node)
+        self.engines[node] = FastEngine(node, config.profile, config.engine, config.link,
+                                        config.real_geometry.bytes_per_token)
+        self._wakes[node] = None
+        self._last_beat[node] = now
+        self.membership.added(node, now, len(self._alive()))
 
     # --- scheduler: ticks, orders, heartbeats -------------------------------------------
     def _tick(self) -> None:
@@ -426,6 +552,9 @@ class Simulation:
     def _commit(self, order: Order, transfer: Transfer) -> None:
         spec, now = order.spec, self.queue.now()
         target = NodeId(spec.target)
+        if target in self.membership.dead or NodeId(spec.source) in self.membership.dead:
+            self._report(order, OrderState.FAILED, "a node of the transfer died")
+            return
         tier = spec.tier or Tier.DEVICE
         out = self.kv[target].put(spec.block_hashes, now, lease_deadline=now + spec.lease_ms / 1e3, tier=tier)
         self.ledger.apply(target, KVEventKind.COMMITTED, out.stored, now, order.order_id, spec.family)
@@ -449,7 +578,7 @@ class Simulation:
     def _prefetched(self, order: Order, blocks: int, _transfer: Transfer) -> None:
         spec, node, now = order.spec, NodeId(order.spec.target), self.queue.now()
         kv = self.kv[node]
-        if not kv.holds_all(spec.block_hashes):
+        if node in self.membership.dead or not kv.holds_all(spec.block_hashes):
             self._report(order, OrderState.FAILED, "the prefix left the node before the prefetch landed")
             return
         self._apply(node, kv.put(spec.block_hashes, now, promote=True), spec.block_hashes[0], spec.family, now)
@@ -463,7 +592,9 @@ class Simulation:
 
     def _heartbeat_round(self) -> None:
         now = self.queue.now()
-        due = [n for n in self.ids if n in self._dirty or now - self._last_beat[n] >= self.settings.liveness_s]
+        dead = self.membership.dead
+        due = [n for n in self.ids if n not in dead
+               and (n in self._dirty or now - self._last_beat[n] >= self.settings.liveness_s)]
         self._dirty.clear()
         for node in due:
             engine = self.engines[node]

@@ -6,8 +6,11 @@ Invariants:
   function of the clock, so a node that stops heartbeating stops receiving
   routes and orders at once, even between sweeps; `sweep()` only records the
   UP -> DOWN transition (for logs and metrics).
-- A heartbeat from a known node revives it; one from an unknown node is
-  answered `known=False` so the node re-registers.
+- A heartbeat from a known node that is not DOWN revives it; one from an
+  unknown node, or from a node declared DOWN (by `sweep` or `mark_down`), is
+  answered `known=False` so the node registers again: a node that comes back
+  is a new incarnation (a new generation) and its holdings are rebuilt from
+  its event stream, never carried over from before it went down.
 - Re-registering replaces the address and geometry, clears the load, and bumps
   `generation`; whoever tracks per-registration state (block inventory, event
   streams) compares generations to drop stale work.
@@ -39,7 +42,8 @@ QueueCost = Callable[[int, int], float]  # (queued tokens, waiting requests) -> 
 
 class NodeStatus(enum.Enum):
     UP = "up"
-    DOWN = "down"
+    DOWN = "down"  # declared down: must register again to come back
+    RESTORED = "restored"  # known from saved state; alive, and UP, at its next heartbeat
 
 
 @dataclass(slots=True)
@@ -170,7 +174,7 @@ class Cluster:
         if not node_id:
             raise InvalidArgument("node_id is empty")
         node = self._nodes.get(node_id)
-        if node is None:
+        if node is None or node.status is NodeStatus.DOWN:
             return False
         if isinstance(load, NodeLoad):  # a full report replaces every figure (the simulator's every beat)
             node.load = NodeLoad(load.queued_tokens, load.running_tokens, load.free_pages, load.running_requests,
@@ -218,6 +222,19 @@ class Cluster:
 
     def live_nodes(self, now: float) -> list[Node]:
         return [n for n in self.nodes() if self.is_alive(n, now)]
+
+    def mark_down(self, node_id: NodeId) -> bool:
+        """Declares a node DOWN at once (its process was seen to die: a
+        failed data-plane write, a closed event stream, an operator's
+        removal): no route or order reaches it from now on, and it must
+        register again to come back. False when unknown or already DOWN."""
+        node = self._nodes.get(node_id)
+        if node is None or node.status is NodeStatus.DOWN:
+            return False
+        node.status = NodeStatus.DOWN
+        node.last_heartbeat = -math.inf
+        self._board.upsert(node_id, self.queue_ms(node), -math.inf)  # parked at the board's next query
+        return True
 
     def sweep(self, now: float) -> list[NodeId]:
         """Marks timed-out nodes DOWN; returns those that just went down."""

@@ -224,20 +224,21 @@ class SchedulerCore:
         return known
 
     def apply_kv_event(self, node_id: NodeId, generation: int, event: IndexEvent) -> bool:
-        """Applies one KV event; False when generation is stale (node re-registered)."""
+        """Applies one KV event; False when generation is stale (node
+        re-registered) or the node is down (it must register again)."""
         with self._lock:
             node = self._cluster.find(node_id)
-            if node is None or node.generation != generation:
+            if node is None or node.generation != generation or node.status is NodeStatus.DOWN:
                 return False
             self._apply_locked(node_id, event, self._clock.now())
             return True
 
     def apply_kv_events(self, node_id: NodeId, generation: int, events: Sequence[IndexEvent]) -> bool:
         """Applies events in order under one lock (what one kvstore call
-        changed); False when generation is stale."""
+        changed); False when generation is stale or the node is down."""
         with self._lock:
             node = self._cluster.find(node_id)
-            if node is None or node.generation != generation:
+            if node is None or node.generation != generation or node.status is NodeStatus.DOWN:
                 return False
             now = self._clock.now()
             for event in events:
@@ -474,11 +475,41 @@ class SchedulerCore:
                     log.warning("policy %s planned an invalid order: %s", policy.name, exc)
         return issued
 
+    def node_lost(self, node_id: str, reason: str, generation: int | None = None) -> bool:
+        """Declares a node down now, without waiting for its heartbeat timeout
+        (its kvstore's event stream closed, a write to it failed, an operator
+        removed it): see _forget_locked. With generation, only that
+        registration (a node already registered again is a new incarnation,
+        and the loss was its predecessor's). False when unknown, already down
+        or of another generation."""
+        with self._lock:
+            node = self._cluster.find(NodeId(node_id))
+            if node is None or (generation is not None and node.generation != generation):
+                return False
+            if not self._cluster.mark_down(NodeId(node_id)):
+                return False
+            log.warning("node %s lost (%s): down", node_id, reason)
+            self._forget_locked(NodeId(node_id), self._clock.now())
+        return True
+
+    def _forget_locked(self, node_id: NodeId, now: float) -> None:
+        """What a node going down costs it: its holdings leave the index (a
+        node that comes back registers again and rebuilds them from its event
+        stream), its replicas and reuse history are dropped, and its orders
+        fail, which frees their bookings here; a survivor's reservation for a
+        failed transfer is freed by that survivor when the data connection
+        closes or the reservation's lease ends (docs/limits.md)."""
+        self._index.drop_node(node_id)
+        self._lifecycle.ledger.drop_node(node_id)
+        self._backlog.forget(node_id)
+        self._reuse.forget(node_id)
+        self._lifecycle.node_down(node_id, now)
+
     def _sweep_locked(self, now: float) -> None:
         self._backlog.prune(now)
         for node_id in self._cluster.sweep(now):
             log.warning("node %s missed heartbeats for %.1f s: down", node_id, self._cluster.node_timeout_s)
-            self._lifecycle.node_down(node_id, now)
+            self._forget_locked(node_id, now)
         expired, released = self._lifecycle.sweep(now)
         for order in expired:
             log.info("order %s expired (%s -> %s)", order.order_id, order.spec.source, order.spec.target)
@@ -519,11 +550,11 @@ class SchedulerCore:
             now = self._clock.now()
             for n in saved.nodes:
                 # Registered as last heard at -inf: not alive (for the cluster and its load
-                # board alike) until a heartbeat, and DOWN already, so staying silent is no
+                # board alike) until a heartbeat, and RESTORED, not UP, so staying silent is no
                 # UP -> DOWN transition that would fail the orders it is part of.
                 node, _ = self._cluster.register(n.node_id, n.address, n.capacity_pages, n.geometry,
                                                  -math.inf, n.host_pages)
-                node.status = NodeStatus.DOWN
+                node.status = NodeStatus.RESTORED
                 registered.append((node.node_id, node.address, node.generation))
             for order in self._orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
                 self._lifecycle.issued(order)

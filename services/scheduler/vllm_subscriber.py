@@ -221,7 +221,8 @@ class VllmNodeFeed:
                 if self._connected and self._generation is not None and now >= next_beat:
                     if self._sink.generation(self.spec.node_id) != self._generation:
                         self._stale()  # never keep alive a registration that is not ours
-                    self._sink.heartbeat(self.node_id, LoadReport())
+                    if not self._sink.heartbeat(self.node_id, LoadReport()):
+                        self._register_again()
                     next_beat = now + self._heartbeat_s
         except _Stop:
             pass
@@ -244,6 +245,14 @@ class VllmNodeFeed:
             self._tracker.lost_connection()
             log.warning("vLLM KV events of %s: lost %s; the node goes down unless it comes back",
                         self.node_id, self.spec.endpoint)
+
+    def _register_again(self) -> None:
+        """The scheduler declared the node down (its heartbeat was refused): it
+        comes back as a new incarnation, its inventory rebuilt from what the
+        engine publishes from now on (vLLM keeps no event log to replay from 0)."""
+        log.warning("vLLM KV events of %s: the scheduler had declared the node down; registering again",
+                    self.node_id)
+        self._register()
 
     def _register(self) -> None:
         try:

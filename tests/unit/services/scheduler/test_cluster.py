@@ -12,7 +12,7 @@ def make(timeout=5.0):
     return Cluster(node_timeout_s=timeout)
 
 
-def test_node_goes_down_after_timeout_and_heartbeat_revives_it():
+def test_node_goes_down_after_timeout_and_comes_back_only_by_registering_again():
     c = make()
     c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
     assert [n.node_id for n in c.live_nodes(5.0)] == ["a"]
@@ -20,9 +20,31 @@ def test_node_goes_down_after_timeout_and_heartbeat_revives_it():
     assert c.sweep(5.01) == ["a"]
     assert c.sweep(6.0) == []  # reported once
     assert c.get(NodeId("a")).status is NodeStatus.DOWN
-    assert c.heartbeat(NodeId("a"), NodeLoad(queued_tokens=7), now=9.0)
-    assert c.get(NodeId("a")).status is NodeStatus.UP
-    assert [n.node_id for n in c.live_nodes(9.0)] == ["a"]
+    assert c.heartbeat(NodeId("a"), NodeLoad(queued_tokens=7), now=9.0) is False  # must register again
+    assert c.live_nodes(9.0) == []
+    node, again = c.register(NodeId("a"), "h:1", 100, GEO, now=9.5)
+    assert again and node.status is NodeStatus.UP and node.generation == 2
+    assert [n.node_id for n in c.live_nodes(9.5)] == ["a"]
+
+
+def test_a_late_heartbeat_before_the_sweep_still_revives():
+    c = make()
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.0)
+    assert c.live_nodes(6.0) == []
+    assert c.heartbeat(NodeId("a"), NodeLoad(), now=6.0)  # not declared down yet
+    assert [n.node_id for n in c.live_nodes(6.0)] == ["a"] and c.sweep(6.0) == []
+
+
+def test_mark_down_takes_a_node_out_at_once():
+    c = make()
+    for n in ("a", "b"):
+        c.register(NodeId(n), f"h:{n}", 100, GEO, now=0.0)
+    assert c.mark_down(NodeId("a")) is True
+    assert c.mark_down(NodeId("a")) is False and c.mark_down(NodeId("ghost")) is False
+    assert [n.node_id for n in c.live_nodes(0.1)] == ["b"]
+    assert c.least_loaded(2, 0.1) == ["b"]
+    assert c.sweep(100.0) == ["b"]  # a's transition was already recorded
+    assert c.heartbeat(NodeId("a"), NodeLoad(), now=0.2) is False
 
 
 def test_unknown_heartbeat_is_not_known():

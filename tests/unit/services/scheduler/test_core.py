@@ -116,6 +116,42 @@ def test_down_nodes_get_no_routes_and_come_back(env):
     assert core.heartbeat("zz", NodeLoad()) is False
 
 
+def test_a_lost_node_is_out_at_once_its_holdings_purged_its_orders_failed(env):
+    core, clock, confirmer, sink, listener = env
+    store(core, listener, "b", CHAIN)
+    old = gen(listener, "b")
+    order = core.submit_order(OrderSpec(Family(""), CHAIN[:8], NodeId("b"), NodeId("c"), 1000))
+    other = core.submit_order(OrderSpec(Family(""), CHAIN[:8], NodeId("a"), NodeId("c"), 1000))
+    assert core.node_lost("b", "event stream closed") is True
+    assert core.node_lost("b", "again") is False and core.node_lost("ghost", "x") is False
+    assert core.get_order(order.order_id).state is OrderState.FAILED
+    assert core.get_order(other.order_id).state is not OrderState.FAILED
+    assert {core.route(f"r{i}", CHAIN, 64 * BS + 5).node_id for i in range(6)} <= {"a", "c"}
+    assert core.route("r", CHAIN, 64 * BS + 5).cached_blocks == 0  # nobody else held the chain
+    assert core.apply_kv_event(NodeId("b"), old, IndexEvent(HolderEventKind.STORED, CHAIN)) is False
+    assert core.heartbeat("b", NodeLoad()) is False  # comes back only by registering again
+    core.register_node("b", "h:b", 1000, None)
+    state = {n.view.node_id: n for n in core.cluster_state().nodes}
+    assert state["b"].view.num_blocks == 0  # a new incarnation, no stale holdings
+    assert core.node_lost("b", "of an older incarnation", generation=gen(listener, "b") - 1) is False
+    assert core.node_lost("b", "removed by the operator", generation=gen(listener, "b")) is True
+    with pytest.raises(FailedPrecondition, match="down"):
+        core.submit_order(OrderSpec(Family(""), CHAIN[:8], NodeId("a"), NodeId("b"), 1000))
+
+
+def test_a_node_timed_out_by_the_sweep_is_purged_and_must_register_again(env):
+    core, clock, confirmer, sink, listener = env
+    store(core, listener, "b", CHAIN)
+    clock.advance(4.0)
+    core.heartbeat("a", NodeLoad())
+    core.heartbeat("c", NodeLoad())
+    clock.advance(2.0)  # b is 6 s silent
+    core.tick()
+    assert core.heartbeat("b", NodeLoad()) is False
+    core.register_node("b", "h:b", 1000, None)
+    assert {n.view.node_id: n for n in core.cluster_state().nodes}["b"].view.num_blocks == 0
+
+
 def test_reregistration_resets_inventory_and_stales_old_streams(env):
     core, clock, confirmer, sink, listener = env
     store(core, listener, "b", CHAIN)
