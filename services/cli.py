@@ -4,6 +4,7 @@
     speckv up --nodes N [--tls]                  the local cluster
     speckv certs --out DIR --nodes a,b           a local CA and mutual-TLS certificates
     speckv status                                the scheduler's cluster state
+    speckv node add | remove NODE                a running cluster's membership
     speckv demo                                  replay a trace slice on a local cluster
 """
 from __future__ import annotations
@@ -16,11 +17,13 @@ import sys
 from typing import Mapping, Sequence
 
 from speckv.services.common.errors import SpeckvError
+from speckv.services.common.parent_death import die_with_parent
 
 SERVICES = ("kvstore", "predictor", "scheduler")
 TOOLS = {
     "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
     "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
+    "node": ("speckv.services.cluster.node_cli", "add or remove a node of a running `speckv up`"),
     "certs": ("speckv.services.common.certs", "make a local CA and mutual-TLS certificates (docs/security.md)"),
     "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
     "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),
@@ -62,6 +65,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"speckv: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     configure_logging(environ)
+    die_with_parent(environ)
     try:
         return importlib.import_module(module).main(rest, environ)
     except SpeckvError as exc:

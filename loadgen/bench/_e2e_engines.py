@@ -104,9 +104,7 @@ def build_engines(setup: EngineSetup, config: E2EConfig, kv_channels: Mapping[st
     """Engines per node, the router's job factory, and the warm start's KV
     writer (None: the warm start's synthetic payloads)."""
     if setup.spec is None:
-        host_link = config.host_link if config.host_pages else None
-        engines = {n: EmulatedEngine(n, config.profile, config.engine, config.link,
-                                     config.real_geometry.bytes_per_token, host_link) for n in kv_channels}
+        engines: dict[str, Engine] = {n: emulated_engine(config, n) for n in kv_channels}
         return engines, EmulatedJobs(config.profile, config.real_geometry.bytes_per_token), None
     import torch
 
@@ -128,6 +126,13 @@ def build_engines(setup: EngineSetup, config: E2EConfig, kv_channels: Mapping[st
         return job.stored_blocks
 
     return dict(torch_engines), jobs, prefill
+
+
+def emulated_engine(config: E2EConfig, node: str) -> EmulatedEngine:
+    """One node's emulated engine (also a node added during a run)."""
+    host_link = config.host_link if config.host_pages else None
+    return EmulatedEngine(node, config.profile, config.engine, config.link, config.real_geometry.bytes_per_token,
+                          host_link)
 
 
 def engine_notes(setup: EngineSetup, config: E2EConfig) -> list[str]:

@@ -9,12 +9,14 @@ routed through the scheduler, so the predictor observes those arrivals at
 their mapped times, and the newest requests' KV stored where they were
 routed); follow the KV events; replay the slice open
 loop through the reference router onto the engines (emulated, or the real
-torch model: _e2e_engines.py); wait for the engines to drain; collect orders
-by outcome and forecasts of the hottest families (polled during the run).
+torch model: _e2e_engines.py), playing the run's node events if it has any
+(_e2e_events.py); wait for the engines to drain; collect orders by outcome
+and forecasts of the hottest families (polled during the run).
 """
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import threading
 import time
@@ -24,14 +26,17 @@ from typing import Callable, Mapping, Sequence
 
 import grpc
 
-from speckv.loadgen.bench._e2e_engines import EngineSetup, build_engines, engine_setup
+from speckv.loadgen.bench._e2e_engines import EngineSetup, build_engines, emulated_engine, engine_setup
+from speckv.loadgen.bench._e2e_events import EventPlan, LiveEvents
 from speckv.loadgen.bench._e2e_warm import WarmStats, warm_cluster
 from speckv.loadgen.bench.returns import train_for_replay
 from speckv.loadgen.engines.driver import LiveEngines, TraceClock
 from speckv.loadgen.engines.emulated import EngineJob
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
+from speckv.loadgen.experiments.event_metrics import EventOutcome
 from speckv.loadgen.experiments.kv_event_follower import EventCollector
 from speckv.loadgen.experiments.metrics import RequestRecord
+from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
 from speckv.loadgen.experiments.reference_router import ReferenceRouter, TurnEndReporter
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger, ReplicaTotals
 from speckv.loadgen.workload.replay import SleepWaiter, TimeMap, replay_open_loop
@@ -69,7 +74,9 @@ class PolicyRun:
     sent: int = 0
     warm: WarmStats | None = None
     jobs: dict[str, EngineJob] = field(default_factory=dict)  # request id -> its engine job (torch: output ids)
-    kvstores: dict[str, kvstore_pb2.StatsResponse] = field(default_factory=dict)  # per node, after the drain
+    kvstores: dict[str, kvstore_pb2.StatsResponse] = field(default_factory=dict)  # per alive node, after the drain
+    node_events: list[EventOutcome] = field(default_factory=list)  # node events played (_e2e_events.py)
+    lifetimes: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (joined, left), trace s
 
 
 def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, speed: float,
@@ -113,14 +120,15 @@ def host_link_args(config: E2EConfig, byte_scale: int) -> list[str]:
 def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], slice_: SliceSpec,
                environ: Mapping[str, str], on_progress: Callable[[int, int, RequestRecord | None], None],
                run_dir: Path | None = None, model_dir: Path | None = None,
-               setup: EngineSetup | None = None) -> PolicyRun:
+               setup: EngineSetup | None = None, events: EventPlan | None = None) -> PolicyRun:
     """model_dir: the predictor model to load before replay (None: its builtin
     one); setup: the engines (None: the emulated ones). A policy that reads
     forecasts also gets session-return foresight: a return model trained on
     the trace before the slice, on the replay's clock (bench/returns.py
     train_for_replay), served by the predictor (--returns-model) with its
     tracker warmed on that history (--returns-warm), and every finished
-    request reported to it as a turn end (TurnEndReporter)."""
+    request reported to it as a turn end (TurnEndReporter). events: node
+    events to play during the replay (None: none)."""
     setup = setup or engine_setup(config)
     requests = setup.scale([r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s])
     warm = setup.scale([r for r in trace if slice_.start_s - config.warmup_s <= r.arrival_s < slice_.start_s])
@@ -142,7 +150,7 @@ def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], sl
         with cluster:
             times = TimeMap(wall0, slice_.start_s, slice_.speed)
             return _run_on(cluster, config, setup, policy, requests, warm, times, unix_times, on_progress,
-                           model_dir, turn_ends=returns is not None)
+                           model_dir, turn_ends=returns is not None, events=events)
 
 
 def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: SliceSpec) -> None:
@@ -157,7 +165,7 @@ def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: 
 def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy: str,
             requests: list[TraceRequest], warm: list[TraceRequest], times: TimeMap, unix_times: TimeMap,
             on_progress: Callable[[int, int, RequestRecord | None], None], model_dir: Path | None,
-            turn_ends: bool = False) -> PolicyRun:
+            turn_ends: bool = False, events: EventPlan | None = None) -> PolicyRun:
     nodes = cluster.node_addresses()
     scheduler_channel = grpc.insecure_channel(cluster.scheduler_address)
     predictor_channel = grpc.insecure_channel(cluster.predictor_address)
@@ -191,11 +199,16 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
         reporter = TurnEndReporter(predictor_channel, unix_times.to_clock) if turn_ends else None
         router = ReferenceRouter(scheduler_channel, kv_channels, engines, config.profile, ledger, ledger_lock,
                                  setup.geometry.bytes_per_block, config.real_geometry.bytes_per_token,
-                                 on_done=finished, jobs=jobs, turn_ends=reporter)
+                                 on_done=finished, jobs=jobs, turn_ends=reporter,
+                                 migration_limit=events.migration_limit if events else DEFAULT_MIGRATION_LIMIT)
         router_box.append(router)
         forecasts: list[tuple[float, str, float]] = []
         poller = _ForecastPoller(predictor_channel, config, unix_times, forecasts).start()
         engines.start()
+        # kv_channels itself: a node added by an event gets its channel there, closed with the others.
+        played = (LiveEvents(events, times, cluster, router, engines, scheduler_channel, kv_channels,
+                             lambda address: grpc.insecure_channel(address, options=CHANNEL_OPTIONS),
+                             lambda node: emulated_engine(config, node)).start() if events else None)
         started = time.monotonic()
         try:
             sent = replay_open_loop(requests, times, SleepWaiter(_Monotonic()), router.send)
@@ -203,18 +216,23 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
             while router.pending() and time.monotonic() < deadline:
                 time.sleep(0.05)
         finally:
+            if played is not None:
+                played.stop()
             poller.stop()
             engines.stop()
             router.close()
             collector.stop()
-        orders, stores = _final_state(scheduler, kv_channels)
+        if played is not None and played.error is not None:
+            raise Unavailable(f"a node event failed: {played.error}")
+        orders, stores = _final_state(scheduler, played.alive_channels() if played else kv_channels)
         with ledger_lock:
             totals = ledger.totals()
         for record in router.records:
             if not record.served and not record.error:
                 record.error = "not finished before the drain timeout"
         return PolicyRun(policy, list(router.records), totals, orders, forecasts, time.monotonic() - started, sent,
-                         warmed, dict(router.jobs), stores)
+                         warmed, dict(router.jobs), stores, list(played.outcomes) if played else [],
+                         dict(played.lifetimes) if played else {n: (-math.inf, math.inf) for n in nodes})
     finally:
         for channel in (scheduler_channel, predictor_channel, *kv_channels.values()):
             channel.close()

@@ -9,7 +9,6 @@ start hundreds); a caller's log_dir is left as it is.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shutil
@@ -24,13 +23,11 @@ from typing import Mapping, Sequence
 
 import grpc
 
+from speckv.services.common.parent_death import child_environ
 from speckv.v1 import kvstore_pb2_grpc
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
 
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass(slots=True)
@@ -84,12 +81,13 @@ def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[st
     if log_dir is None:
         log_dir = owned_dir = Path(tempfile.mkdtemp(prefix="speckv-kvstore-"))
     log_path = log_dir / f"{node_id}.log"
-    env = {**os.environ, **(environ or {}), "PYTHONUNBUFFERED": "1"}
+    # The child asks for its parent-death signal itself (parent_death.py): nothing runs between fork and exec.
+    env = child_environ({**os.environ, **(environ or {}), "PYTHONUNBUFFERED": "1"})
     env.setdefault("SPECKV_LOG_LEVEL", "WARNING")
     argv = [sys.executable, "-m", "speckv.services.cli", "kvstore", "--node-id", node_id, "--host", "127.0.0.1",
             "--port", "0", *args]
     with open(log_path, "wb") as log:
-        popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env, preexec_fn=_die_with_parent)
+        popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env)
     address = _read_address(popen, timeout_s)
     if address is None:
         popen.kill()

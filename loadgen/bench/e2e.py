@@ -16,6 +16,14 @@ config says (`model.family`, the conversation for the Mooncake trace).
 decoder on the CPU whose KV (real bytes, scale 1) goes through the kvstores
 (_e2e_engines.py says what changes with it, and the result's notes repeat it).
 
+`--events NAME` plays a node event set (services/config/events.json, or
+--events-file) during each policy's replay: kills SIGKILL a node's kvstore
+and engine, adds start a node that registers with the running scheduler
+(_e2e_events.py); the router re-sends what a dead node took down, at most
+--migration-limit times a request. Each policy's JSON then carries
+`events` (event_metrics.py) beside `utilisation` (utilisation.py), which
+every run reports.
+
 The ceiling of this benchmark is the `oracle` policy measured in the same
 run; `none` is the floor. Burst windows are fixed from the whole trace.
 """
@@ -26,16 +34,19 @@ import contextlib
 import json
 import tempfile
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes, engine_setup
+from speckv.loadgen.bench._e2e_events import EventPlan, check_plan
 from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.event_metrics import event_figures
+from speckv.loadgen.experiments.event_table import event_table, utilisation_table
 from speckv.loadgen.experiments.metrics import (
     BOOTSTRAP_RESAMPLES,
     bootstrap_intervals,
@@ -43,6 +54,7 @@ from speckv.loadgen.experiments.metrics import (
     percentile,
     summarize,
 )
+from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
 from speckv.loadgen.experiments.report import console_tables, markdown_table, write_report
 from speckv.loadgen.experiments.results import (
     Comparison,
@@ -53,6 +65,8 @@ from speckv.loadgen.experiments.results import (
     with_avoidable_closed,
 )
 from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
+from speckv.loadgen.experiments.utilisation import utilisation
+from speckv.loadgen.workload.node_events import get_event_set, resolve
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
 from speckv.services.common.traces import TraceRequest, load_mooncake
@@ -74,7 +88,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "writing real KV (tokens scaled 1/32)")
     parser.add_argument("--json", default=None, help="write the result JSON here")
     parser.add_argument("--report", default=None, help="write the HTML report into this directory")
+    parser.add_argument("--events", default=None, metavar="NAME",
+                        help="play a node event set (node loss, node addition) of services/config/events.json (or "
+                             "--events-file) during each replay")
+    parser.add_argument("--events-file", default=None, help="the file of --events sets (default: the committed one)")
+    parser.add_argument("--migration-limit", type=int, default=DEFAULT_MIGRATION_LIMIT,
+                        help="times the router re-sends a request whose node died (default %(default)s)")
     args = parser.parse_args(list(argv))
+    if args.events_file and not args.events:
+        raise InvalidArgument("--events-file names the file of --events sets: give --events too")
+    if args.migration_limit < 0:
+        raise InvalidArgument(f"--migration-limit={args.migration_limit}: must be >= 0")
+    if args.events:  # an unknown set or a bad file fails here, before any cluster starts
+        get_event_set(args.events, args.events_file)
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not args.policy_list or len(set(args.policy_list)) != len(args.policy_list):
         raise InvalidArgument(f"--policies={args.policies!r}: name each policy once")
@@ -93,15 +119,31 @@ def choose_slice(config: E2EConfig, args: argparse.Namespace) -> SliceSpec:
 
 def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: SliceSpec,
             environ: Mapping[str, str], console, quick: bool = False,
-            setup: EngineSetup | None = None) -> tuple[Comparison, dict[str, PolicyRun]]:
-    """setup: the engines (None: the emulated ones)."""
+            setup: EngineSetup | None = None, events: EventChoice | None = None
+            ) -> tuple[Comparison, dict[str, PolicyRun]]:
+    """setup: the engines (None: the emulated ones); events: a node event set to play."""
     trace = load_mooncake(trace_path, family=config.family)
-    return compare_requests(trace_path.name, trace, policies, config, slice_, environ, console, quick, setup)
+    return compare_requests(trace_path.name, trace, policies, config, slice_, environ, console, quick, setup,
+                            events)
+
+
+@dataclass(frozen=True, slots=True)
+class EventChoice:
+    """--events, --events-file and --migration-limit."""
+
+    name: str
+    path: str | None = None
+    migration_limit: int = DEFAULT_MIGRATION_LIMIT
+
+    def plan(self, in_slice: Sequence[TraceRequest]) -> EventPlan:
+        specs = get_event_set(self.name, self.path)
+        return EventPlan(tuple(resolve(specs, [r.arrival_s for r in in_slice], self.name)), self.migration_limit)
 
 
 def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[str], config: E2EConfig,
                      slice_: SliceSpec, environ: Mapping[str, str], console, quick: bool = False,
-                     setup: EngineSetup | None = None) -> tuple[Comparison, dict[str, PolicyRun]]:
+                     setup: EngineSetup | None = None, events: EventChoice | None = None
+                     ) -> tuple[Comparison, dict[str, PolicyRun]]:
     """The comparison on a workload already loaded (a trace keyed into the
     config's families, or a synthetic one), in arrival order; name is what
     the result calls it. Every policy's summary carries its 95 % bootstrap
@@ -112,6 +154,8 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
     if not in_slice:
         raise InvalidArgument(f"the slice [{slice_.start_s}, {slice_.start_s + slice_.duration_s}) s of "
                               f"{name} holds no request")
+    plan = events.plan(in_slice) if events is not None else None
+    check_plan(plan, setup.kind)
     console.print(f"{name}: {len(in_slice)} requests in [{slice_.start_s:g}, "
                   f"{slice_.start_s + slice_.duration_s:g}) s, {sum(1 for r in in_slice if int(r.arrival_s) in bursts)}"
                   f" in burst seconds; {config.nodes} nodes, {setup.kind} engines, replayed {slice_.speed:g}x faster; "
@@ -124,7 +168,7 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
         console.print(f"predictor: {model.describe()}")
         for policy in policies:
             runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory,
-                                              setup)
+                                              setup, plan)
     # The floor prices the trace's own tokens with the emulated profile; the
     # torch engine runs scaled prompts on this CPU, which the profile does not describe.
     history = [r for r in trace if r.arrival_s < slice_.start_s]
@@ -137,7 +181,11 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
                             run.orders, reusable, config.profile, shared)
         summaries[policy] = replace(summary, live=_live_figures(run),
                                     ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable,
-                                                             shared))
+                                                             shared),
+                                    utilisation=utilisation(run.records, config.ttft_target_ms, list(run.lifetimes),
+                                                            run.lifetimes).to_json(),
+                                    events=([event_figures(run.records, e).to_json() for e in run.node_events]
+                                            if plan is not None else None))
     floor_row = (floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts, floor.returning)
                  if floor is not None else None)
     result = Comparison(
@@ -195,7 +243,7 @@ def quiet_lightgbm_training() -> Iterator[None]:
 
 
 def _run_with_progress(config, policy, trace, slice_, environ, console, model_dir: Path,
-                       setup: EngineSetup) -> PolicyRun:
+                       setup: EngineSetup, events: EventPlan | None = None) -> PolicyRun:
     columns = (TextColumn(f"{policy:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))
     ttfts: list[float] = []
@@ -209,7 +257,8 @@ def _run_with_progress(config, policy, trace, slice_, environ, console, model_di
             progress.update(task, total=total, completed=done,
                             status=f"sent {total} done {done} p99 {p99:.0f} ms" if p99 else f"done {done}")
 
-        return run_policy(config, policy, trace, slice_, environ, update, model_dir=model_dir, setup=setup)
+        return run_policy(config, policy, trace, slice_, environ, update, model_dir=model_dir, setup=setup,
+                          events=events)
 
 
 def print_table(console, policies: Mapping[str, PolicySummary], engine: str = "emulated",
@@ -245,9 +294,16 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         raise NotFound(f"trace {trace_path} not found")
     config = load_e2e_config(args.config)
     console = wide_console()
+    events = EventChoice(args.events, args.events_file, args.migration_limit) if args.events else None
     result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console,
-                           quick=args.quick, setup=engine_setup(config, args.engine))
+                           quick=args.quick, setup=engine_setup(config, args.engine), events=events)
     print_table(console, result.policies, args.engine, result.floor)
+    for title, table in (("utilisation (utilisation.py)", utilisation_table(result.policies)),
+                         ("node events (event_metrics.py; live: affected = the lost node's families)",
+                          event_table(result.policies))):
+        if table:
+            console.print(title)
+            console.print(table, markup=False)
     console.print(markdown_table(result.policies, result.floor), markup=False)
     write_outputs(result, runs, args.json, args.report, console)
     return 1 if any(m.served == 0 for m in result.policies.values()) else 0

@@ -10,6 +10,11 @@ every `heartbeat_s` with its queued/running tokens and waiting/running
 requests only, so Route sees real queues; the node's free pages are its
 kvstore agent's to report (the scheduler merges the fields each report
 carries, so neither reporter wipes the other's figures).
+
+Membership (issue 27's node events): `kill(node)` is the engine dying with
+its kvstore: it never steps or heartbeats again, its jobs stay where they
+were (the router re-sends them) and a submit to it is refused; `add(node,
+engine)` starts serving a new node's engine from the next step.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ class LiveEngines:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._failed: set[str] = set()
+        self._dead: set[str] = set()
         self._threads = [threading.Thread(target=self._step_loop, name="engines-step", daemon=True),
                          threading.Thread(target=self._heartbeat_loop, name="engines-heartbeat", daemon=True)]
 
@@ -63,24 +69,50 @@ class LiveEngines:
             thread.join(timeout=10.0)
 
     def node_ids(self) -> list[str]:
-        return sorted(self._engines)
+        with self._lock:
+            return sorted(self._engines)
+
+    def now(self) -> float:
+        """The engines' clock (trace seconds)."""
+        return self._clock.now()
 
     def healthy(self, node_id: str) -> bool:
-        return node_id in self._engines and node_id not in self._failed
+        with self._lock:
+            return node_id in self._engines and node_id not in self._failed
+
+    def kill(self, node_id: str) -> bool:
+        """The node's engine dies now (module docstring); False when it was
+        not serving."""
+        with self._lock:
+            if self._engines.pop(node_id, None) is None:
+                return False
+            self._dead.add(node_id)
+            return True
+
+    def add(self, node_id: str, engine: Engine) -> None:
+        """A new node's engine serves from now on (an id is never reused)."""
+        with self._lock:
+            if node_id in self._engines or node_id in self._dead:
+                raise ValueError(f"engine {node_id} exists or existed")
+            self._engines[node_id] = engine
 
     def mark_failed(self, node_id: str) -> None:
         """The router saw this node fail: no more work goes to it."""
         with self._lock:
             self._failed.add(node_id)
 
-    def submit(self, node_id: str, job: EngineJob) -> None:
+    def submit(self, node_id: str, job: EngineJob) -> bool:
+        """False when the node's engine is gone (killed): the job went nowhere."""
         with self._lock:
-            engine = self._engines[node_id]
+            engine = self._engines.get(node_id)
+            if engine is None:
+                return False
             now = self._clock.now()
             events = engine.advance(now)
             engine.submit(job, now)
         if events:
             self._on_events(events)
+        return True
 
     def least_loaded(self, exclude: set[str]) -> str | None:
         with self._lock:
@@ -108,10 +140,11 @@ class LiveEngines:
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
             for node_id in self.node_ids():
-                if node_id in self._failed:
-                    continue
                 with self._lock:
-                    load = self._engines[node_id].load()
+                    engine = self._engines.get(node_id)
+                    if engine is None or node_id in self._failed:
+                        continue
+                    load = engine.load()
                 try:
                     self._scheduler.Heartbeat(scheduler_pb2.HeartbeatRequest(
                         node_id=node_id, queued_tokens=load.queued_tokens, running_tokens=load.running_tokens,

@@ -25,6 +25,13 @@ Failures: a Route error is retried up to `route_attempts` times; a node that
 fails (its kvstore refuses the blocks, or its engine is marked failed) gets
 no more work, and a request routed to a failed node is re-routed, then
 falls back to the least-loaded healthy engine (recomputing its prefix).
+
+Node death (issue 27): `node_died(node)` kills the node's engine and
+re-sends every request it took down, by migration.py's rule (from the start
+before the first token, with the streamed tokens appended during decode, at
+most `migration_limit` times; one more loss fails the request), and returns
+how many it re-sent and lost. Events of an attempt that was re-sent are
+ignored, so a request completes once.
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ import numpy as np
 from speckv.loadgen.engines.driver import LiveEngines
 from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, EngineJob, job_times
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
+from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, Flight, MigrationCounts, touched_by
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.traces import TraceRequest
@@ -219,10 +227,11 @@ class ReferenceRouter:
                  stored_bytes_per_block: int, real_bytes_per_token: int,
                  on_done: Callable[[RequestRecord], None] = lambda _: None, workers: int = 8,
                  route_attempts: int = 3, jobs: JobFactory | None = None,
-                 turn_ends: TurnEndReporter | None = None) -> None:
+                 turn_ends: TurnEndReporter | None = None,
+                 migration_limit: int = DEFAULT_MIGRATION_LIMIT) -> None:
         """jobs: the engine's job factory (None: EmulatedJobs of `profile`);
         turn_ends: where finished turns are reported (None: nowhere); the
-        router closes it."""
+        router closes it. migration_limit: re-sends a request may have."""
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler)
         self._kvstores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
         self._engines = engines
@@ -234,7 +243,8 @@ class ReferenceRouter:
         self._pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="router")
         self._store_pool = futures.ThreadPoolExecutor(2, thread_name_prefix="store")
         self._lock = threading.Lock()
-        self._inflight: dict[str, tuple[RequestRecord, TraceRequest, str]] = {}  # id -> (record, request, fetch_from)
+        self._inflight: dict[str, Flight] = {}  # request id -> its current attempt
+        self._migration_limit = migration_limit
         self.records: list[RequestRecord] = []
         self.jobs: dict[str, EngineJob] = {}  # request id -> its job, once dispatched (output ids of real engines)
 
@@ -252,13 +262,47 @@ class ReferenceRouter:
         """Hands the request to the pool and returns at once (open loop)."""
         record = RequestRecord(request_key(index), request.arrival_s, request.family, request.prompt_tokens,
                                max(1, request.output_tokens))
+        flight = Flight(record, request)
         with self._lock:
             self.records.append(record)
-            self._inflight[record.request_id] = (record, request, "")
-        self._pool.submit(self._dispatch, record, request)
+            self._inflight[record.request_id] = flight
+        self._pool.submit(self._dispatch, flight)
+
+    def add_node(self, node_id: str, kvstore: grpc.Channel) -> None:
+        """A node that joined: its kvstore (its engine is LiveEngines.add's)."""
+        self._kvstores[node_id] = kvstore_pb2_grpc.KVStoreStub(kvstore)
+
+    def node_died(self, node_id: str) -> MigrationCounts:
+        """The node's engine and kvstore are gone: kills its engine and
+        re-sends (or fails) each request it took down (module docstring)."""
+        self._engines.kill(node_id)
+        now = self._engines.now()
+        counts = MigrationCounts()
+        again: list[Flight] = []
+        failed: list[RequestRecord] = []
+        with self._lock:
+            for flight in [f for f in self._inflight.values() if touched_by(f, node_id, now)]:
+                record = flight.record
+                if flight.attempt >= self._migration_limit:
+                    counts.lost += 1
+                    record.error = (f"lost: its node died {flight.attempt + 1} times (migration limit "
+                                    f"{self._migration_limit})")
+                    del self._inflight[record.request_id]
+                    failed.append(record)
+                    continue
+                counts.resent += 1
+                record.retried = True
+                self._inflight[record.request_id] = next_flight = flight.next_attempt()
+                again.append(next_flight)
+        for record in failed:
+            self._on_done(record)
+        for flight in again:
+            self._pool.submit(self._dispatch, flight)
+        return counts
 
     # --- request path -----------------------------------------------------------
-    def _dispatch(self, record: RequestRecord, request: TraceRequest) -> None:
+    def _dispatch(self, flight: Flight) -> None:
+        record, request = flight.record, flight.request
         try:
             route = self._route(record, request)
         except grpc.RpcError as exc:
@@ -282,12 +326,26 @@ class ReferenceRouter:
         fetched = min(fetch_blocks * block, request.prompt_tokens - 1 - cached) if fetch_from else 0
         record.node_id, record.cached_tokens, record.fetched_tokens, record.fetch_from = node, cached, fetched, fetch_from
         record.promoted_tokens = min(promote_blocks * block, cached)
-        job = self._jobs.make_job(record.request_id, request, record.output_tokens,
+        job = self._jobs.make_job(record.request_id, request, max(1, request.output_tokens),
                                   Placement(node, cached, fetched, fetch_from, record.promoted_tokens))
         with self._lock:
-            self._inflight[record.request_id] = (record, request, fetch_from)
+            if self._inflight.get(record.request_id) is not flight:
+                return  # re-sent or failed while it was being routed
+            flight.fetch_from, flight.job = fetch_from, job
             self.jobs[record.request_id] = job
-        self._engines.submit(node, job)
+        if not self._engines.submit(node, job):
+            # The node died between the route and here. Unless its death already re-sent this
+            # attempt, the attempt is routed again (no migration: nothing ran there).
+            with self._lock:
+                current = self._inflight.get(record.request_id) is flight
+                if current:
+                    flight.job = None
+            if current:
+                record.retried = True
+                self._dispatch(flight)
+            return
+        if flight.first_submitted_s is None:
+            flight.first_submitted_s = job.submitted_s
 
     def _promote(self, record: RequestRecord, request: TraceRequest, node: str, cached_blocks: int) -> int:
         """Has the node's kvstore copy the prefix's host-only blocks into its
@@ -332,10 +390,12 @@ class ReferenceRouter:
     def on_engine_events(self, events: list[EngineEvent]) -> None:
         for event in events:
             with self._lock:
-                entry = self._inflight.get(event.job.request_id)
-            if entry is None:
-                continue
-            record, request, fetch_from = entry
+                flight = self._inflight.get(event.job.request_id)
+                if flight is None or flight.job is not event.job:
+                    continue  # finished, failed, or an attempt that was re-sent
+                if event.kind is EngineEventKind.FIRST_TOKEN and flight.first_token_s is None:
+                    flight.first_token_s = event.job.first_token_s
+            record, request, fetch_from = flight.record, flight.request, flight.fetch_from
             if event.kind is EngineEventKind.FIRST_TOKEN and self._jobs.owns_kv:
                 self._book_engine_reuse(record, request, event.job)
             elif event.kind is EngineEventKind.FIRST_TOKEN:
@@ -344,9 +404,14 @@ class ReferenceRouter:
                 times = job_times(event.job, self._jobs.solo_prefill_ms(event.job))
                 record.ttft_ms, record.tpot_ms, record.e2e_ms = times.ttft_ms, times.tpot_ms, times.e2e_ms
                 record.queue_ms = times.queue_ms
+                if flight.attempt and flight.first_submitted_s is not None and flight.first_token_s is not None:
+                    # A re-sent request: the client waited from its first submission.
+                    job = event.job
+                    record.ttft_ms = (flight.first_token_s - flight.first_submitted_s) * 1e3
+                    record.e2e_ms = ((job.finished_s or job.submitted_s) - flight.first_submitted_s) * 1e3
                 if self._turn_ends is not None and event.job.finished_s is not None:
                     self._turn_ends.offer(request.family, request.arrival_s, event.job.finished_s,
-                                          request.prompt_tokens, request.output_tokens)
+                                          record.prompt_tokens, record.output_tokens)
                 self._complete(record)
 
     def _book_engine_reuse(self, record: RequestRecord, request: TraceRequest, job: EngineJob) -> None:
@@ -390,6 +455,7 @@ class ReferenceRouter:
 
     def _complete(self, record: RequestRecord) -> None:
         with self._lock:
-            self._inflight.pop(record.request_id, None)
+            if self._inflight.pop(record.request_id, None) is None:
+                return  # already failed (its node died once too often)
         self._on_done(record)
 

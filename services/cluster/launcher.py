@@ -1,9 +1,10 @@
 """The embedded local cluster: predictor, scheduler and N kvstore nodes, each
 its own `speckv` process on loopback.
 
-Children get SIGTERM when the launcher dies (PR_SET_PDEATHSIG), so no process
-outlives it even on a crash; `stop()` sends SIGTERM to all, lets them drain,
-and SIGKILLs what is left after the grace period. Each child logs to
+Children get SIGTERM when the launcher dies (PR_SET_PDEATHSIG, asked for by
+each child itself: parent_death.py), so no process outlives it even on a
+crash; `stop()` sends SIGTERM to all, lets them drain, and SIGKILLs what is
+left after the grace period. Each child logs to
 `<run_dir>/<name>.log`; the first line a service prints names its address.
 With `metrics_port_base` set, each service also serves Prometheus /metrics on a
 port of its own (`metrics_ports`), named in cluster.json.
@@ -13,10 +14,18 @@ service in `<run_dir>/tls` (certs.py), starts every service with mutual TLS
 and talks to them as the admin; cluster.json names the admin's files, so
 `speckv status` finds them. Without it no child inherits SPECKV_TLS_* from
 the launcher's environment (a stray admin certificate would not be a node's).
+
+Membership at runtime (issue 27): `add_node()` starts one more kvstore node
+(the next free id, node-N; with TLS a certificate from the same CA) that
+registers with the running scheduler; `kill_node(name)` SIGKILLs one (a
+crash: the scheduler sees its event stream close); `remove_node(name)`
+stops one with SIGTERM and its grace period (the scheduler sees the same
+close). Nodes added later are started from one spawner thread that lives
+as long as the cluster, because Linux ties a child's parent-death signal to
+the thread that started it. cluster.json is rewritten after each change.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -24,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent import futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -31,13 +41,13 @@ from typing import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from speckv.services.common.certs import CertBundle, make_bundle
-from speckv.services.common.errors import InvalidArgument, Unavailable
+from speckv.services.common.certs import CertBundle, issue_node, make_bundle
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from speckv.services.common.parent_death import child_environ
 from speckv.services.common.tls import TlsFiles, TlsMaterial, dial
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
-_PR_SET_PDEATHSIG = 1
 
 
 def default_run_dir(environ: Mapping[str, str]) -> Path:
@@ -80,11 +90,6 @@ def metrics_ports(base: int, nodes: int) -> dict[str, int]:
     return {"predictor": base, "scheduler": base + 1, **{f"node-{i}": base + 2 + i for i in range(nodes)}}
 
 
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, run_dir: Path, environ: Mapping[str, str]) -> None:
         self.spec = spec
@@ -94,6 +99,8 @@ class LocalCluster:
         self._metrics_ports: dict[str, int] = {}
         self.services: list[ServiceProcess] = []
         self.certs: CertBundle | None = None
+        self._spawner: futures.ThreadPoolExecutor | None = None  # starts nodes added later (module docstring)
+        self._nodes_started = 0  # node ids are never reused: the next is node-<this>
 
     @property
     def admin_tls(self) -> TlsMaterial | None:
@@ -129,20 +136,75 @@ class LocalCluster:
             scheduler = self._spawn("scheduler", "scheduler",
                                     ["--predictor", predictor.address, "--policy", self.spec.policy], deadline)
             for i in range(self.spec.nodes):
-                node_args = ["--node-id", f"node-{i}", "--scheduler", scheduler.address,
-                             "--geometry", self.spec.geometry, "--device-pages", str(self.spec.device_pages),
-                             "--host-pages", str(self.spec.host_pages)]
-                if self.spec.block_size:
-                    node_args += ["--block-size", str(self.spec.block_size)]
-                self._spawn(f"node-{i}", "kvstore", node_args, deadline)
+                self._spawn(f"node-{i}", "kvstore", self._node_args(f"node-{i}"), deadline)
+            self._nodes_started = self.spec.nodes
             for service in self.services:
                 wait_serving(service.address, deadline, admin)
             wait_nodes_registered(scheduler.address, self.spec.nodes, deadline, admin)
         except BaseException:
             self.stop()
             raise
+        self._spawner = futures.ThreadPoolExecutor(1, thread_name_prefix="cluster-spawner")
         self._write_state()
         return self.services
+
+    def _node_args(self, name: str) -> list[str]:
+        args = ["--node-id", name, "--scheduler", self.scheduler_address, "--geometry", self.spec.geometry,
+                "--device-pages", str(self.spec.device_pages), "--host-pages", str(self.spec.host_pages)]
+        if self.spec.block_size:
+            args += ["--block-size", str(self.spec.block_size)]
+        return args
+
+    def add_node(self, timeout_s: float = 60.0) -> ServiceProcess:
+        """Starts one more kvstore node, node-N with N the next id never
+        used, and returns once it serves and the scheduler counts it alive."""
+        if self._spawner is None:
+            raise FailedPrecondition("the cluster is not running")
+        return self._spawner.submit(self._add_node, timeout_s).result()
+
+    def _add_node(self, timeout_s: float) -> ServiceProcess:
+        deadline = time.monotonic() + timeout_s
+        name = f"node-{self._nodes_started}"
+        self._nodes_started += 1
+        if self.certs is not None:
+            self.certs = issue_node(self.certs, name, hosts=[self.spec.host])
+        service = self._spawn(name, "kvstore", self._node_args(name), deadline)
+        admin = self.admin_tls
+        wait_serving(service.address, deadline, admin)
+        wait_node_alive(self.scheduler_address, name, deadline, admin)
+        self._write_state()
+        return service
+
+    def kill_node(self, name: str) -> ServiceProcess:
+        """SIGKILL to a node's kvstore (a crash); returns what it was."""
+        service, popen = self._node(name)
+        popen.kill()
+        popen.wait()
+        self._forget(name)
+        return service
+
+    def remove_node(self, name: str, grace_s: float = 10.0) -> ServiceProcess:
+        """SIGTERM to a node's kvstore, SIGKILL after grace_s; returns what it was."""
+        service, popen = self._node(name)
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+        self._forget(name)
+        return service
+
+    def _node(self, name: str) -> tuple[ServiceProcess, subprocess.Popen]:
+        found = [s for s in self._by_kind("kvstore") if s.name == name]
+        if not found or name not in self._popens:
+            raise NotFound(f"no running node {name!r}; running: {', '.join(self.node_addresses()) or 'none'}")
+        return found[0], self._popens[name]
+
+    def _forget(self, name: str) -> None:
+        self._popens.pop(name, None)
+        self.services = [s for s in self.services if s.name != name]
+        self._write_state()
 
     def _spawn(self, name: str, kind: str, args: list[str], deadline: float) -> ServiceProcess:
         log_path = self.run_dir / f"{name}.log"
@@ -151,13 +213,14 @@ class LocalCluster:
         metrics_port = self._metrics_ports.get(name, 0)
         command = [sys.executable, "-m", "speckv.services.cli", kind, "--host", self.spec.host, "--port", "0",
                    "--metrics-port", str(metrics_port), *args, *self.spec.extra_args.get(kind, ())]
-        env = {k: v for k, v in self._environ.items() if k not in _TLS_VARIABLES} | {"PYTHONUNBUFFERED": "1"}
+        env = child_environ({k: v for k, v in self._environ.items() if k not in _TLS_VARIABLES}
+                            | {"PYTHONUNBUFFERED": "1"})
         if self.certs is not None:
             files = self.certs.node(name) if kind == "kvstore" else self.certs.service(kind)
             command += _tls_flags(files)
         with open(log_path, "wb") as log:
             popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, preexec_fn=_die_with_parent)
+                                     env=env)
         self._popens[name] = popen
         address = _await_address(log_path, popen, name, deadline)
         metrics_address = f"{self.spec.host}:{metrics_port}" if metrics_port else ""
@@ -179,6 +242,9 @@ class LocalCluster:
                 popen.kill()
                 popen.wait()
         self._popens.clear()
+        if self._spawner is not None:
+            self._spawner.shutdown(wait=True)
+            self._spawner = None
         (self.run_dir / "cluster.json").unlink(missing_ok=True)
 
     def _write_state(self) -> None:
@@ -231,6 +297,18 @@ def wait_serving(address: str, deadline: float, tls: TlsMaterial | None = None) 
                 pass
             if time.monotonic() > deadline:
                 raise Unavailable(f"{address} is not SERVING")
+            time.sleep(0.1)
+
+
+def wait_node_alive(scheduler_address: str, node_id: str, deadline: float, tls: TlsMaterial | None = None) -> None:
+    with dial(scheduler_address, tls, "scheduler") as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while True:
+            state = stub.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=2.0)
+            if any(n.node_id == node_id and n.alive for n in state.nodes):
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(f"node {node_id} did not register with the scheduler in time")
             time.sleep(0.1)
 
 

@@ -1,4 +1,5 @@
-"""`speckv up`: run the local cluster in the foreground until Ctrl-C or SIGTERM."""
+"""`speckv up`: run the local cluster in the foreground until Ctrl-C or SIGTERM,
+serving `speckv node add/remove` on its control socket (control.py)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,7 @@ from typing import Mapping, Sequence
 
 from rich.table import Table
 
+from speckv.services.cluster.control import ControlServer
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster, ServiceProcess, default_run_dir
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument
@@ -56,18 +58,24 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         signal.signal(signum, lambda *_: stop.set())
     cluster = LocalCluster(spec, run_dir, environ)
     console = wide_console()
+    control: ControlServer | None = None
     try:
         services = cluster.start()
+        control = ControlServer(cluster).start()
         console.print(services_table(services))
         console.print(f"scheduler: {cluster.scheduler_address}   (speckv status --run-dir {run_dir})")
         if cluster.certs is not None:
             admin = cluster.certs.admin
             console.print(f"mutual TLS; admin identity: --tls-cert {admin.cert} --tls-key {admin.key} "
                           f"--tls-ca {admin.ca}")
+        console.print(f"membership: speckv node add | speckv node remove NODE   (--run-dir {run_dir}; "
+                      f"socket {control.path})")
         print("ready; Ctrl-C or SIGTERM stops every service", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
+        if control is not None:
+            control.stop()
         cluster.stop()
         print("stopped", flush=True)
     return 0

@@ -46,6 +46,9 @@ class CertBundle:
 
     root: Path
     files: Mapping[Identity, TlsFiles] = field(default_factory=dict)
+    # The CA's key and certificate, in memory only (never written): what issue_node signs with.
+    authority: tuple[ec.EllipticCurvePrivateKey, x509.Certificate, int] | None = field(
+        default=None, compare=False, repr=False)
 
     @property
     def ca(self) -> Path:
@@ -98,17 +101,35 @@ def make_bundle(out: Path, nodes: Sequence[str], hosts: Sequence[str] = (), days
     out.mkdir(parents=True, exist_ok=True)
     ca_path = out / "ca.pem"
     _write(ca_path, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    files: dict[Identity, TlsFiles] = {}
-    for identity in identities:
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = _leaf(identity, key, ca_key, ca_cert, hosts, now, days)
-        folder = identity_dir(out, identity)
-        folder.mkdir(parents=True, exist_ok=True)
-        _write(folder / "cert.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
-        _write(folder / "key.pem", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                     serialization.NoEncryption()), 0o600)
-        files[identity] = TlsFiles(str(folder / "cert.pem"), str(folder / "key.pem"), str(ca_path))
-    return CertBundle(out, files)
+    files = {identity: _issue(out, identity, ca_key, ca_cert, hosts, now, days) for identity in identities}
+    return CertBundle(out, files, (ca_key, ca_cert, days))
+
+
+def issue_node(bundle: CertBundle, node_id: str, hosts: Sequence[str] = ()) -> CertBundle:
+    """The bundle with a certificate for one more node, signed by the same
+    CA (a node added to a running cluster). Only a bundle make_bundle made
+    in this process can (its CA key lives in memory only)."""
+    if bundle.authority is None:
+        raise InvalidArgument(f"{bundle.root}: no CA key in this process; cannot issue a certificate for {node_id}")
+    identity = Identity.node(node_id)
+    if identity in bundle.files:
+        raise InvalidArgument(f"{bundle.root}: node {node_id} has a certificate already")
+    ca_key, ca_cert, days = bundle.authority
+    files = {**bundle.files, identity: _issue(bundle.root, identity, ca_key, ca_cert, hosts,
+                                               dt.datetime.now(dt.timezone.utc), days)}
+    return CertBundle(bundle.root, files, bundle.authority)
+
+
+def _issue(out: Path, identity: Identity, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
+           hosts: Sequence[str], now: dt.datetime, days: int) -> TlsFiles:
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _leaf(identity, key, ca_key, ca_cert, hosts, now, days)
+    folder = identity_dir(out, identity)
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(folder / "cert.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(folder / "key.pem", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                 serialization.NoEncryption()), 0o600)
+    return TlsFiles(str(folder / "cert.pem"), str(folder / "key.pem"), str(out / "ca.pem"))
 
 
 def bundle_complete(out: Path, nodes: Sequence[str]) -> bool:

@@ -32,6 +32,9 @@ class SchedulerConfig(ServerSettings):
     oracle_family: str = field(default="prefix", metadata={"help": "how the oracle keys the trace's families: prefix (first block id) or conversation (first two); must match the families routers send"})
     oracle_offset_s: float = field(default=0.0, metadata={"help": "scheduler clock time at which the oracle trace's t=0 falls, s"})
     forecast_timeout_s: float = field(default=1.0, metadata={"help": "deadline of one predictor Forecast call, s"})
+    loss_probe_s: float = field(default=1.0, metadata={"help": (
+        "when a node's kvstore event stream closes, the scheduler reconnects at once and waits this long: refused "
+        "means the node is down now, before its heartbeat timeout (docs/failover.md); 0 = off")})
     confirm_routes: bool = field(default=True, metadata={"help": "confirm each routed prefix with the chosen kvstore (one Lookup per Route)"})
     router_seed: int = field(default=0, metadata={"help": "seed of the router's tie-break RNG"})
     tie_ms: float = field(default=1.0, metadata={"help": "expected TTFTs this close (ms) count as a tie and are spread"})
@@ -65,6 +68,8 @@ class SchedulerConfig(ServerSettings):
         if not self.host_link_gbps >= 0 or not self.host_link_overhead_ms >= 0:
             raise InvalidArgument(f"host_link_gbps={self.host_link_gbps}, host_link_overhead_ms="
                                   f"{self.host_link_overhead_ms}: must be >= 0 (host_link_gbps 0: not priced)")
+        if not self.loss_probe_s >= 0:
+            raise InvalidArgument(f"loss_probe_s={self.loss_probe_s}: must be >= 0 (0: off)")
         if self.link_overhead_ms < 0:
             raise InvalidArgument(f"link_overhead_ms={self.link_overhead_ms}: must be >= 0")
         if self.tie_ms < 0:

@@ -10,21 +10,37 @@ SubscribeEvents from the last sequence it applied and hands each event to
 - A broken stream is reopened after a backoff doubling from 50 ms to 2 s
   (reset by every event received).
 - `apply` returning False means the node was re-registered or removed (its
-  generation moved on): the thread ends. `follow()` of a node replaces its
-  thread; `stop_all()` ends every thread (server stop). Stopping closes the
-  stream's channel, which cancels the RPC, so no thread stays blocked in a
-  read (an instrumented stream may be a plain generator without cancel()).
+  generation moved on): the thread ends.
+- Loss (issue 27): when a stream that had connected (its channel was READY)
+  ends or breaks, the thread reconnects at once, without the backoff, and
+  watches that new connection for up to `probe_s`. Refused or unreachable
+  (the channel reports TRANSIENT_FAILURE) means the kvstore process is gone:
+  `lost(node, generation, reason)` is called once and the thread ends. Two
+  signals, never one: a stream broken by a transient error whose reconnect
+  succeeds is followed on as before, and a reconnect that neither connects
+  nor fails within probe_s (a host that drops packets) decides nothing, so
+  the heartbeat timeout rules there. A stream that never connected (a node
+  restored from saved state whose kvstore is not up yet) is no loss either.
+  `suspect()` runs the same reconnect check when someone else saw the node
+  fail (an agent's data-plane write to it: server.py).
+- `follow()` of a node replaces its thread; `stop_all()` ends every thread
+  (server stop). Stopping closes the stream's channel, which cancels the RPC,
+  so no thread stays blocked in a read (an instrumented stream may be a
+  plain generator without cancel()).
 
 Limit: sequences carry no incarnation, so a kvstore that restarts at the same
 address *without* re-registering and has already logged past our last
 sequence cannot be told apart from the one we followed. The kvstore agent
 re-registers on start, which restarts the stream from 0; an epoch field in
-KVEvent would close the gap.
+KVEvent would close the gap. With loss detection on, such a restart is
+usually seen as a loss (the stream closed, the immediate reconnect refused
+while the new process starts) and the node must register again anyway.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 import grpc
@@ -42,6 +58,8 @@ log = logging.getLogger(__name__)
 
 ApplyFn = Callable[[NodeId, int, IndexEvent], bool]
 ResetFn = Callable[[NodeId, int], bool]
+LostFn = Callable[[NodeId, int, str], None]  # (node, generation, reason): its kvstore process is gone
+PROBE_S = 1.0  # how long the reconnect after a closed stream may take to connect or be refused
 
 KIND_OF_EVENT = {
     kvstore_pb2.KV_EVENT_TYPE_STORED: HolderEventKind.STORED,
@@ -65,15 +83,56 @@ def to_index_event(event: kvstore_pb2.KVEvent) -> IndexEvent | None:
                       list(event.host_block_hashes) or None)
 
 
+class _Connectivity:
+    """What a channel's connectivity has been: READY once (connected), and
+    TRANSIENT_FAILURE once (a connect refused or failed). Thread-safe: gRPC
+    calls watch() on its own threads."""
+
+    def __init__(self, channel: grpc.Channel, try_to_connect: bool) -> None:
+        self.ready, self.failed = threading.Event(), threading.Event()
+        self._changed = threading.Event()
+        self._channel = channel
+        channel.subscribe(self._watch, try_to_connect=try_to_connect)
+
+    def _watch(self, state: grpc.ChannelConnectivity) -> None:
+        if state is grpc.ChannelConnectivity.READY:
+            self.ready.set()
+        elif state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            self.failed.set()
+        self._changed.set()
+
+    def wait_verdict(self, timeout_s: float, stop: threading.Event) -> bool | None:
+        """True once connected, False once refused, None when neither came
+        within timeout_s (or stop was set)."""
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set():
+            if self.ready.is_set():
+                return True
+            if self.failed.is_set():
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._changed.wait(min(left, 0.05))
+            self._changed.clear()
+        return None
+
+    def close(self) -> None:
+        self._channel.unsubscribe(self._watch)
+
+
 class NodeEventStream:
     """The subscription thread of one node registration."""
 
     def __init__(self, node_id: NodeId, address: str, generation: int, apply: ApplyFn,
                  reset: ResetFn, telemetry: Telemetry | None,
-                 backoff_s: float = 0.05, backoff_max_s: float = 2.0, tls: TlsMaterial | None = None) -> None:
+                 backoff_s: float = 0.05, backoff_max_s: float = 2.0, tls: TlsMaterial | None = None,
+                 lost: LostFn | None = None, probe_s: float = PROBE_S) -> None:
         self.node_id, self.address, self.generation = node_id, address, generation
         self._apply, self._reset, self._telemetry, self._tls = apply, reset, telemetry, tls
         self._backoff_s, self._backoff_max_s = backoff_s, backoff_max_s
+        self._lost, self._probe_s = lost, probe_s
+        self._suspecting = False  # a suspect() check is running
         self._stop = threading.Event()
         self._channel_lock = threading.Lock()
         self._channel: grpc.Channel | None = None
@@ -102,18 +161,79 @@ class NodeEventStream:
             channel = self._open()
             if channel is None:
                 return
+            watch = _Connectivity(channel, try_to_connect=False) if self._lost is not None else None
+            ended = "stream ended"
             try:
                 backoff = self._follow(kvstore_pb2_grpc.KVStoreStub(channel), backoff)
             except grpc.RpcError as exc:
+                ended = f"stream broke ({_code(exc)})"
                 if not self._stop.is_set():
                     log.debug("kv events from %s (%s) broke: %s", self.node_id, self.address, exc)
             except ValueError:
                 pass  # the channel was closed under the call by stop()
             finally:
+                if watch is not None:
+                    watch.close()
                 self._close(channel)
+            if watch is not None and watch.ready.is_set() and not self._stop.is_set() and self._gone(ended):
+                return
             if self._stop.wait(backoff):
                 return
             backoff = min(backoff * 2, self._backoff_max_s)
+
+    def _gone(self, ended: str) -> bool:
+        """After a connected stream closed: reconnects at once and, when that
+        is refused, reports the node lost (once) and stops; True then."""
+        return self._probe(f"its kvstore's event stream closed ({ended})")
+
+    def suspect(self, why: str) -> None:
+        """Someone else saw this node fail (an agent's write to it): checks on
+        a thread of its own, with the same reconnect as after a closed
+        stream, and reports the node lost only when the scheduler's own
+        connect is refused. At most one such check at a time."""
+        with self._channel_lock:
+            if self._stop.is_set() or self._lost is None or self._suspecting:
+                return
+            self._suspecting = True
+
+        def check() -> None:
+            try:
+                self._probe(why)
+            finally:
+                with self._channel_lock:
+                    self._suspecting = False
+
+        threading.Thread(target=check, name=f"kv-suspect-{self.node_id}", daemon=True).start()
+
+    def _probe(self, why: str) -> bool:
+        channel = self._probe_channel()
+        if channel is None:
+            return False
+        watch = _Connectivity(channel, try_to_connect=True)
+        try:
+            verdict = watch.wait_verdict(self._probe_s, self._stop)
+        finally:
+            watch.close()
+            channel.close()
+        with self._channel_lock:
+            if verdict is not False or self._stop.is_set():
+                return False
+            self._stop.set()  # one report: the stream thread and a suspicion check may both get here
+            channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+        assert self._lost is not None  # only probed with a lost callback
+        self._lost(self.node_id, self.generation, f"{why}; the reconnect to {self.address} was refused")
+        return True
+
+    def _probe_channel(self) -> grpc.Channel | None:
+        # Its own subchannel: a shared one may still carry the old connection's state.
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        with self._channel_lock:
+            if self._stop.is_set():
+                return None
+            return (self._tls.secure_channel(self.address, options, "kvstore") if self._tls is not None
+                    else grpc.insecure_channel(self.address, options=options))
 
     def _open(self) -> grpc.Channel | None:
         with self._channel_lock:
@@ -163,13 +283,22 @@ class NodeEventStream:
         return not self._stop.is_set()
 
 
+def _code(exc: grpc.RpcError) -> str:
+    code = exc.code() if hasattr(exc, "code") else None
+    return code.name if code is not None else "?"
+
+
 class EventSync:
-    """Owns one NodeEventStream per node. Thread-safe."""
+    """Owns one NodeEventStream per node. Thread-safe. lost: told when a
+    node's kvstore is seen gone (NodeEventStream's loss rule); None: no
+    loss detection, the heartbeat timeout alone declares nodes down."""
 
     def __init__(self, apply: ApplyFn, reset: ResetFn, telemetry: Telemetry | None,
-                 backoff_s: float = 0.05, backoff_max_s: float = 2.0, tls: TlsMaterial | None = None) -> None:
+                 backoff_s: float = 0.05, backoff_max_s: float = 2.0, tls: TlsMaterial | None = None,
+                 lost: LostFn | None = None, probe_s: float = PROBE_S) -> None:
         self._apply, self._reset, self._telemetry, self._tls = apply, reset, telemetry, tls
         self._backoff = (backoff_s, backoff_max_s)
+        self._lost, self._probe_s = lost, probe_s
         self._streams: dict[NodeId, NodeEventStream] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -177,7 +306,8 @@ class EventSync:
     def follow(self, node_id: NodeId, address: str, generation: int) -> None:
         """(Re)starts the subscription of node_id at address."""
         stream = NodeEventStream(node_id, address, generation, self._apply, self._reset,
-                                 self._telemetry, *self._backoff, tls=self._tls)
+                                 self._telemetry, *self._backoff, tls=self._tls, lost=self._lost,
+                                 probe_s=self._probe_s)
         with self._lock:
             old = self._streams.get(node_id)
             if self._closed or (old is not None and old.generation > generation):
@@ -192,6 +322,14 @@ class EventSync:
             stream = self._streams.pop(node_id, None)
         if stream is not None:
             stream.stop()
+
+    def suspect(self, node_id: NodeId, why: str) -> None:
+        """Checks node_id's kvstore now (NodeEventStream.suspect); nothing
+        when it has no stream (unknown, a vLLM-fed node)."""
+        with self._lock:
+            stream = self._streams.get(node_id)
+        if stream is not None:
+            stream.suspect(why)
 
     def stream(self, node_id: NodeId) -> NodeEventStream | None:
         with self._lock:

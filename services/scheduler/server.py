@@ -65,6 +65,19 @@ class _SkipVllmConfirm:
         return self._confirmer.confirm(address, block_hashes)
 
 
+class _LossRule:
+    """What the scheduler does when a node's kvstore is seen gone
+    (event_sync.py's loss rule): SchedulerCore.node_lost, unless the node
+    registered again meanwhile (a newer generation is alive and is not the
+    process that went away)."""
+
+    def __init__(self, core: SchedulerCore) -> None:
+        self._core = core
+
+    def node_lost(self, node_id: NodeId, generation: int, reason: str) -> None:
+        self._core.node_lost(node_id, reason, generation)  # checked and acted on under the core's lock
+
+
 def core_settings(config: SchedulerConfig) -> SchedulerSettings:
     return SchedulerSettings(node_timeout_s=config.node_timeout_s, heartbeat_interval_ms=config.heartbeat_interval_ms,
                         policy=config.policy, link_gbps=config.link_gbps, link_overhead_ms=config.link_overhead_ms,
@@ -108,7 +121,10 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     core = SchedulerCore(settings, clock, profile,
                          confirmer=confirm if config.confirm_routes else None, arrivals=reporter,
                          listener=wiring, forecasts=forecasts, future=future_arrivals(config), state=store)
-    event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry, tls=tls)
+    lost = _LossRule(core)
+    event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry, tls=tls,
+                           lost=lost.node_lost if config.loss_probe_s > 0 else None,
+                           probe_s=config.loss_probe_s or 1.0)
     vllm_feeds = VllmEventFeeds(vllm_specs, core, profile.geometry.block_size,
                                 config.heartbeat_interval_ms / 1000.0) if vllm_specs else None
     if inventory is not None:
@@ -122,7 +138,8 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
             store.close()
             raise FailedPrecondition(f"state database {store.path}: cannot resume from it: {exc}") from None
     stopping = threading.Event()
-    servicer = SchedulerServicer(core, stopping, RequestLimits(config.max_prompt_tokens, config.max_family_chars))
+    servicer = SchedulerServicer(core, stopping, RequestLimits(config.max_prompt_tokens, config.max_family_chars),
+                                 on_failed_order=event_sync.suspect if config.loss_probe_s > 0 else None)
 
     def register(server) -> list[str]:
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from speckv.services.common import authz
 from speckv.services.common.errors import Aborted, InvalidArgument, PermissionDenied
@@ -52,10 +52,15 @@ class RequestLimits:
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, core: SchedulerCore, stopping: threading.Event,
-                 limits: RequestLimits = RequestLimits()) -> None:
+                 limits: RequestLimits = RequestLimits(),
+                 on_failed_order: Callable[[NodeId, str], None] | None = None) -> None:
+        """on_failed_order(target, why): told of every order reported FAILED
+        (the server has the scheduler check the target itself: a source's
+        word alone never declares another node down)."""
         self._core = core
         self._stopping = stopping
         self._limits = limits
+        self._on_failed_order = on_failed_order
 
     def RegisterNode(self, request, context):
         authz.require_node(context, request.node_id, "RegisterNode")
@@ -106,17 +111,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("order is missing")
         o = request.order
         self._limits.check_family(o.family, "order.family")
-        spec = OrderSpec(Family(o.family), list(o.block_hashes), NodeId(o.source_node), NodeId(o.target_node),
-                         o.lease_ms, o.priority, o.expected_benefit_ms, o.policy, o.target_address, o.order_id,
-                         Tier.parse(o.target_medium) if o.target_medium else None,
-                         ActionKind.parse(o.action))
-        return scheduler_pb2.SubmitOrderResponse(order_id=self._core.submit_order(spec).order_id)
         if o.target_address and authz.enforced(context):
             # Over TLS an order goes only where its target registered (issue 23: no order to an arbitrary host:port).
             registered = {r.view.node_id: r.view.address for r in self._core.cluster_state().nodes}
             if registered.get(o.target_node) != o.target_address:
                 raise PermissionDenied(f"SubmitOrder: target_address={o.target_address!r} is not the registered "
                                        f"address of node {o.target_node!r}; leave it empty to use that")
+        spec = OrderSpec(Family(o.family), list(o.block_hashes), NodeId(o.source_node), NodeId(o.target_node),
+                         o.lease_ms, o.priority, o.expected_benefit_ms, o.policy, o.target_address, o.order_id,
+                         Tier.parse(o.target_medium) if o.target_medium else None,
+                         ActionKind.parse(o.action))
+        return scheduler_pb2.SubmitOrderResponse(order_id=self._core.submit_order(spec).order_id)
 
     def ReportOrderStatus(self, request, context):
         state = STATE_FROM_PROTO.get(request.state)
@@ -128,6 +133,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                         "ReportOrderStatus")
         new_state = self._core.report_order(request.order_id, state, request.message,
                                             request.bytes_sent, request.blocks_sent)
+        if new_state is OrderState.FAILED and state is OrderState.FAILED and self._on_failed_order is not None:
+            target = self._core.get_order(request.order_id).spec.target
+            self._on_failed_order(target, f"order {request.order_id} to it failed ({request.message[:200]})")
         return scheduler_pb2.OrderStatusAck(state=STATE_TO_PROTO[new_state])
 
     def SetPolicy(self, request, context):

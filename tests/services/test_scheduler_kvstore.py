@@ -116,8 +116,10 @@ def test_event_stream_reconnects_and_resyncs_from_a_snapshot():
     """The kvstore behind a registered address restarts empty: the scheduler's
     stream breaks, reconnects with backoff, and the kvstore (asked for a
     sequence from its future) answers with a SNAPSHOT that replaces the old
-    inventory; later events apply on top."""
-    with scheduler() as (_, sched):
+    inventory; later events apply on top. Loss detection is off here: with
+    it on, the closed stream and the refused reconnect declare n1 down at
+    once (tests/services/test_node_loss.py)."""
+    with scheduler(loss_probe_s=0) as (_, sched):
         config = KVStoreConfig(node_id="n1", geometry="tiny", device_pages=64)  # no agent: registered by hand
         first = build_kvstore(config, build_telemetry("kvstore", {})).start()
         port = first.port
