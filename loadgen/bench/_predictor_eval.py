@@ -142,15 +142,22 @@ def score(rows: Rows, out: Outputs, thresholds: list[float], spec: FeatureSpec, 
         burst = burst_score(rows.label[:, i], out.prob[:, i] >= thresholds[i], rows.onset[:, i], rows.family,
                             rows.step, step_s)
         result[f"h{h:g}"] = {
-            "mae": mae(out.expected[:, i], truth), "rmse": rmse(out.expected[:, i], truth),
+            "mae": mae(out.expected[:, i], truth), "median_ae": _median_ae(out.expected[:, i], truth),
+            "rmse": rmse(out.expected[:, i], truth),
             "pinball": pinball(out.upper[:, i], truth, q),
             "burst_precision": _num(burst.precision), "burst_recall": _num(burst.recall),
             "burst_f1": _num(burst.f1), "lead_time_s": _num(burst.lead_time_s),
+            "lead_mean_s": _num(burst.lead_mean_s), "burst_early": _num(burst.early),
             "burst_episodes": burst.episodes, "alarm_episodes": burst.alarms, "alarm_threshold": thresholds[i],
             "return_precision": _num(ret.precision), "return_recall": _num(ret.recall), "return_f1": _num(ret.f1),
             "return_episodes": ret.episodes, "return_alarm_threshold": return_thresholds[i],
         }
     return result
+
+
+def _median_ae(pred: np.ndarray, truth: np.ndarray) -> float | None:
+    """The median absolute error (None without rows)."""
+    return float(np.median(np.abs(pred - truth))) if len(truth) else None
 
 
 def _num(value: float) -> float | None:

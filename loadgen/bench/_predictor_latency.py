@@ -17,9 +17,10 @@ Breakdown of the compiled 10,000-family forecast, each part timed alone on
 one thread on the same rows (so the parts add up to the one-thread
 forecast, not to the two-thread one): the core (family lookup and checks,
 the request's answer), the features, the count trees, the level-free
-features and trees, the count distribution (upper quantile and burst
-probability), and the rest of the model (level offset, baselines, classes,
-blend).
+features and trees, the count distribution (upper quantile, and the burst
+probability at the horizons that serve the distribution's), the burst
+classifiers' trees and sigmoid (burst_model.py, at the horizons that serve
+them), and the rest of the model (level offset, baselines, classes, blend).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.predictor import negbin
+from speckv.services.predictor.burst_model import BURST_KIND, CLASSIFIER, probability
 from speckv.services.predictor.core import PredictorCore, PredictorSettings
 from speckv.services.predictor.level_free import LevelFreeRows
 from speckv.services.predictor.lgbm_forecaster import LEVEL_FREE_KIND, LgbmBundle
@@ -116,11 +118,19 @@ def _breakdown(core: PredictorCore, model: LightGbmModel, names: list[str]) -> d
             for i, k in enumerate(ks):
                 bundle._raw(LEVEL_FREE_KIND, i, rows.at(k), 1)  # noqa: SLF001 - one part alone
 
+    classifier = [bundle.burst is not None and bundle.burst.sources[i] == CLASSIFIER for i in range(len(ks))]
+
     def distribution() -> None:
         for i, h in enumerate(bundle.horizons_s):
             negbin.quantile(bundle.quantile, mean[:, i], bundle.dispersion[i])
-            negbin.exceed_probability(burst_threshold(level, h, bundle.spec.burst_ratio, bundle.spec.min_burst_count),
-                                      mean[:, i], bundle.dispersion[i])
+            if not classifier[i]:
+                threshold = burst_threshold(level, h, bundle.spec.burst_ratio, bundle.spec.min_burst_count)
+                negbin.exceed_probability(threshold, mean[:, i], bundle.dispersion[i])
+
+    def burst_trees() -> None:
+        for i in range(len(ks)):
+            if classifier[i]:
+                probability(bundle._raw(BURST_KIND, i, X, 1))  # noqa: SLF001 - one part alone
 
     threads, model.threads = model.threads, 1
     try:
@@ -132,9 +142,11 @@ def _breakdown(core: PredictorCore, model: LightGbmModel, names: list[str]) -> d
         "count_trees": _median(lambda: [bundle._raw("count", i, X, 1) for i in range(len(ks))]),  # noqa: SLF001
         "level_free": _median(level_free),
         "distribution": _median(distribution),
+        "burst_trees": _median(burst_trees),
     }
     predict = _median(lambda: bundle.predict(X, num_threads=1))
-    parts["model_rest"] = predict - parts["count_trees"] - parts["level_free"] - parts["distribution"]
+    parts["model_rest"] = (predict - parts["count_trees"] - parts["level_free"] - parts["distribution"]
+                           - parts["burst_trees"])
     parts["core_rest"] = one_thread - predict - parts["features"]
     parts["forecast_one_thread"] = one_thread
     return parts

@@ -17,6 +17,7 @@ import numpy as np
 from speckv.services.predictor.family_counts import FamilyCounts
 from speckv.services.predictor.features import FeatureSpec, batch_feature_rows, batch_features
 from speckv.services.predictor.targets import burst_threshold, future_counts, horizon_steps, onset_steps
+from speckv.services.predictor.trend import rising_counts
 
 BLOCK_FAMILIES = 256
 
@@ -62,6 +63,7 @@ def build_rows(data: FamilyCounts, spec: FeatureSpec, horizons_s: Sequence[float
     track = round(track_s / data.step_s)
     parts: list[Rows] = []
     steps = np.arange(T)
+    rising = _rising(data, spec, block)
     for begin in range(0, len(data.families), block):
         end = min(begin + block, len(data.families))
         counts = data.dense(begin, end)
@@ -69,8 +71,9 @@ def build_rows(data: FamilyCounts, spec: FeatureSpec, horizons_s: Sequence[float
                 & (steps[None, :] + kmax <= T - 1))
         fam, st = np.nonzero(mask)
         # baselines read whole series of features; without them only the tracked rows are built
-        grid = batch_features(counts, total, spec) if forecasters else None
-        X = grid[fam, st] if grid is not None else batch_feature_rows(counts, total, spec, fam, st)
+        grid = batch_features(counts, total, spec, rising_by_span=rising) if forecasters else None
+        X = grid[fam, st] if grid is not None else batch_feature_rows(counts, total, spec, fam, st,
+                                                                       rising_by_span=rising)
         level = X[:, level_col].astype(np.float64)
         cnt, thr, lab, ons = [], [], [], []
         for h, k in zip(horizons_s, ks):
@@ -87,6 +90,16 @@ def build_rows(data: FamilyCounts, spec: FeatureSpec, horizons_s: Sequence[float
                           np.stack(lab, 1), np.stack(ons, 1), (fam + begin).astype(np.int32), st.astype(np.int32),
                           preds))
     return _concat(parts, len(spec.names()), len(ks))
+
+
+def _rising(data: FamilyCounts, spec: FeatureSpec, block: int) -> np.ndarray | None:
+    """The families rising together at each step (trend.py), over every
+    family of data: a block of families alone would undercount them."""
+    if not spec.trend_spans:
+        return None
+    n = len(data.families)
+    blocks = (data.dense(b, min(b + block, n)) for b in range(0, n, block))
+    return rising_counts(blocks, spec.trend_spans, data.steps)
 
 
 def concat_rows(parts: list[Rows]) -> Rows:

@@ -11,6 +11,12 @@ Bursts are scored as events, because one burst is one thing to see coming:
 - lead time of a detected episode = (t0 + onset(t0) - first alarm step in it)
   * step_s: seconds from the first alarm to the burst's first second (t0 is
   the episode's first step; negative when the alarm came after it landed).
+  An alarm is raised at the end of its step, so a lead of one step means
+  the alarm came at the instant the burst's first step began, before any of
+  its arrivals; a lead of 0 means it came once that step was over;
+- early = episodes whose first alarm has a lead > 0 (raised before the
+  burst's first arrival could land) / episodes: the share of all bursts,
+  missed ones included, alarmed before onset.
 """
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ class BurstScore:
     lead_time_s: float  # median over detected episodes; NaN when none
     episodes: int
     alarms: int
+    lead_mean_s: float = math.nan  # mean over detected episodes; NaN when none
+    early: float = math.nan  # share of episodes alarmed with a lead > 0; NaN without episodes
 
 
 def mae(pred: np.ndarray, truth: np.ndarray) -> float:
@@ -78,7 +86,9 @@ def burst_score(label: np.ndarray, alarm: np.ndarray, onset: np.ndarray, family:
     f1 = (2 * precision * recall / (precision + recall)
           if precision + recall > 0 and not math.isnan(precision + recall) else math.nan)
     lead = float(np.median(leads)) if leads else math.nan
-    return BurstScore(precision, recall, f1, lead, len(e_start), len(a_start))
+    early = sum(1 for v in leads if v > 0) / len(e_start) if len(e_start) else math.nan
+    return BurstScore(precision, recall, f1, lead, len(e_start), len(a_start),
+                      float(np.mean(leads)) if leads else math.nan, early)
 
 
 def best_alarm_threshold(prob: np.ndarray, label: np.ndarray, onset: np.ndarray, family: np.ndarray,

@@ -22,6 +22,10 @@ they count as zeros). With `spec = FeatureSpec(...)`, in `spec.names()` order:
 - since_arrival_s: seconds since the family's last arrival (capped);
 - turns: arrivals so far, capped at turn_cap (a conversation's turn index);
 - cluster_lag_1, cluster_ewma_hl<h>s: the same for the cluster-wide total;
+- rise_<w>, accel_<w>, cluster_rise_<w>, cluster_accel_<w>, rising_<w> for
+  each w in trend_spans (none by default): the trend features of trend.py
+  (slope and acceleration of the family's and the cluster's counts, and how
+  many families rise together);
 - tod_sin, tod_cos: time of day of the end of step s (tod_offset_s is the
   wall-clock second of day of absolute step 0's start); only with
   time_of_day (see periodic_features_usable: a periodic term is kept only
@@ -43,6 +47,15 @@ from typing import Any, Mapping
 
 import numpy as np
 from scipy.ndimage import maximum_filter1d
+
+from speckv.services.predictor.trend import (
+    batch_trend_columns,
+    rise_accel,
+    rising,
+    rising_counts,
+    sum_spans,
+    trend_names,
+)
 
 RATIO_EPS = 1e-3
 NEVER = np.iinfo(np.int64).min // 4
@@ -73,6 +86,8 @@ class FeatureSpec:
     min_burst_count: float = 5.0
     burst_span: int = 5
     cluster_halflives_s: tuple[float, ...] = (10.0, 60.0)
+    # Empty by default so that a model saved before trend features existed derives its own names.
+    trend_spans: tuple[int, ...] = ()
     cap_s: float = 3600.0
     turn_cap: float = 64.0
     tod_offset_s: float = 0.0
@@ -81,7 +96,7 @@ class FeatureSpec:
     @property
     def ring(self) -> int:
         """Steps of raw history the incremental form keeps per row."""
-        return max(max(self.lags), max(self.windows), self.burst_span)
+        return max(max(self.lags), max(self.windows), self.burst_span, *sum_spans(self.trend_spans))
 
     def names(self) -> tuple[str, ...]:
         return _names(self)
@@ -99,6 +114,7 @@ class FeatureSpec:
         out += [f"ratio_hl{h:g}s" for h in self.halflives_s]
         out += ["since_burst_s", "since_arrival_s", "turns", "cluster_lag_1"]
         out += [f"cluster_ewma_hl{h:g}s" for h in self.cluster_halflives_s]
+        out += trend_names(self.trend_spans)
         if self.time_of_day:
             out += ["tod_sin", "tod_cos"]
         return tuple(out)
@@ -114,6 +130,10 @@ class FeatureSpec:
                 raise ValueError(f"{name}={getattr(self, name)}: need at least one, each >= 1 step")
         if self.burst_span < 1:
             raise ValueError(f"burst_span={self.burst_span}: must be >= 1")
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.trend_spans):
+            raise ValueError(f"trend_spans={list(self.trend_spans)}: each must be an integer >= 1 step")
+        if len(set(self.trend_spans)) != len(self.trend_spans):
+            raise ValueError(f"trend_spans={list(self.trend_spans)}: each span once")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
@@ -164,11 +184,14 @@ def _since(spec: FeatureSpec, step: np.ndarray | int, last: np.ndarray) -> np.nd
     return np.where(last == NEVER, spec.cap_s, np.minimum((step - last) * spec.step_s, spec.cap_s))
 
 
-def batch_features(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, first_step: int = 0) -> np.ndarray:
+def batch_features(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, first_step: int = 0,
+                   rising_by_span: np.ndarray | None = None) -> np.ndarray:
     """Features of every (row, step): float32 (rows, steps, features).
     counts: (rows, steps) arrivals of absolute steps first_step..; total:
-    (steps,) the cluster-wide count; history starts at first_step."""
-    cols = _batch_columns(counts, total, spec, first_step)
+    (steps,) the cluster-wide count; history starts at first_step;
+    rising_by_span: trend.rising_counts over every family of the history
+    (None: counted over these rows, right when they are every family)."""
+    cols = _batch_columns(counts, total, spec, first_step, rising_by_span)
     out = np.empty((*cols[0].shape, len(cols)), dtype=np.float32)
     for i, col in enumerate(cols):
         out[:, :, i] = col
@@ -176,19 +199,20 @@ def batch_features(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, fir
 
 
 def batch_feature_rows(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, rows: np.ndarray,
-                       steps: np.ndarray, first_step: int = 0) -> np.ndarray:
+                       steps: np.ndarray, first_step: int = 0, rising_by_span: np.ndarray | None = None) -> np.ndarray:
     """batch_features(...)[rows, steps] without the (rows, steps, features)
     array: each column is gathered as soon as it is computed (float32 (N,
     features), C order). A sparse family is tracked for a few hundred of a
     trace's thousands of steps, so this is most of the saving."""
-    cols = _batch_columns(counts, total, spec, first_step)
+    cols = _batch_columns(counts, total, spec, first_step, rising_by_span)
     out = np.empty((len(rows), len(cols)), dtype=np.float32)
     for i, col in enumerate(cols):
         out[:, i] = col[rows, steps]
     return out
 
 
-def _batch_columns(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, first_step: int) -> list[np.ndarray]:
+def _batch_columns(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, first_step: int,
+                   rising_by_span: np.ndarray | None) -> list[np.ndarray]:
     """Every feature as a (rows, steps) float64 array (or a broadcast view), in names() order."""
     counts = np.asarray(counts, dtype=np.float64)
     n, T = counts.shape
@@ -240,6 +264,10 @@ def _batch_columns(counts: np.ndarray, total: np.ndarray, spec: FeatureSpec, fir
     cols.append(np.minimum(cs[:, 1:], spec.turn_cap))
     cols.append(np.broadcast_to(np.asarray(total, dtype=np.float64), (n, T)))
     cols += [np.broadcast_to(c, (n, T)) for c in cluster]
+    if spec.trend_spans:
+        if rising_by_span is None:
+            rising_by_span = rising_counts([counts], spec.trend_spans, T)
+        cols += batch_trend_columns(counts, total, rising_by_span, spec.trend_spans)
     if spec.time_of_day:
         sin, cos = _tod(spec, steps.astype(np.float64))
         cols += [np.broadcast_to(sin, (n, T)), np.broadcast_to(cos, (n, T))]
@@ -271,6 +299,12 @@ class OnlineFeatures:
     _last_burst: np.ndarray = field(init=False)
     _last_arrival: np.ndarray = field(init=False)
     _turns: np.ndarray = field(init=False)
+    # trend.py's state: trailing sums over sum_spans per row and for the cluster, the cluster's own
+    # ring of totals, and the rising counts as of the last step
+    _trend_sums: np.ndarray = field(init=False)  # (len(sum_spans), capacity)
+    _cluster_ring: np.ndarray = field(init=False)  # (ring,)
+    _cluster_sums: np.ndarray = field(init=False)  # (len(sum_spans),)
+    _rising: np.ndarray = field(init=False)  # (len(trend_spans),)
 
     def __post_init__(self) -> None:
         self.spec.validate()
@@ -278,6 +312,9 @@ class OnlineFeatures:
         self._exposure = [0.0] * nh
         self._cluster = [0.0] * len(self.spec.cluster_halflives_s)
         self._cluster_exposure = [0.0] * len(self.spec.cluster_halflives_s)
+        self._cluster_ring = np.zeros(self.spec.ring)
+        self._cluster_sums = np.zeros(len(sum_spans(self.spec.trend_spans)))
+        self._rising = np.zeros(len(self.spec.trend_spans))
         self._allocate(self.capacity)
 
     def _allocate(self, capacity: int) -> None:
@@ -290,17 +327,19 @@ class OnlineFeatures:
         self._last_burst = np.full(capacity, NEVER, dtype=np.int64)
         self._last_arrival = np.full(capacity, NEVER, dtype=np.int64)
         self._turns = np.zeros(capacity)
+        self._trend_sums = np.zeros((len(sum_spans(self.spec.trend_spans)), capacity))
 
     def grow(self, capacity: int) -> None:
         """Makes room for `capacity` rows; new rows start with no history."""
         if capacity <= self.capacity:
             return
         old = (self._ring, self._sums, self._sumsq, self._ewma, self._last_burst, self._last_arrival, self._turns)
-        peak, n = self._peak, self.capacity
+        peak, trend, n = self._peak, self._trend_sums, self.capacity
         self._allocate(capacity)
         self._peak[:, :n] = peak
         self._ring[:n], self._sums[:, :n], self._sumsq[:, :n], self._ewma[:, :n] = old[0], old[1], old[2], old[3]
         self._last_burst[:n], self._last_arrival[:n], self._turns[:n] = old[4], old[5], old[6]
+        self._trend_sums[:, :n] = trend
 
     def reset_rows(self, rows: np.ndarray) -> None:
         """Forgets rows' history (a row handed to a new family)."""
@@ -309,6 +348,7 @@ class OnlineFeatures:
         self._sums[:, rows] = self._sumsq[:, rows] = self._ewma[:, rows] = 0.0
         self._last_burst[rows] = self._last_arrival[rows] = NEVER
         self._turns[rows] = 0.0
+        self._trend_sums[:, rows] = 0.0
 
     def advance(self, step: int, counts: np.ndarray, total: float) -> None:
         """Takes in completed step `step` (counts per row, float, capacity
@@ -324,6 +364,7 @@ class OnlineFeatures:
             old = self._ring[:, (step - w) % R] if w < R else self._ring[:, col]
             self._sums[i] += counts - old
             self._sumsq[i] += counts * counts - old * old
+        self._advance_trend(step, counts, float(total))
         self._ring[:, col] = counts
         W = max(spec.windows)
         self._peak[step % W] = self._peak[step % W + W] = counts  # exact: counts are small integers
@@ -341,6 +382,30 @@ class OnlineFeatures:
         self._turns = self._turns + counts
         self._cluster_last = float(total)
         self.next_step = step + 1
+
+    def _advance_trend(self, step: int, counts: np.ndarray, total: float) -> None:
+        """Moves the trend sums on by step `step` (before the ring holds it)
+        and counts the rows rising as of it."""
+        spans = self.spec.trend_spans
+        if not spans:
+            return
+        R = self.spec.ring
+        for i, w in enumerate(sum_spans(spans)):
+            self._trend_sums[i] += counts - self._ring[:, (step - w) % R]
+            self._cluster_sums[i] += total - self._cluster_ring[(step - w) % R]
+        self._cluster_ring[step % R] = total
+        for j in range(len(spans)):
+            self._rising[j] = np.count_nonzero(rising(self._trend_sums[3 * j], self._trend_sums[3 * j + 1]))
+
+    def _trend_columns(self, get, n: int) -> list[np.ndarray]:
+        """The trend columns (trend.trend_names order) of the rows `get` reads."""
+        cols: list[np.ndarray] = []
+        for j, w in enumerate(self.spec.trend_spans):
+            cols += list(rise_accel(*(get(self._trend_sums[3 * j + m]) for m in range(3)), w))
+            whole = rise_accel(*(self._cluster_sums[3 * j + m:3 * j + m + 1] for m in range(3)), w)
+            cols += [np.full(n, c[0]) for c in whole]
+            cols.append(np.full(n, self._rising[j]))
+        return cols
 
     def _peaks(self, r: np.ndarray, known: np.ndarray, step: int) -> dict[int, np.ndarray]:
         """max_w for each window. _peak holds each step at rows step % W and
@@ -397,6 +462,7 @@ class OnlineFeatures:
         n = len(rows)
         cols.append(np.full(n, self._cluster_last))
         cols += [np.full(n, _corrected(np.array([c]), x)[0]) for c, x in zip(self._cluster, self._cluster_exposure)]
+        cols += self._trend_columns(get, n)
         if spec.time_of_day:
             sin, cos = _tod(spec, np.full(n, float(step)))
             cols += [sin, cos]

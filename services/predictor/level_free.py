@@ -49,7 +49,7 @@ from speckv.services.predictor.features import FeatureSpec
 
 NAME = "lightgbm-l1"
 BASE_FLOOR = 1e-6  # counts per step; base is already > 0 whenever the training rows held an arrival
-COUNT_PREFIXES = ("lag_", "mean_", "max_", "std_", "ewma_")
+COUNT_PREFIXES = ("lag_", "mean_", "max_", "std_", "ewma_", "rise_", "accel_")  # trend.py's own too
 
 
 def level_free_features(X: np.ndarray, spec: FeatureSpec, base: np.ndarray,

@@ -22,6 +22,10 @@ with the upper quantile and the burst probability read from its distribution.
   and burst probability follow level shifts for free.
 - alarm_threshold: the burst probability that maximises event F1 on the
   validation slice (never on reported rows), stored for consumers.
+- Burst classifiers (burst_model.py, when trained): at each horizon whose
+  validation slice chose them (`burst`), the burst probability is their
+  sigmoid(raw score) instead of the distribution's tail, and the alarm
+  threshold is theirs.
 Training is seeded (seed, deterministic=true, num_threads) and reproducible.
 Rows whose every future count is zero are sampled at keep_zero with weight
 1 / keep_zero: the sums every objective minimises keep their expectation,
@@ -59,6 +63,7 @@ import lightgbm as lgb
 import numpy as np
 
 from speckv.services.predictor import negbin
+from speckv.services.predictor.burst_model import BURST_KIND, DISTRIBUTION, BurstChoice, probability
 from speckv.services.predictor.compiled_trees import CompiledTrees, raw_scores
 from speckv.services.predictor.dataset import Rows
 from speckv.services.predictor.evaluation import best_alarm_threshold
@@ -123,6 +128,7 @@ class LgbmBundle:
     baselines: FeatureBaselines | None = None  # the baseline candidates, with a selection
     selection: Selection | None = None  # None: the served point forecast is the mean
     compiled: CompiledTrees | None = None  # the boosters as native code (compiled_trees.py); None: LightGBM's predict
+    burst: BurstChoice | None = None  # the served burst probability's source per horizon; None: the distribution
 
     def steps(self) -> list[int]:
         return [round(h / self.spec.step_s) for h in self.horizons_s]
@@ -226,9 +232,12 @@ class LgbmBundle:
         upper, prob = np.empty_like(mean), np.empty_like(mean)
         for i, h in enumerate(self.horizons_s):
             phi = self.dispersion[i]
-            threshold = burst_threshold(level, h, self.spec.burst_ratio, self.spec.min_burst_count)
             upper[:, i] = negbin.quantile(self.quantile, mean[:, i], phi)
-            prob[:, i] = negbin.exceed_probability(threshold, mean[:, i], phi)
+            if self.burst is None or self.burst.sources[i] == DISTRIBUTION:
+                threshold = burst_threshold(level, h, self.spec.burst_ratio, self.spec.min_burst_count)
+                prob[:, i] = negbin.exceed_probability(threshold, mean[:, i], phi)
+            else:
+                prob[:, i] = probability(self._raw(BURST_KIND, i, batch.X, 1))
         return expected, upper, np.clip(prob, 0.0, 1.0)
 
 

@@ -12,7 +12,11 @@ those features. Optional, written by training since selections exist:
 per-horizon, per-class choice with every candidate's validation MAE
 (selection.py)}, with the level-free boosters as files.l1 (l1_h1.txt, ...)
 when trained. Without "point" the served point forecast is the count
-booster's mean, as before. Optional, written by save_model since compiled
+booster's mean, as before. Optional, written since burst classifiers exist
+(burst_model.py): "burst" = the per-horizon source of the served burst
+probability and both sources' validation scores, with the classifiers as
+files.burst (burst_h1.txt, ...); without it the burst probability is the
+count distribution's, as before. Optional, written by save_model since compiled
 trees exist: "compiled", every booster as a shared library beside its file
 (count_h1.so, ...; compiled_trees.py). Loaded last and checked against the
 boosters; when absent or unusable the model serves LightGBM's predict, the
@@ -45,6 +49,7 @@ import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor import compiled_trees
+from speckv.services.predictor.burst_model import BURST_KIND, BurstChoice
 from speckv.services.predictor.count_models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
 from speckv.services.predictor.feature_baselines import FeatureBaselines, season_lags
 from speckv.services.predictor.features import FeatureSpec, OnlineFeatures
@@ -53,7 +58,7 @@ from speckv.services.predictor.lgbm_forecaster import KINDS, LEVEL_FREE_KIND, Le
 from speckv.services.predictor.selection import Choice, Selection
 
 EXTRA_KEYS = ("features", "feature_spec", "alarm_threshold", "dispersion", "offset", "trace", "files")
-OPTIONAL_KEYS = ("point", "compiled")
+OPTIONAL_KEYS = ("point", "compiled", "burst")
 
 
 class LightGbmModel:
@@ -185,7 +190,7 @@ def save_model(directory: str | Path, model: LightGbmModel, compile_trees: bool 
     target.mkdir(parents=True, exist_ok=True)
     files: dict[str, list[str]] = {}
     bundle = model.bundle
-    for kind in (*KINDS, LEVEL_FREE_KIND):
+    for kind in (*KINDS, LEVEL_FREE_KIND, BURST_KIND):
         if kind not in bundle.boosters:
             continue
         files[kind] = []
@@ -205,6 +210,8 @@ def save_model(directory: str | Path, model: LightGbmModel, compile_trees: bool 
         manifest["point"] = {"baselines": {"ewma_halflife_s": bundle.baselines.ewma_halflife_s,
                                            "period_steps": bundle.baselines.period_steps},
                              "selection": bundle.selection.to_dict()}
+    if bundle.burst is not None and BURST_KIND in bundle.boosters:
+        manifest["burst"] = bundle.burst.to_dict()
     return write_manifest(target, manifest)
 
 
@@ -263,6 +270,8 @@ def load_lightgbm(manifest: Mapping[str, Any], metrics: Mapping[str, float], dir
     bundle = LgbmBundle(spec, horizons_s, quantile, boosters, thresholds, offset, dispersion)
     if "point" in manifest:
         _parse_point(manifest["point"], files, directory, bundle)
+    if "burst" in manifest:
+        _parse_burst(manifest["burst"], files, directory, bundle)
     # Last, once every booster parsed: the compiled trees are checked against them. Any problem with
     # them is a fallback to LightGBM's predict (same outputs), never a refused model.
     bundle.compiled, why = compiled_trees.load(manifest.get("compiled"), directory,
@@ -305,6 +314,21 @@ def _parse_point(value: Any, files: Any, directory: Path, bundle: LgbmBundle) ->
     except ValueError as exc:
         raise InvalidArgument(f"point.{exc}" if str(exc).startswith("selection") else f"point.selection: {exc}") \
             from None
+
+
+def _parse_burst(value: Any, files: Any, directory: Path, bundle: LgbmBundle) -> None:
+    """Sets the burst classifiers and bundle.burst from the manifest's
+    "burst" and files.burst; InvalidArgument naming the key otherwise."""
+    try:
+        choice = BurstChoice.from_dict(value, len(bundle.horizons_s))
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    names = files.get(BURST_KIND) if isinstance(files, dict) else None
+    if not isinstance(names, list) or len(names) != len(bundle.horizons_s):
+        raise InvalidArgument(f"files.{BURST_KIND}: must list one model file per horizon")
+    bundle.boosters[BURST_KIND] = [_booster(directory, name, len(bundle.spec.names()), f"files.{BURST_KIND}")
+                                   for name in names]
+    bundle.burst = choice
 
 
 def _booster(directory: Path, name: Any, num_features: int, key: str) -> lgb.Booster:

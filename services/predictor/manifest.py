@@ -63,7 +63,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "last-value": ModelKind(RateParams, lambda params, metrics, _dir: LastValueModel(params, metrics)),
     "lightgbm": ModelKind(RateParams, lambda *_: None, parse=_parse_lightgbm,  # type: ignore[arg-type]
                           extra_keys=("features", "feature_spec", "alarm_threshold", "dispersion", "offset",
-                                      "trace", "files", "point", "compiled")),
+                                      "trace", "files", "point", "compiled", "burst")),
 }
 
 

@@ -12,6 +12,10 @@ The level-free boosters also train on binomially thinned copies of the
 counts (level_free.py), cut at the real rows' validation step so that no
 copy of a validation step is trained on.
 
+The burst classifiers (burst_model.py, config `burst`) train on the same
+rows as the count boosters; the validation slice chooses, per horizon,
+whether they or the count distribution serve the burst probability.
+
 The seasonal baseline's period is fitted on the counts trained on (the
 cluster total's autocorrelation, baselines.SeasonalNaive.fit_period, as the
 benchmark's baseline does), and the lags it reads join the feature lags so
@@ -31,6 +35,7 @@ import numpy as np
 
 from speckv.services.common.config import CONFIG_DIR
 from speckv.services.predictor.baselines import SeasonalNaive
+from speckv.services.predictor.burst_model import fit_burst
 from speckv.services.predictor.dataset import BlockForecaster, Rows, build_rows
 from speckv.services.predictor.family_counts import FamilyCounts
 from speckv.services.predictor.feature_baselines import FeatureBaselines, season_lags
@@ -53,6 +58,7 @@ class TrainingConfig:
     lightgbm: Mapping[str, Any]
     baselines: Mapping[str, Any]
     point: Mapping[str, Any] = field(default_factory=dict)  # empty: serve the count booster's mean
+    burst: Mapping[str, Any] = field(default_factory=dict)  # empty: no burst classifiers (burst_model.py)
 
 
 def load_config(path: str | Path | None = None, quick: bool = False, tod_offset_s: float = 0.0) -> TrainingConfig:
@@ -62,7 +68,7 @@ def load_config(path: str | Path | None = None, quick: bool = False, tod_offset_
     spec = FeatureSpec.from_dict({**raw["features"], "step_s": float(raw["step_s"]), "tod_offset_s": tod_offset_s})
     return TrainingConfig(float(raw["step_s"]), tuple(float(h) for h in raw["horizons_s"]), float(raw["quantile"]),
                           float(raw["track_s"]), float(raw["validation_fraction"]), spec, raw["lightgbm"],
-                          raw["baselines"], raw.get("point", {}))
+                          raw["baselines"], raw.get("point", {}), raw.get("burst", {}))
 
 
 def at_step(config: TrainingConfig, step_s: float) -> TrainingConfig:
@@ -146,6 +152,7 @@ def train_on_counts(counts: FamilyCounts, config: TrainingConfig,
             thinned.append(copy_rows.take(np.flatnonzero(
                 copy_rows.step <= validation_cut(rows, config.validation_fraction))))
         fit_point(bundle, train, validation, baselines, point, config.lightgbm, thinned)
+    fit_burst(bundle, train, validation, config.burst, config.lightgbm)
     done = time.perf_counter()
     bundle.train_s = done - began
     bundle.extra["train_cpu_s"] = time.process_time() - cpu  # this process's CPU: the work, without waits for cores

@@ -20,6 +20,7 @@ import pytest
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.predictor import compiled_trees
+from speckv.services.predictor.burst_model import BURST_KIND
 from speckv.services.predictor.compiled_trees import CompiledBooster, Unsupported, check_rows, thresholds
 from speckv.services.predictor.core import PredictorCore, PredictorSettings
 from speckv.services.predictor.count_models import EwmaModel, EwmaParams
@@ -42,9 +43,9 @@ FALLBACK = "lightgbm predict (fallback: "
 
 @pytest.fixture(scope="module")
 def trained() -> TrainResult:
-    """A quick model with a selection: count and level-free (l1) boosters."""
+    """A quick model with a selection: count, level-free (l1) and burst classifier boosters."""
     result = train_on_counts(planted_counts(1200.0, seed=1), load_config(quick=True))
-    assert sorted(result.bundle.boosters) == ["count", LEVEL_FREE_KIND]
+    assert sorted(result.bundle.boosters) == [BURST_KIND, "count", LEVEL_FREE_KIND]
     return result
 
 
@@ -86,7 +87,7 @@ def assert_same_bits(a, b) -> None:
 
 def rows_for(bundle: LgbmBundle, kind: str, k: int, X: np.ndarray) -> np.ndarray:
     """What booster kind reads for feature rows X at k steps."""
-    if kind == "count":
+    if kind in ("count", BURST_KIND):  # both read the feature rows as they are
         return X
     assert bundle.baselines is not None
     return level_free_features(X, bundle.spec, bundle.offset.base(X, bundle.spec), bundle.baselines, k)

@@ -29,8 +29,8 @@ def test_feature_names_derive_from_parameters():
     assert FeatureSpec.from_dict(spec.to_dict()) == spec
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_incremental_features_equal_batch_features_exactly(seed):
+@pytest.mark.parametrize("seed,trend_spans", [(0, ()), (1, ()), (0, (2, 5, 10)), (1, (1, 3))])
+def test_incremental_features_equal_batch_features_exactly(seed, trend_spans):
     rng = np.random.default_rng(seed)
     T, n = 800, 7
     counts = rng.poisson(0.4, (n, T)).astype(np.float64)
@@ -38,7 +38,7 @@ def test_incremental_features_equal_batch_features_exactly(seed):
     counts[2] = 0.0
     counts[2, 700] = 4  # a late newcomer
     total = counts.sum(axis=0)
-    spec = FeatureSpec(tod_offset_s=66_000.0)
+    spec = FeatureSpec(tod_offset_s=66_000.0, trend_spans=trend_spans)
     batch = batch_features(counts, total, spec, first_step=5_000)
     online = OnlineFeatures(spec, capacity=4)
     online.grow(n)
@@ -49,13 +49,14 @@ def test_incremental_features_equal_batch_features_exactly(seed):
     assert (online.features(np.array([-1]))[0, :len(spec.lags)] == 0).all()
 
 
-def test_the_core_keeps_incremental_features_equal_to_batch_on_the_same_history():
+@pytest.mark.parametrize("trend_spans", [(), (2, 5, 10)])
+def test_the_core_keeps_incremental_features_equal_to_batch_on_the_same_history(trend_spans):
     """The live path (arrivals through the core, steps completed by later
     arrivals) sees exactly what the batch form computes from the counts."""
     from speckv.services.predictor.live_features import LiveFeatures
 
     data = planted_counts(400.0, seed=3)
-    spec = FeatureSpec()
+    spec = FeatureSpec(trend_spans=trend_spans)
     core = PredictorCore(ManualClock(400.0), _FeatureReader(spec), PredictorSettings(window_s=600.0))
     dense = data.dense(0, len(data.families))
     arrivals = [Arrival(float(s) + 0.5, data.families[f]) for s in range(data.steps) for f in range(len(dense))

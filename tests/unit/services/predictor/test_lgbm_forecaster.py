@@ -67,7 +67,7 @@ def test_saved_model_loads_through_the_manifest_and_predicts_the_same(trained, t
     manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert manifest["kind"] == "lightgbm" and manifest["features"] == list(result.bundle.spec.names())
     assert sorted(p.name for p in (tmp_path / "m").glob("*.txt")) == sorted(
-        f"{kind}_h{h:g}.txt" for kind in ("count", "l1") for h in result.bundle.horizons_s)
+        f"{kind}_h{h:g}.txt" for kind in ("count", "l1", "burst") for h in result.bundle.horizons_s)
     assert manifest["point"]["selection"] == result.bundle.selection.to_dict()
     assert len(manifest["dispersion"]) == len(result.bundle.horizons_s) and manifest["offset"]["prior_per_step"] > 0
     loaded = load_model(tmp_path / "m")
