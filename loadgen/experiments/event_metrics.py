@@ -2,8 +2,9 @@
 metrics), from request records alone.
 
 The *affected* requests of a kill are those whose prompt holds a block the
-lost node held when it died (arriving in the window before it, they made or
-used that KV; after it, they would have reused it): with conversations, one
+lost node alone held when it died, KV the loss destroyed (arriving in the
+window before it, they made or used that KV; after it, they would have
+reused it): with conversations, one
 family's root is shared by thousands of sessions, so blocks, not families,
 say whom a loss touches. The simulation marks them (membership.py). Without
 marks, and for an add, they are the requests of the affected families: a

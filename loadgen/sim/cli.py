@@ -29,6 +29,12 @@ draw forecasts; the live bench draws the same line for every policy.
 --predictor lightgbm trains the model once, before any worker starts
 (jobs.py says on what).
 
+--sweep KEY=V1,V2 (link, profile; repeatable) runs every cell of their
+cartesian product, each on the base configuration with that cell's values
+(sweep.py), every policy at every node count, on the one pool, and prints
+and writes the regime map (regime.py): per cell and policy the figures
+placement can change, and a heat map in the report.
+
 A policy named `predictive-without-retain` (or -replicate, -prefetch; oracle
 too) runs that policy with the action turned off (ablation.py); beside its
 policy it measures what the action saved, printed and written under
@@ -51,6 +57,9 @@ from speckv.loadgen.sim.jobs import Job, train_once, train_returns_once
 from speckv.loadgen.sim.machine import describe_machine
 from speckv.loadgen.sim.pool import compiled_build, default_jobs, run_all
 from speckv.loadgen.sim.predictor import PREDICTOR_KINDS
+from speckv.loadgen.sim.regime import finish_sweep
+from speckv.loadgen.sim.sweep import parse_sweeps, resolve_cells
+from speckv.loadgen.workload.node_events import get_event_set, load_event_sets
 from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
@@ -95,6 +104,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.add_argument("--report", default=None, help="write the HTML report(s) into this directory")
+    p.add_argument("--events", default=None, metavar="NAME",
+                   help="replay a node event set (node loss, node addition) of services/config/events.json (or "
+                        "--events-file): " + ", ".join(load_event_sets()))
+    p.add_argument("--events-file", default=None, help="the file of --events sets (default: the committed one)")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                   help="run every cell of the product of the sweeps (keys: link, profile; repeat the flag per "
+                        "key), e.g. --sweep link=tcp-25g,eth-100g,rdma-400g --sweep profile=llama-3-8b-h100-vidur")
     args = p.parse_args(list(argv))
     if args.train_trace and args.predictor != "lightgbm":
         raise InvalidArgument("--train-trace trains the LightGBM predictor: give --predictor lightgbm too")
@@ -102,6 +118,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise InvalidArgument("give exactly one of --trace PATH and --synthetic SCENARIO")
     if args.scenarios and not args.synthetic:
         raise InvalidArgument("--scenarios names the file of --synthetic scenarios: give --synthetic too")
+    args.sweeps = parse_sweeps(args.sweep)
+    if args.events_file and not args.events:
+        raise InvalidArgument("--events-file names the file of --events sets: give --events too")
+    if args.events:  # an unknown set or a bad file fails here, before any worker starts
+        get_event_set(args.events, args.events_file)
     args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
     for name in args.policy_list:
         parse_variant(name)  # a bad ablation name fails here, before any worker starts
@@ -124,6 +145,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         if path and not Path(path).exists():
             raise NotFound(f"trace {path} not found")
     config = load_e2e_config(args.config)
+    cells = resolve_cells(args.sweeps, args.config) if args.sweeps else []  # bad values fail before any worker
     code_path, code_line = compiled_build(args.compiled, args.compiled_dir)
     nodes = args.node_list or [config.nodes]
     source = str(Path(args.trace).resolve()) if args.trace else args.synthetic
@@ -131,8 +153,10 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     if args.synthetic:  # a bad name or file fails here, before any worker starts
         get_scenario(args.synthetic, args.seed, config.block_tokens, scenarios)
     jobs = [Job(source, args.seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
-                synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages)
-            for n in nodes for p in args.policy_list]
+                synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages, cell=cell,
+                events=args.events,
+                events_path=str(Path(args.events_file).resolve()) if args.events_file else None)
+            for cell in ([c.key for c in cells] or [()]) for n in nodes for p in args.policy_list]
     console = wide_console()
     console.print(code_line, markup=False)
     machine = describe_machine()
@@ -146,6 +170,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     workers = min(args.jobs or default_jobs(os.cpu_count() or 1), len(jobs))
     results = run_all(jobs, workers, console, code_path, environ)
     args.wall_s = time.perf_counter() - began
+    if cells:
+        return finish_sweep(args.sweeps, cells, results, args, machine, workers, console)
     comparison = assemble(results, args, config, machine)
     print_tables(comparison, console)
     ablation = ablation_rows([RunFigures(r.nodes, r.policy, r.ttfts, r.summary.actions,

@@ -20,10 +20,13 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
+from speckv.loadgen.experiments.event_metrics import event_figures
+from speckv.loadgen.experiments.event_table import LOAD_WINDOW_S
 from speckv.loadgen.experiments.metrics import burst_seconds, summarize
 from speckv.loadgen.experiments.results import FloorSummary, PolicySummary, SimulatedRunFigures
 from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
+from speckv.loadgen.experiments.utilisation import busy_series, utilisation
 from speckv.loadgen.sim.ablation import parse_variant
 from speckv.loadgen.sim.compiled import running_compiled
 from speckv.loadgen.sim.machine import peak_rss_mb
@@ -35,7 +38,9 @@ from speckv.loadgen.sim.predictor import (
 )
 from speckv.loadgen.sim.returns import MIN_TRAINING_TURNS, TrainedReturns, train_returns
 from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.simulation import Simulation
+from speckv.loadgen.sim.simulation import SimRun, Simulation
+from speckv.loadgen.sim.sweep import CellKey, cell_config, cell_label
+from speckv.loadgen.workload.node_events import get_event_set, resolve
 from speckv.loadgen.workload.scaled import ScaledTrace, SliceView, copies_for
 from speckv.loadgen.workload.scenarios import get_scenario
 from speckv.services.common.traces import TraceRequest, load_mooncake, load_trace, trace_format
@@ -70,6 +75,15 @@ class Job:
     scenarios_path: str | None = None
     host_pages: int | None = None  # each node's host tier; None: the configuration's
     returns: TrainedReturns | None = None  # the session-return model (train_returns_once); None: none
+    cell: CellKey = ()  # a --sweep cell's values (sweep.py); (): the configuration as it is
+    events: str | None = None  # a node event set (workload/node_events.py); None: no events
+    events_path: str | None = None  # the file naming it; None: the committed services/config/events.json
+
+    @property
+    def label(self) -> str:
+        """What the progress bar calls it: unique among one command's jobs."""
+        where = f"{cell_label(self.cell)}, " if self.cell else ""
+        return f"{where}{self.nodes} nodes {self.policy}"
 
     @property
     def serves_lightgbm(self) -> bool:
@@ -95,6 +109,7 @@ class SimulationResult:
     ttfts: list[float]
     arrivals: list[tuple[float, str]]  # (trace s, family); empty for a slice of more than 50,000 requests
     timeline: dict[str, list]  # "forecasts": (trace s, family, count), "commits": (trace s, real bytes, family)
+    cell: CellKey = ()  # the Job's
 
 
 def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
@@ -136,7 +151,7 @@ def run_job(job: Job, progress=None) -> SimulationResult:
 
 
 def _run_job(job: Job, progress) -> SimulationResult:
-    config = load_e2e_config(job.config_path)
+    config = cell_config(job.config_path, job.cell)
     workload, notes = build_workload(job, config)
     start = job.start_s if job.start_s is not None else float(workload.times[0]) if len(workload) else 0.0
     end = start + job.duration_s if job.duration_s is not None else math.inf
@@ -153,10 +168,12 @@ def _run_job(job: Job, progress) -> SimulationResult:
 
     def report(total: int, done: int, _record) -> None:
         if progress is not None and (done % 500 == 0 or done == total):
-            progress.put((job.nodes, job.policy, done, total))
+            progress.put((job.label, done, total))
 
+    node_events = (resolve(get_event_set(job.events, job.events_path), workload.times[lo:hi], job.events)
+                   if job.events else [])
     sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), history, report,
-                     future=workload, trained=trained, returns=job.returns)
+                     future=workload, trained=trained, returns=job.returns, node_events=node_events)
     run = sim.run()
     bursts = burst_seconds(workload.times.tolist())
     # Each copy's floor is its base request's: copies have disjoint blocks, and
@@ -168,7 +185,12 @@ def _run_job(job: Job, progress) -> SimulationResult:
                                events_per_s=run.events / run.cpu_s if run.cpu_s else None, virtual_s=run.virtual_s,
                                network_bytes=run.network_bytes, peak_rss_mb=round(peak_rss_mb(), 1))
     return SimulationResult(
-        nodes=job.nodes, policy=job.policy, summary=replace(summary, simulated=cost, actions=run.actions),
+        nodes=job.nodes, policy=job.policy,
+        summary=replace(summary, simulated=cost, actions=run.actions,
+                        utilisation=utilisation(run.records, config.ttft_target_ms, list(run.lifetimes),
+                                                run.lifetimes).to_json(),
+                        events=[event_figures(run.records, e, floor.by_request_key(), floor.shared_by_request_key())
+                                .to_json() for e in run.node_events] if job.events else None),
         notes=notes,
         floor=floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts, floor.returning),
         predictor=run.predictor, code="mypyc" if running_compiled() else "python",
@@ -177,7 +199,20 @@ def _run_job(job: Job, progress) -> SimulationResult:
         ttfts=[r.ttft_ms for r in run.records if r.served],
         arrivals=[(r.arrival_s, r.family) for r in run.records] if hi - lo <= 50_000 else [],
         timeline={"forecasts": run.forecasts,
-                  "commits": [(t, b * config.real_bytes_per_block, f) for t, b, f in run.replicas.commits]})
+                  "commits": [(t, b * config.real_bytes_per_block, f) for t, b, f in run.replicas.commits],
+                  **({"node_load": _load_around_events(run)} if run.node_events else {})},
+        cell=job.cell)
+
+
+def _load_around_events(run: SimRun) -> dict[str, object]:
+    """Per-node busy fraction per second from LOAD_WINDOW_S before the first
+    node event to LOAD_WINDOW_S after the last (the report's load plot)."""
+    first = int(math.floor(run.node_events[0].at_s)) - LOAD_WINDOW_S
+    seconds = int(math.ceil(run.node_events[-1].at_s)) + LOAD_WINDOW_S - first
+    series = busy_series(run.records, list(run.lifetimes), first, seconds)
+    for node, (joined, left) in run.lifetimes.items():  # None where the node did not exist
+        series[node] = [x if joined <= first + k < left else None for k, x in enumerate(series[node])]
+    return {"first_s": first, "nodes": series, "events": [(e.kind, e.at_s, e.node) for e in run.node_events]}
 
 
 @contextlib.contextmanager

@@ -53,8 +53,9 @@ class Membership:
                 outcome.recompute_tokens += block_tokens
 
     def killed(self, node: NodeId, at_s: float, held: set[int], alive_after: int) -> EventOutcome:
-        """Records a kill: the families whose chain roots the node held, and
-        its blocks as lost until something recomputes them."""
+        """Records a kill: held is the KV it destroyed (the node's blocks no
+        survivor holds); the families whose chain roots are among them, and
+        those blocks as lost until something recomputes them."""
         self.dead.add(node)
         joined, _ = self.lifetimes.get(node, (-math.inf, math.inf))
         self.lifetimes[node] = (joined, at_s)

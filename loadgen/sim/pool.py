@@ -97,7 +97,7 @@ def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = Non
     columns = (TextColumn("{task.description:>24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     results: list[SimulationResult] = []
     with Progress(*columns, console=console) as bar:
-        tasks = {(j.nodes, j.policy): bar.add_task(f"{j.nodes} nodes {j.policy}", total=None) for j in jobs}
+        tasks = {j.label: bar.add_task(j.label, total=None) for j in jobs}
         ctx = multiprocessing.get_context("spawn")
         blas_threads = max(1, (os.cpu_count() or 1) // workers)
         manager = SyncManager(ctx=ctx)  # serves the progress queue; it too exits with this process
@@ -110,8 +110,8 @@ def run_all(jobs: list[Job], workers: int, console, code_path: Path | None = Non
                 pending = set(futures)
                 while pending:
                     while not queue.empty():
-                        nodes, policy, done, total = queue.get()
-                        bar.update(tasks[(nodes, policy)], completed=done, total=total)
+                        label, done, total = queue.get()
+                        bar.update(tasks[label], completed=done, total=total)
                     finished = {f for f in pending if f.done()}
                     for f in finished:
                         results.append(result_of(f, workers))

@@ -472,7 +472,10 @@ class Simulation:
         or a pull from it was feeding, is re-sent."""
         now = self.queue.now()
         held = self.kv[node].held_blocks()
-        outcome = self.membership.killed(node, now, held, len(self._alive()) - 1)
+        survivors = [self.kv[n] for n in self._alive() if n != node]
+        # Only KV no survivor also holds is lost (a shared system prompt lives everywhere).
+        lost = {h for h in held if not any(h in kv for kv in survivors)}
+        outcome = self.membership.killed(node, now, lost, len(self._alive()) - 1)
         i = self._next - 1
         while i >= 0 and self._requests[i].arrival_s >= now - EVENT_WINDOW_S:
             self.membership.arrived(request_key(i), self._requests[i].block_hashes)
