@@ -12,9 +12,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 
-# Reinstall when the dependency list changes.
+# Reinstall when the dependency list changes. The ray extra too, so that
+# CI runs speckv simulate --ray's test (tests/unit/loadgen/sim/test_ray_pool.py).
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[test,sim]'
+	$(PY) -m pip install -q -e '.[test,sim,ray]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -62,12 +62,17 @@ def event_table(policies: Mapping[str, PolicySummary]) -> str:
     return "\n".join(lines)
 
 
-def nodes_needed_line(needed: Mapping[str, int | None], counts: Sequence[int], attainment: float) -> str:
+def nodes_needed_line(needed: Mapping[str, int | None], counts: Sequence[int], attainment: float,
+                      load_nodes: int | None = None) -> str:
+    """One line; it says when the counts did not serve one workload (each
+    scaled its own), which makes the comparison one of loads, not of nodes."""
     if len(counts) < 2:
         return ""
     cells = ", ".join(f"{p} {n if n is not None else f'> {max(counts)}'}" for p, n in needed.items())
+    load = (f"all on the load of {load_nodes} nodes" if load_nodes else
+            "each count on its own scaled load: give --load-nodes N to compare counts on one workload")
     return (f"nodes needed for SLO attainment >= {attainment:g} (of {', '.join(map(str, counts))} nodes "
-            f"simulated): {cells}")
+            f"simulated, {load}): {cells}")
 
 
 def load_around_events(loads: Mapping[str, Mapping[str, object]]):

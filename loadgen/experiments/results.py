@@ -200,6 +200,7 @@ class SimulatedTotals:
     peak_rss_mb: float
     by_nodes: dict[str, ScaleRow]
     machine: dict[str, object] = field(default_factory=dict)
+    load_nodes: int | None = None  # every node count served the load sized for this many nodes; None: each its own
 
     def nodes_needed(self, min_attainment: float = NODES_NEEDED_ATTAINMENT) -> dict[str, int | None]:
         """Per policy, the smallest simulated node count whose SLO attainment
@@ -256,7 +257,7 @@ class Comparison:
                         "code": sim.code, "cpu_s": sim.cpu_s, "events_per_s": sim.events_per_s,
                         "peak_rss_mb": sim.peak_rss_mb,
                         "by_nodes": {n: row.to_json() for n, row in sim.by_nodes.items()}, "scale": sim.scale(),
-                        "nodes_needed": {"min_slo_attainment": NODES_NEEDED_ATTAINMENT,
+                        "nodes_needed": {"min_slo_attainment": NODES_NEEDED_ATTAINMENT, "load_nodes": sim.load_nodes,
                                          "node_counts": sorted(map(int, sim.by_nodes)),
                                          "policies": sim.nodes_needed()}})
         out["notes"] = list(self.notes)

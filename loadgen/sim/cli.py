@@ -23,6 +23,11 @@ JSON and reports.
 hot modules (compiled.py; `make sim-compiled` builds it) when it matches the
 source, else on the source; the console and the JSON's "code" say which.
 
+--ray [ADDRESS] runs the same simulations as Ray tasks instead (ray_pool.py;
+the `ray` extra): on a local Ray instance started for the command (--jobs
+CPUs), or on the cluster at ADDRESS (auto, ray://HOST:PORT or HOST:PORT).
+The results are the pool's, bit for bit.
+
 The predictor runs only in the simulations of the policies that read its
 forecasts (FORECAST_POLICIES: predictive), so only their report time lines
 draw forecasts; the live bench draws the same line for every policy.
@@ -57,6 +62,7 @@ from speckv.loadgen.sim.jobs import Job, train_once, train_returns_once
 from speckv.loadgen.sim.machine import describe_machine
 from speckv.loadgen.sim.pool import compiled_build, default_jobs, run_all
 from speckv.loadgen.sim.predictor import PREDICTOR_KINDS
+from speckv.loadgen.sim.ray_pool import LOCAL, RayTarget, preflight, run_on_ray
 from speckv.loadgen.sim.regime import finish_sweep
 from speckv.loadgen.sim.sweep import parse_sweeps, resolve_cells
 from speckv.loadgen.workload.node_events import get_event_set, load_event_sets
@@ -78,6 +84,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         f"{', '.join(load_scenarios())})")
     p.add_argument("--nodes", default=None, help="node count, or a comma-separated list (default: the config's)")
     p.add_argument("--policies", default=ALL_POLICIES, help="comma-separated")
+    p.add_argument("--load-nodes", type=int, default=None, metavar="N",
+                   help="size the workload for N nodes (its copies) at every --nodes count, so the counts serve one "
+                        "workload and nodes_needed compares like with like (default: each count its own load)")
     p.add_argument("--start-s", type=float, default=None, help="slice start, trace s (default: the first arrival)")
     p.add_argument("--duration-s", type=float, default=None, help="slice length, trace s (default: to the end)")
     p.add_argument("--predictor", choices=PREDICTOR_KINDS, default="builtin",
@@ -98,6 +107,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "faster, identical results): auto uses them when they match the source, on requires them")
     p.add_argument("--compiled-dir", default=None,
                    help="where the compiled build is (default: build/sim-compiled at the project root)")
+    p.add_argument("--ray", nargs="?", const=LOCAL, default=None, metavar="ADDRESS",
+                   help="run the simulations as Ray tasks (pip install -e '.[ray]'): alone, on a local Ray "
+                        "started with --jobs CPUs; with ADDRESS (auto, ray://HOST:PORT, HOST:PORT) on that cluster")
     p.add_argument("--host-pages", type=int, default=None,
                    help="each node's host tier in blocks (default: the config's cluster.host_pages; 0 turns the "
                         "host tier off)")
@@ -119,6 +131,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.scenarios and not args.synthetic:
         raise InvalidArgument("--scenarios names the file of --synthetic scenarios: give --synthetic too")
     args.sweeps = parse_sweeps(args.sweep)
+    args.ray_target = RayTarget.parse(args.ray) if args.ray is not None else None
     if args.events_file and not args.events:
         raise InvalidArgument("--events-file names the file of --events sets: give --events too")
     if args.events:  # an unknown set or a bad file fails here, before any worker starts
@@ -134,6 +147,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise InvalidArgument(f"--nodes={args.nodes!r}: expected integers, e.g. 8,64,256") from None
     if args.host_pages is not None and args.host_pages < 0:
         raise InvalidArgument(f"--host-pages={args.host_pages}: must be >= 0 (0: no host tier)")
+    if args.load_nodes is not None and args.load_nodes < 1:
+        raise InvalidArgument(f"--load-nodes={args.load_nodes}: must be >= 1")
     if any(n < 1 for n in args.node_list) or (args.jobs is not None and args.jobs < 1) or args.speed <= 0:
         raise InvalidArgument("--nodes >= 1, --jobs >= 1 and --speed > 0 are required")
     return args
@@ -147,6 +162,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     config = load_e2e_config(args.config)
     cells = resolve_cells(args.sweeps, args.config) if args.sweeps else []  # bad values fail before any worker
     code_path, code_line = compiled_build(args.compiled, args.compiled_dir)
+    if args.ray_target is not None:  # Ray missing or its address dead fails before any training
+        preflight(args.ray_target)
     nodes = args.node_list or [config.nodes]
     source = str(Path(args.trace).resolve()) if args.trace else args.synthetic
     scenarios = str(Path(args.scenarios).resolve()) if args.scenarios else None
@@ -154,7 +171,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         get_scenario(args.synthetic, args.seed, config.block_tokens, scenarios)
     jobs = [Job(source, args.seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
                 synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages, cell=cell,
-                events=args.events,
+                events=args.events, load_nodes=args.load_nodes,
                 events_path=str(Path(args.events_file).resolve()) if args.events_file else None)
             for cell in ([c.key for c in cells] or [()]) for n in nodes for p in args.policy_list]
     console = wide_console()
@@ -167,8 +184,12 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     returns = train_returns_once(args, config, jobs[0], console)
     if returns is not None:
         jobs = [replace(j, returns=returns) for j in jobs]
-    workers = min(args.jobs or default_jobs(os.cpu_count() or 1), len(jobs))
-    results = run_all(jobs, workers, console, code_path, environ)
+    if args.ray_target is not None:
+        ran = run_on_ray(jobs, args.ray_target, args.jobs, console, code_path, environ)
+        results, workers = ran.results, ran.workers
+    else:
+        workers = min(args.jobs or default_jobs(os.cpu_count() or 1), len(jobs))
+        results = run_all(jobs, workers, console, code_path, environ)
     args.wall_s = time.perf_counter() - began
     if cells:
         return finish_sweep(args.sweeps, cells, results, args, machine, workers, console)

@@ -47,7 +47,8 @@ def assemble(results: list[SimulationResult], args: argparse.Namespace, config: 
     totals = SimulatedTotals(wall_s=args.wall_s, simulated_events=total_events,
                              code=",".join(sorted({r.code for r in results})), cpu_s=total_cpu,
                              events_per_s=total_events / total_cpu if total_cpu else None,
-                             peak_rss_mb=max(c.peak_rss_mb for c in costs), by_nodes=by_nodes, machine=machine)
+                             peak_rss_mb=max(c.peak_rss_mb for c in costs), by_nodes=by_nodes, machine=machine,
+                             load_nodes=getattr(args, "load_nodes", None))
     host_pages = config.host_pages if args.host_pages is None else args.host_pages
     host = (f"each node has a host tier of {host_pages} blocks ({host_pages * config.real_bytes_per_block / 2**30:.1f} "
             f"GiB) below its device tier, promoted over a {config.host_link.gbps:g} Gbit/s host link"
@@ -111,7 +112,8 @@ def print_tables(comparison: Comparison, console) -> None:
     console.print(scale_table(comparison), markup=False)
     sim = comparison.simulated
     assert sim is not None
-    needed = nodes_needed_line(sim.nodes_needed(), sorted(map(int, sim.by_nodes)), NODES_NEEDED_ATTAINMENT)
+    needed = nodes_needed_line(sim.nodes_needed(), sorted(map(int, sim.by_nodes)), NODES_NEEDED_ATTAINMENT,
+                               sim.load_nodes)
     if needed:
         console.print(needed, markup=False)
 

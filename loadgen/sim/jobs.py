@@ -78,6 +78,7 @@ class Job:
     cell: CellKey = ()  # a --sweep cell's values (sweep.py); (): the configuration as it is
     events: str | None = None  # a node event set (workload/node_events.py); None: no events
     events_path: str | None = None  # the file naming it; None: the committed services/config/events.json
+    load_nodes: int | None = None  # size the workload (copies) for this many nodes whatever `nodes` is; None: nodes
 
     @property
     def label(self) -> str:
@@ -114,7 +115,7 @@ class SimulationResult:
 
 def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
     """The (scaled) workload and notes saying what it is."""
-    copies = copies_for(job.nodes, config.nodes)
+    copies = copies_for(job.load_nodes or job.nodes, config.nodes)
     if job.synthetic:
         scenario = get_scenario(job.source, job.seed, config.block_tokens, job.scenarios_path)
         base = scenario.requests()
@@ -126,7 +127,8 @@ def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]
         notes = [f"Real trace {path.name}, {len(base)} requests, replayed whole unless a slice is given."]
     workload = ScaledTrace(base, copies)
     if copies > 1:
-        notes.append(f"{job.nodes} nodes: the workload is merged with {copies - 1} copies of itself (copy k's "
+        notes.append(f"{job.load_nodes or job.nodes} nodes' load: the workload is merged with {copies - 1} copies of "
+                     "itself (copy k's "
                      f"block hashes offset by k x (max hash + 1), families prefixed 'c<k>:', arrivals rotated by "
                      f"k/{copies} of its span), {len(workload)} requests in all, one copy per {config.nodes} nodes "
                      "(the live configuration's node count for one trace).")
