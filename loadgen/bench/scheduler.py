@@ -197,19 +197,8 @@ def _state_dir(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
                 ("submit_order", lambda stub, i: stub.SubmitOrder(order(i), timeout=10))) for mode in stubs]
             times = _interleave([lambda i, fn=fn, stub=stubs[mode]: fn(stub, i) for _, mode, fn in calls], n_calls)
         finally:
-            for channel in channels.values():
-                channel.close()
-            for popen, _ in servers.values():
-                popen.terminate()
-                try:
-                    popen.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    popen.kill()
-                    popen.wait(timeout=15)
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for (rpc, mode, _), samples in zip(calls, times):
-        out.setdefault(rpc, {})[mode] = _pcts(samples)
-    return out
+            _stop_all(channels, servers)
+    return _by_rpc_and_mode(calls, times)
 
 
 def _tls(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
@@ -245,19 +234,8 @@ def _tls(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
             calls += [("empty_ms", mode, lambda i, h=stubs[mode][1]: h.Check(empty, timeout=10)) for mode in stubs]
             times = _interleave([fn for _, _, fn in calls], n_calls)
         finally:
-            for channel in channels.values():
-                channel.close()
-            for popen, _ in servers.values():
-                popen.terminate()
-                try:
-                    popen.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    popen.kill()
-                    popen.wait(timeout=15)
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for (rpc, mode, _), samples in zip(calls, times):
-        out.setdefault(rpc, {})[mode] = _pcts(samples)
-    return out
+            _stop_all(channels, servers)
+    return _by_rpc_and_mode(calls, times)
 
 
 def _start_scheduler(args: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
@@ -338,3 +316,24 @@ def _pcts(samples: list[float]) -> dict[str, float]:
 def _show(what: str, p: dict[str, float], unit: str, target: float | None) -> None:
     goal = f" (target p99 < {target:.3g} {unit})" if target is not None else ""
     print(f"{what}: p50 {p['p50']:.3f} {unit}, p99 {p['p99']:.3f} {unit}{goal}", flush=True)
+
+
+def _stop_all(channels: dict, servers: dict) -> None:
+    """Closes the channels, then stops each scheduler process (killed past 15 s)."""
+    for channel in channels.values():
+        channel.close()
+    for popen, _ in servers.values():
+        popen.terminate()
+        try:
+            popen.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(timeout=15)
+
+
+def _by_rpc_and_mode(calls: list, times: list) -> dict[str, dict[str, dict[str, float]]]:
+    """Percentiles per (rpc, mode) of the interleaved calls' samples."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (rpc, mode, _), samples in zip(calls, times):
+        out.setdefault(rpc, {})[mode] = _pcts(samples)
+    return out

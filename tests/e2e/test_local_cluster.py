@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import grpc
@@ -14,8 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.grpc_helpers import SERVICE_NAMES, reflected_services
-
-SPECKV = [sys.executable, "-m", "speckv.services.cli"]
+from tests.support.speckv_up import SPECKV, start_up
 
 
 def _alive(pid: int) -> bool:
@@ -29,19 +27,9 @@ def _alive(pid: int) -> bool:
 @pytest.fixture
 def cluster(tmp_path):
     env = {**os.environ, "SPECKV_RUN_DIR": str(tmp_path)}
-    process = subprocess.Popen([*SPECKV, "up", "--nodes", "2"], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=env)
-    output = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        output.append(line)
-        if "ready" in line:
-            break
-        if not line and process.poll() is not None:
-            pytest.fail("speckv up exited early:\n" + "".join(output))
+    process, output = start_up(["--nodes", "2"], env)
     state = json.loads((tmp_path / "cluster.json").read_text())
-    yield process, state, env, "".join(output)
+    yield process, state, env, output
     if process.poll() is None:
         process.kill()
         process.wait()

@@ -8,29 +8,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
-SPECKV = [sys.executable, "-m", "speckv.services.cli"]
+from tests.support.speckv_up import SPECKV, start_up
 
 
 @pytest.fixture
 def tls_cluster(tmp_path):
     env = {**os.environ, "SPECKV_RUN_DIR": str(tmp_path)}
-    process = subprocess.Popen([*SPECKV, "up", "--nodes", "2", "--tls"], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=env)
-    output = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        output.append(line)
-        if "ready" in line:
-            break
-        if not line and process.poll() is not None:
-            pytest.fail("speckv up --tls exited early:\n" + "".join(output))
-    yield process, json.loads((tmp_path / "cluster.json").read_text()), env, "".join(output)
+    process, output = start_up(["--nodes", "2", "--tls"], env)
+    yield process, json.loads((tmp_path / "cluster.json").read_text()), env, output
     if process.poll() is None:
         process.kill()
         process.wait()

@@ -8,31 +8,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import grpc
 import pytest
 
 from speckv.services.common.tls import TlsFiles, dial
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-SPECKV = [sys.executable, "-m", "speckv.services.cli"]
+from tests.support.speckv_up import SPECKV, start_up
 
 
 def _up(tmp_path, *flags: str) -> tuple[subprocess.Popen, dict, dict]:
     env = {**os.environ, "SPECKV_RUN_DIR": str(tmp_path), "SPECKV_LOG_LEVEL": "WARNING"}
-    process = subprocess.Popen([*SPECKV, "up", "--nodes", "1", *flags], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=env)
-    output = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        output.append(line)
-        if "ready" in line:
-            break
-        if not line and process.poll() is not None:
-            pytest.fail("speckv up exited early:\n" + "".join(output))
+    process, _ = start_up(["--nodes", "1", *flags], env)
     return process, json.loads((tmp_path / "cluster.json").read_text()), env
 
 
