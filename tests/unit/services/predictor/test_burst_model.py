@@ -55,7 +55,8 @@ def _train(config):
 
 @pytest.fixture(scope="module")
 def trained():
-    return _train(load_config(quick=True))
+    config = load_config(quick=True)  # the trend features are opt-in (services/config/predictor.json)
+    return _train(dataclasses.replace(config, spec=dataclasses.replace(config.spec, trend_spans=(5,))))
 
 
 def _held_out_score(config, data, split, bundle):
@@ -76,8 +77,8 @@ def test_a_burst_announced_by_other_families_rising_together_is_alarmed_before_i
 
 
 def test_without_the_trend_features_the_same_bursts_are_mostly_seen_late():
-    config = load_config(quick=True)
-    plain = _train(dataclasses.replace(config, spec=dataclasses.replace(config.spec, trend_spans=())))
+    plain = _train(load_config(quick=True))
+    assert plain[0].spec.trend_spans == ()
     score = _held_out_score(*plain)
     assert score.early <= 0.6  # what the trend features add in the test above
 
