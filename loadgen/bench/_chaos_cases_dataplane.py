@@ -35,9 +35,10 @@ class RawWriter:
         self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.AUTH, self.handle, 0, len(token), 0))
         self.sock.sendall(token)
 
-    def chunk(self, offset: int, data: bytes, crc: int) -> None:
+    def chunk(self, offset: int, data: bytes, crc: int | None = None) -> None:
+        """crc: the checksum the header claims (default: the data's own)."""
         self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.CHUNK, self.handle, offset, len(data),
-                                             crc))
+                                             crc32c(data) if crc is None else crc))
         self.sock.sendall(data)
 
     def end(self) -> wire.Reply:

@@ -12,12 +12,12 @@ from typing import Iterator
 import grpc
 import pytest
 
+from speckv.loadgen.bench._chaos_cases_dataplane import RawWriter
 from speckv.services.common.certs import make_bundle
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import open_channel
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.dataplane import wire
-from speckv.services.kvstore.dataplane.tcp_target import split_address
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.kvstore_service import block_bytes, get, kvstore, put
 from tests.support.scheduler_service import scheduler
@@ -53,31 +53,7 @@ def reserve(dst, hashes: list[int], order_id: str = "o-9") -> kvstore_pb2.Reserv
                                                   family="f", lease_ms=30_000), timeout=TIMEOUT)
 
 
-class Writer:
-    """A raw data plane connection to a reservation's data address."""
-
-    def __init__(self, grant: kvstore_pb2.ReserveResponse) -> None:
-        self.sock = socket.create_connection(split_address(grant.data_address), timeout=TIMEOUT)
-        self.handle = grant.handle.encode()
-
-    def auth(self, token: bytes) -> None:
-        self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.AUTH, self.handle, 0, len(token), 0))
-        self.sock.sendall(token)
-
-    def chunk(self, offset: int, data: bytes, crc: int | None = None) -> None:
-        self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.CHUNK, self.handle, offset, len(data),
-                                             crc32c(data) if crc is None else crc))
-        self.sock.sendall(data)
-
-    def end(self) -> wire.Reply:
-        self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.END, self.handle, 0, 0, 0))
-        return wire.read_reply(self.sock)
-
-    def reply(self) -> wire.Reply:
-        return wire.read_reply(self.sock)
-
-    def close(self) -> None:
-        self.sock.close()
+Writer = RawWriter  # the chaos suite's raw data plane connection (loadgen/bench/_chaos_cases_dataplane.py)
 
 
 def payload(hashes: list[int]) -> bytes:
