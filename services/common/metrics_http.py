@@ -10,7 +10,21 @@ in `_total`; attribute keys become labels (`rpc.method` -> `rpc_method`).
 
 Every endpoint has its own CollectorRegistry, never the global one, so several
 servers in one process (the service tests) each expose only their own
-instruments. Only GET /metrics is answered; any other path is a 404.
+instruments.
+
+Given a `readiness` callable (ServiceServer passes one reading its gRPC health
+servicer), the endpoint also answers the kubelet's HTTP probes, which is what
+lets Kubernetes probe a server whose gRPC port is mutual TLS (the kubelet's
+native gRPC probe speaks no TLS and has no client certificate):
+
+    GET /healthz   200 "OK" whenever the process answers HTTP at all (liveness)
+    GET /readyz    200 "SERVING" while readiness() is "SERVING", else 503 with
+                   the status it named (NOT_SERVING from the start of a drain on)
+
+Every other path is a 404. The endpoint is plain HTTP on purpose: it carries
+read-only counters and a serving status, no secrets and nothing that changes
+state, and its clients (the kubelet's probes, an annotation-driven Prometheus
+scrape) hold no certificate of the cluster's CA to present.
 """
 from __future__ import annotations
 
@@ -29,6 +43,9 @@ from speckv.services.common.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 METRICS_PATH = "/metrics"
+HEALTHZ_PATH = "/healthz"
+READYZ_PATH = "/readyz"
+SERVING = "SERVING"  # the grpc.health.v1 status name readiness() returns for a ready process
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -51,6 +68,26 @@ def only_metrics_path(app: WsgiApp) -> WsgiApp:
     return serve
 
 
+def with_probe_paths(app: WsgiApp, readiness: Callable[[], str]) -> WsgiApp:
+    """app (only_metrics_path's) plus GET /healthz and GET /readyz (module
+    docstring). readiness() is called once per /readyz request, so the answer
+    is the servicer's status at that moment, never a cached one."""
+    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path not in (HEALTHZ_PATH, READYZ_PATH):
+            return app(environ, start_response)
+        if environ.get("REQUEST_METHOD", "GET") != "GET":  # the kubelet's probes GET
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain; charset=utf-8"),
+                                                      ("Allow", "GET")])
+            return [b"GET only\n"]
+        status = "OK" if path == HEALTHZ_PATH else readiness()
+        code = "200 OK" if path == HEALTHZ_PATH or status == SERVING else "503 Service Unavailable"
+        start_response(code, [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")])
+        return [f"{status}\n".encode()]
+
+    return serve
+
+
 class _QuietHandler(WSGIRequestHandler):
     # Scrapes arrive every few seconds; an access log line each would drown the service's log.
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
@@ -67,7 +104,8 @@ class _ThreadingServer6(_ThreadingServer):
 
 
 class MetricsEndpoint:
-    """An HTTP server answering GET /metrics with meter_provider's instruments.
+    """An HTTP server answering GET /metrics with meter_provider's instruments,
+    and with readiness given, GET /healthz and /readyz (module docstring).
 
     Binds at construction (a taken port fails here, as the gRPC port does),
     serves from `start()` on a daemon thread, and `stop()` closes the socket
@@ -78,7 +116,8 @@ class MetricsEndpoint:
     it serves a call. Observable gauges read the present at each scrape.
     """
 
-    def __init__(self, meter_provider: MeterProvider, host: str, port: int) -> None:
+    def __init__(self, meter_provider: MeterProvider, host: str, port: int,
+                 readiness: Callable[[], str] | None = None) -> None:
         self._meter_provider = meter_provider
         registry = CollectorRegistry()
         # Scope labels would repeat the service name on every series; the
@@ -87,8 +126,10 @@ class MetricsEndpoint:
         family, bare = bind_family(host)
         server_class = _ThreadingServer6 if family == socket.AF_INET6 else _ThreadingServer
         try:
-            self._http = make_server(bare, port, only_metrics_path(make_wsgi_app(registry)),
-                                     server_class=server_class, handler_class=_QuietHandler)
+            app = only_metrics_path(make_wsgi_app(registry))
+            if readiness is not None:
+                app = with_probe_paths(app, readiness)
+            self._http = make_server(bare, port, app, server_class=server_class, handler_class=_QuietHandler)
         except OSError as exc:
             self._reader.shutdown()
             raise InvalidArgument(f"could not bind the metrics endpoint {host}:{port}: {exc}") from None

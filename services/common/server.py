@@ -21,7 +21,12 @@ flushed.
 
 With `metrics_port` set, the process also answers Prometheus scrapes at
 http://host:metrics_port/metrics (metrics_http.py), on the gRPC server's host,
-from the same instruments its OpenTelemetry exporters see.
+from the same instruments its OpenTelemetry exporters see, and the HTTP
+probes /healthz and /readyz; /readyz reads the health servicer's status of ""
+(the whole process), which is NOT_SERVING from construction until start()
+has run its hooks, SERVING then, and NOT_SERVING again from the start of
+stop(). Kubernetes probes those when the gRPC port is mutual TLS
+(deploy/k8s/components/tls).
 """
 from __future__ import annotations
 
@@ -176,6 +181,9 @@ class ServiceServer:
         )
         self.service_names = list(register(self._server))
         self._health = health.HealthServicer(experimental_non_blocking=True)
+        # The servicer starts with "" SERVING; the process is not until start() has run its
+        # hooks, and /readyz (served from before the hooks run) must not say otherwise.
+        self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self._server)
@@ -194,13 +202,27 @@ class ServiceServer:
             self.port = self._server.add_insecure_port(bind)
         if self.port == 0:
             raise InvalidArgument(f"could not bind {settings.host}:{settings.port}")
-        # Bound now, like the gRPC port, so a taken port fails before serving.
-        self.metrics = MetricsEndpoint(telemetry.meter_provider, settings.host, settings.metrics_port) \
-            if settings.metrics_port else None
+        # Bound now, like the gRPC port, so a taken port fails before serving. Plain HTTP even
+        # when the gRPC port is mutual TLS: it serves read-only counters and the serving status,
+        # no secrets and nothing that changes state, to clients (the kubelet's probes, Prometheus)
+        # that hold no certificate of the cluster's CA.
+        self.metrics = MetricsEndpoint(telemetry.meter_provider, settings.host, settings.metrics_port,
+                                       readiness=self.health_status) if settings.metrics_port else None
 
     @property
     def address(self) -> str:
         return f"{self.settings.host}:{self.port}"
+
+    def health_status(self, service: str = "") -> str:
+        """The status name (SERVING, NOT_SERVING, SERVICE_UNKNOWN) the standard
+        health service answers for service ("": the whole process) right now,
+        read through the servicer's own Check, so /readyz and a gRPC health
+        probe never disagree."""
+        context = _LocalCheck()
+        reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), context)
+        if context.code is grpc.StatusCode.NOT_FOUND:
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
     def on_start(self, hook: Callable[[], None]) -> None:
         """hook runs once the server accepts calls (start background threads)."""
@@ -239,6 +261,17 @@ class ServiceServer:
 
     def wait(self) -> None:
         self._stopped.wait()
+
+
+class _LocalCheck:
+    """The one part of a ServicerContext HealthServicer.Check uses (set_code,
+    for a service it does not know), for asking it in-process."""
+
+    def __init__(self) -> None:
+        self.code: grpc.StatusCode | None = None
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
 
 
 def _check_identity(name: str, tls: TlsMaterial | None) -> None:

@@ -2,7 +2,8 @@
 http://127.0.0.1:PORT/metrics with the instruments its OpenTelemetry exporters
 see, and the values follow real RPCs: RPC latency histograms per method, pool
 pages per tier, orders by state and outcome, bytes replicated and wasted,
-forecasts served. The exposition is read with prometheus_client's parser, as
+forecasts served. The same port answers the HTTP probes /healthz and /readyz
+from the process's gRPC health service. The exposition is read with prometheus_client's parser, as
 a scraper would. The dashboard's queries name only series the services serve.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from speckv.v1 import (
@@ -216,3 +218,35 @@ def test_the_dashboard_queries_only_served_series(kvstore_scrape, scheduler_scra
                for name in re.findall(r"\bspeckv_[a-z_]+", target["expr"])}
     assert queried, "the dashboard queries speckv series"
     assert queried <= served, f"queried but never served: {sorted(queried - served)}"
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of GET path, error statuses included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=TIMEOUT) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_probe_paths_follow_the_health_service_into_shutdown():
+    """/healthz answers while the process serves HTTP; /readyz says what the
+    gRPC health service says about "" (the whole process): 200 SERVING once
+    started, 503 NOT_SERVING from the start of stop() (the on_stop hooks run
+    after health goes NOT_SERVING and before the endpoint closes), so a
+    Kubernetes readiness probe takes a draining pod out of its Service."""
+    port = free_port()
+    during_stop: dict[str, tuple[int, str]] = {}
+    with running("predictor", ["--metrics-port", str(port)]) as server, \
+            grpc.insecure_channel(server.address) as channel:
+        grpc_status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                timeout=TIMEOUT).status
+        assert grpc_status == health_pb2.HealthCheckResponse.SERVING
+        assert http_get(port, "/healthz") == (200, "OK\n")
+        assert http_get(port, "/readyz") == (200, "SERVING\n")
+        for path in ("/", "/health", "/readyz/", "/healthz/x", "/ready"):
+            assert http_get(port, path)[0] == 404, path
+        assert http_get(port, "/metrics")[0] == 200
+        server.on_stop(lambda: during_stop.update(readyz=http_get(port, "/readyz"), healthz=http_get(port, "/healthz")))
+    assert during_stop == {"readyz": (503, "NOT_SERVING\n"), "healthz": (200, "OK\n")}
+    assert refused(port)
