@@ -192,7 +192,8 @@ class ChaosSpec:
     heartbeat_interval_ms: int = 250
     data_read_timeout_s: float = 4.0
     pin_lease_s: float = 2.0
-    extra: dict[str, list[str]] = field(default_factory=dict)
+    extra: dict[str, list[str]] = field(default_factory=dict)  # service kind -> flags added to each of its kind
+    node_extra: dict[str, list[str]] = field(default_factory=dict)  # node id -> flags for that kvstore alone
 
 
 class ChaosCluster:
@@ -232,7 +233,7 @@ class ChaosCluster:
         for i, name in enumerate(nodes):
             args = ["--node-id", name, "--geometry", "tiny", "--device-pages", str(spec.device_pages),
                     "--data-read-timeout-s", str(spec.data_read_timeout_s), "--pin-lease-s", str(spec.pin_lease_s),
-                    "--reservation-lease-s", "5", "--peer-timeout-s", "5"]
+                    "--reservation-lease-s", "5", "--peer-timeout-s", "5", *spec.node_extra.get(name, ())]
             if name == self.partitioned_node:
                 # Reserve the node's own port first, so its forwarder knows where to forward.
                 port = _free_port()

@@ -5,13 +5,14 @@ It starts a mutual-TLS cluster of real `speckv` processes (_chaos_cluster.py)
 and runs every case of the issue, bounded in count and time: the abuses of
 its opening (each must now be refused or harmless), kill -9 of each service
 mid-traffic, a slow peer, a full pool, a partitioned node, idle data plane
-connections and streams, and a scheduler killed and restarted on its
---state-dir under replay. Each case states its expected outcome and records
-the observed one; per area it prints cases tried and cases that behaved
-correctly. `--json PATH` writes one object per area with `tried`,
-`correct`, its cases (expected, observed) and its figures (measurements
-against the issue's targets, reported, never judged). `--quick` runs every
-case at a smaller scale.
+connections and streams, a scheduler killed and restarted on its
+--state-dir under replay, and a kvstore killed in the middle of a burst
+through the reference router (issue 27, _chaos_cases_membership.py). Each
+case states its expected outcome and records the observed one; per area it
+prints cases tried and cases that behaved correctly. `--json PATH` writes
+one object per area with `tried`, `correct`, its cases (expected, observed)
+and its figures (measurements against the issue's targets, reported, never
+judged). `--quick` runs every case at a smaller scale.
 
 Where the machine allows (`unshare --net` and `ip`), the suite re-executes
 itself in a private network namespace, so its nftables partition touches
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from speckv.loadgen.bench import _chaos_report as report
+from speckv.loadgen.bench._chaos_cases_membership import VICTIM, VICTIM_FLAGS
 from speckv.loadgen.bench._chaos_cluster import NETNS_ENV, ChaosCluster, ChaosSpec
 
 
@@ -90,11 +92,12 @@ def _areas() -> list[tuple[str, Callable[[Context], None]]]:
         _chaos_cases_identity,
         _chaos_cases_limits,
         _chaos_cases_load,
+        _chaos_cases_membership,
     )
-    # Destructive areas last: faults kill and restart services.
+    # Destructive areas last: faults and membership kill and restart services.
     return [("identity", _chaos_cases_identity.run), ("dataplane", _chaos_cases_dataplane.run),
             ("limits", _chaos_cases_limits.run), ("load", _chaos_cases_load.run),
-            ("faults", _chaos_cases_faults.run)]
+            ("faults", _chaos_cases_faults.run), ("membership", _chaos_cases_membership.run)]
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -120,7 +123,9 @@ def _run(args: argparse.Namespace, run_dir: Path, environ: Mapping[str, str]) ->
     scale = QUICK if args.quick else FULL
     wanted = {a for a in args.areas.split(",") if a}
     recorder = report.Recorder()
-    cluster = ChaosCluster(ChaosSpec(data_read_timeout_s=scale.data_read_timeout_s), run_dir, environ)
+    # The membership area's victim sends replication through a link cap, so its orders stay open.
+    spec = ChaosSpec(data_read_timeout_s=scale.data_read_timeout_s, node_extra={VICTIM: VICTIM_FLAGS})
+    cluster = ChaosCluster(spec, run_dir, environ)
     started = time.monotonic()
     print(f"speckv bench chaos{' --quick' if args.quick else ''}: starting a mutual-TLS cluster in {run_dir}",
           flush=True)
