@@ -7,14 +7,18 @@ naming some other host:port connects nowhere.
 The registry is the scheduler's (GetClusterState, over the agent's channel:
 mutual TLS when TLS is on), cached here. A miss refreshes it, at most once
 per `min_refresh_s` (seconds), so a node that registered a moment ago is
-found and a flood of bad targets costs the scheduler one call a second.
+found and a flood of bad targets costs the scheduler one call a second. A
+miss during a refresh waits for that refresh and checks its result: orders
+to two peers sent together must not see one of them refused because the
+other's fetch had started and not yet landed.
 A node without a scheduler has no registry and refuses every target.
 
 The data address a target's Reserve answers (its TCP data plane) must be on
 the host of its registered address (`check_data_address`): a target cannot
 point the source's bytes at a third machine.
 
-Thread-safe (one lock around the cache; the fetch runs outside it).
+Thread-safe: one lock around the cache, and one that a fetch holds while it
+runs (a check waits on it only when its target was not in the cache).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ class RegisteredPeers:
         self._nodes: dict[str, str] = {}
         self._fetched_at: float | None = None
         self._lock = threading.Lock()
+        self._fetching = threading.Lock()  # held for the whole of a fetch
 
     def check(self, target_node: str, target_address: str) -> None:
         """Returns when target_address is the registered address of a
@@ -64,18 +69,25 @@ class RegisteredPeers:
             return self._nodes
 
     def _refresh(self) -> bool:
-        """Reloads the registry unless it was loaded under min_refresh_s ago;
-        whether it did."""
-        now = self._clock.now()
-        with self._lock:
-            if self._fetched_at is not None and now - self._fetched_at < self._min_refresh_s:
-                return False
-            self._fetched_at = now
-        assert self._fetch is not None
-        nodes = dict(self._fetch())
-        with self._lock:
-            self._nodes = nodes
-        return True
+        """Reloads the registry unless a load started under min_refresh_s ago;
+        whether the cache may have changed since the caller looked (it did
+        load, or it waited for a load that was running)."""
+        waited = not self._fetching.acquire(blocking=False)
+        if waited:
+            self._fetching.acquire()
+        try:
+            now = self._clock.now()
+            with self._lock:
+                if self._fetched_at is not None and now - self._fetched_at < self._min_refresh_s:
+                    return waited
+                self._fetched_at = now  # a failed fetch counts too: an unreachable scheduler is asked once a second
+            assert self._fetch is not None
+            nodes = dict(self._fetch())
+            with self._lock:
+                self._nodes = nodes
+            return True
+        finally:
+            self._fetching.release()
 
     @staticmethod
     def _matches(nodes: Mapping[str, str], target_node: str, target_address: str) -> bool:

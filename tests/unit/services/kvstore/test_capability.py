@@ -3,6 +3,8 @@ that mints and checks them (write_gate.py) and the registry of where
 replicas may go (peers.py)."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from speckv.services.common import capability as capability_module
@@ -129,6 +131,40 @@ def test_peers_accept_only_registered_addresses_and_refresh_at_most_once_a_secon
     clock.advance(1.0)
     peers.check("node-c", "127.0.0.1:5002")  # a miss after a second refreshes
     assert registry.calls == 2
+
+
+def test_a_check_during_a_refresh_waits_for_it_instead_of_refusing():
+    """Two orders sent together to two peers: the second's miss comes while
+    the first's fetch runs, and must see what that fetch brings."""
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow_registry() -> dict[str, str]:
+        calls.append(1)
+        started.set()
+        assert release.wait(10.0)
+        return {"node-b": "127.0.0.1:5001", "node-c": "127.0.0.1:5002"}
+
+    peers = RegisteredPeers(slow_registry, ManualClock(0.0))
+    first = threading.Thread(target=peers.check, args=("node-b", "127.0.0.1:5001"))
+    first.start()
+    assert started.wait(10.0)
+    outcome: list[BaseException | None] = []
+    second = threading.Thread(target=lambda: outcome.append(_raised(peers.check, "node-c", "127.0.0.1:5002")))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # waiting on the fetch, not refused
+    release.set()
+    first.join(10.0), second.join(10.0)
+    assert outcome == [None] and len(calls) == 1
+
+
+def _raised(call, *args) -> BaseException | None:
+    try:
+        call(*args)
+    except BaseException as exc:  # noqa: BLE001 - the test reports whatever it was
+        return exc
+    return None
 
 
 def test_without_a_registry_no_target_is_allowed():
