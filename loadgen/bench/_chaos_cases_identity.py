@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 AREA = "identity"
 SEEDED = [7_000_001, 7_000_002, 7_000_003]
 DENIED = grpc.StatusCode.PERMISSION_DENIED
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
 REFUSED = (grpc.StatusCode.UNAVAILABLE,)  # a failed handshake: the call never reaches a handler
 
 
@@ -96,8 +97,13 @@ def run(ctx: "Context") -> None:
     rec.case(AREA, "node-1 watches node-0's orders", "PERMISSION_DENIED",
              lambda: expect_code(lambda: as_node1.WatchOrders(scheduler_pb2.WatchOrdersRequest(node_id="node-0"),
                                                               timeout=TIMEOUT), DENIED))
-    rec.case(AREA, "node-1 calls ReloadModel from /", "PERMISSION_DENIED; model unchanged",
-             lambda: _reload(cluster))
+    rec.case(AREA, "node-1 calls ReloadModel", "PERMISSION_DENIED; model unchanged",
+             lambda: _reload(cluster, "node-1", predictor_pb2.ReloadModelRequest(name="v1"), DENIED))
+    rec.case(AREA, "admin ReloadModel of the path / (paths are refused)", "INVALID_ARGUMENT; model unchanged",
+             lambda: _reload(cluster, "admin", predictor_pb2.ReloadModelRequest(path="/"), INVALID))
+    rec.case(AREA, "admin ReloadModel of the name ../../etc (out of the model root)",
+             "INVALID_ARGUMENT; model unchanged",
+             lambda: _reload(cluster, "admin", predictor_pb2.ReloadModelRequest(name="../../etc"), INVALID))
     rec.case(AREA, "node-1 calls Replicate on node-0 (make it dial anywhere)", "PERMISSION_DENIED; nothing dialled",
              lambda: expect_code(lambda: kv_as_node1.Replicate(kvstore_pb2.ReplicateRequest(order=order(
                  "node-0", "node-2", ctx.bait_address, SEEDED, "o-evil")), timeout=TIMEOUT), DENIED,
@@ -143,10 +149,9 @@ def _fake_report(cluster, registry: dict[str, str]) -> Verdict:
     return Verdict(verdict.ok and replicated < 10 ** 15, f"{verdict.observed}; bytes_replicated {replicated}")
 
 
-def _reload(cluster) -> Verdict:
+def _reload(cluster, who: str, request: predictor_pb2.ReloadModelRequest, wanted: grpc.StatusCode) -> Verdict:
     before = cluster.predictor().GetModelInfo(predictor_pb2.ModelInfoRequest(), timeout=TIMEOUT)
-    verdict = expect_code(lambda: cluster.predictor("node-1").ReloadModel(
-        predictor_pb2.ReloadModelRequest(path="/"), timeout=TIMEOUT), DENIED)
+    verdict = expect_code(lambda: cluster.predictor(who).ReloadModel(request, timeout=TIMEOUT), wanted)
     after = cluster.predictor().GetModelInfo(predictor_pb2.ModelInfoRequest(), timeout=TIMEOUT)
     same = (before.version, before.source) == (after.version, after.source)
     return Verdict(verdict.ok and same, f"{verdict.observed}; model {after.version} from {after.source}")

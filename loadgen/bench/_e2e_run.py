@@ -122,9 +122,11 @@ def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], sl
                run_dir: Path | None = None, model_dir: Path | None = None,
                setup: EngineSetup | None = None, events: EventPlan | None = None) -> PolicyRun:
     """model_dir: the predictor model to load before replay (None: its builtin
-    one); setup: the engines (None: the emulated ones). A policy that reads
-    forecasts also gets session-return foresight: a return model trained on
-    the trace before the slice, on the replay's clock (bench/returns.py
+    one), by name: its parent is the predictor's --model-root, so keep it in a
+    folder of its own (ReloadModel loads only names under the root); setup:
+    the engines (None: the emulated ones). A policy that reads forecasts also
+    gets session-return foresight: a return model trained on the trace
+    before the slice, on the replay's clock (bench/returns.py
     train_for_replay), served by the predictor (--returns-model) with its
     tracker warmed on that history (--returns-warm), and every finished
     request reported to it as a turn end (TurnEndReporter). events: node
@@ -145,6 +147,8 @@ def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], sl
         write_restamped_trace(oracle, requests, slice_)
         predictor_args = (returns.predictor_args(unix_times.to_clock, directory / "returns-warm.jsonl")
                           if returns else [])
+        if model_dir is not None:
+            predictor_args += ["--model-root", str(model_dir.parent)]
         cluster = LocalCluster(cluster_spec(config, oracle, unix0, slice_.speed, setup, predictor_args), directory,
                                environ)
         with cluster:
@@ -175,7 +179,7 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
         scheduler.SetPolicy(scheduler_pb2.SetPolicyRequest(name=policy), timeout=10.0)
         if model_dir is not None:
             predictor_pb2_grpc.PredictorStub(predictor_channel).ReloadModel(
-                predictor_pb2.ReloadModelRequest(path=str(model_dir)), timeout=30.0)
+                predictor_pb2.ReloadModelRequest(name=model_dir.name), timeout=30.0)
         engine_map, jobs, store_kv = build_engines(setup, config, kv_channels, times.speed)
         warmed = warm_cluster(scheduler_channel, kv_channels, warm, unix_times, setup.geometry.bytes_per_block,
                               setup.warm_kv_blocks, store_kv)

@@ -162,9 +162,10 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
                   f"KV bytes scaled 1/{setup.byte_scale}")
     runs: dict[str, PolicyRun] = {}
     summaries: dict[str, PolicySummary] = {}
-    with tempfile.TemporaryDirectory(prefix="speckv-e2e-model-") as model_dir:
+    # The model in a folder of its own: that folder is the predictor's model root (ReloadModel by name).
+    with tempfile.TemporaryDirectory(prefix="speckv-e2e-model-") as model_root:
         with quiet_lightgbm_training():
-            model = train_before_slice(trace, slice_, Path(model_dir), quick, config.warmup_s)
+            model = train_before_slice(trace, slice_, Path(model_root) / "before-slice", quick, config.warmup_s)
         console.print(f"predictor: {model.describe()}")
         for policy in policies:
             runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory,

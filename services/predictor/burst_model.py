@@ -15,8 +15,9 @@ event F1 at its own best alarm threshold (evaluation.best_alarm_threshold)
 is higher than the count distribution's at its own, else the count
 distribution (ties to it: the older source, and no bursts in validation
 means no evidence). The choice, both sources' validation scores and the
-served alarm threshold are recorded in the manifest ("burst") and shown by
-GetModelInfo's choices. Training rows and weights are the count booster's
+served alarm threshold are recorded in the manifest ("burst",
+"alarm_threshold") and shown by GetModelInfo's burst_choices (one
+HorizonBurstChoice per horizon, BurstChoice.per_horizon). Training rows and weights are the count booster's
 (idle rows sampled at keep_zero, weight 1 / keep_zero: a row with no
 arrivals is never a burst, so the sampling keeps the labels' expectation).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import lightgbm as lgb
 import numpy as np
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 BURST_KIND = "burst"  # boosters["burst"]: the classifiers, when trained
 CLASSIFIER, DISTRIBUTION = "classifier", "count-distribution"
 SOURCES = (CLASSIFIER, DISTRIBUTION)
+SCORE_KEYS = ("f1", "precision", "recall", "lead_s", "threshold")  # a source's validation scores, SourceScore's order
 
 
 def probability(raw: np.ndarray) -> np.ndarray:
@@ -83,10 +85,52 @@ class BurstChoice:
                 raise ValueError("burst.scores: each must map a source to its validation scores")
         return cls(tuple(sources), tuple(scores), tuple(episodes))
 
+    def per_horizon(self, horizons_s: Sequence[float], alarm_threshold: Sequence[float]) \
+            -> tuple["HorizonBurstChoice", ...]:
+        """The choice as GetModelInfo shows it: per horizon, the source served,
+        the served alarm threshold and each scored source's validation scores
+        (None read as NaN), sources in SOURCES order."""
+        out = []
+        for i, h in enumerate(horizons_s):
+            scored = []
+            for name in SOURCES:
+                raw = self.scores[i].get(name)
+                if raw is not None:
+                    scored.append(SourceScore(name, *(math.nan if raw[k] is None else float(raw[k])
+                                                      for k in SCORE_KEYS)))
+            out.append(HorizonBurstChoice(float(h), self.sources[i], float(alarm_threshold[i]), self.episodes[i],
+                                          tuple(scored)))
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceScore:
+    """One source's validation event scores at its own best alarm
+    threshold (evaluation.burst_score); NaN where undefined."""
+
+    source: str
+    f1: float
+    precision: float
+    recall: float
+    lead_s: float  # median over detected episodes, seconds from the first alarm to the burst
+    threshold: float
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonBurstChoice:
+    """What serves the burst probability at one horizon. Invariants: chosen
+    in SOURCES; alarm_threshold in [0, 1] (the manifest's, for this
+    horizon); episodes >= 0, the validation slice's burst episodes."""
+
+    horizon_s: float
+    chosen: str
+    alarm_threshold: float
+    episodes: int
+    scores: tuple[SourceScore, ...]
+
 
 def _scores_ok(value: Any) -> bool:
-    keys = ("f1", "precision", "recall", "lead_s", "threshold")
-    return isinstance(value, dict) and sorted(value) == sorted(keys) and all(
+    return isinstance(value, dict) and sorted(value) == sorted(SCORE_KEYS) and all(
         v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
         for v in value.values())
 

@@ -22,7 +22,8 @@ class PredictorConfig(ServerSettings):
     long_halflife_s: float = field(default=120.0, metadata={"help": "half-life of the slow EWMA that sets a family's burst threshold, seconds"})
     burst_ratio: float = field(default=3.0, metadata={"help": "a burst is more than burst_ratio x the family's long-run count over the horizon"})
     min_burst_count: float = field(default=5.0, metadata={"help": "a burst is never fewer arrivals than this over the horizon"})
-    model_dir: str = field(default="", metadata={"help": "model directory with manifest.json to load at start; empty: builtin EWMA"})
+    model_dir: str = field(default="", metadata={"help": "model directory with manifest.json to load at start (a path, relative to the working directory, anywhere: the operator's own choice); empty: builtin EWMA"})
+    model_root: str = field(default="", metadata={"help": "directory whose direct subdirectories ReloadModel may load, by name (never a path; a symlink leading out of it is refused); empty: ReloadModel is FAILED_PRECONDITION"})
     max_families_per_call: int = field(default=100_000, metadata={"help": "most families one Forecast may name or return"})
     max_horizon_s: float = field(default=600.0, metadata={"help": "longest horizon a forecast may ask for, seconds"})
     retrain_interval_s: float = field(default=0.0, metadata={"help": "retrain LightGBM on the window every this many seconds in the background; 0: never"})
@@ -72,7 +73,7 @@ class PredictorConfig(ServerSettings):
                             max_families_per_call=self.max_families_per_call,
                             max_horizon_s=self.max_horizon_s, max_future_s=self.max_future_s,
                             max_clock_skew_s=self.max_clock_skew_s, max_families_tracked=self.max_families_tracked,
-                            reload_probe_timeout_s=self.reload_probe_timeout_s)
+                            reload_probe_timeout_s=self.reload_probe_timeout_s, model_root=self.model_root)
 
     def returns_settings(self, tracker: TrackerLimits, conversations_held: int) -> ReturnsSettings:
         """The served tracker's limits: its caps from the `session_return`

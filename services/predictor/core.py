@@ -26,8 +26,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
@@ -38,10 +37,14 @@ from speckv.services.predictor.arrival_ring import ArrivalPlacement, ArrivalSeri
 from speckv.services.predictor.clock_skew import checked_now
 from speckv.services.predictor.count_models import CountModel, Memos, SeriesState, rank_rows
 from speckv.services.predictor.live_features import LiveFeatures
-from speckv.services.predictor.manifest import load_model, model_directory
+from speckv.services.predictor.manifest import MAX_PATH_CHARS, load_model
+from speckv.services.predictor.model_root import resolve_model_name
 from speckv.services.predictor.observations import Arrival, ObserveResult, Rejection, RejectReason, check_arrival
 from speckv.services.predictor.sandbox import probe_model
 from speckv.services.predictor.selection import Choice
+
+if TYPE_CHECKING:  # burst_model imports lightgbm; the core itself never needs it
+    from speckv.services.predictor.burst_model import HorizonBurstChoice
 
 BUILTIN_SOURCE = "builtin"
 
@@ -65,6 +68,8 @@ class PredictorSettings:
     # recently seen first (memory is rows x window steps x 4 bytes). 0: no cap.
     max_families_tracked: int = 100_000
     reload_probe_timeout_s: float = 60.0  # a candidate model must load and predict in the probe within this
+    # The directory ReloadModel's names are resolved under (model_root.py); empty: no reloads
+    model_root: str = ""
 
     @property
     def window_steps(self) -> int:
@@ -83,6 +88,8 @@ class PredictorSettings:
                 raise InvalidArgument(f"{name}={value}: must be finite and >= 0")
         if not (math.isfinite(self.reload_probe_timeout_s) and self.reload_probe_timeout_s > 0):
             raise InvalidArgument(f"reload_probe_timeout_s={self.reload_probe_timeout_s}: must be finite and > 0")
+        if len(self.model_root) > MAX_PATH_CHARS or "\x00" in self.model_root:
+            raise InvalidArgument(f"model_root: at most {MAX_PATH_CHARS} characters and no NUL")
         if self.max_families_tracked < 0:
             raise InvalidArgument(f"max_families_tracked={self.max_families_tracked}: must be >= 0 (0: no cap)")
         for name in ("max_families_per_call", "max_horizons_per_call", "max_family_len"):
@@ -122,6 +129,8 @@ class ModelInfoRecord:
     family_classes: str = ""
     # how the model's trees are evaluated: compiled, or LightGBM's predict and why (empty: no trees)
     inference: str = ""
+    # the burst probability's source per horizon (burst_model.py); empty: no classifier, the distribution
+    burst_choices: tuple[HorizonBurstChoice, ...] = ()
 
 
 @dataclass(slots=True)
@@ -243,18 +252,22 @@ class PredictorCore:
         return ModelInfoRecord(m.name, m.version, tuple(m.horizons_s), m.quantile, tuple(m.features),
                                dict(m.metrics), serving.source, serving.loaded_at_s, tracked, total,
                                m.burst_definition, tuple(getattr(m, "choices", ())),
-                               str(getattr(m, "family_classes", "")), str(getattr(m, "inference", "")))
+                               str(getattr(m, "family_classes", "")), str(getattr(m, "inference", "")),
+                               tuple(getattr(m, "burst_choices", ())))
 
-    def reload(self, path: str) -> ModelInfoRecord:
-        """Loads the model in directory path and swaps it in; on any error the
-        model in service stays and the error propagates. The candidate is
-        first loaded and exercised in a probe process (sandbox.py): a booster
-        that crashes the native library kills the probe, not the predictor,
-        and is FailedPrecondition."""
-        model_directory(path)  # cheap refusals (empty, overlong, absent) before a process is started
-        probe_model(path, self._settings.reload_probe_timeout_s)
-        model = load_model(path)  # off the lock: file IO and validation
-        self.install(model, str(Path(path)))
+    def reload(self, name: str) -> ModelInfoRecord:
+        """Loads the model directory `name` under settings.model_root and
+        swaps it in; on any error the model in service stays and the error
+        propagates. Only a directory that resolves under the root is read
+        (model_root.py: a bad name or a root escape is refused before any
+        process starts). The candidate is first loaded and exercised in a
+        probe process (sandbox.py): a booster that crashes the native library
+        kills the probe, not the predictor, and is FailedPrecondition. The
+        model's source is the resolved directory."""
+        directory = resolve_model_name(self._settings.model_root, name)
+        probe_model(directory, self._settings.reload_probe_timeout_s)
+        model = load_model(directory)  # off the lock: file IO and validation
+        self.install(model, str(directory))
         return self.model_info()
 
     def install(self, model: CountModel, source: str) -> None:

@@ -24,7 +24,8 @@ same outputs, and `inference` (GetModelInfo) says which path serves and why.
 
 Serving: the expected count served is exactly the bundle's (the chosen
 candidate or blend per horizon and family class, lgbm_forecaster.py), the
-choice readable through `choices` (GetModelInfo). Features come from the core's OnlineFeatures (state.features), as of
+choice readable through `choices` (GetModelInfo), the burst probability's
+source per horizon through `burst_choices`. Features come from the core's OnlineFeatures (state.features), as of
 the last complete step. Families never seen read as a fresh family (all
 family features zero, cluster and time terms current), so their forecast is
 the model's own prior for a newcomer. A requested horizon the model was not
@@ -49,7 +50,7 @@ import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor import compiled_trees
-from speckv.services.predictor.burst_model import BURST_KIND, BurstChoice
+from speckv.services.predictor.burst_model import BURST_KIND, BurstChoice, HorizonBurstChoice
 from speckv.services.predictor.count_models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
 from speckv.services.predictor.feature_baselines import FeatureBaselines, season_lags
 from speckv.services.predictor.features import FeatureSpec, OnlineFeatures
@@ -92,6 +93,16 @@ class LightGbmModel:
         """The served point forecast per horizon and family class (empty: the mean)."""
         selection = self.bundle.selection
         return selection.choices if selection is not None else ()
+
+    @property
+    def burst_choices(self) -> tuple[HorizonBurstChoice, ...]:
+        """The burst probability's source per horizon, as the manifest's
+        "burst" and "alarm_threshold" record it (empty: no classifiers, the
+        count distribution serves every horizon)."""
+        bundle = self.bundle
+        if bundle.burst is None or BURST_KIND not in bundle.boosters:
+            return ()
+        return bundle.burst.per_horizon(self.horizons_s, bundle.alarm_threshold)
 
     @property
     def family_classes(self) -> str:

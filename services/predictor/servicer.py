@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import grpc
 
 from speckv.services.common import authz
 from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
+from speckv.services.predictor.model_root import refuse_path
 from speckv.services.predictor.observations import Arrival, ObserveResult
 from speckv.services.predictor.returns.serving import ReturnsAnswer, ReturnsCore, TurnEndRecord, TurnEndResult
 from speckv.services.predictor.selection import Choice
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
+
+if TYPE_CHECKING:
+    from speckv.services.predictor.burst_model import HorizonBurstChoice
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
@@ -48,9 +52,9 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
 
     def ReloadModel(self, request: predictor_pb2.ReloadModelRequest,
                     context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
-        authz.require_admin(context, "ReloadModel")  # it loads any folder the server can read
-        return model_info_to_proto(self._core.reload(request.path))
-
+        authz.require_admin(context, "ReloadModel")  # it runs a candidate's code (in the probe process)
+        refuse_path(request.path)
+        return model_info_to_proto(self._core.reload(request.name))
 
     def ReportTurnEnds(self, request: predictor_pb2.TurnEndBatch,
                        context: grpc.ServicerContext) -> predictor_pb2.TurnEndAck:
@@ -109,7 +113,16 @@ def model_info_to_proto(info: ModelInfoRecord) -> predictor_pb2.ModelInfo:
         features=list(info.features), metrics=info.metrics, source=info.source, loaded_at_s=info.loaded_at_s,
         families_tracked=info.families_tracked, observations_total=info.observations_total,
         burst_definition=info.burst_definition, choices=[choice_to_proto(c) for c in info.choices],
-        family_classes=info.family_classes, inference=info.inference)
+        family_classes=info.family_classes, inference=info.inference,
+        burst_choices=[burst_choice_to_proto(b) for b in info.burst_choices])
+
+
+def burst_choice_to_proto(choice: HorizonBurstChoice) -> predictor_pb2.BurstChoice:
+    return predictor_pb2.BurstChoice(
+        horizon_s=choice.horizon_s, chosen=choice.chosen, alarm_threshold=choice.alarm_threshold,
+        validation_bursts=choice.episodes,
+        candidates=[predictor_pb2.BurstSourceScore(source=s.source, f1=s.f1, precision=s.precision, recall=s.recall,
+                                                   lead_s=s.lead_s, threshold=s.threshold) for s in choice.scores])
 
 
 def choice_to_proto(choice: Choice) -> predictor_pb2.ForecastChoice:

@@ -2,10 +2,12 @@
 now_s is INVALID_ARGUMENT and leaves later forecasts model-based; a
 candidate booster that crashes the native library is a refused reload
 (FAILED_PRECONDITION) while the old model keeps serving; malformed
-manifests, overlong paths and wrongly typed keys are never INTERNAL."""
+manifests, overlong names and wrongly typed keys are never INTERNAL;
+ReloadModel loads only names under the model root, never a path outside it."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -42,8 +44,15 @@ def crashing_copy(model_dir: Path, target: Path) -> Path:
 
 
 @pytest.fixture
-def stub(model_dir: Path) -> Iterator[predictor_pb2_grpc.PredictorStub]:
-    config = PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir))
+def root(tmp_path: Path) -> Path:
+    """The predictor's model root; the candidates of a test are placed in it."""
+    (tmp_path / "models").mkdir()
+    return tmp_path / "models"
+
+
+@pytest.fixture
+def stub(model_dir: Path, root: Path) -> Iterator[predictor_pb2_grpc.PredictorStub]:
+    config = PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir), model_root=str(root))
     config.validate()
     server: ServiceServer = build_server(config, build_telemetry("predictor", {}), clock=ManualClock(NOW)).start()
     channel = open_channel(server.address, None)
@@ -89,54 +98,101 @@ def test_far_future_now_is_refused_and_later_forecasts_stay_model_based(
 
 
 def test_crashing_booster_is_a_refused_reload_and_the_old_model_keeps_serving(
-        stub: predictor_pb2_grpc.PredictorStub, model_dir: Path, tmp_path: Path) -> None:
+        stub: predictor_pb2_grpc.PredictorStub, model_dir: Path, root: Path) -> None:
     _feed(stub)
     before, _ = _model_based(stub)
-    bad = crashing_copy(model_dir, tmp_path / "crash")
+    crashing_copy(model_dir, root / "crash")
     with pytest.raises(grpc.RpcError) as caught:
-        stub.ReloadModel(pb.ReloadModelRequest(path=str(bad)), timeout=DEADLINE_S)
+        stub.ReloadModel(pb.ReloadModelRequest(name="crash"), timeout=DEADLINE_S)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "probe process died" in caught.value.details()
     info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
     assert (info.version, info.source) == ("lgbm-v1", str(model_dir))
     assert _model_based(stub)[0] == before
     # a good model still reloads after the refusal
-    assert stub.ReloadModel(pb.ReloadModelRequest(path=str(model_dir)), timeout=DEADLINE_S).version == "lgbm-v1"
+    shutil.copytree(model_dir, root / "good")
+    reloaded = stub.ReloadModel(pb.ReloadModelRequest(name="good"), timeout=DEADLINE_S)
+    assert (reloaded.version, reloaded.source) == ("lgbm-v1", os.path.realpath(root / "good"))
 
 
 def test_malformed_model_directories_are_never_internal(
-        stub: predictor_pb2_grpc.PredictorStub, model_dir: Path, tmp_path: Path) -> None:
+        stub: predictor_pb2_grpc.PredictorStub, model_dir: Path, root: Path) -> None:
     manifest = json.loads((model_dir / MANIFEST_NAME).read_text())
 
     def variant(name: str, **changes) -> str:
-        target = tmp_path / name
+        target = root / name
         shutil.copytree(model_dir, target)
         (target / MANIFEST_NAME).write_text(json.dumps({**manifest, **changes}))
-        return str(target)
+        return name
 
-    deep = tmp_path / "deep"
+    deep = root / "deep"
     deep.mkdir()
     (deep / MANIFEST_NAME).write_text("[" * 100_000 + "]" * 100_000)
-    truncated = tmp_path / "truncated"
+    truncated = root / "truncated"
     shutil.copytree(model_dir, truncated)
     booster = truncated / manifest["files"]["count"][0]
     booster.write_text(booster.read_text()[:200])
-    garbage = tmp_path / "garbage"
+    garbage = root / "garbage"
     shutil.copytree(model_dir, garbage)
     (garbage / manifest["files"]["count"][0]).write_bytes(b"\xff\xfe tree garbage \x00" * 50)
-    paths = {
-        "deep JSON": str(deep),
-        "truncated booster": str(truncated),
-        "garbage booster": str(garbage),
-        "features a number": variant("features-number", features=5),
-        "files a list": variant("files-list", files=["a"]),
-        "feature_spec a string": variant("spec-string", feature_spec="x"),
-        "offset null": variant("offset-null", offset=None),
-        "overlong path": "/" + "a" * 10_000,
-        "overlong component": str(tmp_path / ("b" * 300)),
-        "NUL in path": str(tmp_path) + "/x\x00y",
+    requests = {
+        "deep JSON": pb.ReloadModelRequest(name="deep"),
+        "truncated booster": pb.ReloadModelRequest(name="truncated"),
+        "garbage booster": pb.ReloadModelRequest(name="garbage"),
+        "features a number": pb.ReloadModelRequest(name=variant("features-number", features=5)),
+        "files a list": pb.ReloadModelRequest(name=variant("files-list", files=["a"])),
+        "feature_spec a string": pb.ReloadModelRequest(name=variant("spec-string", feature_spec="x")),
+        "offset null": pb.ReloadModelRequest(name=variant("offset-null", offset=None)),
+        "overlong name": pb.ReloadModelRequest(name="a" * 10_000),
+        "overlong component": pb.ReloadModelRequest(name="b" * 300),
+        "NUL in name": pb.ReloadModelRequest(name="x\x00y"),
+        "overlong path": pb.ReloadModelRequest(path="/" + "a" * 10_000),
     }
-    for what, path in paths.items():
-        code = _code(lambda: stub.ReloadModel(pb.ReloadModelRequest(path=path), timeout=DEADLINE_S))
+    for what, request in requests.items():
+        code = _code(lambda: stub.ReloadModel(request, timeout=DEADLINE_S))
         assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION), (what, code)
     assert stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S).version == "lgbm-v1"
+
+
+def test_path_outside_the_root_is_refused(stub: predictor_pb2_grpc.PredictorStub, model_dir: Path,
+                                          root: Path, tmp_path: Path) -> None:
+    """Only a name under the model root loads: a path (even of a good model),
+    a name with '/' or '..', and a symlink in the root that leads out are
+    refused with the caller's codes, and the model in service stays; a
+    symlink to another directory of the root is followed."""
+    outside = tmp_path / "outside"
+    shutil.copytree(model_dir, outside)  # a good model, outside the root
+    (root / "escape").symlink_to(outside, target_is_directory=True)
+    (root / "escape-dangling").symlink_to(tmp_path / "nowhere")
+    (root / "up").symlink_to("..", target_is_directory=True)
+    invalid = {
+        "absolute path in path": pb.ReloadModelRequest(path=str(outside)),
+        "path and name both set": pb.ReloadModelRequest(path=str(outside), name="v1"),
+        "relative path in path": pb.ReloadModelRequest(path="../outside"),
+        "name with ..": pb.ReloadModelRequest(name="../outside"),
+        "name ..": pb.ReloadModelRequest(name=".."),
+        "name .": pb.ReloadModelRequest(name="."),
+        "absolute path as name": pb.ReloadModelRequest(name=str(outside)),
+        "name with /": pb.ReloadModelRequest(name="up/outside"),
+        "hidden name": pb.ReloadModelRequest(name=".hidden"),
+        "empty name": pb.ReloadModelRequest(),
+    }
+    for what, request in invalid.items():
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ReloadModel(request, timeout=DEADLINE_S)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, what
+        assert "name" in caught.value.details(), what
+    for name in ("escape", "escape-dangling", "up"):  # well-formed names; the symlink is what forbids them
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ReloadModel(pb.ReloadModelRequest(name=name), timeout=DEADLINE_S)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, name
+        assert "outside the model root" in caught.value.details() and str(tmp_path) not in caught.value.details()
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ReloadModel(pb.ReloadModelRequest(name="absent"), timeout=DEADLINE_S)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
+    assert (info.version, info.source) == ("lgbm-v1", str(model_dir))
+    shutil.copytree(model_dir, root / "v2")
+    (root / "current").symlink_to("v2", target_is_directory=True)
+    reloaded = stub.ReloadModel(pb.ReloadModelRequest(name="current"), timeout=DEADLINE_S)
+    assert reloaded.source == os.path.realpath(root / "v2")

@@ -98,11 +98,50 @@ def test_get_model_info_shows_the_served_choice_per_horizon_and_class(model_dir:
         server.stop(grace_s=0.5)
 
 
+def test_get_model_info_shows_the_burst_choice_per_horizon(model_dir: Path, tmp_path: Path) -> None:
+    """The burst probability's source per horizon recorded in the manifest
+    ("burst", "alarm_threshold"; burst_model.py) is what GetModelInfo shows
+    over real gRPC, scores as recorded (null: NaN); a model without burst
+    classifiers reloads and shows none."""
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    recorded = manifest["burst"]  # the test model is trained with the committed (quick) burst config
+    server = _serve(PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir), model_root=str(tmp_path)))
+    channel, stub = _stub(server)
+    try:
+        info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
+        assert [b.horizon_s for b in info.burst_choices] == list(info.horizons_s) == manifest["horizons_s"]
+        for i, shown in enumerate(info.burst_choices):
+            assert shown.chosen == recorded["sources"][i] in ("classifier", "count-distribution")
+            assert shown.alarm_threshold == manifest["alarm_threshold"][i]
+            assert shown.validation_bursts == recorded["episodes"][i]
+            scores = recorded["scores"][i]
+            assert scores and [c.source for c in shown.candidates] == [n for n in ("classifier", "count-distribution")
+                                                            if n in scores]
+            for c in shown.candidates:
+                for key in ("f1", "precision", "recall", "lead_s", "threshold"):
+                    want = scores[c.source][key]
+                    assert math.isnan(getattr(c, key)) if want is None else getattr(c, key) == want, (c.source, key)
+        assert sum(b.validation_bursts for b in info.burst_choices) > 0  # planted bursts reach validation
+
+        plain = shutil.copytree(model_dir, tmp_path / "no-burst")
+        stripped = {k: v for k, v in manifest.items() if k != "burst"}
+        stripped["files"] = {k: v for k, v in manifest["files"].items() if k != "burst"}
+        for name in manifest["files"]["burst"]:
+            (plain / name).unlink()
+        (plain / "manifest.json").write_text(json.dumps(stripped))
+        reloaded = stub.ReloadModel(pb.ReloadModelRequest(name="no-burst"), timeout=DEADLINE_S)
+        assert reloaded.name == "lightgbm" and list(reloaded.burst_choices) == []
+        assert list(stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S).burst_choices) == []
+    finally:
+        channel.close()
+        server.stop(grace_s=0.5)
+
+
 def test_get_model_info_says_how_the_trees_are_evaluated(model_dir: Path, tmp_path: Path) -> None:
     """The model directory's compiled trees serve the forecast; a copy
     without them reloads and says it serves LightGBM's predict and why,
     with the same forecast (issue 22, item 4)."""
-    server = _serve(PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir)))
+    server = _serve(PredictorConfig(port=0, window_s=900.0, model_dir=str(model_dir), model_root=str(tmp_path)))
     channel, stub = _stub(server)
     try:
         _feed(stub)
@@ -116,7 +155,7 @@ def test_get_model_info_says_how_the_trees_are_evaluated(model_dir: Path, tmp_pa
         plain = shutil.copytree(model_dir, tmp_path / "plain")
         for library in plain.glob("*.so"):
             library.unlink()
-        reloaded = stub.ReloadModel(pb.ReloadModelRequest(path=str(plain)), timeout=DEADLINE_S)
+        reloaded = stub.ReloadModel(pb.ReloadModelRequest(name=plain.name), timeout=DEADLINE_S)
         assert reloaded.inference.startswith("lightgbm predict (fallback: ") and "missing" in reloaded.inference
         assert stub.Forecast(request, timeout=DEADLINE_S).forecasts == compiled.forecasts
     finally:

@@ -1,6 +1,7 @@
 """The predictor's real gRPC server, in process, called through real stubs."""
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -28,8 +29,15 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def server(clock: ManualClock) -> Iterator[ServiceServer]:
-    config = PredictorConfig(port=0, max_message_mb=1, grace_s=1.0, workers=8)
+def root(tmp_path: Path) -> Path:
+    """The predictor's model root (ReloadModel loads names under it)."""
+    (tmp_path / "models").mkdir()
+    return tmp_path / "models"
+
+
+@pytest.fixture
+def server(clock: ManualClock, root: Path) -> Iterator[ServiceServer]:
+    config = PredictorConfig(port=0, max_message_mb=1, grace_s=1.0, workers=8, model_root=str(root))
     config.validate()
     server = build_server(config, build_telemetry("predictor", {}), clock=clock).start()
     yield server
@@ -102,29 +110,49 @@ def test_model_info_describes_the_builtin_model(stub: predictor_pb2_grpc.Predict
     assert (info.name, info.version, info.source) == ("ewma", "builtin-ewma", "builtin")
     assert list(info.horizons_s) == [1.0, 2.0, 5.0, 10.0] and info.quantile == pytest.approx(0.9)
     assert info.loaded_at_s == NOW and "burst" in info.burst_definition and info.features
+    assert not info.burst_choices  # no burst classifier: the count distribution serves every horizon
 
 
-def test_reload(stub: predictor_pb2_grpc.PredictorStub, tmp_path: Path) -> None:
+def test_reload(stub: predictor_pb2_grpc.PredictorStub, root: Path) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        stub.ReloadModel(pb.ReloadModelRequest(path=str(tmp_path / "absent")), timeout=DEADLINE_S)
+        stub.ReloadModel(pb.ReloadModelRequest(name="absent"), timeout=DEADLINE_S)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    write_manifest(tmp_path / "bad", {"kind": "ewma", "version": "v2", "horizons_s": [1], "quantile": 0.9,
-                                       "halflife": 3})
+    write_manifest(root / "bad", {"kind": "ewma", "version": "v2", "horizons_s": [1], "quantile": 0.9,
+                                  "halflife": 3})
     with pytest.raises(grpc.RpcError) as caught:
-        stub.ReloadModel(pb.ReloadModelRequest(path=str(tmp_path / "bad")), timeout=DEADLINE_S)
+        stub.ReloadModel(pb.ReloadModelRequest(name="bad"), timeout=DEADLINE_S)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "halflife" in caught.value.details()
     assert stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S).version == "builtin-ewma"
     with pytest.raises(grpc.RpcError) as caught:
-        stub.ReloadModel(pb.ReloadModelRequest(path=""), timeout=DEADLINE_S)
+        stub.ReloadModel(pb.ReloadModelRequest(name=""), timeout=DEADLINE_S)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-    write_manifest(tmp_path / "good", {"kind": "ewma", "version": "v2", "horizons_s": [2, 4], "quantile": 0.5,
-                                        "halflife_s": 5, "metrics": {"mae_2s": 1.5}})
-    info = stub.ReloadModel(pb.ReloadModelRequest(path=str(tmp_path / "good")), timeout=DEADLINE_S)
+    write_manifest(root / "good", {"kind": "ewma", "version": "v2", "horizons_s": [2, 4], "quantile": 0.5,
+                                   "halflife_s": 5, "metrics": {"mae_2s": 1.5}})
+    with pytest.raises(grpc.RpcError) as caught:  # a path, even to a good model under the root, is refused
+        stub.ReloadModel(pb.ReloadModelRequest(path=str(root / "good")), timeout=DEADLINE_S)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "name" in caught.value.details()
+    info = stub.ReloadModel(pb.ReloadModelRequest(name="good"), timeout=DEADLINE_S)
     assert (info.version, list(info.horizons_s), dict(info.metrics)) == ("v2", [2.0, 4.0], {"mae_2s": 1.5})
-    assert info.source == str(tmp_path / "good")
+    assert info.source == os.path.realpath(root / "good")
     response = stub.Forecast(pb.ForecastRequest(families=["x"]), timeout=DEADLINE_S)
     assert response.model_version == "v2" and [h.horizon_s for h in response.forecasts[0].horizons] == [2.0, 4.0]
+
+
+def test_reload_without_a_model_root_is_a_failed_precondition(clock: ManualClock) -> None:
+    config = PredictorConfig(port=0, grace_s=1.0)
+    config.validate()
+    server = build_server(config, build_telemetry("predictor", {}), clock=clock).start()
+    channel = open_channel(server.address, None)
+    try:
+        stub = predictor_pb2_grpc.PredictorStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ReloadModel(pb.ReloadModelRequest(name="v2"), timeout=DEADLINE_S)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no model root" in caught.value.details()
+    finally:
+        channel.close()
+        server.stop(grace_s=0.5)
 
 
 def test_oversize_message_is_resource_exhausted(stub: predictor_pb2_grpc.PredictorStub) -> None:

@@ -187,10 +187,11 @@ def test_a_tls_kvstore_registers_streams_its_events_and_is_routed_to(certs):
 def test_reload_model_needs_the_admin(certs, tmp_path):
     write_manifest(tmp_path / "good", {"kind": "ewma", "version": "v2", "horizons_s": [2, 4], "quantile": 0.5,
                                         "halflife_s": 5})
-    config = PredictorConfig(port=0, grace_s=1.0, workers=8, **_flags(certs.service("predictor")))
+    config = PredictorConfig(port=0, grace_s=1.0, workers=8, model_root=str(tmp_path),
+                             **_flags(certs.service("predictor")))
     config.validate()
     server = build_predictor(config, build_telemetry("predictor", {})).start()
-    request = predictor_pb2.ReloadModelRequest(path=str(tmp_path / "good"))
+    request = predictor_pb2.ReloadModelRequest(name="good")
     try:
         for who in (certs.service("scheduler"), certs.node("node-a")):
             with open_channel(server.address, None, tls=who.load(), peer_role="predictor") as channel:

@@ -79,7 +79,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition", "choices", "family_classes", "inference")
+    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition", "choices", "family_classes", "inference", "burst_choices")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class ModelInfo(_message.Message):
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     FAMILY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_FIELD_NUMBER: _ClassVar[int]
+    BURST_CHOICES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     horizons_s: _containers.RepeatedScalarFieldContainer[float]
@@ -115,7 +116,38 @@ class ModelInfo(_message.Message):
     choices: _containers.RepeatedCompositeFieldContainer[ForecastChoice]
     family_classes: str
     inference: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ForecastChoice, _Mapping]]] = ..., family_classes: _Optional[str] = ..., inference: _Optional[str] = ...) -> None: ...
+    burst_choices: _containers.RepeatedCompositeFieldContainer[BurstChoice]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ForecastChoice, _Mapping]]] = ..., family_classes: _Optional[str] = ..., inference: _Optional[str] = ..., burst_choices: _Optional[_Iterable[_Union[BurstChoice, _Mapping]]] = ...) -> None: ...
+
+class BurstChoice(_message.Message):
+    __slots__ = ("horizon_s", "chosen", "alarm_threshold", "validation_bursts", "candidates")
+    HORIZON_S_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    ALARM_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_BURSTS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    horizon_s: float
+    chosen: str
+    alarm_threshold: float
+    validation_bursts: int
+    candidates: _containers.RepeatedCompositeFieldContainer[BurstSourceScore]
+    def __init__(self, horizon_s: _Optional[float] = ..., chosen: _Optional[str] = ..., alarm_threshold: _Optional[float] = ..., validation_bursts: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[BurstSourceScore, _Mapping]]] = ...) -> None: ...
+
+class BurstSourceScore(_message.Message):
+    __slots__ = ("source", "f1", "precision", "recall", "lead_s", "threshold")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    F1_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    RECALL_FIELD_NUMBER: _ClassVar[int]
+    LEAD_S_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    f1: float
+    precision: float
+    recall: float
+    lead_s: float
+    threshold: float
+    def __init__(self, source: _Optional[str] = ..., f1: _Optional[float] = ..., precision: _Optional[float] = ..., recall: _Optional[float] = ..., lead_s: _Optional[float] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class ForecastChoice(_message.Message):
     __slots__ = ("horizon_s", "family_class", "chosen", "weights", "candidates", "validation_rows", "inherited")
@@ -152,10 +184,12 @@ class CandidateScore(_message.Message):
     def __init__(self, forecaster: _Optional[str] = ..., validation_mae: _Optional[float] = ...) -> None: ...
 
 class ReloadModelRequest(_message.Message):
-    __slots__ = ("path",)
+    __slots__ = ("path", "name")
     PATH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     path: str
-    def __init__(self, path: _Optional[str] = ...) -> None: ...
+    name: str
+    def __init__(self, path: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class TurnEnd(_message.Message):
     __slots__ = ("conversation", "arrival_s", "end_s", "prompt_tokens", "output_tokens")

@@ -90,8 +90,12 @@ class PredictorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReloadModel(self, request, context):
-        """Load a model from a directory with a manifest.json; the model in service
-        is kept when the new one fails to load or validate.
+        """Load the model directory (with a manifest.json) `name` directly under the
+        predictor's model root (--model-root), after loading and exercising it
+        in a separate probe process; the model in service is kept when the new
+        one fails to load or validate. The admin only, over TLS. Never a path:
+        FAILED_PRECONDITION without a model root, INVALID_ARGUMENT for a bad
+        name or a request with `path` set, NOT_FOUND for an absent directory.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -145,3 +146,18 @@ def test_a_malformed_burst_entry_is_invalid_argument(trained, tmp_path, edit):
     path.write_text(json.dumps(manifest))
     with pytest.raises(InvalidArgument, match="burst"):
         load_model(tmp_path / "m")
+
+
+def test_per_horizon_is_the_recorded_choice_with_nan_for_undefined_scores():
+    """What GetModelInfo shows per horizon: the recorded source, the served
+    alarm threshold, the episodes and each scored source's figures (null:
+    NaN), in SOURCES order."""
+    scores = {DISTRIBUTION: {"f1": None, "precision": None, "recall": 0.0, "lead_s": None, "threshold": 0.5},
+              CLASSIFIER: {"f1": 0.5, "precision": 0.4, "recall": 2 / 3, "lead_s": 1.0, "threshold": 0.25}}
+    choice = BurstChoice((CLASSIFIER, DISTRIBUTION), (scores, {}), (3, 0))
+    first, second = choice.per_horizon((1.0, 5.0), (0.25, 0.5))
+    assert (first.horizon_s, first.chosen, first.alarm_threshold, first.episodes) == (1.0, CLASSIFIER, 0.25, 3)
+    assert [s.source for s in first.scores] == [CLASSIFIER, DISTRIBUTION]
+    assert (first.scores[0].f1, first.scores[0].recall, first.scores[0].threshold) == (0.5, 2 / 3, 0.25)
+    assert math.isnan(first.scores[1].f1) and math.isnan(first.scores[1].lead_s) and first.scores[1].recall == 0.0
+    assert (second.chosen, second.episodes, second.scores) == (DISTRIBUTION, 0, ())

@@ -302,9 +302,10 @@ def test_a_compiled_library_that_crashes_is_a_refused_reload_and_the_old_model_s
     with pytest.raises(FailedPrecondition, match="probe process died.*signal 11"):
         probe_model(bad, timeout_s=60.0)
     clock = ManualClock(100.0)
-    core = PredictorCore(clock, EwmaModel(EwmaParams(version="old")), PredictorSettings())
+    good = copy_of(saved, tmp_path / "good")
+    core = PredictorCore(clock, EwmaModel(EwmaParams(version="old")), PredictorSettings(model_root=str(tmp_path)))
     with pytest.raises(FailedPrecondition, match="probe process died"):
-        core.reload(str(bad))
+        core.reload(bad.name)
     assert core.model_info().version == "old" and len(core.forecast(["f"]).expected) == 1
-    info = core.reload(str(saved))  # the good directory still reloads, compiled
+    info = core.reload(good.name)  # the good directory still reloads, compiled
     assert info.version == "c-1" and info.inference.startswith("compiled trees")
