@@ -23,7 +23,10 @@ new node served in the window after it joined.
   reusable-token figures (ttft_floor.py), also the share of its requests
   that were returning and its reuse recovered beside the cluster's: a node
   given first-seen requests misses wherever it is, so the hit ratio alone
-  cannot say whether it was cold.
+  cannot say whether it was cold. Also how many of its requests in the
+  window read a speculative replica (new_node_replica_hits), and, where the
+  run counts them (the simulator), the orders that targeted it in that
+  window (prewarm_orders).
 Counts the simulation measures itself (requests re-sent, lost, tokens
 recomputed) are passed through. Pure.
 """
@@ -55,6 +58,7 @@ class EventOutcome:
     requests_lost: int = 0
     recompute_tokens: int = 0
     alive_nodes_after: int = 0
+    prewarm_orders: int | None = None  # orders targeting an added node in the window after it joined; None: not counted
 
 
 def _float(value: object) -> float | None:
@@ -130,7 +134,10 @@ def event_figures(records: Sequence[RequestRecord], event: EventOutcome,
         figures.scale_out = {"new_node_requests": float(len(mine)),
                              "new_node_fair_share": len(mine) / fair if fair else None,
                              "new_node_prefix_hit_ratio": _hit_ratio(mine),
-                             "cluster_prefix_hit_ratio": _hit_ratio(window)}
+                             "cluster_prefix_hit_ratio": _hit_ratio(window),
+                             "new_node_replica_hits": float(sum(1 for r in mine if r.replica_blocks > 0)),
+                             "prewarm_orders": (float(event.prewarm_orders) if event.prewarm_orders is not None
+                                                else None)}
         if reusable_tokens is not None and shared_tokens is not None:
             node_reuse = reuse_figures([r for r in mine if r.served], reusable_tokens, shared_tokens)
             cluster_reuse = reuse_figures([r for r in window if r.served], reusable_tokens, shared_tokens)

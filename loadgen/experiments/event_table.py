@@ -44,7 +44,9 @@ SCALE_OUT_COLUMNS = [("new_node_fair_share", "new node / fair share", 2),
                      ("new_node_prefix_hit_ratio", "new node hit", 2), ("cluster_prefix_hit_ratio", "cluster hit", 2),
                      ("new_node_returning_share", "new node returning", 2),
                      ("new_node_reuse_recovered", "new node reuse recovered", 2),
-                     ("cluster_reuse_recovered", "cluster reuse recovered", 2)]
+                     ("cluster_reuse_recovered", "cluster reuse recovered", 2),
+                     ("prewarm_orders", "orders to new node", 0),
+                     ("new_node_replica_hits", "new node replica hits", 0)]
 
 
 def event_table(policies: Mapping[str, PolicySummary]) -> str:

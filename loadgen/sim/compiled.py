@@ -78,6 +78,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/replication/value.py",
     "services/scheduler/replication/replicas.py",
     "services/scheduler/routing/candidates.py",
+    "services/scheduler/routing/join_ramp.py",
     "services/scheduler/routing/link_backlog.py",
     "services/scheduler/reuse_history.py",
     "services/scheduler/routing/load_board.py",

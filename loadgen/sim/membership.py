@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from speckv.loadgen.experiments.event_metrics import EventOutcome
+from speckv.loadgen.experiments.event_metrics import WINDOW_S, EventOutcome
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
 from speckv.services.common.ids import NodeId
 
@@ -68,6 +68,14 @@ class Membership:
         self.kills.append((outcome, held))
         return outcome
 
+    def ordered(self, target: str, now: float) -> None:
+        """An order targeting target was issued at now: a pre-warm order of an
+        add whose node it is, within WINDOW_S of its joining."""
+        for outcome in self.outcomes:
+            if (outcome.kind == "add" and outcome.node == target and outcome.prewarm_orders is not None
+                    and outcome.at_s <= now < outcome.at_s + WINDOW_S):
+                outcome.prewarm_orders += 1
+
     def arrived(self, request_id: str, hashes: tuple[int, ...]) -> None:
         """Marks a request affected by every kill whose lost blocks its prompt holds."""
         for outcome, held in self.kills:
@@ -76,6 +84,6 @@ class Membership:
 
     def added(self, node: NodeId, at_s: float, alive_after: int) -> EventOutcome:
         self.lifetimes[node] = (at_s, math.inf)
-        outcome = EventOutcome("add", at_s, str(node), alive_nodes_after=alive_after)
+        outcome = EventOutcome("add", at_s, str(node), alive_nodes_after=alive_after, prewarm_orders=0)
         self.outcomes.append(outcome)
         return outcome

@@ -531,7 +531,10 @@ class Simulation:
 
     # --- scheduler: ticks, orders, heartbeats -------------------------------------------
     def _tick(self) -> None:
+        membership = self.membership
         for order in self.core.tick():
+            if membership.outcomes:
+                membership.ordered(order.spec.target, self.queue.now())
             self._replicate(order)
         self.queue.after(self.settings.tick_s, self._tick, TICK_PRIORITY)
 

@@ -138,6 +138,7 @@ class Cluster:
         self._generations = 0
         self._queue_cost: QueueCost = queue_cost or (lambda tokens, waiting: float(tokens))
         self._board = LoadBoard()
+        self.routes_total = 0  # requests routed to any node, ever (add_pending)
 
     @property
     def node_timeout_s(self) -> float:
@@ -253,6 +254,7 @@ class Cluster:
         node.pending_ms += prefill_ms
         node.pending_requests += 1
         node.routes_total += 1
+        self.routes_total += 1
         self._board.set_load(node_id, self.queue_ms(node))
 
     def queue_ms(self, node: Node) -> float:

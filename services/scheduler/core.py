@@ -62,6 +62,7 @@ from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import LeasedReplicas
 from speckv.services.scheduler.reuse_history import ReuseHistory
 from speckv.services.scheduler.routing.candidates import CandidateSelector
+from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
 from speckv.services.scheduler.routing.router import (
@@ -178,8 +179,9 @@ class SchedulerCore:
         self._reuse = ReuseHistory(self._pcfg.reuse)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link)
         self._backlog = LinkBacklog(link)
+        self._ramp = JoinRamp(self._pcfg.router.join_ramp_s)
         self._selector = CandidateSelector(self._cluster, self._index, self._backlog,
-                                           self._pcfg.router.spread_candidates)
+                                           self._pcfg.router.spread_candidates, self._ramp)
         self._lock = threading.Lock()
         self._unconfirmed: set[str] = set()  # addresses whose last Lookup failed (log transitions only)
 
@@ -197,6 +199,9 @@ class SchedulerCore:
             self._lifecycle.ledger.drop_node(node.node_id)
             self._backlog.forget(node.node_id)
             self._reuse.forget(node.node_id)
+            now = self._clock.now()
+            self._ramp.joined(node.node_id, now, self._cluster.routes_total, node.routes_total,
+                              len(self._cluster.live_nodes(now)))
             generation = node.generation
             if self._state is not None:
                 # A failed write fails this call with the registration made in memory;
@@ -503,6 +508,7 @@ class SchedulerCore:
         self._lifecycle.ledger.drop_node(node_id)
         self._backlog.forget(node_id)
         self._reuse.forget(node_id)
+        self._ramp.forget(node_id)
         self._lifecycle.node_down(node_id, now)
 
     def _sweep_locked(self, now: float) -> None:
@@ -602,7 +608,8 @@ class SchedulerCore:
         return ClusterView(now, tuple(self._node_view(n, now) for n in nodes),
                            self._index, tuple(o.snapshot() for o in self._orders.active()),
                            self._families, {n.node_id: ledger.blocks_on(n.node_id) for n in nodes},
-                           self._link_bytes_per_s, self._backlog.waits(now), self._backlog.rates(now), self._reuse)
+                           self._link_bytes_per_s, self._backlog.waits(now), self._backlog.rates(now), self._reuse,
+                           frozenset(self._ramp.ramping()) if self._ramp.active else frozenset())
 
     def _node_view(self, n: Node, now: float) -> NodeView:
         return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,

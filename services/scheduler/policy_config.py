@@ -25,6 +25,7 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     spread_candidates: int  # least-loaded non-holders scored per route besides the holders
+    join_ramp_s: float  # a node joining a serving cluster takes its share of misses over this long (0: at once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,8 @@ class PolicyConfig:
         _fraction(self, "families.prompt_ewma_alpha", "budgets.link_budget_fraction",
                   "budgets.replica_memory_fraction", "planner.min_burst_probability", "reuse.prior_p",
                   "planner.min_return_probability", "retain.min_probability")
+        if self.router.join_ramp_s < 0:
+            raise InvalidArgument(f"router.join_ramp_s={self.router.join_ramp_s} must be >= 0")
         if self.planner.plan_every_s < 0:
             raise InvalidArgument(f"planner.plan_every_s={self.planner.plan_every_s} must be >= 0")
         if self.planner.min_net_ms < 0:

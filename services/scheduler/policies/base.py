@@ -81,6 +81,7 @@ class ClusterView:
     link_wait_ms: Mapping[NodeId, float] = field(default_factory=dict)  # until its link is free (link_backlog.py)
     pulls_per_s: Mapping[NodeId, float] = field(default_factory=dict)  # recent rate of pulls on its link
     reuse: ReuseReader | None = None
+    joining: frozenset[NodeId] = frozenset()  # nodes still ramping after joining a serving cluster (join_ramp.py)
 
     def live_nodes(self) -> list[NodeView]:
         return [n for n in self.nodes if n.alive]

@@ -14,8 +14,10 @@ queueing depends on, else its larger figure; at most
 
 1. Options. How the family's requests would be served now
    (family_options.py): its holders (promoting host-only blocks first), and
-   recompute or a pull on the `candidates_per_family` least-queued other
-   nodes. A family nobody holds has nothing to copy: it is skipped.
+   recompute or a pull on `candidates_per_family` other nodes: those still
+   ramping after joining a serving cluster first (routing/join_ramp.py: the
+   share of demand they are about to take is what pre-warming them is for),
+   then the least queued. A family nobody holds has nothing to copy: it is skipped.
 2. Candidates. Replicate its longest held prefix to each of those
    non-holders, into their host tier and (if `replicate_to_device`) their
    device tier; prefetch the host-only blocks of each holder's prefix into
@@ -136,7 +138,8 @@ class _Tick:
         self.cfg, self.pricer, self.now, self.view = planner._cfg, planner._pricer, now, view
         self.live: dict[NodeId, NodeView] = {n.node_id: n for n in view.live_nodes()}
         self.queue = {n: v.queue_ms for n, v in self.live.items()}
-        self.by_load = sorted(self.live, key=lambda n: (self.queue[n], n))
+        # Joining nodes first (pre-warm), then the least queued.
+        self.by_load = sorted(self.live, key=lambda n: (n not in view.joining, self.queue[n], n))
         self.link_wait = dict(view.link_wait_ms)
         self.book = BudgetBook(view, self.cfg.budgets)
         self.planned: dict[tuple[NodeId, Tier], int] = {}  # blocks this tick put in a tier

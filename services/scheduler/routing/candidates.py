@@ -7,6 +7,11 @@ the first block (a system prompt every request starts with), only the holders
 of two or more blocks are walked in full; of the nodes holding just the first
 block, and of those holding none, the `spread` least queued are taken: every
 skipped node is dominated by a taken one with as much cache and no more queue.
+
+A node ramping after it joined a serving cluster (join_ramp.py) and over its
+allowance is left out, unless it holds strictly more of the prefix than
+every other candidate; the `spread` least-queued non-holders are then taken
+from the rest, so the router still sees as many.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Collection
 from speckv.services.common.ids import NodeId
 from speckv.services.scheduler.cluster import Cluster
 from speckv.services.scheduler.holder_index import HolderIndex
+from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.router import Candidate
 
@@ -22,25 +28,51 @@ from speckv.services.scheduler.routing.router import Candidate
 class CandidateSelector:
     """Reads the cluster, the holder index and the link backlog; owns none of them."""
 
-    def __init__(self, cluster: Cluster, holders: HolderIndex, backlog: LinkBacklog, spread: int) -> None:
+    def __init__(self, cluster: Cluster, holders: HolderIndex, backlog: LinkBacklog, spread: int,
+                 ramp: JoinRamp | None = None) -> None:
         self._cluster = cluster
         self._holders = holders
         self._backlog = backlog
         self._spread = spread
+        self._ramp = ramp
 
     def candidates(self, hashes: list[int], now: float) -> list[Candidate]:
         """The nodes a route for hashes scores at now (the module docstring says which)."""
+        out = self._scored(hashes, now, frozenset())
+        if self._ramp is None or not self._ramp.active or len(out) < 2:
+            return out
+        held_back = self._held_back(out, now)
+        if not held_back:
+            return out
+        kept = [c for c in self._scored(hashes, now, held_back) if c.node_id not in held_back]
+        return kept or out
+
+    def _held_back(self, scored: list[Candidate], now: float) -> frozenset[NodeId]:
+        """The ramping candidates over their allowance that do not hold
+        strictly the longest prefix among scored."""
+        ramp, cluster = self._ramp, self._cluster
+        assert ramp is not None
+        out = []
+        for c in scored:
+            if ramp.over(c.node_id, now, cluster.routes_total, cluster.get(c.node_id).routes_total) and any(
+                    o.cached_blocks >= c.cached_blocks for o in scored if o.node_id != c.node_id):
+                out.append(c.node_id)
+        return frozenset(out)
+
+    def _scored(self, hashes: list[int], now: float, held_back: frozenset[NodeId]) -> list[Candidate]:
         cluster = self._cluster
         root_holders = self._holders.holder_set(hashes[0]) if hashes else ()
         if len(root_holders) > 2 * self._spread:
             lengths = self._holders.prefix_lengths(hashes, 2)
-            for node_id in self._least_queued_shallow(root_holders, lengths, now):
+            deep: Collection[NodeId] = lengths.keys() | held_back if held_back else lengths
+            for node_id in self._least_queued_shallow(root_holders, deep, now):
                 lengths[node_id] = 1 if node_id in root_holders else 0
             nodes = cluster.live_among(lengths, now)
         else:
             lengths = self._holders.prefix_lengths(hashes)
             nodes = cluster.live_among(lengths, now)
-            nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, lengths))
+            exclude: Collection[NodeId] = lengths.keys() | held_back if held_back else lengths
+            nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, exclude))
         held = lengths.get
         queue_ms, wait_ms, host_only = cluster.queue_ms, self._backlog.wait_ms, self._holders.host_only_count
         return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,

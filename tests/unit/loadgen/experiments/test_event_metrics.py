@@ -49,3 +49,13 @@ def test_an_add_says_how_much_of_its_work_was_returning_and_what_it_recovered():
     assert f.scale_out["new_node_returning_share"] == pytest.approx(0.5)
     assert f.scale_out["new_node_reuse_recovered"] == pytest.approx(0.0)
     assert f.scale_out["cluster_reuse_recovered"] == pytest.approx(80 / 160)
+
+
+def test_an_add_counts_its_pre_warm_orders_and_the_requests_its_replicas_served():
+    records = [rec(1.0, "a", 50.0, node="n4", cached=20), rec(2.0, "b", 50.0, node="n4", cached=80),
+               rec(70.0, "b", 50.0, node="n4", cached=80)]  # after the window: not counted
+    records[1].replica_blocks = records[2].replica_blocks = 3
+    counted = event_figures(records, EventOutcome("add", 0.0, "n4", alive_nodes_after=2, prewarm_orders=7))
+    assert counted.scale_out["prewarm_orders"] == 7 and counted.scale_out["new_node_replica_hits"] == 1
+    live = event_figures(records, EventOutcome("add", 0.0, "n4", alive_nodes_after=2))
+    assert live.scale_out["prewarm_orders"] is None  # a run that does not count them says so
