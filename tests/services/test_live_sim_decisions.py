@@ -11,184 +11,26 @@ CoreForecasts) and the oracle's future from the same requests
 (TraceFutureArrivals). Both run on one manual clock, the live ticker kept
 out of the way (each side ticks when the script says); before a predictive
 tick the script waits until the live predictor has observed every route.
+The two sides and the script live in tests/support/live_sim.py.
 
 Compared after every step: each route's node and cached prefix, and each
 tick's orders (action, source, target, blocks, tier, lease, family).
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
-from pathlib import Path
-
-import grpc
 import pytest
 
-from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, build_predictor
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.engine_profile import get_profile
-from speckv.services.common.geometry_proto import geometry_from_proto
-from speckv.services.common.ids import NodeId
-from speckv.services.common.telemetry import build_telemetry
-from speckv.services.kvstore.events import EventType, KVEvent
-from speckv.services.kvstore.servicer import event_to_proto
-from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.server import build_server as build_predictor_server
-from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.config import SchedulerConfig
-from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.event_sync import to_index_event
-from speckv.services.scheduler.replication.orders import OrderState
-from speckv.services.scheduler.server import build_server, core_settings, future_arrivals
-from speckv.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from tests.support.waiting import TIMEOUT, wait_until
-
-POLICIES = ("none", "reactive-heat", "reactive-migrate", "predictive", "oracle")
-NODES = ("n0", "n1", "n2")
-BS = 16
-CAPACITY = 16_384  # pages per node: room for a copy of the document
-DOC = [10_000 + i for i in range(2048)]  # a shared document prefix, 32k tokens
-CHAT = [20_000 + i for i in range(64)]
-DOC_FAMILY, CHAT_FAMILY = str(DOC[0]), str(CHAT[0])  # as the oracle's trace keys them ("prefix")
-GEOMETRY = common_pb2.KVGeometry(num_layers=2, num_kv_heads=2, head_dim=16, dtype="float32", block_size=BS)
-
-
-def script() -> list[tuple]:
-    """(time s, step, args): a document burst on n0's prefix, n0 queued for
-    three seconds of it and n2, where the burst then goes, for two; some
-    chat on n1; ticks every second."""
-    steps: list[tuple] = [(0.0, "store", ("n0", DOC, DOC_FAMILY)), (0.0, "store", ("n1", CHAT, CHAT_FAMILY))]
-    for k in range(12):
-        t = 0.5 + 0.25 * k
-        steps.append((t, "route", (f"doc-{k}", DOC + [5000 + k], (len(DOC) + 1) * BS, DOC_FAMILY)))
-        if k % 3 == 0:
-            steps.append((t, "route", (f"chat-{k}", CHAT + [6000 + k], (len(CHAT) + 1) * BS, CHAT_FAMILY)))
-    for second in range(1, 7):
-        queued = {"n0": 3000.0 if 2 <= second <= 4 else 200.0, "n1": 100.0,
-                  "n2": 3000.0 if 3 <= second <= 4 else 0.0}  # where the burst went
-        for node in NODES:
-            steps.append((float(second) - 0.01, "heartbeat", (node, queued[node])))
-        steps.append((float(second), "tick", ()))
-    return sorted(steps, key=lambda s: s[0])
-
-
-def oracle_trace(path: Path) -> Path:
-    """The scripted routes as a Mooncake-format trace (the oracle's future)."""
-    lines = []
-    for t, step, args in script():
-        if step == "route":
-            _, chain, prompt, family = args
-            lines.append(json.dumps({"timestamp": int(t * 1000), "input_length": prompt, "output_length": 8,
-                                     "hash_ids": list(chain)}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-class Live:
-    def __init__(self, config: SchedulerConfig, clock: ManualClock, stack: contextlib.ExitStack) -> None:
-        held: list[SchedulerCore] = []
-        server = build_server(config, build_telemetry("scheduler", {}), clock=clock, inventory=held.append).start()
-        stack.callback(server.stop, 1.0)
-        channel = grpc.insecure_channel(server.address)
-        stack.callback(channel.close)
-        self.stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        self.core = held[0]  # ticks only: the script decides when
-        self.sequence = {n: 0 for n in NODES}
-
-    def register(self, node: str) -> None:
-        self.stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(node_id=node, address=f"127.0.0.1:{9}",
-                                                                 capacity_pages=CAPACITY, geometry=GEOMETRY),
-                               timeout=TIMEOUT)
-
-    def heartbeat(self, node: str, queued_ms: float) -> None:
-        self.stub.Heartbeat(scheduler_pb2.HeartbeatRequest(node_id=node, free_pages=CAPACITY,
-                                                           queued_prefill_ms=queued_ms), timeout=TIMEOUT)
-
-    def store(self, node: str, chain: list[int], family: str, event: EventType = EventType.STORED) -> None:
-        self.sequence[node] += 1
-        proto = event_to_proto(KVEvent(self.sequence[node], event, tuple(chain), 0.0, node, BS, family=family))
-        assert self.core.apply_kv_event(NodeId(node), self.core.generation(node), to_index_event(proto))
-
-    def route(self, request_id: str, chain: list[int], prompt: int, family: str) -> tuple[str, int]:
-        r = self.stub.Route(scheduler_pb2.RouteRequest(request_id=request_id, block_hashes=chain,
-                                                       prompt_tokens=prompt, family=family), timeout=TIMEOUT)
-        return r.node_id, r.cached_blocks
-
-    def report(self, order_id: str, blocks: int) -> None:
-        self.stub.ReportOrderStatus(scheduler_pb2.OrderStatusReport(
-            order_id=order_id, state=common_pb2.ORDER_STATE_COMMITTED, bytes_sent=blocks, blocks_sent=blocks),
-            timeout=TIMEOUT)
-
-
-class Simulated:
-    def __init__(self, config: SchedulerConfig, clock: ManualClock) -> None:
-        predictor, _ = build_predictor("builtin", clock)
-        self.core = SchedulerCore(core_settings(config), clock, get_profile(config.engine_profile),
-                                  arrivals=CoreArrivals(predictor), forecasts=CoreForecasts(predictor),
-                                  future=future_arrivals(config))
-
-    def register(self, node: str) -> None:
-        self.core.register_node(node, "127.0.0.1:9", CAPACITY, geometry_from_proto(GEOMETRY), 0)
-
-    def heartbeat(self, node: str, queued_ms: float) -> None:
-        self.core.heartbeat(node, NodeLoad(free_pages=CAPACITY, queued_prefill_ms=queued_ms))
-
-    def store(self, node: str, chain: list[int], family: str, event: EventType = EventType.STORED) -> None:
-        proto = event_to_proto(KVEvent(1, event, tuple(chain), 0.0, node, BS, family=family))
-        assert self.core.apply_kv_event(NodeId(node), self.core.generation(node), to_index_event(proto))
-
-    def route(self, request_id: str, chain: list[int], prompt: int, family: str) -> tuple[str, int]:
-        r = self.core.route(request_id, chain, prompt, family)
-        return r.node_id, r.cached_blocks
-
-    def report(self, order_id: str, blocks: int) -> None:
-        self.core.report_order(order_id, OrderState.COMMITTED, "", blocks, blocks)
-
-
-def order_key(order) -> tuple:
-    s = order.spec
-    return (order.order_id, s.action.value, s.source, s.target, tuple(s.block_hashes), s.tier, s.lease_ms, s.family)
+from tests.support.live_sim import POLICIES, START, live_and_simulated, script
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_the_same_decisions_live_and_simulated(policy, tmp_path):
-    clock = ManualClock(1000.0)
-    with contextlib.ExitStack() as stack:
-        predictor = build_predictor_server(PredictorConfig(), build_telemetry("predictor", {}), clock=clock).start()
-        stack.callback(predictor.stop, 1.0)
-        pred_channel = grpc.insecure_channel(predictor.address)
-        stack.callback(pred_channel.close)
-        pred = predictor_pb2_grpc.PredictorStub(pred_channel)
-        config = SchedulerConfig(engine_profile="llama-3-8b-h100", tick_s=3600.0, policy=policy, confirm_routes=False,
-                                 predictor=predictor.address if policy == "predictive" else "",
-                                 oracle_trace=str(oracle_trace(tmp_path / "future.jsonl")),
-                                 oracle_family="prefix", oracle_offset_s=1000.0, node_timeout_s=30.0)
-        live, sim = Live(config, clock, stack), Simulated(dataclasses.replace(config, predictor=""), clock)
-        for node in NODES:
-            live.register(node)
-            sim.register(node)
-        routes = 0
-        decisions = 0
-        for t, step, args in script():
-            clock.advance(1000.0 + t - clock.now())
-            if step == "route":
-                assert live.route(*args) == sim.route(*args), (policy, t, args[0])
-                routes += 1
-            elif step == "tick":
-                if policy == "predictive":  # the live predictor sees arrivals off the request path
-                    assert wait_until(lambda: pred.GetModelInfo(predictor_pb2.ModelInfoRequest(),
-                                                                timeout=TIMEOUT).observations_total == routes)
-                live_orders, sim_orders = live.core.tick(), sim.core.tick()
-                assert [order_key(o) for o in live_orders] == [order_key(o) for o in sim_orders], (policy, t)
-                for order in live_orders:  # each lands as an agent would report it
-                    live.report(order.order_id, len(order.spec.block_hashes))
-                    sim.report(order.order_id, len(order.spec.block_hashes))
-                decisions += len(live_orders)
-            else:
-                getattr(live, step)(*args)
-                getattr(sim, step)(*args)
-        assert routes == 16
-        print(f"{policy}: {decisions} orders, the same live and simulated")
+def test_the_same_decisions_live_and_simulated(policy: str, tmp_path) -> None:
+    steps = script()
+    with live_and_simulated(policy, ManualClock(START), steps, tmp_path) as pair:
+        for t, step, args in steps:
+            pair.step(t, step, args)
+        assert pair.routes == 16
+        print(f"{policy}: {pair.decisions} orders, the same live and simulated")
         if policy != "none":
-            assert decisions > 0, policy  # the script gives these something to decide
+            assert pair.decisions > 0, policy  # the script gives these something to decide
