@@ -17,8 +17,9 @@ COPY kernels ./kernels
 COPY loadgen ./loadgen
 # No SPECKV_HOST here: a service binds loopback unless it is given TLS files
 # (docker-compose.yml makes them) or --insecure (docs/security.md).
-# /certs exists owned by speckv, so a fresh volume mounted there is writable.
-RUN pip install . && useradd --system --uid 10001 speckv && mkdir /certs && chown speckv /certs
+# /certs and /state exist owned by speckv, so a fresh volume mounted on either is writable
+# (/state: the scheduler's durable control state in docker-compose.yml).
+RUN pip install . && useradd --system --uid 10001 speckv && mkdir /certs /state && chown speckv /certs /state
 USER speckv
 
 # Traces are mounted, never baked in: -v /path/to/traces:/traces

@@ -572,11 +572,15 @@ def test_each_config_validates_from_the_manifest(root, tmp_path):
             if "configMap" in volume:
                 for key, text in config_maps[volume["configMap"]["name"]].items():
                     (local / key).write_text(text)
+            elif "emptyDir" in volume:  # a writable folder the pod starts with empty (the scheduler's state)
+                pass
             else:  # what cert-manager's csi-driver would mount: a certificate as the attributes ask
                 assert volume["csi"]["driver"] == CSI_DRIVER, volume
                 issue_like_csi_driver(volume["csi"]["volumeAttributes"], local, cluster_ca())
             for name, value in env.items():
-                if name.startswith("SPECKV_") and value.startswith(mount["mountPath"] + "/"):
+                if name.startswith("SPECKV_") and value == mount["mountPath"]:
+                    env[name] = str(local)  # a folder the service writes (SPECKV_STATE_DIR)
+                elif name.startswith("SPECKV_") and value.startswith(mount["mountPath"] + "/"):
                     env[name] = str(local / value[len(mount["mountPath"]) + 1:])
                     assert Path(env[name]).is_file(), f"{name}={value}: not in the mounted volume"
         # validate() loads and checks the TLS files; a kvstore's also that they name its node id.
