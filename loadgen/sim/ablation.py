@@ -2,11 +2,11 @@
 that action turned off.
 
 A policy named `<policy>-without-<action>` (policy: predictive or oracle;
-action: replicate, prefetch or retain) runs `<policy>` with that action's
-switch off in its policy configuration (`planner.replicate`,
-`planner.prefetch`, `retain.enabled`), everything else the same. The
-simulator is deterministic, so against `<policy>` on the same slice and node
-count the difference is the action's effect, not noise:
+action: replicate, redundant, prefetch or retain) runs `<policy>` with that
+action's switch off in its policy configuration (`planner.replicate`,
+`planner.redundancy`, `planner.prefetch`, `retain.enabled`), everything
+else the same. The simulator is deterministic, so against `<policy>` on the
+same slice and node count the difference is the action's effect, not noise:
 
     measured saving (ms) = sum of TTFT without the action - sum with it
 
@@ -15,7 +15,7 @@ counts, the difference of their means times the count served with it),
 beside the saving the planner expected when
 it issued that action's orders (the sum of their `expected_benefit_ms`).
 The actions interact (a retained prefix is one a prefetch may then promote),
-so the three savings need not add up to the policy's total. Pure.
+so the savings need not add up to the policy's total. Pure.
 """
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ from speckv.services.scheduler.replication.orders import ActionKind
 
 SEPARATOR = "-without-"
 PLANNING_POLICIES = ("predictive", "oracle")
+# The planner's switch of each action it prices (retain's is retain.enabled).
+PLANNER_SWITCHES: dict[ActionKind, str] = {ActionKind.REPLICATE: "replicate", ActionKind.REDUNDANT: "redundancy",
+                                           ActionKind.PREFETCH: "prefetch"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +62,7 @@ def config_without(config: PolicyConfig, action: ActionKind) -> PolicyConfig:
     """config with action's switch off."""
     if action is ActionKind.RETAIN:
         return dataclasses.replace(config, retain=dataclasses.replace(config.retain, enabled=False))
-    field = "replicate" if action is ActionKind.REPLICATE else "prefetch"
+    field = PLANNER_SWITCHES[action]
     return dataclasses.replace(config, planner=dataclasses.replace(config.planner, **{field: False}))
 
 

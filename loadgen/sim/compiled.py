@@ -74,6 +74,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/replication/family_options.py",
     "services/scheduler/replication/outcomes.py",
     "services/scheduler/replication/planner.py",
+    "services/scheduler/replication/redundancy.py",
     "services/scheduler/replication/retention_plan.py",
     "services/scheduler/replication/value.py",
     "services/scheduler/replication/replicas.py",

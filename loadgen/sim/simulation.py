@@ -551,6 +551,7 @@ class Simulation:
             retained = self.kv[spec.target].retain(spec.block_hashes, now + spec.lease_ms / 1e3, now)
             self._report(order, OrderState.COMMITTED, "retained", 0, retained)
             return
+        # REPLICATE and REDUNDANT (ActionKind.copies): the same copy over the network.
         self._report(order, OrderState.IN_FLIGHT)
         nbytes = len(spec.block_hashes) * self.config.real_bytes_per_block
         self.network.start(spec.source, spec.target, nbytes, partial(self._commit, order))

@@ -156,7 +156,7 @@ class SchedulerAgent:
         # the scheduler already counts it cancelled. One already sending runs on.
         if self._stop.is_set() or self._cancelled.contains(order.order_id):
             return
-        if order.action not in ("", "replicate", "prefetch", "retain"):
+        if order.action not in ("", "replicate", "redundant", "prefetch", "retain"):
             # A newer scheduler's action this node cannot run: refuse it rather than copy.
             self._report(order.order_id, common_pb2.ORDER_STATE_FAILED, f"unknown order action {order.action!r}")
             return
@@ -164,6 +164,7 @@ class SchedulerAgent:
         try:
             result = (self._prefetch(order) if order.action == "prefetch"
                       else self._retain(order) if order.action == "retain"
+                      # "replicate" and "redundant" copy alike: they differ only in why the planner chose them.
                       else self._replicator.replicate(order_from_proto(order)))
         except SpeckvError as exc:
             result = ReplicationResult(order.order_id, TransferOutcome.FAILED, message=str(exc), error=exc)

@@ -423,7 +423,7 @@ class SchedulerCore:
                                           else Tier.DEVICE))
         order = self._orders.submit(spec, now)
         self._lifecycle.issued(order)
-        if spec.action is ActionKind.REPLICATE:
+        if spec.action.copies:
             # Booked when issued; a cancelled order's booking lapses on its own.
             self._backlog.add(spec.source, spec.target, len(spec.block_hashes) * source.bytes_per_block, now)
         self._feed.publish(order.snapshot())

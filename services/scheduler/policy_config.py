@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
@@ -66,6 +67,8 @@ class PlannerSettings:
     replicate_to_device: bool  # also price replicas into a target's device tier (host tier always)
     prefetch: bool  # price host -> device promotions at holders ahead of forecast requests
     queue_externality: bool  # charge an action the queueing the work it draws to a node adds to others routed there
+    redundancy: bool  # price a second copy of a prefix with one holder against that holder failing
+    failure_rate_per_node_hour: float  # unexpected failures per node (one engine) per hour; redundancy's P(fail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,9 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.plan_every_s={self.planner.plan_every_s} must be >= 0")
         if self.planner.min_net_ms < 0:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
+        rate = self.planner.failure_rate_per_node_hour
+        if not (math.isfinite(rate) and rate >= 0):
+            raise InvalidArgument(f"planner.failure_rate_per_node_hour={rate} must be finite and >= 0")
         if self.retain.pricing not in ("uniform", "curve"):
             raise InvalidArgument(f"retain.pricing={self.retain.pricing!r}: uniform or curve")
         if self.planner.demand not in ("upper_quantile", "expected_count"):

@@ -47,6 +47,25 @@ def test_nodes_register_heartbeat_and_execute_orders():
             assert wait_until(lambda: order_counts(sched).get(common_pb2.ORDER_STATE_FAILED) == 1)
 
 
+def test_a_redundant_order_copies_like_a_replicate():
+    with scheduler(policy="none") as (sched_server, sched):
+        agents = dict(scheduler=sched_server.address, heartbeat_interval_s=0.1, device_pages=32)
+        with kvstore(node_id="a", **agents) as (_, a), kvstore(node_id="b", **agents) as (_, b):
+            assert wait_until(lambda: set(alive(sched)) == {"a", "b"})
+            put(a, 11, 12, 13)
+            assert wait_until(lambda: alive(sched)["a"].num_blocks == 3)
+            order = common_pb2.ReplicationOrder(block_hashes=[11, 12, 13], source_node="a", target_node="b",
+                                                lease_ms=60_000, family="fam", action="redundant")
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=order), timeout=TIMEOUT)
+            assert wait_until(lambda: order_counts(sched).get(common_pb2.ORDER_STATE_COMMITTED) == 1)
+            assert [x.data for x in get(b, 11, 12, 13)] == [block_bytes(h) for h in (11, 12, 13)]
+            one_node = common_pb2.ReplicationOrder(block_hashes=[11], source_node="a", target_node="a",
+                                                   lease_ms=1000, action="redundant")
+            with pytest.raises(grpc.RpcError) as err:  # a copy needs a peer, as a replicate does
+                sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=one_node), timeout=TIMEOUT)
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_node_re_registers_with_a_restarted_scheduler_and_stops_cleanly():
     with scheduler(policy="none") as (first_server, first):
         port = first_server.port

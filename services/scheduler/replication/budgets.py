@@ -25,7 +25,6 @@ from collections import defaultdict
 from speckv.services.common.ids import NodeId
 from speckv.services.scheduler.policies.base import ClusterView, NodeView
 from speckv.services.scheduler.policy_config import BudgetSettings
-from speckv.services.scheduler.replication.orders import ActionKind
 
 
 class BudgetBook:
@@ -38,8 +37,8 @@ class BudgetBook:
         self._fraction = settings.replica_memory_fraction
         for order in view.active_orders:
             spec = order.spec
-            if spec.action is not ActionKind.REPLICATE:
-                continue  # a prefetch moves nothing over the network and makes no replica
+            if not spec.action.copies:
+                continue  # a prefetch or retain moves nothing over the network and makes no replica
             node = self._nodes.get(spec.target)
             nbytes = len(spec.block_hashes) * (node.bytes_per_block if node else 0)
             self._egress[spec.source] += nbytes

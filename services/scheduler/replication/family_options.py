@@ -17,6 +17,8 @@ Actions (each an `ActionCandidate` with its new option):
 - replicate L* blocks to a non-holder's host or device tier: usable once
   the copy lands (link backlog plus the transfer), then a host copy is
   promoted before prefill like any host hit;
+- redundant: the same copy, to the host tier (device tier when the target
+  has none), of a prefix with one holder (redundancy.py prices it);
 - prefetch a holder's host-only blocks into its device tier: usable once
   promoted (host link), then with nothing before prefill.
 What an action pushes out of its tier: the blocks beyond that tier's free
@@ -112,14 +114,16 @@ class OptionPricer:
         return options
 
     def replica(self, fam: FamilyState, index: int, target: NodeView, tier: Tier, queue_ms: float,
-                link_wait: dict[NodeId, float]) -> ActionCandidate:
+                link_wait: dict[NodeId, float], kind: ActionKind = ActionKind.REPLICATE) -> ActionCandidate:
+        """A copy of L* to target's tier; kind: REPLICATE or REDUNDANT (the
+        same copy, priced on another term: planner.py)."""
         blocks = len(fam.chain)
         nbytes = blocks * target.bytes_per_block
         transfer = self.copy_ms(blocks, target.bytes_per_block, fam.source_host_only)
         ready = max(link_wait.get(fam.source, 0.0), link_wait.get(target.node_id, 0.0)) + transfer
         before = self.promote_ms(blocks, target.bytes_per_block) if tier is Tier.HOST else 0.0
         option = ServeOption(target.node_id, queue_ms, before, fam.hit_ms, ready_ms=ready)
-        return ActionCandidate(ActionKind.REPLICATE, index, target.node_id, tier, blocks, nbytes, option, transfer)
+        return ActionCandidate(kind, index, target.node_id, tier, blocks, nbytes, option, transfer)
 
     def prefetch(self, fam: FamilyState, index: int, holder: NodeView, queue_ms: float) -> ActionCandidate | None:
         blocks = fam.host_only.get(holder.node_id, 0)

@@ -5,8 +5,9 @@ liveness.
 - COMMITTED (reported by the source's agent, or inferred when the target's
   KV event stream shows every block of the order resident there): a Replica
   enters the ledger with a lease of the order's lease_ms from now. A
-  prefetch acts on one node's own blocks: it is committed only by that
-  node's report, makes no replica and is never retried.
+  prefetch (or retain) acts on one node's own blocks: it is committed only
+  by that node's report, makes no replica and is never retried. A redundant
+  copy is a replica in every respect here (ActionKind.copies).
 - FAILED: retried from another live node holding the whole chain (not one
   already tried, never the target), up to `max_retries` times; the retry is a
   new order (new id) of the same spec.
@@ -29,7 +30,7 @@ from typing import Callable
 from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import NodeId, OrderId
 from speckv.services.scheduler.policies.base import IndexReader
-from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import ActionOutcomes
 from speckv.services.scheduler.replication.replicas import LeasedReplicas, Replica
 
@@ -85,7 +86,7 @@ class OrderLifecycle:
         """Commits active orders to node whose blocks the index now shows there."""
         done = []
         for order in [o for o in self.orders.active()
-                      if o.spec.target == node and o.spec.action is ActionKind.REPLICATE]:
+                      if o.spec.target == node and o.spec.action.copies]:
             blocks = order.spec.block_hashes
             if self._index.longest_prefix(node, blocks) == len(blocks):
                 done.append(self.report(order.order_id, OrderState.COMMITTED, now, "seen in the target's KV events"))
@@ -115,8 +116,8 @@ class OrderLifecycle:
             return
         self.outcomes.transition(order, now)
         attempts = self._attempts.pop(order.order_id, _Attempts(0, frozenset({order.spec.source})))
-        if order.spec.action is not ActionKind.REPLICATE:
-            return  # a prefetch on one node: no replica to lease, no other source to retry from
+        if not order.spec.action.copies:
+            return  # a prefetch or retain on one node: no replica to lease, no other source to retry from
         if order.state is OrderState.COMMITTED:
             blocks = len(order.spec.block_hashes)
             nbytes = order.bytes_sent or blocks * self._bytes_per_block(order.spec.target)

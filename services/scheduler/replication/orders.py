@@ -39,22 +39,34 @@ from speckv.services.common.tiers import Tier
 
 class ActionKind(enum.Enum):
     """What an order does. REPLICATE copies a prefix from source to target;
-    PREFETCH promotes the blocks of a prefix that a holder keeps only in its
-    host tier into its device tier; RETAIN keeps the prefix a holder has from
-    leaving it until the order's lease ends (services/common/retention.py).
-    PREFETCH and RETAIN act on one node (source == target)."""
+    REDUNDANT does the same, priced as a second copy of a prefix with one
+    holder against that holder failing (replication/redundancy.py), and is
+    executed exactly like REPLICATE; PREFETCH promotes the blocks of a
+    prefix that a holder keeps only in its host tier into its device tier;
+    RETAIN keeps the prefix a holder has from leaving it until the order's
+    lease ends (services/common/retention.py). REPLICATE and REDUNDANT copy
+    to a peer (source != target); PREFETCH and RETAIN act on one node
+    (source == target)."""
 
     REPLICATE = "replicate"
+    REDUNDANT = "redundant"
     PREFETCH = "prefetch"
     RETAIN = "retain"
 
+    @property
+    def copies(self) -> bool:
+        """The order copies its prefix from source to target over the
+        network: it moves bytes, spends the link and memory budgets and
+        leaves a leased replica on the target."""
+        return self is ActionKind.REPLICATE or self is ActionKind.REDUNDANT
+
     @staticmethod
     def parse(text: str) -> "ActionKind":
-        """The wire form: "replicate" (or empty), "prefetch" or "retain"."""
+        """The wire form: "replicate" (or empty), "redundant", "prefetch" or "retain"."""
         try:
             return ActionKind(text or "replicate")
         except ValueError:
-            raise InvalidArgument(f"order action {text!r}: expected replicate, prefetch or retain") from None
+            raise InvalidArgument(f"order action {text!r}: expected replicate, redundant, prefetch or retain") from None
 
 
 class OrderState(enum.Enum):
@@ -119,9 +131,9 @@ def validate_spec(spec: OrderSpec) -> None:
         raise InvalidArgument("order.source_node is empty")
     if not spec.target:
         raise InvalidArgument("order.target_node is empty")
-    if spec.action is ActionKind.REPLICATE and spec.source == spec.target:
+    if spec.action.copies and spec.source == spec.target:
         raise InvalidArgument(f"order.source_node == order.target_node ({spec.source!r}): a replica needs a peer")
-    if spec.action is not ActionKind.REPLICATE and spec.source != spec.target:
+    if not spec.action.copies and spec.source != spec.target:
         raise InvalidArgument(f"a {spec.action.value} order acts on one node: source_node {spec.source!r} "
                               f"!= target_node {spec.target!r}")
     if not spec.block_hashes:

@@ -99,7 +99,7 @@ class ActionOutcomes:
         policy = spec.policy if spec.policy in self._policies or len(self._policies) < MAX_POLICIES else "other"
         self._policies.add(policy)
         key = (policy, spec.action)
-        nbytes = len(spec.block_hashes) * bytes_per_block if spec.action is ActionKind.REPLICATE else 0
+        nbytes = len(spec.block_hashes) * bytes_per_block if spec.action.copies else 0
         stats = self._stats[key]
         stats.orders += 1
         stats.bytes += nbytes
@@ -115,7 +115,7 @@ class ActionOutcomes:
             return
         if order.state is OrderState.COMMITTED:
             tracked.lease_end = now + tracked.lease_s
-            if order.spec.action is not ActionKind.REPLICATE:  # promoted or retained, as reported
+            if not order.spec.action.copies:  # promoted or retained, as reported
                 tracked.nbytes = order.blocks_sent * tracked.bytes_per_block
                 self._stats[tracked.key].bytes += tracked.nbytes
         elif order.state is OrderState.CANCELLED:

@@ -21,10 +21,14 @@ queueing depends on, else its larger figure; at most
 2. Candidates. Replicate its longest held prefix to each of those
    non-holders, into their host tier and (if `replicate_to_device`) their
    device tier; prefetch the host-only blocks of each holder's prefix into
-   its device tier.
+   its device tier. With `redundancy`, when the longest held prefix has
+   exactly one live holder, also a redundant copy of it to each of those
+   non-holders, into their host tier (device tier when they have none).
 3. Value (value.py), for families whose expected TTFT now exceeds what
    every request hitting the whole prefix on an idle node would take by
-   more than `min_net_ms` (no action can save more than that gap):
+   more than `min_net_ms` (no load action can save more than that gap;
+   a redundant copy could, and is not priced for the others either:
+   redundancy.py):
    saving = expected TTFT of the family's forecast
    requests without the candidate minus with it; minus the evictions it
    causes (blocks beyond the tier's free pages x P(reuse) from the reuse
@@ -33,17 +37,22 @@ queueing depends on, else its larger figure; at most
    pulls on its links, and, with `queue_externality`, minus the queueing
    the work it moves onto a node adds to the others routed there
    (value.queue_externality_ms; off in the committed configuration). Nothing is capped at the TTFT target: fanning out
-   is worth what the queueing it avoids is worth.
+   is worth what the queueing it avoids is worth. A redundant copy's
+   saving is another term (redundancy.py): P(the sole holder fails within
+   the demand horizon, at `failure_rate_per_node_hour`) x the TTFT the copy
+   saves the forecast requests when that holder is gone; its eviction and
+   link prices are the replica's.
 4. Greedy by net ms (lazy: a popped candidate is re-priced against what
    this tick already chose for its family and tier, and pushed back if it
-   got worse), admitted only with net > `min_net_ms` and, for replicas,
+   got worse), admitted only with net > `min_net_ms` and, for copies,
    within the link and memory budgets (budgets.py); at most
    `max_orders_per_tick` orders, one per (action, family, node). A chosen
    action's option joins its family's options, the work its family's
    requests would give its node joins that node's queue, and a copy's
    transfer joins both its links' backlog, for every candidate priced
    after it. A target of a copy still landing counts as a holder already
-   (a simplification: it serves only once the copy lands).
+   (a simplification: it serves only once the copy lands), so a family
+   gets at most one redundant copy, and none once it has two holders.
 5. Cancellation. Orders of this policy still ISSUED whose family is no
    longer among this tick's demand (not forecast, below its floor, or
    outside the top `max_families_per_tick`) are cancelled (not yet
@@ -78,6 +87,7 @@ from speckv.services.scheduler.replication.family_options import (
     free_pages,
 )
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
+from speckv.services.scheduler.replication.redundancy import failover_saving_ms, failure_probability
 from speckv.services.scheduler.replication.retention_plan import RetentionPlanner
 from speckv.services.scheduler.replication.value import (
     ActionValue,
@@ -217,6 +227,12 @@ class _Tick:
                                                                  or not target.host_pages else [])
             for tier in tiers:
                 out.append(self.pricer.replica(fam, index, target, tier, self.queue[node], self.link_wait))
+        if p.redundancy and p.failure_rate_per_node_hour > 0 and self._sole_holder(fam):
+            for node in self._spill(fam):
+                target = self.live[node]
+                tier = Tier.HOST if target.host_pages else Tier.DEVICE
+                out.append(self.pricer.replica(fam, index, target, tier, self.queue[node], self.link_wait,
+                                               ActionKind.REDUNDANT))
         if p.prefetch:
             for node in fam.held:
                 if node in self.live:
@@ -225,22 +241,37 @@ class _Tick:
                         out.append(candidate)
         return out
 
+    def _sole_holder(self, fam: FamilyState) -> bool:
+        """Exactly one node holds (or is being given) the whole of L*."""
+        return sum(1 for k in fam.held.values() if k >= len(fam.chain)) == 1
+
     def current(self, c: ActionCandidate) -> ServeOption:
         """c's option as things stand now: its node's queue with the work
         this tick's chosen actions gave it, a copy's landing behind the
         copies this tick already put on its links."""
         fam = self.families[c.family_index]
-        if c.kind is ActionKind.REPLICATE:
+        if c.kind.copies:
             wait = max(self.link_wait.get(fam.source, 0.0), self.link_wait.get(c.node, 0.0))
             return replace(c.option, queue_ms=self.queue[c.node], ready_ms=wait + c.transfer_ms)
         return replace(c.option, queue_ms=self.queue[c.node])
 
     def value(self, c: ActionCandidate) -> ActionValue:
+        """c's net worth against this tick's choices so far (ms; value.py,
+        and redundancy.py for a redundant copy)."""
         fam = self.families[c.family_index]
+        if c.kind is ActionKind.REDUNDANT:
+            p_fail = failure_probability(self.cfg.planner.failure_rate_per_node_hour, fam.demand.horizon_ms)
+            saving = failover_saving_ms(fam.options, self.current(c), fam.source, fam.demand, p_fail)
+            return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam))
         with_ms, work = walk(fam.options + [self.current(c)], fam.demand)
         saving = self.baseline[c.family_index] - with_ms
         queue = (queue_externality_ms(self.base_work[c.family_index], work, self.route_rates)
                  if self.route_rates else 0.0)
+        return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam), queue)
+
+    def _eviction_ms(self, c: ActionCandidate, fam: FamilyState) -> float:
+        """What the blocks c pushes out of its tier (and, from a device tier,
+        out of a full host tier below) cost their reuse (ms)."""
         node = self.live[c.node]
         evicted = max(0, c.blocks - self._room(c.node, c.tier))
         loss = eviction_ms(evicted, self._p_reuse(c.node, c.tier), self.pricer.miss_ms_per_block(fam, node, c.tier))
@@ -249,10 +280,14 @@ class _Tick:
             # out of it leaves the node.
             dropped = max(0, evicted - self._room(c.node, Tier.HOST))
             loss += eviction_ms(dropped, self._p_reuse(c.node, Tier.HOST), fam.recompute_ms_per_block)
+        return loss
+
+    def _link_ms(self, c: ActionCandidate, fam: FamilyState) -> float:
+        """The delay c's transfer adds to the pulls on both its links (ms)."""
+        if not c.transfer_ms:
+            return 0.0
         rates = self.view.pulls_per_s
-        link = link_delay_ms(c.transfer_ms, [rates.get(fam.source, 0.0), rates.get(c.node, 0.0)]) \
-            if c.transfer_ms else 0.0
-        return ActionValue(saving, loss, link, queue)
+        return link_delay_ms(c.transfer_ms, [rates.get(fam.source, 0.0), rates.get(c.node, 0.0)])
 
     def _room(self, node: NodeId, tier: Tier) -> int:
         return free_pages(self.live[node], tier) - self.planned.get((node, tier), 0)
@@ -266,7 +301,8 @@ class _Tick:
         while self.heap and len(orders) < limit:
             neg_net, nbytes, tiebreak, c = heapq.heappop(self.heap)
             fam = self.families[c.family_index]
-            if (c.kind, c.node) in fam.chosen or (c.kind is ActionKind.REPLICATE and c.node in fam.held):
+            if (c.kind, c.node) in fam.chosen or (c.kind.copies and c.node in fam.held) \
+                    or (c.kind is ActionKind.REDUNDANT and not self._sole_holder(fam)):
                 continue
             value = self.value(c)
             if value.net_ms <= floor:
@@ -274,7 +310,7 @@ class _Tick:
             if value.net_ms < -neg_net * (1 - 1e-9) and self.heap and value.net_ms < -self.heap[0][0]:
                 heapq.heappush(self.heap, (-value.net_ms, nbytes, tiebreak, c))  # got worse: re-rank
                 continue
-            if c.kind is ActionKind.REPLICATE:
+            if c.kind.copies:
                 if not self.book.fits(fam.source, c.node, c.blocks, c.nbytes):
                     continue
                 self.book.take(fam.source, c.node, c.blocks, c.nbytes)
@@ -293,14 +329,14 @@ class _Tick:
         if demoted and self.live[c.node].host_pages:
             self.planned[(c.node, Tier.HOST)] = self.planned.get((c.node, Tier.HOST), 0) + demoted
         self.queue[c.node] += work.get(c.node, 0.0)  # what its requests will keep the node busy with
-        if c.kind is ActionKind.REPLICATE:
+        if c.kind.copies:
             self.link_wait[fam.source] = self.link_wait[c.node] = option.ready_ms
-        source = fam.source if c.kind is ActionKind.REPLICATE else c.node
-        chain = fam.chain if c.kind is ActionKind.REPLICATE else fam.chain[:fam.held[c.node]]
+        source = fam.source if c.kind.copies else c.node
+        chain = fam.chain if c.kind.copies else fam.chain[:fam.held[c.node]]
         return OrderSpec(fam.family, list(chain), source, c.node, self.cfg.leases.replica_lease_ms,
                          priority=min(int(value.net_ms), 2**31 - 1), expected_benefit_ms=value.net_ms,
                          policy=policy, tier=c.tier, action=c.kind)
 
 
 def _network_bytes(c: ActionCandidate) -> int:
-    return c.nbytes if c.kind is ActionKind.REPLICATE else 0
+    return c.nbytes if c.kind.copies else 0

@@ -45,6 +45,7 @@ def test_bad_names_are_invalid(name):
 
 @pytest.mark.parametrize("action, section, switch", [
     (ActionKind.REPLICATE, "planner", "replicate"),
+    (ActionKind.REDUNDANT, "planner", "redundancy"),
     (ActionKind.PREFETCH, "planner", "prefetch"),
     (ActionKind.RETAIN, "retain", "enabled"),
 ])

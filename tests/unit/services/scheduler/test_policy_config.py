@@ -16,6 +16,8 @@ def test_the_committed_configuration_loads():
     ("planner", "horizon_s", 0, "planner.horizon_s"),
     ("budgets", "link_budget_fraction", 1.5, "budgets.link_budget_fraction"),
     ("planner", "demand", "vibes", "planner.demand"),
+    ("planner", "failure_rate_per_node_hour", -1.0, "planner.failure_rate_per_node_hour"),
+    ("planner", "failure_rate_per_node_hour", float("inf"), "planner.failure_rate_per_node_hour"),
     ("reactive_heat", "heat_threshold", None, "reactive_heat.heat_threshold is missing"),
 ])
 def test_bad_thresholds_name_their_key(tmp_path, section, key, value, match):
