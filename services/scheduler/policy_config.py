@@ -69,6 +69,7 @@ class PlannerSettings:
     queue_externality: bool  # charge an action the queueing the work it draws to a node adds to others routed there
     redundancy: bool  # price a second copy of a prefix with one holder against that holder failing
     failure_rate_per_node_hour: float  # unexpected failures per node (one engine) per hour; redundancy's P(fail)
+    redundancy_min_saving_ms: float  # a redundant copy must be expected to save at least this much TTFT (ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,9 @@ class PolicyConfig:
         rate = self.planner.failure_rate_per_node_hour
         if not (math.isfinite(rate) and rate >= 0):
             raise InvalidArgument(f"planner.failure_rate_per_node_hour={rate} must be finite and >= 0")
+        floor = self.planner.redundancy_min_saving_ms
+        if not (math.isfinite(floor) and floor >= 0):
+            raise InvalidArgument(f"planner.redundancy_min_saving_ms={floor} must be finite and >= 0")
         if self.retain.pricing not in ("uniform", "curve"):
             raise InvalidArgument(f"retain.pricing={self.retain.pricing!r}: uniform or curve")
         if self.planner.demand not in ("upper_quantile", "expected_count"):

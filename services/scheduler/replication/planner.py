@@ -40,8 +40,9 @@ queueing depends on, else its larger figure; at most
    is worth what the queueing it avoids is worth. A redundant copy's
    saving is another term (redundancy.py): P(the sole holder fails within
    the demand horizon, at `failure_rate_per_node_hour`) x the TTFT the copy
-   saves the forecast requests when that holder is gone; its eviction and
-   link prices are the replica's.
+   saves the forecast requests when that holder is gone, counted only when
+   it reaches `redundancy_min_saving_ms`; its eviction and link prices are
+   the replica's.
 4. Greedy by net ms (lazy: a popped candidate is re-priced against what
    this tick already chose for its family and tier, and pushed back if it
    got worse), admitted only with net > `min_net_ms` and, for copies,
@@ -262,6 +263,8 @@ class _Tick:
         if c.kind is ActionKind.REDUNDANT:
             p_fail = failure_probability(self.cfg.planner.failure_rate_per_node_hour, fam.demand.horizon_ms)
             saving = failover_saving_ms(fam.options, self.current(c), fam.source, fam.demand, p_fail)
+            if saving < self.cfg.planner.redundancy_min_saving_ms:
+                saving = 0.0  # no evidence it pays: refused whatever its price (a free copy costs 0)
             return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam))
         with_ms, work = walk(fam.options + [self.current(c)], fam.demand)
         saving = self.baseline[c.family_index] - with_ms

@@ -22,7 +22,10 @@ copy of L* into n's host tier (its device tier when it has none). Its value:
   (planner._Tick.value), unchanged: the bytes and pages cost what they cost
   whatever the copy is for.
 - Admission: as every action, net > `planner.min_net_ms`, within the link
-  and memory budgets, greedy by net with the others.
+  and memory budgets, greedy by net with the others; and saving >=
+  `planner.redundancy_min_saving_ms`: a copy onto free pages over idle
+  links is priced at 0 ms, so without that floor any positive saving, a
+  millionth of a millisecond at the published rate, would buy one.
 - Families: only those the planner prices at all, whose expected TTFT now
   exceeds every request hitting L* on an idle node by more than
   `min_net_ms`. A family its sole holder serves about ideally would lose

@@ -32,10 +32,11 @@ STRESS = 3600.0  # one failure per node-second: a stress rate, far above any pub
 HOST = 128  # host pages per node: exactly one copy of CHAIN
 
 
-def sole_holder(rate, holders=("n0",), nodes=4, count=200.0, **planner):
+def sole_holder(rate, holders=("n0",), nodes=4, count=200.0, full_targets=True, **planner):
     """n0 (and any other of holders) holds CHAIN; the others' host tiers are
-    full of another family's blocks, so a copy there has a price (the
-    evictions); 200 requests forecast within 1 s. Returns the tick's orders."""
+    full of another family's blocks (unless not full_targets), so a copy
+    there has a price (the evictions); 200 requests forecast within 1 s.
+    Returns the tick's orders."""
     forecasts = ScriptedForecasts()
     core, clock = make_core(nodes, "predictive", forecasts, host_pages=HOST,
                             planner={"horizon_s": 1.0, "plan_every_s": 0.0,
@@ -43,7 +44,7 @@ def sole_holder(rate, holders=("n0",), nodes=4, count=200.0, **planner):
     for node in holders:
         store(core, node, CHAIN)
     for i in range(nodes):
-        if f"n{i}" not in holders:
+        if full_targets and f"n{i}" not in holders:
             other = list(range(900_000 + 1000 * i, 900_000 + 1000 * i + HOST))
             assert core.apply_kv_event(NodeId(f"n{i}"), core.generation(f"n{i}"),
                                        IndexEvent(HolderEventKind.STORED, other, False, f"other{i}", tier=Tier.HOST))
@@ -86,6 +87,15 @@ def test_failure_probability_is_exponential_in_the_horizon():
 def test_no_redundant_copy_at_the_committed_rate(replicate):
     orders = sole_holder(load_policy_config().planner.failure_rate_per_node_hour, replicate=replicate)
     assert redundant(orders) == []
+
+
+def test_a_free_copy_worth_less_than_the_floor_is_refused():
+    """Free pages and idle links price a copy at 0 ms: at the committed rate
+    its saving is a millionth of a millisecond, and only the floor refuses it."""
+    rate = load_policy_config().planner.failure_rate_per_node_hour
+    assert redundant(sole_holder(rate, full_targets=False, replicate=False, prefetch=False)) == []
+    no_floor = sole_holder(rate, full_targets=False, replicate=False, prefetch=False, redundancy_min_saving_ms=0.0)
+    assert len(redundant(no_floor)) == 1
 
 
 def test_a_sole_holder_gets_a_redundant_copy_in_a_peers_host_tier_at_a_stress_rate():
