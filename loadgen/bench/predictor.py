@@ -34,6 +34,14 @@ Hyperparameters come from services/config/predictor.json, fixed; nothing is
 tuned on the reported rows. --quick: the config's quick rounds, and each
 scenario cut to its first QUICK_SCENARIO_S seconds (a CI-sized run);
 --no-latency skips the latency measurement (tests).
+
+--crafted N runs only the hardening part (_predictor_crafted.py), none of
+the workloads: N crafted model directories (seeded by --seed) offered to a
+live `speckv predictor` process by ReloadModel, then a table per mutation
+kind and the totals against issue 22's target (0 predictor deaths, 0
+INTERNAL); --json writes {"crafted": report}. It answers another question
+than the workloads (does a bad model directory hurt the service, not how
+well a good one forecasts) and costs no trace, so it runs alone.
 """
 from __future__ import annotations
 
@@ -46,6 +54,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from speckv.loadgen.bench._predictor_crafted import print_crafted, run_crafted
 from speckv.loadgen.bench._predictor_run import Workload, evaluate, timestamp_resolution_s
 from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios
 from speckv.services.common.traces import TraceFormatError, load_trace, resolve_traces_dir, trace_format
@@ -63,6 +72,12 @@ QUICK_SCENARIO_S = 1200.0  # 20 minutes: 14 min to train on, 6 to report on
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
     args = _parse(argv)
+    if args.crafted is not None:
+        crafted = run_crafted(args.crafted, args.seed)
+        print_crafted(crafted)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"crafted": crafted}, indent=2), encoding="utf-8")
+        return 0
     began = time.perf_counter()
     reports = []
     for workload, tod in _workloads(args, environ):
@@ -134,14 +149,25 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--all", action="store_true", help="every trace of the traces directory and every scenario")
     p.add_argument("--traces", default=None, help="traces directory (default: SPECKV_TRACES, ../shared/traces)")
     p.add_argument("--scenarios", default=None, help="scenarios file (default: services/config/scenarios.json)")
-    p.add_argument("--seed", type=int, default=SCENARIO_SEED, help="the synthetic scenarios' seed")
+    p.add_argument("--seed", type=int, default=SCENARIO_SEED, help="the synthetic scenarios' seed (with "
+                   "--crafted: the crafted directories')")
     p.add_argument("--family", default="auto", help="family assignment: auto, prefix, conversation, service")
     p.add_argument("--quick", action="store_true", help="fewer boosting rounds (services/config/predictor.json "
                    f"quick), scenarios cut to {QUICK_SCENARIO_S:g} s")
     p.add_argument("--config", default=None, help="hyperparameter file (default: services/config/predictor.json)")
     p.add_argument("--json", default=None, help="write the report(s) here")
     p.add_argument("--no-latency", action="store_true", help="skip the forecast latency measurement (tests)")
+    p.add_argument("--crafted", type=_positive, default=None, metavar="N",
+                   help="only offer N crafted model directories to a live predictor by ReloadModel and count "
+                   "deaths and INTERNAL codes per mutation kind (no workloads)")
     return p.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be an integer >= 1")
+    return value
 
 
 def _fmt(v: float | None, width: int) -> str:

@@ -144,10 +144,45 @@ class FeatureSpec:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown feature parameter")
+        defaults = cls()
+        for key, value in values.items():
+            _check_type(key, value, getattr(defaults, key))
         out = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items()}
         spec = cls(**out)
         spec.validate()
         return spec
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_type(key: str, value: Any, default: Any) -> None:
+    """ValueError unless value has the type of the field's default (a
+    manifest's feature_spec: a wrong type would pass validate() and fail
+    only when online features are computed)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = _is_number(value)
+    else:  # a tuple: a list of numbers (integers where the field's are)
+        whole = all(isinstance(v, int) for v in default)
+        ok = isinstance(value, list) and all(
+            _is_number(v) and (not whole or isinstance(v, int)) for v in value)
+    if not ok:
+        raise ValueError(f"{key}={value!r}: must be {_type_name(default)}")
+
+
+def _type_name(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a finite number"
+    return "a list of integers" if all(isinstance(v, int) for v in default) else "a list of finite numbers"
 
 
 # A spec is frozen and hashable: its names are derived once (serving asks for them on every forecast).

@@ -42,6 +42,7 @@ kept.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -50,6 +51,7 @@ import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.predictor import compiled_trees
+from speckv.services.predictor.booster_text import checked_model_text
 from speckv.services.predictor.burst_model import BURST_KIND, BurstChoice, HorizonBurstChoice
 from speckv.services.predictor.count_models import BURST_DEFINITION, HISTORY_HALFLIVES, CountForecast, SeriesState
 from speckv.services.predictor.feature_baselines import FeatureBaselines, season_lags
@@ -348,8 +350,16 @@ def _booster(directory: Path, name: Any, num_features: int, key: str) -> lgb.Boo
     path = directory / name
     if not path.is_file():
         raise InvalidArgument(f"{key}: {path} does not exist")
+    if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(directory)):
+        # a symlink out of the directory would read a file the model root does not hold
+        raise InvalidArgument(f"{key}: {name!r} leads outside the model directory (a symlink); refused")
     try:
-        booster = lgb.Booster(model_file=str(path))
+        # Read once and checked (booster_text.py): LightGBM loads what was checked, never the file again
+        text = checked_model_text(path.read_bytes(), num_features)
+    except ValueError as exc:
+        raise InvalidArgument(f"{key}: {path} is not a served LightGBM model ({exc})") from None
+    try:
+        booster = lgb.Booster(model_str=text)
     except (lgb.basic.LightGBMError, ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"{key}: {path} is not a LightGBM model ({exc})") from None
     if booster.num_feature() != num_features:

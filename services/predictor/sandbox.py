@@ -37,6 +37,7 @@ import math
 import multiprocessing
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,11 @@ from speckv.services.common.errors import FailedPrecondition, SpeckvError
 
 PROBE_ROWS = 16  # rows of the dummy feature matrix
 PROBE_SEED = 0
+# The probe's own core (_exercise_core): a few families' arrivals over the last PROBE_WINDOW_S seconds
+PROBE_NOW_S = 100_000.0
+PROBE_WINDOW_S = 300.0
+PROBE_ARRIVALS = 600
+PROBE_FAMILIES = 4
 
 # Domain errors the child may report, by name; anything else is a failed probe.
 _DOMAIN_ERRORS: dict[str, type[SpeckvError]] = {
@@ -80,6 +86,34 @@ def exercise(path: str) -> None:
         values = np.asarray(getattr(out, name))
         if values.shape[0] != PROBE_ROWS or not np.isfinite(values).all():
             raise FailedPrecondition(f"candidate model at {path}: {name} is not finite on the probe matrix")
+    _exercise_core(model, path)
+
+
+def _exercise_core(model: Any, path: str) -> None:
+    """Serves the model from a core of its own as the server would: online
+    features built from its feature_spec over a few families' arrivals,
+    then Forecast and the top-k. The dummy matrix above skips the online
+    features, so a spec that validates but breaks them (a wrongly typed
+    field; found by `speckv bench predictor --crafted`) would otherwise
+    pass here and fail every Forecast in the server."""
+    from speckv.services.common.clock import ManualClock
+    from speckv.services.predictor.core import PredictorCore, PredictorSettings
+    from speckv.services.predictor.observations import Arrival
+
+    spec = getattr(model, "feature_spec", None)
+    if spec is None:  # a model that reads no online features: the dummy matrix was its whole path
+        return
+    window_s = spec.step_s * math.ceil(max(PROBE_WINDOW_S, model.history_s) / spec.step_s)
+    settings = PredictorSettings(step_s=spec.step_s, window_s=window_s, max_horizon_s=max(model.horizons_s))
+    core = PredictorCore(ManualClock(PROBE_NOW_S), model, settings, source=path)
+    rng = np.random.default_rng(PROBE_SEED)
+    times = np.sort(rng.uniform(PROBE_NOW_S - PROBE_WINDOW_S, PROBE_NOW_S, PROBE_ARRIVALS))
+    core.observe(Arrival(time_s=float(t), family=f"probe-{i % PROBE_FAMILIES}") for i, t in enumerate(times))
+    families = [f"probe-{i}" for i in range(PROBE_FAMILIES)] + ["probe-never-seen"]
+    for result in (core.forecast(families), core.top_families(PROBE_FAMILIES)):
+        for name in ("expected", "upper", "burst_probability"):
+            if not np.isfinite(np.asarray(getattr(result, name))).all():
+                raise FailedPrecondition(f"candidate model at {path}: {name} is not finite serving probe arrivals")
 
 
 def _child(path: str, conn: Connection) -> None:

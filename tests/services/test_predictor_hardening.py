@@ -1,14 +1,12 @@
 """The predictor is hard to break (issue 22, item 5), over gRPC: a far-future
 now_s is INVALID_ARGUMENT and leaves later forecasts model-based; a
-candidate booster that crashes the native library is a refused reload
-(FAILED_PRECONDITION) while the old model keeps serving; malformed
+candidate booster that would crash the native library is a refused reload
+(INVALID_ARGUMENT: its tree is checked first) while the old model keeps serving; malformed
 manifests, overlong names and wrongly typed keys are never INTERNAL;
 ReloadModel loads only names under the model root, never a path outside it."""
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -16,11 +14,18 @@ from typing import Iterator
 import grpc
 import pytest
 
+from speckv.loadgen.bench._predictor_crafted import (
+    crashing_copy,
+    deep_manifest,
+    garbage_copy,
+    manifest_variant,
+    run_crafted,
+    truncated_copy,
+)
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import ServiceServer, open_channel
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.manifest import MANIFEST_NAME
 from speckv.services.predictor.server import build_server
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
@@ -29,18 +34,6 @@ from tests.support.predictor_synthetic import planted_arrivals
 NOW = 5_000.0
 FEED_S = 900.0
 DEADLINE_S = 60.0
-
-
-def crashing_copy(model_dir: Path, target: Path) -> Path:
-    """A copy of model_dir whose first booster's first tree points at child
-    node 1,000,000: LightGBM parses it and aborts the process when it walks
-    the tree (checked: SIGABRT, 'terminate called without an active exception')."""
-    shutil.copytree(model_dir, target)
-    booster = target / json.loads((target / MANIFEST_NAME).read_text())["files"]["count"][0]
-    text, replaced = re.subn(r"left_child=-?\d+", "left_child=1000000", booster.read_text(), count=1)
-    assert replaced == 1
-    booster.write_text(text)
-    return target
 
 
 @pytest.fixture
@@ -104,8 +97,10 @@ def test_crashing_booster_is_a_refused_reload_and_the_old_model_keeps_serving(
     crashing_copy(model_dir, root / "crash")
     with pytest.raises(grpc.RpcError) as caught:
         stub.ReloadModel(pb.ReloadModelRequest(name="crash"), timeout=DEADLINE_S)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "probe process died" in caught.value.details()
+    # refused by the booster check (booster_text.py) before LightGBM walks the tree; without it the
+    # probe died of SIGABRT (FAILED_PRECONDITION), and a node the probe rows miss killed the server
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "outside the tree" in caught.value.details()
     info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=DEADLINE_S)
     assert (info.version, info.source) == ("lgbm-v1", str(model_dir))
     assert _model_based(stub)[0] == before
@@ -117,24 +112,13 @@ def test_crashing_booster_is_a_refused_reload_and_the_old_model_keeps_serving(
 
 def test_malformed_model_directories_are_never_internal(
         stub: predictor_pb2_grpc.PredictorStub, model_dir: Path, root: Path) -> None:
-    manifest = json.loads((model_dir / MANIFEST_NAME).read_text())
-
     def variant(name: str, **changes) -> str:
-        target = root / name
-        shutil.copytree(model_dir, target)
-        (target / MANIFEST_NAME).write_text(json.dumps({**manifest, **changes}))
+        manifest_variant(model_dir, root / name, **changes)
         return name
 
-    deep = root / "deep"
-    deep.mkdir()
-    (deep / MANIFEST_NAME).write_text("[" * 100_000 + "]" * 100_000)
-    truncated = root / "truncated"
-    shutil.copytree(model_dir, truncated)
-    booster = truncated / manifest["files"]["count"][0]
-    booster.write_text(booster.read_text()[:200])
-    garbage = root / "garbage"
-    shutil.copytree(model_dir, garbage)
-    (garbage / manifest["files"]["count"][0]).write_bytes(b"\xff\xfe tree garbage \x00" * 50)
+    deep_manifest(root / "deep")
+    truncated_copy(model_dir, root / "truncated")
+    garbage_copy(model_dir, root / "garbage")
     requests = {
         "deep JSON": pb.ReloadModelRequest(name="deep"),
         "truncated booster": pb.ReloadModelRequest(name="truncated"),
@@ -196,3 +180,21 @@ def test_path_outside_the_root_is_refused(stub: predictor_pb2_grpc.PredictorStub
     (root / "current").symlink_to("v2", target_is_directory=True)
     reloaded = stub.ReloadModel(pb.ReloadModelRequest(name="current"), timeout=DEADLINE_S)
     assert reloaded.source == os.path.realpath(root / "v2")
+
+
+CRAFTED_N = 14  # one directory of each mutation kind (_predictor_crafted.KINDS)
+
+
+def test_crafted_directories_never_kill_the_predictor_nor_answer_internal() -> None:
+    """`speckv bench predictor --crafted` at a small N: a real predictor
+    process, one crafted directory of each kind offered by ReloadModel;
+    none kills or wedges it, none is INTERNAL, and after every reload the
+    good model still serves finite forecasts (or the accepted one does)."""
+    report = run_crafted(CRAFTED_N, seed=0, echo=lambda _line: None)
+    totals = report["totals"]
+    assert totals["tried"] == CRAFTED_N and len(report["per_kind"]) == len(report["kinds"])
+    problems = [(r["kind"], r["variant"], r["code"], r["service"], r["service_detail"]) for r in report["reloads"]
+                if r["code"] in ("INTERNAL", "UNAVAILABLE") or r["service"] != "ok"]
+    assert (totals["deaths"], totals["wedged"], totals["internal"], totals["unhealthy"]) == (0, 0, 0, 0), problems
+    assert totals["leaks"] == 0
+    assert all(a.get("accepted_finite") for a in report["accepted"]), report["accepted"]
