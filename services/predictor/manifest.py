@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -103,6 +104,9 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     try:
         if not file.is_file():
             raise NotFound(f"{file}: no {MANIFEST_NAME} in the model directory")
+        if not Path(os.path.realpath(file)).is_relative_to(os.path.realpath(directory)):
+            # as for the boosters it names: a symlink out would read a file the model root does not hold
+            raise InvalidArgument(f"{file}: leads outside the model directory (a symlink); refused")
         if file.stat().st_size > MAX_MANIFEST_BYTES:
             raise InvalidArgument(f"{file}: larger than {MAX_MANIFEST_BYTES} bytes")
         text = file.read_text(encoding="utf-8")

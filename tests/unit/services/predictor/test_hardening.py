@@ -146,3 +146,17 @@ def test_wrongly_typed_manifest_values_are_refused_not_internal(tmp_path: Path) 
     with pytest.raises(InvalidArgument, match="name="):
         core.reload("a" * 5_000)
     assert core.model_info().version == "v1"
+
+
+def test_a_manifest_symlinked_out_of_its_directory_is_refused(tmp_path: Path) -> None:
+    """The model directory is under the root; its manifest.json leads out of it."""
+    outside = tmp_path / "outside"
+    write_manifest(outside, {"kind": "ewma", "version": "outside", "horizons_s": [1.0], "quantile": 0.9,
+                             "features": [], "params": {"halflife_s": 5.0, "dispersion": 0.0}})
+    root = tmp_path / "root"
+    (root / "sneaky").mkdir(parents=True)
+    (root / "sneaky" / "manifest.json").symlink_to(outside / "manifest.json")
+    core = make_core(ManualClock(NOW), model_root=str(root))
+    with pytest.raises(InvalidArgument, match="outside the model directory"):
+        core.reload("sneaky")
+    assert core.model_info().version == "v1"
