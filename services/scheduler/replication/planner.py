@@ -228,7 +228,8 @@ class _Tick:
                                                                  or not target.host_pages else [])
             for tier in tiers:
                 out.append(self.pricer.replica(fam, index, target, tier, self.queue[node], self.link_wait))
-        if p.redundancy and p.failure_rate_per_node_hour > 0 and self._sole_holder(fam):
+        if p.redundancy and p.failure_rate_per_node_hour > 0 and self._sole_holder(fam) \
+                and self._redundancy_could_pay(fam):
             for node in self._spill(fam):
                 target = self.live[node]
                 tier = Tier.HOST if target.host_pages else Tier.DEVICE
@@ -241,6 +242,18 @@ class _Tick:
                     if candidate is not None:
                         out.append(candidate)
         return out
+
+    def _redundancy_could_pay(self, fam: FamilyState) -> bool:
+        """An upper bound on any redundant copy's saving reaches the floor:
+        with the holder gone no request waits longer than the longest queue
+        plus every forecast request's prefill from nothing ahead of it. At
+        published failure rates the bound stays
+        far below the floor, and the copies are not priced at all (their
+        walks cost CPU)."""
+        p = self.cfg.planner
+        p_fail = failure_probability(p.failure_rate_per_node_hour, fam.demand.horizon_ms)
+        worst_ms = max(self.queue.values(), default=0.0) + (fam.demand.count + 1.0) * fam.full_ms
+        return p_fail * fam.demand.count * worst_ms >= max(p.redundancy_min_saving_ms, 1e-300)
 
     def _sole_holder(self, fam: FamilyState) -> bool:
         """Exactly one node holds (or is being given) the whole of L*."""
