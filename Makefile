@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BASE_STAMP := $(VENV)/.installed-base
 TRACES ?= $(or $(SPECKV_TRACES),../shared/traces)
 PROTOS := $(wildcard protos/speckv/v1/*.proto)
 
@@ -14,9 +15,16 @@ $(PY):
 
 # Reinstall when the dependency list changes. The ray extra too, so that
 # CI runs speckv simulate --ray's test (tests/unit/loadgen/sim/test_ray_pool.py).
+# The demo and `up` need none of the extras (test tools, mypy, Ray): they
+# install the package alone, so a fresh machine's first `make demo` does not
+# wait for them; a later `make test` adds them.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[test,sim,ray]'
-	touch $(STAMP)
+	touch $(STAMP) $(BASE_STAMP)
+
+$(BASE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $(BASE_STAMP)
 
 venv: $(STAMP)
 
@@ -47,10 +55,10 @@ test: $(STAMP) check-protos
 
 # Without the trace in $(TRACES) (or with TRACES empty) the demo runs on its
 # synthetic default and says how to get the trace.
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(VENV)/bin/speckv demo $(if $(TRACES),--traces $(TRACES))
 
-up: $(STAMP)
+up: $(BASE_STAMP)
 	$(VENV)/bin/speckv up --nodes 3
 
 clean:
