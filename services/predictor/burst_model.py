@@ -35,6 +35,7 @@ import lightgbm as lgb
 import numpy as np
 
 from speckv.services.predictor.dataset import Rows
+from speckv.services.predictor.early_stopped import train_early_stopped
 from speckv.services.predictor.evaluation import best_alarm_threshold, burst_score
 
 if TYPE_CHECKING:
@@ -147,15 +148,10 @@ def train_burst(train: Rows, valid: Rows, index: np.ndarray, weight: np.ndarray,
         data = lgb.Dataset(X, label=train.label[index, i].astype(np.float64), weight=weight, free_raw_data=False,
                            params={"max_bin": int(base_params.get("max_bin", 63)), "feature_pre_filter": False,
                                    "verbosity": -1})
-        callbacks, valid_sets = [], []
         labels = valid.label[:, i] if len(valid) else np.zeros(0, bool)
-        if stop > 0 and labels.any() and not labels.all():
-            valid_sets = [lgb.Dataset(valid.X, label=labels.astype(np.float64), reference=data, free_raw_data=False)]
-            callbacks = [lgb.early_stopping(stop, verbose=False)]
-        booster = lgb.train(params, data, num_boost_round=rounds, valid_sets=valid_sets, callbacks=callbacks)
-        if booster.best_iteration > 0:
-            booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
-        boosters.append(booster)
+        validation = (lgb.Dataset(valid.X, label=labels.astype(np.float64), reference=data, free_raw_data=False)
+                      if stop > 0 and labels.any() and not labels.all() else None)
+        boosters.append(train_early_stopped(params, data, rounds, validation, stop))
     return boosters
 
 

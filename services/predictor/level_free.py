@@ -44,6 +44,7 @@ import lightgbm as lgb
 import numpy as np
 
 from speckv.services.predictor.dataset import Rows
+from speckv.services.predictor.early_stopped import train_early_stopped
 from speckv.services.predictor.feature_baselines import SEASONAL_NAIVE, FeatureBaselines
 from speckv.services.predictor.features import FeatureSpec
 
@@ -121,17 +122,13 @@ def train_level_free(train: Rows, valid: Rows, index: np.ndarray, weight: np.nda
         data = lgb.Dataset(Z, label=train.count[index, i] / scale, weight=weight * scale, free_raw_data=False,
                            params={"max_bin": int(base_params.get("max_bin", 63)), "feature_pre_filter": False,
                                    "verbosity": -1})
-        callbacks, valid_sets = [], []
+        validation = None
         if len(valid) and stop > 0:
             vscale = k * np.maximum(base_valid, BASE_FLOOR)
             vz = level_free_features(valid.X, spec, base_valid, baselines, k)
-            valid_sets = [lgb.Dataset(vz, label=valid.count[:, i] / vscale, weight=vscale, reference=data,
-                                      free_raw_data=False)]
-            callbacks = [lgb.early_stopping(stop, verbose=False)]
-        booster = lgb.train(params, data, num_boost_round=rounds, valid_sets=valid_sets, callbacks=callbacks)
-        if booster.best_iteration > 0:
-            booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
-        boosters.append(booster)
+            validation = lgb.Dataset(vz, label=valid.count[:, i] / vscale, weight=vscale, reference=data,
+                                     free_raw_data=False)
+        boosters.append(train_early_stopped(params, data, rounds, validation, stop))
     return boosters
 
 

@@ -66,6 +66,7 @@ from speckv.services.predictor import negbin
 from speckv.services.predictor.burst_model import BURST_KIND, DISTRIBUTION, BurstChoice, probability
 from speckv.services.predictor.compiled_trees import CompiledTrees, raw_scores
 from speckv.services.predictor.dataset import Rows
+from speckv.services.predictor.early_stopped import train_early_stopped
 from speckv.services.predictor.evaluation import best_alarm_threshold
 from speckv.services.predictor.feature_baselines import FeatureBaselines
 from speckv.services.predictor.features import FeatureSpec
@@ -343,16 +344,11 @@ def train_bundle(train: Rows, valid: Rows, spec: FeatureSpec, horizons_s: Sequen
     for i, k in enumerate(ks):
         data.set_label(train.count[index, i].astype(np.float64))
         data.set_init_score(offset.log_base(X, spec, k))
-        callbacks, valid_sets = [], []
         if validation is not None and stop > 0:
             validation.set_label(valid.count[:, i].astype(np.float64))
             validation.set_init_score(offset.log_base(valid.X, spec, k))
-            valid_sets, callbacks = [validation], [lgb.early_stopping(stop, verbose=False)]
-        booster = lgb.train(count_params, data, num_boost_round=int(params.get("num_boost_round", 100)),
-                            valid_sets=valid_sets, callbacks=callbacks)
-        if booster.best_iteration > 0:
-            booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
-        boosters.append(booster)
+        boosters.append(train_early_stopped(count_params, data, int(params.get("num_boost_round", 100)),
+                                            validation, stop))
     bundle = LgbmBundle(spec, tuple(float(h) for h in horizons_s), float(quantile), {"count": boosters},
                         [0.5] * len(ks), offset, [0.0] * len(ks))
     if len(valid):
