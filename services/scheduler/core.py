@@ -609,7 +609,7 @@ class SchedulerCore:
                            self._index, tuple(o.snapshot() for o in self._orders.active()),
                            self._families, {n.node_id: ledger.blocks_on(n.node_id) for n in nodes},
                            self._link_bytes_per_s, self._backlog.waits(now), self._backlog.rates(now), self._reuse,
-                           frozenset(self._ramp.ramping()) if self._ramp.active else frozenset())
+                           frozenset(self._ramp.ramping(now)))
 
     def _node_view(self, n: Node, now: float) -> NodeView:
         return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,

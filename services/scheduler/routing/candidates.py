@@ -39,7 +39,7 @@ class CandidateSelector:
     def candidates(self, hashes: list[int], now: float) -> list[Candidate]:
         """The nodes a route for hashes scores at now (the module docstring says which)."""
         out = self._scored(hashes, now, frozenset())
-        if self._ramp is None or not self._ramp.active or len(out) < 2:
+        if self._ramp is None or len(out) < 2 or not self._ramp.active(now):
             return out
         held_back = self._held_back(out, now)
         if not held_back:

@@ -49,9 +49,13 @@ class JoinRamp:
         self._ramp_s = ramp_s
         self._joining: dict[NodeId, _Joining] = {}
 
-    @property
-    def active(self) -> bool:
-        """Some node is ramping (the router's fast path skips the ramp otherwise)."""
+    def active(self, now: float) -> bool:
+        """Some node is ramping at now (the router's fast path skips the
+        ramp otherwise); ramps that have run their course end here."""
+        if not self._joining:
+            return False
+        for node_id in [n for n, j in self._joining.items() if now - j.start_s >= self._ramp_s]:
+            del self._joining[node_id]
         return bool(self._joining)
 
     def joined(self, node_id: NodeId, now: float, cluster_routes: int, node_routes: int, live_after: int) -> bool:
@@ -88,5 +92,6 @@ class JoinRamp:
         taken = node_routes - joining.node_routes_at_join
         return taken >= max(0.0, phi) * fair + 1.0
 
-    def ramping(self) -> list[NodeId]:
-        return sorted(self._joining)
+    def ramping(self, now: float) -> list[NodeId]:
+        """The nodes ramping at now, sorted."""
+        return sorted(self._joining) if self.active(now) else []

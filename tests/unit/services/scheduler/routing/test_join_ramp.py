@@ -25,13 +25,13 @@ N = NodeId("new")
 def test_a_node_of_a_starting_cluster_never_ramps():
     ramp = JoinRamp(60.0)
     assert not ramp.joined(N, 0.0, cluster_routes=0, node_routes=0, live_after=4)
-    assert not ramp.active and not ramp.over(N, 1.0, 1000, 0)
+    assert not ramp.active(1.0) and not ramp.over(N, 1.0, 1000, 0)
 
 
 def test_ramp_zero_is_off():
     ramp = JoinRamp(0.0)
     assert not ramp.joined(N, 0.0, cluster_routes=500, node_routes=0, live_after=4)
-    assert not ramp.active
+    assert not ramp.active(0.0)
 
 
 def test_negative_ramp_is_refused():
@@ -57,10 +57,13 @@ def test_the_ramp_ends_for_good_and_a_lost_node_stops_ramping():
     ramp = JoinRamp(10.0)
     ramp.joined(N, 0.0, 5, 0, 2)
     assert ramp.share(N, 5.0) == pytest.approx(0.5)
-    assert not ramp.over(N, 10.0, 5, 0) and not ramp.active
+    assert not ramp.over(N, 10.0, 5, 0) and not ramp.active(10.0)
     ramp.joined(N, 20.0, 5, 0, 2)
+    assert ramp.active(29.9) and ramp.ramping(29.9) == [N]
+    assert not ramp.active(30.0) and ramp.ramping(30.0) == []  # its ramp has run its course, routed or not
+    ramp.joined(N, 40.0, 5, 0, 2)
     ramp.forget(N)
-    assert not ramp.active and ramp.share(N, 21.0) == 1.0
+    assert not ramp.active(41.0) and ramp.share(N, 41.0) == 1.0
 
 
 def _serving_cluster(ramp_s: float):
