@@ -11,19 +11,21 @@ PROTOS := $(wildcard protos/speckv/v1/*.proto)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -qq --upgrade pip setuptools wheel
 
+# -qq: pip prints errors only (a build backend's warnings, such as setuptools'
+# note on editable installs, are not the user's concern on a first run).
 # Reinstall when the dependency list changes. The ray extra too, so that
 # CI runs speckv simulate --ray's test (tests/unit/loadgen/sim/test_ray_pool.py).
 # The demo and `up` need none of the extras (test tools, mypy, Ray): they
 # install the package alone, so a fresh machine's first `make demo` does not
 # wait for them; a later `make test` adds them.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[test,sim,ray]'
+	$(PY) -m pip install -qq -e '.[test,sim,ray]'
 	touch $(STAMP) $(BASE_STAMP)
 
 $(BASE_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -qq -e .
 	touch $(BASE_STAMP)
 
 venv: $(STAMP)
