@@ -153,14 +153,21 @@ def drop_tree_sizes(text: str) -> str:
     return re.sub(r"^tree_sizes=.*\n", "", text, count=1, flags=re.M)
 
 
-def edit_node(text: str, rng: random.Random, key: str, value: Callable[[int, int], str]) -> tuple[str, str]:
-    """The text with one entry of `key` (a per-node line such as left_child)
-    in a random tree replaced by value(num_leaves, entry index); and where."""
+def random_tree(text: str, rng: random.Random) -> tuple[int, int, int, str, int]:
+    """A tree of the booster text drawn by rng: (its index, its block's start
+    and end offsets in text, the block, its num_leaves)."""
     spans = tree_spans(text)
     tree = rng.randrange(len(spans))
     start, end = spans[tree]
     block = text[start:end]
     leaves = int(re.search(r"^num_leaves=(\d+)$", block, re.M).group(1))  # type: ignore[union-attr]
+    return tree, start, end, block, leaves
+
+
+def edit_node(text: str, rng: random.Random, key: str, value: Callable[[int, int], str]) -> tuple[str, str]:
+    """The text with one entry of `key` (a per-node line such as left_child)
+    in a random tree replaced by value(num_leaves, entry index); and where."""
+    tree, start, end, block, leaves = random_tree(text, rng)
     line = re.search(rf"^{key}=(.*)$", block, re.M)
     if line is None:
         raise ValueError(f"tree {tree} has no {key} line")
@@ -276,11 +283,7 @@ def _edit_header(text: str, key: str, value: str) -> str:
 def craft_wrong_counts(ctx: CraftContext, rng: random.Random, name: str) -> Crafted:
     _, booster = _booster_file(ctx, rng, name)
     text = booster.read_text()
-    spans = tree_spans(text)
-    tree = rng.randrange(len(spans))
-    start, end = spans[tree]
-    block = text[start:end]
-    leaves = int(re.search(r"^num_leaves=(\d+)$", block, re.M).group(1))  # type: ignore[union-attr]
+    tree, start, end, block, leaves = random_tree(text, rng)
     sizes = re.search(r"^tree_sizes=(.*)$", text, re.M)
     top = int(re.search(r"^max_feature_idx=(\d+)$", text, re.M).group(1))  # type: ignore[union-attr]
 
