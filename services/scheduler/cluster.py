@@ -14,12 +14,22 @@ Invariants:
 - Re-registering replaces the address and geometry, clears the load, and bumps
   `generation`; whoever tracks per-registration state (block inventory, event
   streams) compares generations to drop stale work.
-- `pending_tokens` / `pending_requests` count work routed to a node since its
-  last heartbeat, so a burst between two heartbeats is not piled on one node.
-  The next heartbeat's queue figures include that work, so it resets them.
+- `pending_tokens` / `pending_requests` / `pending_ms` count work routed to a
+  node since its last *queue report* (a heartbeat carrying queue figures), so
+  a burst between two reports is not piled on one node. The next queue report
+  includes that work, so it resets them.
+- Drain rule (`pending_stale_s`): routed work that no queue report has counted
+  for pending_stale_s is worked off at one ms of prefill per ms of clock time
+  (tokens and requests in proportion, rounded up), credited at each heartbeat
+  up to that heartbeat's time; heartbeats prove the node alive, so a node that
+  stopped beating keeps its work. A node whose queue is reported more often
+  than every pending_stale_s never drains (the simulator's nodes report on
+  every beat), so its figures are exactly the reported ones plus what was
+  routed since.
 - `least_loaded(k)` answers from a LoadBoard keyed by `queue_ms(node)` (the
-  expected queueing delay the router scores, ms), kept
-  current on every register, heartbeat and routed request.
+  expected queueing delay the router scores, ms), kept current on every
+  register, heartbeat and routed request: pending work changes only there
+  (a drain is applied by a heartbeat), so the board never lags it.
 - All nodes share one block size: block hashes are chained over block_size
   tokens, so nodes with different block sizes could never share a block.
 
@@ -112,6 +122,11 @@ class Node:
     pending_tokens: int = 0
     pending_requests: int = 0
     pending_ms: float = 0.0  # prefill ms of the work routed here since the last queue report
+    queue_reported_at: float = 0.0  # clock s of the last queue report (registration counts as one)
+    drained_to: float = 0.0  # clock s up to which the pending work has been worked off (Cluster._drain)
+    routed_tokens: int = 0  # pending_tokens / requests / ms just after the last add_pending:
+    routed_requests: int = 0  # what a drain scales tokens and requests from, so repeated
+    routed_ms: float = 0.0  # drains do not compound their rounding
     routes_total: int = 0
     bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
     host_pages: int = 0  # its host tier's capacity in blocks (0: no host tier)
@@ -130,10 +145,16 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, node_timeout_s: float, queue_cost: QueueCost | None = None) -> None:
+    def __init__(self, node_timeout_s: float, queue_cost: QueueCost | None = None,
+                 pending_stale_s: float = math.inf) -> None:
+        """pending_stale_s: routed work no queue report has counted for this
+        long (s) starts draining (module docstring); inf: never drains."""
         if node_timeout_s <= 0:
             raise InvalidArgument(f"node_timeout_s={node_timeout_s}: must be > 0")
+        if not pending_stale_s > 0:
+            raise InvalidArgument(f"pending_stale_s={pending_stale_s}: must be > 0")
         self._timeout_s = node_timeout_s
+        self._stale_s = pending_stale_s
         self._nodes: dict[NodeId, Node] = {}
         self._generations = 0
         self._queue_cost: QueueCost = queue_cost or (lambda tokens, waiting: float(tokens))
@@ -161,7 +182,7 @@ class Cluster:
         previous = self._nodes.get(node_id)
         node = Node(node_id, address, capacity_pages, geometry, registered_at=now,
                     last_heartbeat=now, generation=self._generations,
-                    load=NodeLoad(free_pages=capacity_pages),
+                    load=NodeLoad(free_pages=capacity_pages), queue_reported_at=now, drained_to=now,
                     routes_total=previous.routes_total if previous else 0, host_pages=host_pages)
         self._nodes[node_id] = node
         self._board.upsert(node_id, 0.0, now)
@@ -171,7 +192,8 @@ class Cluster:
         """Merges the figures the report carries (a NodeLoad carries all of
         them); False when the node is unknown (it must register). Work routed
         since the last report is forgotten only by a report with queue
-        figures, which counts it; a free-pages-only report leaves it."""
+        figures, which counts it; a report without them (a kvstore's free
+        pages) leaves it, less what the drain rule has worked off by now."""
         if not node_id:
             raise InvalidArgument("node_id is empty")
         node = self._nodes.get(node_id)
@@ -187,9 +209,12 @@ class Cluster:
         node.last_heartbeat = max(node.last_heartbeat, now)
         node.status = NodeStatus.UP
         if carries_queue:
-            node.pending_tokens = 0
-            node.pending_requests = 0
-            node.pending_ms = 0.0
+            node.pending_tokens = node.routed_tokens = 0
+            node.pending_requests = node.routed_requests = 0
+            node.pending_ms = node.routed_ms = 0.0
+            node.queue_reported_at = node.drained_to = max(node.queue_reported_at, now)
+        else:
+            self._drain(node, now)
         self._board.upsert(node_id, self.queue_ms(node), node.last_heartbeat)
         return True
 
@@ -246,16 +271,47 @@ class Cluster:
                 went_down.append(node.node_id)
         return sorted(went_down)
 
-    def add_pending(self, node_id: NodeId, tokens: int, prefill_ms: float = 0.0) -> None:
-        """Work routed to node_id before its next queue report: tokens to
-        prefill and their expected prefill time (ms)."""
+    def add_pending(self, node_id: NodeId, tokens: int, prefill_ms: float = 0.0,
+                    now: float | None = None) -> None:
+        """Work routed to node_id at clock time now (None: its last
+        heartbeat's) before its next queue report: tokens to prefill and their
+        expected prefill time (ms)."""
         node = self._nodes[node_id]
+        at = node.last_heartbeat if now is None else now
+        start = max(node.drained_to, node.queue_reported_at + self._stale_s)
+        if (at - start) * 1000.0 >= node.pending_ms:
+            # What was pending would be worked off by `at` (if a later
+            # heartbeat shows the node alive): move the drain's origin so that
+            # crediting from it pays for the old work first and for the new
+            # work only from `at`, not from before it arrived.
+            node.drained_to = at - node.pending_ms / 1000.0
         node.pending_tokens += tokens
         node.pending_ms += prefill_ms
         node.pending_requests += 1
+        node.routed_tokens, node.routed_requests, node.routed_ms = (
+            node.pending_tokens, node.pending_requests, node.pending_ms)
         node.routes_total += 1
         self.routes_total += 1
         self._board.set_load(node_id, self.queue_ms(node))
+
+    def _drain(self, node: Node, now: float) -> None:
+        """Works off the node's pending work at one ms of prefill per ms of
+        clock time over the time, up to now, that is past both drained_to and
+        pending_stale_s after its last queue report; tokens and requests keep
+        their share of routed_* (rounded up: work left means a request left).
+        Work of no prefill time is worked off by any creditable time."""
+        start = max(node.drained_to, node.queue_reported_at + self._stale_s)
+        if not now > start:
+            return
+        node.drained_to = now
+        left = node.pending_ms - (now - start) * 1000.0
+        if left <= 0.0:
+            node.pending_tokens = node.pending_requests = 0
+            node.pending_ms = 0.0
+            return
+        node.pending_ms = left  # > 0, and routed_ms >= pending_ms: drains only lower it
+        node.pending_tokens = math.ceil(node.routed_tokens * left / node.routed_ms)
+        node.pending_requests = math.ceil(node.routed_requests * left / node.routed_ms)
 
     def queue_ms(self, node: Node) -> float:
         """Expected queueing delay of node, ms (reported plus routed-since load):

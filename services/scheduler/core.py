@@ -168,7 +168,7 @@ class SchedulerCore:
         self._registry = registry or default_registry(self.context)
         self._policy: Policy = self._registry.create(settings.policy)
         self._confirmer, self._arrivals, self._listener = confirmer, arrivals, listener
-        self._cluster = Cluster(settings.node_timeout_s, profile.queue_ms)
+        self._cluster = Cluster(settings.node_timeout_s, profile.queue_ms, self._pcfg.router.pending_stale_s)
         self._index = HolderIndex()
         self._families = FamilyCatalog(self._pcfg.families)
         self._state = state
@@ -309,7 +309,7 @@ class SchedulerCore:
         decision = self._router.choose(query, candidates)
         node = self._cluster.get(decision.node_id)
         self._cluster.add_pending(node.node_id, uncached_tokens(decision, query, node.geometry.block_size),
-                                  decision.prefill_ms)
+                                  decision.prefill_ms, now)
         if decision.fetch_from is not None:
             self._backlog.add(decision.fetch_from, node.node_id, decision.fetch_blocks * node.bytes_per_block,
                               arrival_s)

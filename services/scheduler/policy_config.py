@@ -27,6 +27,7 @@ T = TypeVar("T")
 class RouterSettings:
     spread_candidates: int  # least-loaded non-holders scored per route besides the holders
     join_ramp_s: float  # a node joining a serving cluster takes its share of misses over this long (0: at once)
+    pending_stale_s: float  # routed work no queue report has counted for this long (s) starts draining (cluster.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +114,9 @@ class PolicyConfig:
     source: str = ""
 
     def validate(self) -> None:
-        _positive(self, "router.spread_candidates", "families.max_families", "families.max_chain_blocks",
-                  "families.heat_window_s", "leases.replica_lease_ms", "budgets.link_budget_window_s",
+        _positive(self, "router.spread_candidates", "router.pending_stale_s", "families.max_families",
+                  "families.max_chain_blocks", "families.heat_window_s", "leases.replica_lease_ms",
+                  "budgets.link_budget_window_s",
                   "budgets.max_orders_per_tick", "planner.horizon_s",
                   "planner.max_families_per_tick", "planner.candidates_per_family",
                   "reactive_heat.heat_threshold", "reactive_heat.heat_per_replica", "reactive_heat.max_replicas",
