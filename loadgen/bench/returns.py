@@ -1,4 +1,4 @@
-"""`speckv bench returns [--traces DIR] [--trace NAME] [--quick] [--json OUT] [--save DIR]`.
+"""`speckv bench returns [--traces DIR] [--trace NAME] [--quick] [--json OUT] [--save DIR] [--tune-recalibration]`.
 
 Session-return foresight on the Mooncake conversation trace (a family is a
 conversation; services/predictor/returns). Every turn end gets a feature row
@@ -13,6 +13,16 @@ It then replays the whole trace through a ReturnTracker (the online core)
 and scores its conditional forecasts ("back within t of now, given not back
 yet") every 30 s of the evaluated slice, beside the constant rates put
 through the same survival curve (what idle time alone says).
+
+Recalibration (services/predictor/returns/recalibration.py): "lgb+recal"
+is the LightGBM model with the configured online level recalibration
+(`session_return.recalibration`; scored whether or not it is enabled, so
+the two can be compared), replayed over every turn end in time order, each
+row shifted by what had resolved by its own end; the tracker replay runs
+it too. The target is judged on the model the config serves (recalibrated
+when enabled). --tune-recalibration first scores the candidate settings on
+validation cuts before the evaluated slice only (tuning.py) and prints
+them with the one its rule picks; it never reads the evaluated slice.
 Hyperparameters: the `session_return` section of
 services/config/predictor.json, fixed; nothing is tuned on the evaluated
 rows. Target of issue 21 (reported, not tuned to): AUC >= 0.75 and ECE <=
@@ -52,10 +62,12 @@ from speckv.services.predictor.returns.baselines import fit_baselines
 from speckv.services.predictor.returns.config import ReturnConfig, load_return_config
 from speckv.services.predictor.returns.dataset import Split, build_rows
 from speckv.services.predictor.returns.model import train_return_model
+from speckv.services.predictor.returns.recalibration import RecalibrationSpec, recalibrate_rows
 from speckv.services.predictor.returns.store import PastTurn, save_return_model, write_past_turns
 from speckv.services.predictor.returns.survival import Tail, monotone
 from speckv.services.predictor.returns.tracker import ReturnTracker
 from speckv.services.predictor.returns.training import train_before
+from speckv.services.predictor.returns.tuning import DEFAULT_CUTS_S, DEFAULT_GRID, choose, validate_recalibration
 from speckv.services.predictor.returns.turns import TurnRecord, build_turns
 
 DEFAULT_TRACE = "mooncake_conversation_trace.jsonl"
@@ -66,6 +78,7 @@ QUANTISATION_NOTE = ("Mooncake timestamps are quantised to ~3 s and turn ends co
                      "boundary and few positives.")
 SINGLE_ROW_CALLS = 200
 SNAPSHOT_S = 30.0  # tracker replay: forecasts scored every this many seconds of the evaluated slice
+RECAL = "lgb+recal"
 
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
@@ -90,6 +103,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
           f"train on turn ends < {split.eval_start_s:.0f} s, evaluate on [{split.eval_start_s:.0f}, "
           f"{split.data_end_s:.0f}] s", flush=True)
 
+    tuned = _tune(rows, config, split, args.tune_cuts) if args.tune_recalibration else None
     model = train_return_model(train, H, split.eval_start_s, config.lightgbm, config.validation_fraction)
     baselines = fit_baselines(train, H, split.eval_start_s, config.turn_edges, config.gap_edges_s,
                               config.prior_rows)
@@ -97,7 +111,12 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     t0 = time.perf_counter()
     p_model = model.predict_cdf(test.X)
     predict_batch_s = time.perf_counter() - t0
-    forecasts = {"lightgbm": p_model, **{b.name: b.predict(test) for b in baselines}}
+    # The recalibration replays every row (training ones too: the evidence at the slice's start is theirs).
+    recal = RecalibrationSpec(True, config.recalibration.window_s, config.recalibration.prior_rows,
+                              config.recalibration.max_shift_logit)
+    p_all, shifts = recalibrate_rows(rows.end_s, rows.delay_s, model.predict_cdf(rows.X), H, recal)
+    evaluated = rows.end_s >= split.eval_start_s
+    forecasts = {"lightgbm": p_model, RECAL: p_all[evaluated], **{b.name: b.predict(test) for b in baselines}}
     models: dict[str, dict[str, Any]] = {}
     for name, p in forecasts.items():
         models[name] = {f"h{h:g}": evaluation.score(p[known[:, i], i], labels[known[:, i], i])
@@ -107,7 +126,9 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
                    for name, p in forecasts.items()}
     single_s = _single_row_s(model, test.X)
     constant = _ConstantCdf(H, model.feature_names, model.tail, baselines[0].rates)
-    tracker = _replay_tracker({"lightgbm": model, "constant": constant}, config, turns, split)
+    tracker = _replay_tracker({"lightgbm": model, RECAL: model, "constant": constant}, config, turns, split,
+                              {RECAL: recal})
+    served = RECAL if config.recalibration.enabled else "lightgbm"
     report = {
         "trace": path.name, "quick": args.quick, "load_average_1m": os.getloadavg()[0],
         "requests": len(requests), "conversations": len({t.conversation for t in turns}), "turns": len(turns),
@@ -122,14 +143,18 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         "predict_us_per_row_batch": 1e6 * predict_batch_s / max(len(test), 1),
         "predict_us_single_row": 1e6 * single_s,
         "models": models, "calibration_horizon_s": H[cal], "calibration": calibration, "tracker": tracker,
-        "target": _target(models["lightgbm"].get(f"h{CALIBRATION_HORIZON_S:g}")),
+        "recalibration": {**config.recalibration.to_dict(), "served": served,
+                          "mean_shift_logit_evaluated": {f"h{h:g}": float(shifts[evaluated, i].mean()) if
+                                                         evaluated.any() else math.nan for i, h in enumerate(H)},
+                          "validation": tuned},
+        "target": {**_target(models[served].get(f"h{CALIBRATION_HORIZON_S:g}")), "model": served},
         "notes": [QUANTISATION_NOTE],
     }
     if args.save:
         version = f"returns-{path.stem}-before-{split.eval_start_s:.0f}s{'-quick' if args.quick else ''}"
         save_return_model(args.save, model, config.features, version,
                           f"session-return LightGBM trained on the turn ends of {path.name} before "
-                          f"{split.eval_start_s:.0f} s (labels censored there)")
+                          f"{split.eval_start_s:.0f} s (labels censored there)", config.recalibration)
         report["saved"] = {"directory": str(args.save), "version": version}
     _print(report)
     if args.save:
@@ -150,6 +175,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--save", default=None, help="write the model (trained before the evaluated slice only) to this "
                                                 "directory, for speckv predictor --returns-model DIR")
+    p.add_argument("--tune-recalibration", action="store_true",
+                   help="score the recalibration candidates on validation cuts before the evaluated slice "
+                        "(never on it) and print the one the rule picks")
+    p.add_argument("--tune-cuts", default=",".join(f"{c:g}" for c in DEFAULT_CUTS_S),
+                   help="validation cuts in trace seconds, before the evaluated slice (default %(default)s)")
     return p.parse_args(argv)
 
 
@@ -198,8 +228,34 @@ def train_for_replay(trace: Sequence[TraceRequest], slice_start_s: float, speed:
     version = f"e2e-returns-before-{slice_start_s:g}s-x{speed:g}"
     description = (f"session-return LightGBM {version} trained on {trained.turns} turns before {slice_start_s:g} s "
                    f"of trace (labels censored there), on the replay's clock (times, horizons and windows / {speed:g})")
-    save_return_model(directory, trained.model, trained.spec, version, description)
+    save_return_model(directory, trained.model, trained.spec, version, description, trained.recalibration)
     return ReplayReturns(directory, version, history, config, slice_start_s, description)
+
+
+def _tune(rows, config: ReturnConfig, split: Split, cuts_arg: str) -> dict[str, Any]:
+    """The recalibration search of tuning.py on rows before the evaluated
+    slice; prints one line per candidate and the choice."""
+    cuts = tuple(float(c) for c in cuts_arg.split(",") if c.strip())
+    began = time.perf_counter()
+    candidates = validate_recalibration(rows, config.horizons_s, split.eval_start_s, cuts, config.lightgbm,
+                                        config.validation_fraction, DEFAULT_GRID)
+    chosen = choose(candidates, CALIBRATION_HORIZON_S)
+    key = [f"h{CALIBRATION_HORIZON_S:g}"]
+    print(f"recalibration candidates on validation (cuts {', '.join(f'{c:g}' for c in cuts)} s, rows before "
+          f"{split.eval_start_s:.0f} s only; {time.perf_counter() - began:.0f} s): mean Brier over cuts x horizons, "
+          f"mean ECE, mean ECE and AUC at {CALIBRATION_HORIZON_S:g} s")
+    table = []
+    for c in candidates:
+        name = "off" if c.spec is None else f"window {c.spec.window_s:g} prior {c.spec.prior_rows:g} " \
+                                           f"max {c.spec.max_shift_logit:g}"
+        line = {"spec": None if c.spec is None else c.spec.to_dict(), "brier": c.mean("brier"), "ece": c.mean("ece"),
+                "ece_cal": c.mean("ece", key), "auc_cal": c.mean("auc", key), "scores": c.scores}
+        table.append(line)
+        mark = " <- chosen" if c is chosen else ""
+        print(f"  {name:<32}{line['brier']:.5f} {line['ece']:.4f} {line['ece_cal']:.4f} {line['auc_cal']:.4f}{mark}")
+    return {"cuts_s": list(cuts), "rule": "lowest mean Brier; kept only if it beats off on it and does not worsen "
+                                         "the mean ECE at the calibration horizon",
+            "chosen": None if chosen.spec is None else chosen.spec.to_dict(), "candidates": table}
 
 
 def _single_row_s(model, X: np.ndarray) -> float:
@@ -227,16 +283,17 @@ class _ConstantCdf:
         return np.repeat(monotone(np.asarray(self.rates))[None, :], len(X), axis=0)
 
 
-def _replay_tracker(models: Mapping[str, Any], config: ReturnConfig, turns: list[TurnRecord], split: Split
-                    ) -> dict[str, Any]:
+def _replay_tracker(models: Mapping[str, Any], config: ReturnConfig, turns: list[TurnRecord], split: Split,
+                    recalibration: Mapping[str, RecalibrationSpec] | None = None) -> dict[str, Any]:
     """Replays every arrival and turn end through one ReturnTracker per
     model and, every SNAPSHOT_S of the evaluated slice, scores the
     conditional forecasts: for each open conversation, did its next turn
     arrive within t of the snapshot (given it had not by then)? Windows past
     the data's end are dropped. Also times forecast_batch()."""
     H = config.horizons_s
+    recalibration = recalibration or {}
     trackers = {name: ReturnTracker(m, config.features, config.tracker.max_open_conversations,
-                                    config.tracker.max_idle_s) for name, m in models.items()}
+                                    config.tracker.max_idle_s, recalibration.get(name)) for name, m in models.items()}
     nxt = {(t.conversation, t.end_s): t.next_arrival_s for t in turns}
     events = sorted([(t.arrival_s, 0, t.conversation, t.turn_index, t) for t in turns]
                     + [(t.end_s, 1, t.conversation, t.turn_index, t) for t in turns], key=lambda e: e[:4])
@@ -305,14 +362,19 @@ def _print(report: dict[str, Any]) -> None:
         cells = "  ".join(f"{b['mean_p']:.2f}->{b['observed']:.2f} ({b['rows']})" for b in table)
         print(f"{name:<10}{cells}")
     tr = report["tracker"]
-    print(f"\ntracker replay (lightgbm vs the constant rates, both through the same tail): conditional forecasts "
-          f"(not returned by the snapshot) every {tr['snapshot_s']:g} s of "
+    print(f"\ntracker replay (lightgbm, {RECAL} and the constant rates, all through the same tail): conditional "
+          f"forecasts (not returned by the snapshot) every {tr['snapshot_s']:g} s of "
           f"the evaluated slice, {tr['mean_open_conversations']:.0f} open conversations on average, "
           f"forecast_batch() {tr['forecast_batch_ms_mean']:.1f} ms")
     _print_scores(tr["conditional"], report["horizons_s"])
+    r = report["recalibration"]
+    shifts = ", ".join(f"{v:+.3f}" for v in r["mean_shift_logit_evaluated"].values())
+    print(f"\n{RECAL}: online level recalibration (window {r['window_s']:g} s, prior {r['prior_rows']:g} rows, "
+          f"at most {r['max_shift_logit']:g} logit; enabled in the config: {r['enabled']}); mean logit shift per "
+          f"horizon on the evaluated rows [{shifts}]")
     t = report["target"]
-    print(f"\ntarget at {t['horizon_s']:g} s (reported, not tuned to): AUC >= {t['auc_min']} met: {t['auc_met']}; "
-          f"ECE <= {t['ece_max']} met: {t['ece_met']}")
+    print(f"target at {t['horizon_s']:g} s for {t['model']} (reported, not tuned to): AUC >= {t['auc_min']} met: "
+          f"{t['auc_met']}; ECE <= {t['ece_max']} met: {t['ece_met']}")
     trees = [f["trees"] for f in report["training"]]
     valid_auc = ", ".join(f"{f['validation_auc']:.3f}" for f in report["training"])
     print(f"train_s {report['train_s']:.2f} (CPU {report['train_cpu_s']:.2f}; features for all rows "

@@ -47,7 +47,8 @@ class TrainedReturns:
 
     def tracker(self) -> ReturnTracker:
         limits = self.config.tracker
-        return ReturnTracker(self.model, self.config.features, limits.max_open_conversations, limits.max_idle_s)
+        return ReturnTracker(self.model, self.config.features, limits.max_open_conversations, limits.max_idle_s,
+                             self.config.recalibration)
 
 
 def train_returns(history: Sequence[TraceRequest], until_s: float, source: str = "the trace") -> TrainedReturns | None:

@@ -15,6 +15,9 @@ concept:
 - baselines: constant base rate and empirical rates by bucket;
 - evaluation: AUC, Brier, ECE and calibration tables;
 - tracker: ReturnTracker, the online core holding open conversations;
+- recalibration: the online, causal level recalibration (one core, offline
+  replay and tracker alike); tuning: its parameters chosen before the
+  evaluated slice;
 - serving: ReturnsCore, the tracker as the predictor service serves it
   (two report streams matched, validation, filters, a lock);
 - store: a model on disk (manifest + LightGBM text) and past turns for

@@ -1,7 +1,8 @@
 """The `session_return` section of services/config/predictor.json: horizons,
 split fractions, the offline service-time model, feature and tracker limits,
-baseline buckets and the fixed LightGBM hyperparameters (`quick` overrides a
-few for a fast run). Read from a file the caller names (default: the
+baseline buckets, the fixed LightGBM hyperparameters (`quick` overrides a
+few for a fast run) and the online level recalibration (recalibration.py;
+absent: off). Read from a file the caller names (default: the
 committed one); never from the environment.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Mapping
 
 from speckv.services.common.config import CONFIG_DIR
 from speckv.services.predictor.returns.features import ReturnFeatureSpec
+from speckv.services.predictor.returns.recalibration import RecalibrationSpec
 from speckv.services.predictor.returns.turns import LinearServiceModel
 
 CONFIG_PATH = CONFIG_DIR / "predictor.json"
@@ -38,6 +40,7 @@ class ReturnConfig:
     gap_edges_s: tuple[float, ...]
     prior_rows: float
     lightgbm: Mapping[str, Any]
+    recalibration: RecalibrationSpec = RecalibrationSpec()
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "ReturnConfig":
@@ -52,12 +55,16 @@ class ReturnConfig:
         if limits.max_open_conversations < 1 or limits.max_idle_s <= 0:
             raise ValueError(f"{SECTION}.tracker: max_open_conversations >= 1 and max_idle_s > 0")
         baselines = raw.get("baselines", {})
+        try:
+            recalibration = RecalibrationSpec.from_dict(raw.get("recalibration"))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{SECTION}.{exc}") from None
         return cls(horizons, eval_fraction, validation_fraction,
                    LinearServiceModel(**{k: float(v) for k, v in raw.get("service_model", {}).items()}),
                    ReturnFeatureSpec.from_dict(raw.get("features", {}), horizons), limits,
                    tuple(float(e) for e in baselines.get("turn_edges", (1, 2, 3, 5))),
                    tuple(float(e) for e in baselines.get("gap_edges_s", (30, 60, 120, 300, 600))),
-                   float(baselines.get("prior_rows", 10.0)), dict(raw["lightgbm"]))
+                   float(baselines.get("prior_rows", 10.0)), dict(raw["lightgbm"]), recalibration)
 
 
 def load_return_config(path: str | Path | None = None, quick: bool = False) -> ReturnConfig:

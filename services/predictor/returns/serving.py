@@ -31,6 +31,11 @@ Forecast's now_s: a far-future end would move the builder's time past what
 later reports can correct). A bad arrival is skipped here without a word:
 the count core counts and reports it.
 
+Recalibration: the tracker shifts the model's level online as the model's
+manifest says (store.py "recalibration", recalibration.py; absent: off), fed
+by the same arrivals and turn ends, so the served forecasts are the ones
+the bench scores.
+
 Without a model (no --returns-model) there is no tracker: turn ends are
 validated and dropped, arrivals ignored, and forecast() is FailedPrecondition,
 which the scheduler reads as "plan on family bursts alone".
@@ -138,7 +143,8 @@ class ReturnsCore:
         self._tracker: ReturnTracker | None = None
         if saved is not None:
             spec = replace(saved.spec, max_conversations=settings.max_conversations_held)
-            self._tracker = ReturnTracker(saved.model, spec, settings.max_open_conversations, settings.max_idle_s)
+            self._tracker = ReturnTracker(saved.model, spec, settings.max_open_conversations, settings.max_idle_s,
+                                          saved.recalibration)
 
     @property
     def model_version(self) -> str:

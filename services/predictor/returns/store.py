@@ -7,15 +7,20 @@ a booster (LightGBM's own `model_to_string` format, which round-trips every
 split threshold and leaf value exactly, so a loaded model predicts bit for
 bit what the saved one did). The manifest:
 
-    {"kind": "session-returns", "format": 1, "version": "...", "description": "...",
+    {"kind": "session-returns", "format": 2, "version": "...", "description": "...",
      "horizons_s": [30, ...], "feature_names": [...],
      "feature_spec": {ReturnFeatureSpec fields},
      "boosters": ["h30s.txt" | null, ...],        (null: the horizon's base rate)
      "fits": [{"horizon_s", "train_rows", "validation_rows", "base_rate", "trees", "validation_auc"}, ...],
      "tail": {"offsets_s": [...], "ratio": [...]} | null,
-     "train_s": 0.6, "until_s": 2476.0}
+     "train_s": 0.6, "until_s": 2476.0,
+     "recalibration": {"enabled", "window_s", "prior_rows", "max_shift_logit"} | null}
 
-NaN (a horizon without rows or validation) is written as null. The feature
+NaN (a horizon without rows or validation) is written as null.
+"recalibration" (format 2) is how the served tracker shifts the model's
+level online (recalibration.py), on the model's clock; null: off. Format 1
+(before it existed) is still read and served without recalibration; any
+other format is refused naming the formats read. The feature
 spec is saved because the online builder must compute exactly the columns
 the boosters were trained on.
 
@@ -41,12 +46,14 @@ from speckv.services.common.errors import FailedPrecondition, InvalidArgument, N
 from speckv.services.predictor.manifest import MANIFEST_NAME, model_directory, read_manifest, write_manifest
 from speckv.services.predictor.returns.features import ReturnFeatureSpec
 from speckv.services.predictor.returns.model import HorizonFit, ReturnModel
+from speckv.services.predictor.returns.recalibration import RecalibrationSpec
 from speckv.services.predictor.returns.survival import Tail
 
 KIND = "session-returns"
-FORMAT = 1
+FORMAT = 2
+READS = (1, 2)  # format 1: no "recalibration" key (served without one)
 KEYS = ("kind", "format", "version", "description", "horizons_s", "feature_names", "feature_spec", "boosters",
-        "fits", "tail", "train_s", "until_s")
+        "fits", "tail", "train_s", "until_s", "recalibration")
 REQUIRED = ("kind", "format", "version", "horizons_s", "feature_names", "feature_spec", "boosters", "fits")
 FIT_KEYS = ("horizon_s", "train_rows", "validation_rows", "base_rate", "trees", "validation_auc")
 SPEC_KEYS = tuple(f.name for f in dataclasses.fields(ReturnFeatureSpec))
@@ -63,13 +70,16 @@ class SavedReturnModel:
     version: str
     description: str
     source: str
+    recalibration: RecalibrationSpec = RecalibrationSpec()  # off unless the manifest enables it
 
 
 def save_return_model(directory: str | Path, model: ReturnModel, spec: ReturnFeatureSpec, version: str = "",
-                      description: str = "") -> Path:
+                      description: str = "", recalibration: RecalibrationSpec | None = None) -> Path:
     """Writes the model to directory (created if needed; the manifest last,
     atomically, so a reader never sees a manifest naming missing files).
-    version "" derives one from the content. Returns the directory."""
+    version "" derives one from the content. recalibration: how the served
+    tracker recalibrates it, on the model's clock (None: off). Returns the
+    directory."""
     if tuple(model.feature_names) != spec.names():
         raise InvalidArgument(f"the model's features {model.feature_names} are not the spec's {spec.names()}")
     target = Path(directory)
@@ -96,6 +106,7 @@ def save_return_model(directory: str | Path, model: ReturnModel, spec: ReturnFea
         "tail": None if model.tail is None else {"offsets_s": list(model.tail.offsets_s),
                                                  "ratio": list(model.tail.ratio)},
         "train_s": float(model.train_s), "until_s": _finite_or_none(float(model.extra.get("until_s", math.nan))),
+        "recalibration": None if recalibration is None else recalibration.to_dict(),
     }
     if not version:
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode())
@@ -122,8 +133,11 @@ def load_return_model(path: str | Path) -> SavedReturnModel:
             raise InvalidArgument(f"{key}: required key missing from {MANIFEST_NAME}")
     if manifest["kind"] != KIND:
         raise InvalidArgument(f"kind={manifest['kind']!r}: a session-return model is kind {KIND!r}")
-    if manifest["format"] != FORMAT:
-        raise InvalidArgument(f"format={manifest['format']!r}: this predictor reads format {FORMAT}")
+    fmt = manifest["format"]
+    if isinstance(fmt, bool) or fmt not in READS:
+        raise InvalidArgument(f"format={fmt!r}: this predictor reads formats {', '.join(map(str, READS))}")
+    if fmt == 1 and "recalibration" in manifest:
+        raise InvalidArgument("recalibration: not a key of format 1 (format 2 added it)")
     version, description = _string(manifest, "version"), _string(manifest, "description", "")
     if not version:
         raise InvalidArgument("version: must not be empty")
@@ -147,7 +161,8 @@ def load_return_model(path: str | Path) -> SavedReturnModel:
     if until is not None:
         extra["until_s"] = float(_numbers([until], "until_s")[0])
     model = ReturnModel(horizons, tuple(names), boosters, fits, tail, float(train_s), extra)
-    return SavedReturnModel(model, spec, version, description, str(directory))
+    return SavedReturnModel(model, spec, version, description, str(directory),
+                            _recalibration(manifest.get("recalibration")))
 
 
 # --- past turns for warming a tracker -------------------------------------------------
@@ -308,6 +323,21 @@ def _boosters(raw: Any, directory: Path, horizons: tuple[float, ...], names: tup
             raise InvalidArgument(f"{key}: {path} reads features {booster.feature_name()}, not feature_names")
         out.append(booster)
     return out
+
+
+def _recalibration(raw: Any) -> RecalibrationSpec:
+    if raw is None:
+        return RecalibrationSpec()
+    fields = set(RecalibrationSpec().to_dict())
+    if not isinstance(raw, dict) or set(raw) != fields:
+        raise InvalidArgument(f"recalibration: must be null or an object with exactly {', '.join(sorted(fields))}")
+    for key in fields - {"enabled"}:
+        if not _is_number(raw[key]):
+            raise InvalidArgument(f"recalibration.{key}={raw[key]!r}: must be a finite number")
+    try:
+        return RecalibrationSpec.from_dict(raw)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def _tail(raw: Any) -> Tail | None:

@@ -20,6 +20,18 @@ interpolated between horizons and extended past the last with the model's
 tail). The model's
 horizon probabilities are computed once per turn end, in one batch at the
 next forecast, and kept until the conversation closes or the model changes.
+
+Recalibration (optional, recalibration.py; off by default): with an enabled
+RecalibrationSpec every opened turn end also enters a LevelRecalibrator
+with the model's own probabilities for it (scored in the same batch, even
+when the conversation has closed by then), every arrival is its return, and
+each forecast at `now` shifts every open conversation's horizon
+probabilities by the recalibrator's shift(now) before the curve is built:
+the same rule, on the same turn ends, as the offline recalibrate_rows.
+Turn ends awaiting a score are scored in a batch once MAX_UNSCORED wait, so
+their memory stays bounded between forecasts. set_model starts the
+recalibrator afresh (its evidence described the old model's predictions).
+Disabled, the forecasts are exactly those without it.
 """
 from __future__ import annotations
 
@@ -32,6 +44,14 @@ import numpy as np
 
 from speckv.services.predictor.returns import survival
 from speckv.services.predictor.returns.features import ReturnFeatures, ReturnFeatureSpec
+from speckv.services.predictor.returns.recalibration import (
+    LevelRecalibrator,
+    PendingEnd,
+    RecalibrationSpec,
+    apply_shift,
+)
+
+MAX_UNSCORED = 4096  # turn ends held for the recalibrator before they are scored without a forecast
 
 
 class CdfModel(Protocol):
@@ -75,14 +95,15 @@ class ReturnForecastBatch:
 class _Open:
     end_s: float
     row: np.ndarray
-    cdf: np.ndarray | None = None
+    cdf: np.ndarray | None = None  # the model's own (un-shifted) horizon probabilities
+    pending: PendingEnd | None = None  # its entry in the recalibrator, if one runs
 
 
 class ReturnTracker:
     """Open conversations and their conditional return forecasts. Not thread-safe."""
 
     def __init__(self, model: CdfModel, spec: ReturnFeatureSpec, max_open_conversations: int = 100_000,
-                 max_idle_s: float = math.inf) -> None:
+                 max_idle_s: float = math.inf, recalibration: RecalibrationSpec | None = None) -> None:
         if max_open_conversations < 1 or not max_idle_s > 0:
             raise ValueError("max_open_conversations must be >= 1 and max_idle_s > 0")
         self.features = ReturnFeatures(spec)
@@ -91,6 +112,9 @@ class ReturnTracker:
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._model = model
         self._check(model)
+        self.recalibration = recalibration if recalibration is not None and recalibration.enabled else None
+        self._recalibrator = self._new_recalibrator()
+        self._unscored: list[_Open] = []  # opened turn ends the recalibrator still needs a score for
 
     @property
     def model(self) -> CdfModel:
@@ -102,6 +126,9 @@ class ReturnTracker:
         self._model = model
         for entry in self._open.values():
             entry.cdf = None
+        # Not re-entering the open ones: those that already returned are gone, so they would bias it low.
+        self._recalibrator = self._new_recalibrator()
+        self._unscored = []
 
     def __len__(self) -> int:
         return len(self._open)
@@ -113,6 +140,8 @@ class ReturnTracker:
         """A request of the conversation arrived: it is no longer pending."""
         self.features.arrival(conversation, now, prompt_tokens)
         self._open.pop(conversation, None)
+        if self._recalibrator is not None:
+            self._recalibrator.arrival(conversation, self.features.now)
 
     def turn_end(self, conversation: str, now: float, arrival_s: float, prompt_tokens: int, output_tokens: int,
                  signal: float = 0.0) -> bool:
@@ -122,9 +151,13 @@ class ReturnTracker:
         if self.features.returned_since(conversation, arrival_s) is not None:
             return False
         self._open.pop(conversation, None)
-        self._open[conversation] = _Open(self.features.now, row)
+        entry = self._open[conversation] = _Open(self.features.now, row)
         while len(self._open) > self.max_open:
             self._open.popitem(last=False)
+        if self._recalibrator is not None:
+            self._track(entry, conversation)
+            if len(self._unscored) >= MAX_UNSCORED:
+                self._score([])
         return True
 
     def forecast(self, now: float) -> list[ReturnForecast]:
@@ -174,18 +207,51 @@ class ReturnTracker:
         horizon_end = now - self.max_idle_s
         for conversation in [c for c, e in self._open.items() if e.end_s < horizon_end]:
             del self._open[conversation]
-        if not self._open:
-            return None
         entries = list(self._open.values())
-        unscored = [e for e in entries if e.cdf is None]
-        if unscored:
-            cdfs = self._model.predict_cdf(np.stack([e.row for e in unscored]))
-            for entry, cdf in zip(unscored, cdfs):
-                entry.cdf = cdf
+        self._score(entries)
+        shift = None if self._recalibrator is None else self._recalibrator.shift(now)
+        if not entries:
+            return None
+        cdf = np.stack([e.cdf for e in entries])
+        if shift is not None:
+            cdf = apply_shift(cdf, shift)
         end = np.array([e.end_s for e in entries])
         idle = np.maximum(now - end, 0.0)
-        return end, idle, survival.SurvivalCurve(np.stack([e.cdf for e in entries]), self._model.horizons_s,
-                                                 self._model.tail)
+        return end, idle, survival.SurvivalCurve(cdf, self._model.horizons_s, self._model.tail)
+
+    def level_shift(self, now: float) -> np.ndarray | None:
+        """The recalibrator's logit shift per horizon at now, (H,); None when
+        recalibration is off."""
+        if self._recalibrator is None:
+            return None
+        self._score([])
+        return self._recalibrator.shift(now)
+
+    def _score(self, entries: list[_Open]) -> None:
+        """Scores, in one batch, the entries without a cdf and every turn end
+        the recalibrator waits on; hands the latter their probabilities."""
+        todo = {id(e): e for e in entries if e.cdf is None}
+        todo.update((id(e), e) for e in self._unscored if e.cdf is None)
+        if todo:
+            batch = list(todo.values())
+            for entry, cdf in zip(batch, self._model.predict_cdf(np.stack([e.row for e in batch]))):
+                entry.cdf = cdf
+        if self._recalibrator is not None:
+            for entry in self._unscored:
+                if entry.pending is not None and entry.pending.p is None:
+                    self._recalibrator.set_prediction(entry.pending, entry.cdf)
+        self._unscored = []
+
+    def _new_recalibrator(self) -> LevelRecalibrator | None:
+        if self.recalibration is None:
+            return None
+        return LevelRecalibrator(self.recalibration, self._model.horizons_s)
+
+    def _track(self, entry: _Open, conversation: str) -> None:
+        """Enters an opened turn end into the recalibrator (its score follows)."""
+        assert self._recalibrator is not None
+        entry.pending = self._recalibrator.turn_end(conversation, entry.end_s)
+        self._unscored.append(entry)
 
     def _check(self, model: CdfModel) -> None:
         if tuple(model.feature_names) != self.features.names():

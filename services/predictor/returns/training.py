@@ -17,7 +17,8 @@ horizon of the trace), every time-valued feature divided by speed and every
 rate multiplied by it (LightGBM splits on their order, which scaling keeps).
 Unscaled horizons would ask the pre-slice history for speed x as much trace
 time per horizon: the longest would find no row whose window closed. The
-simulator trains in trace seconds (speed 1).
+simulator trains in trace seconds (speed 1). The configured recalibration's
+window is scaled the same way (save it with the model).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from speckv.services.predictor.returns.config import ReturnConfig
 from speckv.services.predictor.returns.dataset import build_rows
 from speckv.services.predictor.returns.features import ReturnFeatureSpec
 from speckv.services.predictor.returns.model import ReturnModel, train_return_model
+from speckv.services.predictor.returns.recalibration import RecalibrationSpec
 from speckv.services.predictor.returns.turns import build_turns
 
 MIN_TRAINING_TURNS = 500
@@ -42,6 +44,7 @@ class TrainedBefore:
     spec: ReturnFeatureSpec  # the features it reads, on the clock trained on (save it with the model)
     turns: int  # turns trained on (rows are those whose window closed by the cut)
     until_s: float  # the cut, on the clock trained on (trace seconds / speed)
+    recalibration: RecalibrationSpec  # the configured one, on the clock trained on (save it with the model)
 
 
 def train_before(requests: Sequence[TraceRequest], until_s: float, config: ReturnConfig,
@@ -61,7 +64,7 @@ def train_before(requests: Sequence[TraceRequest], until_s: float, config: Retur
     params["tail"] = {**tail, "step_s": float(tail.get("step_s", 60.0)) / speed}
     rows = build_rows(turns, spec)
     model = train_return_model(rows, spec.horizons_s, cut, params, config.validation_fraction)
-    return TrainedBefore(model, spec, len(turns), cut)
+    return TrainedBefore(model, spec, len(turns), cut, config.recalibration.scaled(speed))
 
 
 def scaled_spec(spec: ReturnFeatureSpec, speed: float) -> ReturnFeatureSpec:

@@ -10,8 +10,8 @@ from tests.unit.services.predictor.returns.synthetic import conversations, write
 REPORT_KEYS = {"trace", "quick", "requests", "conversations", "turns", "overlapped_turns", "rows", "horizons_s",
                "eval_start_s", "data_end_s", "features", "training", "features_s", "train_s", "train_cpu_s",
                "predict_us_per_row_batch", "predict_us_single_row", "models", "calibration_horizon_s",
-               "calibration", "target", "notes", "tail", "tracker"}
-MODELS = {"lightgbm", "constant", "by_turn", "by_gap"}
+               "calibration", "target", "notes", "tail", "tracker", "recalibration"}
+MODELS = {"lightgbm", "lgb+recal", "constant", "by_turn", "by_gap"}
 
 
 def _check(report: dict) -> None:
@@ -23,7 +23,8 @@ def _check(report: dict) -> None:
     assert report["calibration_horizon_s"] == 300.0
     assert {"auc_min", "ece_max", "auc_met", "ece_met"} <= set(report["target"])
     tracker = report["tracker"]
-    assert set(tracker["conditional"]) == {"lightgbm", "constant"} and tracker["snapshots"] > 0
+    assert set(tracker["conditional"]) == {"lightgbm", "lgb+recal", "constant"} and tracker["snapshots"] > 0
+    assert report["target"]["model"] == ("lgb+recal" if report["recalibration"]["enabled"] else "lightgbm")
     assert set(tracker["conditional"]["lightgbm"]) == {f"h{h:g}" for h in report["horizons_s"]}
 
 

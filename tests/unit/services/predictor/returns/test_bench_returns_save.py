@@ -42,6 +42,7 @@ def test_save_writes_the_model_trained_before_the_evaluated_slice(tmp_path, caps
     i = config.horizons_s.index(300.0)
     score = evaluation.score(p[known[:, i], i], labels[known[:, i], i])
     assert score["auc"] == report["models"]["lightgbm"]["h300"]["auc"]
+    assert loaded.recalibration == config.recalibration  # the served tracker recalibrates as configured
     assert "speckv predictor --returns-model" in capsys.readouterr().out
 
 
@@ -52,6 +53,8 @@ def test_the_replay_model_is_trained_before_the_slice_and_warms_the_tracker(tmp_
     assert replay is not None and all(r.arrival_s < start for r in replay.history)
     loaded = load_return_model(replay.directory)
     assert loaded.version == replay.version and loaded.model.extra["until_s"] == start / speed
+    configured = load_return_config().recalibration
+    assert loaded.recalibration == configured.scaled(speed)  # its window on the replay's clock
     unix = TimeMap(1_000_000.0, start, speed)
     args = replay.predictor_args(unix.to_clock, tmp_path / "warm.jsonl")
     assert args == ["--returns-model", str(replay.directory), "--returns-warm", str(tmp_path / "warm.jsonl")]

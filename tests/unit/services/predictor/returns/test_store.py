@@ -87,7 +87,10 @@ def _edit(directory, **changes):
 
 @pytest.mark.parametrize("edit, message", [
     ({"kind": "lightgbm"}, "kind="),
-    ({"format": 2}, "format="),
+    ({"format": 3}, "format="),
+    ({"format": 1}, "recalibration: not a key of format 1"),
+    ({"recalibration": {"enabled": True}}, "recalibration"),
+    ({"recalibration": {"enabled": True, "window_s": -1, "prior_rows": 0, "max_shift_logit": 1}}, "window_s"),
     ({"extra_key": 1}, "extra_key: unknown key"),
     ({"version": 3}, "version="),
     ({"horizons_s": [30, 60]}, "feature_spec.horizons_s"),
