@@ -319,7 +319,7 @@ class SchedulerCore:
         if hashes:
             self._reuse.wanted(hashes, now, decision.cached_blocks + decision.fetch_blocks, node.node_id)
             self._index.note_family(query.family, hashes[0])
-            self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now)
+            self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now, arrival_s)
             if decision.cached_blocks or decision.fetch_blocks:
                 self._lifecycle.ledger.mark_used(query.family, node.node_id)
             self._lifecycle.outcomes.routed(query.family, node.node_id, decision.cached_blocks > 0, now)

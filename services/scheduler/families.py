@@ -15,6 +15,9 @@ family-on-node).
 - heat: one window of `heat_window_s` seconds over every route, kept as a
   deque plus counters, so `observe` and the `hot()` query are O(1) amortised
   per route and never scan the families that were quiet in the window.
+- recent routes: a second, short window of `recent_window_s` seconds kept the
+  same way (`surging()`): the rate a burst is arriving at now, which a
+  count forecast smoothed over seconds reports only after the burst's start.
 
 Bounded: at most `max_families` profiles; the least recently routed one is
 forgotten first. Not thread-safe: SchedulerCore serialises access. Times are
@@ -49,8 +52,15 @@ class FamilyCatalog:
         self._heat: dict[Family, int] = {}
         self._node_heat: dict[tuple[Family, NodeId], int] = {}
         self._node_routes: dict[NodeId, int] = {}  # routes to each node within the window
+        self._recent_window: deque[tuple[float, Family]] = deque()
+        self._recent: dict[Family, int] = {}  # routes of each family within recent_window_s
 
-    def observe(self, family: Family, hashes: Sequence[int], prompt_tokens: int, node: NodeId, now: float) -> None:
+    def observe(self, family: Family, hashes: Sequence[int], prompt_tokens: int, node: NodeId, now: float,
+                arrival_s: float | None = None) -> None:
+        """A route at now of a request that arrived at arrival_s (<= now; None:
+        now). Only a request that arrived within the recent window counts
+        there: a warm start routes hours of history within a second, which
+        is no burst."""
         profile = self._profiles.get(family)
         if profile is None:
             profile = FamilyProfile(list(hashes[: self._s.max_chain_blocks]), float(prompt_tokens))
@@ -69,6 +79,9 @@ class FamilyCatalog:
         heat[family] = heat.get(family, 0) + 1
         node_heat[key] = node_heat.get(key, 0) + 1
         self._node_routes[node] = self._node_routes.get(node, 0) + 1
+        if arrival_s is None or arrival_s > now - self._s.recent_window_s:
+            self._recent_window.append((now, family))
+            self._recent[family] = self._recent.get(family, 0) + 1
         self._expire(now)
 
     def profile(self, family: Family) -> FamilyProfile | None:
@@ -88,6 +101,13 @@ class FamilyCatalog:
         self._expire(now)
         hot = [(f, n) for f, n in self._heat.items() if n >= threshold]
         return sorted(hot, key=lambda item: (-item[1], item[0]))
+
+    def surging(self, now: float, threshold: int) -> list[tuple[Family, int]]:
+        """Families routed at least threshold times within the recent window
+        ending at now (recent_window_s), most first (ties: name)."""
+        self._expire(now)
+        surging = [(f, n) for f, n in self._recent.items() if n >= threshold]
+        return sorted(surging, key=lambda item: (-item[1], item[0]))
 
     def hottest_by_node(self, now: float) -> dict[NodeId, tuple[Family, int]]:
         """Per node, the family routed to it most within the window (ties: name)."""
@@ -116,6 +136,10 @@ class FamilyCatalog:
             _decrement(self._heat, family)
             _decrement(self._node_heat, (family, node))
             _decrement(self._node_routes, node)
+        horizon = now - self._s.recent_window_s
+        recent = self._recent_window
+        while recent and recent[0][0] <= horizon:
+            _decrement(self._recent, recent.popleft()[1])
 
 
 def _follow_chain(chain: list[int], hashes: Sequence[int], max_blocks: int, diverged: bool) -> bool:

@@ -35,6 +35,7 @@ class FamilySettings:
     max_families: int  # families remembered (least recently routed forgotten first)
     max_chain_blocks: int  # longest shared prefix remembered per family, blocks
     heat_window_s: float  # routes counted as a family's heat within this window
+    recent_window_s: float  # routes counted as a family's recent rate (FamilyCatalog.surging) within this window
     prompt_ewma_alpha: float  # weight of the newest prompt length in the family's mean
 
 
@@ -71,6 +72,7 @@ class PlannerSettings:
     redundancy: bool  # price a second copy of a prefix with one holder against that holder failing
     failure_rate_per_node_hour: float  # unexpected failures per node (one engine) per hour; redundancy's P(fail)
     redundancy_min_saving_ms: float  # a redundant copy must be expected to save at least this much TTFT (ms)
+    nowcast_min_routes: int  # predictive: families routed this often in families.recent_window_s get a nowcast (0: off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,8 @@ class PolicyConfig:
 
     def validate(self) -> None:
         _positive(self, "router.spread_candidates", "router.pending_stale_s", "families.max_families",
-                  "families.max_chain_blocks", "families.heat_window_s", "leases.replica_lease_ms",
+                  "families.max_chain_blocks", "families.heat_window_s", "families.recent_window_s",
+                  "leases.replica_lease_ms",
                   "budgets.link_budget_window_s",
                   "budgets.max_orders_per_tick", "planner.horizon_s",
                   "planner.max_families_per_tick", "planner.candidates_per_family",

@@ -3,7 +3,10 @@
 Every tick, prepare() asks the ForecastSource (the predictor service in the
 live cluster, an in-process predictor in the simulator) for the top
 `planner.max_families_per_tick` families by expected arrivals within
-`planner.horizon_s` seconds; plan() hands them to the Planner (planner.py),
+`planner.horizon_s` seconds, plus a nowcast of every family whose burst the
+cluster is in (nowcast.py: its rate over the last `families.recent_window_s`
+kept up over the horizon, where that exceeds the forecast); plan() hands
+them to the Planner (planner.py),
 which prices every candidate replica and prefetch in milliseconds of TTFT
 (saving minus the evictions and link delay it causes) and admits, greedily,
 those with a positive net under the per-link and per-node budgets
@@ -11,8 +14,9 @@ those with a positive net under the per-link and per-node budgets
 unstarted for families no longer forecast are cancelled. It plans at most
 every `planner.plan_every_s` (forecasts are not fresher than that; the
 scheduler's other ticks leave its orders be). If the source is
-unavailable (returns nothing), the tick plans nothing and cancels the
-policy's unstarted orders: no forecast, no speculation. Thresholds: the
+unavailable (returns nothing), the tick plans on the nowcast alone (the
+bursts the scheduler itself sees) and cancels the policy's unstarted orders
+for every other family: no forecast, no speculation beyond what is arriving. Thresholds: the
 `planner`, `budgets` and `leases` sections of services/config/policies.json.
 """
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from speckv.services.scheduler.forecasts import Forecast, ForecastSource
 from speckv.services.scheduler.policies.base import ClusterView, Plan
 from speckv.services.scheduler.policies.context import PolicyContext
+from speckv.services.scheduler.policies.nowcast import nowcast_forecasts
 from speckv.services.scheduler.replication.planner import Planner
 
 
@@ -28,6 +33,7 @@ class PlanningPolicy:
 
     name = "planning"
     description = ""
+    nowcast = False  # add nowcast.py's forecasts of the bursts the cluster is in
 
     def __init__(self, context: PolicyContext, source: ForecastSource) -> None:
         self._planner = Planner(context.config, context.profile, context.link, context.host_link)
@@ -35,6 +41,8 @@ class PlanningPolicy:
         self._horizon_s = context.config.planner.horizon_s
         self._max_families = context.config.planner.max_families_per_tick
         self._every_s = context.config.planner.plan_every_s
+        self._nowcast_window_s = context.config.families.recent_window_s
+        self._nowcast_min_routes = context.config.planner.nowcast_min_routes if self.nowcast else 0
         self._planned_at: float | None = None
         self._fresh = False  # prepare() fetched forecasts that plan() has not used yet
         self._forecasts: list[Forecast] = []
@@ -51,11 +59,16 @@ class PlanningPolicy:
             return Plan()
         self._fresh = False
         self._planned_at = now
-        return self._planner.plan(now, view, self._forecasts, self.name)
+        forecasts = self._forecasts
+        if self._nowcast_min_routes > 0 and view.families is not None:
+            forecasts = forecasts + nowcast_forecasts(view.families, now, self._horizon_s, self._nowcast_window_s,
+                                                      self._nowcast_min_routes)
+        return self._planner.plan(now, view, forecasts, self.name)
 
 
 class PredictivePolicy(PlanningPolicy):
     name = "predictive"
+    nowcast = True
     description = ("Forecast-driven speculation: the planner prices each replica (to a peer's host or "
                    "device tier) and prefetch (host -> device at a holder) in expected ms of TTFT saved "
                    "minus ms its evictions and link use cost, and issues those with a positive net "

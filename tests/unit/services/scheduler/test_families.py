@@ -6,7 +6,8 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.policy_config import FamilySettings
 
-SETTINGS = FamilySettings(max_families=16, max_chain_blocks=6, heat_window_s=10.0, prompt_ewma_alpha=0.5)
+SETTINGS = FamilySettings(max_families=16, max_chain_blocks=6, heat_window_s=10.0, prompt_ewma_alpha=0.5,
+                          recent_window_s=1.0)
 F, N = Family("conv"), NodeId("n0")
 
 
