@@ -40,8 +40,9 @@ from typing import Mapping, Sequence
 
 from speckv.loadgen.bench import e2e
 from speckv.loadgen.bench._e2e_run import PolicyRun
+from speckv.loadgen.experiments.bootstrap import bootstrap_intervals
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
-from speckv.loadgen.experiments.metrics import bootstrap_intervals, burst_seconds, summarize
+from speckv.loadgen.experiments.metrics import burst_seconds, summarize
 from speckv.loadgen.experiments.report import (
     DEMO_LEGEND,
     LIVE_RUN,

@@ -44,16 +44,11 @@ from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes
 from speckv.loadgen.bench._e2e_events import EventPlan, check_plan
 from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
+from speckv.loadgen.experiments.bootstrap import BOOTSTRAP_RESAMPLES, bootstrap_intervals
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.experiments.event_metrics import event_figures
 from speckv.loadgen.experiments.event_table import event_table, utilisation_table
-from speckv.loadgen.experiments.metrics import (
-    BOOTSTRAP_RESAMPLES,
-    bootstrap_intervals,
-    burst_seconds,
-    percentile,
-    summarize,
-)
+from speckv.loadgen.experiments.metrics import burst_seconds, percentile, summarize
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
 from speckv.loadgen.experiments.report import console_tables, markdown_table, write_report
 from speckv.loadgen.experiments.results import (

@@ -29,9 +29,9 @@ Definitions (the same for every policy):
   computed (cached + fetched < reusable: that KV was evicted, or sat on a node
   the request was not served on); burst_recompute_ms_mean is the mean prefill
   time those lost tokens cost. None without reusable tokens.
-- Intervals (bootstrap_intervals): the figures that are statistics of the
-  requests (INTERVAL_FIGURES) get a percentile bootstrap interval over
-  requests; totals of the run (bytes, orders, replicas) get none.
+- Intervals (bootstrap.py): the figures that are statistics of the
+  requests get a percentile bootstrap interval over requests; totals of the
+  run (bytes, orders, replicas) get none.
 """
 from __future__ import annotations
 
@@ -46,15 +46,6 @@ from speckv.loadgen.experiments.results import PolicySummary
 from speckv.services.common.engine_profile import EngineProfile
 
 BURST_TOP_FRACTION = 0.05
-# The figures of summarize that are statistics of the requests, and so get a
-# bootstrap interval; the rest are totals of the run or ratios of totals.
-INTERVAL_FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "returning_ttft_p99_ms",
-                    "first_seen_ttft_p99_ms", "slo_attainment")
-# Draws per interval: a percentile interval reads the tails of the draws, for
-# which Efron and Tibshirani ("An Introduction to the Bootstrap", 1993) ask
-# for at least 1,000; twice that keeps the 2.5 % point off a handful of draws.
-BOOTSTRAP_RESAMPLES = 2000
-CONFIDENCE = 0.95
 
 
 @dataclass(slots=True)
@@ -225,82 +216,7 @@ def _ratio(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def bootstrap_intervals(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
-                        reusable_tokens: Mapping[str, int] | None = None,
-                        shared_tokens: Mapping[str, int] | None = None,
-                        resamples: int = BOOTSTRAP_RESAMPLES, confidence: float = CONFIDENCE,
-                        seed: int = 0) -> dict[str, tuple[float, float]]:
-    """Percentile bootstrap intervals of INTERVAL_FIGURES, each counted as
-    summarize counts it: the records are drawn with replacement `resamples`
-    times (errors too: they are misses for SLO attainment and left out of the
-    percentiles), each figure is recomputed on every draw, and its interval
-    is the central `confidence` share of those values. The returning and
-    first-seen p99 need both token maps (as in summarize). A draw in which a
-    figure has no sample (no burst request drawn) is left out of that
-    figure's interval; a figure with no sample at all gets no interval.
-
-    Deterministic: a fixed seed, so the same records always get the same
-    intervals. What they cover is which requests the slice happened to hold;
-    not the run-to-run spread of a live run, which is wider (queueing moves
-    neighbouring requests' TTFTs together, and a busy machine moves them
-    all). Nor can the interval of a tail percentile of few requests (the
-    p99 of a hundred rests on the largest one or two) reach above the
-    largest sample: it understates how much higher that figure could be. So
-    a difference inside them is a tie, and one outside them is a hint, not
-    proof."""
-    n = len(records)
-    if n == 0:
-        return {}
-    ttft = np.array([r.ttft_ms if r.served else np.nan for r in records], dtype=float)
-    served = ~np.isnan(ttft)
-    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    sample, drawn_served = ttft[draws], served[draws]
-    groups = {"ttft_p50_ms": (50.0, drawn_served), "ttft_p99_ms": (99.0, drawn_served)}
-    in_burst = np.array([math.floor(r.arrival_s) in bursts for r in records])
-    groups["burst_ttft_p99_ms"] = (99.0, drawn_served & in_burst[draws])
-    if reusable_tokens is not None and shared_tokens is not None:
-        returning = np.array([_returning(r.request_id, reusable_tokens, shared_tokens) for r in records])
-        groups["returning_ttft_p99_ms"] = (99.0, drawn_served & returning[draws])
-        groups["first_seen_ttft_p99_ms"] = (99.0, drawn_served & ~returning[draws])
-    out: dict[str, tuple[float, float]] = {}
-    for name, (q, mask) in groups.items():
-        interval = _central(row_percentiles(sample, mask, q), confidence)
-        if interval is not None:
-            out[name] = interval
-    within = served & (np.nan_to_num(ttft, nan=math.inf) <= ttft_target_ms)
-    slo = _central(within[draws].mean(axis=1), confidence)
-    if slo is not None:
-        out["slo_attainment"] = slo
-    return out
-
-
-def row_percentiles(values: np.ndarray, mask: np.ndarray, q: float) -> np.ndarray:
-    """Per row of values (2-D), the q-th percentile of its entries where mask
-    is true, interpolated linearly as np.percentile's default does; NaN for a
-    row with no such entry."""
-    ordered = np.sort(np.where(mask, values, np.inf), axis=1)
-    count = mask.sum(axis=1)
-    position = np.maximum(count - 1, 0) * (q / 100.0)
-    low = np.floor(position).astype(np.int64)
-    high = np.minimum(low + 1, np.maximum(count - 1, 0))
-    below = np.take_along_axis(ordered, low[:, None], axis=1)[:, 0]
-    above = np.take_along_axis(ordered, high[:, None], axis=1)[:, 0]
-    with np.errstate(invalid="ignore"):  # rows with no entry read inf - inf: NaN, as they should
-        result = below + (above - below) * (position - low)
-    result[count == 0] = np.nan
-    return result
-
-
-def _central(values: np.ndarray, confidence: float) -> tuple[float, float] | None:
-    values = values[~np.isnan(values)]
-    if values.size == 0:
-        return None
-    tail = (1.0 - confidence) / 2 * 100.0
-    low, high = np.percentile(values, [tail, 100.0 - tail])
-    return float(low), float(high)
-
-
-def _returning(request_id: str, reusable_tokens: Mapping[str, int], shared_tokens: Mapping[str, int]) -> bool:
+def is_returning(request_id: str, reusable_tokens: Mapping[str, int], shared_tokens: Mapping[str, int]) -> bool:
     """As _reuse_figures splits them: it reuses tokens beyond the shared prefix."""
     total = reusable_tokens.get(request_id, 0)
     return total > min(shared_tokens.get(request_id, 0), total)

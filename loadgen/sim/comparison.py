@@ -10,7 +10,7 @@ from pathlib import Path
 from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.event_table import event_table, nodes_needed_line, utilisation_table
-from speckv.loadgen.experiments.report import console_tables, fmt, markdown_table, write_report
+from speckv.loadgen.experiments.report import BASELINE, console_tables, fmt, markdown_table, versus, write_report
 from speckv.loadgen.experiments.results import (
     NODES_NEEDED_ATTAINMENT,
     Comparison,
@@ -97,9 +97,10 @@ def write_reports(comparison: Comparison, results: list[SimulationResult], out: 
 
 def print_tables(comparison: Comparison, console) -> None:
     for n, row in _rows(comparison).items():
-        costs = {name: _cost_cells(m) for name, m in row.policies.items()}
+        base = row.policies.get(BASELINE)
+        extra = {name: [_verdict_cell(name, m, base), *_cost_cells(m)] for name, m in row.policies.items()}
         for table in console_tables(f"simulated, {n} nodes (TTFT in real-model ms)", row.policies, row.floor,
-                                    costs, ("wall s", "CPU s", "events/CPU s", "peak MiB")):
+                                    extra, ("burst p99 vs none", "wall s", "CPU s", "events/CPU s", "peak MiB")):
             console.print(table)
         console.print(markdown_table(row.policies, row.floor), markup=False)
         actions = action_table(row.policies)
@@ -116,6 +117,15 @@ def print_tables(comparison: Comparison, console) -> None:
                                sim.load_nodes)
     if needed:
         console.print(needed, markup=False)
+
+
+def _verdict_cell(name: str, summary: PolicySummary, baseline: PolicySummary | None) -> str:
+    """Burst p99 against `none`'s: the change, then "tie" where their
+    bootstrap intervals over requests overlap (which requests the slice holds
+    is one draw, even in a deterministic simulation), else better or worse."""
+    if baseline is None:
+        return "-"
+    return "baseline" if name == BASELINE else versus(summary, baseline)
 
 
 def _cost_cells(summary: PolicySummary) -> list[str]:

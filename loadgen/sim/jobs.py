@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from speckv.loadgen.experiments.bootstrap import bootstrap_intervals
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
 from speckv.loadgen.experiments.event_metrics import event_figures
 from speckv.loadgen.experiments.event_table import LOAD_WINDOW_S
@@ -181,17 +182,19 @@ def _run_job(job: Job, progress) -> SimulationResult:
     # Each copy's floor is its base request's: copies have disjoint blocks, and
     # only the rotation's wrap point (a conversation split across it) differs.
     floor = slice_floor([], workload.base, config.profile).rows(workload.base_rows(lo, hi))
+    reusable, shared = floor.by_request_key(), floor.shared_by_request_key()
     summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, config.real_bytes_per_block,
-                        run.orders, floor.by_request_key(), config.profile, floor.shared_by_request_key())
+                        run.orders, reusable, config.profile, shared)
     cost = SimulatedRunFigures(wall_s=run.wall_s, cpu_s=run.cpu_s, simulated_events=run.events,
                                events_per_s=run.events / run.cpu_s if run.cpu_s else None, virtual_s=run.virtual_s,
                                network_bytes=run.network_bytes, peak_rss_mb=round(peak_rss_mb(), 1))
     return SimulationResult(
         nodes=job.nodes, policy=job.policy,
         summary=replace(summary, simulated=cost, actions=run.actions,
+                        ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable, shared),
                         utilisation=utilisation(run.records, config.ttft_target_ms, list(run.lifetimes),
                                                 run.lifetimes).to_json(),
-                        events=[event_figures(run.records, e, floor.by_request_key(), floor.shared_by_request_key())
+                        events=[event_figures(run.records, e, reusable, shared)
                                 .to_json() for e in run.node_events] if job.events else None),
         notes=notes,
         floor=floor_summary(floor.floor_ms, workload.times[lo:hi].tolist(), bursts, floor.returning),

@@ -3,16 +3,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
-from speckv.loadgen.experiments.metrics import (
-    RequestRecord,
-    bootstrap_intervals,
-    burst_seconds,
-    row_percentiles,
-    summarize,
-)
+from speckv.loadgen.experiments.metrics import RequestRecord, burst_seconds, summarize
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger
 from speckv.loadgen.experiments.results import FloorSummary, with_avoidable_closed
 
@@ -138,68 +131,3 @@ def test_avoidable_latency_closed_is_measured_from_none_to_the_floor():
     assert with_avoidable_closed({"oracle": policies["oracle"]}, floor)["oracle"].avoidable_closed is None
     at_floor = FloorSummary(None, None, None, None, returning_ttft_p99_ms=1000.0)
     assert with_avoidable_closed(policies, at_floor)["oracle"].avoidable_closed is None
-
-
-def test_row_percentiles_match_numpy_on_each_rows_masked_entries():
-    rng = np.random.default_rng(3)
-    values = rng.lognormal(5.0, 1.0, size=(40, 25))
-    mask = rng.random((40, 25)) > 0.4
-    mask[0] = False  # a row with no entry
-    mask[1] = False
-    mask[1, 7] = True  # a row with one
-    for q in (50.0, 90.0, 99.0):
-        got = row_percentiles(values, mask, q)
-        assert np.isnan(got[0])
-        want = [np.percentile(values[i][mask[i]], q) for i in range(1, 40)]
-        assert got[1:] == pytest.approx(want)
-
-
-def _spread(n: int, burst_every: int = 4) -> list[RequestRecord]:
-    # TTFTs 100..(100 + 10 (n - 1)) ms shuffled over arrival times; every
-    # burst_every-th request arrives in burst second 10, the rest in 20-39.
-    order = np.random.default_rng(5).permutation(n)
-    return [_record(i, 10.5 if i % burst_every == 0 else 20.0 + (i % 20), 100.0 + 10.0 * float(order[i]))
-            for i in range(n)]
-
-
-def test_bootstrap_intervals_hold_their_figures_and_are_deterministic():
-    records = _spread(200)
-    s = summarize(records, frozenset({10}), ttft_target_ms=1000.0, replicas=ReplicaLedger().totals(),
-                  bytes_per_block=64, orders={})
-    intervals = bootstrap_intervals(records, frozenset({10}), 1000.0)
-    assert set(intervals) == {"ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "slo_attainment"}
-    for key in ("ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "slo_attainment"):
-        low, high = intervals[key]
-        assert low <= getattr(s, key) <= high, key
-    # The median of 200 evenly spread TTFTs is known to within a few percent of the range, not exactly.
-    low, high = intervals["ttft_p50_ms"]
-    assert 0 < high - low < 0.3 * (2090.0 - 100.0)
-    assert bootstrap_intervals(records, frozenset({10}), 1000.0) == intervals
-
-
-def test_identical_requests_give_an_interval_of_no_width():
-    records = [_record(i, 10.0 + i, 500.0) for i in range(50)]
-    intervals = bootstrap_intervals(records, frozenset(), 1000.0)
-    assert intervals["ttft_p99_ms"] == pytest.approx((500.0, 500.0))
-    assert intervals["slo_attainment"] == pytest.approx((1.0, 1.0))
-    assert "burst_ttft_p99_ms" not in intervals  # no burst request: no figure, no interval
-
-
-def test_errors_are_misses_for_slo_and_absent_from_percentiles():
-    records = [_record(i, 10.0 + i, 100.0) for i in range(30)] + [_record(30 + i, 50.0, None, error="x")
-                                                                  for i in range(10)]
-    intervals = bootstrap_intervals(records, frozenset(), 1000.0)
-    assert intervals["ttft_p50_ms"] == pytest.approx((100.0, 100.0))
-    low, high = intervals["slo_attainment"]
-    assert low < 0.75 < high and high < 1.0
-
-
-def test_returning_and_first_seen_intervals_need_both_token_maps():
-    records = _spread(40)
-    reusable = {r.request_id: (2000 if i % 2 else 500) for i, r in enumerate(records)}
-    shared = {r.request_id: 500 for r in records}
-    assert "returning_ttft_p99_ms" not in bootstrap_intervals(records, frozenset(), 1000.0, reusable)
-    both = bootstrap_intervals(records, frozenset(), 1000.0, reusable, shared)
-    assert {"returning_ttft_p99_ms", "first_seen_ttft_p99_ms"} <= set(both)
-    returning = [r.ttft_ms for i, r in enumerate(records) if i % 2]
-    assert both["returning_ttft_p99_ms"][1] <= max(returning)

@@ -1,0 +1,143 @@
+"""Percentile bootstrap intervals of a run's request statistics.
+
+The figures of metrics.summarize that are statistics of the requests
+(INTERVAL_FIGURES) get an interval: the records are drawn with replacement
+BOOTSTRAP_RESAMPLES times, each figure is recomputed on every draw, and its
+interval is the central CONFIDENCE share of those values. Totals of the run
+(bytes, orders, replicas) get none.
+
+A draw is held as how many times it took each record (a row of counts), not
+as the drawn sample itself: a percentile of the draw is then read off the
+cumulative counts over the records sorted once by TTFT, in time linear in
+the records per draw instead of a sort per draw. The draws are taken in
+chunks of at most DRAW_CHUNK_ELEMENTS indices, so memory stays bounded for
+slices of tens of thousands of requests (a simulated hour); a run whose
+draws fit one chunk draws exactly what one call for all of them would.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from speckv.loadgen.experiments.metrics import RequestRecord, is_returning
+
+# The figures of summarize that are statistics of the requests, and so get a
+# bootstrap interval; the rest are totals of the run or ratios of totals.
+INTERVAL_FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "returning_ttft_p99_ms",
+                    "first_seen_ttft_p99_ms", "slo_attainment")
+# Draws per interval: a percentile interval reads the tails of the draws, for
+# which Efron and Tibshirani ("An Introduction to the Bootstrap", 1993) ask
+# for at least 1,000; twice that keeps the 2.5 % point off a handful of draws.
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+# Record indices drawn per chunk (8 bytes each, and as many counts): 32 MiB.
+DRAW_CHUNK_ELEMENTS = 1 << 22
+
+
+def bootstrap_intervals(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
+                        reusable_tokens: Mapping[str, int] | None = None,
+                        shared_tokens: Mapping[str, int] | None = None,
+                        resamples: int = BOOTSTRAP_RESAMPLES, confidence: float = CONFIDENCE,
+                        seed: int = 0) -> dict[str, tuple[float, float]]:
+    """Intervals of INTERVAL_FIGURES, each figure counted as summarize counts
+    it (errors are misses for SLO attainment and left out of the
+    percentiles). The returning and first-seen p99 need both token maps (as
+    in summarize). A draw in which a figure has no sample (no burst request
+    drawn) is left out of that figure's interval; a figure with no sample at
+    all gets no interval.
+
+    Deterministic: a fixed seed, so the same records always get the same
+    intervals. What they cover is which requests the slice happened to hold;
+    not the run-to-run spread of a live run, which is wider (queueing moves
+    neighbouring requests' TTFTs together, and a busy machine moves them
+    all). Nor can the interval of a tail percentile of few requests (the
+    p99 of a hundred rests on the largest one or two) reach above the
+    largest sample: it understates how much higher that figure could be. So
+    a difference inside them is a tie, and one outside them is a hint, not
+    proof."""
+    n = len(records)
+    if n == 0:
+        return {}
+    ttft = np.array([r.ttft_ms if r.served else np.nan for r in records], dtype=float)
+    served = ~np.isnan(ttft)
+    in_burst = np.array([math.floor(r.arrival_s) in bursts for r in records])
+    groups = {"ttft_p50_ms": (50.0, served), "ttft_p99_ms": (99.0, served),
+              "burst_ttft_p99_ms": (99.0, served & in_burst)}
+    if reusable_tokens is not None and shared_tokens is not None:
+        returning = np.array([is_returning(r.request_id, reusable_tokens, shared_tokens) for r in records])
+        groups["returning_ttft_p99_ms"] = (99.0, served & returning)
+        groups["first_seen_ttft_p99_ms"] = (99.0, served & ~returning)
+    # Each group's records in TTFT order, so a draw's percentile is a rank in it.
+    ranked = {name: _by_ttft(ttft, mask) for name, (_, mask) in groups.items()}
+    within = (served & (np.nan_to_num(ttft, nan=math.inf) <= ttft_target_ms)).astype(float)
+    per_draw: dict[str, list[np.ndarray]] = {name: [] for name in [*groups, "slo_attainment"]}
+    rng = np.random.default_rng(seed)
+    for rows in _chunk_rows(resamples, n):
+        counts = draw_counts(rng.integers(0, n, size=(rows, n)), n)
+        for name, (q, _) in groups.items():
+            order = ranked[name]
+            per_draw[name].append(counted_percentiles(counts[order], ttft[order], q))
+        per_draw["slo_attainment"].append(within @ counts / n)
+    out: dict[str, tuple[float, float]] = {}
+    for name, values in per_draw.items():
+        interval = _central(np.concatenate(values), confidence)
+        if interval is not None:
+            out[name] = interval
+    return out
+
+
+def draw_counts(draws: np.ndarray, n: int) -> np.ndarray:
+    """How often each row of draws (indices into n records) drew each
+    record, one column per draw: shape (n, rows), so that a group of records
+    is a gather of whole rows and a running count runs down the columns."""
+    rows = draws.shape[0]
+    flat = (draws * rows + np.arange(rows, dtype=np.int64)[:, None]).ravel()
+    return np.bincount(flat, minlength=n * rows).reshape(n, rows).astype(np.int32)
+
+
+def counted_percentiles(counts: np.ndarray, sorted_values: np.ndarray, q: float) -> np.ndarray:
+    """Per column of counts (how many times each of sorted_values,
+    ascending, was drawn: one row per value), the q-th percentile of the
+    sample it describes, interpolated linearly as np.percentile's default
+    does; NaN for a column that drew none."""
+    m, draws = counts.shape
+    if m == 0:
+        return np.full(draws, np.nan)
+    cumulative = np.cumsum(counts, axis=0, dtype=np.int32)
+    count = cumulative[-1].astype(np.int64)
+    position = np.maximum(count - 1, 0) * (q / 100.0)
+    low = np.floor(position).astype(np.int64)
+    high = np.minimum(low + 1, np.maximum(count - 1, 0))
+    below = sorted_values[_rank_index(cumulative, low)]
+    above = sorted_values[_rank_index(cumulative, high)]
+    result = below + (above - below) * (position - low)
+    result[count == 0] = np.nan
+    return result
+
+
+def _rank_index(cumulative: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per column, the index of the value at 0-based rank `rank` of its
+    sample: the first position whose cumulative count exceeds the rank."""
+    index = (cumulative <= rank[None, :]).sum(axis=0)
+    return np.minimum(index, cumulative.shape[0] - 1)
+
+
+def _by_ttft(ttft: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    chosen = np.flatnonzero(mask)
+    return chosen[np.argsort(ttft[chosen], kind="stable")]
+
+
+def _chunk_rows(resamples: int, n: int) -> list[int]:
+    per_chunk = max(1, DRAW_CHUNK_ELEMENTS // n)
+    return [min(per_chunk, resamples - start) for start in range(0, resamples, per_chunk)]
+
+
+def _central(values: np.ndarray, confidence: float) -> tuple[float, float] | None:
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return None
+    tail = (1.0 - confidence) / 2 * 100.0
+    low, high = np.percentile(values, [tail, 100.0 - tail])
+    return float(low), float(high)

@@ -1,0 +1,108 @@
+"""Bootstrap intervals: the counted percentiles match NumPy's on the sample
+a draw describes, chunked draws give valid and deterministic intervals, and
+every figure's interval holds the figure."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import speckv.loadgen.experiments.bootstrap as bootstrap
+from speckv.loadgen.experiments.bootstrap import bootstrap_intervals, counted_percentiles, draw_counts
+from speckv.loadgen.experiments.metrics import RequestRecord, summarize
+from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
+
+
+def _record(i, arrival, ttft, error=""):
+    return RequestRecord(f"r{i}", arrival, "f", 1000, 10, "node-0", ttft_ms=ttft,
+                         tpot_ms=10.0 if ttft is not None else None, e2e_ms=ttft, error=error)
+
+
+def test_draw_counts_count_each_rows_draws_one_column_per_draw():
+    draws = np.array([[0, 0, 2], [1, 2, 2]])
+    counts = draw_counts(draws, 3)
+    assert counts.shape == (3, 2)
+    assert counts[:, 0].tolist() == [2, 0, 1]
+    assert counts[:, 1].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 9, 10, 11])
+def test_counted_percentiles_match_numpy_on_the_sample_each_column_describes(m):
+    rng = np.random.default_rng(m)
+    values = np.sort(rng.lognormal(5.0, 1.0, size=m))
+    counts = rng.integers(0, 3, size=(m, 30)).astype(np.int32)
+    if m:
+        counts[:, 0] = 0  # a draw with no entry
+    for q in (0.0, 50.0, 90.0, 99.0, 100.0):
+        got = counted_percentiles(counts, values, q)
+        for j in range(counts.shape[1]):
+            sample = np.repeat(values, counts[:, j])
+            if sample.size == 0:
+                assert np.isnan(got[j])
+            else:
+                assert got[j] == pytest.approx(np.percentile(sample, q))
+
+
+def test_chunked_draws_give_the_same_intervals_as_one_chunk_when_it_holds_them(monkeypatch):
+    records = _spread(50)
+    whole = bootstrap_intervals(records, frozenset({10}), 1000.0, resamples=200)
+    monkeypatch.setattr(bootstrap, "DRAW_CHUNK_ELEMENTS", 200 * 50)
+    assert bootstrap_intervals(records, frozenset({10}), 1000.0, resamples=200) == whole
+    # Small chunks draw other samples: still deterministic, still about the figure.
+    monkeypatch.setattr(bootstrap, "DRAW_CHUNK_ELEMENTS", 7 * 50)
+    chunked = bootstrap_intervals(records, frozenset({10}), 1000.0, resamples=200)
+    assert chunked == bootstrap_intervals(records, frozenset({10}), 1000.0, resamples=200)
+    s = summarize(records, frozenset({10}), ttft_target_ms=1000.0, replicas=ReplicaLedger().totals(),
+                  bytes_per_block=64, orders={})
+    for key, (low, high) in chunked.items():
+        assert low <= getattr(s, key) <= high, key
+
+
+def _spread(n: int, burst_every: int = 4) -> list[RequestRecord]:
+    # TTFTs 100..(100 + 10 (n - 1)) ms shuffled over arrival times; every
+    # burst_every-th request arrives in burst second 10, the rest in 20-39.
+    order = np.random.default_rng(5).permutation(n)
+    return [_record(i, 10.5 if i % burst_every == 0 else 20.0 + (i % 20), 100.0 + 10.0 * float(order[i]))
+            for i in range(n)]
+
+
+def test_bootstrap_intervals_hold_their_figures_and_are_deterministic():
+    records = _spread(200)
+    s = summarize(records, frozenset({10}), ttft_target_ms=1000.0, replicas=ReplicaLedger().totals(),
+                  bytes_per_block=64, orders={})
+    intervals = bootstrap_intervals(records, frozenset({10}), 1000.0)
+    assert set(intervals) == {"ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "slo_attainment"}
+    for key in ("ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "slo_attainment"):
+        low, high = intervals[key]
+        assert low <= getattr(s, key) <= high, key
+    # The median of 200 evenly spread TTFTs is known to within a few percent of the range, not exactly.
+    low, high = intervals["ttft_p50_ms"]
+    assert 0 < high - low < 0.3 * (2090.0 - 100.0)
+    assert bootstrap_intervals(records, frozenset({10}), 1000.0) == intervals
+
+
+def test_identical_requests_give_an_interval_of_no_width():
+    records = [_record(i, 10.0 + i, 500.0) for i in range(50)]
+    intervals = bootstrap_intervals(records, frozenset(), 1000.0)
+    assert intervals["ttft_p99_ms"] == pytest.approx((500.0, 500.0))
+    assert intervals["slo_attainment"] == pytest.approx((1.0, 1.0))
+    assert "burst_ttft_p99_ms" not in intervals  # no burst request: no figure, no interval
+
+
+def test_errors_are_misses_for_slo_and_absent_from_percentiles():
+    records = [_record(i, 10.0 + i, 100.0) for i in range(30)] + [_record(30 + i, 50.0, None, error="x")
+                                                                  for i in range(10)]
+    intervals = bootstrap_intervals(records, frozenset(), 1000.0)
+    assert intervals["ttft_p50_ms"] == pytest.approx((100.0, 100.0))
+    low, high = intervals["slo_attainment"]
+    assert low < 0.75 < high and high < 1.0
+
+
+def test_returning_and_first_seen_intervals_need_both_token_maps():
+    records = _spread(40)
+    reusable = {r.request_id: (2000 if i % 2 else 500) for i, r in enumerate(records)}
+    shared = {r.request_id: 500 for r in records}
+    assert "returning_ttft_p99_ms" not in bootstrap_intervals(records, frozenset(), 1000.0, reusable)
+    both = bootstrap_intervals(records, frozenset(), 1000.0, reusable, shared)
+    assert {"returning_ttft_p99_ms", "first_seen_ttft_p99_ms"} <= set(both)
+    returning = [r.ttft_ms for i, r in enumerate(records) if i % 2]
+    assert both["returning_ttft_p99_ms"][1] <= max(returning)
