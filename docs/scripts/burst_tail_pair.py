@@ -1,0 +1,67 @@
+"""Two policies on the same synthetic slice, request by request, over the
+burst seconds: the burst p99 of each, a paired bootstrap interval of their
+difference (the same requests drawn for both), the quantiles side by side,
+how many requests got faster or slower, and the slowest requests of the
+second policy with where their TTFT went (queue, promotion, pull, prefill)
+beside the first policy's figures for the same request. Used for
+docs/planner.md ("agent-fanout's burst p99, traced"):
+
+    .venv/bin/python docs/scripts/burst_tail_pair.py agent-fanout 16 1800 600 7 none predictive
+"""
+import math
+import sys
+from dataclasses import replace
+
+import numpy as np
+
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
+from speckv.loadgen.experiments.metrics import burst_seconds
+from speckv.loadgen.sim import jobs as J
+from speckv.loadgen.sim.returns import train_returns
+from speckv.loadgen.sim.settings import SimSettings
+from speckv.loadgen.sim.simulation import Simulation
+from speckv.loadgen.workload.scaled import SliceView
+
+scenario, nodes, start, duration, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), \
+    int(sys.argv[5])
+first, second = sys.argv[6], sys.argv[7]
+config = load_e2e_config(None)
+job = J.Job(scenario, seed, nodes, first, start, duration, "builtin", 1.0, None, synthetic=True)
+workload, _ = J.build_workload(job, config)
+lo, hi = workload.window(start, start + duration)
+hlo, _ = workload.window(start - config.warmup_s, start)
+history = [workload[i] for i in range(hlo, lo)]
+base, _ = J.build_workload(replace(job, nodes=config.nodes), config)  # as speckv simulate trains it
+_, before = base.window(-math.inf, start)
+returns = train_returns([base[i] for i in range(before)], start)
+bursts = burst_seconds(workload.times.tolist())
+
+
+def run(policy):
+    sim = Simulation(config, SimSettings.from_e2e(config, nodes=nodes), policy, SliceView(workload, lo, hi), history,
+                     future=workload, returns=returns)
+    return {r.request_id: r for r in sim.run().records if r.served}
+
+
+def parts(r):
+    prefill = r.ttft_ms - r.queue_ms - r.promote_ms - r.fetch_ms
+    return (f"ttft {r.ttft_ms:5.0f} queue {r.queue_ms:4.0f} promote {r.promote_ms:3.0f} pull {r.fetch_ms:4.0f} "
+            f"prefill {prefill:4.0f} cached {r.cached_tokens:6d} pulled {r.fetched_tokens:5d} on {r.node_id}")
+
+
+a, b = run(first), run(second)
+ids = sorted(k for k in set(a) & set(b) if math.floor(b[k].arrival_s) in bursts)
+ta, tb = np.array([a[k].ttft_ms for k in ids]), np.array([b[k].ttft_ms for k in ids])
+draws = np.random.default_rng(0).integers(0, len(ids), size=(2000, len(ids)))
+diff = np.percentile(tb[draws], 99, axis=1) - np.percentile(ta[draws], 99, axis=1)
+low, high = np.percentile(diff, [2.5, 97.5])
+print(f"{len(ids)} burst requests; burst p99 {first} {np.percentile(ta, 99):.0f}, {second} "
+      f"{np.percentile(tb, 99):.0f} ms; {second} - {first}: {np.percentile(tb, 99) - np.percentile(ta, 99):+.0f} ms, "
+      f"paired bootstrap 95 % [{low:+.0f}, {high:+.0f}]")
+for q in (50, 90, 95, 98, 99, 99.5):
+    print(f"  p{q}: {np.percentile(ta, q):.0f} / {np.percentile(tb, q):.0f}")
+delta = tb - ta
+print(f"slower by > 50 ms: {(delta > 50).sum()}, faster by > 50 ms: {(delta < -50).sum()}, mean TTFT "
+      f"{ta.mean():.0f} / {tb.mean():.0f}, served on the same node: {sum(a[k].node_id == b[k].node_id for k in ids)}")
+for k in sorted(ids, key=lambda k: -b[k].ttft_ms)[:int(sys.argv[8]) if len(sys.argv) > 8 else 18]:
+    print(f"{k} {b[k].arrival_s:.2f} {b[k].family}\n  {second}: {parts(b[k])}\n  {first}: {parts(a[k])}")
