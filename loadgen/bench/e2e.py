@@ -3,7 +3,7 @@ freshly started local cluster built from the one committed configuration
 (services/config/e2e.json), with emulated engines, the reference router and
 open-loop replay. Prints a table per policy and writes JSON (--json) and an
 HTML report (--report DIR). Each policy's latency and SLO figures carry 95 %
-bootstrap intervals over the slice's requests (metrics.bootstrap_intervals:
+bootstrap intervals over the slice's requests (bootstrap.bootstrap_intervals:
 `ci95` in the JSON, whiskers in the report).
 
 Before the policies run, the predictor's LightGBM model is trained once on
@@ -23,6 +23,11 @@ and engine, adds start a node that registers with the running scheduler
 --migration-limit times a request. Each policy's JSON then carries
 `events` (event_metrics.py) beside `utilisation` (utilisation.py), which
 every run reports.
+
+`--repeats N` replays the slice N times per policy, round-robin over the
+policies, each time on a fresh cluster, and prints each request statistic's
+difference from `none`'s mean with a 95 % Welch interval between runs
+(repeats.py): the run-to-run spread the bootstrap over one run leaves out.
 
 The ceiling of this benchmark is the `oracle` policy measured in the same
 run; `none` is the floor. Burst windows are fixed from the whole trace.
@@ -50,6 +55,7 @@ from speckv.loadgen.experiments.event_metrics import event_figures
 from speckv.loadgen.experiments.event_table import event_table, utilisation_table
 from speckv.loadgen.experiments.metrics import burst_seconds, percentile, summarize
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
+from speckv.loadgen.experiments.repeats import repeat_figures, repeats_table
 from speckv.loadgen.experiments.report import console_tables, markdown_table, write_report
 from speckv.loadgen.experiments.results import (
     Comparison,
@@ -87,6 +93,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="play a node event set (node loss, node addition) of services/config/events.json (or "
                              "--events-file) during each replay")
     parser.add_argument("--events-file", default=None, help="the file of --events sets (default: the committed one)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="replay the slice N times per policy, round-robin over the policies, and give each "
+                             "request statistic a between-runs interval against none's (repeats.py)")
     parser.add_argument("--migration-limit", type=int, default=DEFAULT_MIGRATION_LIMIT,
                         help="times the router re-sends a request whose node died (default %(default)s)")
     args = parser.parse_args(list(argv))
@@ -94,6 +103,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise InvalidArgument("--events-file names the file of --events sets: give --events too")
     if args.migration_limit < 0:
         raise InvalidArgument(f"--migration-limit={args.migration_limit}: must be >= 0")
+    if args.repeats < 1:
+        raise InvalidArgument(f"--repeats={args.repeats}: must be >= 1")
     if args.events:  # an unknown set or a bad file fails here, before any cluster starts
         get_event_set(args.events, args.events_file)
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -114,12 +125,12 @@ def choose_slice(config: E2EConfig, args: argparse.Namespace) -> SliceSpec:
 
 def compare(trace_path: Path, policies: list[str], config: E2EConfig, slice_: SliceSpec,
             environ: Mapping[str, str], console, quick: bool = False,
-            setup: EngineSetup | None = None, events: EventChoice | None = None
+            setup: EngineSetup | None = None, events: EventChoice | None = None, repeats: int = 1
             ) -> tuple[Comparison, dict[str, PolicyRun]]:
     """setup: the engines (None: the emulated ones); events: a node event set to play."""
     trace = load_mooncake(trace_path, family=config.family)
     return compare_requests(trace_path.name, trace, policies, config, slice_, environ, console, quick, setup,
-                            events)
+                            events, repeats)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +148,14 @@ class EventChoice:
 
 def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[str], config: E2EConfig,
                      slice_: SliceSpec, environ: Mapping[str, str], console, quick: bool = False,
-                     setup: EngineSetup | None = None, events: EventChoice | None = None
+                     setup: EngineSetup | None = None, events: EventChoice | None = None, repeats: int = 1
                      ) -> tuple[Comparison, dict[str, PolicyRun]]:
     """The comparison on a workload already loaded (a trace keyed into the
     config's families, or a synthetic one), in arrival order; name is what
     the result calls it. Every policy's summary carries its 95 % bootstrap
-    intervals (ci95)."""
+    intervals (ci95). With repeats > 1 the policies run that many rounds,
+    each on fresh clusters; the summaries, runs and report are the first
+    round's, and each summary's `repeats` holds every round's figures."""
     setup = setup or engine_setup(config)
     bursts = burst_seconds(r.arrival_s for r in trace)
     in_slice = [r for r in trace if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
@@ -155,33 +168,40 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
                   f"{slice_.start_s + slice_.duration_s:g}) s, {sum(1 for r in in_slice if int(r.arrival_s) in bursts)}"
                   f" in burst seconds; {config.nodes} nodes, {setup.kind} engines, replayed {slice_.speed:g}x faster; "
                   f"KV bytes scaled 1/{setup.byte_scale}")
-    runs: dict[str, PolicyRun] = {}
+    rounds: list[dict[str, PolicyRun]] = []
     summaries: dict[str, PolicySummary] = {}
     # The model in a folder of its own: that folder is the predictor's model root (ReloadModel by name).
     with tempfile.TemporaryDirectory(prefix="speckv-e2e-model-") as model_root:
         with quiet_lightgbm_training():
             model = train_before_slice(trace, slice_, Path(model_root) / "before-slice", quick, config.warmup_s)
         console.print(f"predictor: {model.describe()}")
-        for policy in policies:
-            runs[policy] = _run_with_progress(config, policy, trace, slice_, environ, console, model.directory,
-                                              setup, plan)
+        for round_ in range(repeats):
+            label = f" ({round_ + 1}/{repeats})" if repeats > 1 else ""
+            rounds.append({policy: _run_with_progress(config, policy, trace, slice_, environ, console,
+                                                      model.directory, setup, plan, label)
+                           for policy in policies})
+    runs = rounds[0]
     # The floor prices the trace's own tokens with the emulated profile; the
     # torch engine runs scaled prompts on this CPU, which the profile does not describe.
     history = [r for r in trace if r.arrival_s < slice_.start_s]
     floor = slice_floor(history, in_slice, config.profile) if setup.spec is None else None
     reusable = floor.by_request_key() if floor is not None else None
     shared = floor.shared_by_request_key() if floor is not None else None
+    def summary_of(run: PolicyRun) -> PolicySummary:
+        return summarize(run.records, bursts, config.ttft_target_ms, run.replicas, setup.real_bytes_per_block,
+                         run.orders, reusable, config.profile, shared)
+
     for policy in policies:
         run = runs[policy]
-        summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, setup.real_bytes_per_block,
-                            run.orders, reusable, config.profile, shared)
-        summaries[policy] = replace(summary, live=_live_figures(run),
+        summaries[policy] = replace(summary_of(run), live=_live_figures(run),
                                     ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable,
                                                              shared),
                                     utilisation=utilisation(run.records, config.ttft_target_ms, list(run.lifetimes),
                                                             run.lifetimes).to_json(),
                                     events=([event_figures(run.records, e).to_json() for e in run.node_events]
-                                            if plan is not None else None))
+                                            if plan is not None else None),
+                                    repeats=(repeat_figures([summary_of(r[policy]) for r in rounds])
+                                             if repeats > 1 else None))
     floor_row = (floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts, floor.returning)
                  if floor is not None else None)
     result = Comparison(
@@ -189,7 +209,7 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
         byte_scale_factor=setup.byte_scale, nodes=config.nodes, engine_profile=config.profile.name,
         link_gbps=config.link.gbps, real_bytes_per_block=setup.real_bytes_per_block,
         burst_seconds_in_trace=len(bursts), policies=with_avoidable_closed(summaries, floor_row), floor=floor_row,
-        notes=_notes(config, slice_, model, setup),
+        notes=_notes(config, slice_, model, setup, repeats),
         live=LiveSetup(engine=setup.kind, kvstore_bytes_per_block=setup.geometry.bytes_per_block,
                        family=config.family, predictor_model=model.describe()))
     return result, runs
@@ -202,7 +222,8 @@ def _live_figures(run: PolicyRun) -> LiveRunFigures:
     return LiveRunFigures(run.wall_s, used_pages, run.warm.routed, run.warm.stored_blocks, run.warm.seconds)
 
 
-def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: EngineSetup) -> list[str]:
+def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: EngineSetup,
+           repeats: int = 1) -> list[str]:
     warm_kv = (f"stores the newest requests' KV, up to {config.warm_kv_fraction:.0%} of the pages"
                if setup.spec is None else
                f"computes (real prefill) the newest requests' KV, at most {setup.warm_kv_blocks} blocks in all")
@@ -221,6 +242,10 @@ def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: Eng
         f"over the slice's requests (ci95; {BOOTSTRAP_RESAMPLES} draws): a difference inside it is a tie, and "
         "since it leaves out the run-to-run spread, one outside it is a hint. Verdicts come from `speckv "
         "simulate` of the same slice.",
+        *([f"Repeats: every policy replayed the slice {repeats} times, round-robin over the policies, each on a "
+           "fresh cluster; the figures above are the first round's, `repeats` in the JSON holds every round's, "
+           "and the between-runs table gives each figure's difference from none's mean a 95 % Welch interval "
+           "(repeats.py), which does cover the run-to-run spread."] if repeats > 1 else []),
     ]
 
 
@@ -239,8 +264,8 @@ def quiet_lightgbm_training() -> Iterator[None]:
 
 
 def _run_with_progress(config, policy, trace, slice_, environ, console, model_dir: Path,
-                       setup: EngineSetup, events: EventPlan | None = None) -> PolicyRun:
-    columns = (TextColumn(f"{policy:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       setup: EngineSetup, events: EventPlan | None = None, label: str = "") -> PolicyRun:
+    columns = (TextColumn(f"{policy + label:>16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[status]}"))
     ttfts: list[float] = []
     with Progress(*columns, console=console) as progress:
@@ -292,7 +317,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     console = wide_console()
     events = EventChoice(args.events, args.events_file, args.migration_limit) if args.events else None
     result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console,
-                           quick=args.quick, setup=engine_setup(config, args.engine), events=events)
+                           quick=args.quick, setup=engine_setup(config, args.engine), events=events,
+                           repeats=args.repeats)
     print_table(console, result.policies, args.engine, result.floor)
     for title, table in (("utilisation (utilisation.py)", utilisation_table(result.policies)),
                          ("node events (event_metrics.py; live: affected = the lost node's families)",
@@ -301,5 +327,9 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
             console.print(title)
             console.print(table, markup=False)
     console.print(markdown_table(result.policies, result.floor), markup=False)
+    between = repeats_table(result.policies)
+    if between:
+        console.print(f"between {args.repeats} runs of each policy (repeats.py: mean, difference from none's "
+                      f"mean, 95 % Welch interval; a tie holds 0):\n{between}", markup=False)
     write_outputs(result, runs, args.json, args.report, console)
     return 1 if any(m.served == 0 for m in result.policies.values()) else 0

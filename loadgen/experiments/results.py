@@ -114,16 +114,22 @@ class PolicySummary:
     live: LiveRunFigures | None = None
     simulated: SimulatedRunFigures | None = None
     # Figure name -> (low, high): its 95 % bootstrap interval over the run's
-    # requests (metrics.bootstrap_intervals), for the figures that are
+    # requests (bootstrap.bootstrap_intervals), for the figures that are
     # statistics of requests; None: not computed for this run.
     ci95: dict[str, tuple[float, float]] | None = None
+    # Figure name -> its value in each of the repeated live runs of this
+    # policy (bench e2e --repeats; repeats.py), this summary's run first;
+    # None: one run.
+    repeats: dict[str, list[float]] | None = None
 
     def to_json(self) -> dict[str, object]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("live", "simulated", "ci95")}
+               if f.name not in ("live", "simulated", "ci95", "repeats")}
         out["orders"] = dict(self.orders)
         if self.ci95 is not None:
             out["ci95"] = {name: [low, high] for name, (low, high) in self.ci95.items()}
+        if self.repeats is not None:
+            out["repeats"] = {name: list(values) for name, values in self.repeats.items()}
         for extra in (self.live, self.simulated):
             if extra is not None:
                 out.update(extra.to_json())

@@ -1,5 +1,6 @@
-"""`speckv bench e2e`: the live quick comparison runs end to end, and a
-policy the scheduler rejects fails loudly."""
+"""`speckv bench e2e`: the live quick comparison runs end to end (twice per
+policy, round-robin, with the between-runs table), and a policy the
+scheduler rejects fails loudly."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ def _bench(traces_dir, *args):
 
 def test_quick_comparison_runs_end_to_end(tmp_path, traces_dir):
     out = tmp_path / "e2e.json"
-    result = _bench(traces_dir, "--policies", "none,reactive-heat", "--quick", "--duration-s", "12",
+    result = _bench(traces_dir, "--policies", "none,reactive-heat", "--quick", "--duration-s", "12", "--repeats", "2",
                     "--json", str(out), "--report", str(tmp_path / "report"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -28,9 +29,15 @@ def test_quick_comparison_runs_end_to_end(tmp_path, traces_dir):
         assert KEYS <= set(metrics)
         assert metrics["requests"] > 0 and metrics["errors"] == 0
         assert metrics["ttft_p50_ms"] > 0 and 0 <= metrics["slo_attainment"] <= 1
+        # Both rounds' figures, the summary's own round first.
+        assert len(metrics["repeats"]["ttft_p50_ms"]) == 2
+        assert metrics["repeats"]["ttft_p50_ms"][0] == metrics["ttft_p50_ms"]
     # Routing is KV-aware: conversation turns find their earlier prefix.
     assert data["policies"]["none"]["prefix_hit_ratio"] > 0
     assert data["policies"]["none"]["bytes_replicated"] == 0
+    assert "between 2 runs of each policy" in result.stdout
+    assert "| reactive-heat | ttft_p50_ms | 2 |" in result.stdout
+    assert any(note.startswith("Repeats: every policy replayed the slice 2 times") for note in data["notes"])
     html = (tmp_path / "report" / "index.html").read_text()
     assert "data:image/png;base64," in html and "ttft_cdf.png" in html
 
