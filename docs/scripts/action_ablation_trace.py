@@ -7,36 +7,14 @@ counts the requests that got faster and slower:
     .venv/bin/python docs/scripts/action_ablation_trace.py document-bursts 16 1800 600 predictive prefetch
 """
 import json
-import math
 import sys
-from dataclasses import replace
 
 import numpy as np
-
-from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import jobs as J
-from speckv.loadgen.sim.returns import train_returns
-from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.workload.scaled import SliceView
+from synthetic_slice import synthetic_slice
 
 scenario, nodes, start, duration, policy, action = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), \
     float(sys.argv[4]), sys.argv[5], sys.argv[6]
-config = load_e2e_config(None)
-job = J.Job(scenario, 7, nodes, policy, start, duration, "builtin", 1.0, None, synthetic=True)
-workload, _ = J.build_workload(job, config)
-lo, hi = workload.window(start, start + duration)
-hlo, _ = workload.window(start - config.warmup_s, start)
-history = [workload[i] for i in range(hlo, lo)]
-base, _ = J.build_workload(replace(job, nodes=config.nodes), config)  # as speckv simulate trains it
-_, before = base.window(-math.inf, start)
-returns = train_returns([base[i] for i in range(before)], start)
-
-
-def run(name):
-    sim = Simulation(config, SimSettings.from_e2e(config, nodes=nodes), name, SliceView(workload, lo, hi), history,
-                     future=workload, returns=returns)
-    return {r.request_id: r for r in sim.run().records if r.served}
+chosen = synthetic_slice(scenario, nodes, start, duration)
 
 
 def parts(r):
@@ -44,7 +22,7 @@ def parts(r):
     return np.array([r.ttft_ms, r.queue_ms, r.promote_ms, r.fetch_ms, prefill])
 
 
-with_, without = run(policy), run(f"{policy}-without-{action}")
+with_, without = chosen.run(policy), chosen.run(f"{policy}-without-{action}")
 common = sorted(set(with_) & set(without))
 delta = np.array([parts(without[k]) - parts(with_[k]) for k in common])  # > 0: the action saved it
 names = ["ttft", "queue", "promote", "pull", "prefill"]

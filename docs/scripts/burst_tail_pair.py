@@ -10,37 +10,17 @@ docs/planner.md ("agent-fanout's burst p99, traced"):
 """
 import math
 import sys
-from dataclasses import replace
 
 import numpy as np
+from synthetic_slice import synthetic_slice
 
-from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.experiments.metrics import burst_seconds
-from speckv.loadgen.sim import jobs as J
-from speckv.loadgen.sim.returns import train_returns
-from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.workload.scaled import SliceView
 
 scenario, nodes, start, duration, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), \
     int(sys.argv[5])
 first, second = sys.argv[6], sys.argv[7]
-config = load_e2e_config(None)
-job = J.Job(scenario, seed, nodes, first, start, duration, "builtin", 1.0, None, synthetic=True)
-workload, _ = J.build_workload(job, config)
-lo, hi = workload.window(start, start + duration)
-hlo, _ = workload.window(start - config.warmup_s, start)
-history = [workload[i] for i in range(hlo, lo)]
-base, _ = J.build_workload(replace(job, nodes=config.nodes), config)  # as speckv simulate trains it
-_, before = base.window(-math.inf, start)
-returns = train_returns([base[i] for i in range(before)], start)
-bursts = burst_seconds(workload.times.tolist())
-
-
-def run(policy):
-    sim = Simulation(config, SimSettings.from_e2e(config, nodes=nodes), policy, SliceView(workload, lo, hi), history,
-                     future=workload, returns=returns)
-    return {r.request_id: r for r in sim.run().records if r.served}
+chosen = synthetic_slice(scenario, nodes, start, duration, seed)
+bursts = burst_seconds(chosen.workload.times.tolist())
 
 
 def parts(r):
@@ -49,7 +29,7 @@ def parts(r):
             f"prefill {prefill:4.0f} cached {r.cached_tokens:6d} pulled {r.fetched_tokens:5d} on {r.node_id}")
 
 
-a, b = run(first), run(second)
+a, b = chosen.run(first), chosen.run(second)
 ids = sorted(k for k in set(a) & set(b) if math.floor(b[k].arrival_s) in bursts)
 ta, tb = np.array([a[k].ttft_ms for k in ids]), np.array([b[k].ttft_ms for k in ids])
 draws = np.random.default_rng(0).integers(0, len(ids), size=(2000, len(ids)))
