@@ -34,6 +34,7 @@ from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
 
 from speckv.loadgen.experiments.event_table import event_table, load_around_events, utilisation_table  # noqa: E402
+from speckv.loadgen.experiments.repeats import repeats_table  # noqa: E402
 from speckv.loadgen.experiments.results import Comparison, FloorSummary, PolicySummary, figure_of  # noqa: E402
 
 # What placement can change (returning requests, where their reused tokens
@@ -75,7 +76,8 @@ def _policy_table(title: str, columns: list[tuple[str, str]], policies: Mapping[
                   floor: FloorSummary | None, extra: Mapping[str, Sequence[str]],
                   extra_titles: Sequence[str]) -> Table:
     table = Table(title=title)
-    table.add_column("policy")
+    # A policy's name is what the row is about: the figures' headers wrap first.
+    table.add_column("policy", min_width=max((len(n) for n in policies), default=6))
     for name in [t for _, t in columns] + list(extra_titles):
         table.add_column(name, justify="right")
     for name, m in policies.items():
@@ -119,7 +121,8 @@ def write_report(out_dir: Path, result: Comparison, ttfts: Mapping[str, Sequence
     for name, figure in plots.items():
         figure.savefig(out_dir / name, dpi=110, bbox_inches="tight")
         plt.close(figure)
-    extra = "\n\n".join(t for t in (utilisation_table(result.policies), event_table(result.policies)) if t)
+    extra = "\n\n".join(t for t in (utilisation_table(result.policies), event_table(result.policies),
+                                     repeats_table(result.policies)) if t)
     index = out_dir / "index.html"
     index.write_text(_html(result, table + ("\n\n" + extra if extra else ""), out_dir, list(plots)))
     return index
@@ -249,11 +252,17 @@ def _html(result: Comparison, table: str, out_dir: Path, images: list[str]) -> s
         for n in images)
     notes = "".join(f"<li>{html.escape(str(n))}</li>" for n in result.notes)
     data = result.to_json()
+    base = result.policies.get(BASELINE)
+    # A live run's intervals leave out the run-to-run spread: its change is shown, never a verdict (versus).
+    verdicts = "".join(f"<li><b>{html.escape(name)}</b>: {html.escape(_verdict_line(row, base, result.live is None))}"
+                       "</li>" for name, row in result.policies.items() if name != BASELINE and base is not None)
+    verdicts = f"<h2>Burst p99 against {BASELINE}</h2><ul>{verdicts}</ul>" if verdicts else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>speckv end-to-end</title>"
             f"<style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}td,th{{padding:4px 8px;"
             f"border-bottom:1px solid #ddd;text-align:right}}img{{max-width:100%}}</style></head><body>"
             f"<h1>speckv end-to-end comparison</h1><p>trace {html.escape(result.trace)}, slice "
-            f"{html.escape(json.dumps(data['slice']))}</p>{table_html}<ul>{notes}</ul>{figures}"
+            f"{html.escape(json.dumps(data['slice']))}</p>{verdicts}<div style='overflow-x:auto'>{table_html}</div>"
+            f"<ul>{notes}</ul>{figures}"
             f"<h2>JSON</h2><pre>{html.escape(json.dumps(data, indent=2))}</pre></body></html>")
 
 
@@ -577,11 +586,11 @@ def _columns_html(policies: Mapping[str, PolicySummary], floor: FloorSummary | N
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _verdict_line(row: PolicySummary, baseline: PolicySummary) -> str:
+def _verdict_line(row: PolicySummary, baseline: PolicySummary, verdict: bool = True) -> str:
     mine, base = figure_of(row, VERDICT_FIGURE), figure_of(baseline, VERDICT_FIGURE)
     if not isinstance(mine, (int, float)) or not isinstance(base, (int, float)):
         return "no burst request served"
-    return f"{base:.0f} -> {mine:.0f} ms ({versus(row, baseline)})"
+    return f"{base:.0f} -> {mine:.0f} ms ({versus(row, baseline, verdict=verdict)})"
 
 
 def _markdown_html(table: str) -> str:

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from rich.table import Table
+
 from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.event_table import event_table, nodes_needed_line, utilisation_table
@@ -98,10 +100,11 @@ def write_reports(comparison: Comparison, results: list[SimulationResult], out: 
 def print_tables(comparison: Comparison, console) -> None:
     for n, row in _rows(comparison).items():
         base = row.policies.get(BASELINE)
-        extra = {name: [_verdict_cell(name, m, base), *_cost_cells(m)] for name, m in row.policies.items()}
+        verdicts = {name: [_verdict_cell(name, m, base)] for name, m in row.policies.items()}
         for table in console_tables(f"simulated, {n} nodes (TTFT in real-model ms)", row.policies, row.floor,
-                                    extra, ("burst p99 vs none", "wall s", "CPU s", "events/CPU s", "peak MiB")):
+                                    verdicts, ("burst p99 vs none",)):
             console.print(table)
+        console.print(_cost_table(f"simulated, {n} nodes: what each simulation cost", row.policies))
         console.print(markdown_table(row.policies, row.floor), markup=False)
         actions = action_table(row.policies)
         if actions:
@@ -126,6 +129,15 @@ def _verdict_cell(name: str, summary: PolicySummary, baseline: PolicySummary | N
     if baseline is None:
         return "-"
     return "baseline" if name == BASELINE else versus(summary, baseline)
+
+
+def _cost_table(title: str, policies: dict[str, PolicySummary]) -> Table:
+    table = Table(title=title)
+    for name in ("policy", "wall s", "CPU s", "events/CPU s", "peak MiB"):
+        table.add_column(name, justify="left" if name == "policy" else "right")
+    for name, summary in policies.items():
+        table.add_row(name, *_cost_cells(summary))
+    return table
 
 
 def _cost_cells(summary: PolicySummary) -> list[str]:

@@ -40,6 +40,7 @@ def test_quick_comparison_runs_end_to_end(tmp_path, traces_dir):
     assert any(note.startswith("Repeats: every policy replayed the slice 2 times") for note in data["notes"])
     html = (tmp_path / "report" / "index.html").read_text()
     assert "data:image/png;base64," in html and "ttft_cdf.png" in html
+    assert "<th>none mean</th>" in html  # the between-runs table
 
 
 def test_a_policy_the_scheduler_rejects_fails_loudly(tmp_path, traces_dir):

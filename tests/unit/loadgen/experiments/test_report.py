@@ -20,8 +20,9 @@ from speckv.loadgen.experiments.report import (
     timeline_families,
     versus,
     write_demo_report,
+    write_report,
 )
-from speckv.loadgen.experiments.results import Comparison, FloorSummary, PolicySummary
+from speckv.loadgen.experiments.results import Comparison, FloorSummary, LiveSetup, PolicySummary
 
 
 def _summary(ttft_ms: float, ci: dict[str, tuple[float, float]] | None) -> PolicySummary:
@@ -116,3 +117,17 @@ def test_time_lines_skip_families_where_nothing_happens_over_time():
                                 "commits": [(4.5, 64, "replicated")]}}
     assert timeline_families(timelines, arrivals) == ["pair", "replicated", "forecast"]
     assert timeline_families({}, [(1.0, "a"), (2.0, "b")]) == []
+
+
+def test_the_plain_report_calls_a_simulated_burst_p99_but_only_shows_a_live_one(tmp_path):
+    policies = {"none": BASE, "predictive": FASTER, "oracle": OVERLAPPING}
+    simulated = Comparison(trace="synthetic:x", slice=SliceSpec(10.0, 30.0, 2.0), ttft_target_ms=2000.0,
+                           byte_scale_factor=1, nodes=4, engine_profile="p", link_gbps=25.0,
+                           real_bytes_per_block=64, burst_seconds_in_trace=1, policies=policies, floor=None, notes=[])
+    timelines = {p: {"forecasts": [], "commits": []} for p in policies}
+    ttfts = {p: [100.0, 200.0] for p in policies}
+    text = write_report(tmp_path / "sim", simulated, ttfts, timelines, [(10.5, "f")]).read_text()
+    assert "Burst p99 against none" in text and "-50%, better" in text and ", tie)" in text
+    live = replace(simulated, live=LiveSetup("emulated", 64, "conversation", "m"))
+    text = write_report(tmp_path / "live", live, ttfts, timelines, [(10.5, "f")]).read_text()
+    assert "(-50%)" in text and "better" not in text.split("<h2>JSON")[0]
