@@ -55,9 +55,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from speckv.loadgen.experiments.e2e_config import load_e2e_config
+from speckv.loadgen.experiments.e2e_config import E2EConfig, load_e2e_config
 from speckv.loadgen.sim.ablation import RunFigures, ablation_rows, ablation_table, parse_variant
-from speckv.loadgen.sim.comparison import assemble, print_tables, write_reports
+from speckv.loadgen.sim.comparison import assemble, print_seed_tables, print_tables, with_seed_repeats, write_reports
 from speckv.loadgen.sim.jobs import Job, train_once, train_returns_once
 from speckv.loadgen.sim.machine import describe_machine
 from speckv.loadgen.sim.pool import compiled_build, default_jobs, run_all
@@ -100,6 +100,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--speed", type=float, default=1.0,
                    help="match a live run replayed this many times faster (its wall-clock intervals, in trace s)")
     p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
+    p.add_argument("--seeds", default=None, metavar="S1,S2,...",
+                   help="with --synthetic: run every policy on each of these realizations (the first is the one "
+                        "the tables, report and ablation show) and give each figure's difference from none a 95 %% "
+                        "interval between seeds (repeats.py)")
     p.add_argument("--jobs", type=int, default=None,
                    help="simulations run at once (default: one more than the machine's cores, see default_jobs)")
     p.add_argument("--compiled", choices=("auto", "on", "off"), default="auto",
@@ -145,6 +149,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args.node_list = [int(x) for x in args.nodes.split(",")] if args.nodes else []
     except ValueError:
         raise InvalidArgument(f"--nodes={args.nodes!r}: expected integers, e.g. 8,64,256") from None
+    args.seed_list = _seeds(args)
     if args.host_pages is not None and args.host_pages < 0:
         raise InvalidArgument(f"--host-pages={args.host_pages}: must be >= 0 (0: no host tier)")
     if args.load_nodes is not None and args.load_nodes < 1:
@@ -168,22 +173,18 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     source = str(Path(args.trace).resolve()) if args.trace else args.synthetic
     scenarios = str(Path(args.scenarios).resolve()) if args.scenarios else None
     if args.synthetic:  # a bad name or file fails here, before any worker starts
-        get_scenario(args.synthetic, args.seed, config.block_tokens, scenarios)
-    jobs = [Job(source, args.seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
+        get_scenario(args.synthetic, args.seed_list[0], config.block_tokens, scenarios)
+    jobs = [Job(source, seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
                 synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages, cell=cell,
                 events=args.events, load_nodes=args.load_nodes,
                 events_path=str(Path(args.events_file).resolve()) if args.events_file else None)
-            for cell in ([c.key for c in cells] or [()]) for n in nodes for p in args.policy_list]
+            for seed in args.seed_list for cell in ([c.key for c in cells] or [()]) for n in nodes
+            for p in args.policy_list]
     console = wide_console()
     console.print(code_line, markup=False)
     machine = describe_machine()
     began = time.perf_counter()
-    trained = train_once(args, config, jobs[0], console)
-    if trained is not None:
-        jobs = [replace(j, trained=trained) for j in jobs]
-    returns = train_returns_once(args, config, jobs[0], console)
-    if returns is not None:
-        jobs = [replace(j, returns=returns) for j in jobs]
+    jobs = _with_models(args, config, jobs, console)
     if args.ray_target is not None:
         ran = run_on_ray(jobs, args.ray_target, args.jobs, console, code_path, environ)
         results, workers = ran.results, ran.workers
@@ -193,8 +194,12 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     args.wall_s = time.perf_counter() - began
     if cells:
         return finish_sweep(args.sweeps, cells, results, args, machine, workers, console)
+    every_seed, results = results, [r for r in results if r.seed == args.seed_list[0]]
     comparison = assemble(results, args, config, machine)
+    with_seed_repeats(comparison, every_seed, args.seed_list)
     print_tables(comparison, console)
+    if len(args.seed_list) > 1:
+        print_seed_tables(comparison, args.seed_list, console)
     ablation = ablation_rows([RunFigures(r.nodes, r.policy, r.ttfts, r.summary.actions,
                                          r.summary.returning_ttft_p99_ms) for r in results])
     if ablation:
@@ -211,3 +216,37 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     if args.report:
         write_reports(comparison, results, Path(args.report), console)
     return 1 if any(m.served == 0 for row in totals.by_nodes.values() for m in row.policies.values()) else 0
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    """--seeds, else --seed alone."""
+    if args.seeds is None:
+        return [args.seed]
+    if not args.synthetic:
+        raise InvalidArgument("--seeds picks realizations of a --synthetic scenario: a trace has one")
+    if args.sweeps:
+        raise InvalidArgument("--seeds and --sweep do not combine: run the sweep per seed")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidArgument(f"--seeds={args.seeds!r}: expected integers, e.g. 11,13,17") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise InvalidArgument(f"--seeds={args.seeds!r}: name each seed once")
+    return seeds
+
+
+def _with_models(args: argparse.Namespace, config: E2EConfig, jobs: list[Job], console) -> list[Job]:
+    """The jobs with the models trained before the slice, once per seed
+    (each realization has its own history before the slice)."""
+    out: list[Job] = []
+    for seed in args.seed_list:
+        mine = [j for j in jobs if j.seed == seed]
+        trained = train_once(args, config, mine[0], console)
+        if trained is not None:
+            mine = [replace(j, trained=trained) for j in mine]
+        returns = train_returns_once(args, config, mine[0], console)
+        if returns is not None:
+            mine = [replace(j, returns=returns) for j in mine]
+        out.extend(mine)
+    return out
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rich.table import Table
@@ -12,6 +13,7 @@ from rich.table import Table
 from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.event_table import event_table, nodes_needed_line, utilisation_table
+from speckv.loadgen.experiments.repeats import repeat_figures, repeats_table
 from speckv.loadgen.experiments.report import BASELINE, console_tables, fmt, markdown_table, versus, write_report
 from speckv.loadgen.experiments.results import (
     NODES_NEEDED_ATTAINMENT,
@@ -95,6 +97,36 @@ def write_reports(comparison: Comparison, results: list[SimulationResult], out: 
         console.print(f"report ({n} nodes): {index}")
     (out / "scale.md").write_text(scale_table(comparison) + "\n")
     (out / "result.json").write_text(json.dumps(comparison.to_json(), indent=2))
+
+
+def with_seed_repeats(comparison: Comparison, results: list[SimulationResult], seeds: list[int]) -> None:
+    """With more than one seed: every policy's summary at every node count
+    gets `repeats`, its figures on each seed in `seeds` order (the summary's
+    own, the first seed's, first). In place: the top-level policies are the
+    largest count's row."""
+    if len(seeds) < 2:
+        return
+    for n, row in _rows(comparison).items():
+        for policy, summary in list(row.policies.items()):
+            by_seed = {r.seed: r.summary for r in results if str(r.nodes) == n and r.policy == policy}
+            row.policies[policy] = replace(summary, repeats=repeat_figures([by_seed[s] for s in seeds]))
+
+
+def print_seed_tables(comparison: Comparison, seeds: list[int], console) -> None:
+    """Per node count: each figure per seed, then the between-seeds table."""
+    for n, row in _rows(comparison).items():
+        lines = [f"| policy | figure | {' | '.join(f'seed {s}' for s in seeds)} |", "|---|---|" + "---:|" * len(seeds)]
+        for policy, summary in row.policies.items():
+            for figure in ("burst_ttft_p99_ms", "returning_ttft_p99_ms", "ttft_p50_ms"):
+                values = (summary.repeats or {}).get(figure)
+                if values and len(values) == len(seeds):
+                    lines.append(f"| {policy} | {figure} | " + " | ".join(f"{v:.0f}" for v in values) + " |")
+        console.print(f"per seed, {n} nodes (the tables above are seed {seeds[0]}'s):\n" + "\n".join(lines),
+                      markup=False)
+        between = repeats_table(row.policies)
+        if between:
+            console.print(f"between {len(seeds)} seeds, {n} nodes (repeats.py: mean, difference from none's mean, "
+                          f"95 % Welch interval; a tie holds 0):\n{between}", markup=False)
 
 
 def print_tables(comparison: Comparison, console) -> None:

@@ -112,6 +112,7 @@ class SimulationResult:
     arrivals: list[tuple[float, str]]  # (trace s, family); empty for a slice of more than 50,000 requests
     timeline: dict[str, list]  # "forecasts": (trace s, family, count), "commits": (trace s, real bytes, family)
     cell: CellKey = ()  # the Job's
+    seed: int = 7  # the Job's (a synthetic workload's realization)
 
 
 def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
@@ -189,7 +190,7 @@ def _run_job(job: Job, progress) -> SimulationResult:
                                events_per_s=run.events / run.cpu_s if run.cpu_s else None, virtual_s=run.virtual_s,
                                network_bytes=run.network_bytes, peak_rss_mb=round(peak_rss_mb(), 1))
     return SimulationResult(
-        nodes=job.nodes, policy=job.policy,
+        nodes=job.nodes, policy=job.policy, seed=job.seed,
         summary=replace(summary, simulated=cost, actions=run.actions,
                         ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable, shared),
                         utilisation=utilisation(run.records, config.ttft_target_ms, list(run.lifetimes),
