@@ -83,6 +83,7 @@ class RetainSettings:
     max_families: int  # at most this many families priced per tick, likeliest first
     max_per_tick: int  # at most this many retain orders per tick, largest net first
     pricing: str  # "uniform" (a return uniform over the window) or "curve" (the forecast's P(within t))
+    displacement: str  # "once" (the pages' P(reuse) once) or "occupancy" (x the seconds held past d / reuse.window_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,8 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.redundancy_min_saving_ms={floor} must be finite and >= 0")
         if self.retain.pricing not in ("uniform", "curve"):
             raise InvalidArgument(f"retain.pricing={self.retain.pricing!r}: uniform or curve")
+        if self.retain.displacement not in ("once", "occupancy"):
+            raise InvalidArgument(f"retain.displacement={self.retain.displacement!r}: once or occupancy")
         if self.planner.demand not in ("upper_quantile", "expected_count"):
             raise InvalidArgument(f"planner.demand={self.planner.demand!r}: upper_quantile or expected_count")
         if self.reactive_migrate.target_queue_below_ms >= self.reactive_migrate.queue_threshold_ms:

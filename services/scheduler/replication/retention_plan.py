@@ -27,6 +27,14 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
 - loss = eviction_ms(L, P(reuse) of the node's last tier, the family's
   recompute per block): while it lasts, the L pages it holds push L other
   blocks out of the node, each reused with the tier's observed chance.
+  That P(reuse) is per removed block within `reuse.window_s` (W) of its
+  removal. With `retain.displacement` "occupancy" the loss is scaled by
+  H / W, H = held_past_s, the expected seconds the pages stay past d: a
+  tier short of L pages for H seconds removes each block it removes in
+  that time L / rate seconds early, which costs its reuse in that stretch,
+  (L / rate) x rate x H x P(reuse) / W hits in all, taking reuses as
+  uniform over W after removal (they cluster early, so this still
+  underprices). "once" (the tier's chance, once) is the H = W case.
 - Admitted when net > `planner.min_net_ms`, at most `retain.max_per_tick`
   per tick, largest net first, with lease ttl_s. The node's kvstore caps
   what it retains at once (a share of its last tier, retention.py): the
@@ -115,6 +123,8 @@ class RetentionPlanner:
         last_tier = Tier.HOST if node.host_pages else Tier.DEVICE
         p_reuse = view.reuse.p_reuse(node_id, last_tier, now) if view.reuse else 1.0
         loss = eviction_ms(blocks, p_reuse, full_ms / max(1.0, prompt / node.block_size))
+        if self._cfg.retain.displacement == "occupancy":
+            loss *= held_past_s(p, left_s, ttl_s) / self._cfg.reuse.window_s
         net = saving - loss
         if net <= self._cfg.planner.min_net_ms:
             return None
@@ -143,3 +153,14 @@ class RetentionPlanner:
     def _forget_lapsed(self, now: float) -> None:
         if len(self._retained) > 4 * self._cfg.retain.max_families:
             self._retained = {f: v for f, v in self._retained.items() if v[1] > now}
+
+
+def held_past_s(p: float, left_s: float, ttl_s: float) -> float:
+    """Expected seconds a retain keeps its blocks past the time left_s they
+    would have left (s): all of ttl_s - left_s when the conversation does
+    not come back (chance 1 - p), until its return when that comes after
+    left_s (the return uniform over the window), nothing when it comes
+    before. 0 <= result <= ttl_s - left_s."""
+    rest = max(0.0, ttl_s - left_s)
+    p = min(max(p, 0.0), 1.0)
+    return (1.0 - p) * rest + p * rest * rest / (2.0 * ttl_s)

@@ -1,6 +1,7 @@
 """The retain step's arithmetic on scripted cases with hand-computed values
 (retention_plan.py): saving = P x (1 - d / ttl) x (prefill without the
-prefix - with it), loss = blocks x P(reuse) x recompute per block."""
+prefix - with it), loss = blocks x P(reuse) x recompute per block, and with
+displacement "occupancy" that loss x the seconds held past d / reuse.window_s."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +9,7 @@ import math
 
 import pytest
 
+from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
@@ -15,7 +17,7 @@ from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication.family_options import OptionPricer
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.planner import Planner
-from speckv.services.scheduler.replication.retention_plan import RetentionPlanner
+from speckv.services.scheduler.replication.retention_plan import RetentionPlanner, held_past_s
 from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, make_core, route_family, store
 
 TTL = 300.0
@@ -35,8 +37,9 @@ class ScriptedReuse:
         return self.rate
 
 
-def setup(p_reuse=0.2, rate=10.0, device=200, host=400, pricing="uniform"):
-    core, clock = make_core(2, "none", capacity=device, host_pages=host, retain={"pricing": pricing})
+def setup(p_reuse=0.2, rate=10.0, device=200, host=400, pricing="uniform", displacement="once"):
+    core, clock = make_core(2, "none", capacity=device, host_pages=host,
+                            retain={"pricing": pricing, "displacement": displacement})
     store(core, "n0", CHAIN)
     route_family(core, 1)  # the catalog learns the chain and prompt; last route at t = 100
     heartbeat_all(core, 2)
@@ -52,11 +55,11 @@ def plan(core, clock, planner, reuse, p, at):
     return planner.plan(clock.now(), view, [Forecast(FAMILY, TTL, p, p, 1.0, ForecastKind.RETENTION)], "predictive")
 
 
-def expected_net(core, p, left_s, p_reuse):
+def expected_net(core, p, left_s, p_reuse, held_scale=1.0):
     profile = core._profile
     full = profile.prefill_ms(PROMPT, 0)
     hit = profile.prefill_ms(PROMPT - len(CHAIN) * BS, len(CHAIN) * BS)
-    return p * (1 - left_s / TTL) * (full - hit) - len(CHAIN) * p_reuse * full / (PROMPT / BS)
+    return p * (1 - left_s / TTL) * (full - hit) - len(CHAIN) * p_reuse * full / (PROMPT / BS) * held_scale
 
 
 def test_retains_a_likely_return_whose_prefix_would_leave_before_it():
@@ -144,3 +147,42 @@ def test_the_committed_uniform_pricing_ignores_a_curve():
     forecast = Forecast(FAMILY, TTL, 0.5, 0.5, 1.0, ForecastKind.RETENTION, ((10.0, 0.5),))
     (order,) = planner.plan(clock.now(), view, [forecast], "predictive")
     assert order.expected_benefit_ms == pytest.approx(expected_net(core, 0.5, 30.0, 0.2))
+
+
+@pytest.mark.parametrize("p, left_s, expected", [
+    (0.0, 30.0, 270.0),  # never back: held the whole rest of the window
+    (1.0, 30.0, 270.0 * 270.0 / 600.0),  # always back, uniformly: held until the return, if after d
+    (0.5, 30.0, 0.5 * 270.0 + 0.5 * 121.5),
+    (0.5, 0.0, 0.5 * 300.0 + 0.5 * 150.0),
+    (0.5, 300.0, 0.0),  # would have stayed the whole window anyway
+    (0.5, 400.0, 0.0),
+    (1.7, 30.0, 121.5),  # chances clamped to [0, 1]
+    (-0.2, 30.0, 270.0),
+])
+def test_held_past_s_is_the_expected_time_the_pages_stay_past_d(p, left_s, expected):
+    assert held_past_s(p, left_s, TTL) == pytest.approx(expected)
+
+
+def test_with_occupancy_the_loss_counts_every_window_the_pages_are_held():
+    core, clock, planner, reuse = setup(p_reuse=0.02, displacement="occupancy")
+    window_s = core.context.config.reuse.window_s
+    held_s = 0.5 * 270.0 + 0.5 * 270.0 * 270.0 / 600.0  # 195.75 s past d = 30 s
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0)
+    assert len(orders) == 1
+    assert orders[0].expected_benefit_ms == pytest.approx(expected_net(core, 0.5, 30.0, 0.02, held_s / window_s))
+
+
+def test_a_retain_worth_its_pages_once_but_not_for_all_the_time_it_holds_them_is_refused():
+    held_scale = (0.5 * 270.0 + 0.5 * 270.0 * 270.0 / 600.0) / load_policy_config().reuse.window_s
+    core, clock, planner, reuse = setup(p_reuse=0.2)
+    assert expected_net(core, 0.5, 30.0, 0.2) > 0 > expected_net(core, 0.5, 30.0, 0.2, held_scale)
+    assert len(plan(core, clock, planner, reuse, p=0.5, at=130.0)) == 1
+    core, clock, planner, reuse = setup(p_reuse=0.2, displacement="occupancy")
+    assert plan(core, clock, planner, reuse, p=0.5, at=130.0) == []
+
+
+def test_an_unknown_displacement_is_refused_by_the_config():
+    config = load_policy_config()
+    bad = dataclasses.replace(config, retain=dataclasses.replace(config.retain, displacement="forever"))
+    with pytest.raises(InvalidArgument, match="retain.displacement"):
+        bad.validate()
