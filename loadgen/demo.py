@@ -16,8 +16,9 @@ is run twice over, on the one committed configuration
   bootstrap interval over the slice's requests, since a single live run on a
   shared machine moves by tens of percent.
 
-Both print in one table, saying which figures are which; a figure whose
-interval overlaps that of `none` in the same kind of run is marked a tie.
+Both print in one table, saying which figures are which; a figure that
+ties `none`'s in the same kind of run is marked (simulated: the interval of
+the difference over the same requests holds 0; live: the intervals overlap).
 The HTML report has the table, the charts and every figure of both runs.
 
 Workload: the Mooncake conversation trace in the traces directory
@@ -40,7 +41,7 @@ from typing import Mapping, Sequence
 
 from speckv.loadgen.bench import e2e
 from speckv.loadgen.bench._e2e_run import PolicyRun
-from speckv.loadgen.experiments.bootstrap import bootstrap_intervals
+from speckv.loadgen.experiments.bootstrap import BootstrapDraws, bootstrap_draws, intervals_of, with_paired_intervals
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.experiments.metrics import burst_seconds, summarize
 from speckv.loadgen.experiments.report import (
@@ -195,7 +196,8 @@ def simulate(workload: DemoWorkload, policies: Sequence[str], config: E2EConfig,
     runs it: the config's warm start and node count, intervals stretched by
     the replay's speed (SimSettings.from_e2e), LightGBM trained once on the
     warmup_s before the slice for the policies that read forecasts. Each
-    summary carries its 95 % bootstrap intervals (ci95)."""
+    summary carries its 95 % bootstrap intervals (ci95), and each but
+    none's the paired interval of its difference from none's (ci95_vs_none)."""
     began = time.perf_counter()
     requests = workload.requests
     end = slice_.start_s + slice_.duration_s
@@ -211,6 +213,7 @@ def simulate(workload: DemoWorkload, policies: Sequence[str], config: E2EConfig,
     reusable, shared = floor.by_request_key(), floor.shared_by_request_key()
     runs: dict[str, SimRun] = {}
     summaries: dict[str, PolicySummary] = {}
+    draws: dict[str, BootstrapDraws] = {}
     for policy in policies:
         run = runs[policy] = Simulation(config, settings, policy, in_slice, history, trained=trained).run()
         summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, config.real_bytes_per_block,
@@ -219,9 +222,9 @@ def simulate(workload: DemoWorkload, policies: Sequence[str], config: E2EConfig,
                                    events_per_s=run.events / run.cpu_s if run.cpu_s else None,
                                    virtual_s=run.virtual_s, network_bytes=run.network_bytes,
                                    peak_rss_mb=round(peak_rss_mb(), 1))
-        summaries[policy] = replace(summary, simulated=cost, actions=run.actions,
-                                    ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable,
-                                                             shared))
+        draws[policy] = bootstrap_draws(run.records, bursts, config.ttft_target_ms, reusable, shared)
+        summaries[policy] = replace(summary, simulated=cost, actions=run.actions, ci95=intervals_of(draws[policy]))
+    summaries = with_paired_intervals(summaries, draws)
     floor_row = floor_summary(floor.floor_ms, [r.arrival_s for r in in_slice], bursts, floor.returning)
     predictor = trained.description if trained is not None else "not run (no policy here reads forecasts)"
     command = (f"speckv simulate {workload.reproduce} --nodes {config.nodes} --start-s {slice_.start_s:g} "
@@ -233,7 +236,8 @@ def simulate(workload: DemoWorkload, policies: Sequence[str], config: E2EConfig,
              "loads no return model.",
              "Deterministic: the same slice gives the same figures on any machine. Their 95 % bootstrap intervals "
              "over the slice's requests (ci95) say whether the slice holds enough requests to tell two policies "
-             "apart: a difference inside them is a tie."]
+             "apart; the verdict against none reads the interval of the difference itself, drawn over the same "
+             "requests for both (ci95_vs_none): a difference whose interval holds 0 is a tie."]
     console.print(f"simulated {len(policies)} policies on the slice in {time.perf_counter() - began:.1f} s "
                   "(deterministic: the verdict)")
     comparison = Comparison(

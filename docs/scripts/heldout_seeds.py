@@ -7,11 +7,21 @@ seeds, so choices may be made on them.
     .venv/bin/python docs/scripts/heldout_seeds.py OUT.jsonl document-bursts 11,13,17,19 \
         none,reactive-heat,oracle,predictive,predictive:now0,predictive:noprefetch,predictive:h15
     .venv/bin/python docs/scripts/heldout_seeds.py --table OUT.jsonl burst_ttft_p99_ms
+    .venv/bin/python docs/scripts/heldout_seeds.py --paired OUT.jsonl burst_ttft_p99_ms predictive
+
+A trace path in place of the scenario runs that trace's slice instead (seed
+0; SLICE=START,DURATION,NODES in the environment, default 1200,1276,8: the
+conversation trace's validation slice, before the evaluated last 30 %):
+
+    SLICE=1200,1276,8 .venv/bin/python docs/scripts/heldout_seeds.py OUT.jsonl \
+        ../shared/traces/mooncake_conversation_trace.jsonl 0 none,predictive,predictive:occ
 
 Variants of predictive (the committed policies.json, changed in one place):
 noprefetch (planner.prefetch false), ext (planner.queue_externality true),
 hN (planner.horizon_s N), nowK (planner.nowcast_min_routes K; now0: no
-nowcast), lgbm (the LightGBM predictor instead of the builtin).
+nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
+(retain.displacement "occupancy"), capN (the e2e configuration's
+cluster.retain_max_share N / 100); joined with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
 import collections
@@ -19,11 +29,15 @@ import dataclasses
 import json
 import math
 import multiprocessing as mp
+import os
 import sys
 import time
 from dataclasses import replace
 
+import numpy as np
+
 import speckv.loadgen.sim.simulation as simmod
+from speckv.loadgen.experiments.bootstrap import BootstrapDraws, paired_intervals
 from speckv.loadgen.sim import jobs
 from speckv.loadgen.sim.returns import train_returns
 from speckv.services.scheduler.policy_config import load_policy_config
@@ -33,19 +47,36 @@ START_S, DURATION_S, NODES = 1800.0, 600.0, 16
 
 def config_for(variant: str):
     base = load_policy_config()
-    p = base.planner
+    p, r = base.planner, base.retain
     for part in (v for v in variant.split("+") if v):
         if part == "noprefetch":
             p = replace(p, prefetch=False)
         elif part == "ext":
             p = replace(p, queue_externality=True)
+        elif part == "occ":
+            r = replace(r, displacement="occupancy")
         elif part.startswith("h"):
             p = replace(p, horizon_s=float(part[1:]))
         elif part.startswith("now"):
             p = replace(p, nowcast_min_routes=int(part[3:]))
-        elif part not in ("lgbm", "base"):
+        elif part.startswith("cap") or part in ("lgbm", "base"):
+            pass  # capN changes the e2e configuration: e2e_config_for
+        else:
             raise ValueError(f"unknown variant {part!r}")
-    return replace(base, planner=p)
+    return replace(base, planner=p, retain=r)
+
+
+def e2e_config_for(variant: str) -> str | None:
+    """A copy of the committed e2e configuration with capN applied (its path), or None."""
+    caps = [part for part in variant.split("+") if part.startswith("cap")]
+    if not caps:
+        return None
+    raw = json.loads(open("services/config/e2e.json").read())
+    raw["cluster"]["retain_max_share"] = int(caps[-1][3:]) / 100
+    path = f"/tmp/heldout-e2e-{caps[-1]}.json"
+    with open(path, "w") as f:
+        json.dump(raw, f)
+    return path
 
 
 def run(task):
@@ -53,20 +84,41 @@ def run(task):
     policy, _, variant = spec.partition(":")
     cfg = config_for(variant)
     simmod.load_policy_config = lambda *a, **k: cfg
-    job = jobs.Job(source=scenario, seed=seed, nodes=NODES, policy=policy, start_s=START_S, duration_s=DURATION_S,
-                   predictor="lightgbm" if "lgbm" in variant else "builtin", speed=1.0, config_path=None,
-                   synthetic=True)
-    if policy == "predictive":
+    synthetic = not scenario.endswith(".jsonl")
+    start_s, duration_s, nodes = (START_S, DURATION_S, NODES) if synthetic else trace_slice()
+    job = jobs.Job(source=scenario, seed=seed, nodes=nodes, policy=policy, start_s=start_s, duration_s=duration_s,
+                   predictor="lightgbm" if "lgbm" in variant else "builtin", speed=1.0,
+                   config_path=e2e_config_for(variant), synthetic=synthetic)
+    if policy == "predictive" and not synthetic:
+        job = replace(job, returns=trace_returns(scenario, start_s))
+    elif policy == "predictive":
         config = jobs.cell_config(None, ())
         base, _ = jobs.build_workload(replace(job, nodes=config.nodes), config)
         _, before = base.window(-math.inf, START_S)
         job = replace(job, returns=train_returns([base[i] for i in range(before)], START_S, "the base workload"))
     started = time.time()
-    summary = dataclasses.asdict(jobs.run_job(job).summary)
+    result = jobs.run_job(job)
+    summary = dataclasses.asdict(result.summary)
     figures = {k: v for k, v in summary.items() if isinstance(v, (int, float, type(None)))}
     actions = {k: v.get("orders") for k, v in (summary.get("actions") or {}).items()}
+    draws = {"key": result.draws.key, **{k: v.tolist() for k, v in result.draws.values.items()}}
     return dict(scenario=scenario, seed=seed, policy=spec, wall_s=round(time.time() - started, 1),
-                actions=actions, **figures)
+                actions=actions, draws=draws, **figures)
+
+
+def trace_slice() -> tuple[float, float, int]:
+    start, duration, nodes = os.environ.get("SLICE", "1200,1276,8").split(",")
+    return float(start), float(duration), int(nodes)
+
+
+def trace_returns(path: str, start_s: float):
+    """The return model on the trace before the slice, as `speckv simulate` trains it."""
+    config = jobs.cell_config(None, ())
+    base, _ = jobs.build_workload(jobs.Job(source=path, seed=0, nodes=config.nodes, policy="none", start_s=start_s,
+                                           duration_s=None, predictor="builtin", speed=1.0, config_path=None,
+                                           synthetic=False), config)
+    _, before = base.window(-math.inf, start_s)
+    return train_returns([base[i] for i in range(before)], start_s, "the base trace")
 
 
 def table(path: str, key: str) -> None:
@@ -82,9 +134,34 @@ def table(path: str, key: str) -> None:
               + " |")
 
 
+def paired(path: str, key: str, baseline: str) -> None:
+    """Each policy's figure minus the baseline's with the 95 % paired
+    bootstrap interval of that difference (bootstrap.paired_intervals: the
+    same requests in every draw), per scenario and seed."""
+    by: dict = collections.defaultdict(dict)
+    for line in open(path):
+        row = json.loads(line)
+        draws = row.get("draws")
+        if draws is not None:
+            values = {k: np.array([math.nan if x is None else x for x in v]) for k, v in draws.items() if k != "key"}
+            by[(row["scenario"], row["seed"])][row["policy"]] = (row[key], BootstrapDraws(draws["key"], values))
+    for (scenario, seed), runs in sorted(by.items()):
+        if baseline not in runs:
+            continue
+        base_value, base_draws = runs[baseline]
+        for policy, (value, draws) in sorted(runs.items()):
+            interval = paired_intervals(draws, base_draws).get(key)
+            if policy != baseline and interval is not None:
+                print(f"{scenario} {seed} {policy} - {baseline}: {value - base_value:+.0f} "
+                      f"[{interval[0]:+.0f}, {interval[1]:+.0f}]")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--table":
         table(sys.argv[2], sys.argv[3])
+        sys.exit(0)
+    if sys.argv[1] == "--paired":
+        paired(sys.argv[2], sys.argv[3], sys.argv[4])
         sys.exit(0)
     out, scenarios, seeds, specs = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(","), sys.argv[4].split(",")
     tasks = [(sc, int(sd), spec) for sc in scenarios for sd in seeds for spec in specs]

@@ -13,15 +13,30 @@ the records per draw instead of a sort per draw. The draws are taken in
 chunks of at most DRAW_CHUNK_ELEMENTS indices, so memory stays bounded for
 slices of tens of thousands of requests (a simulated hour); a run whose
 draws fit one chunk draws exactly what one call for all of them would.
+
+Paired differences: the records are put in request-id order before drawing,
+and the draws come from a fixed seed, so two runs of the same requests (two
+policies on one slice) draw the same requests in every draw. The difference
+of a figure between them, draw by draw, is then a paired bootstrap of that
+difference: it leaves out which requests the slice happened to hold, which
+both runs share, and so is narrower than two overlapping intervals whenever
+the same requests are slow under both (long prompts are, under any policy).
+BootstrapDraws keeps each figure's value per draw (a few thousand floats)
+and a key naming the request set, so runs of different requests are never
+paired.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from speckv.loadgen.experiments.metrics import RequestRecord, is_returning
+from speckv.loadgen.experiments.results import PolicySummary
 
 # The figures of summarize that are statistics of the requests, and so get a
 # bootstrap interval; the rest are totals of the run or ratios of totals.
@@ -36,12 +51,78 @@ CONFIDENCE = 0.95
 DRAW_CHUNK_ELEMENTS = 1 << 22
 
 
+@dataclass(frozen=True, slots=True)
+class BootstrapDraws:
+    """Each figure's value in every draw (NaN where the draw held no sample
+    of it), and a key naming the requests drawn from (their ids in order),
+    the number of draws and the seed: draws with equal keys drew the same
+    requests, draw by draw."""
+
+    key: str
+    values: dict[str, np.ndarray]
+
+
 def bootstrap_intervals(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
                         reusable_tokens: Mapping[str, int] | None = None,
                         shared_tokens: Mapping[str, int] | None = None,
                         resamples: int = BOOTSTRAP_RESAMPLES, confidence: float = CONFIDENCE,
                         seed: int = 0) -> dict[str, tuple[float, float]]:
-    """Intervals of INTERVAL_FIGURES, each figure counted as summarize counts
+    """The intervals of bootstrap_draws' figures (see there)."""
+    return intervals_of(bootstrap_draws(records, bursts, ttft_target_ms, reusable_tokens, shared_tokens,
+                                        resamples, seed), confidence)
+
+
+def intervals_of(draws: BootstrapDraws, confidence: float = CONFIDENCE) -> dict[str, tuple[float, float]]:
+    """Each figure's central `confidence` share of its draws; a figure no
+    draw had a sample of gets none."""
+    out: dict[str, tuple[float, float]] = {}
+    for name, values in draws.values.items():
+        interval = _central(values, confidence)
+        if interval is not None:
+            out[name] = interval
+    return out
+
+
+def paired_intervals(draws: BootstrapDraws, baseline: BootstrapDraws,
+                     confidence: float = CONFIDENCE) -> dict[str, tuple[float, float]]:
+    """Interval of each figure's difference, draws minus baseline, taken
+    draw by draw over the same drawn requests (module docstring); draws in
+    which either has no sample of the figure are left out. Empty when the
+    two were not drawn from the same requests (their keys differ)."""
+    if draws.key != baseline.key:
+        return {}
+    out: dict[str, tuple[float, float]] = {}
+    for name, values in draws.values.items():
+        base = baseline.values.get(name)
+        interval = None if base is None or base.shape != values.shape else _central(values - base, confidence)
+        if interval is not None:
+            out[name] = interval
+    return out
+
+
+def with_paired_intervals(summaries: Mapping[str, PolicySummary], draws: Mapping[str, BootstrapDraws],
+                          baseline: str = "none") -> dict[str, PolicySummary]:
+    """The summaries, each policy but the baseline with its paired
+    intervals against the baseline's (ci95_vs_none) where both have draws
+    of the same requests; the rest as they were."""
+    base = draws.get(baseline)
+    out = dict(summaries)
+    if base is None:
+        return out
+    for name, summary in summaries.items():
+        mine = draws.get(name)
+        if name != baseline and mine is not None:
+            paired = paired_intervals(mine, base)
+            if paired:
+                out[name] = dataclasses.replace(summary, ci95_vs_none=paired)
+    return out
+
+
+def bootstrap_draws(records: Sequence[RequestRecord], bursts: frozenset[int], ttft_target_ms: float,
+                    reusable_tokens: Mapping[str, int] | None = None,
+                    shared_tokens: Mapping[str, int] | None = None,
+                    resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> BootstrapDraws:
+    """Draws of INTERVAL_FIGURES, each figure counted as summarize counts
     it (errors are misses for SLO attainment and left out of the
     percentiles). The returning and first-seen p99 need both token maps (as
     in summarize). A draw in which a figure has no sample (no burst request
@@ -57,9 +138,11 @@ def bootstrap_intervals(records: Sequence[RequestRecord], bursts: frozenset[int]
     largest sample: it understates how much higher that figure could be. So
     a difference inside them is a tie, and one outside them is a hint, not
     proof."""
+    records = sorted(records, key=lambda r: r.request_id)
     n = len(records)
+    key = _request_set_key(records, resamples, seed)
     if n == 0:
-        return {}
+        return BootstrapDraws(key, {})
     ttft = np.array([r.ttft_ms if r.served else np.nan for r in records], dtype=float)
     served = ~np.isnan(ttft)
     in_burst = np.array([math.floor(r.arrival_s) in bursts for r in records])
@@ -80,12 +163,15 @@ def bootstrap_intervals(records: Sequence[RequestRecord], bursts: frozenset[int]
             order = ranked[name]
             per_draw[name].append(counted_percentiles(counts[order], ttft[order], q))
         per_draw["slo_attainment"].append(within @ counts / n)
-    out: dict[str, tuple[float, float]] = {}
-    for name, values in per_draw.items():
-        interval = _central(np.concatenate(values), confidence)
-        if interval is not None:
-            out[name] = interval
-    return out
+    return BootstrapDraws(key, {name: np.concatenate(values) for name, values in per_draw.items()})
+
+
+def _request_set_key(records: Sequence[RequestRecord], resamples: int, seed: int) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for r in records:
+        digest.update(r.request_id.encode())
+        digest.update(b"\0")
+    return f"{len(records)}:{resamples}:{seed}:{digest.hexdigest()}"
 
 
 def draw_counts(draws: np.ndarray, n: int) -> np.ndarray:

@@ -8,9 +8,10 @@ result has one); a time line of arrivals, forecasts and committed replicas
 for the hottest families (per policy); replicated bytes over time per policy.
 
 The demo's report (write_demo_report) puts one slice simulated and live side
-by side: its table (demo_cells) and its chart mark as a tie every figure whose
-95 % interval overlaps the baseline policy's of the same kind of run, and its
-verdict is the simulated one.
+by side: its table (demo_cells) and its chart mark as a tie every figure that
+is_tie finds tied with the baseline policy's of the same kind of run (a
+simulated figure: the paired interval of their difference holds 0; a live
+one: their intervals overlap), and its verdict is the simulated one.
 """
 from __future__ import annotations
 
@@ -280,7 +281,9 @@ TIE_MARK = "≈"
 DEMO_LEGEND = (f"simulated: the deterministic simulator of this slice (loadgen/sim), every policy; the verdict "
                f"comes from these rows. live: the real services on this machine, one fresh cluster per policy, each "
                f"figure with its 95 % bootstrap interval over the slice's requests. {TIE_MARK}: a tie with "
-               f"{BASELINE} of the same kind of run (their 95 % intervals overlap): no difference is shown there. "
+               f"{BASELINE} of the same kind of run (simulated: the 95 % interval of the difference, drawn over "
+               "the same requests for both, holds 0; live: their 95 % intervals overlap): no difference is shown "
+               "there. "
                "A live difference outside the intervals is no verdict either: they leave out how much a rerun "
                "moves. floor: the TTFT of an idle node with every reusable token cached.")
 
@@ -297,8 +300,14 @@ class Cell:
 
 
 def is_tie(row: PolicySummary, baseline: PolicySummary, key: str) -> bool | None:
-    """Whether row's figure `key` ties the baseline's: their 95 % intervals
-    (ci95) overlap. None when either has no interval: no tie can be judged."""
+    """Whether row's figure `key` ties the baseline's: the 95 % interval of
+    their difference on the same requests (ci95_vs_none, a paired bootstrap)
+    holds 0 when row has one, else their own 95 % intervals (ci95) overlap,
+    which is wider: it counts twice which requests the slice holds. None
+    when there is neither: no tie can be judged."""
+    paired = (row.ci95_vs_none or {}).get(key)
+    if paired is not None:
+        return paired[0] <= 0.0 <= paired[1]
     mine, base = (row.ci95 or {}).get(key), (baseline.ci95 or {}).get(key)
     if mine is None or base is None:
         return None
@@ -307,7 +316,7 @@ def is_tie(row: PolicySummary, baseline: PolicySummary, key: str) -> bool | None
 
 def versus(row: PolicySummary, baseline: PolicySummary, key: str = VERDICT_FIGURE, verdict: bool = True) -> str:
     """row's figure against the baseline's: its relative change, then "tie"
-    when the intervals overlap, else (verdict) "better" or "worse" (lower
+    when is_tie says so, else (verdict) "better" or "worse" (lower
     TTFT, higher SLO attainment is better); the bare change when there are no
     intervals. verdict=False for a live run: its intervals leave the
     run-to-run spread out, so a difference outside them is not yet a verdict."""
@@ -328,8 +337,8 @@ def demo_cells(policies: Mapping[str, PolicySummary], with_intervals: bool,
                baseline: str = BASELINE) -> dict[str, list[Cell]]:
     """Per policy: its DEMO_COLUMNS figures, GiB replicated (a total of the
     run: no interval), and VERDICT_FIGURE against the baseline's. A figure
-    is a tie when it is not the baseline's own and its interval overlaps the
-    baseline's. with_intervals (a live run): each figure's interval beside
+    is a tie when it is not the baseline's own and is_tie says so.
+    with_intervals (a live run): each figure's interval beside
     it, and no "better" or "worse" (versus says why)."""
     base = policies.get(baseline)
     out: dict[str, list[Cell]] = {}
@@ -418,7 +427,7 @@ def write_demo_report(out_dir: Path, heading: str, simulated: Comparison, live: 
         "verdict.png": (_demo_figures(simulated.policies, live.policies, simulated.floor),
                         "TTFT per policy. Bars: simulated, with the 95 % bootstrap interval over requests as a "
                         f"whisker; diamonds: live, with theirs. Hatched bars and hollow diamonds tie with {BASELINE} "
-                        "of the same kind of run (intervals overlap); the dashed line is the floor (an idle node "
+                        "of the same kind of run (is_tie); the dashed line is the floor (an idle node "
                         "with every reusable token cached)."),
         "ttft_cdf.png": (_demo_cdf(ttfts, simulated.ttft_target_ms),
                          "Share of requests with at most a given TTFT: simulated (solid) and live (dashed), one "

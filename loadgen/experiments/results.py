@@ -117,6 +117,10 @@ class PolicySummary:
     # requests (bootstrap.bootstrap_intervals), for the figures that are
     # statistics of requests; None: not computed for this run.
     ci95: dict[str, tuple[float, float]] | None = None
+    # Figure name -> (low, high): the 95 % interval of this policy's figure
+    # minus the baseline's (`none`) on the same requests, a paired bootstrap
+    # (bootstrap.paired_intervals); None: the baseline itself, or not paired.
+    ci95_vs_none: dict[str, tuple[float, float]] | None = None
     # Figure name -> its value in each of the repeated live runs of this
     # policy (bench e2e --repeats; repeats.py), this summary's run first;
     # None: one run.
@@ -124,10 +128,12 @@ class PolicySummary:
 
     def to_json(self) -> dict[str, object]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("live", "simulated", "ci95", "repeats")}
+               if f.name not in ("live", "simulated", "ci95", "ci95_vs_none", "repeats")}
         out["orders"] = dict(self.orders)
-        if self.ci95 is not None:
-            out["ci95"] = {name: [low, high] for name, (low, high) in self.ci95.items()}
+        for name in ("ci95", "ci95_vs_none"):
+            intervals = getattr(self, name)
+            if intervals is not None:
+                out[name] = {figure: [low, high] for figure, (low, high) in intervals.items()}
         if self.repeats is not None:
             out["repeats"] = {name: list(values) for name, values in self.repeats.items()}
         for extra in (self.live, self.simulated):

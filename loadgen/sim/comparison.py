@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.table import Table
 
 from speckv.loadgen.experiments.action_table import action_table
+from speckv.loadgen.experiments.bootstrap import with_paired_intervals
 from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.event_table import event_table, nodes_needed_line, utilisation_table
 from speckv.loadgen.experiments.repeats import repeat_figures, repeats_table
@@ -37,8 +38,9 @@ def assemble(results: list[SimulationResult], args: argparse.Namespace, config: 
         row = by_nodes.setdefault(str(r.nodes), ScaleRow({}, r.requests_in_slice, [], r.floor))
         row.policies[r.policy] = r.summary
         row.notes.extend(note for note in r.notes if note not in row.notes)  # a policy's own notes too (LightGBM)
-    for row in by_nodes.values():
-        row.policies.update(with_avoidable_closed(row.policies, row.floor))
+    for n, row in by_nodes.items():
+        draws = {r.policy: r.draws for r in ordered if str(r.nodes) == n and r.draws is not None}
+        row.policies.update(with_paired_intervals(with_avoidable_closed(row.policies, row.floor), draws))
     # The largest node count's row, taken in policy order: the order the
     # workers finished in must not choose what the top level says.
     top = next(r for r in ordered if r.nodes == ordered[-1].nodes)
@@ -155,8 +157,8 @@ def print_tables(comparison: Comparison, console) -> None:
 
 
 def _verdict_cell(name: str, summary: PolicySummary, baseline: PolicySummary | None) -> str:
-    """Burst p99 against `none`'s: the change, then "tie" where their
-    bootstrap intervals over requests overlap (which requests the slice holds
+    """Burst p99 against `none`'s: the change, then "tie" where the paired
+    bootstrap interval of the difference holds 0 (which requests the slice holds
     is one draw, even in a deterministic simulation), else better or worse."""
     if baseline is None:
         return "-"

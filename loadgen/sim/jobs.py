@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from speckv.loadgen.experiments.bootstrap import bootstrap_intervals
+from speckv.loadgen.experiments.bootstrap import BootstrapDraws, bootstrap_draws, intervals_of
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
 from speckv.loadgen.experiments.event_metrics import event_figures
 from speckv.loadgen.experiments.event_table import LOAD_WINDOW_S
@@ -113,6 +113,7 @@ class SimulationResult:
     timeline: dict[str, list]  # "forecasts": (trace s, family, count), "commits": (trace s, real bytes, family)
     cell: CellKey = ()  # the Job's
     seed: int = 7  # the Job's (a synthetic workload's realization)
+    draws: BootstrapDraws | None = None  # each interval figure per bootstrap draw, for paired differences
 
 
 def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
@@ -186,13 +187,14 @@ def _run_job(job: Job, progress) -> SimulationResult:
     reusable, shared = floor.by_request_key(), floor.shared_by_request_key()
     summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, config.real_bytes_per_block,
                         run.orders, reusable, config.profile, shared)
+    draws = bootstrap_draws(run.records, bursts, config.ttft_target_ms, reusable, shared)
     cost = SimulatedRunFigures(wall_s=run.wall_s, cpu_s=run.cpu_s, simulated_events=run.events,
                                events_per_s=run.events / run.cpu_s if run.cpu_s else None, virtual_s=run.virtual_s,
                                network_bytes=run.network_bytes, peak_rss_mb=round(peak_rss_mb(), 1))
     return SimulationResult(
         nodes=job.nodes, policy=job.policy, seed=job.seed,
         summary=replace(summary, simulated=cost, actions=run.actions,
-                        ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable, shared),
+                        ci95=intervals_of(draws),
                         utilisation=utilisation(run.records, config.ttft_target_ms, list(run.lifetimes),
                                                 run.lifetimes).to_json(),
                         events=[event_figures(run.records, e, reusable, shared)
@@ -207,7 +209,7 @@ def _run_job(job: Job, progress) -> SimulationResult:
         timeline={"forecasts": run.forecasts,
                   "commits": [(t, b * config.real_bytes_per_block, f) for t, b, f in run.replicas.commits],
                   **({"node_load": _load_around_events(run)} if run.node_events else {})},
-        cell=job.cell)
+        cell=job.cell, draws=draws)
 
 
 def _load_around_events(run: SimRun) -> dict[str, object]:

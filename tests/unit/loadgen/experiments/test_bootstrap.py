@@ -1,13 +1,23 @@
 """Bootstrap intervals: the counted percentiles match NumPy's on the sample
-a draw describes, chunked draws give valid and deterministic intervals, and
-every figure's interval holds the figure."""
+a draw describes, chunked draws give valid and deterministic intervals,
+every figure's interval holds the figure, and two runs of the same requests
+are paired draw by draw whatever order their records come in."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 import speckv.loadgen.experiments.bootstrap as bootstrap
-from speckv.loadgen.experiments.bootstrap import bootstrap_intervals, counted_percentiles, draw_counts
+from speckv.loadgen.experiments.bootstrap import (
+    bootstrap_draws,
+    bootstrap_intervals,
+    counted_percentiles,
+    draw_counts,
+    paired_intervals,
+    with_paired_intervals,
+)
 from speckv.loadgen.experiments.metrics import RequestRecord, summarize
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
 
@@ -106,3 +116,50 @@ def test_returning_and_first_seen_intervals_need_both_token_maps():
     assert {"returning_ttft_p99_ms", "first_seen_ttft_p99_ms"} <= set(both)
     returning = [r.ttft_ms for i, r in enumerate(records) if i % 2]
     assert both["returning_ttft_p99_ms"][1] <= max(returning)
+
+
+def _shifted(records, delta_ms):
+    return [dataclasses.replace(r, ttft_ms=r.ttft_ms + delta_ms, e2e_ms=r.ttft_ms + delta_ms) for r in records]
+
+
+def test_a_constant_shift_has_a_paired_interval_of_exactly_that_shift_where_the_two_intervals_overlap():
+    records = _spread(200)
+    faster = _shifted(records, -30.0)
+    bursts = frozenset({10})
+    mine, base = bootstrap_intervals(faster, bursts, 1000.0), bootstrap_intervals(records, bursts, 1000.0)
+    assert mine["ttft_p99_ms"][1] > base["ttft_p99_ms"][0]  # the two intervals overlap: a tie by overlap
+    paired = paired_intervals(bootstrap_draws(faster, bursts, 1000.0), bootstrap_draws(records, bursts, 1000.0))
+    for key in ("ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms"):
+        assert paired[key] == pytest.approx((-30.0, -30.0)), key
+    assert paired["slo_attainment"][0] >= 0.0  # faster never loses a request within the target
+
+
+def test_draws_do_not_depend_on_the_order_the_records_come_in():
+    records = _spread(120)
+    shuffled = [records[i] for i in np.random.default_rng(3).permutation(len(records))]
+    a, b = bootstrap_draws(records, frozenset({10}), 1000.0), bootstrap_draws(shuffled, frozenset({10}), 1000.0)
+    assert a.key == b.key
+    for key, values in a.values.items():
+        np.testing.assert_array_equal(values, b.values[key])
+
+
+def test_runs_of_different_requests_are_never_paired():
+    records = _spread(120)
+    other = [dataclasses.replace(r, request_id=r.request_id + "x") for r in records]
+    assert paired_intervals(bootstrap_draws(other, frozenset(), 1000.0),
+                            bootstrap_draws(records, frozenset(), 1000.0)) == {}
+    assert paired_intervals(bootstrap_draws(records[:-1], frozenset(), 1000.0),
+                            bootstrap_draws(records, frozenset(), 1000.0)) == {}
+
+
+def test_each_policy_but_the_baseline_gets_its_paired_intervals():
+    records = _spread(100)
+    runs = {"none": records, "predictive": _shifted(records, 5.0)}
+    replicas = ReplicaLedger().totals()
+    summaries = {name: summarize(rs, frozenset(), 1000.0, replicas, 64, {}) for name, rs in runs.items()}
+    draws = {name: bootstrap_draws(rs, frozenset(), 1000.0) for name, rs in runs.items()}
+    out = with_paired_intervals(summaries, draws)
+    assert out["none"].ci95_vs_none is None
+    assert out["predictive"].ci95_vs_none["ttft_p50_ms"] == pytest.approx((5.0, 5.0))
+    assert out["predictive"].to_json()["ci95_vs_none"]["ttft_p50_ms"] == pytest.approx([5.0, 5.0])
+    assert with_paired_intervals(summaries, {"predictive": draws["predictive"]}) == summaries  # no baseline

@@ -42,10 +42,20 @@ FASTER = _summary(500.0, _ci(450.0, 550.0))
 SLOWER = _summary(2000.0, _ci(1800.0, 2200.0))
 
 
-def test_a_tie_is_an_overlap_of_the_two_intervals():
+def test_without_a_paired_interval_a_tie_is_an_overlap_of_the_two_intervals():
     assert is_tie(OVERLAPPING, BASE, "ttft_p99_ms") is True
     assert is_tie(FASTER, BASE, "ttft_p99_ms") is False
     assert is_tie(_summary(500.0, None), BASE, "ttft_p99_ms") is None
+
+
+def test_a_paired_interval_of_the_difference_decides_the_tie_when_there_is_one():
+    paired_apart = replace(OVERLAPPING, ci95_vs_none={"ttft_p99_ms": (-80.0, -20.0)})
+    assert is_tie(paired_apart, BASE, "ttft_p99_ms") is False  # overlapping intervals, yet a difference
+    assert versus(paired_apart, BASE, "ttft_p99_ms").endswith(", better")
+    paired_holding_zero = replace(FASTER, ci95_vs_none={"ttft_p99_ms": (-600.0, 10.0)})
+    assert is_tie(paired_holding_zero, BASE, "ttft_p99_ms") is True
+    # a figure without a paired interval falls back to the overlap of the two
+    assert is_tie(paired_apart, BASE, "ttft_p50_ms") is True
 
 
 def test_the_verdict_names_the_change_and_whether_it_is_a_tie():

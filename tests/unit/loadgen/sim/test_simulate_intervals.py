@@ -1,7 +1,8 @@
 """`speckv simulate` gives every policy's request statistics a bootstrap
-interval (as the demo and `bench e2e` do), holding the figure, and its
-console says burst p99 against `none`'s with "tie" where the intervals
-overlap."""
+interval (as the demo and `bench e2e` do), holding the figure, every policy
+but `none` the paired interval of its difference from `none`'s, holding
+that difference, and its console says burst p99 against `none`'s with "tie"
+where that interval holds 0."""
 from __future__ import annotations
 
 import json
@@ -28,6 +29,11 @@ def test_simulate_writes_intervals_that_hold_each_figure_and_prints_the_verdict(
                 continue
             low, high = row["ci95"][key]
             assert low <= row[key] <= high, (name, key)
+            if name == "none":
+                assert "ci95_vs_none" not in row
+            elif policies["none"].get(key) is not None:
+                low, high = row["ci95_vs_none"][key]
+                assert low <= row[key] - policies["none"][key] <= high, (name, key)
     printed = capsys.readouterr().out
     rows: dict[str, list[str]] = {}
     for line in printed.splitlines():
