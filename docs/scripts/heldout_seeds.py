@@ -21,7 +21,9 @@ noprefetch (planner.prefetch false), ext (planner.queue_externality true),
 hN (planner.horizon_s N), nowK (planner.nowcast_min_routes K; now0: no
 nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 (retain.displacement "occupancy"), capN (the e2e configuration's
-cluster.retain_max_share N / 100); joined with "+".
+cluster.retain_max_share N / 100), nosig (agent-fanout without announced
+follow-ups: every request's follow_ups 0, in training and serving); joined
+with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
 import collections
@@ -37,6 +39,7 @@ from dataclasses import replace
 import numpy as np
 
 import speckv.loadgen.sim.simulation as simmod
+import speckv.loadgen.workload.fanout as fanout_module
 from speckv.loadgen.experiments.bootstrap import BootstrapDraws, paired_intervals
 from speckv.loadgen.sim import jobs
 from speckv.loadgen.sim.returns import train_returns
@@ -59,7 +62,7 @@ def config_for(variant: str):
             p = replace(p, horizon_s=float(part[1:]))
         elif part.startswith("now"):
             p = replace(p, nowcast_min_routes=int(part[3:]))
-        elif part.startswith("cap") or part in ("lgbm", "base"):
+        elif part.startswith("cap") or part in ("lgbm", "base", "nosig"):
             pass  # capN changes the e2e configuration: e2e_config_for
         else:
             raise ValueError(f"unknown variant {part!r}")
@@ -84,6 +87,8 @@ def run(task):
     policy, _, variant = spec.partition(":")
     cfg = config_for(variant)
     simmod.load_policy_config = lambda *a, **k: cfg
+    # nosig: the generator's follow_ups are never set (a worker runs several tasks: reset it every time)
+    fanout_module.replace = (lambda request, **changes: request) if "nosig" in variant.split("+") else replace
     synthetic = not scenario.endswith(".jsonl")
     start_s, duration_s, nodes = (START_S, DURATION_S, NODES) if synthetic else trace_slice()
     job = jobs.Job(source=scenario, seed=seed, nodes=nodes, policy=policy, start_s=start_s, duration_s=duration_s,

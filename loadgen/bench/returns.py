@@ -210,7 +210,7 @@ class ReplayReturns:
         for r in self.history:
             end = r.arrival_s + self.config.service(r.prompt_tokens, r.output_tokens)
             turns.append(PastTurn(r.family, to_clock(r.arrival_s), to_clock(end) if end < self.slice_start_s else None,
-                                  r.prompt_tokens, r.output_tokens))
+                                  r.prompt_tokens, r.output_tokens, r.follow_ups))
         write_past_turns(warm_path, turns)
         return ["--returns-model", str(self.directory), "--returns-warm", str(warm_path)]
 
@@ -316,7 +316,8 @@ def _replay_tracker(models: Mapping[str, Any], config: ReturnConfig, turns: list
             if kind == 0:
                 tracker.arrival(conversation, time_s, turn.prompt_tokens)
             elif kind == 1:
-                tracker.turn_end(conversation, time_s, turn.arrival_s, turn.prompt_tokens, turn.output_tokens)
+                tracker.turn_end(conversation, time_s, turn.arrival_s, turn.prompt_tokens, turn.output_tokens,
+                                 float(turn.follow_ups))
     scores = {}
     for name, chunks in parts.items():
         p, y, known = (np.concatenate([c[k] for c in chunks]) for k in range(3))

@@ -153,11 +153,12 @@ class TurnEndReporter:
         self._thread = threading.Thread(target=self._run, name="turn-ends", daemon=True)
         self._thread.start()
 
-    def offer(self, conversation: str, arrival_s: float, end_s: float, prompt_tokens: int, output_tokens: int) -> None:
-        """One turn: arrival and end in trace seconds."""
+    def offer(self, conversation: str, arrival_s: float, end_s: float, prompt_tokens: int, output_tokens: int,
+              follow_ups: int = 0) -> None:
+        """One turn: arrival and end in trace seconds; follow_ups as the request announced them."""
         message = predictor_pb2.TurnEnd(conversation=conversation, arrival_s=self._to_clock(arrival_s),
                                         end_s=self._to_clock(end_s), prompt_tokens=max(0, prompt_tokens),
-                                        output_tokens=max(0, output_tokens))
+                                        output_tokens=max(0, output_tokens), follow_ups=max(0, follow_ups))
         with self._lock:
             self._stats.offered += 1
             if self._closed:
@@ -411,7 +412,7 @@ class ReferenceRouter:
                     record.e2e_ms = ((job.finished_s or job.submitted_s) - flight.first_submitted_s) * 1e3
                 if self._turn_ends is not None and event.job.finished_s is not None:
                     self._turn_ends.offer(request.family, request.arrival_s, event.job.finished_s,
-                                          record.prompt_tokens, record.output_tokens)
+                                          record.prompt_tokens, record.output_tokens, request.follow_ups)
                 self._complete(record)
 
     def _book_engine_reuse(self, record: RequestRecord, request: TraceRequest, job: EngineJob) -> None:

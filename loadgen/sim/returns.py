@@ -80,7 +80,7 @@ def warm(tracker: ReturnTracker, history: Sequence[TraceRequest], until_s: float
         if kind == 0:
             tracker.arrival(r.family, t, r.prompt_tokens)
         else:
-            tracker.turn_end(r.family, t, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            tracker.turn_end(r.family, t, r.arrival_s, r.prompt_tokens, r.output_tokens, float(r.follow_ups))
 
 
 CURVE_POINTS = 10  # P(within t) at t = window x k / 10: the retain step's curve (coarse is conservative)

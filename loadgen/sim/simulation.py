@@ -410,7 +410,7 @@ class Simulation:
         record.queue_ms = max(0.0, record.ttft_ms - (job.submitted_s - record.arrival_s) * 1e3 - solo)
         if self._returns is not None:
             self._returns.turn_end(request.family, job.finished_s, record.arrival_s, request.prompt_tokens,
-                                   request.output_tokens)
+                                   request.output_tokens, float(request.follow_ups))
         self._complete(record)
 
     def _complete(self, record: RequestRecord) -> None:

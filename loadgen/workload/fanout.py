@@ -24,6 +24,11 @@ below, so a seed gives one workload):
 - Aggregation: when the last sub-agent's last call is done, the parent
   makes one more request: its own prompt (the same ids) plus one fresh
   block per sub-agent (its condensed result).
+- Announced follow-ups (TraceRequest.follow_ups, what an agent framework
+  knows and a router can report with the turn's end): the parent's is k
+  (its plan names its sub-agents), a sub-agent call that ends in a tool
+  call has 1 (it comes back with the tool's result), every other call 0.
+  Set after the draws: a seed gives the same requests as before it was.
 Every prompt ends in a partial block (1..block_tokens - 1 tokens past its
 last full one, as in synthetic.py); output tokens are uniform in
 shape.output_tokens. Arrivals at or past duration_s are dropped (a task
@@ -66,7 +71,7 @@ applications whose parallel requests share a common prompt prefix).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -171,6 +176,7 @@ def fanout(params: FanoutParams, shape: FamilyShape = FamilyShape()) -> list[Tra
         done = start + call_s()
         last_done = done
         k = uniform_int(p.subagents)
+        calls[0] = replace(calls[0], follow_ups=k)  # the lead's plan names its sub-agents
         for _ in range(k):
             at = done + float(rng.uniform(0.0, p.spread_s))
             chain = parent + build.fresh(build.suffix_blocks())
@@ -178,6 +184,7 @@ def fanout(params: FanoutParams, shape: FamilyShape = FamilyShape()) -> list[Tra
             for _ in range(uniform_int(p.rounds)):
                 at += call_s() + float(rng.lognormal(pause_mu, p.tool_pause_sigma))
                 chain += build.fresh(build.suffix_blocks())
+                calls[-1] = replace(calls[-1], follow_ups=1)  # it ended in a tool call: the agent comes back
                 calls.append(build.request(at, chain, family))
             last_done = max(last_done, at + call_s())
         calls.append(build.request(last_done, parent + build.fresh(k), family))

@@ -86,7 +86,8 @@ class ScaledTrace(Sequence[TraceRequest]):
         r, k = self._base[self._index[i]], int(self._copy[i])
         offset = self._hash_base + k * self._stride
         return TraceRequest(float(self.times[i]), r.prompt_tokens, r.output_tokens,
-                            tuple([h + offset for h in r.block_hashes]), r.block_tokens, copy_family(k, r.family))
+                            tuple([h + offset for h in r.block_hashes]), r.block_tokens, copy_family(k, r.family),
+                            r.follow_ups)
 
     @property
     def base(self) -> list[TraceRequest]:

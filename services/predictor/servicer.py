@@ -70,7 +70,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
 
 def turn_end_from_proto(message: predictor_pb2.TurnEnd) -> TurnEndRecord:
     return TurnEndRecord(message.conversation, message.arrival_s, message.end_s, message.prompt_tokens,
-                         message.output_tokens)
+                         message.output_tokens, message.follow_ups)
 
 
 def turn_end_ack_to_proto(result: TurnEndResult) -> predictor_pb2.TurnEndAck:

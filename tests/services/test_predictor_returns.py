@@ -130,6 +130,7 @@ def test_forecast_returns_after_arrivals_and_turn_ends_likeliest_first(returns_d
     ({"conversation": "x", "arrival_s": NOW - 5, "end_s": math.inf}, "end_s"),
     ({"conversation": "x", "arrival_s": NOW - 5, "end_s": NOW + 400}, "max_clock_skew_s"),
     ({"conversation": "x", "arrival_s": 1.0, "end_s": 2.0}, "max_clock_skew_s"),
+    ({"conversation": "x", "arrival_s": NOW - 5, "end_s": NOW, "follow_ups": 70_000}, "follow_ups"),
 ])
 def test_bad_turn_ends_are_invalid_argument_and_change_nothing(returns_dir, turn_end, message):
     clock = ManualClock(NOW - 1_000.0)

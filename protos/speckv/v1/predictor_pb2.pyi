@@ -192,18 +192,20 @@ class ReloadModelRequest(_message.Message):
     def __init__(self, path: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class TurnEnd(_message.Message):
-    __slots__ = ("conversation", "arrival_s", "end_s", "prompt_tokens", "output_tokens")
+    __slots__ = ("conversation", "arrival_s", "end_s", "prompt_tokens", "output_tokens", "follow_ups")
     CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_S_FIELD_NUMBER: _ClassVar[int]
     END_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_UPS_FIELD_NUMBER: _ClassVar[int]
     conversation: str
     arrival_s: float
     end_s: float
     prompt_tokens: int
     output_tokens: int
-    def __init__(self, conversation: _Optional[str] = ..., arrival_s: _Optional[float] = ..., end_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    follow_ups: int
+    def __init__(self, conversation: _Optional[str] = ..., arrival_s: _Optional[float] = ..., end_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., follow_ups: _Optional[int] = ...) -> None: ...
 
 class TurnEndBatch(_message.Message):
     __slots__ = ("turn_ends",)

@@ -21,7 +21,11 @@ class TraceFormatError(InvalidArgument):
 class TraceRequest:
     """One request. Times in seconds from the trace's start; block_hashes are
     the chained ids of the prompt's blocks (block_tokens tokens each; the last
-    one may be partial), empty when the trace has no prefix information."""
+    one may be partial), empty when the trace has no prefix information.
+    follow_ups: requests its caller announces will follow it with its prompt
+    as their prefix (an agent's sub-agents, a tool call's return), 0 when
+    none is said; the public traces say none, a synthetic agent workload
+    does, and a router reports it with the turn's end (TurnEnd.follow_ups)."""
 
     arrival_s: float
     prompt_tokens: int
@@ -29,6 +33,7 @@ class TraceRequest:
     block_hashes: tuple[int, ...]
     block_tokens: int
     family: str
+    follow_ups: int = 0
 
     @property
     def full_blocks(self) -> int:

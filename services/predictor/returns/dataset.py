@@ -68,7 +68,8 @@ def build_rows(turns: Sequence[TurnRecord], spec: ReturnFeatureSpec,
     """Replays every turn's arrival and end, in time order (an arrival
     before an end at the same time), through one ReturnFeatures and keeps the
     row of each non-overlapped turn end. signal(turn) feeds the signal
-    column (0 without it)."""
+    column; without it, the turn's announced follow_ups do (0 in the public
+    traces), as the served tracker's are fed from TurnEnd.follow_ups."""
     events: list[tuple[float, int, str, int, int]] = []
     for k, turn in enumerate(turns):
         events.append((turn.arrival_s, _ARRIVAL, turn.conversation, turn.turn_index, k))
@@ -82,7 +83,7 @@ def build_rows(turns: Sequence[TurnRecord], spec: ReturnFeatureSpec,
             builder.arrival(conversation, time_s, turn.prompt_tokens)
             continue
         row = builder.turn_end(conversation, time_s, turn.arrival_s, turn.prompt_tokens, turn.output_tokens,
-                               0.0 if signal is None else float(signal(turn)))
+                               float(turn.follow_ups) if signal is None else float(signal(turn)))
         if not turn.overlapped:
             rows[k] = row
     order = sorted(rows, key=lambda k: (turns[k].end_s, turns[k].arrival_s, turns[k].conversation))

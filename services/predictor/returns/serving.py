@@ -36,6 +36,11 @@ manifest says (store.py "recalibration", recalibration.py; absent: off), fed
 by the same arrivals and turn ends, so the served forecasts are the ones
 the bench scores.
 
+Structural signal: a turn end's follow_ups (requests the router says will
+follow with this turn's prompt as their prefix, an agent's sub-agents) is
+the feature builder's signal column, as given (at most MAX_FOLLOW_UPS); the
+model learns what it is worth, no rule acts on it.
+
 Without a model (no --returns-model) there is no tracker: turn ends are
 validated and dropped, arrivals ignored, and forecast() is FailedPrecondition,
 which the scheduler reads as "plan on family bursts alone".
@@ -59,6 +64,7 @@ if TYPE_CHECKING:  # store.py imports LightGBM: a predictor without a return mod
     from speckv.services.predictor.returns.store import PastTurn, SavedReturnModel
 
 _ARRIVAL, _END = 0, 1
+MAX_FOLLOW_UPS = 65_536  # a turn end announcing more is a client bug, not an agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,7 @@ class TurnEndRecord:
     end_s: float
     prompt_tokens: int
     output_tokens: int
+    follow_ups: int = 0  # requests announced to follow with this turn's prompt as prefix: the signal feature
 
 
 @dataclass(slots=True)
@@ -207,7 +214,8 @@ class ReturnsCore:
                     arrival = t.arrival_s
                 else:
                     self._counters.matched_arrivals += 1
-                opened += int(tracker.turn_end(t.conversation, t.end_s, arrival, t.prompt_tokens, t.output_tokens))
+                opened += int(tracker.turn_end(t.conversation, t.end_s, arrival, t.prompt_tokens, t.output_tokens,
+                                               float(t.follow_ups)))
             self._counters.turn_ends += len(turn_ends)
             open_now = len(tracker)
         return TurnEndResult(len(turn_ends), opened, open_now, self.model_version)
@@ -233,7 +241,8 @@ class ReturnsCore:
                 if kind == _ARRIVAL:
                     tracker.arrival(t.conversation, time_s, t.prompt_tokens)
                 else:
-                    tracker.turn_end(t.conversation, time_s, t.arrival_s, t.prompt_tokens, t.output_tokens)
+                    tracker.turn_end(t.conversation, time_s, t.arrival_s, t.prompt_tokens, t.output_tokens,
+                                     float(t.follow_ups))
                     ends += 1
         return ends
 
@@ -294,3 +303,5 @@ class ReturnsCore:
                                       f"{s.max_clock_skew_s:g} s either way")
             if t.prompt_tokens < 0 or t.output_tokens < 0:
                 raise InvalidArgument(f"{where}: token counts must be >= 0")
+            if not 0 <= t.follow_ups <= MAX_FOLLOW_UPS:
+                raise InvalidArgument(f"{where}.follow_ups={t.follow_ups}: must be in [0, {MAX_FOLLOW_UPS}]")

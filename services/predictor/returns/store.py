@@ -179,16 +179,20 @@ class PastTurn:
     end_s: float | None
     prompt_tokens: int
     output_tokens: int
+    follow_ups: int = 0  # requests the caller announced would follow it (TurnEnd.follow_ups)
 
 
 def write_past_turns(path: str | Path, turns: Sequence[PastTurn]) -> Path:
     """One JSON object a line: conversation, arrival_s, end_s (null: not
-    ended), prompt_tokens, output_tokens."""
+    ended), prompt_tokens, output_tokens, and follow_ups where it is not 0."""
     target = Path(path)
     with open(target, "w", encoding="utf-8") as out:
         for t in turns:
-            out.write(json.dumps({"conversation": t.conversation, "arrival_s": t.arrival_s, "end_s": t.end_s,
-                                  "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens}) + "\n")
+            line = {"conversation": t.conversation, "arrival_s": t.arrival_s, "end_s": t.end_s,
+                    "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens}
+            if t.follow_ups:
+                line["follow_ups"] = t.follow_ups
+            out.write(json.dumps(line) + "\n")
     return target
 
 
@@ -204,6 +208,9 @@ def read_past_turns(path: str | Path) -> list[PastTurn]:
         raise InvalidArgument(f"{path}: not valid UTF-8: {exc}") from None
 
 
+_PAST_TURN_KEYS = frozenset({"conversation", "arrival_s", "end_s", "prompt_tokens", "output_tokens"})
+
+
 def _parse_past_turns(lines: Iterator[str], name: str) -> Iterator[PastTurn]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -215,19 +222,18 @@ def _parse_past_turns(lines: Iterator[str], name: str) -> Iterator[PastTurn]:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InvalidArgument(f"{where}: not valid JSON: {exc}") from None
-        if not isinstance(raw, dict) or set(raw) != {"conversation", "arrival_s", "end_s", "prompt_tokens",
-                                                     "output_tokens"}:
+        if not isinstance(raw, dict) or not _PAST_TURN_KEYS <= set(raw) <= {*_PAST_TURN_KEYS, "follow_ups"}:
             raise InvalidArgument(f"{where}: expected an object with exactly conversation, arrival_s, end_s, "
-                                  "prompt_tokens, output_tokens")
+                                  "prompt_tokens, output_tokens (and optionally follow_ups)")
         conversation, arrival, end = raw["conversation"], raw["arrival_s"], raw["end_s"]
-        prompt, output = raw["prompt_tokens"], raw["output_tokens"]
+        prompt, output, follow_ups = raw["prompt_tokens"], raw["output_tokens"], raw.get("follow_ups", 0)
         if not isinstance(conversation, str) or not conversation:
             raise InvalidArgument(f"{where}: conversation must be a non-empty string")
         if not (_is_number(arrival) and arrival >= 0) or not (end is None or (_is_number(end) and end >= arrival)):
             raise InvalidArgument(f"{where}: arrival_s must be finite and >= 0, end_s null or >= arrival_s")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (prompt, output)):
-            raise InvalidArgument(f"{where}: token counts must be integers >= 0")
-        yield PastTurn(conversation, float(arrival), None if end is None else float(end), prompt, output)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (prompt, output, follow_ups)):
+            raise InvalidArgument(f"{where}: token counts and follow_ups must be integers >= 0")
+        yield PastTurn(conversation, float(arrival), None if end is None else float(end), prompt, output, follow_ups)
 
 
 # --- validation helpers -----------------------------------------------------------------

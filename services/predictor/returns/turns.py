@@ -78,6 +78,7 @@ class TurnRecord:
     prompt_tokens: int
     output_tokens: int
     next_arrival_s: float | None
+    follow_ups: int = 0  # the request's announced follow-ups (TraceRequest.follow_ups): the signal feature
 
     @property
     def return_delay_s(self) -> float:
@@ -109,6 +110,6 @@ def build_turns(requests: Sequence[TraceRequest], service_s: ServiceFn = DEFAULT
                                  "must be finite and >= 0")
             following = chain[index + 1].arrival_s if index + 1 < len(chain) else None
             turns.append(TurnRecord(conversation, index, request.arrival_s, request.arrival_s + service,
-                                    request.prompt_tokens, request.output_tokens, following))
+                                    request.prompt_tokens, request.output_tokens, following, request.follow_ups))
     turns.sort(key=lambda t: (t.end_s, t.arrival_s, t.conversation, t.turn_index))
     return turns

@@ -246,3 +246,16 @@ def test_the_agent_fanout_scenario_loads_and_its_requests_are_sorted():
                  "tool_pause_median_s", "tool_pause_sigma", "seed", "duration_s"):
         assert described[name] == getattr(scenario.params, name)
     assert described["families"]["prefix_blocks"] == scenario.shape.prefix_blocks
+
+
+def test_announced_follow_ups_name_the_sub_agents_and_the_tool_calls(whole_tasks):
+    for task in whole_tasks:
+        assert task.parent.follow_ups == len(task.lineages)  # the plan names its sub-agents
+        for lineage in task.lineages:
+            # every call but a sub-agent's last ended in a tool call: it comes back
+            assert [c.follow_ups for c in lineage] == [1] * (len(lineage) - 1) + [0]
+        assert task.aggregation is not None and task.aggregation.follow_ups == 0
+
+
+def test_the_public_trace_records_announce_nothing():
+    assert TraceRequest(0.0, 10, 1, (1,), 16, "f").follow_ups == 0
