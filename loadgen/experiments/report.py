@@ -599,7 +599,9 @@ def _verdict_line(row: PolicySummary, baseline: PolicySummary, verdict: bool = T
     mine, base = figure_of(row, VERDICT_FIGURE), figure_of(baseline, VERDICT_FIGURE)
     if not isinstance(mine, (int, float)) or not isinstance(base, (int, float)):
         return "no burst request served"
-    return f"{base:.0f} -> {mine:.0f} ms ({versus(row, baseline, verdict=verdict)})"
+    paired = (row.ci95_vs_none or {}).get(VERDICT_FIGURE)
+    difference = "" if paired is None else f"; {mine - base:+.0f} ms, 95 % [{paired[0]:+.0f}, {paired[1]:+.0f}]"
+    return f"{base:.0f} -> {mine:.0f} ms ({versus(row, baseline, verdict=verdict)}{difference})"
 
 
 def _markdown_html(table: str) -> str:

@@ -130,7 +130,8 @@ def test_time_lines_skip_families_where_nothing_happens_over_time():
 
 
 def test_the_plain_report_calls_a_simulated_burst_p99_but_only_shows_a_live_one(tmp_path):
-    policies = {"none": BASE, "predictive": FASTER, "oracle": OVERLAPPING}
+    paired = replace(FASTER, ci95_vs_none={"burst_ttft_p99_ms": (-560.0, -440.0)})
+    policies = {"none": BASE, "predictive": paired, "oracle": OVERLAPPING}
     simulated = Comparison(trace="synthetic:x", slice=SliceSpec(10.0, 30.0, 2.0), ttft_target_ms=2000.0,
                            byte_scale_factor=1, nodes=4, engine_profile="p", link_gbps=25.0,
                            real_bytes_per_block=64, burst_seconds_in_trace=1, policies=policies, floor=None, notes=[])
@@ -138,6 +139,8 @@ def test_the_plain_report_calls_a_simulated_burst_p99_but_only_shows_a_live_one(
     ttfts = {p: [100.0, 200.0] for p in policies}
     text = write_report(tmp_path / "sim", simulated, ttfts, timelines, [(10.5, "f")]).read_text()
     assert "Burst p99 against none" in text and "-50%, better" in text and ", tie)" in text
-    live = replace(simulated, live=LiveSetup("emulated", 64, "conversation", "m"))
+    assert "-500 ms, 95 % [-560, -440]" in text  # the paired interval of the difference, where there is one
+    live = replace(simulated, live=LiveSetup("emulated", 64, "conversation", "m"),
+                   policies={**policies, "predictive": FASTER})  # a live run is never paired
     text = write_report(tmp_path / "live", live, ttfts, timelines, [(10.5, "f")]).read_text()
     assert "(-50%)" in text and "better" not in text.split("<h2>JSON")[0]
