@@ -22,7 +22,8 @@ hN (planner.horizon_s N), nowK (planner.nowcast_min_routes K; now0: no
 nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 (retain.displacement "occupancy"), capN (the e2e configuration's
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
-follow-ups: every request's follow_ups 0, in training and serving); joined
+follow-ups: every request's follow_ups 0, in training and serving), surgeF
+(planner.surge_replan_factor F); joined
 with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
@@ -56,6 +57,8 @@ def config_for(variant: str):
             p = replace(p, prefetch=False)
         elif part == "ext":
             p = replace(p, queue_externality=True)
+        elif part.startswith("surge"):
+            p = replace(p, surge_replan_factor=float(part[5:]))
         elif part == "occ":
             r = replace(r, displacement="occupancy")
         elif part.startswith("h"):

@@ -73,6 +73,7 @@ class PlannerSettings:
     failure_rate_per_node_hour: float  # unexpected failures per node (one engine) per hour; redundancy's P(fail)
     redundancy_min_saving_ms: float  # a redundant copy must be expected to save at least this much TTFT (ms)
     nowcast_min_routes: int  # predictive: families routed this often in families.recent_window_s get a nowcast (0: off)
+    surge_replan_factor: float  # predictive: plan at once when a surge grew this much since the last plan (0: off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,9 @@ class PolicyConfig:
             raise InvalidArgument(f"router.join_ramp_s={self.router.join_ramp_s} must be >= 0")
         if self.planner.plan_every_s < 0:
             raise InvalidArgument(f"planner.plan_every_s={self.planner.plan_every_s} must be >= 0")
+        factor = self.planner.surge_replan_factor
+        if not (math.isfinite(factor) and (factor == 0 or factor > 1)):
+            raise InvalidArgument(f"planner.surge_replan_factor={factor} must be 0 (off) or > 1")
         if self.planner.min_net_ms < 0:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
         rate = self.planner.failure_rate_per_node_hour

@@ -18,17 +18,16 @@ gets none: its forecasts are the future itself. Pure.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+from speckv.services.common.ids import Family
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
-from speckv.services.scheduler.policies.base import FamilyReader
 
 
-def nowcast_forecasts(families: FamilyReader, now: float, horizon_s: float, window_s: float,
-                      min_routes: int) -> list[Forecast]:
-    """One BURST forecast per family routed at least min_routes times in the
-    window_s (s) ending at now, for horizon_s (s); none when min_routes <= 0."""
-    if min_routes <= 0:
-        return []
+def nowcast_forecasts(surging: Sequence[tuple[str, int]], horizon_s: float, window_s: float) -> list[Forecast]:
+    """One BURST forecast per (family, routes in the window_s (s) ending now)
+    of FamilyReader.surging, for horizon_s (s)."""
     rate_per_s = 1.0 / window_s
-    return [Forecast(family, horizon_s, n * rate_per_s * horizon_s, n * rate_per_s * horizon_s, 1.0,
+    return [Forecast(Family(family), horizon_s, n * rate_per_s * horizon_s, n * rate_per_s * horizon_s, 1.0,
                      ForecastKind.BURST)
-            for family, n in families.surging(now, min_routes)]
+            for family, n in surging]

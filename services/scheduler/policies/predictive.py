@@ -13,7 +13,12 @@ those with a positive net under the per-link and per-node budgets
 (`budgets.*`), each with a lease of `leases.replica_lease_ms`. Orders still
 unstarted for families no longer forecast are cancelled. It plans at most
 every `planner.plan_every_s` (forecasts are not fresher than that; the
-scheduler's other ticks leave its orders be). If the source is
+scheduler's other ticks leave its orders be), and between those, with
+`planner.surge_replan_factor` f > 0, at the first tick where a surging
+family's routes in the recent window reached f times what they were at the
+last plan (0 if it was not surging): the forecasts fetched then, with the
+nowcast of now, so a burst that grows within a second is priced within a
+tick, not a second later (docs/planner.md, the agent-cascades trace). If the source is
 unavailable (returns nothing), the tick plans on the nowcast alone (the
 bursts the scheduler itself sees) and cancels the policy's unstarted orders
 for every other family: no forecast, no speculation beyond what is arriving. Thresholds: the
@@ -43,6 +48,8 @@ class PlanningPolicy:
         self._every_s = context.config.planner.plan_every_s
         self._nowcast_window_s = context.config.families.recent_window_s
         self._nowcast_min_routes = context.config.planner.nowcast_min_routes if self.nowcast else 0
+        self._surge_factor = context.config.planner.surge_replan_factor if self.nowcast else 0.0
+        self._surging_at_plan: dict[str, int] = {}  # family -> its routes in the recent window at the last plan
         self._planned_at: float | None = None
         self._fresh = False  # prepare() fetched forecasts that plan() has not used yet
         self._forecasts: list[Forecast] = []
@@ -53,17 +60,27 @@ class PlanningPolicy:
             self._fresh = True
 
     def plan(self, now: float, view: ClusterView) -> Plan:
-        """Plans only on forecasts its own prepare() just fetched (the two
-        read the clock apart: deciding twice could plan on stale ones)."""
-        if not self._fresh:
+        """Plans on forecasts its own prepare() just fetched (the two read
+        the clock apart: deciding twice could plan on stale ones), or, when
+        a surge grew (module docstring), on the last ones with today's
+        nowcast; otherwise not at all."""
+        looks = self._nowcast_min_routes > 0 and view.families is not None and (self._fresh or self._surge_factor > 0)
+        surging = view.families.surging(now, self._nowcast_min_routes) if looks else []
+        if not self._fresh and not self._surge_grew(surging):
             return Plan()
+        if self._fresh:
+            self._planned_at = now  # a surge's extra plan leaves the regular cadence as it was
         self._fresh = False
-        self._planned_at = now
+        self._surging_at_plan = dict(surging)
         forecasts = self._forecasts
-        if self._nowcast_min_routes > 0 and view.families is not None:
-            forecasts = forecasts + nowcast_forecasts(view.families, now, self._horizon_s, self._nowcast_window_s,
-                                                      self._nowcast_min_routes)
+        if surging:
+            forecasts = forecasts + nowcast_forecasts(surging, self._horizon_s, self._nowcast_window_s)
         return self._planner.plan(now, view, forecasts, self.name)
+
+    def _surge_grew(self, surging: list[tuple[str, int]]) -> bool:
+        if self._surge_factor <= 0 or self._planned_at is None:
+            return False
+        return any(n >= self._surge_factor * self._surging_at_plan.get(family, 0) for family, n in surging)
 
 
 class PredictivePolicy(PlanningPolicy):

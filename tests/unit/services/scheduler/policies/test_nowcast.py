@@ -1,12 +1,15 @@
 """The nowcast: the burst a family is in, priced as demand by `predictive`
 (policies/nowcast.py), from the family catalog's short window of routes."""
+import dataclasses
+
 import pytest
 
+from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.forecasts import ForecastKind, TraceFutureArrivals
 from speckv.services.scheduler.policies.nowcast import nowcast_forecasts
-from speckv.services.scheduler.policy_config import FamilySettings
+from speckv.services.scheduler.policy_config import FamilySettings, load_policy_config
 from tests.support.scheduler_scenarios import (
     CHAIN,
     FAMILY,
@@ -43,11 +46,10 @@ def test_surging_counts_routes_within_the_recent_window_only():
     (3, 5.0, {A: 15.0}),
     (2, 2.0, {A: 6.0, B: 4.0}),
     (4, 2.0, {}),
-    (0, 2.0, {}),  # off
 ])
 def test_nowcast_is_the_recent_rate_over_the_horizon(min_routes, horizon_s, expected):
     catalog = catalog_with([(0.0, A), (0.3, A), (0.6, A), (0.9, A), (0.95, B), (0.99, B)])
-    forecasts = nowcast_forecasts(catalog, 1.0, horizon_s, 1.0, min_routes)
+    forecasts = nowcast_forecasts(catalog.surging(1.0, min_routes), horizon_s, 1.0)
     assert {f.family: f.expected_count for f in forecasts} == pytest.approx(expected)
     assert all(f.kind is ForecastKind.BURST and f.horizon_s == horizon_s
                and f.upper_quantile == f.expected_count for f in forecasts)
@@ -86,3 +88,39 @@ def test_routes_of_requests_that_arrived_long_ago_are_no_burst():
     catalog.observe(B, [1, 2], 32, N, 100.6, arrival_s=100.2)  # arrived 0.4 s ago: recent
     assert catalog.surging(100.6, 1) == [(B, 1)]
     assert catalog.heat(A, 100.6) == 50  # still heat: the heat window counts routes
+
+
+def _surge_growing(factor: float):
+    """A regular plan sees 3 routes of the family (the holder serves them: no
+    order), then 197 more arrive before the next regular plan (100 s away)."""
+    forecasts = ScriptedForecasts()
+    core, _ = make_core(4, "predictive", forecasts,
+                        planner={"horizon_s": 1.0, "plan_every_s": 100.0, "surge_replan_factor": factor})
+    store(core, "n0", CHAIN)
+    heartbeat_all(core, 4)
+    route_family(core, 3)
+    assert core.tick() == []  # the regular plan: three hits fit on the holder
+    route_family(core, 197)
+    return core, forecasts
+
+
+def test_a_surge_that_grew_past_the_factor_is_planned_at_the_next_tick_on_the_forecasts_in_hand():
+    core, forecasts = _surge_growing(2.0)
+    calls = forecasts.calls
+    orders = core.tick()
+    assert orders and {o.spec.family for o in orders} == {FAMILY}
+    assert forecasts.calls == calls  # no new fetch: the last forecasts, with the nowcast of now
+    assert core.tick() == []  # planned at 200 routes: no growth since
+
+
+def test_without_the_factor_a_grown_surge_waits_for_the_regular_plan():
+    core, _ = _surge_growing(0.0)
+    assert core.tick() == []
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.0, -2.0, float("nan")])
+def test_a_replan_factor_that_is_not_off_or_above_one_is_refused(factor):
+    config = load_policy_config()
+    bad = dataclasses.replace(config, planner=dataclasses.replace(config.planner, surge_replan_factor=factor))
+    with pytest.raises(InvalidArgument, match="surge_replan_factor"):
+        bad.validate()
