@@ -14,6 +14,7 @@ import sys
 import numpy as np
 from synthetic_slice import synthetic_slice
 
+from speckv.loadgen.experiments.bootstrap import bootstrap_draws, paired_intervals
 from speckv.loadgen.experiments.metrics import burst_seconds
 
 scenario, nodes, start, duration, seed = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), \
@@ -32,12 +33,14 @@ def parts(r):
 a, b = chosen.run(first), chosen.run(second)
 ids = sorted(k for k in set(a) & set(b) if math.floor(b[k].arrival_s) in bursts)
 ta, tb = np.array([a[k].ttft_ms for k in ids]), np.array([b[k].ttft_ms for k in ids])
-draws = np.random.default_rng(0).integers(0, len(ids), size=(2000, len(ids)))
-diff = np.percentile(tb[draws], 99, axis=1) - np.percentile(ta[draws], 99, axis=1)
-low, high = np.percentile(diff, [2.5, 97.5])
+target_ms = chosen.config.ttft_target_ms
+paired = paired_intervals(bootstrap_draws(list(b.values()), bursts, target_ms),
+                          bootstrap_draws(list(a.values()), bursts, target_ms)).get("burst_ttft_p99_ms")
+interval = "not paired (the two runs served different requests)" if paired is None else \
+    f"paired bootstrap 95 % [{paired[0]:+.0f}, {paired[1]:+.0f}]"
 print(f"{len(ids)} burst requests; burst p99 {first} {np.percentile(ta, 99):.0f}, {second} "
       f"{np.percentile(tb, 99):.0f} ms; {second} - {first}: {np.percentile(tb, 99) - np.percentile(ta, 99):+.0f} ms, "
-      f"paired bootstrap 95 % [{low:+.0f}, {high:+.0f}]")
+      f"{interval}")
 for q in (50, 90, 95, 98, 99, 99.5):
     print(f"  p{q}: {np.percentile(ta, q):.0f} / {np.percentile(tb, q):.0f}")
 delta = tb - ta
