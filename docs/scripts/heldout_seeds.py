@@ -29,6 +29,7 @@ Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
 import collections
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -119,8 +120,10 @@ def trace_slice() -> tuple[float, float, int]:
     return float(start), float(duration), int(nodes)
 
 
+@functools.lru_cache(maxsize=2)
 def trace_returns(path: str, start_s: float):
-    """The return model on the trace before the slice, as `speckv simulate` trains it."""
+    """The return model on the trace before the slice, as `speckv simulate`
+    trains it; once per worker process, not once per task."""
     config = jobs.cell_config(None, ())
     base, _ = jobs.build_workload(jobs.Job(source=path, seed=0, nodes=config.nodes, policy="none", start_s=start_s,
                                            duration_s=None, predictor="builtin", speed=1.0, config_path=None,

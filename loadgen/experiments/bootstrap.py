@@ -91,13 +91,9 @@ def paired_intervals(draws: BootstrapDraws, baseline: BootstrapDraws,
     two were not drawn from the same requests (their keys differ)."""
     if draws.key != baseline.key:
         return {}
-    out: dict[str, tuple[float, float]] = {}
-    for name, values in draws.values.items():
-        base = baseline.values.get(name)
-        interval = None if base is None or base.shape != values.shape else _central(values - base, confidence)
-        if interval is not None:
-            out[name] = interval
-    return out
+    differences = {name: values - baseline.values[name] for name, values in draws.values.items()
+                   if name in baseline.values}  # equal keys: as many draws each
+    return intervals_of(BootstrapDraws(draws.key, differences), confidence)
 
 
 def with_paired_intervals(summaries: Mapping[str, PolicySummary], draws: Mapping[str, BootstrapDraws],

@@ -64,8 +64,8 @@ class PlanningPolicy:
         the clock apart: deciding twice could plan on stale ones), or, when
         a surge grew (module docstring), on the last ones with today's
         nowcast; otherwise not at all."""
-        looks = self._nowcast_min_routes > 0 and view.families is not None and (self._fresh or self._surge_factor > 0)
-        surging = view.families.surging(now, self._nowcast_min_routes) if looks else []
+        watch = self._nowcast_min_routes > 0 and view.families is not None and (self._fresh or self._surge_factor > 0)
+        surging = view.families.surging(now, self._nowcast_min_routes) if watch else []
         if not self._fresh and not self._surge_grew(surging):
             return Plan()
         if self._fresh:
