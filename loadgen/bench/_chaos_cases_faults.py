@@ -26,11 +26,16 @@ COME_BACK_S = 40.0  # a restarted or healed service is serving and alive again w
 @dataclass(slots=True)
 class Traffic:
     """Route calls in a loop on a thread, as a router would send them:
-    records when each was answered, with what and where."""
+    records when each was sent and answered, and where it went.
+
+    Judge a route by its send time: a Route the server decided just before
+    it marked a node down can reach the client after a concurrent ListNodes
+    that already saw the node down, so only routes sent after the client
+    saw the mark are owed a different node."""
 
     cluster: object
     retries: bool = False  # the reference router retries UNAVAILABLE until its request's deadline
-    answered: list[tuple[float, str]] = field(default_factory=list)  # (time, node id)
+    answered: list[tuple[float, float, str]] = field(default_factory=list)  # (sent, answered, node id); monotonic s
     codes: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -67,8 +72,9 @@ class Traffic:
             time.sleep(0.01)
 
     def _route(self, request: scheduler_pb2.RouteRequest) -> None:
+        sent_at = time.monotonic()
         reply = self.cluster.scheduler().Route(request, timeout=2.0)  # type: ignore[attr-defined]
-        self.answered.append((time.monotonic(), reply.node_id))
+        self.answered.append((sent_at, time.monotonic(), reply.node_id))
 
 
 def run(ctx: "Context") -> None:
@@ -212,7 +218,8 @@ def _partition(ctx: "Context") -> None:
         back = wait_until(lambda: _alive(ctx, node), COME_BACK_S)
         indexed = wait_until(lambda: nodes(sched)[node].num_blocks >= 1, COME_BACK_S)
         traffic.stop()
-        to_cut = sum(1 for t, n in traffic.answered if down_at <= t < heal_at and n == node)
+        # sent after the client saw it down and answered before the heal: decided while it was down
+        to_cut = sum(1 for sent, done, n in traffic.answered if down_at <= sent and done < heal_at and n == node)
         ok = down and back and indexed and to_cut == 0 and traffic.faults() == 0 and submit.ok
         return Verdict(ok, f"{cluster.partition.mechanism}; marked down {down_at - cut_at:.1f} s after the cut: "
                            f"{down}; SubmitOrder to it: {submit.observed}; routes to it while down: {to_cut}; "
@@ -237,7 +244,7 @@ def _kill_kvstore(ctx: "Context") -> None:
         down_at = time.monotonic()
         time.sleep(1.0)
         traffic.stop()
-        after = [n for t, n in traffic.answered if t > down_at]
+        after = [n for sent, _, n in traffic.answered if sent > down_at]
         ok = status == -9 and down and victim not in after and traffic.faults() == 0 and after
         return Verdict(bool(ok), f"exit {status}; marked down {down_at - killed_at:.1f} s after: {down}; "
                                  f"routes after: {len(after)}, to it: {after.count(victim)}; codes {traffic.codes}")
