@@ -65,6 +65,7 @@ class PlannerSettings:
     candidates_per_family: int  # least-loaded non-holders priced as spill options and replica targets
     min_benefit_ms: float  # a node whose prefix saves less per request is not a holder
     min_net_ms: float  # an action is admitted only when its net saving exceeds this (ms)
+    copy_ms_per_gib: float  # a copy's net is charged this many ms of TTFT per GiB it sends over the network
     replicate: bool  # price replicas at all (off: prefetch and retain only; the simulator's ablation)
     replicate_to_device: bool  # also price replicas into a target's device tier (host tier always)
     prefetch: bool  # price host -> device promotions at holders ahead of forecast requests
@@ -141,6 +142,9 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.surge_replan_factor={factor} must be 0 (off) or > 1")
         if self.planner.min_net_ms < 0:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
+        price = self.planner.copy_ms_per_gib
+        if not (math.isfinite(price) and price >= 0):
+            raise InvalidArgument(f"planner.copy_ms_per_gib={price} must be finite and >= 0")
         rate = self.planner.failure_rate_per_node_hour
         if not (math.isfinite(rate) and rate >= 0):
             raise InvalidArgument(f"planner.failure_rate_per_node_hour={rate} must be finite and >= 0")

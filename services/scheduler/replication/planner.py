@@ -36,7 +36,9 @@ queueing depends on, else its larger figure; at most
    its demotions push out of a full host tier, at their recompute) minus the delay its transfer adds to
    pulls on its links, and, with `queue_externality`, minus the queueing
    the work it moves onto a node adds to the others routed there
-   (value.queue_externality_ms; off in the committed configuration). Nothing is capped at the TTFT target: fanning out
+   (value.queue_externality_ms; off in the committed configuration), and,
+   for a copy, `copy_ms_per_gib` for each GiB it sends over the network
+   (the price of speculative bytes, policies.json says why). Nothing is capped at the TTFT target: fanning out
    is worth what the queueing it avoids is worth. A redundant copy's
    saving is another term (redundancy.py): P(the sole holder fails within
    the demand horizon, at `failure_rate_per_node_hour`) x the TTFT the copy
@@ -278,12 +280,17 @@ class _Tick:
             saving = failover_saving_ms(fam.options, self.current(c), fam.source, fam.demand, p_fail)
             if saving < self.cfg.planner.redundancy_min_saving_ms:
                 saving = 0.0  # no evidence it pays: refused whatever its price (a free copy costs 0)
-            return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam))
+            return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam),
+                               bytes_ms=self._bytes_ms(c))
         with_ms, work = walk(fam.options + [self.current(c)], fam.demand)
         saving = self.baseline[c.family_index] - with_ms
         queue = (queue_externality_ms(self.base_work[c.family_index], work, self.route_rates)
                  if self.route_rates else 0.0)
-        return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam), queue)
+        return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam), queue, self._bytes_ms(c))
+
+    def _bytes_ms(self, c: ActionCandidate) -> float:
+        """The price of the bytes c sends over the network (ms; 0 for a prefetch)."""
+        return self.cfg.planner.copy_ms_per_gib * _network_bytes(c) / 2**30
 
     def _eviction_ms(self, c: ActionCandidate, fam: FamilyState) -> float:
         """What the blocks c pushes out of its tier (and, from a device tier,

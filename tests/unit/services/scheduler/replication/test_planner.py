@@ -1,13 +1,16 @@
 """The planner through the `predictive` policy on scripted forecasts, and the
 order lifecycle around it (leases, retries, commits seen in KV events)."""
+import dataclasses
+
 import pytest
 
-from speckv.services.common.errors import FailedPrecondition
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
 from tests.support.scheduler_scenarios import (
     CHAIN,
@@ -220,11 +223,12 @@ def busy_n0_and_idle_others(core):
     core.heartbeat("n0", NodeLoad(free_pages=16_384, queued_prefill_ms=3_000.0))
 
 
-def _one_request_behind_a_swamped_holder(p_reuse: float, fill_targets: bool):
+def _one_request_behind_a_swamped_holder(p_reuse: float, fill_targets: bool, **planner):
     """n0 holds the 128-block chain with 3 s of queue; one request of the
     family is forecast within 2 s (priced at 1 s); targets hold 512 pages."""
     forecasts = ScriptedForecasts()
-    core, clock = make_core(4, "predictive", forecasts, capacity=512, planner={"horizon_s": 2.0, "plan_every_s": 0.0},
+    core, clock = make_core(4, "predictive", forecasts, capacity=512,
+                            planner={"horizon_s": 2.0, "plan_every_s": 0.0, **planner},
                             reuse={"prior_p": p_reuse, "prior_weight": 1e6})
     store(core, "n0", CHAIN)
     route_family(core, 2)
@@ -259,6 +263,40 @@ def test_a_replica_whose_evictions_cost_more_than_it_saves_is_refused(p_reuse, f
         assert orders[0].spec.expected_benefit_ms == pytest.approx(saving)
 
 
+CHAIN_GIB = len(CHAIN) * 2 * 2**20 / 2**30  # llama-3-8b: 2 MiB a 16-token block; 0.25 GiB
+
+
+@pytest.mark.parametrize("ms_per_gib, admitted", [
+    (0.0, True),
+    (280.0, True),  # 70 ms for its 0.25 GiB: 4.1 ms of net left
+    (300.0, False),  # 75 ms: more than the 74.1 ms it saves
+])
+def test_a_copy_pays_for_the_bytes_it_sends(ms_per_gib, admitted):
+    """The replica of the eviction test above (empty targets) saves 74.1 ms
+    and sends the 128-block chain, 0.25 GiB, over the network; at
+    copy_ms_per_gib its net is that saving less 0.25 x the price."""
+    core = _one_request_behind_a_swamped_holder(1.0, False, copy_ms_per_gib=ms_per_gib)
+    profile = core.context.profile
+    saving = profile.prefill_ms(2067, 0) - profile.prefill_ms(19, 2048)
+    orders = core.tick()
+    assert bool(orders) is admitted
+    if admitted:
+        assert orders[0].spec.expected_benefit_ms == pytest.approx(saving - ms_per_gib * CHAIN_GIB)
+
+
+def test_a_prefetch_sends_nothing_over_the_network_and_pays_no_byte_price():
+    core = _host_only_holder(device_full=False, copy_ms_per_gib=1e6)
+    assert [o.spec.action for o in core.tick()] == [ActionKind.PREFETCH]
+
+
+@pytest.mark.parametrize("price", [-1.0, float("nan"), float("inf")])
+def test_a_byte_price_must_be_finite_and_not_negative(price):
+    config = load_policy_config()
+    bad = dataclasses.replace(config, planner=dataclasses.replace(config.planner, copy_ms_per_gib=price))
+    with pytest.raises(InvalidArgument, match="copy_ms_per_gib"):
+        bad.validate()
+
+
 def test_no_ttft_target_caps_a_fan_out():
     """A burst that queues the holder far past the 2 s TTFT target is still
     spread: the planner prices the queueing it avoids, however long."""
@@ -272,11 +310,11 @@ def test_no_ttft_target_caps_a_fan_out():
     assert sum(o.spec.expected_benefit_ms for o in orders) > 100 * 74.0  # every request saves a recompute or more
 
 
-def _host_only_holder(device_full: bool):
+def _host_only_holder(device_full: bool, **planner):
     """One node (no peer to copy to) holding the chain in its host tier only."""
     forecasts = ScriptedForecasts()
     core, clock = make_core(1, "predictive", forecasts, capacity=512, host_pages=1024,
-                            planner={"horizon_s": 2.0}, reuse={"prior_p": 1.0, "prior_weight": 1e6})
+                            planner={"horizon_s": 2.0, **planner}, reuse={"prior_p": 1.0, "prior_weight": 1e6})
     assert core.apply_kv_event(NodeId("n0"), core.generation("n0"),
                                IndexEvent(HolderEventKind.STORED, CHAIN, False, FAMILY, tier=Tier.HOST))
     route_family(core, 2)
