@@ -23,7 +23,7 @@ nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 (retain.displacement "occupancy"), capN (the e2e configuration's
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
 follow-ups: every request's follow_ups 0, in training and serving), surgeF
-(planner.surge_replan_factor F); joined
+(planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P); joined
 with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
@@ -58,6 +58,8 @@ def config_for(variant: str):
             p = replace(p, prefetch=False)
         elif part == "ext":
             p = replace(p, queue_externality=True)
+        elif part.startswith("price"):
+            p = replace(p, copy_ms_per_gib=float(part[5:]))
         elif part.startswith("surge"):
             p = replace(p, surge_replan_factor=float(part[5:]))
         elif part == "occ":
@@ -109,7 +111,8 @@ def run(task):
     result = jobs.run_job(job)
     summary = dataclasses.asdict(result.summary)
     figures = {k: v for k, v in summary.items() if isinstance(v, (int, float, type(None)))}
-    actions = {k: v.get("orders") for k, v in (summary.get("actions") or {}).items()}
+    actions = {k: {f: v.get(f) for f in ("orders", "bytes", "bytes_used_in_time_share")}
+               for k, v in (summary.get("actions") or {}).items()}
     draws = {"key": result.draws.key, **{k: v.tolist() for k, v in result.draws.values.items()}}
     return dict(scenario=scenario, seed=seed, policy=spec, wall_s=round(time.time() - started, 1),
                 actions=actions, draws=draws, **figures)
