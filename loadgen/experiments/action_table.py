@@ -3,7 +3,9 @@
 One row per (policy, action kind) that issued orders: how many, their bytes
 (network bytes of replicas; promoted bytes of prefetches), what they came to
 (services/scheduler/replication/outcomes.py: used in time, used late, never
-used, cancelled, failed), the share of bytes read in time, and the TTFT the
+used, cancelled, failed), the share of bytes read in time, the share read
+after the lease by a later request on the order's node (what it placed
+outlives its lease until evicted; outcomes.py), and the TTFT the
 planner expected them to save, in all and for those used in time. Expected,
 not measured: the measured effect of a policy is its rows in the main table
 against `none`'s.
@@ -20,17 +22,19 @@ OUTCOMES = ("used_in_time", "used_late", "never_used", "cancelled", "failed")
 def action_table(policies: Mapping[str, PolicySummary]) -> str:
     """Markdown; empty when no policy issued an order."""
     lines = ["| policy | action | orders | GiB | " + " | ".join(o.replace("_", " ") for o in OUTCOMES)
-             + " | bytes read in time | expected s | expected s (used in time) |",
-             "|---|---|" + "---:|" * (len(OUTCOMES) + 5)]
+             + " | bytes read in time | bytes read after lease | expected s | expected s (used in time) |",
+             "|---|---|" + "---:|" * (len(OUTCOMES) + 6)]
     rows = 0
     for name, summary in policies.items():
         for kind, stats in sorted((summary.actions or {}).items()):
             outcomes = stats["outcomes"]
             expected = stats["expected_ms_by_outcome"]
             share = stats["bytes_used_in_time_share"]
+            decided = sum(stats["bytes_by_outcome"].values())
+            after = f"{stats.get('bytes_read_after_lease', 0) / decided:.3f}" if decided else "-"
             lines.append(f"| {name} | {kind} | {stats['orders']} | {stats['bytes'] / 2**30:.2f} | "
                          + " | ".join(str(outcomes[o]) for o in OUTCOMES)
-                         + f" | {'-' if share is None else f'{share:.3f}'} | {stats['expected_ms'] / 1e3:.1f} | "
-                         f"{expected['used_in_time'] / 1e3:.1f} |")
+                         + f" | {'-' if share is None else f'{share:.3f}'} | {after} | "
+                         f"{stats['expected_ms'] / 1e3:.1f} | {expected['used_in_time'] / 1e3:.1f} |")
             rows += 1
     return "\n".join(lines) if rows else ""

@@ -182,6 +182,8 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         "speckv.scheduler.replica_bytes": lambda: replica_bytes(core.cluster_state().replicas),
         "speckv.scheduler.action.orders": lambda: action_orders(core.action_outcomes()),
         "speckv.scheduler.action.bytes": lambda: action_bytes(core.action_outcomes()),
+        "speckv.scheduler.action.bytes_read_after_lease": lambda: action_bytes_read_after_lease(
+            core.action_outcomes()),
         "speckv.scheduler.arrivals_dropped": lambda: [] if reporter is None else [
             (float(reporter.stats().dropped_full), {"reason": "queue_full"}),
             (float(reporter.stats().dropped_send), {"reason": "predictor_down"})],
@@ -221,6 +223,13 @@ def action_bytes(stats: Mapping[tuple[str, ActionKind], ActionStats]) -> Observa
     """The same split of the orders' bytes (outcomes.py says which bytes an
     order counts and when); `pending`: counted, not yet decided."""
     return _by_outcome(stats, lambda s: s.bytes, lambda s: s.bytes_by_outcome)
+
+
+def action_bytes_read_after_lease(stats: Mapping[tuple[str, ActionKind], ActionStats]) -> Observations:
+    """Bytes of orders used late or never used that a later request found on
+    their node after their lease (outcomes.py); a part of those two outcomes'."""
+    return [(float(s.bytes_read_after_lease), {"policy": policy, "action": action.value})
+            for (policy, action), s in sorted(stats.items(), key=lambda item: (item[0][0], item[0][1].value))]
 
 
 def _by_outcome(stats: Mapping[tuple[str, ActionKind], ActionStats], total: Callable[[ActionStats], int],

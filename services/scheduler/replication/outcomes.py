@@ -10,6 +10,13 @@ Every order issued is followed until it has an outcome:
 - never used: committed, and its lease ended with no use (and not late);
 - cancelled: cancelled before it started; failed: FAILED or EXPIRED before
   it landed.
+Beside its outcome, an order used late or never used is followed after its
+lease: what it placed stays on its node until evicted (a replica becomes one
+more holder), so the first later request of its family routed to its node
+either finds a prefix there (read after its lease: its bytes count in
+`bytes_read_after_lease`) or not (gone). Followed for at most AFTERLIFE_S
+after the lease and for at most MAX_AFTERLIFE orders at once (the oldest go
+first, counted as not read after), so memory stays bounded.
 Each outcome counts the order's bytes (network bytes of a replica, counted
 when it is issued; the bytes a prefetch promoted or a retain protected,
 counted when it commits, as its prefix may be partly in the device tier
@@ -33,6 +40,8 @@ from speckv.services.common.ids import Family, NodeId, OrderId
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
 
 MAX_POLICIES = 64
+AFTERLIFE_S = 600.0  # how long after its lease an unread order is still followed (s)
+MAX_AFTERLIFE = 100_000
 
 
 class Outcome(enum.Enum):
@@ -53,6 +62,8 @@ class ActionStats:
     outcomes: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
     bytes_by_outcome: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
     expected_ms_by_outcome: dict[str, float] = field(default_factory=lambda: {o.value: 0.0 for o in Outcome})
+    read_after_lease: int = 0  # orders used late or never used whose node a later request found a prefix on
+    bytes_read_after_lease: int = 0
 
     @property
     def used_in_time_share(self) -> float | None:
@@ -71,7 +82,8 @@ class ActionStats:
                 "outcomes": dict(self.outcomes), "bytes_by_outcome": dict(self.bytes_by_outcome),
                 "expected_ms_by_outcome": dict(self.expected_ms_by_outcome),
                 "used_in_time_share": self.used_in_time_share,
-                "bytes_used_in_time_share": self.bytes_used_in_time_share}
+                "bytes_used_in_time_share": self.bytes_used_in_time_share,
+                "read_after_lease": self.read_after_lease, "bytes_read_after_lease": self.bytes_read_after_lease}
 
 
 @dataclass(slots=True)
@@ -85,6 +97,18 @@ class _Tracked:
     lease_s: float
     lease_end: float | None = None  # set when it commits
     late: bool = False
+    read_after: bool | None = None  # the first route to its node after the lease: found a prefix (None: none yet)
+
+
+@dataclass(slots=True)
+class _Afterlife:
+    """An order closed unread whose node no request of its family has been routed to since."""
+
+    key: tuple[str, ActionKind]
+    family: Family
+    node: NodeId
+    nbytes: int
+    until: float  # followed until then (clock s)
 
 
 class ActionOutcomes:
@@ -93,6 +117,8 @@ class ActionOutcomes:
         self._by_family: dict[Family, set[OrderId]] = defaultdict(set)
         self._stats: dict[tuple[str, ActionKind], ActionStats] = defaultdict(ActionStats)
         self._policies: set[str] = set()
+        self._after: dict[OrderId, _Afterlife] = {}  # in closing order: the oldest first
+        self._after_by_family: dict[Family, set[OrderId]] = defaultdict(set)
 
     def issued(self, order: Order, bytes_per_block: int) -> None:
         spec = order.spec
@@ -125,6 +151,7 @@ class ActionOutcomes:
 
     def routed(self, family: Family, node: NodeId, cached: bool, now: float) -> None:
         """A request of family went to node (cached: it found a prefix there)."""
+        self._routed_after(family, node, cached)
         ids = self._by_family.get(family)
         if not ids:
             return
@@ -132,14 +159,33 @@ class ActionOutcomes:
             tracked = self._tracked[order_id]
             if tracked.lease_end is None:
                 tracked.late = True
-            elif cached and tracked.node == node and now <= tracked.lease_end:
-                self._close(order_id, Outcome.USED_IN_TIME)
+            elif tracked.node != node:
+                continue
+            elif now <= tracked.lease_end:
+                if cached:
+                    self._close(order_id, Outcome.USED_IN_TIME)
+            elif tracked.read_after is None:
+                tracked.read_after = cached
+
+    def _routed_after(self, family: Family, node: NodeId, cached: bool) -> None:
+        ids = self._after_by_family.get(family)
+        if not ids:
+            return
+        for order_id in [i for i in ids if self._after[i].node == node]:
+            after = self._forget_after(order_id)
+            if cached:
+                stats = self._stats[after.key]
+                stats.read_after_lease += 1
+                stats.bytes_read_after_lease += after.nbytes
 
     def sweep(self, now: float) -> None:
         """Closes the committed actions whose lease is over."""
         over = [i for i, t in self._tracked.items() if t.lease_end is not None and t.lease_end < now]
         for order_id in over:
             self._close(order_id, Outcome.USED_LATE if self._tracked[order_id].late else Outcome.NEVER_USED)
+        # Closed in lease-end order, so the oldest come first (within a tick).
+        while self._after and next(iter(self._after.values())).until < now:
+            self._forget_after(next(iter(self._after)))
 
     def stats(self) -> dict[tuple[str, ActionKind], ActionStats]:
         return dict(self._stats)
@@ -154,3 +200,27 @@ class ActionOutcomes:
         stats.outcomes[outcome.value] += 1
         stats.bytes_by_outcome[outcome.value] += tracked.nbytes
         stats.expected_ms_by_outcome[outcome.value] += tracked.expected_ms
+        if outcome in (Outcome.USED_LATE, Outcome.NEVER_USED):
+            self._follow_after(order_id, tracked)
+
+    def _follow_after(self, order_id: OrderId, tracked: _Tracked) -> None:
+        if tracked.read_after is not None:  # already routed to after its lease: decided
+            if tracked.read_after:
+                stats = self._stats[tracked.key]
+                stats.read_after_lease += 1
+                stats.bytes_read_after_lease += tracked.nbytes
+            return
+        assert tracked.lease_end is not None
+        if len(self._after) >= MAX_AFTERLIFE:
+            self._forget_after(next(iter(self._after)))
+        self._after[order_id] = _Afterlife(tracked.key, tracked.family, tracked.node, tracked.nbytes,
+                                           tracked.lease_end + AFTERLIFE_S)
+        self._after_by_family[tracked.family].add(order_id)
+
+    def _forget_after(self, order_id: OrderId) -> _Afterlife:
+        after = self._after.pop(order_id)
+        ids = self._after_by_family[after.family]
+        ids.discard(order_id)
+        if not ids:
+            del self._after_by_family[after.family]
+        return after

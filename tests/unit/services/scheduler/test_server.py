@@ -4,7 +4,13 @@ from __future__ import annotations
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats, Outcome
 from speckv.services.scheduler.replication.replicas import ReplicaStats
-from speckv.services.scheduler.server import PENDING, action_bytes, action_orders, replica_bytes
+from speckv.services.scheduler.server import (
+    PENDING,
+    action_bytes,
+    action_bytes_read_after_lease,
+    action_orders,
+    replica_bytes,
+)
 
 
 def _stats(orders: int, nbytes: int, decided: dict[Outcome, tuple[int, int]]) -> ActionStats:
@@ -30,8 +36,16 @@ def test_each_policy_and_action_splits_its_orders_and_bytes_by_outcome_with_the_
     assert (nbytes[("replicate", "used_in_time")], nbytes[("replicate", PENDING)]) == (200, 200)
 
 
+def test_bytes_read_after_the_lease_per_policy_and_action():
+    replicate = _stats(2, 200, {Outcome.NEVER_USED: (2, 200)})
+    replicate.read_after_lease, replicate.bytes_read_after_lease = 1, 100
+    stats = {("predictive", ActionKind.REPLICATE): replicate, ("predictive", ActionKind.RETAIN): _stats(1, 0, {})}
+    assert action_bytes_read_after_lease(stats) == [(100.0, {"policy": "predictive", "action": "replicate"}),
+                                                    (0.0, {"policy": "predictive", "action": "retain"})]
+
+
 def test_no_orders_no_points():
-    assert action_orders({}) == [] and action_bytes({}) == []
+    assert action_orders({}) == [] and action_bytes({}) == [] and action_bytes_read_after_lease({}) == []
 
 
 def test_replica_bytes_are_replicated_and_wasted():

@@ -6,6 +6,7 @@ import pytest
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.replication import outcomes as outcomes_module
 from speckv.services.scheduler.replication.outcomes import MAX_POLICIES, ActionOutcomes
 from tests.support.scheduler_scenarios import CHAIN, FAMILY, make_core, store
 
@@ -143,3 +144,53 @@ def test_an_order_that_expires_as_it_is_reported_gets_its_outcome_and_is_forgott
     stats = core.action_outcomes()[("predictive", ActionKind.REPLICATE)]
     assert stats.outcomes["failed"] == 1 and sum(stats.outcomes.values()) == 1
     assert core._lifecycle.outcomes._tracked == {}
+
+
+def _unread_replica(outcomes, tracker):
+    """A replica committed at 1 s with a 10 s lease, closed unread at 12 s."""
+    order = _issued(outcomes, tracker)
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0)
+    outcomes.sweep(12.0)
+    return order
+
+
+@pytest.mark.parametrize("routes, read_after", [
+    ([("b", True, 30.0)], 1),  # its family later found the copy on its node
+    ([("b", False, 30.0), ("b", True, 40.0)], 0),  # the first route there found nothing: gone
+    ([("a", True, 30.0)], 0),  # routed to the holder, never to the copy's node
+    ([("b", True, 12.0 + 600.0 + 1.0)], 0),  # beyond AFTERLIFE_S: no longer followed
+    ([], 0),
+])
+def test_a_copy_unread_in_its_lease_is_followed_to_the_first_request_on_its_node(routes, read_after):
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    _unread_replica(outcomes, tracker)
+    for node, cached, when in routes:
+        outcomes.sweep(when)
+        outcomes.routed(F, NodeId(node), cached, when)
+    counts, stats = _outcomes_of(outcomes)
+    assert counts == {"never_used": 1}  # the outcome stays what the lease decided
+    assert stats.read_after_lease == read_after
+    assert stats.bytes_read_after_lease == read_after * 3 * BPB
+    assert stats.to_json()["bytes_read_after_lease"] == read_after * 3 * BPB
+
+
+def test_a_route_after_the_lease_but_before_the_sweep_decides_too():
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    order = _issued(outcomes, tracker)
+    _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0)
+    outcomes.routed(F, NodeId("b"), True, 11.5)  # lease ended at 11 s; not swept yet
+    outcomes.routed(F, NodeId("b"), False, 11.6)  # the first route after the lease decides
+    outcomes.sweep(20.0)
+    counts, stats = _outcomes_of(outcomes)
+    assert counts == {"never_used": 1} and stats.read_after_lease == 1
+
+
+def test_orders_followed_after_their_lease_are_bounded(monkeypatch):
+    monkeypatch.setattr(outcomes_module, "MAX_AFTERLIFE", 2)
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    for _ in range(3):
+        _unread_replica(outcomes, tracker)
+    assert len(outcomes._after) == 2  # the oldest went first
+    outcomes.routed(F, NodeId("b"), True, 30.0)
+    assert _outcomes_of(outcomes)[1].read_after_lease == 2
+    assert not outcomes._after and not outcomes._after_by_family

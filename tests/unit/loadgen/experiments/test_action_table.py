@@ -1,0 +1,49 @@
+"""The per-action table of a comparison (action_table.py), from real outcome
+accounting (services/scheduler/replication/outcomes.py)."""
+import dataclasses
+
+from speckv.loadgen.experiments.action_table import action_table
+from speckv.loadgen.experiments.results import PolicySummary
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.replication.outcomes import ActionOutcomes
+
+GIB = 2**30
+
+
+def _summary(actions) -> PolicySummary:
+    figures = {f.name: None for f in dataclasses.fields(PolicySummary)}
+    return PolicySummary(**{**figures, "actions": actions})
+
+
+def _replicas(read_in_time: int, read_after: int, unread: int) -> dict:
+    """Replicas of one GiB each, committed at 1 s with a 10 s lease: some read
+    in their lease, some only by a request on their node after it, the rest never."""
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    for i in range(read_in_time + read_after + unread):
+        family = Family(f"f{i}")
+        order = tracker.submit(OrderSpec(family, [i], NodeId("a"), NodeId("b"), 10_000, expected_benefit_ms=1000.0,
+                                         policy="predictive"), 0.0)
+        outcomes.issued(order, GIB)
+        outcomes.transition(tracker.report(order.order_id, OrderState.COMMITTED, 1.0), 1.0)
+        if i < read_in_time:
+            outcomes.routed(family, NodeId("b"), True, 5.0)
+    outcomes.sweep(12.0)
+    for i in range(read_in_time, read_in_time + read_after):
+        outcomes.routed(Family(f"f{i}"), NodeId("b"), True, 60.0)
+    return {kind.value: stats.to_json() for (_, kind), stats in outcomes.stats().items()}
+
+
+def test_the_table_reads_bytes_read_in_time_and_after_the_lease():
+    table = action_table({"predictive": _summary(_replicas(read_in_time=2, read_after=1, unread=1))})
+    header, _, row = table.splitlines()
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["orders"] == "4" and cells["GiB"] == "4.00"
+    assert cells["used in time"] == "2" and cells["never used"] == "2"
+    assert cells["bytes read in time"] == "0.500"
+    assert cells["bytes read after lease"] == "0.250"
+    assert cells["expected s (used in time)"] == "2.0"
+
+
+def test_no_orders_no_table():
+    assert action_table({"none": _summary({})}) == ""
