@@ -23,7 +23,7 @@ nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 (retain.displacement "occupancy"), capN (the e2e configuration's
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
 follow-ups: every request's follow_ups 0, in training and serving), surgeF
-(planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P); joined
+(planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L); joined
 with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
@@ -58,6 +58,8 @@ def config_for(variant: str):
             p = replace(p, prefetch=False)
         elif part == "ext":
             p = replace(p, queue_externality=True)
+        elif part.startswith("ins"):
+            p = replace(p, insurance_life_s=float(part[3:]))
         elif part.startswith("price"):
             p = replace(p, copy_ms_per_gib=float(part[5:]))
         elif part.startswith("surge"):

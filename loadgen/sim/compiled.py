@@ -72,6 +72,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/replication/lifecycle.py",
     "services/scheduler/replication/orders.py",
     "services/scheduler/replication/family_options.py",
+    "services/scheduler/replication/insurance.py",
     "services/scheduler/replication/outcomes.py",
     "services/scheduler/replication/planner.py",
     "services/scheduler/replication/redundancy.py",

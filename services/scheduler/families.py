@@ -18,6 +18,11 @@ family-on-node).
 - recent routes: a second, short window of `recent_window_s` seconds kept the
   same way (`surging()`): the rate a burst is arriving at now, which a
   count forecast smoothed over seconds reports only after the burst's start.
+- surge history: a family *surges* while its recent routes are at least
+  `surge_min_routes`; each profile counts its surges, the sum of their peaks
+  (most recent routes at once) and the time of its first recent route
+  (`surge_history`), so the planner can price a standing copy against the
+  family's next surge (replication/insurance.py).
 
 Bounded: at most `max_families` profiles; the least recently routed one is
 forgotten first. Not thread-safe: SchedulerCore serialises access. Times are
@@ -40,6 +45,18 @@ class FamilyProfile:
     routes: int = 0
     last_route: float = 0.0
     diverged: bool = False  # two requests disagreed: the chain is a shared prefix, never extended again
+    first_recent: float | None = None  # the first route counted in the recent window (a live arrival)
+    surges: int = 0  # times its recent routes reached surge_min_routes from below
+    surge_peaks: int = 0  # sum of the peaks of its finished surges (routes within recent_window_s)
+    peak: int = 0  # the peak of the surge it is in; 0 when not surging
+
+
+@dataclass(frozen=True, slots=True)
+class SurgeHistory:
+    surges: int
+    mean_peak: float  # routes within recent_window_s at a surge's peak, mean over its surges
+    observed_s: float  # since its first route counted in the recent window
+    surging: bool  # in a surge now
 
 
 class FamilyCatalog:
@@ -79,10 +96,17 @@ class FamilyCatalog:
         heat[family] = heat.get(family, 0) + 1
         node_heat[key] = node_heat.get(key, 0) + 1
         self._node_routes[node] = self._node_routes.get(node, 0) + 1
+        self._expire(now)  # before counting: a surge's onset is judged on the window ending now
         if arrival_s is None or arrival_s > now - self._s.recent_window_s:
             self._recent_window.append((now, family))
-            self._recent[family] = self._recent.get(family, 0) + 1
-        self._expire(now)
+            recent = self._recent[family] = self._recent.get(family, 0) + 1
+            if profile.first_recent is None:
+                profile.first_recent = now
+            if profile.peak:
+                profile.peak = max(profile.peak, recent)
+            elif recent >= self._s.surge_min_routes:
+                profile.surges += 1
+                profile.peak = recent
 
     def profile(self, family: Family) -> FamilyProfile | None:
         return self._profiles.get(family)
@@ -108,6 +132,15 @@ class FamilyCatalog:
         self._expire(now)
         surging = [(f, n) for f, n in self._recent.items() if n >= threshold]
         return sorted(surging, key=lambda item: (-item[1], item[0]))
+
+    def surge_history(self, family: Family, now: float) -> SurgeHistory | None:
+        """The family's surges so far; None when it never surged."""
+        self._expire(now)
+        profile = self._profiles.get(family)
+        if profile is None or not profile.surges or profile.first_recent is None:
+            return None
+        peaks = profile.surge_peaks + profile.peak
+        return SurgeHistory(profile.surges, peaks / profile.surges, now - profile.first_recent, profile.peak > 0)
 
     def hottest_by_node(self, now: float) -> dict[NodeId, tuple[Family, int]]:
         """Per node, the family routed to it most within the window (ties: name)."""
@@ -139,7 +172,13 @@ class FamilyCatalog:
         horizon = now - self._s.recent_window_s
         recent = self._recent_window
         while recent and recent[0][0] <= horizon:
-            _decrement(self._recent, recent.popleft()[1])
+            family = recent.popleft()[1]
+            _decrement(self._recent, family)
+            if self._recent.get(family, 0) < self._s.surge_min_routes:
+                profile = self._profiles.get(family)
+                if profile is not None and profile.peak:
+                    profile.surge_peaks += profile.peak  # the surge is over
+                    profile.peak = 0
 
 
 def _follow_chain(chain: list[int], hashes: Sequence[int], max_blocks: int, diverged: bool) -> bool:

@@ -36,6 +36,7 @@ class FamilySettings:
     max_chain_blocks: int  # longest shared prefix remembered per family, blocks
     heat_window_s: float  # routes counted as a family's heat within this window
     recent_window_s: float  # routes counted as a family's recent rate (FamilyCatalog.surging) within this window
+    surge_min_routes: int  # a family surges while its routes within recent_window_s are at least this
     prompt_ewma_alpha: float  # weight of the newest prompt length in the family's mean
 
 
@@ -66,6 +67,7 @@ class PlannerSettings:
     min_benefit_ms: float  # a node whose prefix saves less per request is not a holder
     min_net_ms: float  # an action is admitted only when its net saving exceeds this (ms)
     copy_ms_per_gib: float  # a copy's net is charged this many ms of TTFT per GiB it sends over the network
+    insurance_life_s: float  # a replica is also valued against its family's next surge within this (s; 0: off)
     replicate: bool  # price replicas at all (off: prefetch and retain only; the simulator's ablation)
     replicate_to_device: bool  # also price replicas into a target's device tier (host tier always)
     prefetch: bool  # price host -> device promotions at holders ahead of forecast requests
@@ -142,6 +144,11 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.surge_replan_factor={factor} must be 0 (off) or > 1")
         if self.planner.min_net_ms < 0:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
+        life = self.planner.insurance_life_s
+        if not (math.isfinite(life) and life >= 0):
+            raise InvalidArgument(f"planner.insurance_life_s={life} must be finite and >= 0")
+        if self.families.surge_min_routes < 1:
+            raise InvalidArgument(f"families.surge_min_routes={self.families.surge_min_routes} must be >= 1")
         price = self.planner.copy_ms_per_gib
         if not (math.isfinite(price) and price >= 0):
             raise InvalidArgument(f"planner.copy_ms_per_gib={price} must be finite and >= 0")

@@ -89,6 +89,7 @@ from speckv.services.scheduler.replication.family_options import (
     OptionPricer,
     free_pages,
 )
+from speckv.services.scheduler.replication.insurance import insurance_ms, surge_demand, surge_probability
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
 from speckv.services.scheduler.replication.redundancy import failover_saving_ms, failure_probability
 from speckv.services.scheduler.replication.retention_plan import RetentionPlanner
@@ -162,6 +163,7 @@ class _Tick:
         self.families: list[FamilyState] = []
         self.baseline: list[float] = []  # each family's expected TTFT (ms) with its current options
         self.base_work: list[dict[str, float]] = []  # and the prefill work (ms) it gives each node
+        self.surge: list[tuple[float, Demand] | None] = []  # each family's (P(surge within the insured life), surge)
         rates = (view.families.node_route_rates(now)
                  if view.families is not None and self.cfg.planner.queue_externality else {})
         self.route_rates: dict[str, float] = {node: r for node, r in rates.items()}  # keyed as walk's work
@@ -174,19 +176,36 @@ class _Tick:
         if fam is None:
             return
         baseline, work = walk(fam.options, fam.demand)
+        surge = self._surge_outlook(name)
         # No action can do better than every request hitting the whole
         # prefix at once on an idle node: families already served about that
-        # well (most, most of the time) are not worth pricing candidates for.
-        if baseline - fam.demand.count * fam.hit_ms <= self.cfg.planner.min_net_ms:
+        # well (most, most of the time) are not worth pricing candidates for,
+        # unless a surge to come may need a second holder.
+        if baseline - fam.demand.count * fam.hit_ms <= self.cfg.planner.min_net_ms and surge is None:
             return
         index = len(self.families)
         self.families.append(fam)
         self.baseline.append(baseline)
         self.base_work.append(work)
+        self.surge.append(surge)
         for candidate in self._candidates(fam, index):
             value = self.value(candidate)
             if value.net_ms > self.cfg.planner.min_net_ms:
                 heapq.heappush(self.heap, (-value.net_ms, _network_bytes(candidate), len(self.heap), candidate))
+
+    def _surge_outlook(self, name: Family) -> tuple[float, Demand] | None:
+        """(P(the family surges within the insured life), that surge) for a
+        family that surged before and is not surging now (insurance.py)."""
+        life_s = self.cfg.planner.insurance_life_s
+        families = self.view.families
+        if life_s <= 0 or families is None:
+            return None
+        history = families.surge_history(name, self.now)
+        if history is None or history.surging:
+            return None
+        p = surge_probability(history, life_s)
+        demand = surge_demand(history, self.cfg.families.recent_window_s, self.cfg.planner.horizon_s)
+        return (p, demand) if p > 0 else None
 
     def _family(self, name: Family, demand: Demand) -> FamilyState | None:
         view, p = self.view, self.cfg.planner
@@ -282,11 +301,16 @@ class _Tick:
                 saving = 0.0  # no evidence it pays: refused whatever its price (a free copy costs 0)
             return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam),
                                bytes_ms=self._bytes_ms(c))
-        with_ms, work = walk(fam.options + [self.current(c)], fam.demand)
+        option = self.current(c)
+        with_ms, work = walk(fam.options + [option], fam.demand)
         saving = self.baseline[c.family_index] - with_ms
         queue = (queue_externality_ms(self.base_work[c.family_index], work, self.route_rates)
                  if self.route_rates else 0.0)
-        return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam), queue, self._bytes_ms(c))
+        surge = self.surge[c.family_index]
+        insured = insurance_ms(fam.options, option, surge[1], surge[0]) \
+            if surge is not None and c.kind is ActionKind.REPLICATE else 0.0
+        return ActionValue(saving, self._eviction_ms(c, fam), self._link_ms(c, fam), queue, self._bytes_ms(c),
+                           insured)
 
     def _bytes_ms(self, c: ActionCandidate) -> float:
         """The price of the bytes c sends over the network (ms; 0 for a prefetch)."""
@@ -356,7 +380,10 @@ class _Tick:
             self.link_wait[fam.source] = self.link_wait[c.node] = option.ready_ms
         source = fam.source if c.kind.copies else c.node
         chain = fam.chain if c.kind.copies else fam.chain[:fam.held[c.node]]
-        return OrderSpec(fam.family, list(chain), source, c.node, self.cfg.leases.replica_lease_ms,
+        lease_ms = self.cfg.leases.replica_lease_ms
+        if value.insurance_ms > value.saving_ms:  # bought for the surge to come: leased for the life insured
+            lease_ms = max(lease_ms, int(self.cfg.planner.insurance_life_s * 1e3))
+        return OrderSpec(fam.family, list(chain), source, c.node, lease_ms,
                          priority=min(int(value.net_ms), 2**31 - 1), expected_benefit_ms=value.net_ms,
                          policy=policy, tier=c.tier, action=c.kind)
 

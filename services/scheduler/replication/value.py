@@ -73,10 +73,11 @@ class ActionValue:
     link_ms: float
     queue_ms: float = 0.0  # what the work it moves between nodes costs the others routed there
     bytes_ms: float = 0.0  # the price of the bytes a copy sends over the network (planner.copy_ms_per_gib)
+    insurance_ms: float = 0.0  # what a replica saves its family's next surge, times its chance (insurance.py)
 
     @property
     def net_ms(self) -> float:
-        return self.saving_ms - self.eviction_ms - self.link_ms - self.queue_ms - self.bytes_ms
+        return self.saving_ms + self.insurance_ms - self.eviction_ms - self.link_ms - self.queue_ms - self.bytes_ms
 
     @property
     def admitted(self) -> bool:

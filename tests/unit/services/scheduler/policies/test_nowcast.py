@@ -21,7 +21,7 @@ from tests.support.scheduler_scenarios import (
 )
 
 SETTINGS = FamilySettings(max_families=16, max_chain_blocks=6, heat_window_s=10.0, prompt_ewma_alpha=0.5,
-                          recent_window_s=1.0)
+                          recent_window_s=1.0, surge_min_routes=3)
 A, B, N = Family("a"), Family("b"), NodeId("n0")
 
 
