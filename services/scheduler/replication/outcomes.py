@@ -100,24 +100,14 @@ class _Tracked:
     read_after: bool | None = None  # the first route to its node after the lease: found a prefix (None: none yet)
 
 
-@dataclass(slots=True)
-class _Afterlife:
-    """An order closed unread whose node no request of its family has been routed to since."""
-
-    key: tuple[str, ActionKind]
-    family: Family
-    node: NodeId
-    nbytes: int
-    until: float  # followed until then (clock s)
-
-
 class ActionOutcomes:
     def __init__(self) -> None:
         self._tracked: dict[OrderId, _Tracked] = {}
         self._by_family: dict[Family, set[OrderId]] = defaultdict(set)
         self._stats: dict[tuple[str, ActionKind], ActionStats] = defaultdict(ActionStats)
         self._policies: set[str] = set()
-        self._after: dict[OrderId, _Afterlife] = {}  # in closing order: the oldest first
+        # Orders closed unread whose node no request of their family was routed to since, in closing order.
+        self._after: dict[OrderId, _Tracked] = {}
         self._after_by_family: dict[Family, set[OrderId]] = defaultdict(set)
 
     def issued(self, order: Order, bytes_per_block: int) -> None:
@@ -184,7 +174,7 @@ class ActionOutcomes:
         for order_id in over:
             self._close(order_id, Outcome.USED_LATE if self._tracked[order_id].late else Outcome.NEVER_USED)
         # Closed in lease-end order, so the oldest come first (within a tick).
-        while self._after and next(iter(self._after.values())).until < now:
+        while self._after and _followed_until(next(iter(self._after.values()))) < now:
             self._forget_after(next(iter(self._after)))
 
     def stats(self) -> dict[tuple[str, ActionKind], ActionStats]:
@@ -210,17 +200,21 @@ class ActionOutcomes:
                 stats.read_after_lease += 1
                 stats.bytes_read_after_lease += tracked.nbytes
             return
-        assert tracked.lease_end is not None
         if len(self._after) >= MAX_AFTERLIFE:
             self._forget_after(next(iter(self._after)))
-        self._after[order_id] = _Afterlife(tracked.key, tracked.family, tracked.node, tracked.nbytes,
-                                           tracked.lease_end + AFTERLIFE_S)
+        self._after[order_id] = tracked
         self._after_by_family[tracked.family].add(order_id)
 
-    def _forget_after(self, order_id: OrderId) -> _Afterlife:
+    def _forget_after(self, order_id: OrderId) -> _Tracked:
         after = self._after.pop(order_id)
         ids = self._after_by_family[after.family]
         ids.discard(order_id)
         if not ids:
             del self._after_by_family[after.family]
         return after
+
+
+def _followed_until(tracked: _Tracked) -> float:
+    """Clock s: an order closed unread is followed until AFTERLIFE_S after its lease."""
+    assert tracked.lease_end is not None  # closed unread only after it committed
+    return tracked.lease_end + AFTERLIFE_S
