@@ -34,6 +34,7 @@ from rich import box  # noqa: E402
 from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
 
+from speckv.loadgen.experiments.action_table import action_table  # noqa: E402
 from speckv.loadgen.experiments.event_table import event_table, load_around_events, utilisation_table  # noqa: E402
 from speckv.loadgen.experiments.repeats import repeats_table  # noqa: E402
 from speckv.loadgen.experiments.results import Comparison, FloorSummary, PolicySummary, figure_of  # noqa: E402
@@ -101,11 +102,13 @@ def markdown_table(policies: Mapping[str, PolicySummary], floor: FloorSummary | 
 
 
 def write_report(out_dir: Path, result: Comparison, ttfts: Mapping[str, Sequence[float]],
-                 timelines: Mapping[str, Mapping[str, object]], arrivals: Sequence[tuple[float, str]]) -> Path:
+                 timelines: Mapping[str, Mapping[str, object]], arrivals: Sequence[tuple[float, str]],
+                 ablation: str = "") -> Path:
     """Writes result.json, table.md, the PNGs and index.html; returns index.html's path.
 
     timelines[policy] = {"commits": [(trace s, real bytes, family)], "forecasts": [(trace s, family, count)]};
-    arrivals = (trace s, family) of the replayed slice."""
+    arrivals = (trace s, family) of the replayed slice; ablation: the Markdown
+    table of what each action measurably saved (loadgen/sim/ablation.py), if run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(result.to_json(), indent=2))
     table = markdown_table(result.policies, result.floor)
@@ -124,8 +127,10 @@ def write_report(out_dir: Path, result: Comparison, ttfts: Mapping[str, Sequence
         plt.close(figure)
     extra = "\n\n".join(t for t in (utilisation_table(result.policies), event_table(result.policies),
                                      repeats_table(result.policies)) if t)
+    sections = [(title, t) for title, t in ((ACTIONS_TITLE, action_table(result.policies)),
+                                             (ABLATION_TITLE, ablation)) if t]
     index = out_dir / "index.html"
-    index.write_text(_html(result, table + ("\n\n" + extra if extra else ""), out_dir, list(plots)))
+    index.write_text(_html(result, table + ("\n\n" + extra if extra else ""), out_dir, list(plots), sections))
     return index
 
 
@@ -245,8 +250,11 @@ def _bytes_over_time(timelines: Mapping[str, Mapping[str, object]]):
     return figure
 
 
-def _html(result: Comparison, table: str, out_dir: Path, images: list[str]) -> str:
+def _html(result: Comparison, table: str, out_dir: Path, images: list[str],
+          sections: Sequence[tuple[str, str]] = ()) -> str:
     table_html = _markdown_html(table)
+    titled = "".join(f"<h2>{html.escape(title)}</h2><div style='overflow-x:auto'>{_markdown_html(t)}</div>"
+                     for title, t in sections)
     figures = "".join(
         f'<figure><img alt="{n}" src="data:image/png;base64,'
         f'{base64.b64encode((out_dir / n).read_bytes()).decode()}"/><figcaption>{n}</figcaption></figure>'
@@ -263,7 +271,7 @@ def _html(result: Comparison, table: str, out_dir: Path, images: list[str]) -> s
             f"border-bottom:1px solid #ddd;text-align:right}}img{{max-width:100%}}</style></head><body>"
             f"<h1>speckv end-to-end comparison</h1><p>trace {html.escape(result.trace)}, slice "
             f"{html.escape(json.dumps(data['slice']))}</p>{verdicts}<div style='overflow-x:auto'>{table_html}</div>"
-            f"<ul>{notes}</ul>{figures}"
+            f"<ul>{notes}</ul>{titled}{figures}"
             f"<h2>JSON</h2><pre>{html.escape(json.dumps(data, indent=2))}</pre></body></html>")
 
 
@@ -274,6 +282,8 @@ DEMO_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "p99 ms"), ("bur
 DEMO_PANELS = {"ttft_p50_ms": "TTFT p50 (ms)", "ttft_p99_ms": "TTFT p99 (ms)",
                "burst_ttft_p99_ms": "TTFT p99 in burst seconds (ms)"}
 VERDICT_FIGURE = "burst_ttft_p99_ms"
+ACTIONS_TITLE = "Speculative actions: what each order came to (expected at planning time, not measured)"
+ABLATION_TITLE = "What each action measurably saved: the same run without it"
 BASELINE = "none"
 SIMULATED_RUN = "simulated"
 LIVE_RUN = "live, 95 % CI"

@@ -56,8 +56,15 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from speckv.loadgen.experiments.e2e_config import E2EConfig, load_e2e_config
-from speckv.loadgen.sim.ablation import RunFigures, ablation_rows, ablation_table, parse_variant
-from speckv.loadgen.sim.comparison import assemble, print_seed_tables, print_tables, with_seed_repeats, write_reports
+from speckv.loadgen.sim.ablation import ablation_table, parse_variant
+from speckv.loadgen.sim.comparison import (
+    ablation_of,
+    assemble,
+    print_seed_tables,
+    print_tables,
+    with_seed_repeats,
+    write_reports,
+)
 from speckv.loadgen.sim.jobs import Job, train_once, train_returns_once
 from speckv.loadgen.sim.machine import describe_machine
 from speckv.loadgen.sim.pool import compiled_build, default_jobs, run_all
@@ -200,8 +207,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     print_tables(comparison, console)
     if len(args.seed_list) > 1:
         print_seed_tables(comparison, args.seed_list, console)
-    ablation = ablation_rows([RunFigures(r.nodes, r.policy, r.ttfts, r.summary.actions,
-                                         r.summary.returning_ttft_p99_ms) for r in results])
+    ablation = ablation_of(results)
     if ablation:
         console.print(f"what each action measurably saved (ablation.py):\n{ablation_table(ablation)}", markup=False)
     totals = comparison.simulated

@@ -7,6 +7,7 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 from rich.table import Table
 
@@ -25,6 +26,7 @@ from speckv.loadgen.experiments.results import (
     figure_of,
     with_avoidable_closed,
 )
+from speckv.loadgen.sim.ablation import AblationRow, RunFigures, ablation_rows, ablation_table
 from speckv.loadgen.sim.jobs import SimulationResult
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 
@@ -88,6 +90,12 @@ def scale_table(comparison: Comparison) -> str:
     return "\n".join(lines)
 
 
+def ablation_of(results: Sequence[SimulationResult]) -> list[AblationRow]:
+    """What each action measurably saved, from the `-without-ACTION` runs among results (ablation.py)."""
+    return ablation_rows([RunFigures(r.nodes, r.policy, r.ttfts, r.summary.actions, r.summary.returning_ttft_p99_ms)
+                          for r in results])
+
+
 def write_reports(comparison: Comparison, results: list[SimulationResult], out: Path, console) -> None:
     """One HTML report per node count, scale.md and the whole result.json."""
     out.mkdir(parents=True, exist_ok=True)
@@ -95,7 +103,7 @@ def write_reports(comparison: Comparison, results: list[SimulationResult], out: 
         mine = [r for r in results if str(r.nodes) == n]
         arrivals: list[tuple[float, str]] = next((r.arrivals for r in mine if r.arrivals), [])
         index = write_report(out / f"nodes-{n}", comparison.at_nodes(n), {r.policy: r.ttfts for r in mine},
-                             {r.policy: r.timeline for r in mine}, arrivals)
+                             {r.policy: r.timeline for r in mine}, arrivals, ablation_table(ablation_of(mine)))
         console.print(f"report ({n} nodes): {index}")
     (out / "scale.md").write_text(scale_table(comparison) + "\n")
     (out / "result.json").write_text(json.dumps(comparison.to_json(), indent=2))

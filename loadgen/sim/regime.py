@@ -20,8 +20,8 @@ from typing import Sequence
 
 from speckv.loadgen.experiments.regime_map import MapCell, RegimeMap, console_tables, write_report
 from speckv.loadgen.experiments.results import Comparison
-from speckv.loadgen.sim.ablation import RunFigures, ablation_rows, ablation_table
-from speckv.loadgen.sim.comparison import assemble, write_reports
+from speckv.loadgen.sim.ablation import ablation_table
+from speckv.loadgen.sim.comparison import ablation_of, assemble, write_reports
 from speckv.loadgen.sim.jobs import SimulationResult
 from speckv.loadgen.sim.sweep import SWEEP_KEYS, Cell, Sweep
 
@@ -53,8 +53,7 @@ def finish_sweep(sweeps: Sequence[Sweep], cells: Sequence[Cell], results: list[S
         console.print(table)
     ablation = {}
     for c in cells:
-        rows = ablation_rows([RunFigures(r.nodes, r.policy, r.ttfts, r.summary.actions, r.summary.returning_ttft_p99_ms)
-                              for r in results if r.cell == c.key])
+        rows = ablation_of([r for r in results if r.cell == c.key])
         if rows:
             console.print(f"{c.label}: what each action measurably saved (ablation.py):\n{ablation_table(rows)}",
                           markup=False)
