@@ -144,20 +144,10 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.surge_replan_factor={factor} must be 0 (off) or > 1")
         if self.planner.min_net_ms < 0:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
-        life = self.planner.insurance_life_s
-        if not (math.isfinite(life) and life >= 0):
-            raise InvalidArgument(f"planner.insurance_life_s={life} must be finite and >= 0")
         if self.families.surge_min_routes < 1:
             raise InvalidArgument(f"families.surge_min_routes={self.families.surge_min_routes} must be >= 1")
-        price = self.planner.copy_ms_per_gib
-        if not (math.isfinite(price) and price >= 0):
-            raise InvalidArgument(f"planner.copy_ms_per_gib={price} must be finite and >= 0")
-        rate = self.planner.failure_rate_per_node_hour
-        if not (math.isfinite(rate) and rate >= 0):
-            raise InvalidArgument(f"planner.failure_rate_per_node_hour={rate} must be finite and >= 0")
-        floor = self.planner.redundancy_min_saving_ms
-        if not (math.isfinite(floor) and floor >= 0):
-            raise InvalidArgument(f"planner.redundancy_min_saving_ms={floor} must be finite and >= 0")
+        _finite_not_negative(self, "planner.insurance_life_s", "planner.copy_ms_per_gib",
+                             "planner.failure_rate_per_node_hour", "planner.redundancy_min_saving_ms")
         if self.retain.pricing not in ("uniform", "curve"):
             raise InvalidArgument(f"retain.pricing={self.retain.pricing!r}: uniform or curve")
         if self.retain.displacement not in ("once", "occupancy"):
@@ -218,6 +208,13 @@ def _positive(config: PolicyConfig, *names: str) -> None:
     for name in names:
         if not _get(config, name) > 0:
             raise InvalidArgument(f"policy configuration: {name}={_get(config, name)} must be > 0")
+
+
+def _finite_not_negative(config: PolicyConfig, *names: str) -> None:
+    for name in names:
+        value = _get(config, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidArgument(f"policy configuration: {name}={value} must be finite and >= 0")
 
 
 def _fraction(config: PolicyConfig, *names: str) -> None:
