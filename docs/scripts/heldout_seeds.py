@@ -113,11 +113,16 @@ def run(task):
     result = jobs.run_job(job)
     summary = dataclasses.asdict(result.summary)
     figures = {k: v for k, v in summary.items() if isinstance(v, (int, float, type(None)))}
-    actions = {k: {f: v.get(f) for f in ("orders", "bytes", "bytes_used_in_time_share")}
+    actions = {k: {**_action_figures(v), "by_forecast": {f: _action_figures(part) for f, part in
+                                                         (v.get("by_forecast") or {}).items()}}
                for k, v in (summary.get("actions") or {}).items()}
     draws = {"key": result.draws.key, **{k: v.tolist() for k, v in result.draws.values.items()}}
     return dict(scenario=scenario, seed=seed, policy=spec, wall_s=round(time.time() - started, 1),
                 actions=actions, draws=draws, **figures)
+
+
+def _action_figures(stats: dict) -> dict:
+    return {f: stats.get(f) for f in ("orders", "bytes", "bytes_used_in_time_share", "bytes_read_after_lease")}
 
 
 def trace_slice() -> tuple[float, float, int]:

@@ -184,6 +184,7 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         "speckv.scheduler.action.bytes": lambda: action_bytes(core.action_outcomes()),
         "speckv.scheduler.action.bytes_read_after_lease": lambda: action_bytes_read_after_lease(
             core.action_outcomes()),
+        "speckv.scheduler.action.bytes_by_forecast": lambda: action_bytes_by_forecast(core.action_outcomes()),
         "speckv.scheduler.arrivals_dropped": lambda: [] if reporter is None else [
             (float(reporter.stats().dropped_full), {"reason": "queue_full"}),
             (float(reporter.stats().dropped_send), {"reason": "predictor_down"})],
@@ -232,14 +233,29 @@ def action_bytes_read_after_lease(stats: Mapping[tuple[str, ActionKind], ActionS
             for (policy, action), s in sorted(stats.items(), key=lambda item: (item[0][0], item[0][1].value))]
 
 
+def action_bytes_by_forecast(stats: Mapping[tuple[str, ActionKind], ActionStats]) -> Observations:
+    """action_bytes split by the forecast the orders were bought for
+    (`forecast`: burst, return, retention, or none); its forecasts sum to it."""
+    rows: Observations = []
+    for (policy, action), s in sorted(stats.items(), key=lambda item: (item[0][0], item[0][1].value)):
+        for forecast, part in sorted(s.by_forecast.items()):
+            labels = {"policy": policy, "action": action.value, "forecast": forecast or "none"}
+            rows += _outcome_rows(labels, part.bytes, part.bytes_by_outcome)
+    return rows
+
+
 def _by_outcome(stats: Mapping[tuple[str, ActionKind], ActionStats], total: Callable[[ActionStats], int],
                 by_outcome: Callable[[ActionStats], Mapping[str, int]]) -> Observations:
     rows: Observations = []
     for (policy, action), s in sorted(stats.items(), key=lambda item: (item[0][0], item[0][1].value)):
-        labels = {"policy": policy, "action": action.value}
-        decided = by_outcome(s)
-        rows += [(float(n), {**labels, "outcome": outcome}) for outcome, n in decided.items()]
-        rows.append((float(total(s) - sum(decided.values())), {**labels, "outcome": PENDING}))
+        rows += _outcome_rows({"policy": policy, "action": action.value}, total(s), by_outcome(s))
+    return rows
+
+
+def _outcome_rows(labels: dict[str, str], total: int, decided: Mapping[str, int]) -> Observations:
+    """One row per outcome, and `pending` for what has none yet."""
+    rows: Observations = [(float(n), {**labels, "outcome": outcome}) for outcome, n in decided.items()]
+    rows.append((float(total - sum(decided.values())), {**labels, "outcome": PENDING}))
     return rows
 
 

@@ -106,6 +106,10 @@ class OrderSpec:
     order_id: str = ""
     tier: Tier | None = None  # where the target keeps the copy; None: its host tier when it has one
     action: ActionKind = ActionKind.REPLICATE
+    # Which forecast the planner bought it for ("burst", "return", "retention":
+    # forecasts.ForecastKind's values); "" when none did (an operator's order, a
+    # reactive policy's, one restored from the journal, which does not keep it).
+    forecast: str = ""
 
 
 @dataclass(slots=True)

@@ -26,7 +26,10 @@ beside what was used. An order's record is dropped once it has its outcome,
 so memory is bounded by the orders still active or leased; totals are kept
 for at most MAX_POLICIES policy names (an order names its policy, and
 SubmitOrder takes any), the rest under "other". A retry is an order of its
-own whose expected saving is zero: its original carried it.
+own whose expected saving is zero: its original carried it. Each total is
+also split by the forecast the order was bought for (`OrderSpec.forecast`:
+burst, return, retention; "" for none), in `ActionStats.by_forecast`, so a
+report can say which forecast's orders were read.
 
 Not thread-safe: SchedulerCore serialises access. Times are clock seconds.
 """
@@ -64,6 +67,8 @@ class ActionStats:
     expected_ms_by_outcome: dict[str, float] = field(default_factory=lambda: {o.value: 0.0 for o in Outcome})
     read_after_lease: int = 0  # orders used late or never used whose node a later request found a prefix on
     bytes_read_after_lease: int = 0
+    # The same totals per OrderSpec.forecast (one level: these hold no split of their own).
+    by_forecast: dict[str, "ActionStats"] = field(default_factory=dict)
 
     @property
     def used_in_time_share(self) -> float | None:
@@ -83,12 +88,20 @@ class ActionStats:
                 "expected_ms_by_outcome": dict(self.expected_ms_by_outcome),
                 "used_in_time_share": self.used_in_time_share,
                 "bytes_used_in_time_share": self.bytes_used_in_time_share,
-                "read_after_lease": self.read_after_lease, "bytes_read_after_lease": self.bytes_read_after_lease}
+                "read_after_lease": self.read_after_lease, "bytes_read_after_lease": self.bytes_read_after_lease,
+                "by_forecast": {kind: stats.to_json() for kind, stats in sorted(self.by_forecast.items())}}
+
+    def of_forecast(self, forecast: str) -> "ActionStats":
+        stats = self.by_forecast.get(forecast)
+        if stats is None:
+            stats = self.by_forecast[forecast] = ActionStats()
+        return stats
 
 
 @dataclass(slots=True)
 class _Tracked:
     key: tuple[str, ActionKind]
+    forecast: str
     family: Family
     node: NodeId
     nbytes: int
@@ -116,12 +129,13 @@ class ActionOutcomes:
         self._policies.add(policy)
         key = (policy, spec.action)
         nbytes = len(spec.block_hashes) * bytes_per_block if spec.action.copies else 0
-        stats = self._stats[key]
-        stats.orders += 1
-        stats.bytes += nbytes
-        stats.expected_ms += spec.expected_benefit_ms
-        self._tracked[order.order_id] = _Tracked(key, spec.family, spec.target, nbytes, bytes_per_block,
-                                                 spec.expected_benefit_ms, spec.lease_ms / 1e3)
+        tracked = _Tracked(key, spec.forecast, spec.family, spec.target, nbytes, bytes_per_block,
+                           spec.expected_benefit_ms, spec.lease_ms / 1e3)
+        for stats in self._totals(tracked):
+            stats.orders += 1
+            stats.bytes += nbytes
+            stats.expected_ms += spec.expected_benefit_ms
+        self._tracked[order.order_id] = tracked
         self._by_family[spec.family].add(order.order_id)
 
     def transition(self, order: Order, now: float) -> None:
@@ -133,7 +147,8 @@ class ActionOutcomes:
             tracked.lease_end = now + tracked.lease_s
             if not order.spec.action.copies:  # promoted or retained, as reported
                 tracked.nbytes = order.blocks_sent * tracked.bytes_per_block
-                self._stats[tracked.key].bytes += tracked.nbytes
+                for stats in self._totals(tracked):
+                    stats.bytes += tracked.nbytes
         elif order.state is OrderState.CANCELLED:
             self._close(order.order_id, Outcome.CANCELLED)
         elif order.state in (OrderState.FAILED, OrderState.EXPIRED):
@@ -164,9 +179,7 @@ class ActionOutcomes:
         for order_id in [i for i in ids if self._after[i].node == node]:
             after = self._forget_after(order_id)
             if cached:
-                stats = self._stats[after.key]
-                stats.read_after_lease += 1
-                stats.bytes_read_after_lease += after.nbytes
+                self._read_after(after)
 
     def sweep(self, now: float) -> None:
         """Closes the committed actions whose lease is over."""
@@ -180,25 +193,34 @@ class ActionOutcomes:
     def stats(self) -> dict[tuple[str, ActionKind], ActionStats]:
         return dict(self._stats)
 
+    def _totals(self, tracked: _Tracked) -> tuple[ActionStats, ActionStats]:
+        """The totals an order counts in: its (policy, action)'s and, within
+        them, its forecast's."""
+        stats = self._stats[tracked.key]
+        return stats, stats.of_forecast(tracked.forecast)
+
+    def _read_after(self, tracked: _Tracked) -> None:
+        for stats in self._totals(tracked):
+            stats.read_after_lease += 1
+            stats.bytes_read_after_lease += tracked.nbytes
+
     def _close(self, order_id: OrderId, outcome: Outcome) -> None:
         tracked = self._tracked.pop(order_id)
         ids = self._by_family[tracked.family]
         ids.discard(order_id)
         if not ids:
             del self._by_family[tracked.family]
-        stats = self._stats[tracked.key]
-        stats.outcomes[outcome.value] += 1
-        stats.bytes_by_outcome[outcome.value] += tracked.nbytes
-        stats.expected_ms_by_outcome[outcome.value] += tracked.expected_ms
+        for stats in self._totals(tracked):
+            stats.outcomes[outcome.value] += 1
+            stats.bytes_by_outcome[outcome.value] += tracked.nbytes
+            stats.expected_ms_by_outcome[outcome.value] += tracked.expected_ms
         if outcome in (Outcome.USED_LATE, Outcome.NEVER_USED):
             self._follow_after(order_id, tracked)
 
     def _follow_after(self, order_id: OrderId, tracked: _Tracked) -> None:
         if tracked.read_after is not None:  # already routed to after its lease: decided
             if tracked.read_after:
-                stats = self._stats[tracked.key]
-                stats.read_after_lease += 1
-                stats.bytes_read_after_lease += tracked.nbytes
+                self._read_after(tracked)
             return
         if len(self._after) >= MAX_AFTERLIFE:
             self._forget_after(next(iter(self._after)))

@@ -122,12 +122,13 @@ class Planner:
         tick = _Tick(self, now, view)
         if not tick.live:
             return Plan(retains, cancel)
-        for name, (count, horizon_s) in demand.items():
+        for name, (count, horizon_s, kind) in demand.items():
+            tick.forecast[name] = kind
             tick.add_family(name, Demand(count, 1000.0 * horizon_s))
         return Plan(tick.select(policy) + retains, cancel)
 
-    def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, tuple[float, float]]:
-        """family -> (requests expected, within seconds)."""
+    def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, tuple[float, float, ForecastKind]]:
+        """family -> (requests expected, within seconds, the kind of the forecast that said so)."""
         p = self._cfg.planner
         figures: dict[Family, tuple[float, float, bool]] = {}  # (count, horizon s, a burst)
         for f in forecasts:
@@ -142,7 +143,8 @@ class Planner:
             if old is None or (burst, d) > (old[2], old[0]):
                 figures[f.family] = (d, f.horizon_s, burst)
         top = sorted(figures.items(), key=lambda item: (-item[1][0], item[0]))[: p.max_families_per_tick]
-        return {family: (count, horizon) for family, (count, horizon, _) in top}
+        return {family: (count, horizon, ForecastKind.BURST if burst else ForecastKind.RETURN)
+                for family, (count, horizon, burst) in top}
 
 
 class _Tick:
@@ -157,6 +159,7 @@ class _Tick:
         self.link_wait = dict(view.link_wait_ms)
         self.book = BudgetBook(view, self.cfg.budgets)
         self.planned: dict[tuple[NodeId, Tier], int] = {}  # blocks this tick put in a tier
+        self.forecast: dict[Family, ForecastKind] = {}  # the kind of forecast each family's demand came from
         self.landing: dict[Family, set[NodeId]] = {}
         for order in view.active_orders:
             self.landing.setdefault(order.spec.family, set()).add(order.spec.target)
@@ -385,7 +388,7 @@ class _Tick:
             lease_ms = max(lease_ms, int(self.cfg.planner.insurance_life_s * 1e3))
         return OrderSpec(fam.family, list(chain), source, c.node, lease_ms,
                          priority=min(int(value.net_ms), 2**31 - 1), expected_benefit_ms=value.net_ms,
-                         policy=policy, tier=c.tier, action=c.kind)
+                         policy=policy, tier=c.tier, action=c.kind, forecast=self.forecast[fam.family].value)
 
 
 def _network_bytes(c: ActionCandidate) -> int:

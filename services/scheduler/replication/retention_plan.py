@@ -130,7 +130,7 @@ class RetentionPlanner:
             return None
         return OrderSpec(family, list(profile.chain[:blocks]), node_id, node_id, int(ttl_s * 1000),
                          priority=min(int(net), 2**31 - 1), expected_benefit_ms=net, policy=policy,
-                         tier=last_tier, action=ActionKind.RETAIN)
+                         tier=last_tier, action=ActionKind.RETAIN, forecast=ForecastKind.RETENTION.value)
 
     @staticmethod
     def residency_s(view: ClusterView, node: NodeView, now: float) -> float:

@@ -16,14 +16,16 @@ def _summary(actions) -> PolicySummary:
     return PolicySummary(**{**figures, "actions": actions})
 
 
-def _replicas(read_in_time: int, read_after: int, unread: int) -> dict:
+def _replicas(read_in_time: int, read_after: int, unread: int, unread_forecast: str = "burst") -> dict:
     """Replicas of one GiB each, committed at 1 s with a 10 s lease: some read
-    in their lease, some only by a request on their node after it, the rest never."""
+    in their lease, some only by a request on their node after it, the rest
+    never; bought for burst forecasts, the unread ones for `unread_forecast`."""
     outcomes, tracker = ActionOutcomes(), OrderTracker()
     for i in range(read_in_time + read_after + unread):
         family = Family(f"f{i}")
+        forecast = "burst" if i < read_in_time + read_after else unread_forecast
         order = tracker.submit(OrderSpec(family, [i], NodeId("a"), NodeId("b"), 10_000, expected_benefit_ms=1000.0,
-                                         policy="predictive"), 0.0)
+                                         policy="predictive", forecast=forecast), 0.0)
         outcomes.issued(order, GIB)
         outcomes.transition(tracker.report(order.order_id, OrderState.COMMITTED, 1.0), 1.0)
         if i < read_in_time:
@@ -43,6 +45,23 @@ def test_the_table_reads_bytes_read_in_time_and_after_the_lease():
     assert cells["bytes read in time"] == "0.500"
     assert cells["bytes read after lease"] == "0.250"
     assert cells["expected s (used in time)"] == "2.0"
+
+
+def _cells(table: str) -> list[dict[str, str]]:
+    header, _, *rows = table.splitlines()
+    names = [c.strip() for c in header.split("|")]
+    return [dict(zip(names, [c.strip() for c in row.split("|")])) for row in rows]
+
+
+def test_an_action_bought_for_two_forecasts_gets_a_row_for_each_below_its_total():
+    rows = _cells(action_table({"predictive": _summary(_replicas(2, 0, 2, unread_forecast="return"))}))
+    assert [(r["forecast"], r["orders"], r["bytes read in time"]) for r in rows] == [
+        ("burst, return", "4", "0.500"), ("burst", "2", "1.000"), ("return", "2", "0.000")]
+
+
+def test_an_action_bought_for_one_forecast_names_it_in_one_row():
+    rows = _cells(action_table({"predictive": _summary(_replicas(1, 0, 1))}))
+    assert [(r["forecast"], r["orders"]) for r in rows] == [("burst", "2")]
 
 
 def test_no_orders_no_table():

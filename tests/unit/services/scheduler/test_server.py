@@ -7,6 +7,7 @@ from speckv.services.scheduler.replication.replicas import ReplicaStats
 from speckv.services.scheduler.server import (
     PENDING,
     action_bytes,
+    action_bytes_by_forecast,
     action_bytes_read_after_lease,
     action_orders,
     replica_bytes,
@@ -44,8 +45,20 @@ def test_bytes_read_after_the_lease_per_policy_and_action():
                                                     (0.0, {"policy": "predictive", "action": "retain"})]
 
 
+def test_bytes_are_split_by_the_forecast_the_orders_were_bought_for():
+    replicate = _stats(3, 300, {Outcome.USED_IN_TIME: (1, 100), Outcome.NEVER_USED: (1, 100)})
+    replicate.by_forecast = {"burst": _stats(1, 100, {Outcome.USED_IN_TIME: (1, 100)}),
+                             "return": _stats(2, 200, {Outcome.NEVER_USED: (1, 100)})}
+    points = {(a["forecast"], a["outcome"]): v for v, a in
+              action_bytes_by_forecast({("predictive", ActionKind.REPLICATE): replicate})}
+    assert points[("burst", "used_in_time")] == 100 and points[("burst", PENDING)] == 0
+    assert points[("return", "never_used")] == 100 and points[("return", PENDING)] == 100
+    assert sum(points.values()) == replicate.bytes
+
+
 def test_no_orders_no_points():
     assert action_orders({}) == [] and action_bytes({}) == [] and action_bytes_read_after_lease({}) == []
+    assert action_bytes_by_forecast({}) == []
 
 
 def test_replica_bytes_are_replicated_and_wasted():

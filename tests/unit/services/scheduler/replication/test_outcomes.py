@@ -194,3 +194,29 @@ def test_orders_followed_after_their_lease_are_bounded(monkeypatch):
     outcomes.routed(F, NodeId("b"), True, 30.0)
     assert _outcomes_of(outcomes)[1].read_after_lease == 2
     assert not outcomes._after and not outcomes._after_by_family
+
+
+def test_each_total_is_split_by_the_forecast_the_order_was_bought_for():
+    """A burst-bought replica read in its lease, a return-bought one never read
+    but found after it, and an operator's order: each forecast's share sums to the total."""
+    outcomes, tracker = ActionOutcomes(), OrderTracker()
+    orders = {}
+    for family, forecast in (("burst-fam", "burst"), ("conv-fam", "return"), ("op-fam", "")):
+        order = tracker.submit(OrderSpec(Family(family), [1, 2], NodeId("a"), NodeId("b"), 10_000,
+                                         expected_benefit_ms=20.0, policy="predictive", forecast=forecast), 0.0)
+        outcomes.issued(order, BPB)
+        orders[forecast] = _move(outcomes, tracker, order, OrderState.COMMITTED, 1.0)
+    outcomes.routed(Family("burst-fam"), NodeId("b"), True, 2.0)
+    outcomes.sweep(12.0)
+    outcomes.routed(Family("conv-fam"), NodeId("b"), True, 30.0)
+    stats = outcomes.stats()[("predictive", ActionKind.REPLICATE)]
+    split = stats.by_forecast
+    assert set(split) == {"burst", "return", ""}
+    assert split["burst"].outcomes["used_in_time"] == 1 and split["burst"].bytes_used_in_time_share == 1.0
+    assert split["return"].outcomes["never_used"] == 1 and split["return"].bytes_read_after_lease == 2 * BPB
+    assert split[""].outcomes["never_used"] == 1 and split[""].read_after_lease == 0
+    assert sum(s.orders for s in split.values()) == stats.orders == 3
+    assert sum(s.bytes for s in split.values()) == stats.bytes == 6 * BPB
+    assert stats.bytes_read_after_lease == 2 * BPB
+    assert stats.to_json()["by_forecast"]["return"]["bytes_read_after_lease"] == 2 * BPB
+    assert all(not s.by_forecast for s in split.values())  # one level only

@@ -347,9 +347,11 @@ def test_a_prefetch_that_demotes_blocks_wanted_again_costs_more_than_it_saves():
     (ForecastKind.RETURN, 0.04, 0),  # below min_return_probability (0.05): not priced
     (ForecastKind.RETURN, 0.5, 1),  # a likely return behind a swamped holder: one replica
     (ForecastKind.BURST, 0.5, 0),  # a count model's half request is below min_expected_requests (1.0)
+    (ForecastKind.BURST, 1.0, 1),
 ])
 def test_return_forecasts_and_burst_counts_have_their_own_floors(kind, count, orders):
+    """...and each order names the forecast it was bought for."""
     core = _one_request_behind_a_swamped_holder(0.0, fill_targets=False)
     forecasts = core.context.forecasts
     forecasts.counts, forecasts.kinds = {FAMILY: count}, {FAMILY: kind}
-    assert len(core.tick()) == orders
+    assert [o.spec.forecast for o in core.tick()] == [kind.value] * orders

@@ -69,7 +69,7 @@ def test_retains_a_likely_return_whose_prefix_would_leave_before_it():
     assert len(orders) == 1
     o = orders[0]
     assert (o.action, o.source, o.target, o.tier) == (ActionKind.RETAIN, NodeId("n0"), NodeId("n0"), Tier.HOST)
-    assert o.block_hashes == CHAIN and o.lease_ms == 300_000
+    assert o.block_hashes == CHAIN and o.lease_ms == 300_000 and o.forecast == "retention"
     assert o.expected_benefit_ms == pytest.approx(expected_net(core, 0.5, 30.0, 0.2))
     assert expected_net(core, 0.5, 30.0, 0.2) > 0
 
