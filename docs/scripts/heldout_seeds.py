@@ -23,8 +23,9 @@ nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 (retain.displacement "occupancy"), capN (the e2e configuration's
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
 follow-ups: every request's follow_ups 0, in training and serving), surgeF
-(planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L); joined
-with "+".
+(planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
+(session-return forecasts buy no copies, only prefetches and retains: patched into the planner, so it runs
+on the source, not the compiled build); joined with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
 import collections
@@ -45,9 +46,12 @@ import speckv.loadgen.workload.fanout as fanout_module
 from speckv.loadgen.experiments.bootstrap import BootstrapDraws, paired_intervals
 from speckv.loadgen.sim import jobs
 from speckv.loadgen.sim.returns import train_returns
+from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.replication import planner as planner_module
 
 START_S, DURATION_S, NODES = 1800.0, 600.0, 16
+ORIGINAL_CANDIDATES = planner_module._Tick._candidates
 
 
 def config_for(variant: str):
@@ -70,7 +74,7 @@ def config_for(variant: str):
             p = replace(p, horizon_s=float(part[1:]))
         elif part.startswith("now"):
             p = replace(p, nowcast_min_routes=int(part[3:]))
-        elif part.startswith("cap") or part in ("lgbm", "base", "nosig"):
+        elif part.startswith("cap") or part in ("lgbm", "base", "nosig", "norr"):
             pass  # capN changes the e2e configuration: e2e_config_for
         else:
             raise ValueError(f"unknown variant {part!r}")
@@ -90,10 +94,20 @@ def e2e_config_for(variant: str) -> str | None:
     return path
 
 
+def _no_return_copies(tick, fam, index):
+    out = ORIGINAL_CANDIDATES(tick, fam, index)
+    if tick.forecast.get(fam.family) is ForecastKind.RETURN:
+        return [c for c in out if not c.kind.copies]
+    return out
+
+
 def run(task):
     scenario, seed, spec = task
     policy, _, variant = spec.partition(":")
     cfg = config_for(variant)
+    wanted = _no_return_copies if "norr" in variant.split("+") else ORIGINAL_CANDIDATES
+    if planner_module._Tick._candidates is not wanted:
+        planner_module._Tick._candidates = wanted  # TypeError on the compiled build: run norr on the source
     simmod.load_policy_config = lambda *a, **k: cfg
     # nosig: the generator's follow_ups are never set (a worker runs several tasks: reset it every time)
     fanout_module.replace = (lambda request, **changes: request) if "nosig" in variant.split("+") else replace

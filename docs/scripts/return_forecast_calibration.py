@@ -91,14 +91,18 @@ def main(scenario: str, seed: int) -> None:
     labelled = [(p, came(by_family.get(family, []), now, horizon)) for now, family, p, horizon in seen
                 if p >= 0.05 and math.isfinite(p)]
     table("every RETURN forecast the planner was handed (P >= 0.05)", labelled)
-    horizon = {(now, family): h for now, family, _, h in seen}
-    probability = {(now, family): p for now, family, p, _ in seen}
-    ordered = []
-    for (now, family), actions in bought.items():
-        at = max((t for t, f in probability if f == family and t <= now), default=None)
-        if at is not None:
-            ordered.append((probability[(at, family)], came(by_family.get(family, []), now, horizon[(at, family)])))
-    table("the forecasts an order was bought for (one per tick and family)", ordered)
+    handed: dict[str, list[tuple[float, float, float]]] = collections.defaultdict(list)  # family -> (now, P, h)
+    for now, family, p, horizon in seen:
+        handed[family].append((now, p, horizon))
+    for action in ("replicate", "prefetch"):
+        ordered = []
+        for (now, family), actions in bought.items():
+            entries = handed.get(family, [])
+            i = bisect.bisect_right(entries, (now, math.inf, math.inf)) - 1  # the forecast in force at the order
+            if action in actions and i >= 0:
+                _, p, horizon = entries[i]
+                ordered.append((p, came(by_family.get(family, []), now, horizon)))
+        table(f"the forecasts a {action} order was bought for (one per tick and family)", ordered)
 
 
 if __name__ == "__main__":
