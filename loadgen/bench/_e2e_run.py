@@ -44,7 +44,9 @@ from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.errors import Unavailable
 from speckv.services.common.traces import TraceRequest
+from speckv.services.scheduler.outcomes_proto import action_stats_from_proto
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
+from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.v1 import (
     common_pb2,
     kvstore_pb2,
@@ -77,6 +79,8 @@ class PolicyRun:
     kvstores: dict[str, kvstore_pb2.StatsResponse] = field(default_factory=dict)  # per alive node, after the drain
     node_events: list[EventOutcome] = field(default_factory=list)  # node events played (_e2e_events.py)
     lifetimes: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (joined, left), trace s
+    # The policy's speculative orders by action (ActionStats, from the scheduler after the drain; kvstore bytes).
+    actions: dict[str, ActionStats] = field(default_factory=dict)
 
 
 def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, speed: float,
@@ -228,7 +232,8 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
             collector.stop()
         if played is not None and played.error is not None:
             raise Unavailable(f"a node event failed: {played.error}")
-        orders, stores = _final_state(scheduler, played.alive_channels() if played else kv_channels)
+        orders, stores, actions = _final_state(scheduler, played.alive_channels() if played else kv_channels,
+                                               policy)
         with ledger_lock:
             totals = ledger.totals()
         for record in router.records:
@@ -236,20 +241,22 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
                 record.error = "not finished before the drain timeout"
         return PolicyRun(policy, list(router.records), totals, orders, forecasts, time.monotonic() - started, sent,
                          warmed, dict(router.jobs), stores, list(played.outcomes) if played else [],
-                         dict(played.lifetimes) if played else {n: (-math.inf, math.inf) for n in nodes})
+                         dict(played.lifetimes) if played else {n: (-math.inf, math.inf) for n in nodes}, actions)
     finally:
         for channel in (scheduler_channel, predictor_channel, *kv_channels.values()):
             channel.close()
 
 
-def _final_state(scheduler: scheduler_pb2_grpc.SchedulerStub, kv_channels: Mapping[str, grpc.Channel]
-                 ) -> tuple[dict[str, int], dict[str, kvstore_pb2.StatsResponse]]:
-    """Orders by outcome, and every kvstore's stats, after the drain."""
+def _final_state(scheduler: scheduler_pb2_grpc.SchedulerStub, kv_channels: Mapping[str, grpc.Channel], policy: str
+                 ) -> tuple[dict[str, int], dict[str, kvstore_pb2.StatsResponse], dict[str, ActionStats]]:
+    """Orders by state, every kvstore's stats, and the policy's speculative
+    orders by action (warm-up included: the policy is set before it), after the drain."""
     state = scheduler.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=10.0)
     orders = {common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_"): o.count for o in state.orders}
     stores = {n: kvstore_pb2_grpc.KVStoreStub(c).GetStats(kvstore_pb2.StatsRequest(), timeout=10.0)
               for n, c in kv_channels.items()}
-    return orders, stores
+    actions = {a.action: action_stats_from_proto(a) for a in state.actions if a.policy == policy}
+    return orders, stores, actions
 
 
 class _Monotonic:

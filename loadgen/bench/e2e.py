@@ -49,6 +49,7 @@ from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes
 from speckv.loadgen.bench._e2e_events import EventPlan, check_plan
 from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
 from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
+from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.bootstrap import BOOTSTRAP_RESAMPLES, bootstrap_intervals
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.experiments.event_metrics import event_figures
@@ -71,6 +72,7 @@ from speckv.loadgen.workload.node_events import get_event_set, resolve
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
 from speckv.services.common.traces import TraceRequest, load_mooncake
+from speckv.services.scheduler.replication.outcomes import ActionStats
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
 
@@ -194,6 +196,7 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
     for policy in policies:
         run = runs[policy]
         summaries[policy] = replace(summary_of(run), live=_live_figures(run),
+                                    actions=_actions_of(run, setup),
                                     ci95=bootstrap_intervals(run.records, bursts, config.ttft_target_ms, reusable,
                                                              shared),
                                     utilisation=utilisation(run.records, config.ttft_target_ms, list(run.lifetimes),
@@ -213,6 +216,24 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
         live=LiveSetup(engine=setup.kind, kvstore_bytes_per_block=setup.geometry.bytes_per_block,
                        family=config.family, predictor_model=model.describe()))
     return result, runs
+
+
+def _actions_of(run: PolicyRun, setup: EngineSetup) -> dict[str, dict[str, object]] | None:
+    """The run's per-action outcomes as the simulator reports them (to_json),
+    bytes counted as the results count them (real-model bytes of each block);
+    None when the policy issued no order. The first round's, as the other figures."""
+    scale = setup.real_bytes_per_block / setup.geometry.bytes_per_block
+    return {kind: real_bytes(stats, scale).to_json() for kind, stats in sorted(run.actions.items())} or None
+
+
+def real_bytes(stats: ActionStats, scale: float) -> ActionStats:
+    """stats with every byte figure multiplied by scale (rounded)."""
+    out = stats.copy()
+    out.bytes = round(stats.bytes * scale)
+    out.bytes_by_outcome = {k: round(v * scale) for k, v in stats.bytes_by_outcome.items()}
+    out.bytes_read_after_lease = round(stats.bytes_read_after_lease * scale)
+    out.by_forecast = {name: real_bytes(part, scale) for name, part in stats.by_forecast.items()}
+    return out
 
 
 def _live_figures(run: PolicyRun) -> LiveRunFigures:
@@ -242,6 +263,10 @@ def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: Eng
         f"over the slice's requests (ci95; {BOOTSTRAP_RESAMPLES} draws): a difference inside it is a tie, and "
         "since it leaves out the run-to-run spread, one outside it is a hint. Verdicts come from `speckv "
         "simulate` of the same slice.",
+        "Speculative actions: the scheduler's own outcome totals (GetClusterState) after the drain of each "
+        "policy's first run, orders issued during the warm start included (the policy is set before it), so "
+        "their GiB can exceed the replicated GiB above, which counts the slice's replicas only; bytes in real-model "
+        "bytes, as above.",
         *([f"Repeats: every policy replayed the slice {repeats} times, round-robin over the policies, each on a "
            "fresh cluster; the figures above are the first round's, `repeats` in the JSON holds every round's, "
            "and the between-runs table gives each figure's difference from none's mean a 95 % Welch interval "
@@ -327,6 +352,10 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
             console.print(title)
             console.print(table, markup=False)
     console.print(markdown_table(result.policies, result.floor), markup=False)
+    actions = action_table(result.policies)
+    if actions:
+        console.print(f"speculative actions (the first run of each policy; warm-up included, see the notes):\n"
+                      f"{actions}", markup=False)
     between = repeats_table(result.policies)
     if between:
         console.print(f"between {args.repeats} runs of each policy (repeats.py: mean, difference from none's "

@@ -57,7 +57,29 @@ def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
     orders.add_column("count")
     for o in state.orders:
         orders.add_row(common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_").lower(), str(o.count))
-    return [nodes, orders]
+    return [nodes, orders] + ([actions_table(state.actions)] if state.actions else [])
+
+
+OUTCOMES = ("used_in_time", "used_late", "never_used", "cancelled", "failed")
+
+
+def actions_table(actions: Sequence[scheduler_pb2.ActionOutcomeStats]) -> Table:
+    """Per policy, action and the forecast its orders were bought for: the
+    orders, their GiB, what they came to (pending: no outcome yet) and the
+    share of the decided bytes read in the lease and after it."""
+    table = Table(title="speculative actions since the scheduler started")
+    for column in ("policy", "action", "forecast", "orders", "GiB", *(o.replace("_", " ") for o in OUTCOMES),
+                   "pending", "bytes read in time", "read after lease"):
+        table.add_column(column)
+    for a in actions:
+        for part in a.by_forecast or [a]:
+            decided_bytes = sum(part.bytes_by_outcome.values())
+            share = (f"{part.bytes_by_outcome.get('used_in_time', 0) / decided_bytes:.2f}" if decided_bytes else "-")
+            after = f"{part.bytes_read_after_lease / decided_bytes:.2f}" if decided_bytes else "-"
+            table.add_row(a.policy, a.action, part.forecast or "none", str(part.orders), f"{part.bytes / 2**30:.2f}",
+                          *(str(part.outcomes.get(o, 0)) for o in OUTCOMES),
+                          str(part.orders - sum(part.outcomes.values())), share, after)
+    return table
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:

@@ -589,10 +589,11 @@ class SchedulerCore:
             return self._orders.counts()
 
     def action_outcomes(self) -> dict[tuple[str, ActionKind], ActionStats]:
-        """Per (policy, action kind): orders, bytes and what they came to (outcomes.py)."""
+        """Per (policy, action kind): orders, bytes and what they came to
+        (outcomes.py); a copy, so a caller may read it outside the lock."""
         with self._lock:
             self._lifecycle.outcomes.sweep(self._clock.now())
-            return self._lifecycle.outcomes.stats()
+            return {key: stats.copy() for key, stats in self._lifecycle.outcomes.stats().items()}
 
     def live_node_count(self) -> int:
         with self._lock:

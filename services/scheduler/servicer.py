@@ -16,6 +16,7 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.outcomes_proto import actions_to_proto
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem, RouteResult
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -159,7 +160,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.ClusterState(
             nodes=nodes, policy=snap.policy, orders=orders, num_families=snap.num_families, now_s=snap.now,
             replicas_committed=r.committed, replicas_kept=r.kept, replicas_released_unused=r.released_unused,
-            bytes_replicated=r.bytes_committed, bytes_wasted=r.bytes_wasted, order_retries=snap.retries)
+            bytes_replicated=r.bytes_committed, bytes_wasted=r.bytes_wasted, order_retries=snap.retries,
+            actions=actions_to_proto(self._core.action_outcomes()))
 
 
 def _route_response(r: RouteResult) -> scheduler_pb2.RouteResponse:

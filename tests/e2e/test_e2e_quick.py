@@ -35,6 +35,12 @@ def test_quick_comparison_runs_end_to_end(tmp_path, traces_dir):
     # Routing is KV-aware: conversation turns find their earlier prefix.
     assert data["policies"]["none"]["prefix_hit_ratio"] > 0
     assert data["policies"]["none"]["bytes_replicated"] == 0
+    assert data["policies"]["none"]["actions"] is None  # no forecast, no placement: no order
+    for metrics in data["policies"].values():  # the scheduler's outcome totals, split by forecast
+        for stats in (metrics["actions"] or {}).values():
+            split = stats["by_forecast"].values()
+            assert sum(s["orders"] for s in split) == stats["orders"]
+            assert sum(s["bytes"] for s in split) == stats["bytes"]
     assert "between 2 runs of each policy" in result.stdout
     assert "| reactive-heat | ttft_p50_ms | 2 |" in result.stdout
     assert any(note.startswith("Repeats: every policy replayed the slice 2 times") for note in data["notes"])

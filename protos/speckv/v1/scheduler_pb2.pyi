@@ -208,7 +208,7 @@ class OrderCount(_message.Message):
     def __init__(self, state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClusterState(_message.Message):
-    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s", "replicas_committed", "replicas_kept", "replicas_released_unused", "bytes_replicated", "bytes_wasted", "order_retries")
+    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s", "replicas_committed", "replicas_kept", "replicas_released_unused", "bytes_replicated", "bytes_wasted", "order_retries", "actions")
     NODES_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     ORDERS_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +220,7 @@ class ClusterState(_message.Message):
     BYTES_REPLICATED_FIELD_NUMBER: _ClassVar[int]
     BYTES_WASTED_FIELD_NUMBER: _ClassVar[int]
     ORDER_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
     policy: str
     orders: _containers.RepeatedCompositeFieldContainer[OrderCount]
@@ -231,4 +232,54 @@ class ClusterState(_message.Message):
     bytes_replicated: int
     bytes_wasted: int
     order_retries: int
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ..., replicas_committed: _Optional[int] = ..., replicas_kept: _Optional[int] = ..., replicas_released_unused: _Optional[int] = ..., bytes_replicated: _Optional[int] = ..., bytes_wasted: _Optional[int] = ..., order_retries: _Optional[int] = ...) -> None: ...
+    actions: _containers.RepeatedCompositeFieldContainer[ActionOutcomeStats]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ..., replicas_committed: _Optional[int] = ..., replicas_kept: _Optional[int] = ..., replicas_released_unused: _Optional[int] = ..., bytes_replicated: _Optional[int] = ..., bytes_wasted: _Optional[int] = ..., order_retries: _Optional[int] = ..., actions: _Optional[_Iterable[_Union[ActionOutcomeStats, _Mapping]]] = ...) -> None: ...
+
+class ActionOutcomeStats(_message.Message):
+    __slots__ = ("policy", "action", "forecast", "orders", "bytes", "expected_ms", "outcomes", "bytes_by_outcome", "expected_ms_by_outcome", "read_after_lease", "bytes_read_after_lease", "by_forecast")
+    class OutcomesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class BytesByOutcomeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ExpectedMsByOutcomeEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_FIELD_NUMBER: _ClassVar[int]
+    ORDERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_BY_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_MS_BY_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    READ_AFTER_LEASE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_AFTER_LEASE_FIELD_NUMBER: _ClassVar[int]
+    BY_FORECAST_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    action: str
+    forecast: str
+    orders: int
+    bytes: int
+    expected_ms: float
+    outcomes: _containers.ScalarMap[str, int]
+    bytes_by_outcome: _containers.ScalarMap[str, int]
+    expected_ms_by_outcome: _containers.ScalarMap[str, float]
+    read_after_lease: int
+    bytes_read_after_lease: int
+    by_forecast: _containers.RepeatedCompositeFieldContainer[ActionOutcomeStats]
+    def __init__(self, policy: _Optional[str] = ..., action: _Optional[str] = ..., forecast: _Optional[str] = ..., orders: _Optional[int] = ..., bytes: _Optional[int] = ..., expected_ms: _Optional[float] = ..., outcomes: _Optional[_Mapping[str, int]] = ..., bytes_by_outcome: _Optional[_Mapping[str, int]] = ..., expected_ms_by_outcome: _Optional[_Mapping[str, float]] = ..., read_after_lease: _Optional[int] = ..., bytes_read_after_lease: _Optional[int] = ..., by_forecast: _Optional[_Iterable[_Union[ActionOutcomeStats, _Mapping]]] = ...) -> None: ...

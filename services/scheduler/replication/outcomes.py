@@ -91,6 +91,12 @@ class ActionStats:
                 "read_after_lease": self.read_after_lease, "bytes_read_after_lease": self.bytes_read_after_lease,
                 "by_forecast": {kind: stats.to_json() for kind, stats in sorted(self.by_forecast.items())}}
 
+    def copy(self) -> "ActionStats":
+        """An independent copy (its maps and split copied too)."""
+        return ActionStats(self.orders, self.bytes, self.expected_ms, dict(self.outcomes), dict(self.bytes_by_outcome),
+                           dict(self.expected_ms_by_outcome), self.read_after_lease, self.bytes_read_after_lease,
+                           {name: part.copy() for name, part in self.by_forecast.items()})
+
     def of_forecast(self, forecast: str) -> "ActionStats":
         stats = self.by_forecast.get(forecast)
         if stats is None:
