@@ -24,8 +24,8 @@ nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
 follow-ups: every request's follow_ups 0, in training and serving), surgeF
 (planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
-(session-return forecasts buy no copies, only prefetches and retains: patched into the planner, so it runs
-on the source, not the compiled build); joined with "+".
+(session-return forecasts buy no copies, only prefetches and retains), norp (they buy no prefetches); norr
+and norp are patched into the planner, so they run on the source, not the compiled build; joined with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
 import collections
@@ -49,6 +49,7 @@ from speckv.loadgen.sim.returns import train_returns
 from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication import planner as planner_module
+from speckv.services.scheduler.replication.orders import ActionKind
 
 START_S, DURATION_S, NODES = 1800.0, 600.0, 16
 ORIGINAL_CANDIDATES = planner_module._Tick._candidates
@@ -74,7 +75,7 @@ def config_for(variant: str):
             p = replace(p, horizon_s=float(part[1:]))
         elif part.startswith("now"):
             p = replace(p, nowcast_min_routes=int(part[3:]))
-        elif part.startswith("cap") or part in ("lgbm", "base", "nosig", "norr"):
+        elif part.startswith("cap") or part in ("lgbm", "base", "nosig", "norr", "norp"):
             pass  # capN changes the e2e configuration: e2e_config_for
         else:
             raise ValueError(f"unknown variant {part!r}")
@@ -94,18 +95,27 @@ def e2e_config_for(variant: str) -> str | None:
     return path
 
 
-def _no_return_copies(tick, fam, index):
-    out = ORIGINAL_CANDIDATES(tick, fam, index)
-    if tick.forecast.get(fam.family) is ForecastKind.RETURN:
-        return [c for c in out if not c.kind.copies]
-    return out
+def _without(kinds):
+    """_Tick._candidates without the candidates of `kinds` for families whose demand is a return forecast."""
+    def candidates(tick, fam, index):
+        out = ORIGINAL_CANDIDATES(tick, fam, index)
+        if tick.forecast.get(fam.family) is ForecastKind.RETURN:
+            return [c for c in out if c.kind not in kinds]
+        return out
+    return candidates
+
+
+PATCHES = {"norr": _without({ActionKind.REPLICATE, ActionKind.REDUNDANT}), "norp": _without({ActionKind.PREFETCH})}
 
 
 def run(task):
     scenario, seed, spec = task
     policy, _, variant = spec.partition(":")
     cfg = config_for(variant)
-    wanted = _no_return_copies if "norr" in variant.split("+") else ORIGINAL_CANDIDATES
+    patches = [PATCHES[part] for part in variant.split("+") if part in PATCHES]
+    if len(patches) > 1:
+        raise ValueError(f"{variant}: one of {sorted(PATCHES)} at a time")
+    wanted = patches[0] if patches else ORIGINAL_CANDIDATES
     if planner_module._Tick._candidates is not wanted:
         planner_module._Tick._candidates = wanted  # TypeError on the compiled build: run norr on the source
     simmod.load_policy_config = lambda *a, **k: cfg

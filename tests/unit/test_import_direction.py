@@ -46,6 +46,7 @@ ADAPTERS = {
     "speckv.services.predictor.servicer",
     "speckv.services.scheduler.config",
     "speckv.services.scheduler.event_sync",
+    "speckv.services.scheduler.outcomes_proto",
     "speckv.services.scheduler.remote",
     "speckv.services.scheduler.server",
     "speckv.services.scheduler.servicer",
