@@ -14,6 +14,8 @@ from speckv.services.cluster.launcher import default_run_dir
 from speckv.services.common.config import add_config_arguments, config_from
 from speckv.services.common.errors import NotFound, Unavailable
 from speckv.services.common.tls import ClientTlsSettings, TlsFiles, TlsMaterial, dial
+from speckv.services.scheduler.outcomes_proto import action_stats_from_proto
+from speckv.services.scheduler.replication.outcomes import Outcome
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -60,7 +62,7 @@ def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
     return [nodes, orders] + ([actions_table(state.actions)] if state.actions else [])
 
 
-OUTCOMES = ("used_in_time", "used_late", "never_used", "cancelled", "failed")
+OUTCOMES = tuple(o.value for o in Outcome)
 
 
 def actions_table(actions: Sequence[scheduler_pb2.ActionOutcomeStats]) -> Table:
@@ -73,13 +75,16 @@ def actions_table(actions: Sequence[scheduler_pb2.ActionOutcomeStats]) -> Table:
         table.add_column(column)
     for a in actions:
         for part in a.by_forecast or [a]:
-            decided_bytes = sum(part.bytes_by_outcome.values())
-            share = (f"{part.bytes_by_outcome.get('used_in_time', 0) / decided_bytes:.2f}" if decided_bytes else "-")
-            after = f"{part.bytes_read_after_lease / decided_bytes:.2f}" if decided_bytes else "-"
-            table.add_row(a.policy, a.action, part.forecast or "none", str(part.orders), f"{part.bytes / 2**30:.2f}",
-                          *(str(part.outcomes.get(o, 0)) for o in OUTCOMES),
-                          str(part.orders - sum(part.outcomes.values())), share, after)
+            stats = action_stats_from_proto(part)
+            table.add_row(a.policy, a.action, part.forecast or "none", str(stats.orders), f"{stats.bytes / 2**30:.2f}",
+                          *(str(stats.outcomes.get(o, 0)) for o in OUTCOMES),
+                          str(stats.orders - sum(stats.outcomes.values())),
+                          _share(stats.bytes_used_in_time_share), _share(stats.bytes_read_after_lease_share))
     return table
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:

@@ -82,6 +82,12 @@ class ActionStats:
         decided = sum(self.bytes_by_outcome.values())
         return self.bytes_by_outcome[Outcome.USED_IN_TIME.value] / decided if decided else None
 
+    @property
+    def bytes_read_after_lease_share(self) -> float | None:
+        """Of the bytes of orders with an outcome, the share read only after their lease."""
+        decided = sum(self.bytes_by_outcome.values())
+        return self.bytes_read_after_lease / decided if decided else None
+
     def to_json(self) -> dict[str, object]:
         return {"orders": self.orders, "bytes": self.bytes, "expected_ms": self.expected_ms,
                 "outcomes": dict(self.outcomes), "bytes_by_outcome": dict(self.bytes_by_outcome),

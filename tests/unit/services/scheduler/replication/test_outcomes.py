@@ -214,6 +214,7 @@ def test_each_total_is_split_by_the_forecast_the_order_was_bought_for():
     assert set(split) == {"burst", "return", ""}
     assert split["burst"].outcomes["used_in_time"] == 1 and split["burst"].bytes_used_in_time_share == 1.0
     assert split["return"].outcomes["never_used"] == 1 and split["return"].bytes_read_after_lease == 2 * BPB
+    assert split["return"].bytes_read_after_lease_share == 1.0 and stats.bytes_read_after_lease_share == 1 / 3
     assert split[""].outcomes["never_used"] == 1 and split[""].read_after_lease == 0
     assert sum(s.orders for s in split.values()) == stats.orders == 3
     assert sum(s.bytes for s in split.values()) == stats.bytes == 6 * BPB
