@@ -1,13 +1,14 @@
 """One policy, one fresh local cluster, one replayed slice (used by `speckv
 bench e2e` and `speckv demo`).
 
-Steps: start the cluster from the committed E2EConfig; SetPolicy (a name the
-scheduler rejects raises, loudly); load the comparison's predictor model
-(ReloadModel; trained before the slice only, see _e2e_model.py); warm start
-the cluster with the `warmup_s` of trace before the slice (_e2e_warm.py:
-routed through the scheduler, so the predictor observes those arrivals at
-their mapped times, and the newest requests' KV stored where they were
-routed); follow the KV events; replay the slice open
+Steps: start the cluster from the committed E2EConfig (policy `none`); load
+the comparison's predictor model (ReloadModel; trained before the slice only,
+see _e2e_model.py); warm start the cluster with the `warmup_s` of trace
+before the slice (_e2e_warm.py: routed through the scheduler, so the
+predictor observes those arrivals at their mapped times, and the newest
+requests' KV stored where they were routed); SetPolicy (a name the scheduler
+rejects raises, loudly; set only now, so the policy plans nothing during the
+warm start, as in the simulator); follow the KV events; replay the slice open
 loop through the reference router onto the engines (emulated, or the real
 torch model: _e2e_engines.py), playing the run's node events if it has any
 (_e2e_events.py); wait for the engines to drain; collect orders by outcome
@@ -180,7 +181,6 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
     kv_channels = {n: grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for n, a in nodes.items()}
     scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
     try:
-        scheduler.SetPolicy(scheduler_pb2.SetPolicyRequest(name=policy), timeout=10.0)
         if model_dir is not None:
             predictor_pb2_grpc.PredictorStub(predictor_channel).ReloadModel(
                 predictor_pb2.ReloadModelRequest(name=model_dir.name), timeout=30.0)
@@ -190,6 +190,9 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
         if time.monotonic() > times.origin:
             raise Unavailable(f"the cluster took over {setup.start_budget_s:g} s to start and warm; the replay's "
                               "origin (given to the oracle) has passed")
+        # Only now: the warm start is routed under `none` (routing does not depend on the policy), so the policy
+        # plans nothing before the slice, as in the simulator, whose warm start takes no time.
+        scheduler.SetPolicy(scheduler_pb2.SetPolicyRequest(name=policy), timeout=10.0)
         ledger, ledger_lock = ReplicaLedger(), threading.Lock()
         collector = EventCollector(kv_channels, ledger, ledger_lock, unix_times.to_trace).start()
         done = [0]
@@ -250,7 +253,7 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
 def _final_state(scheduler: scheduler_pb2_grpc.SchedulerStub, kv_channels: Mapping[str, grpc.Channel], policy: str
                  ) -> tuple[dict[str, int], dict[str, kvstore_pb2.StatsResponse], dict[str, ActionStats]]:
     """Orders by state, every kvstore's stats, and the policy's speculative
-    orders by action (warm-up included: the policy is set before it), after the drain."""
+    orders by action (issued from the slice's start: the policy is set after the warm start), after the drain."""
     state = scheduler.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=10.0)
     orders = {common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_"): o.count for o in state.orders}
     stores = {n: kvstore_pb2_grpc.KVStoreStub(c).GetStats(kvstore_pb2.StatsRequest(), timeout=10.0)

@@ -264,9 +264,8 @@ def _notes(config: E2EConfig, slice_: SliceSpec, model: TrainedModel, setup: Eng
         "since it leaves out the run-to-run spread, one outside it is a hint. Verdicts come from `speckv "
         "simulate` of the same slice.",
         "Speculative actions: the scheduler's own outcome totals (GetClusterState) after the drain of each "
-        "policy's first run, orders issued during the warm start included (the policy is set before it), so "
-        "their GiB can exceed the replicated GiB above, which counts the slice's replicas only; bytes in real-model "
-        "bytes, as above.",
+        "policy's first run; the policy is set once the warm start is done (routing does not depend on it), so "
+        "it plans nothing before the slice, as in the simulator; bytes in real-model bytes, as above.",
         *([f"Repeats: every policy replayed the slice {repeats} times, round-robin over the policies, each on a "
            "fresh cluster; the figures above are the first round's, `repeats` in the JSON holds every round's, "
            "and the between-runs table gives each figure's difference from none's mean a 95 % Welch interval "
@@ -354,8 +353,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     console.print(markdown_table(result.policies, result.floor), markup=False)
     actions = action_table(result.policies)
     if actions:
-        console.print(f"speculative actions (the first run of each policy; warm-up included, see the notes):\n"
-                      f"{actions}", markup=False)
+        console.print(f"speculative actions (the first run of each policy):\n{actions}", markup=False)
     between = repeats_table(result.policies)
     if between:
         console.print(f"between {args.repeats} runs of each policy (repeats.py: mean, difference from none's "
