@@ -28,11 +28,11 @@ if len(sys.argv) > 6:
 add_family = planner_mod._Tick.add_family
 
 
-def traced_add_family(self, name, demand):
+def traced_add_family(self, name, demand, kind):
     if name != family or not t0 <= self.now <= t1:
-        return add_family(self, name, demand)
+        return add_family(self, name, demand, kind)
     before = len(self.families)
-    add_family(self, name, demand)
+    add_family(self, name, demand, kind)
     if len(self.families) == before:
         print(f"{self.now:.2f} {name}: {demand.count:.1f} requests in {demand.horizon_ms:.0f} ms, not priced "
               "(no holder, or served about as well as a hit on an idle node)")

@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Mapping
 
 from speckv.loadgen.experiments.results import PolicySummary
+from speckv.services.scheduler.replication.outcomes import Outcome
 
-OUTCOMES = ("used_in_time", "used_late", "never_used", "cancelled", "failed")
+OUTCOMES = tuple(o.value for o in Outcome)
 
 
 def action_table(policies: Mapping[str, PolicySummary]) -> str:

@@ -123,8 +123,7 @@ class Planner:
         if not tick.live:
             return Plan(retains, cancel)
         for name, (count, horizon_s, kind) in demand.items():
-            tick.forecast[name] = kind
-            tick.add_family(name, Demand(count, 1000.0 * horizon_s))
+            tick.add_family(name, Demand(count, 1000.0 * horizon_s), kind)
         return Plan(tick.select(policy) + retains, cancel)
 
     def _demand(self, forecasts: Sequence[Forecast]) -> dict[Family, tuple[float, float, ForecastKind]]:
@@ -174,7 +173,9 @@ class _Tick:
         # nets, the action moving fewer bytes over the network goes first.
         self.heap: list[tuple[float, int, int, ActionCandidate]] = []
 
-    def add_family(self, name: Family, demand: Demand) -> None:
+    def add_family(self, name: Family, demand: Demand, kind: ForecastKind) -> None:
+        """Prices the candidates of family `name`, whose demand a forecast of `kind` set."""
+        self.forecast[name] = kind
         fam = self._family(name, demand)
         if fam is None:
             return
