@@ -4,7 +4,10 @@ and latencies.
 
 A client's mistake never surfaces as UNKNOWN or INTERNAL: cores raise
 `SpeckvError` subclasses, mapped here. Anything else is a bug: it is logged
-with its traceback and answered INTERNAL, and the server keeps running.
+with its traceback and answered INTERNAL, and the server keeps running. A
+client that goes away mid-call (cancelled, deadline passed, process killed)
+is no bug either: the call is recorded CANCELLED and nothing is logged above
+DEBUG.
 
 Undecodable requests: grpc-python parses request bytes before any handler
 runs and answers a parse failure INTERNAL with a logged traceback per call.
@@ -239,6 +242,8 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
 def _status_for(exc: Exception, context: grpc.ServicerContext) -> grpc.StatusCode:
     if _is_abort(exc, context):
         return context.code()
+    if _client_gone(exc, context):
+        return grpc.StatusCode.CANCELLED
     if isinstance(exc, errors.SpeckvError):
         return status_of(exc)
     return grpc.StatusCode.INTERNAL
@@ -248,6 +253,9 @@ def _abort(method: str, exc: Exception, context: grpc.ServicerContext) -> None:
     """Ends the call with the status for exc; always raises."""
     if _is_abort(exc, context):
         raise exc  # the servicer already chose a status
+    if _client_gone(exc, context):
+        log.debug("%s: the client went away mid-call", method)
+        raise exc  # grpc raised it and knows it: it ends the call without a log line
     code = _status_for(exc, context)
     if code is grpc.StatusCode.INTERNAL:
         log.error("unexpected error in %s", method, exc_info=exc)
@@ -255,6 +263,14 @@ def _abort(method: str, exc: Exception, context: grpc.ServicerContext) -> None:
     else:
         message = str(exc) or type(exc).__name__
     context.abort(code, message)
+
+
+def _client_gone(exc: Exception, context: grpc.ServicerContext) -> bool:
+    """True when exc is grpc's own signal that the client cancelled, hung up
+    or ran out of deadline: its request iterator then raises a bare RpcError.
+    That is the client's doing, not a bug, and there is nobody left to answer;
+    an RpcError from a call this server made itself is a subclass, not bare."""
+    return type(exc) is grpc.RpcError and not context.is_active()
 
 
 def _is_abort(exc: Exception, context: grpc.ServicerContext) -> bool:
