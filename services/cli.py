@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import os
@@ -18,6 +17,7 @@ from typing import Mapping, Sequence
 
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.parent_death import die_with_parent
+from speckv.services.common.poller_race import quiet_closed_channel_pollers
 
 SERVICES = ("kvstore", "predictor", "scheduler")
 TOOLS = {
@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"speckv: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     configure_logging(environ)
+    quiet_closed_channel_pollers()
     die_with_parent(environ)
     try:
         return importlib.import_module(module).main(rest, environ)
