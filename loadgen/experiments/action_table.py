@@ -3,7 +3,10 @@
 One row per (policy, action kind) that issued orders: how many, their bytes
 (network bytes of replicas; promoted bytes of prefetches), what they came to
 (services/scheduler/replication/outcomes.py: used in time, used late, never
-used, cancelled, failed), the share of bytes read in time, the share read
+used, cancelled, failed), how many had none yet when the totals were read
+(pending: lease still running or not yet run; a live run reads them at its
+drain, so a retain's 300 s lease is pending there), the share of the decided
+orders' bytes read in time, the share read
 after the lease by a later request on the order's node (what it placed
 outlives its lease until evicted; outcomes.py), and the TTFT the
 planner expected them to save, in all and for those used in time. Expected,
@@ -26,8 +29,8 @@ OUTCOMES = tuple(o.value for o in Outcome)
 def action_table(policies: Mapping[str, PolicySummary]) -> str:
     """Markdown; empty when no policy issued an order."""
     lines = ["| policy | action | forecast | orders | GiB | " + " | ".join(o.replace("_", " ") for o in OUTCOMES)
-             + " | bytes read in time | bytes read after lease | expected s | expected s (used in time) |",
-             "|---|---|---|" + "---:|" * (len(OUTCOMES) + 6)]
+             + " | pending | bytes read in time | bytes read after lease | expected s | expected s (used in time) |",
+             "|---|---|---|" + "---:|" * (len(OUTCOMES) + 7)]
     rows = 0
     for name, summary in policies.items():
         for kind, stats in sorted((summary.actions or {}).items()):
@@ -45,9 +48,10 @@ def _row(policy: str, kind: str, forecast: str, stats: Mapping) -> str:
     share = stats["bytes_used_in_time_share"]
     decided = sum(stats["bytes_by_outcome"].values())
     after = f"{stats.get('bytes_read_after_lease', 0) / decided:.3f}" if decided else "-"
+    pending = stats["orders"] - sum(outcomes[o] for o in OUTCOMES)
     return (f"| {policy} | {kind} | {forecast} | {stats['orders']} | {stats['bytes'] / 2**30:.2f} | "
             + " | ".join(str(outcomes[o]) for o in OUTCOMES)
-            + f" | {'-' if share is None else f'{share:.3f}'} | {after} | "
+            + f" | {pending} | {'-' if share is None else f'{share:.3f}'} | {after} | "
             f"{stats['expected_ms'] / 1e3:.1f} | {expected['used_in_time'] / 1e3:.1f} |")
 
 

@@ -16,15 +16,19 @@ def _summary(actions) -> PolicySummary:
     return PolicySummary(**{**figures, "actions": actions})
 
 
-def _replicas(read_in_time: int, read_after: int, unread: int, unread_forecast: str = "burst") -> dict:
+def _replicas(read_in_time: int, read_after: int, unread: int, unread_forecast: str = "burst",
+              running: int = 0) -> dict:
     """Replicas of one GiB each, committed at 1 s with a 10 s lease: some read
     in their lease, some only by a request on their node after it, the rest
-    never; bought for burst forecasts, the unread ones for `unread_forecast`."""
+    never; bought for burst forecasts, the unread ones for `unread_forecast`.
+    `running` more carry a 100 s lease, still running when the totals are read."""
     outcomes, tracker = ActionOutcomes(), OrderTracker()
-    for i in range(read_in_time + read_after + unread):
+    decided = read_in_time + read_after + unread
+    for i in range(decided + running):
         family = Family(f"f{i}")
         forecast = "burst" if i < read_in_time + read_after else unread_forecast
-        order = tracker.submit(OrderSpec(family, [i], NodeId("a"), NodeId("b"), 10_000, expected_benefit_ms=1000.0,
+        lease_ms = 10_000 if i < decided else 100_000
+        order = tracker.submit(OrderSpec(family, [i], NodeId("a"), NodeId("b"), lease_ms, expected_benefit_ms=1000.0,
                                          policy="predictive", forecast=forecast), 0.0)
         outcomes.issued(order, GIB)
         outcomes.transition(tracker.report(order.order_id, OrderState.COMMITTED, 1.0), 1.0)
@@ -41,7 +45,7 @@ def test_the_table_reads_bytes_read_in_time_and_after_the_lease():
     header, _, row = table.splitlines()
     cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
     assert cells["orders"] == "4" and cells["GiB"] == "4.00"
-    assert cells["used in time"] == "2" and cells["never used"] == "2"
+    assert cells["used in time"] == "2" and cells["never used"] == "2" and cells["pending"] == "0"
     assert cells["bytes read in time"] == "0.500"
     assert cells["bytes read after lease"] == "0.250"
     assert cells["expected s (used in time)"] == "2.0"
@@ -62,6 +66,14 @@ def test_an_action_bought_for_two_forecasts_gets_a_row_for_each_below_its_total(
 def test_an_action_bought_for_one_forecast_names_it_in_one_row():
     rows = _cells(action_table({"predictive": _summary(_replicas(1, 0, 1))}))
     assert [(r["forecast"], r["orders"]) for r in rows] == [("burst", "2")]
+
+
+def test_an_order_whose_lease_still_runs_is_pending_and_out_of_the_shares():
+    """A live run reads the totals at its drain: a 100 s lease committed at 1 s
+    has no outcome at 12 s; it is counted pending, not unread."""
+    (row,) = _cells(action_table({"predictive": _summary(_replicas(1, 0, 1, running=1))}))
+    assert (row["orders"], row["pending"], row["used in time"], row["never used"]) == ("3", "1", "1", "1")
+    assert row["bytes read in time"] == "0.500"  # of the two decided orders' bytes
 
 
 def test_no_orders_no_table():
