@@ -6,8 +6,13 @@ A client's mistake never surfaces as UNKNOWN or INTERNAL: cores raise
 `SpeckvError` subclasses, mapped here. Anything else is a bug: it is logged
 with its traceback and answered INTERNAL, and the server keeps running. A
 client that goes away mid-call (cancelled, deadline passed, process killed)
-is no bug either: the call is recorded CANCELLED and nothing is logged above
-DEBUG.
+is no bug either: grpc's request iterator then raises a bare RpcError, which
+is re-raised with a DEBUG line only. A call that ends while no longer active
+(that error, a response stream closed under its handler, a handler that
+outlived its deadline, a server stopping) is recorded CANCELLED. One race
+stays: grpc may end a request stream as if the client had closed it before
+it sees the cancel, and the handler then ends normally (recorded OK while
+the call is still active).
 
 Undecodable requests: grpc-python parses request bytes before any handler
 runs and answers a parse failure INTERNAL with a logged traceback per call.
@@ -186,10 +191,10 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
                 return behavior(request_or_iterator, context)
             except Exception as exc:  # noqa: BLE001 - _abort maps it to a status
                 code = _status_for(exc, context)
-                _abort(method, exc, context)
+                _abort(method, exc, context, code)
             finally:
                 self._release(peer)
-                self._record(method, code, started)
+                self._record(method, _final_code(code, context), started)
 
         return wrapped
 
@@ -209,10 +214,10 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
                 yield from behavior(request_or_iterator, context)
             except Exception as exc:  # noqa: BLE001
                 code = _status_for(exc, context)
-                _abort(method, exc, context)
+                _abort(method, exc, context, code)
             finally:
                 self._release(peer)
-                self._record(method, code, started)
+                self._record(method, _final_code(code, context), started)
 
         return wrapped
 
@@ -249,14 +254,23 @@ def _status_for(exc: Exception, context: grpc.ServicerContext) -> grpc.StatusCod
     return grpc.StatusCode.INTERNAL
 
 
-def _abort(method: str, exc: Exception, context: grpc.ServicerContext) -> None:
-    """Ends the call with the status for exc; always raises."""
+def _final_code(code: grpc.StatusCode, context: grpc.ServicerContext) -> grpc.StatusCode:
+    """The status to record: a handler that ended normally on a call no longer
+    active (a response stream closed under it, a deadline passed, the server
+    stopping) served nobody, so it counts CANCELLED, not OK."""
+    if code is grpc.StatusCode.OK and not context.is_active():
+        return grpc.StatusCode.CANCELLED
+    return code
+
+
+def _abort(method: str, exc: Exception, context: grpc.ServicerContext, code: grpc.StatusCode) -> None:
+    """Ends the call with code, the status _status_for gave exc; always raises."""
     if _is_abort(exc, context):
         raise exc  # the servicer already chose a status
-    if _client_gone(exc, context):
+    if code is grpc.StatusCode.CANCELLED and type(exc) is grpc.RpcError:  # _client_gone said so
         log.debug("%s: the client went away mid-call", method)
-        raise exc  # grpc raised it and knows it: it ends the call without a log line
-    code = _status_for(exc, context)
+        # The very object grpc raised, unwrapped: grpc stays quiet only about the errors it raised itself.
+        raise exc
     if code is grpc.StatusCode.INTERNAL:
         log.error("unexpected error in %s", method, exc_info=exc)
         message = f"internal error in {method}: {type(exc).__name__}: {exc}"

@@ -1,15 +1,18 @@
 """A client that goes away in the middle of a request stream (cancelled, or
-its process killed) is the client's doing: the server records the call
-CANCELLED, logs no error and no traceback, and keeps answering. Before, the
+its process killed) is the client's doing: the server logs no error and no
+traceback, answers nothing INTERNAL, and keeps answering. Before, the
 request iterator's RpcError reached the interceptor as an unexpected error,
 so a predictor whose scheduler was killed mid-ObserveArrivals logged a
-traceback (seen by `bench chaos`'s hygiene check)."""
+traceback (seen by `bench chaos`'s hygiene check). grpc decides by a race
+whether the handler sees the cancel (CANCELLED) or an ordinary end of the
+stream (OK), so each stream is counted under one of the two; the rule for
+each branch is forced in tests/unit/services/common/test_interceptor_client_gone.py."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -41,7 +44,7 @@ def _status_counts(reader: InMemoryMetricReader) -> dict[str, int]:
     return counts
 
 
-def _wait_for(predicate, timeout_s: float = 20.0) -> bool:
+def _wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -51,7 +54,7 @@ def _wait_for(predicate, timeout_s: float = 20.0) -> bool:
 
 
 @pytest.mark.parametrize("streams", [1, 3])
-def test_a_request_stream_cancelled_midway_is_cancelled_not_an_error(streams: int,
+def test_a_request_stream_cancelled_midway_is_no_error(streams: int,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     reader = InMemoryMetricReader()
     config = PredictorConfig(port=0, window_s=900.0)
@@ -76,13 +79,13 @@ def test_a_request_stream_cancelled_midway_is_cancelled_not_an_error(streams: in
             time.sleep(0.2)  # the server is now blocked on each stream's next message
             for call in calls:
                 call.cancel()
-            assert _wait_for(lambda: _status_counts(reader).get("CANCELLED", 0) == streams), _status_counts(reader)
+            assert _wait_for(lambda: sum(_status_counts(reader).values()) == streams), _status_counts(reader)
             release.set()
             info = stub.GetModelInfo(pb.ModelInfoRequest(), timeout=10.0)
         assert info.name  # still serving
         errors = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
         assert errors == [], [r.getMessage() for r in errors]
-        assert "INTERNAL" not in _status_counts(reader)
+        assert set(_status_counts(reader)) <= {"CANCELLED", "OK"}, _status_counts(reader)
     finally:
         release.set()
         channel.close()
