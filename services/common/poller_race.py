@@ -1,18 +1,19 @@
 """grpc-python's connectivity poller racing a channel's close.
 
 `channel.subscribe` starts a daemon thread that reads the channel's state
-once and then watches it in 0.2 s steps; it stops at a step that finds no
-subscriber. Its first step runs before that check, so a channel closed right
-after subscribe (the scheduler's event stream to a node that is down fails at
-once, and its channel is closed with the watch) makes that step raise
-`ValueError: Cannot monitor channel state: Channel closed!` in grpc's own
-thread. Nothing is lost: the thread was about to stop, the channel is closed
-on purpose. But the exception reaches `threading.excepthook`, which prints a
-traceback into the service's log, where an operator (and `bench chaos`'s
-hygiene check) rightly reads a traceback as a bug.
+and then watches it in 0.2 s steps, checking for subscribers only after each
+step. A channel closed right after subscribe (the scheduler's event stream to
+a node that is down fails at once, and its channel is closed with the watch)
+makes the next read or watch raise in grpc's own thread:
+`ValueError: Cannot monitor channel state: Channel closed!` from a watch,
+`ValueError: Cannot invoke RPC: Channel closed!` from a read. Nothing is
+lost: the thread was about to stop, the channel is closed on purpose. But
+the exception reaches `threading.excepthook`, which prints a traceback into
+the service's log, where an operator (and `bench chaos`'s hygiene check)
+rightly reads a traceback as a bug.
 
-`quiet_closed_channel_pollers` installs a hook that drops exactly that
-exception, raised in grpc's `_poll_connectivity`, with a DEBUG line; every
+`quiet_closed_channel_pollers` installs a hook that drops exactly those
+exceptions, raised in grpc's `_poll_connectivity`, with a DEBUG line; every
 other thread exception goes to the hook that was there before. It is for a
 process's entry point (it replaces a process-wide hook), never for a core.
 """
@@ -26,7 +27,7 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 POLLER_FUNCTION = "_poll_connectivity"
-CLOSED_MESSAGE = "Cannot monitor channel state"
+CLOSED_MESSAGES = ("Cannot monitor channel state", "Cannot invoke RPC")
 
 ExceptHook = Callable[[threading.ExceptHookArgs], object]
 
@@ -34,7 +35,7 @@ ExceptHook = Callable[[threading.ExceptHookArgs], object]
 def is_closed_channel_poller(args: threading.ExceptHookArgs) -> bool:
     """True for grpc's poller thread finding its channel closed; False for
     anything else (another ValueError, the same text raised elsewhere)."""
-    if args.exc_type is not ValueError or CLOSED_MESSAGE not in str(args.exc_value):
+    if args.exc_type is not ValueError or not str(args.exc_value).startswith(CLOSED_MESSAGES):
         return False
     frames = traceback.extract_tb(args.exc_traceback)
     return any(frame.name == POLLER_FUNCTION and "grpc" in frame.filename for frame in frames)

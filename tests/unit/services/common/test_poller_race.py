@@ -8,6 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+
+import pytest
+
+from speckv.services.common.poller_race import is_closed_channel_poller, quieting
 
 RACE = textwrap.dedent("""
     import threading, time
@@ -47,3 +52,33 @@ def test_with_the_hook_only_the_unrelated_exception_is_printed() -> None:
     assert "Cannot monitor channel state" not in stderr
     assert stderr.count("Traceback") == 1
     assert "an unrelated bug" in stderr
+
+
+def _hook_args(message: str, function: str, filename: str) -> threading.ExceptHookArgs:
+    """The excepthook's arguments for a ValueError raised in `function` of `filename`."""
+    namespace: dict = {}
+    exec(compile(f"def {function}():\n    raise ValueError({message!r})\n", filename, "exec"), namespace)
+    try:
+        namespace[function]()
+    except ValueError as exc:
+        return threading.ExceptHookArgs((ValueError, exc, exc.__traceback__, None))
+    raise AssertionError("did not raise")
+
+
+GRPC_CHANNEL = "/venv/site-packages/grpc/_channel.py"
+
+
+@pytest.mark.parametrize("message, function, filename, dropped", [
+    ("Cannot monitor channel state: Channel closed!", "_poll_connectivity", GRPC_CHANNEL, True),
+    ("Cannot invoke RPC: Channel closed!", "_poll_connectivity", GRPC_CHANNEL, True),
+    ("Cannot monitor channel state: Channel closed!", "_poll_connectivity", "/srv/speckv/mine.py", False),
+    ("Cannot monitor channel state: Channel closed!", "_deliver", GRPC_CHANNEL, False),
+    ("some other value", "_poll_connectivity", GRPC_CHANNEL, False),
+], ids=["watch", "read", "not grpc's file", "not the poller", "another message"])
+def test_only_the_pollers_closed_channel_errors_are_dropped(message: str, function: str, filename: str,
+                                                            dropped: bool) -> None:
+    args = _hook_args(message, function, filename)
+    assert is_closed_channel_poller(args) is dropped
+    passed_on: list[threading.ExceptHookArgs] = []
+    quieting(passed_on.append)(args)
+    assert passed_on == ([] if dropped else [args])
