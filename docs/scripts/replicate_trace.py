@@ -10,6 +10,12 @@ order then falls in one class:
 - served elsewhere: requests came, none went to the target;
 - target without prefix: requests went to the target but found nothing cached.
 
+The order's life here runs from its creation to the tracker's lease end
+(last_progress, the transfer's start, plus the lease), and a read counts from
+the transfer's start: a second or two earlier than the outcome accounting,
+whose lease starts at the commit (docs/scripts/replica_read_delay.py counts
+from the commit). The tables made with it in docs/planner.md are as printed.
+
 Beside the class, whether the copy served the family after its lease: the
 first later request of the family routed to the target found a prefix
 cached there (the copy stays in the target's cache past its lease, until
