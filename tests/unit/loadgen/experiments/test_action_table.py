@@ -68,7 +68,7 @@ def test_an_action_bought_for_one_forecast_names_it_in_one_row():
     assert [(r["forecast"], r["orders"]) for r in rows] == [("burst", "2")]
 
 
-def test_an_order_whose_lease_still_runs_is_pending_and_out_of_the_shares():
+def test_an_order_whose_lease_still_runs_is_pending_and_out_of_the_shares() -> None:
     """A live run reads the totals at its drain: a 100 s lease committed at 1 s
     has no outcome at 12 s; it is counted pending, not unread."""
     (row,) = _cells(action_table({"predictive": _summary(_replicas(1, 0, 1, running=1))}))
