@@ -21,16 +21,14 @@ from __future__ import annotations
 from typing import Mapping
 
 from speckv.loadgen.experiments.results import PolicySummary
-from speckv.services.scheduler.replication.outcomes import Outcome
-
-OUTCOMES = tuple(o.value for o in Outcome)
+from speckv.services.scheduler.replication.outcomes import OUTCOME_NAMES
 
 
 def action_table(policies: Mapping[str, PolicySummary]) -> str:
     """Markdown; empty when no policy issued an order."""
-    lines = ["| policy | action | forecast | orders | GiB | " + " | ".join(o.replace("_", " ") for o in OUTCOMES)
+    lines = ["| policy | action | forecast | orders | GiB | " + " | ".join(o.replace("_", " ") for o in OUTCOME_NAMES)
              + " | pending | bytes read in time | bytes read after lease | expected s | expected s (used in time) |",
-             "|---|---|---|" + "---:|" * (len(OUTCOMES) + 7)]
+             "|---|---|---|" + "---:|" * (len(OUTCOME_NAMES) + 7)]
     rows = 0
     for name, summary in policies.items():
         for kind, stats in sorted((summary.actions or {}).items()):
@@ -48,9 +46,9 @@ def _row(policy: str, kind: str, forecast: str, stats: Mapping) -> str:
     share = stats["bytes_used_in_time_share"]
     decided = sum(stats["bytes_by_outcome"].values())
     after = f"{stats.get('bytes_read_after_lease', 0) / decided:.3f}" if decided else "-"
-    pending = stats["orders"] - sum(outcomes[o] for o in OUTCOMES)
+    pending = stats.get("pending_orders", "-")  # result files from before it was written have none
     return (f"| {policy} | {kind} | {forecast} | {stats['orders']} | {stats['bytes'] / 2**30:.2f} | "
-            + " | ".join(str(outcomes[o]) for o in OUTCOMES)
+            + " | ".join(str(outcomes[o]) for o in OUTCOME_NAMES)
             + f" | {pending} | {'-' if share is None else f'{share:.3f}'} | {after} | "
             f"{stats['expected_ms'] / 1e3:.1f} | {expected['used_in_time'] / 1e3:.1f} |")
 

@@ -15,7 +15,7 @@ from speckv.services.common.config import add_config_arguments, config_from
 from speckv.services.common.errors import NotFound, Unavailable
 from speckv.services.common.tls import ClientTlsSettings, TlsFiles, TlsMaterial, dial
 from speckv.services.scheduler.outcomes_proto import action_stats_from_proto
-from speckv.services.scheduler.replication.outcomes import Outcome
+from speckv.services.scheduler.replication.outcomes import OUTCOME_NAMES
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 
@@ -62,23 +62,20 @@ def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
     return [nodes, orders] + ([actions_table(state.actions)] if state.actions else [])
 
 
-OUTCOMES = tuple(o.value for o in Outcome)
-
-
 def actions_table(actions: Sequence[scheduler_pb2.ActionOutcomeStats]) -> Table:
     """Per policy, action and the forecast its orders were bought for: the
     orders, their GiB, what they came to (pending: no outcome yet) and the
     share of the decided bytes read in the lease and after it."""
     table = Table(title="speculative actions since the scheduler started")
-    for column in ("policy", "action", "forecast", "orders", "GiB", *(o.replace("_", " ") for o in OUTCOMES),
+    for column in ("policy", "action", "forecast", "orders", "GiB", *(o.replace("_", " ") for o in OUTCOME_NAMES),
                    "pending", "bytes read in time", "read after lease"):
         table.add_column(column)
     for a in actions:
         for part in a.by_forecast or [a]:
             stats = action_stats_from_proto(part)
             table.add_row(a.policy, a.action, part.forecast or "none", str(stats.orders), f"{stats.bytes / 2**30:.2f}",
-                          *(str(stats.outcomes.get(o, 0)) for o in OUTCOMES),
-                          str(stats.orders - sum(stats.outcomes.values())),
+                          *(str(stats.outcomes.get(o, 0)) for o in OUTCOME_NAMES),
+                          str(stats.pending_orders),
                           _share(stats.bytes_used_in_time_share), _share(stats.bytes_read_after_lease_share))
     return table
 

@@ -55,6 +55,9 @@ class Outcome(enum.Enum):
     FAILED = "failed"
 
 
+OUTCOME_NAMES = tuple(o.value for o in Outcome)  # the keys of ActionStats.outcomes, in report order
+
+
 @dataclass(slots=True)
 class ActionStats:
     """Totals of one (policy, action kind)."""
@@ -69,6 +72,11 @@ class ActionStats:
     bytes_read_after_lease: int = 0
     # The same totals per OrderSpec.forecast (one level: these hold no split of their own).
     by_forecast: dict[str, "ActionStats"] = field(default_factory=dict)
+
+    @property
+    def pending_orders(self) -> int:
+        """Orders with no outcome yet (lease still running, or not yet run)."""
+        return self.orders - sum(self.outcomes.values())
 
     @property
     def used_in_time_share(self) -> float | None:
@@ -90,7 +98,8 @@ class ActionStats:
 
     def to_json(self) -> dict[str, object]:
         return {"orders": self.orders, "bytes": self.bytes, "expected_ms": self.expected_ms,
-                "outcomes": dict(self.outcomes), "bytes_by_outcome": dict(self.bytes_by_outcome),
+                "outcomes": dict(self.outcomes), "pending_orders": self.pending_orders,
+                "bytes_by_outcome": dict(self.bytes_by_outcome),
                 "expected_ms_by_outcome": dict(self.expected_ms_by_outcome),
                 "used_in_time_share": self.used_in_time_share,
                 "bytes_used_in_time_share": self.bytes_used_in_time_share,
