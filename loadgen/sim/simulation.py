@@ -200,7 +200,8 @@ class Simulation:
             future=future if future is not None else TraceFutureArrivals(list(requests)))
         self._gen = {}
         for n in self.ids:
-            self.core.register_node(n, addresses[n], settings.pool_pages, config.real_geometry, settings.host_pages)
+            self.core.register_node(n, addresses[n], settings.pool_pages, config.real_geometry, settings.host_pages,
+                                    settings.retain_max_blocks)
             self._gen[n] = self.core.generation(n)
         self.engines = {n: FastEngine(n, config.profile, config.engine, config.link,
                                       config.real_geometry.bytes_per_token) for n in self.ids}
@@ -521,7 +522,8 @@ class Simulation:
         self.kv[node] = SimKVNode(node, settings.pool_pages, settings.host_pages, settings.retain_max_blocks)
         address = self._addresses[node] = f"sim-{node}:{len(self.ids)}"
         self._by_address[address] = self.kv[node]
-        self.core.register_node(node, address, settings.pool_pages, config.real_geometry, settings.host_pages)
+        self.core.register_node(node, address, settings.pool_pages, config.real_geometry, settings.host_pages,
+                                settings.retain_max_blocks)
         self._gen[node] = self.core.generation(node)
         self.engines[node] = FastEngine(node, config.profile, config.engine, config.link,
                                         config.real_geometry.bytes_per_token)

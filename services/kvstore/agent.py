@@ -113,7 +113,8 @@ class SchedulerAgent:
         stats = self._store.stats()
         reply = self._stub.RegisterNode(scheduler_pb2.RegisterNodeRequest(
             node_id=self._store.node_id, address=self._address, capacity_pages=stats.num_pages,
-            geometry=geometry_to_proto(stats.geometry), host_pages=stats.host_pages), timeout=self._timeout_s)
+            geometry=geometry_to_proto(stats.geometry), host_pages=stats.host_pages,
+            retain_max_blocks=stats.retain_max_blocks), timeout=self._timeout_s)
         self.registrations += 1
         log.info("registered %s at %s with the scheduler", self._store.node_id, self._address)
         return reply.heartbeat_interval_ms / 1000.0 if reply.heartbeat_interval_ms else self._interval_s

@@ -127,6 +127,7 @@ class StoreStats:
     blocks_promoted_total: int = 0
     blocks_dropped_total: int = 0  # left the node: evicted with no copy in the other tier
     retained_blocks: int = 0  # blocks retained now (the retain action), expired ones until the next retain
+    retain_max_blocks: int = 0  # the most it retains at once (retain_max_share of its last tier)
 
     @property
     def num_pages(self) -> int:
@@ -285,7 +286,7 @@ class KVStoreCore:
                 len(self._device.book) + (len(self._host.book) if self._host else 0), self._stored_total,
                 self._evicted_total, self._committed_total,
                 self._tier_stats(self._host) if self._host else None, self._demoted_total, self._promoted_total,
-                self._dropped_total, len(self._retention))
+                self._dropped_total, len(self._retention), self._retention.max_blocks)
 
     @staticmethod
     def _tier_stats(tier: StoreTier) -> TierStats:

@@ -130,6 +130,7 @@ class Node:
     routes_total: int = 0
     bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
     host_pages: int = 0  # its host tier's capacity in blocks (0: no host tier)
+    retain_max_blocks: int | None = None  # blocks it retains for retain orders at once; None: not reported
 
     def __post_init__(self) -> None:
         self.bytes_per_block = self.geometry.bytes_per_block
@@ -166,9 +167,12 @@ class Cluster:
         return self._timeout_s
 
     def register(self, node_id: NodeId, address: str, capacity_pages: int,
-                 geometry: KVGeometry, now: float, host_pages: int = 0) -> tuple[Node, bool]:
+                 geometry: KVGeometry, now: float, host_pages: int = 0,
+                 retain_max_blocks: int | None = None) -> tuple[Node, bool]:
         """Adds or replaces a node; returns it and whether it was known.
-        capacity_pages is its device tier, host_pages its host tier (0: none)."""
+        capacity_pages is its device tier, host_pages its host tier (0: none),
+        retain_max_blocks the most its last tier retains at once (None: not
+        reported)."""
         if not node_id:
             raise InvalidArgument("node_id is empty")
         if not address or ":" not in address:
@@ -177,13 +181,17 @@ class Cluster:
             raise InvalidArgument(f"capacity_pages={capacity_pages}: must be > 0")
         if host_pages < 0:
             raise InvalidArgument(f"host_pages={host_pages}: must be >= 0 (0: no host tier)")
+        if retain_max_blocks is not None and not 0 <= retain_max_blocks <= (host_pages or capacity_pages):
+            raise InvalidArgument(f"retain_max_blocks={retain_max_blocks}: must be in [0, "
+                                  f"{host_pages or capacity_pages}], the pages of its last tier")
         self._check_block_size(node_id, geometry.block_size)
         self._generations += 1
         previous = self._nodes.get(node_id)
         node = Node(node_id, address, capacity_pages, geometry, registered_at=now,
                     last_heartbeat=now, generation=self._generations,
                     load=NodeLoad(free_pages=capacity_pages), queue_reported_at=now, drained_to=now,
-                    routes_total=previous.routes_total if previous else 0, host_pages=host_pages)
+                    routes_total=previous.routes_total if previous else 0, host_pages=host_pages,
+                    retain_max_blocks=retain_max_blocks)
         self._nodes[node_id] = node
         self._board.upsert(node_id, 0.0, now)
         return node, previous is not None

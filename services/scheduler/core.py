@@ -106,6 +106,7 @@ class SavedNode:
     capacity_pages: int  # device tier, blocks
     host_pages: int  # host tier, blocks (0: none)
     geometry: KVGeometry
+    retain_max_blocks: int | None = None  # what its last tier retains at once (None: not reported)
 
 
 @dataclass(slots=True)
@@ -187,14 +188,17 @@ class SchedulerCore:
 
     # --- nodes -----------------------------------------------------------
     def register_node(self, node_id: str, address: str, capacity_pages: int,
-                      geometry: KVGeometry | None, host_pages: int = 0) -> tuple[bool, int]:
-        """capacity_pages: the device tier; host_pages: the host tier (0: none).
+                      geometry: KVGeometry | None, host_pages: int = 0,
+                      retain_max_blocks: int | None = None) -> tuple[bool, int]:
+        """capacity_pages: the device tier; host_pages: the host tier (0: none);
+        retain_max_blocks: what its last tier retains at once (None: not reported).
         Returns (re_registered, heartbeat_interval_ms)."""
         with self._lock:
             old = self._cluster.find(NodeId(node_id))
             old_address = old.address if old else None
             node, again = self._cluster.register(NodeId(node_id), address, capacity_pages,
-                                                 geometry or self._profile.geometry, self._clock.now(), host_pages)
+                                                 geometry or self._profile.geometry, self._clock.now(), host_pages,
+                                                 retain_max_blocks)
             self._index.drop_node(node.node_id)
             self._lifecycle.ledger.drop_node(node.node_id)
             self._backlog.forget(node.node_id)
@@ -207,7 +211,7 @@ class SchedulerCore:
                 # A failed write fails this call with the registration made in memory;
                 # the node's agent registers again, which saves it and restarts its stream.
                 self._state.node_registered(SavedNode(node.node_id, node.address, node.capacity_pages,
-                                                      node.host_pages, node.geometry))
+                                                      node.host_pages, node.geometry, node.retain_max_blocks))
         log.info("node %s %sregistered at %s", node_id, "re-" if again else "", address)
         if self._listener is not None:
             self._listener.node_registered(NodeId(node_id), address, generation, old_address)
@@ -559,7 +563,7 @@ class SchedulerCore:
                 # board alike) until a heartbeat, and RESTORED, not UP, so staying silent is no
                 # UP -> DOWN transition that would fail the orders it is part of.
                 node, _ = self._cluster.register(n.node_id, n.address, n.capacity_pages, n.geometry,
-                                                 -math.inf, n.host_pages)
+                                                 -math.inf, n.host_pages, n.retain_max_blocks)
                 node.status = NodeStatus.RESTORED
                 registered.append((node.node_id, node.address, node.generation))
             for order in self._orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
@@ -617,7 +621,7 @@ class SchedulerCore:
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
                         n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
                         self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id),
-                        self._index.num_device_blocks(n.node_id))
+                        self._index.num_device_blocks(n.node_id), n.retain_max_blocks)
 
 
 def _longer_holder(candidates: Sequence[Candidate], decision: RouteDecision) -> NodeId | None:

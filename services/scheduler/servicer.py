@@ -66,7 +66,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def RegisterNode(self, request, context):
         authz.require_node(context, request.node_id, "RegisterNode")
         again, interval_ms = self._core.register_node(
-            request.node_id, request.address, request.capacity_pages, _geometry(request), request.host_pages)
+            request.node_id, request.address, request.capacity_pages, _geometry(request), request.host_pages,
+            request.retain_max_blocks if request.HasField("retain_max_blocks") else None)
         return scheduler_pb2.RegisterNodeResponse(
             node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again)
 
@@ -153,7 +154,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             capacity_pages=r.view.capacity_pages, free_pages=r.view.free_pages,
             queued_tokens=r.view.queued_tokens, running_tokens=r.view.running_tokens,
             num_blocks=r.view.num_blocks, last_heartbeat_age_s=r.last_heartbeat_age_s,
-            routes_total=r.routes_total, host_pages=r.view.host_pages, host_blocks=r.view.host_blocks)
+            routes_total=r.routes_total, host_pages=r.view.host_pages, host_blocks=r.view.host_blocks,
+            retain_max_blocks=r.view.retain_max_blocks)
             for r in snap.nodes]
         orders = [scheduler_pb2.OrderCount(state=STATE_TO_PROTO[s], count=c) for s, c in snap.order_counts.items()]
         r = snap.replicas

@@ -17,8 +17,9 @@ Invariants:
 - One scheduler per database: the connection holds SQLite's exclusive lock
   (locking_mode=EXCLUSIVE) from open to close, so a second scheduler on the
   same state dir fails at start; the lock dies with its process.
-- `schema_version` holds one row. A database without it that has tables,
-  one of a newer version, or one that fails SQLite's quick_check or holds a
+- `schema_version` holds one row. An older version is migrated in place at
+  open, in one transaction (MIGRATIONS). A database without it that has
+  tables, one of a newer version, or one that fails SQLite's quick_check or holds a
   row that does not read back is refused at open or load with
   FailedPrecondition naming the file: never a silent reset.
 - Block hashes are uint64: kept as little-endian 8-byte words in a BLOB
@@ -29,6 +30,7 @@ under its own lock. A failed write rolls back and raises Unavailable.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import struct
@@ -45,18 +47,20 @@ from speckv.services.scheduler.replication.orders import ActionKind, Order, Orde
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_FILE = "scheduler.db"
 LOCK_WAIT_S = 1.0  # how long open() waits for another holder of the database before refusing
 
-# Version 1. `finished` numbers terminal orders in the order they finished (NULL while active).
+# `finished` numbers terminal orders in the order they finished (NULL while active).
+# nodes.retain_max_blocks is NULL for a node that did not report its retention cap.
 SCHEMA = (
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",  # policy, next_order_id
     """CREATE TABLE nodes (
         node_id TEXT PRIMARY KEY, address TEXT NOT NULL, capacity_pages INTEGER NOT NULL,
         host_pages INTEGER NOT NULL, num_layers INTEGER NOT NULL, num_kv_heads INTEGER NOT NULL,
-        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, block_size INTEGER NOT NULL, geometry_name TEXT NOT NULL)""",
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, block_size INTEGER NOT NULL, geometry_name TEXT NOT NULL,
+        retain_max_blocks INTEGER)""",
     """CREATE TABLE orders (
         order_id TEXT PRIMARY KEY, family TEXT NOT NULL, block_hashes BLOB NOT NULL, source TEXT NOT NULL,
         target TEXT NOT NULL, target_address TEXT NOT NULL, lease_ms INTEGER NOT NULL, priority INTEGER NOT NULL,
@@ -66,6 +70,12 @@ SCHEMA = (
     "CREATE INDEX orders_finished ON orders (finished)",
     "CREATE TABLE order_totals (state TEXT PRIMARY KEY, count INTEGER NOT NULL)",
 )
+# MIGRATIONS[v]: the statements that take a version-v database to v + 1.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE nodes ADD COLUMN retain_max_blocks INTEGER",),  # nodes saved before it: not reported
+}
+_NODE_COLUMNS = ("node_id, address, capacity_pages, host_pages, num_layers, num_kv_heads, head_dim, dtype, "
+                 "block_size, geometry_name, retain_max_blocks")
 _ORDER_COLUMNS = ("order_id, family, block_hashes, source, target, target_address, lease_ms, priority, "
                   "expected_benefit_ms, policy, tier, action, state, created_at, last_progress, message, "
                   "bytes_sent, blocks_sent, finished")
@@ -112,9 +122,7 @@ class StateStore:
         meta = dict(self._read("SELECT key, value FROM meta"))
         try:
             next_id = int(meta.get("next_order_id", "1"))
-            nodes = [_node(row) for row in self._read(
-                "SELECT node_id, address, capacity_pages, host_pages, num_layers, num_kv_heads, head_dim, dtype, "
-                "block_size, geometry_name FROM nodes ORDER BY node_id")]
+            nodes = [_node(row) for row in self._read(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id")]
             orders = [_order(row) for row in self._read(
                 f"SELECT {_ORDER_COLUMNS} FROM orders ORDER BY finished IS NOT NULL, finished, created_at, order_id")]
             totals = {OrderState(state): int(count) for state, count in self._read(
@@ -130,9 +138,9 @@ class StateStore:
 
     def node_registered(self, node: SavedNode) -> None:
         g = node.geometry
-        self._write([("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        self._write([(f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({', '.join('?' * 11)})",
                       (node.node_id, node.address, node.capacity_pages, node.host_pages, g.num_layers,
-                       g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name))])
+                       g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name, node.retain_max_blocks))])
 
     def order_issued(self, order: Order, next_id: int) -> None:
         self._write([(f"INSERT OR REPLACE INTO orders ({_ORDER_COLUMNS}) VALUES ({', '.join('?' * 19)})",
@@ -226,10 +234,30 @@ def _prepare(db: sqlite3.Connection, path: Path) -> None:
     if versions[0] > SCHEMA_VERSION:
         raise FailedPrecondition(f"state database {path} has schema version {versions[0]}, newer than this "
                                  f"scheduler reads ({SCHEMA_VERSION}): run the speckv that wrote it")
-    if versions[0] < SCHEMA_VERSION:  # no older schema exists yet; a migration goes here when one does
-        raise FailedPrecondition(f"state database {path} has schema version {versions[0]}, which this "
-                                 f"scheduler cannot migrate (it reads {SCHEMA_VERSION})")
+    if versions[0] < SCHEMA_VERSION:
+        _migrate(db, path, versions[0])
     log.info("state database %s opened (schema %d)", path, SCHEMA_VERSION)
+
+
+def _migrate(db: sqlite3.Connection, path: Path, version: int) -> None:
+    """Takes a version-`version` database to SCHEMA_VERSION in one transaction:
+    all of it or, on any error, none of it."""
+    if version < 1 or any(v not in MIGRATIONS for v in range(version, SCHEMA_VERSION)):
+        raise FailedPrecondition(f"state database {path} has schema version {version}, which this "
+                                 f"scheduler cannot migrate (it reads {SCHEMA_VERSION})")
+    try:
+        db.execute("BEGIN")
+        for v in range(version, SCHEMA_VERSION):
+            for sql in MIGRATIONS[v]:
+                db.execute(sql)
+        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+        db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise FailedPrecondition(f"state database {path}: cannot migrate schema {version} -> "
+                                 f"{SCHEMA_VERSION}: {exc}") from None
+    log.info("state database %s migrated from schema %d to %d", path, version, SCHEMA_VERSION)
 
 
 def _hashes_blob(hashes: Sequence[int]) -> bytes:
@@ -261,6 +289,7 @@ def _order(row: tuple) -> Order:
 
 
 def _node(row: tuple) -> SavedNode:
-    node_id, address, capacity, host, layers, heads, head_dim, dtype, block_size, name = row
+    node_id, address, capacity, host, layers, heads, head_dim, dtype, block_size, name, retain_max = row
     return SavedNode(NodeId(node_id), address, int(capacity), int(host),
-                     KVGeometry(int(layers), int(heads), int(head_dim), dtype, int(block_size), name))
+                     KVGeometry(int(layers), int(heads), int(head_dim), dtype, int(block_size), name),
+                     None if retain_max is None else int(retain_max))

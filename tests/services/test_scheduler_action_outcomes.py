@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from speckv.services.cluster.status import actions_table
+from speckv.services.cluster.status import actions_table, cluster_tables
 from speckv.services.scheduler.outcomes_proto import action_stats_from_proto
 from speckv.v1 import common_pb2, scheduler_pb2
 from tests.support.scheduler_service import register, scheduler
@@ -54,3 +54,10 @@ def test_cluster_state_carries_each_policys_orders_by_action_and_outcome():
                                           for line in console.export_text().splitlines() if "│ ops" in line)}
     assert rows["replicate"][2:] == ["none", "3", "0.00", "0", "0", "0", "1", "1", "1", "0.00", "0.00"]
     assert rows["retain"][2:5] == ["none", "1", "0.00"] and rows["retain"][-3:] == ["1", "-", "-"]
+    # A node that registered no retention cap shows none (the planner gives it no budget either).
+    assert all(not n.HasField("retain_max_blocks") for n in state.nodes)
+    console = Console(width=250, record=True)
+    console.print(cluster_tables(state)[0])
+    node_rows = [[c.strip() for c in line.split("│")[1:-1]] for line in console.export_text().splitlines()
+                 if "│ n1 " in line or "│ n2 " in line]
+    assert [row[5] for row in node_rows] == ["-", "-"]

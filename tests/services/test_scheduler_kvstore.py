@@ -7,7 +7,9 @@ import grpc
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rich.console import Console
 
+from speckv.services.cluster.status import cluster_tables
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server as build_kvstore
@@ -174,3 +176,10 @@ def test_tiered_nodes_register_their_host_tier_and_orders_land_there_by_default(
             stats = kv2.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
             assert (stats.host_replica_pages, stats.used_pages) == (3, 0)
             assert (nodes(sched)["n2"].host_pages, nodes(sched)["n2"].host_blocks) == (16, 3)
+            # Each reported its retention cap (the kvstore's default share, 0.5, of its host tier).
+            assert nodes(sched)["n2"].retain_max_blocks == 8
+            console = Console(width=250, record=True)
+            console.print(cluster_tables(sched.GetClusterState(scheduler_pb2.ClusterStateRequest(),
+                                                               timeout=TIMEOUT))[0])
+            row = next(line for line in console.export_text().splitlines() if "│ n2 " in line)
+            assert [cell.strip() for cell in row.split("│")[1:-1]][4:6] == ["3/16", "8"]  # host blocks/cap, retain cap

@@ -36,9 +36,11 @@ class ScriptedForecasts:
 
 
 def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None, capacity: int = 4096,
-              host_pages: int = 0, **overrides) -> tuple[SchedulerCore, ManualClock]:
+              host_pages: int = 0, retain_max_blocks: int | None = None,
+              **overrides) -> tuple[SchedulerCore, ManualClock]:
     """A core with nodes n0..n{nodes-1} (host tiers of host_pages blocks
-    behind a 400 Gbit/s host link when > 0); overrides patch policy config
+    behind a 400 Gbit/s host link when > 0; each reporting retain_max_blocks,
+    None: no retention cap reported); overrides patch policy config
     sections, e.g. planner={"horizon_s": 5.0}."""
     config = load_policy_config()
     for section, values in overrides.items():
@@ -49,7 +51,7 @@ def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None,
                                  host_link_overhead_ms=0.05 if host_pages else 0.0)
     core = SchedulerCore(settings, clock, get_profile("llama-3-8b-h100"), forecasts=forecasts, future=future)
     for i in range(nodes):
-        core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", capacity, None, host_pages)
+        core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", capacity, None, host_pages, retain_max_blocks)
     return core, clock
 
 

@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node_id", "address", "capacity_pages", "geometry", "host_pages")
+    __slots__ = ("node_id", "address", "capacity_pages", "geometry", "host_pages", "retain_max_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_PAGES_FIELD_NUMBER: _ClassVar[int]
     GEOMETRY_FIELD_NUMBER: _ClassVar[int]
     HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     capacity_pages: int
     geometry: _common_pb2.KVGeometry
     host_pages: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., host_pages: _Optional[int] = ...) -> None: ...
+    retain_max_blocks: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., host_pages: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("node_id", "heartbeat_interval_ms", "re_registered")
@@ -172,7 +174,7 @@ class ClusterStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeState(_message.Message):
-    __slots__ = ("node_id", "address", "alive", "capacity_pages", "free_pages", "queued_tokens", "running_tokens", "num_blocks", "last_heartbeat_age_s", "routes_total", "host_pages", "host_blocks")
+    __slots__ = ("node_id", "address", "alive", "capacity_pages", "free_pages", "queued_tokens", "running_tokens", "num_blocks", "last_heartbeat_age_s", "routes_total", "host_pages", "host_blocks", "retain_max_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +187,7 @@ class NodeState(_message.Message):
     ROUTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
     HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     alive: bool
@@ -197,7 +200,8 @@ class NodeState(_message.Message):
     routes_total: int
     host_pages: int
     host_blocks: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., capacity_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., routes_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_blocks: _Optional[int] = ...) -> None: ...
+    retain_max_blocks: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., capacity_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., routes_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ...) -> None: ...
 
 class OrderCount(_message.Message):
     __slots__ = ("state", "count")

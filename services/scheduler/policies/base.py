@@ -38,6 +38,7 @@ class NodeView:
     host_pages: int = 0  # its host tier's capacity (0: none)
     host_blocks: int = 0  # blocks its host tier holds
     device_blocks: int = 0  # blocks its device tier holds (the index's view)
+    retain_max_blocks: int | None = None  # blocks its last tier retains for retain orders at once (None: unknown)
 
 
 class IndexReader(Protocol):

@@ -249,3 +249,12 @@ def test_a_negative_host_tier_is_refused():
     core = tiered_core()
     with pytest.raises(InvalidArgument, match="host_pages"):
         core.register_node("c", "h:c", 1000, None, host_pages=-1)
+
+
+@pytest.mark.parametrize("host_pages, cap", [(400, 401), (0, 1001), (400, -1)])
+def test_a_retention_cap_beyond_the_last_tier_is_refused(host_pages, cap):
+    core = tiered_core()
+    with pytest.raises(InvalidArgument, match="retain_max_blocks"):
+        core.register_node("c", "h:c", 1000, None, host_pages=host_pages, retain_max_blocks=cap)
+    assert core.register_node("c", "h:c", 1000, None, host_pages=host_pages, retain_max_blocks=cap - 1 if cap > 0
+                              else 0)[0] is False  # the largest cap it may hold registers

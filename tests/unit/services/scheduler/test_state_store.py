@@ -53,7 +53,7 @@ def test_an_empty_state_dir_is_created_with_an_empty_state(tmp_path):
 def test_policy_nodes_and_orders_read_back_as_written(store):
     store.policy_set("reactive-heat")
     store.policy_set("oracle")
-    nodes = [SavedNode(NodeId("b"), "h:2", 64, 256, preset("tiny", 16)),
+    nodes = [SavedNode(NodeId("b"), "h:2", 64, 256, preset("tiny", 16), 128),
              SavedNode(NodeId("a"), "h:1", 100, 0, GEOMETRY)]
     for n in nodes:
         store.node_registered(n)
@@ -91,6 +91,59 @@ def test_a_newer_schema_is_refused(store):
         db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
     with pytest.raises(FailedPrecondition, match=f"schema version {SCHEMA_VERSION + 1}, newer than this"):
         StateStore.open(path.parent)
+
+
+# Version 1's tables as that scheduler created them (nodes without retain_max_blocks).
+SCHEMA_V1 = (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE nodes (
+        node_id TEXT PRIMARY KEY, address TEXT NOT NULL, capacity_pages INTEGER NOT NULL,
+        host_pages INTEGER NOT NULL, num_layers INTEGER NOT NULL, num_kv_heads INTEGER NOT NULL,
+        head_dim INTEGER NOT NULL, dtype TEXT NOT NULL, block_size INTEGER NOT NULL, geometry_name TEXT NOT NULL)""",
+    """CREATE TABLE orders (
+        order_id TEXT PRIMARY KEY, family TEXT NOT NULL, block_hashes BLOB NOT NULL, source TEXT NOT NULL,
+        target TEXT NOT NULL, target_address TEXT NOT NULL, lease_ms INTEGER NOT NULL, priority INTEGER NOT NULL,
+        expected_benefit_ms REAL NOT NULL, policy TEXT NOT NULL, tier TEXT, action TEXT NOT NULL,
+        state TEXT NOT NULL, created_at REAL NOT NULL, last_progress REAL NOT NULL, message TEXT NOT NULL,
+        bytes_sent INTEGER NOT NULL, blocks_sent INTEGER NOT NULL, finished INTEGER)""",
+    "CREATE INDEX orders_finished ON orders (finished)",
+    "CREATE TABLE order_totals (state TEXT PRIMARY KEY, count INTEGER NOT NULL)",
+)
+
+
+def test_a_version_1_database_is_migrated_keeping_its_nodes_and_policy(tmp_path):
+    path = tmp_path / "state" / DB_FILE
+    path.parent.mkdir()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        for sql in SCHEMA_V1:
+            db.execute(sql)
+        db.execute("INSERT INTO schema_version VALUES (1)")
+        db.execute("INSERT INTO meta VALUES ('policy', 'oracle')")
+        db.execute("INSERT INTO nodes VALUES ('a', 'h:1', 100, 400, 2, 2, 16, 'float32', 4, 'custom')")
+    store = StateStore.open(path.parent)
+    saved = store.load()
+    assert saved.policy == "oracle"
+    assert [(n.node_id, n.capacity_pages, n.host_pages, n.retain_max_blocks) for n in saved.nodes] == [
+        ("a", 100, 400, None)]  # saved before nodes reported a cap: none known
+    store.node_registered(SavedNode(NodeId("a"), "h:1", 100, 400, GEOMETRY, 200))
+    store = reopen(store)
+    assert [n.retain_max_blocks for n in store.load().nodes] == [200]
+    store.close()
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+
+
+def test_an_unknown_older_schema_is_refused_never_reset(tmp_path):
+    path = tmp_path / "state" / DB_FILE
+    path.parent.mkdir()
+    with closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        db.execute("INSERT INTO schema_version VALUES (0)")
+    with pytest.raises(FailedPrecondition, match="schema version 0, which this scheduler cannot migrate"):
+        StateStore.open(path.parent)
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(0,)]
 
 
 def test_a_garbage_file_is_refused_never_reset(tmp_path):
