@@ -36,9 +36,16 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
   uniform over W after removal (they cluster early, so this still
   underprices). "once" (the tier's chance, once) is the H = W case.
 - Admitted when net > `planner.min_net_ms`, at most `retain.max_per_tick`
-  per tick, largest net first, with lease ttl_s. The node's kvstore caps
-  what it retains at once (a share of its last tier, retention.py): the
-  order then retains the chain's head only.
+  per tick, largest net first, with lease ttl_s, and only while the node's
+  retention budget has room for the whole chain: the node's kvstore
+  retains at most `retain_max_blocks` at once (a share of its last tier,
+  reported at registration; retention.py), and past it an order retains
+  the chain's head only, which its price did not count. The budget left is
+  that cap less the blocks of this planner's retentions still running (a
+  renewal frees its own first); an order that does not fit is priced again
+  for the head that fits (the prefix a return would find) and admitted if
+  that is still worth its pages. A node that reports no cap has no budget
+  here.
 
 Pure: reads the view, keeps only the deadlines of the retentions it
 ordered (so it does not order them again); time only from `now`.
@@ -63,7 +70,7 @@ class RetentionPlanner:
     def __init__(self, config: PolicyConfig, pricer: OptionPricer) -> None:
         self._cfg = config
         self._pricer = pricer
-        self._retained: dict[Family, tuple[NodeId, float]] = {}  # family -> (node, retained until, s)
+        self._retained: dict[Family, tuple[NodeId, float, int]] = {}  # family -> (node, retained until (s), blocks)
 
     def plan(self, now: float, view: ClusterView, forecasts: Sequence[Forecast], policy: str) -> list[OrderSpec]:
         r = self._cfg.retain
@@ -78,7 +85,7 @@ class RetentionPlanner:
         live = {n.node_id: n for n in view.live_nodes()}
         residency = {n: self.residency_s(view, node, now) for n, node in live.items()}
         shortest = min(residency.values(), default=math.inf)
-        priced: list[tuple[float, OrderSpec]] = []
+        priced: list[tuple[float, OrderSpec, float, tuple[tuple[float, float], ...]]] = []
         for p, family, curve in chances:
             held = self._retained.get(family)
             if held is not None and held[1] >= now + r.ttl_s / 2:
@@ -88,15 +95,55 @@ class RetentionPlanner:
                 continue  # safe for the whole window on any node: nothing to price
             spec = self._price(now, view, live, residency, family, min(p, 1.0), curve, policy)
             if spec is not None:
-                priced.append((spec.expected_benefit_ms, spec))
+                priced.append((spec.expected_benefit_ms, spec, min(p, 1.0), curve))
         priced.sort(key=lambda item: (-item[0], item[1].family))
-        orders = [spec for _, spec in priced[:r.max_per_tick]]
-        for spec in orders:
-            self._retained[spec.family] = (spec.target, now + r.ttl_s)
+        room = self._room(now, live)
+        orders: list[OrderSpec] = []
+        for _, first, p, curve in priced:
+            if len(orders) >= r.max_per_tick:
+                break
+            spec = self._fit(now, view, live, residency, room, first, p, curve, policy)
+            if spec is not None:
+                orders.append(spec)
+                self._retained[spec.family] = (spec.target, now + r.ttl_s, len(spec.block_hashes))
         return orders
 
+    def _fit(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],
+             room: dict[NodeId, int], first: OrderSpec, p: float, curve: tuple[tuple[float, float], ...],
+             policy: str) -> OrderSpec | None:
+        """first if its node's budget has room for it, else the head of its
+        chain that fits, priced again (the prefix the store would keep), or
+        None when that head is not worth its pages; what it returns is taken
+        out of room."""
+        held = self._retained.get(first.family)
+        own = held[2] if held is not None and held[0] == first.target and held[1] > now else 0
+        left = room.get(first.target)
+        if left is None:
+            return first
+        spec = first
+        if len(first.block_hashes) > left + own:
+            head = self._price(now, view, live, residency, first.family, p, curve, policy, limit=left + own)
+            if head is None or head.target != first.target:
+                return None
+            spec = head
+        room[first.target] = left + own - len(spec.block_hashes)
+        return spec
+
+    def _room(self, now: float, live: dict[NodeId, NodeView]) -> dict[NodeId, int]:
+        """Blocks each live node can still retain for this planner's orders:
+        its retention cap less what the orders still running hold (a node
+        that did not report a cap: absent, no limit)."""
+        room = {n: node.retain_max_blocks for n, node in live.items() if node.retain_max_blocks is not None}
+        for node_id, until, blocks in self._retained.values():
+            if until > now and node_id in room:
+                room[node_id] -= blocks
+        return room
+
     def _price(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],
-               family: Family, p: float, curve: tuple[tuple[float, float], ...], policy: str) -> OrderSpec | None:
+               family: Family, p: float, curve: tuple[tuple[float, float], ...], policy: str,
+               limit: int | None = None) -> OrderSpec | None:
+        """The order retaining family's chain at its best holder, at most its
+        first `limit` blocks, or None when it is not worth its pages."""
         assert view.families is not None
         profile = view.families.profile(family)
         if profile is None or not profile.chain:
@@ -105,7 +152,9 @@ class RetentionPlanner:
         if not held:
             return None
         node_id = min(held, key=lambda n: (-held[n], live[n].queue_ms, n))
-        node, blocks = live[node_id], held[node_id]
+        node, blocks = live[node_id], held[node_id] if limit is None else min(held[node_id], limit)
+        if blocks <= 0:
+            return None
         ttl_s = self._cfg.retain.ttl_s
         left_s = max(0.0, profile.last_route + residency[node_id] - now)
         if left_s >= ttl_s:

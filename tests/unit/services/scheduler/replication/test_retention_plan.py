@@ -1,7 +1,10 @@
 """The retain step's arithmetic on scripted cases with hand-computed values
 (retention_plan.py): saving = P x (1 - d / ttl) x (prefill without the
 prefix - with it), loss = blocks x P(reuse) x recompute per block, and with
-displacement "occupancy" that loss x the seconds held past d / reuse.window_s."""
+displacement "occupancy" that loss x the seconds held past d / reuse.window_s;
+and the node's retention budget: its registered cap less the retentions
+still running, a chain that does not fit priced and ordered as the head that
+does."""
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +40,8 @@ class ScriptedReuse:
         return self.rate
 
 
-def setup(p_reuse=0.2, rate=10.0, device=200, host=400, pricing="uniform", displacement="once"):
-    core, clock = make_core(2, "none", capacity=device, host_pages=host,
+def setup(p_reuse=0.2, rate=10.0, device=200, host=400, pricing="uniform", displacement="once", cap=None):
+    core, clock = make_core(2, "none", capacity=device, host_pages=host, retain_max_blocks=cap,
                             retain={"pricing": pricing, "displacement": displacement})
     store(core, "n0", CHAIN)
     route_family(core, 1)  # the catalog learns the chain and prompt; last route at t = 100
@@ -48,11 +51,12 @@ def setup(p_reuse=0.2, rate=10.0, device=200, host=400, pricing="uniform", displ
     return core, clock, planner, ScriptedReuse(p_reuse, rate)
 
 
-def plan(core, clock, planner, reuse, p, at):
+def plan(core, clock, planner, reuse, p, at, families=(FAMILY,)):
     clock.advance(at - clock.now())
     heartbeat_all(core, 2)
     view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
-    return planner.plan(clock.now(), view, [Forecast(FAMILY, TTL, p, p, 1.0, ForecastKind.RETENTION)], "predictive")
+    forecasts = [Forecast(f, TTL, p, p, 1.0, ForecastKind.RETENTION) for f in families]
+    return planner.plan(clock.now(), view, forecasts, "predictive")
 
 
 def expected_net(core, p, left_s, p_reuse, held_scale=1.0):
@@ -186,3 +190,84 @@ def test_an_unknown_displacement_is_refused_by_the_config():
     bad = dataclasses.replace(config, retain=dataclasses.replace(config.retain, displacement="forever"))
     with pytest.raises(InvalidArgument, match="retain.displacement"):
         bad.validate()
+
+
+OTHER = Family("doc2")
+OTHER_CHAIN = list(range(9000, 9100))  # 100 blocks, held on n0 too
+
+
+def setup_two(cap):
+    """FAMILY (128 blocks) and OTHER (100 blocks) on n0, whose last tier
+    retains at most cap blocks; both last routed at t = 100."""
+    core, clock, planner, reuse = setup(cap=cap)
+    store(core, "n0", OTHER_CHAIN, family=OTHER)
+    route_family(core, 1, family=OTHER, chain=OTHER_CHAIN)
+    return core, clock, planner, reuse
+
+
+def head_net(core, p, left_s, p_reuse, blocks, chain_blocks):
+    """The net of retaining the first `blocks` of a chain of chain_blocks (plus
+    one own block and 3 tokens), all on the device tier: nothing to promote."""
+    profile = core._profile
+    prompt = (chain_blocks + 1) * BS + 3
+    full = profile.prefill_ms(prompt, 0)
+    hit = profile.prefill_ms(prompt - blocks * BS, blocks * BS)
+    return p * (1 - left_s / TTL) * (full - hit) - blocks * p_reuse * full / (prompt / BS)
+
+
+def test_a_chain_the_node_has_no_room_for_is_priced_for_the_head_it_would_keep():
+    # Room for 100 of its 128 blocks: the store would keep the head, so that head is what is priced and ordered.
+    core, clock, planner, reuse = setup(cap=100)
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0)
+    assert [o.block_hashes for o in orders] == [CHAIN[:100]]
+    assert orders[0].expected_benefit_ms == pytest.approx(head_net(core, 0.5, 30.0, 0.2, 100, len(CHAIN)))
+    assert head_net(core, 0.5, 30.0, 0.2, 100, len(CHAIN)) < expected_net(core, 0.5, 30.0, 0.2)
+    core, clock, planner, reuse = setup(cap=len(CHAIN))
+    assert [o.block_hashes for o in plan(core, clock, planner, reuse, p=0.5, at=130.0)] == [CHAIN]
+
+
+def test_a_head_not_worth_its_pages_is_not_ordered():
+    # p_reuse 0.37: the whole chain is worth it; a 20-block head, saving the cheapest prefill (attention
+    # grows with the prefix), is not.
+    assert head_net(setup()[0], 0.5, 30.0, 0.37, 20, len(CHAIN)) < 0 < expected_net(setup()[0], 0.5, 30.0, 0.37)
+    core, clock, planner, reuse = setup(p_reuse=0.37, cap=20)
+    assert plan(core, clock, planner, reuse, p=0.5, at=130.0) == []
+    core, clock, planner, reuse = setup(p_reuse=0.37, cap=len(CHAIN))
+    assert len(plan(core, clock, planner, reuse, p=0.5, at=130.0)) == 1
+
+
+def test_the_budget_is_the_cap_less_the_retentions_still_running():
+    core, clock, planner, reuse = setup_two(cap=len(CHAIN) + len(OTHER_CHAIN) - 1)
+    # Largest net first: FAMILY (128 blocks) takes its room, OTHER gets the 99-block head that is left.
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0, families=(FAMILY, OTHER))
+    assert [(o.family, len(o.block_hashes)) for o in orders] == [(FAMILY, len(CHAIN)), (OTHER, len(OTHER_CHAIN) - 1)]
+    core, clock, planner, reuse = setup_two(cap=len(CHAIN) + len(OTHER_CHAIN))
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0, families=(FAMILY, OTHER))
+    assert sorted((o.family, len(o.block_hashes)) for o in orders) == [(FAMILY, len(CHAIN)), (OTHER, len(OTHER_CHAIN))]
+
+
+def test_a_full_budget_orders_nothing_more():
+    core, clock, planner, reuse = setup_two(cap=len(OTHER_CHAIN))
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0, families=(FAMILY, OTHER))
+    assert [(o.family, len(o.block_hashes)) for o in orders] == [(FAMILY, len(OTHER_CHAIN))]  # the head that fits
+
+
+def test_a_renewal_frees_its_own_blocks_and_a_lapsed_retention_frees_its_room():
+    core, clock, planner, reuse = setup_two(cap=len(CHAIN))
+    assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=130.0, families=(FAMILY,))] == [FAMILY]
+    assert plan(core, clock, planner, reuse, p=0.5, at=131.0, families=(OTHER,)) == []  # no room beside it
+    # Renewed once half its window has run: it fits in the room it already holds.
+    renewed_at = 130.0 + TTL / 2 + 1
+    route_family(core, 1)  # its last use moves on, so its blocks would leave again before the window ends
+    assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=renewed_at, families=(FAMILY,))] == [FAMILY]
+    # Its renewal runs until renewed_at + TTL; after that the room is OTHER's again.
+    route_family(core, 1, family=OTHER, chain=OTHER_CHAIN)
+    later = renewed_at + TTL + 1
+    store(core, "n0", OTHER_CHAIN, family=OTHER)
+    route_family(core, 1, family=OTHER, chain=OTHER_CHAIN)
+    assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=later, families=(OTHER,))] == [OTHER]
+
+
+def test_a_node_that_reports_a_cap_of_nothing_gets_no_retain():
+    core, clock, planner, reuse = setup(cap=0)
+    assert plan(core, clock, planner, reuse, p=0.9, at=130.0) == []
