@@ -3,7 +3,10 @@ retain action of the planner; Continuum's TTL pinning of a tool call's KV,
 here for any forecast return).
 
 Rules, shared by the live kvstore (services/kvstore) and the simulator
-(loadgen/sim/kvnode.py), so both evict the same blocks:
+(loadgen/sim/kvnode.py), so both evict the same blocks; the planner keeps a
+shadow of each node's retention with the same rules
+(services/scheduler/replication/retention_plan.py), so it orders only what
+the node will keep:
 - Retention protects a block in its node's last tier (the host tier when
   the node has one, else the device tier): a retained block may still be
   demoted from the device tier to the host tier, which loses nothing; it is
@@ -70,6 +73,20 @@ class Retention:
         if len(self._heap) > 2 * len(held) + 64:
             self._heap = [(d, h) for h, d in held.items()]
             heapq.heapify(self._heap)
+        return count
+
+    def fits(self, hashes: Sequence[int], now: float) -> int:
+        """How many of hashes (a chain, head first) `retain` would keep now:
+        blocks already retained cost nothing, each new one a place under the
+        cap, up to the first new block past it. Retains nothing."""
+        self.purge(now)
+        held, free, count = self._until, self.max_blocks - len(self._until), 0
+        for h in hashes:
+            if h not in held:
+                if free <= 0:
+                    break
+                free -= 1
+            count += 1
         return count
 
     def release(self, hashes: Sequence[int]) -> None:

@@ -40,12 +40,17 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
   retention budget has room for the whole chain: the node's kvstore
   retains at most `retain_max_blocks` at once (a share of its last tier,
   reported at registration; retention.py), and past it an order retains
-  the chain's head only, which its price did not count. The budget left is
-  that cap less the blocks of this planner's retentions still running (a
-  renewal frees its own first); an order that does not fit is priced again
-  for the head that fits (the prefix a return would find) and admitted if
-  that is still worth its pages. A node that reports no cap has no budget
-  here.
+  the chain's head only, which its price did not count. The planner keeps
+  a shadow of each node's retention (services/common/retention.py, the
+  store's own rule) holding what its retain orders asked for: a block
+  already retained there costs nothing (chains that share a prefix share
+  its blocks; a renewal re-retains its own), each new one a place under the
+  cap. An order the shadow would keep only the head of is priced again for
+  that head (the prefix a return would find) and admitted if that is still
+  worth its pages. A node that reports no cap has no budget here. The
+  shadow does not see retained blocks a node drops anyway (every candidate
+  retained) or other planners' retains, so it can only be as full as the
+  store or fuller.
 
 Pure: reads the view, keeps only the deadlines of the retentions it
 ordered (so it does not order them again); time only from `now`.
@@ -56,6 +61,7 @@ import math
 from typing import Sequence
 
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind, p_within
 from speckv.services.scheduler.policies.base import ClusterView, NodeView
@@ -70,7 +76,8 @@ class RetentionPlanner:
     def __init__(self, config: PolicyConfig, pricer: OptionPricer) -> None:
         self._cfg = config
         self._pricer = pricer
-        self._retained: dict[Family, tuple[NodeId, float, int]] = {}  # family -> (node, retained until (s), blocks)
+        self._retained: dict[Family, tuple[NodeId, float]] = {}  # family -> (node, retained until, s)
+        self._shadows: dict[NodeId, Retention] = {}  # what this planner's retains hold on each capped node
 
     def plan(self, now: float, view: ClusterView, forecasts: Sequence[Forecast], policy: str) -> list[OrderSpec]:
         r = self._cfg.retain
@@ -97,47 +104,44 @@ class RetentionPlanner:
             if spec is not None:
                 priced.append((spec.expected_benefit_ms, spec, min(p, 1.0), curve))
         priced.sort(key=lambda item: (-item[0], item[1].family))
-        room = self._room(now, live)
+        self._sync_shadows(view.nodes)
         orders: list[OrderSpec] = []
         for _, first, p, curve in priced:
             if len(orders) >= r.max_per_tick:
                 break
-            spec = self._fit(now, view, live, residency, room, first, p, curve, policy)
+            spec = self._fit(now, view, live, residency, first, p, curve, policy)
             if spec is not None:
                 orders.append(spec)
-                self._retained[spec.family] = (spec.target, now + r.ttl_s, len(spec.block_hashes))
+                self._retained[spec.family] = (spec.target, now + r.ttl_s)
+                shadow = self._shadows.get(spec.target)
+                if shadow is not None:
+                    shadow.retain(spec.block_hashes, now + r.ttl_s, now)
         return orders
 
     def _fit(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],
-             room: dict[NodeId, int], first: OrderSpec, p: float, curve: tuple[tuple[float, float], ...],
-             policy: str) -> OrderSpec | None:
-        """first if its node's budget has room for it, else the head of its
-        chain that fits, priced again (the prefix the store would keep), or
-        None when that head is not worth its pages; what it returns is taken
-        out of room."""
-        held = self._retained.get(first.family)
-        own = held[2] if held is not None and held[0] == first.target and held[1] > now else 0
-        left = room.get(first.target)
-        if left is None:
+             first: OrderSpec, p: float, curve: tuple[tuple[float, float], ...], policy: str) -> OrderSpec | None:
+        """first if its node's retention would keep all of it, else the head
+        it would keep, priced again, or None when that head is not worth its
+        pages."""
+        shadow = self._shadows.get(first.target)
+        kept = len(first.block_hashes) if shadow is None else shadow.fits(first.block_hashes, now)
+        if kept >= len(first.block_hashes):
             return first
-        spec = first
-        if len(first.block_hashes) > left + own:
-            head = self._price(now, view, live, residency, first.family, p, curve, policy, limit=left + own)
-            if head is None or head.target != first.target:
-                return None
-            spec = head
-        room[first.target] = left + own - len(spec.block_hashes)
-        return spec
+        head = self._price(now, view, live, residency, first.family, p, curve, policy, limit=kept)
+        return head if head is not None and head.target == first.target else None
 
-    def _room(self, now: float, live: dict[NodeId, NodeView]) -> dict[NodeId, int]:
-        """Blocks each live node can still retain for this planner's orders:
-        its retention cap less what the orders still running hold (a node
-        that did not report a cap: absent, no limit)."""
-        room = {n: node.retain_max_blocks for n, node in live.items() if node.retain_max_blocks is not None}
-        for node_id, until, blocks in self._retained.values():
-            if until > now and node_id in room:
-                room[node_id] -= blocks
-        return room
+    def _sync_shadows(self, nodes: Sequence[NodeView]) -> None:
+        """One shadow per registered node that reports a cap (a node briefly
+        silent keeps its own), new when its cap changed (it registered again
+        with another store)."""
+        shadows = {}
+        for node in nodes:
+            cap = node.retain_max_blocks
+            if cap is None:
+                continue
+            shadow = self._shadows.get(node.node_id)
+            shadows[node.node_id] = shadow if shadow is not None and shadow.max_blocks == cap else Retention(cap)
+        self._shadows = shadows
 
     def _price(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],
                family: Family, p: float, curve: tuple[tuple[float, float], ...], policy: str,

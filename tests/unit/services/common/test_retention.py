@@ -54,3 +54,15 @@ def test_a_deadline_not_in_the_future_or_no_room_retains_nothing(max_blocks):
 def test_a_negative_cap_is_refused():
     with pytest.raises(ValueError):
         Retention(-1)
+
+
+@pytest.mark.parametrize("held, chain, now", [
+    ([], [], 0.0), ([], [1], 0.0), ([1, 2], [1, 2, 3, 4, 5], 0.0), ([1, 2], [3, 1, 4, 2, 5, 6], 0.0),
+    ([1, 2, 3], [4, 5], 0.0), ([1, 2, 3], [1, 2, 3], 0.0), ([1, 2, 3], [4, 5, 6, 7], 60.0)])
+def test_fits_says_what_retain_would_keep_and_keeps_nothing(held, chain, now):
+    r, twin = Retention(max_blocks=4), Retention(max_blocks=4)
+    for retention in (r, twin):
+        retention.retain(held, until=50.0, now=0.0)
+    fits = r.fits(chain, now)
+    assert [r.holds(h, now) for h in range(1, 8)] == [twin.holds(h, now) for h in range(1, 8)]  # unchanged
+    assert fits == twin.retain(chain, until=100.0, now=now)

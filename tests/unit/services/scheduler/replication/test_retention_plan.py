@@ -271,3 +271,19 @@ def test_a_renewal_frees_its_own_blocks_and_a_lapsed_retention_frees_its_room():
 def test_a_node_that_reports_a_cap_of_nothing_gets_no_retain():
     core, clock, planner, reuse = setup(cap=0)
     assert plan(core, clock, planner, reuse, p=0.9, at=130.0) == []
+
+
+def test_chains_that_share_a_prefix_share_its_place_under_the_cap():
+    # A sub-agent's chain repeats the first 100 blocks of FAMILY's: retaining both holds 128 + 28 blocks.
+    core, clock, planner, reuse = setup(cap=len(CHAIN) + 28)
+    branch, branch_chain = Family("branch"), CHAIN[:100] + list(range(7000, 7028))
+    store(core, "n0", branch_chain, family=branch)
+    route_family(core, 1, family=branch, chain=branch_chain)
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0, families=(FAMILY, branch))
+    assert sorted((o.family, len(o.block_hashes)) for o in orders) == [(branch, 128), (FAMILY, 128)]
+    # One block less under the cap: the second chain's last new block no longer fits.
+    core, clock, planner, reuse = setup(cap=len(CHAIN) + 27)
+    store(core, "n0", branch_chain, family=branch)
+    route_family(core, 1, family=branch, chain=branch_chain)
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0, families=(FAMILY, branch))
+    assert sorted(len(o.block_hashes) for o in orders) == [127, 128]
