@@ -10,32 +10,18 @@ Runs on the source (it patches each simulated store's Retention):
         ../shared/traces/mooncake_conversation_trace.jsonl 1200 2476 8 predictive
 """
 import json
-import math
 import sys
 from collections import Counter, defaultdict
-from dataclasses import replace
 
-from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import jobs
-from speckv.loadgen.sim.returns import train_returns
-from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.workload.scaled import SliceView
+from trace_slice import trace_slice
+
 from speckv.services.scheduler.replication.orders import ActionKind
 
 trace, start, end, nodes, policy = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-config = load_e2e_config(None)
-job = jobs.Job(trace, 7, nodes, policy, start, end - start, "builtin", 1.0, None)
-workload, _ = jobs.build_workload(job, config)
-lo, hi = workload.window(start, end)
-hlo, _ = workload.window(start - config.warmup_s, start)
-history = [workload[i] for i in range(hlo, lo)]
-base, _ = jobs.build_workload(replace(job, nodes=config.nodes), config)
-_, before = base.window(-math.inf, start)
-returns = train_returns([base[i] for i in range(before)], start)
+piece = trace_slice(trace, start, end, nodes, policy)
+config = piece.config
 
-sim = Simulation(config, SimSettings.from_e2e(config, nodes=nodes), policy, SliceView(workload, lo, hi), history,
-                 future=workload, returns=returns)
+sim = piece.simulation(policy)
 calls = []  # (blocks asked, blocks kept) of each retain a node's store executed (not the planner's shadow)
 
 

@@ -21,31 +21,17 @@ import json
 import math
 import sys
 from collections import defaultdict
-from dataclasses import replace
 
 import numpy as np
+from trace_slice import trace_slice
 
-from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import jobs
-from speckv.loadgen.sim.returns import train_returns
-from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.workload.scaled import SliceView
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication import retention_plan
 
 trace, start, end, nodes, policy = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 TTL = load_policy_config().retain.ttl_s
-config = load_e2e_config(None)
-job = jobs.Job(trace, 7, nodes, policy, start, end - start, "builtin", 1.0, None)
-workload, _ = jobs.build_workload(job, config)
-lo, hi = workload.window(start, end)
-hlo, _ = workload.window(start - config.warmup_s, start)
-history = [workload[i] for i in range(hlo, lo)]
-base, _ = jobs.build_workload(replace(job, nodes=config.nodes), config)
-_, before = base.window(-math.inf, start)
-returns = train_returns([base[i] for i in range(before)], start)
+piece = trace_slice(trace, start, end, nodes, policy)
 
 priced = []
 plan = retention_plan.RetentionPlanner.plan
@@ -64,8 +50,7 @@ def pricing_only(self, now, view, forecasts, policy):
 
 
 retention_plan.RetentionPlanner.plan = pricing_only
-sim = Simulation(config, SimSettings.from_e2e(config, nodes=nodes), policy, SliceView(workload, lo, hi), history,
-                 future=workload, returns=returns)
+sim = piece.simulation(policy)
 left_node = defaultdict(list)  # (node, block hash) -> times it left the node
 reuse = sim.core._reuse
 removed = reuse.removed
