@@ -81,11 +81,13 @@ class Retention:
         cap, up to the first new block past it. Retains nothing."""
         self.purge(now)
         held, free, count = self._until, self.max_blocks - len(self._until), 0
+        added: set[int] = set()  # a hash the chain repeats takes one place, as in retain
         for h in hashes:
-            if h not in held:
+            if h not in held and h not in added:
                 if free <= 0:
                     break
                 free -= 1
+                added.add(h)
             count += 1
         return count
 

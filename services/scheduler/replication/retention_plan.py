@@ -36,8 +36,8 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
   uniform over W after removal (they cluster early, so this still
   underprices). "once" (the tier's chance, once) is the H = W case.
 - Admitted when net > `planner.min_net_ms`, at most `retain.max_per_tick`
-  per tick, largest net first, with lease ttl_s, and only while the node's
-  retention budget has room for the whole chain: the node's kvstore
+  per tick, largest net first, with lease ttl_s, within the node's
+  retention budget: the node's kvstore
   retains at most `retain_max_blocks` at once (a share of its last tier,
   reported at registration; retention.py), and past it an order retains
   the chain's head only, which its price did not count. The planner keeps
@@ -47,10 +47,15 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
   its blocks; a renewal re-retains its own), each new one a place under the
   cap. An order the shadow would keep only the head of is priced again for
   that head (the prefix a return would find) and admitted if that is still
-  worth its pages. A node that reports no cap has no budget here. The
-  shadow does not see retained blocks a node drops anyway (every candidate
-  retained) or other planners' retains, so it can only be as full as the
-  store or fuller.
+  worth its pages. A node that reports no cap has no budget here.
+  The shadow is an estimate of the store's retention, off both ways: it is
+  fuller than the store where the store dropped retained blocks anyway
+  (every candidate retained) or restarted empty under the same cap, and
+  emptier where the store holds retains the shadow never saw (an operator's
+  RETAIN orders, a planner made anew by a scheduler restart or SetPolicy)
+  or later deadlines (a live store counts its lease from when the order
+  reached it). Where it is emptier the store clips again, to the head, as
+  before the budget.
 
 Pure: reads the view, keeps only the deadlines of the retentions it
 ordered (so it does not order them again); time only from `now`.
@@ -127,8 +132,10 @@ class RetentionPlanner:
         kept = len(first.block_hashes) if shadow is None else shadow.fits(first.block_hashes, now)
         if kept >= len(first.block_hashes):
             return first
-        head = self._price(now, view, live, residency, first.family, p, curve, policy, limit=kept)
-        return head if head is not None and head.target == first.target else None
+        if kept <= 0:
+            return None
+        # The same view and holder as first's pricing: only the number of blocks changes.
+        return self._price(now, view, live, residency, first.family, p, curve, policy, limit=kept)
 
     def _sync_shadows(self, nodes: Sequence[NodeView]) -> None:
         """One shadow per registered node that reports a cap (a node briefly

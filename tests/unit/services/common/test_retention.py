@@ -58,7 +58,8 @@ def test_a_negative_cap_is_refused():
 
 @pytest.mark.parametrize("held, chain, now", [
     ([], [], 0.0), ([], [1], 0.0), ([1, 2], [1, 2, 3, 4, 5], 0.0), ([1, 2], [3, 1, 4, 2, 5, 6], 0.0),
-    ([1, 2, 3], [4, 5], 0.0), ([1, 2, 3], [1, 2, 3], 0.0), ([1, 2, 3], [4, 5, 6, 7], 60.0)])
+    ([1, 2, 3], [4, 5], 0.0), ([1, 2, 3], [1, 2, 3], 0.0), ([1, 2, 3], [4, 5, 6, 7], 60.0),
+    ([1, 2], [3, 3, 4], 0.0), ([1, 2, 3], [4, 4, 5], 0.0)])
 def test_fits_says_what_retain_would_keep_and_keeps_nothing(held, chain, now):
     r, twin = Retention(max_blocks=4), Retention(max_blocks=4)
     for retention in (r, twin):

@@ -249,7 +249,8 @@ def test_a_new_core_resumes_policy_nodes_and_orders(store):
     clock = ManualClock(1000.0)
     core = new_core(store, clock)
     for n in "abc":
-        core.register_node(n, f"h:{n}", 1000, None, host_pages=50 if n == "c" else 0)
+        core.register_node(n, f"h:{n}", 1000, None, host_pages=50 if n == "c" else 0,
+                           retain_max_blocks=25 if n == "c" else None)
     core.set_policy("reactive-heat")
     issued = core.submit_order(spec("a", "b"))
     moving = core.submit_order(spec("b", "c"))
@@ -265,8 +266,8 @@ def test_a_new_core_resumes_policy_nodes_and_orders(store):
     assert resumed.get_policy().name == "reactive-heat"
     assert listener.seen == [("a", "h:a", None), ("b", "h:b", None), ("c", "h:c", None)]
     state = resumed.cluster_state()
-    assert [(r.view.node_id, r.view.alive, r.view.host_pages) for r in state.nodes] == [
-        ("a", False, 0), ("b", False, 0), ("c", False, 50)]
+    assert [(r.view.node_id, r.view.alive, r.view.host_pages, r.view.retain_max_blocks) for r in state.nodes] == [
+        ("a", False, 0, None), ("b", False, 0, None), ("c", False, 50, 25)]
     assert resumed.live_node_count() == 0
     resumed.tick()  # silent restored nodes are down already: their orders are not failed
     assert resumed.get_order(issued.order_id).state is OrderState.ISSUED
