@@ -13,12 +13,12 @@ import json
 import sys
 from collections import Counter, defaultdict
 
-from trace_slice import trace_slice
+from synthetic_slice import trace_slice
 
 from speckv.services.scheduler.replication.orders import ActionKind
 
 trace, start, end, nodes, policy = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-piece = trace_slice(trace, start, end, nodes, policy)
+piece = trace_slice(trace, nodes, start, end)
 config = piece.config
 
 sim = piece.simulation(policy)

@@ -23,7 +23,7 @@ import sys
 from collections import defaultdict
 
 import numpy as np
-from trace_slice import trace_slice
+from synthetic_slice import trace_slice
 
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.policy_config import load_policy_config
@@ -31,7 +31,7 @@ from speckv.services.scheduler.replication import retention_plan
 
 trace, start, end, nodes, policy = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 TTL = load_policy_config().retain.ttl_s
-piece = trace_slice(trace, start, end, nodes, policy)
+piece = trace_slice(trace, nodes, start, end)
 
 priced = []
 plan = retention_plan.RetentionPlanner.plan
