@@ -200,9 +200,12 @@ class SimKVNode:
             return 0
         return self._retention.retain(hashes[:self._longest_prefix(hashes)], until, now)
 
-    @property
-    def retained_blocks(self) -> int:
-        return len(self._retention) if self._retention is not None else 0
+    def retained_blocks(self, now: float) -> int:
+        """Blocks retained at now (what the kvstore's heartbeat reports)."""
+        if self._retention is None:
+            return 0
+        self._retention.purge(now)
+        return len(self._retention)
 
     def __len__(self) -> int:
         """Blocks on the node, in either tier."""

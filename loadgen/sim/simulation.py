@@ -609,9 +609,10 @@ class Simulation:
             engine = self.engines[node]
             self._handle(node, engine.advance(now))
             load = engine.load()
-            self.core.heartbeat(node, NodeLoad(load.queued_tokens, load.running_tokens, self.kv[node].free_pages,
+            kv = self.kv[node]
+            self.core.heartbeat(node, NodeLoad(load.queued_tokens, load.running_tokens, kv.free_pages,
                                                load.running_requests, load.waiting_requests,
-                                               load.queued_prefill_ms))
+                                               load.queued_prefill_ms, kv.retained_blocks(now)))
             self._last_beat[node] = now
             self._wake(node)
         self.queue.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)

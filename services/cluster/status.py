@@ -46,12 +46,13 @@ def client_tls(args: argparse.Namespace, environ: Mapping[str, str]) -> TlsMater
 
 def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
     nodes = Table(title=f"nodes (policy: {state.policy}, families: {state.num_families})")
-    for column in ("node", "address", "alive", "device pages avail/cap", "host blocks/cap", "retain cap",
+    for column in ("node", "address", "alive", "device pages avail/cap", "host blocks/cap", "retained/cap",
                    "queued tok", "running tok", "blocks", "heartbeat age s", "routes"):
         nodes.add_column(column)
     for n in state.nodes:
         host = f"{n.host_blocks}/{n.host_pages}" if n.host_pages else "-"
-        retain_cap = str(n.retain_max_blocks) if n.HasField("retain_max_blocks") else "-"
+        retained = str(n.retained_blocks) if n.HasField("retained_blocks") else "-"
+        retain_cap = f"{retained}/{n.retain_max_blocks}" if n.HasField("retain_max_blocks") else "-"
         nodes.add_row(n.node_id, n.address, "yes" if n.alive else "DOWN", f"{n.free_pages}/{n.capacity_pages}",
                       host, retain_cap, str(n.queued_tokens), str(n.running_tokens), str(n.num_blocks),
                       f"{n.last_heartbeat_age_s:.1f}", str(n.routes_total))

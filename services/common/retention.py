@@ -26,18 +26,25 @@ Times are the caller's clock, in seconds. Pure, not thread-safe.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from typing import Sequence
 
 
 class Retention:
     """block hash -> retained-until deadline (s), at most max_blocks of them."""
 
-    def __init__(self, max_blocks: int) -> None:
+    def __init__(self, max_blocks: int, lapse_log_s: float = 0.0) -> None:
+        """lapse_log_s: how long (s) to remember the deadlines of retentions
+        that lapsed (lapsed_since); 0: not at all."""
         if max_blocks < 0:
             raise ValueError(f"max_blocks={max_blocks}: must be >= 0")
+        if not lapse_log_s >= 0.0:
+            raise ValueError(f"lapse_log_s={lapse_log_s}: must be >= 0")
         self.max_blocks = max_blocks
         self._until: dict[int, float] = {}
         self._heap: list[tuple[float, int]] = []  # (deadline, hash); stale entries skipped
+        self._lapse_log_s = lapse_log_s
+        self._lapsed: deque[float] = deque()  # deadlines purged within lapse_log_s, ascending
 
     def __len__(self) -> int:
         """Blocks retained, expired ones included until the next purge."""
@@ -75,12 +82,21 @@ class Retention:
             heapq.heapify(self._heap)
         return count
 
-    def fits(self, hashes: Sequence[int], now: float) -> int:
+    def fits(self, hashes: Sequence[int], now: float, store_count: int = 0, counted_at: float | None = None) -> int:
         """How many of hashes (a chain, head first) `retain` would keep now:
         blocks already retained cost nothing, each new one a place under the
-        cap, up to the first new block past it. Retains nothing."""
+        cap, up to the first new block past it. Retains nothing.
+
+        store_count: the blocks the node this shadows said it retained in
+        all, at counted_at (s; None: now), 0: unknown. Less the retentions
+        of this one that lapsed since (the node still counted them), where
+        that is more than this Retention holds, the others (retains it never
+        saw) take places too, and are taken to be none of hashes: the answer
+        errs toward fewer."""
         self.purge(now)
-        held, free, count = self._until, self.max_blocks - len(self._until), 0
+        others = store_count - (0 if counted_at is None else self.lapsed_since(counted_at))
+        held, count = self._until, 0
+        free = self.max_blocks - max(len(held), others)
         added: set[int] = set()  # a hash the chain repeats takes one place, as in retain
         for h in hashes:
             if h not in held and h not in added:
@@ -98,8 +114,23 @@ class Retention:
 
     def purge(self, now: float) -> None:
         """Forgets every retention whose deadline has passed."""
-        heap, held = self._heap, self._until
+        heap, held, lapsed = self._heap, self._until, self._lapsed
         while heap and heap[0][0] <= now:
             deadline, h = heapq.heappop(heap)
             if held.get(h) == deadline:
                 del held[h]
+                if self._lapse_log_s > 0.0:
+                    lapsed.append(deadline)
+        while lapsed and lapsed[0] <= now - self._lapse_log_s:
+            lapsed.popleft()
+
+    def lapsed_since(self, since: float) -> int:
+        """Retentions that lapsed after since (s) and by the last purge, as
+        far back as lapse_log_s before that purge (an older since counts
+        only those)."""
+        count = 0
+        for deadline in reversed(self._lapsed):
+            if deadline <= since:
+                break
+            count += 1
+        return count

@@ -130,7 +130,8 @@ class SchedulerAgent:
 
     def _heartbeat_request(self) -> scheduler_pb2.HeartbeatRequest:
         stats = self._store.stats()
-        return scheduler_pb2.HeartbeatRequest(node_id=self._store.node_id, free_pages=stats.available_pages)
+        return scheduler_pb2.HeartbeatRequest(node_id=self._store.node_id, free_pages=stats.available_pages,
+                                              retained_blocks=stats.retained_blocks)
 
     # ---- orders ----------------------------------------------------------
     def _watch_loop(self) -> None:

@@ -217,7 +217,8 @@ def stats_to_proto(stats: StoreStats) -> kvstore_pb2.StatsResponse:
         last_event_sequence=stats.last_event_sequence, blocks_stored_total=stats.blocks_stored_total,
         blocks_evicted_total=stats.blocks_evicted_total, blocks_committed_total=stats.blocks_committed_total,
         blocks_demoted_total=stats.blocks_demoted_total, blocks_promoted_total=stats.blocks_promoted_total,
-        blocks_dropped_total=stats.blocks_dropped_total)
+        blocks_dropped_total=stats.blocks_dropped_total, retained_blocks=stats.retained_blocks,
+        retain_max_blocks=stats.retain_max_blocks)
     host = stats.host
     if host is not None:
         reply.host_pages, reply.host_used_pages, reply.host_free_pages = host.num_pages, host.used_pages, host.free_pages

@@ -126,7 +126,7 @@ class StoreStats:
     blocks_demoted_total: int = 0
     blocks_promoted_total: int = 0
     blocks_dropped_total: int = 0  # left the node: evicted with no copy in the other tier
-    retained_blocks: int = 0  # blocks retained now (the retain action), expired ones until the next retain
+    retained_blocks: int = 0  # blocks retained now (the retain action)
     retain_max_blocks: int = 0  # the most it retains at once (retain_max_share of its last tier)
 
     @property
@@ -281,6 +281,7 @@ class KVStoreCore:
 
     def stats(self) -> StoreStats:
         with self._lock:
+            self._retention.purge(self.clock.now())  # retained_blocks counts live retains only
             return StoreStats(
                 self.node_id, self.geometry, self._tier_stats(self._device), self._events.last_sequence,
                 len(self._device.book) + (len(self._host.book) if self._host else 0), self._stored_total,

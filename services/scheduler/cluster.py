@@ -66,6 +66,7 @@ class NodeLoad:
     running_requests: int = 0
     waiting_requests: int = 0
     queued_prefill_ms: float | None = None  # the engine's own queue estimate; None: not reported
+    retained_blocks: int | None = None  # blocks its last tier holds under retain orders; None: not reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +82,20 @@ class LoadReport:
     running_requests: int | None = None
     waiting_requests: int | None = None
     queued_prefill_ms: float | None = None
+    retained_blocks: int | None = None
 
     def __post_init__(self) -> None:
         ms = self.queued_prefill_ms
         if ms is not None and not (math.isfinite(ms) and ms >= 0.0):
             raise InvalidArgument(f"queued_prefill_ms={ms}: must be a finite number of ms >= 0")
+        if self.retained_blocks is not None and self.retained_blocks < 0:
+            raise InvalidArgument(f"retained_blocks={self.retained_blocks}: must be >= 0")
 
     @classmethod
     def full(cls, load: NodeLoad) -> "LoadReport":
         """A report carrying every figure (replaces the whole load)."""
         return cls(load.queued_tokens, load.running_tokens, load.free_pages, load.running_requests,
-                   load.waiting_requests, load.queued_prefill_ms)
+                   load.waiting_requests, load.queued_prefill_ms, load.retained_blocks)
 
     @property
     def carries_queue(self) -> bool:
@@ -105,7 +109,8 @@ class LoadReport:
             load.free_pages if self.free_pages is None else self.free_pages,
             load.running_requests if self.running_requests is None else self.running_requests,
             load.waiting_requests if self.waiting_requests is None else self.waiting_requests,
-            load.queued_prefill_ms if self.queued_prefill_ms is None else self.queued_prefill_ms)
+            load.queued_prefill_ms if self.queued_prefill_ms is None else self.queued_prefill_ms,
+            load.retained_blocks if self.retained_blocks is None else self.retained_blocks)
 
 
 @dataclass(slots=True)
@@ -131,6 +136,7 @@ class Node:
     bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
     host_pages: int = 0  # its host tier's capacity in blocks (0: no host tier)
     retain_max_blocks: int | None = None  # blocks it retains for retain orders at once; None: not reported
+    retained_reported_at: float | None = None  # clock s of the heartbeat that last reported load.retained_blocks
 
     def __post_init__(self) -> None:
         self.bytes_per_block = self.geometry.bytes_per_block
@@ -209,11 +215,13 @@ class Cluster:
             return False
         if isinstance(load, NodeLoad):  # a full report replaces every figure (the simulator's every beat)
             node.load = NodeLoad(load.queued_tokens, load.running_tokens, load.free_pages, load.running_requests,
-                                 load.waiting_requests, load.queued_prefill_ms)
+                                 load.waiting_requests, load.queued_prefill_ms, load.retained_blocks)
             carries_queue = True
         else:
             node.load = load.merged_into(node.load)
             carries_queue = load.carries_queue
+        if load.retained_blocks is not None:
+            node.retained_reported_at = now
         node.last_heartbeat = max(node.last_heartbeat, now)
         node.status = NodeStatus.UP
         if carries_queue:

@@ -621,7 +621,8 @@ class SchedulerCore:
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
                         n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
                         self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id),
-                        self._index.num_device_blocks(n.node_id), n.retain_max_blocks)
+                        self._index.num_device_blocks(n.node_id), n.retain_max_blocks, n.load.retained_blocks,
+                        n.retained_reported_at, n.generation)
 
 
 def _longer_holder(candidates: Sequence[Candidate], decision: RouteDecision) -> NodeId | None:

@@ -25,7 +25,7 @@ STATE_TO_PROTO = {s: common_pb2.OrderState.Value(f"ORDER_STATE_{s.name}") for s 
 STATE_FROM_PROTO = {v: k for k, v in STATE_TO_PROTO.items()}
 # HeartbeatRequest's optional load fields, in LoadReport's order.
 _LOAD_FIELDS = ("queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests",
-                "queued_prefill_ms")
+                "queued_prefill_ms", "retained_blocks")
 WATCH_POLL_S = 1.0  # how often an idle WatchOrders stream checks that its client is still there
 
 
@@ -155,7 +155,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             queued_tokens=r.view.queued_tokens, running_tokens=r.view.running_tokens,
             num_blocks=r.view.num_blocks, last_heartbeat_age_s=r.last_heartbeat_age_s,
             routes_total=r.routes_total, host_pages=r.view.host_pages, host_blocks=r.view.host_blocks,
-            retain_max_blocks=r.view.retain_max_blocks)
+            retain_max_blocks=r.view.retain_max_blocks, retained_blocks=r.view.retained_blocks)
             for r in snap.nodes]
         orders = [scheduler_pb2.OrderCount(state=STATE_TO_PROTO[s], count=c) for s, c in snap.order_counts.items()]
         r = snap.replicas

@@ -182,4 +182,17 @@ def test_tiered_nodes_register_their_host_tier_and_orders_land_there_by_default(
             console.print(cluster_tables(sched.GetClusterState(scheduler_pb2.ClusterStateRequest(),
                                                                timeout=TIMEOUT))[0])
             row = next(line for line in console.export_text().splitlines() if "│ n2 " in line)
-            assert [cell.strip() for cell in row.split("│")[1:-1]][4:6] == ["3/16", "8"]  # host blocks/cap, retain cap
+            assert [cell.strip() for cell in row.split("│")[1:-1]][4:6] == ["3/16", "0/8"]  # host, retained/cap
+            # An operator's retain order: the store retains the prefix it holds, says so in its stats, and
+            # its heartbeat tells the scheduler (the planner's budget counts it: retention_plan.py).
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=common_pb2.ReplicationOrder(
+                family="doc", block_hashes=CHAIN[:4], source_node="n2", target_node="n2", lease_ms=60_000,
+                action="retain")), timeout=TIMEOUT)
+            assert wait_until(lambda: nodes(sched)["n2"].retained_blocks == 3)
+            stats = kv2.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
+            assert (stats.retained_blocks, stats.retain_max_blocks) == (3, 8)
+            console = Console(width=250, record=True)
+            console.print(cluster_tables(sched.GetClusterState(scheduler_pb2.ClusterStateRequest(),
+                                                               timeout=TIMEOUT))[0])
+            row = next(line for line in console.export_text().splitlines() if "│ n2 " in line)
+            assert [cell.strip() for cell in row.split("│")[1:-1]][5] == "3/8"

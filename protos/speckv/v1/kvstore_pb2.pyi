@@ -104,7 +104,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total", "host_pages", "host_used_pages", "host_free_pages", "host_pinned_pages", "host_replica_pages", "host_pool_bytes", "blocks_demoted_total", "blocks_promoted_total", "blocks_dropped_total")
+    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total", "host_pages", "host_used_pages", "host_free_pages", "host_pinned_pages", "host_replica_pages", "host_pool_bytes", "blocks_demoted_total", "blocks_promoted_total", "blocks_dropped_total", "retained_blocks", "retain_max_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GEOMETRY_FIELD_NUMBER: _ClassVar[int]
     NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,8 @@ class StatsResponse(_message.Message):
     BLOCKS_DEMOTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_PROMOTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RETAIN_MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     geometry: _common_pb2.KVGeometry
     num_pages: int
@@ -149,7 +151,9 @@ class StatsResponse(_message.Message):
     blocks_demoted_total: int
     blocks_promoted_total: int
     blocks_dropped_total: int
-    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_used_pages: _Optional[int] = ..., host_free_pages: _Optional[int] = ..., host_pinned_pages: _Optional[int] = ..., host_replica_pages: _Optional[int] = ..., host_pool_bytes: _Optional[int] = ..., blocks_demoted_total: _Optional[int] = ..., blocks_promoted_total: _Optional[int] = ..., blocks_dropped_total: _Optional[int] = ...) -> None: ...
+    retained_blocks: int
+    retain_max_blocks: int
+    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_used_pages: _Optional[int] = ..., host_free_pages: _Optional[int] = ..., host_pinned_pages: _Optional[int] = ..., host_replica_pages: _Optional[int] = ..., host_pool_bytes: _Optional[int] = ..., blocks_demoted_total: _Optional[int] = ..., blocks_promoted_total: _Optional[int] = ..., blocks_dropped_total: _Optional[int] = ..., retained_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ...) -> None: ...
 
 class SubscribeEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)

@@ -34,7 +34,7 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., re_registered: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests", "queued_prefill_ms")
+    __slots__ = ("node_id", "queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests", "queued_prefill_ms", "retained_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class HeartbeatRequest(_message.Message):
     NUM_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     queued_tokens: int
     running_tokens: int
@@ -49,7 +50,8 @@ class HeartbeatRequest(_message.Message):
     num_running_requests: int
     num_waiting_requests: int
     queued_prefill_ms: float
-    def __init__(self, node_id: _Optional[str] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_pages: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., queued_prefill_ms: _Optional[float] = ...) -> None: ...
+    retained_blocks: int
+    def __init__(self, node_id: _Optional[str] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_pages: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., queued_prefill_ms: _Optional[float] = ..., retained_blocks: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("known",)
@@ -174,7 +176,7 @@ class ClusterStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeState(_message.Message):
-    __slots__ = ("node_id", "address", "alive", "capacity_pages", "free_pages", "queued_tokens", "running_tokens", "num_blocks", "last_heartbeat_age_s", "routes_total", "host_pages", "host_blocks", "retain_max_blocks")
+    __slots__ = ("node_id", "address", "alive", "capacity_pages", "free_pages", "queued_tokens", "running_tokens", "num_blocks", "last_heartbeat_age_s", "routes_total", "host_pages", "host_blocks", "retain_max_blocks", "retained_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +190,7 @@ class NodeState(_message.Message):
     HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
     HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RETAIN_MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     alive: bool
@@ -201,7 +204,8 @@ class NodeState(_message.Message):
     host_pages: int
     host_blocks: int
     retain_max_blocks: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., capacity_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., routes_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ...) -> None: ...
+    retained_blocks: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., capacity_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., last_heartbeat_age_s: _Optional[float] = ..., routes_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ..., retained_blocks: _Optional[int] = ...) -> None: ...
 
 class OrderCount(_message.Message):
     __slots__ = ("state", "count")

@@ -39,6 +39,9 @@ class NodeView:
     host_blocks: int = 0  # blocks its host tier holds
     device_blocks: int = 0  # blocks its device tier holds (the index's view)
     retain_max_blocks: int | None = None  # blocks its last tier retains for retain orders at once (None: unknown)
+    retained_blocks: int | None = None  # blocks its last tier holds under retain orders, as last reported (None: not)
+    retained_at: float | None = None  # clock s of that report
+    generation: int = 0  # its registration's number: a new one is a store that may have restarted empty
 
 
 class IndexReader(Protocol):

@@ -48,14 +48,24 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
   cap. An order the shadow would keep only the head of is priced again for
   that head (the prefix a return would find) and admitted if that is still
   worth its pages. A node that reports no cap has no budget here.
-  The shadow is an estimate of the store's retention, off both ways: it is
-  fuller than the store where the store dropped retained blocks anyway
-  (every candidate retained) or restarted empty under the same cap, and
-  emptier where the store holds retains the shadow never saw (an operator's
-  RETAIN orders, a planner made anew by a scheduler restart or SetPolicy)
-  or later deadlines (a live store counts its lease from when the order
-  reached it). Where it is emptier the store clips again, to the head, as
-  before the budget.
+  The shadow is an estimate of the store's retention, reconciled with what
+  the node reports both ways it can be off:
+  - emptier than the store, where the store holds retains the shadow never
+    saw (an operator's RETAIN orders, a planner made anew by a scheduler
+    restart or SetPolicy) or later deadlines (a live store counts its lease
+    from when the order reached it): the node's heartbeat reports the
+    blocks it retains (`retained_blocks`), and where that is more than the
+    shadow holds, the rest take places under the cap too (taken to be
+    blocks of no chain being priced, so it errs toward ordering less);
+  - fuller than the store, where the store restarted empty: a node that
+    registered again gets a new, empty shadow. Where the store dropped
+    retained blocks anyway (every candidate retained) the shadow stays
+    fuller until those retains lapse, ordering less than would fit.
+  The report is as old as the last heartbeat (a second or so): a retain
+  ordered since is in the shadow and not in the report (so foreign retains
+  are seen only beyond it), and one of the shadow's that lapsed since is in
+  the report, so those are taken off the report before comparing (the
+  shadow remembers what lapsed in the last LAPSE_LOG_S).
 
 Pure: reads the view, keeps only the deadlines of the retentions it
 ordered (so it does not order them again); time only from `now`.
@@ -76,6 +86,10 @@ from speckv.services.scheduler.replication.family_options import OptionPricer
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
 from speckv.services.scheduler.replication.value import eviction_ms
 
+# How far back a shadow remembers the retentions that lapsed: longer than a
+# node's report can be old while the node still counts as live.
+LAPSE_LOG_S = 30.0
+
 
 class RetentionPlanner:
     def __init__(self, config: PolicyConfig, pricer: OptionPricer) -> None:
@@ -83,6 +97,7 @@ class RetentionPlanner:
         self._pricer = pricer
         self._retained: dict[Family, tuple[NodeId, float]] = {}  # family -> (node, retained until, s)
         self._shadows: dict[NodeId, Retention] = {}  # what this planner's retains hold on each capped node
+        self._generations: dict[NodeId, int] = {}  # the registration each shadow is of
 
     def plan(self, now: float, view: ClusterView, forecasts: Sequence[Forecast], policy: str) -> list[OrderSpec]:
         r = self._cfg.retain
@@ -129,7 +144,9 @@ class RetentionPlanner:
         it would keep, priced again, or None when that head is not worth its
         pages."""
         shadow = self._shadows.get(first.target)
-        kept = len(first.block_hashes) if shadow is None else shadow.fits(first.block_hashes, now)
+        node = live[first.target]
+        kept = len(first.block_hashes) if shadow is None else \
+            shadow.fits(first.block_hashes, now, node.retained_blocks or 0, node.retained_at)
         if kept >= len(first.block_hashes):
             return first
         if kept <= 0:
@@ -139,16 +156,19 @@ class RetentionPlanner:
 
     def _sync_shadows(self, nodes: Sequence[NodeView]) -> None:
         """One shadow per registered node that reports a cap (a node briefly
-        silent keeps its own), new when its cap changed (it registered again
-        with another store)."""
-        shadows = {}
+        silent keeps its own), new when the node registered again (its store
+        may have restarted empty, or with another cap)."""
+        shadows, generations = {}, {}
         for node in nodes:
             cap = node.retain_max_blocks
             if cap is None:
                 continue
             shadow = self._shadows.get(node.node_id)
-            shadows[node.node_id] = shadow if shadow is not None and shadow.max_blocks == cap else Retention(cap)
-        self._shadows = shadows
+            kept = (shadow is not None and shadow.max_blocks == cap
+                    and self._generations.get(node.node_id) == node.generation)
+            shadows[node.node_id] = shadow if kept and shadow is not None else Retention(cap, LAPSE_LOG_S)
+            generations[node.node_id] = node.generation
+        self._shadows, self._generations = shadows, generations
 
     def _price(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],
                family: Family, p: float, curve: tuple[tuple[float, float], ...], policy: str,

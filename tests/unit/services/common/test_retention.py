@@ -67,3 +67,28 @@ def test_fits_says_what_retain_would_keep_and_keeps_nothing(held, chain, now):
     fits = r.fits(chain, now)
     assert [r.holds(h, now) for h in range(1, 8)] == [twin.holds(h, now) for h in range(1, 8)]  # unchanged
     assert fits == twin.retain(chain, until=100.0, now=now)
+
+
+@pytest.mark.parametrize("store_count, expected", [
+    (0, 3), (1, 3), (2, 3),  # no more than this Retention holds, or one more: room for the 2 new blocks
+    (3, 2), (4, 1), (9, 1)])  # the others fill the cap (or overrun it): block 1, retained already, still fits
+def test_fits_counts_the_stores_other_retains_against_the_cap(store_count, expected):
+    r = Retention(max_blocks=4)
+    r.retain([1], until=50.0, now=0.0)
+    assert r.fits([1, 2, 3], now=0.0, store_count=store_count) == expected
+
+
+def test_lapsed_since_counts_what_lapsed_after_a_time_within_the_log():
+    r = Retention(max_blocks=8, lapse_log_s=10.0)
+    r.retain([1, 2], until=5.0, now=0.0)
+    r.retain([3], until=7.0, now=0.0)
+    r.retain([4], until=50.0, now=0.0)
+    r.purge(8.0)
+    assert (r.lapsed_since(4.0), r.lapsed_since(6.0), r.lapsed_since(7.0)) == (3, 1, 0)
+    r.purge(16.0)  # 5.0 is more than 10 s back now: forgotten
+    assert r.lapsed_since(0.0) == 1
+    # A renewal is no lapse; a count made before the lapse is corrected by it.
+    r.retain([4], until=60.0, now=16.0)
+    assert r.lapsed_since(0.0) == 1
+    assert r.fits([9, 10], now=16.0, store_count=8, counted_at=6.5) == 1  # 8 counted, 1 (3) lapsed since: 7 others
+    assert Retention(max_blocks=8).lapsed_since(0.0) == 0  # no log kept

@@ -149,6 +149,19 @@ def test_a_reported_prefill_estimate_replaces_the_token_linear_queue_and_adds_ro
     assert c.queue_ms(c.get(NodeId("a"))) == pytest.approx(0.0)
 
 
+def test_the_retained_count_is_kept_as_last_reported_and_forgotten_by_a_new_registration():
+    c = make()
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.0, host_pages=200, retain_max_blocks=100)
+    assert c.get(NodeId("a")).load.retained_blocks is None  # not reported yet
+    c.heartbeat(NodeId("a"), LoadReport(free_pages=17, retained_blocks=40), now=0.1)
+    c.heartbeat(NodeId("a"), LoadReport(queued_tokens=5), now=0.2)  # the engine's beat leaves it
+    assert c.get(NodeId("a")).load.retained_blocks == 40
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.3, host_pages=200, retain_max_blocks=100)
+    assert c.get(NodeId("a")).load.retained_blocks is None  # a store that registered again says anew
+    with pytest.raises(InvalidArgument, match="retained_blocks"):
+        LoadReport(retained_blocks=-1)
+
+
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
 def test_a_prefill_estimate_must_be_finite_and_non_negative(bad):
     with pytest.raises(InvalidArgument, match="queued_prefill_ms"):

@@ -3,7 +3,8 @@
 prefix - with it), loss = blocks x P(reuse) x recompute per block, and with
 displacement "occupancy" that loss x the seconds held past d / reuse.window_s;
 and the node's retention budget: its registered cap less the retentions
-still running, a chain that does not fit priced and ordered as the head that
+still running (its own orders, or what the node reports retained where
+that is more), a chain that does not fit priced and ordered as the head that
 does."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication.family_options import OptionPricer
@@ -51,9 +53,13 @@ def setup(p_reuse=0.2, rate=10.0, device=200, host=400, pricing="uniform", displ
     return core, clock, planner, ScriptedReuse(p_reuse, rate)
 
 
-def plan(core, clock, planner, reuse, p, at, families=(FAMILY,)):
+def plan(core, clock, planner, reuse, p, at, families=(FAMILY,), retained=None):
+    """The planner's orders at `at`, n0's heartbeat reporting `retained`
+    blocks retained (None: not reported)."""
     clock.advance(at - clock.now())
     heartbeat_all(core, 2)
+    if retained is not None:
+        core.heartbeat("n0", LoadReport(retained_blocks=retained))
     view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
     forecasts = [Forecast(f, TTL, p, p, 1.0, ForecastKind.RETENTION) for f in families]
     return planner.plan(clock.now(), view, forecasts, "predictive")
@@ -287,3 +293,48 @@ def test_chains_that_share_a_prefix_share_its_place_under_the_cap():
     route_family(core, 1, family=branch, chain=branch_chain)
     orders = plan(core, clock, planner, reuse, p=0.5, at=130.0, families=(FAMILY, branch))
     assert sorted(len(o.block_hashes) for o in orders) == [127, 128]
+
+
+def test_retains_the_node_reports_but_the_planner_never_ordered_take_their_room():
+    # 28 of n0's 128 places hold retains this planner never saw (an operator's, or a planner before a
+    # restart): the store would keep a 100-block head, so that is what is ordered.
+    core, clock, planner, reuse = setup(cap=len(CHAIN))
+    orders = plan(core, clock, planner, reuse, p=0.5, at=130.0, retained=28)
+    assert [o.block_hashes for o in orders] == [CHAIN[:100]]
+    core, clock, planner, reuse = setup(cap=len(CHAIN))
+    assert [o.block_hashes for o in plan(core, clock, planner, reuse, p=0.5, at=130.0, retained=0)] == [CHAIN]
+
+
+def test_a_report_older_than_the_planners_own_retains_does_not_free_their_room():
+    # The heartbeat still says 0 after FAMILY's 128 blocks were ordered: the shadow's count stands.
+    core, clock, planner, reuse = setup_two(cap=len(CHAIN) + len(OTHER_CHAIN) - 1)
+    assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=130.0, retained=0)] == [FAMILY]
+    orders = plan(core, clock, planner, reuse, p=0.5, at=131.0, families=(OTHER,), retained=0)
+    assert [(o.family, len(o.block_hashes)) for o in orders] == [(OTHER, len(OTHER_CHAIN) - 1)]
+
+
+def test_a_node_that_registered_again_gets_an_empty_shadow():
+    # Its store may have restarted empty: what this planner ordered there before is no longer counted.
+    core, clock, planner, reuse = setup_two(cap=len(CHAIN))
+    assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=130.0)] == [FAMILY]
+    assert plan(core, clock, planner, reuse, p=0.5, at=131.0, families=(OTHER,)) == []  # no room beside it
+    core.register_node("n0", "127.0.0.1:7000", 200, None, 400, len(CHAIN))
+    store(core, "n0", OTHER_CHAIN, family=OTHER)
+    route_family(core, 1, family=OTHER, chain=OTHER_CHAIN)
+    orders = plan(core, clock, planner, reuse, p=0.5, at=132.0, families=(OTHER,))
+    assert [(o.family, len(o.block_hashes)) for o in orders] == [(OTHER, len(OTHER_CHAIN))]
+
+
+def test_a_report_made_before_the_planners_own_retain_lapsed_does_not_count_it_as_another():
+    # n0 reported FAMILY's 128 blocks at 429.5 s; they lapsed at 430 s. At 431 s the report is not yet
+    # renewed: those 128 are no one else's, so OTHER fits whole beside the cap's 227.
+    core, clock, planner, reuse = setup_two(cap=len(CHAIN) + len(OTHER_CHAIN) - 1)
+    assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=130.0)] == [FAMILY]
+    clock.advance(429.5 - clock.now())
+    heartbeat_all(core, 2)
+    core.heartbeat("n0", LoadReport(retained_blocks=len(CHAIN)))
+    clock.advance(431.0 - clock.now())
+    view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
+    orders = planner.plan(clock.now(), view, [Forecast(OTHER, TTL, 0.5, 0.5, 1.0, ForecastKind.RETENTION)],
+                          "predictive")
+    assert [(o.family, len(o.block_hashes)) for o in orders] == [(OTHER, len(OTHER_CHAIN))]
