@@ -24,7 +24,9 @@ nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
 follow-ups: every request's follow_ups 0, in training and serving), surgeF
 (planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
-(session-return forecasts buy no copies, only prefetches and retains), norp (they buy no prefetches); norr
+(session-return forecasts buy no copies, only prefetches and retains), norp (they buy no prefetches), recal
+(the session-return model serves with its level recalibration on: predictor.json's
+session_return.recalibration, enabled); norr
 and norp are patched into the planner, so they run on the source, not the compiled build; joined with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
@@ -75,7 +77,7 @@ def config_for(variant: str):
             p = replace(p, horizon_s=float(part[1:]))
         elif part.startswith("now"):
             p = replace(p, nowcast_min_routes=int(part[3:]))
-        elif part.startswith("cap") or part in ("lgbm", "base", "nosig", "norr", "norp"):
+        elif part.startswith("cap") or part in ("lgbm", "base", "nosig", "norr", "norp", "recal"):
             pass  # capN changes the e2e configuration: e2e_config_for
         else:
             raise ValueError(f"unknown variant {part!r}")
@@ -106,6 +108,18 @@ def _without(kinds):
 
 
 PATCHES = {"norr": _without({ActionKind.REPLICATE, ActionKind.REDUNDANT}), "norp": _without({ActionKind.PREFETCH})}
+ORIGINAL_RETURN_CONFIG = train_returns.__globals__["load_return_config"]
+
+
+def _with_recalibration():
+    """The committed session-return configuration with its level recalibration on."""
+    config = ORIGINAL_RETURN_CONFIG()
+    return replace(config, recalibration=replace(config.recalibration, enabled=True))
+
+
+def use_recalibration(on: bool) -> None:
+    """recal: the return model is trained (and so serves) with the configured recalibration on."""
+    train_returns.__globals__["load_return_config"] = _with_recalibration if on else ORIGINAL_RETURN_CONFIG
 
 
 def run(task):
@@ -119,6 +133,8 @@ def run(task):
     if planner_module._Tick._candidates is not wanted:
         planner_module._Tick._candidates = wanted  # TypeError on the compiled build: run norr on the source
     simmod.load_policy_config = lambda *a, **k: cfg
+    recal = "recal" in variant.split("+")
+    use_recalibration(recal)
     # nosig: the generator's follow_ups are never set (a worker runs several tasks: reset it every time)
     fanout_module.replace = (lambda request, **changes: request) if "nosig" in variant.split("+") else replace
     synthetic = not scenario.endswith(".jsonl")
@@ -127,7 +143,7 @@ def run(task):
                    predictor="lightgbm" if "lgbm" in variant else "builtin", speed=1.0,
                    config_path=e2e_config_for(variant), synthetic=synthetic)
     if policy == "predictive" and not synthetic:
-        job = replace(job, returns=trace_returns(scenario, start_s))
+        job = replace(job, returns=trace_returns(scenario, start_s, recal))
     elif policy == "predictive":
         config = jobs.cell_config(None, ())
         base, _ = jobs.build_workload(replace(job, nodes=config.nodes), config)
@@ -155,7 +171,7 @@ def trace_slice() -> tuple[float, float, int]:
 
 
 @functools.lru_cache(maxsize=2)
-def trace_returns(path: str, start_s: float):
+def trace_returns(path: str, start_s: float, recal: bool = False):
     """The return model on the trace before the slice, as `speckv simulate`
     trains it; once per worker process, not once per task."""
     config = jobs.cell_config(None, ())

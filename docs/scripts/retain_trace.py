@@ -11,35 +11,19 @@ difference the retains' displaced KV and rerouting made:
     .venv/bin/python docs/scripts/retain_trace.py ../shared/traces/mooncake_conversation_trace.jsonl 2476 8 predictive
 """
 import json
-import math
 import sys
-from dataclasses import replace
 
 import numpy as np
+from synthetic_slice import trace_slice
 
-from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import jobs
-from speckv.loadgen.sim.returns import train_returns
-from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.simulation import Simulation
-from speckv.loadgen.workload.scaled import SliceView
 from speckv.services.scheduler.replication.orders import ActionKind
 
 trace, start, nodes, policy = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-config = load_e2e_config(None)
-job = jobs.Job(trace, 7, nodes, policy, start, None, "builtin", 1.0, None)
-workload, _ = jobs.build_workload(job, config)
-lo, hi = workload.window(start, math.inf)
-hlo, _ = workload.window(start - config.warmup_s, start)
-history = [workload[i] for i in range(hlo, lo)]
-base, _ = jobs.build_workload(replace(job, nodes=config.nodes), config)
-_, before = base.window(-math.inf, start)
-returns = train_returns([base[i] for i in range(before)], start)
+chosen = trace_slice(trace, nodes, start, float("inf"))
 
 
 def run(name):
-    sim = Simulation(config, SimSettings.from_e2e(config, nodes=nodes), name, SliceView(workload, lo, hi), history,
-                     future=workload, returns=returns)
+    sim = chosen.simulation(name)
     records = {r.request_id: r for r in sim.run().records if r.served}
     tracker = sim.core._orders  # an analysis script may read the tracker's log directly
     retains = [o for o in [*tracker._done.values(), *tracker._active.values()] if o.spec.action is ActionKind.RETAIN]
