@@ -25,6 +25,7 @@ Times are the caller's clock, in seconds. Pure, not thread-safe.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from typing import Sequence
@@ -120,7 +121,10 @@ class Retention:
             if held.get(h) == deadline:
                 del held[h]
                 if self._lapse_log_s > 0.0:
-                    lapsed.append(deadline)
+                    if lapsed and deadline < lapsed[-1]:  # a purge at an earlier now than the last one
+                        bisect.insort(lapsed, deadline)
+                    else:
+                        lapsed.append(deadline)
         while lapsed and lapsed[0] <= now - self._lapse_log_s:
             lapsed.popleft()
 

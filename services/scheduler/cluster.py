@@ -222,6 +222,8 @@ class Cluster:
             carries_queue = load.carries_queue
         if load.retained_blocks is not None:
             node.retained_reported_at = now
+        elif isinstance(load, NodeLoad):  # a full report without the count: it is not known
+            node.retained_reported_at = None
         node.last_heartbeat = max(node.last_heartbeat, now)
         node.status = NodeStatus.UP
         if carries_queue:

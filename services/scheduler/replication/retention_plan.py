@@ -58,14 +58,18 @@ within `retain.ttl_s` of now), at least `retain.min_probability`; at most
     shadow holds, the rest take places under the cap too (taken to be
     blocks of no chain being priced, so it errs toward ordering less);
   - fuller than the store, where the store restarted empty: a node that
-    registered again gets a new, empty shadow. Where the store dropped
+    registered again gets a new, empty shadow, and its families may be
+    retained there anew at once. Where the store dropped
     retained blocks anyway (every candidate retained) the shadow stays
     fuller until those retains lapse, ordering less than would fit.
   The report is as old as the last heartbeat (a second or so): a retain
   ordered since is in the shadow and not in the report (so foreign retains
   are seen only beyond it), and one of the shadow's that lapsed since is in
   the report, so those are taken off the report before comparing (the
-  shadow remembers what lapsed in the last LAPSE_LOG_S).
+  shadow remembers what lapsed in the last LAPSE_LOG_S; a report older than
+  that is taken as none). The count is dated when the scheduler received
+  it, so the store's own lapses in between, and a live store's later
+  deadlines, still read as others' for a moment: it errs toward less.
 
 Pure: reads the view, keeps only the deadlines of the retentions it
 ordered (so it does not order them again); time only from `now`.
@@ -104,6 +108,7 @@ class RetentionPlanner:
         if not r.enabled or view.families is None:
             return []
         self._forget_lapsed(now)
+        self._sync_shadows(view.nodes)
         chances = sorted(((f.expected_count, f.family, f.curve) for f in forecasts
                           if f.kind is ForecastKind.RETENTION and f.expected_count >= r.min_probability),
                          key=lambda item: (-item[0], item[1]))[:r.max_families]
@@ -124,7 +129,6 @@ class RetentionPlanner:
             if spec is not None:
                 priced.append((spec.expected_benefit_ms, spec, min(p, 1.0), curve))
         priced.sort(key=lambda item: (-item[0], item[1].family))
-        self._sync_shadows(view.nodes)
         orders: list[OrderSpec] = []
         for _, first, p, curve in priced:
             if len(orders) >= r.max_per_tick:
@@ -145,8 +149,11 @@ class RetentionPlanner:
         pages."""
         shadow = self._shadows.get(first.target)
         node = live[first.target]
+        # A count older than the shadow's lapse log could not be corrected for its lapses: unknown.
+        fresh = node.retained_at is not None and now - node.retained_at <= LAPSE_LOG_S
+        reported = (node.retained_blocks or 0) if fresh else 0
         kept = len(first.block_hashes) if shadow is None else \
-            shadow.fits(first.block_hashes, now, node.retained_blocks or 0, node.retained_at)
+            shadow.fits(first.block_hashes, now, reported, node.retained_at)
         if kept >= len(first.block_hashes):
             return first
         if kept <= 0:
@@ -157,17 +164,21 @@ class RetentionPlanner:
     def _sync_shadows(self, nodes: Sequence[NodeView]) -> None:
         """One shadow per registered node that reports a cap (a node briefly
         silent keeps its own), new when the node registered again (its store
-        may have restarted empty, or with another cap)."""
-        shadows, generations = {}, {}
+        may have restarted empty, or with another cap). The retentions this
+        planner ordered on a node that registered again, or is gone, are
+        forgotten too, so their families may be retained anew at once."""
+        generations = {node.node_id: node.generation for node in nodes}
+        reregistered = {n for n, g in self._generations.items() if generations.get(n) != g}
+        if reregistered:
+            self._retained = {f: held for f, held in self._retained.items() if held[0] not in reregistered}
+        shadows = {}
         for node in nodes:
             cap = node.retain_max_blocks
             if cap is None:
                 continue
             shadow = self._shadows.get(node.node_id)
-            kept = (shadow is not None and shadow.max_blocks == cap
-                    and self._generations.get(node.node_id) == node.generation)
+            kept = shadow is not None and shadow.max_blocks == cap and node.node_id not in reregistered
             shadows[node.node_id] = shadow if kept and shadow is not None else Retention(cap, LAPSE_LOG_S)
-            generations[node.node_id] = node.generation
         self._shadows, self._generations = shadows, generations
 
     def _price(self, now: float, view: ClusterView, live: dict[NodeId, NodeView], residency: dict[NodeId, float],

@@ -87,8 +87,18 @@ def test_lapsed_since_counts_what_lapsed_after_a_time_within_the_log():
     assert (r.lapsed_since(4.0), r.lapsed_since(6.0), r.lapsed_since(7.0)) == (3, 1, 0)
     r.purge(16.0)  # 5.0 is more than 10 s back now: forgotten
     assert r.lapsed_since(0.0) == 1
+    assert r.fits([9, 10], now=16.0, store_count=8, counted_at=6.5) == 1  # 8 counted, 1 (3) lapsed since: 7 others
     # A renewal is no lapse; a count made before the lapse is corrected by it.
     r.retain([4], until=60.0, now=16.0)
-    assert r.lapsed_since(0.0) == 1
-    assert r.fits([9, 10], now=16.0, store_count=8, counted_at=6.5) == 1  # 8 counted, 1 (3) lapsed since: 7 others
+    r.purge(55.0)  # 4's first deadline, 50, has passed, but it was renewed to 60
+    assert r.lapsed_since(16.0) == 0 and r.holds(4, 55.0)
+    r.purge(61.0)
+    assert r.lapsed_since(16.0) == 1
+    r = Retention(max_blocks=8, lapse_log_s=100.0)
+    r.retain([3], until=7.0, now=0.0)
+    r.retain([4, 5], until=20.0, now=0.0)
+    r.purge(20.0)
+    r.retain([1], until=15.0, now=5.0)  # a caller whose now went back
+    r.purge(16.0)
+    assert (r.lapsed_since(10.0), r.lapsed_since(16.0)) == (3, 2)  # the log in order: 7, 15, 20, 20
     assert Retention(max_blocks=8).lapsed_since(0.0) == 0  # no log kept

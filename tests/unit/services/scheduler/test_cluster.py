@@ -155,9 +155,16 @@ def test_the_retained_count_is_kept_as_last_reported_and_forgotten_by_a_new_regi
     assert c.get(NodeId("a")).load.retained_blocks is None  # not reported yet
     c.heartbeat(NodeId("a"), LoadReport(free_pages=17, retained_blocks=40), now=0.1)
     c.heartbeat(NodeId("a"), LoadReport(queued_tokens=5), now=0.2)  # the engine's beat leaves it
-    assert c.get(NodeId("a")).load.retained_blocks == 40
-    c.register(NodeId("a"), "h:1", 100, GEO, now=0.3, host_pages=200, retain_max_blocks=100)
-    assert c.get(NodeId("a")).load.retained_blocks is None  # a store that registered again says anew
+    node = c.get(NodeId("a"))
+    assert (node.load.retained_blocks, node.retained_reported_at) == (40, 0.1)
+    c.heartbeat(NodeId("a"), NodeLoad(free_pages=5, retained_blocks=7), now=0.3)  # a full report carries it
+    assert (node.load.retained_blocks, node.retained_reported_at) == (7, 0.3)
+    c.heartbeat(NodeId("a"), NodeLoad(free_pages=5), now=0.4)  # a full report without it: not known
+    assert (node.load.retained_blocks, node.retained_reported_at) == (None, None)
+    c.heartbeat(NodeId("a"), LoadReport(retained_blocks=40), now=0.5)
+    c.register(NodeId("a"), "h:1", 100, GEO, now=0.6, host_pages=200, retain_max_blocks=100)
+    node = c.get(NodeId("a"))  # a store that registered again says anew
+    assert (node.load.retained_blocks, node.retained_reported_at) == (None, None)
     with pytest.raises(InvalidArgument, match="retained_blocks"):
         LoadReport(retained_blocks=-1)
 

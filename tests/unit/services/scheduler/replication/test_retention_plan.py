@@ -338,3 +338,27 @@ def test_a_report_made_before_the_planners_own_retain_lapsed_does_not_count_it_a
     orders = planner.plan(clock.now(), view, [Forecast(OTHER, TTL, 0.5, 0.5, 1.0, ForecastKind.RETENTION)],
                           "predictive")
     assert [(o.family, len(o.block_hashes)) for o in orders] == [(OTHER, len(OTHER_CHAIN))]
+
+
+def test_a_family_retained_on_a_node_that_registered_again_may_be_retained_anew_at_once():
+    core, clock, planner, reuse = setup(cap=len(CHAIN))
+    assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=130.0)] == [FAMILY]
+    assert plan(core, clock, planner, reuse, p=0.5, at=131.0) == []  # retained until 430 s: not renewed yet
+    core.register_node("n0", "127.0.0.1:7000", 200, None, 400, len(CHAIN))  # its store may have restarted
+    store(core, "n0", CHAIN)
+    route_family(core, 1)
+    assert [o.block_hashes for o in plan(core, clock, planner, reuse, p=0.5, at=132.0)] == [CHAIN]
+
+
+@pytest.mark.parametrize("age_s, blocks", [(29.0, 100), (31.0, len(CHAIN))])
+def test_a_count_older_than_the_lapse_log_is_taken_as_unknown(age_s, blocks):
+    # n0 said 28 blocks were retained by others; past LAPSE_LOG_S (30 s) that count is no longer used.
+    core, clock, planner, reuse = setup(cap=len(CHAIN))
+    core.heartbeat("n0", LoadReport(retained_blocks=28))
+    clock.advance(age_s)
+    for node in ("n0", "n1"):
+        core.heartbeat(node, LoadReport(free_pages=4096))  # alive, the count as it was
+    view = dataclasses.replace(core._view(clock.now()), reuse=reuse)
+    orders = planner.plan(clock.now(), view, [Forecast(FAMILY, TTL, 0.5, 0.5, 1.0, ForecastKind.RETENTION)],
+                          "predictive")
+    assert [len(o.block_hashes) for o in orders] == [blocks]
