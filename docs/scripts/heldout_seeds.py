@@ -20,7 +20,7 @@ Variants of predictive (the committed policies.json, changed in one place):
 noprefetch (planner.prefetch false), ext (planner.queue_externality true),
 hN (planner.horizon_s N), nowK (planner.nowcast_min_routes K; now0: no
 nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
-(retain.displacement "occupancy"), capN (the e2e configuration's
+(retain.displacement "occupancy"), curve (retain.pricing "curve"), ttlN (retain.ttl_s N), capN (the e2e configuration's
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
 follow-ups: every request's follow_ups 0, in training and serving), surgeF
 (planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
@@ -73,6 +73,10 @@ def config_for(variant: str):
             p = replace(p, surge_replan_factor=float(part[5:]))
         elif part == "occ":
             r = replace(r, displacement="occupancy")
+        elif part == "curve":
+            r = replace(r, pricing="curve")
+        elif part.startswith("ttl"):
+            r = replace(r, ttl_s=float(part[3:]))
         elif part.startswith("h"):
             p = replace(p, horizon_s=float(part[1:]))
         elif part.startswith("now"):
