@@ -45,7 +45,7 @@ from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.errors import Unavailable
 from speckv.services.common.traces import TraceRequest
-from speckv.services.scheduler.outcomes_proto import action_stats_from_proto
+from speckv.services.scheduler.adapters.outcomes_proto import action_stats_from_proto
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.v1 import (

@@ -66,7 +66,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/families.py",
     "services/scheduler/forecasts.py",
     "services/scheduler/holder_index.py",
-    "services/scheduler/policies/base.py",
+    "services/scheduler/views.py",
     "services/scheduler/policies/placement.py",
     "services/scheduler/replication/budgets.py",
     "services/scheduler/replication/lifecycle.py",

@@ -43,7 +43,7 @@ from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoa
 from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
 from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex, IndexEvent
-from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan, Policy
+from speckv.services.scheduler.policies.base import Policy
 from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
 from speckv.services.scheduler.policy_config import PolicyConfig, load_policy_config
@@ -74,6 +74,7 @@ from speckv.services.scheduler.routing.router import (
     uncached_tokens,
 )
 from speckv.services.scheduler.snapshot import ClusterSnapshot, NodeReport, PolicyInfo
+from speckv.services.scheduler.views import ClusterView, NodeView, Plan
 
 log = logging.getLogger(__name__)
 

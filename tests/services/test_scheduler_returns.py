@@ -25,15 +25,15 @@ from speckv.services.common.telemetry import build_telemetry
 from speckv.services.common.tiers import Tier
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.remote import PredictorReturnForecasts
+from speckv.services.scheduler.adapters.server import build_server as build_scheduler
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.remote import PredictorReturnForecasts
 from speckv.services.scheduler.replication.orders import ActionKind
-from speckv.services.scheduler.server import build_server as build_scheduler
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.returns_model import save_synthetic_model

@@ -27,12 +27,12 @@ from speckv.services.kvstore.events import EventType, KVEvent
 from speckv.services.kvstore.servicer import event_to_proto
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor_server
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.event_sync import to_index_event
+from speckv.services.scheduler.adapters.server import build_server, core_settings, future_arrivals
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.event_sync import to_index_event
 from speckv.services.scheduler.replication.orders import Order, OrderState
-from speckv.services.scheduler.server import build_server, core_settings, future_arrivals
 from speckv.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.waiting import TIMEOUT, wait_until
 

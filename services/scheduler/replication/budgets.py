@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from speckv.services.common.ids import NodeId
-from speckv.services.scheduler.policies.base import ClusterView, NodeView
 from speckv.services.scheduler.policy_config import BudgetSettings
+from speckv.services.scheduler.views import ClusterView, NodeView
 
 
 class BudgetBook:

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.policies.base import NodeView
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.value import Demand, ServeOption
+from speckv.services.scheduler.views import NodeView
 
 
 @dataclass(slots=True)

@@ -79,8 +79,6 @@ from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
-from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan
-from speckv.services.scheduler.policies.placement import holders_of
 from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.services.scheduler.replication.budgets import BudgetBook
 from speckv.services.scheduler.replication.family_options import (
@@ -102,6 +100,7 @@ from speckv.services.scheduler.replication.value import (
     queue_externality_ms,
     walk,
 )
+from speckv.services.scheduler.views import ClusterView, NodeView, Plan, holders_of
 
 
 class Planner:

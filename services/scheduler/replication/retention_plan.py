@@ -83,12 +83,11 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind, p_within
-from speckv.services.scheduler.policies.base import ClusterView, NodeView
-from speckv.services.scheduler.policies.placement import holders_of
 from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.services.scheduler.replication.family_options import OptionPricer
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
 from speckv.services.scheduler.replication.value import eviction_ms
+from speckv.services.scheduler.views import ClusterView, NodeView, holders_of
 
 # How far back a shadow remembers the retentions that lapsed: longer than a
 # node's report can be old while the node still counts as live.

@@ -13,8 +13,8 @@ from speckv.loadgen.sim.settings import SimSettings
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
+from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.cluster import Cluster, LoadReport
-from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.policy_config import load_policy_config
 
 GEO = KVGeometry(2, 2, 8, "float16", 4)

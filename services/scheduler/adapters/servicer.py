@@ -14,9 +14,9 @@ from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.adapters.outcomes_proto import actions_to_proto
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.outcomes_proto import actions_to_proto
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem, RouteResult
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc

@@ -37,9 +37,7 @@ from zmq.utils.monitor import recv_monitor_message
 from speckv.services.common.errors import InvalidArgument, SpeckvError
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
-from speckv.services.scheduler.cluster import LoadReport
-from speckv.services.scheduler.holder_index import IndexEvent
-from speckv.services.scheduler.vllm_decode import (
+from speckv.services.scheduler.adapters.vllm_decode import (
     BadInput,
     SequenceTracker,
     Skip,
@@ -49,6 +47,8 @@ from speckv.services.scheduler.vllm_decode import (
     split_frames,
     split_replay_frames,
 )
+from speckv.services.scheduler.cluster import LoadReport
+from speckv.services.scheduler.holder_index import IndexEvent
 
 log = logging.getLogger(__name__)
 

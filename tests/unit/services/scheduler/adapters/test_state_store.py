@@ -15,10 +15,10 @@ from speckv.services.common.errors import FailedPrecondition, NotFound, Unavaila
 from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.adapters.state_store import DB_FILE, SCHEMA_VERSION, StateStore
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SavedNode, SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
-from speckv.services.scheduler.state_store import DB_FILE, SCHEMA_VERSION, StateStore
 
 GEOMETRY = KVGeometry(2, 2, 16, "float32", 4)
 BIG_HASH = 2**64 - 1  # uint64: does not fit SQLite's signed INTEGER
