@@ -70,7 +70,7 @@ from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
 from speckv.services.predictor.returns.tracker import ReturnTracker
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import (
     CombinedForecasts,
     ForecastKind,
@@ -81,6 +81,7 @@ from speckv.services.scheduler.forecasts import (
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
 
 Progress = Callable[[int, int, RequestRecord | None], None]

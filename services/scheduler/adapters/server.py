@@ -23,9 +23,10 @@ from speckv.services.scheduler.adapters.state_store import StateStore
 from speckv.services.scheduler.adapters.ticker import Ticker
 from speckv.services.scheduler.adapters.vllm_subscriber import VllmEventFeeds, parse_kv_events
 from speckv.services.scheduler.arrival_reports import ArrivalReporter
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import ReplicaStats

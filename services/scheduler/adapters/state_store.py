@@ -42,7 +42,7 @@ from speckv.services.common.errors import FailedPrecondition, SpeckvError, Unava
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import Family, NodeId, OrderId
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.core import SavedNode, SavedState
+from speckv.services.scheduler.ports import SavedNode, SavedState
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
 
 log = logging.getLogger(__name__)

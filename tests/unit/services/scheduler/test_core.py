@@ -8,8 +8,9 @@ from speckv.services.common.errors import FailedPrecondition, InvalidArgument, N
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
 
 CHAIN = list(range(100, 164))  # 64 blocks of 4 tokens (tiny profile)

@@ -17,7 +17,8 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.adapters.state_store import DB_FILE, SCHEMA_VERSION, StateStore
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SavedNode, SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.ports import SavedNode, SchedulerSettings
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
 
 GEOMETRY = KVGeometry(2, 2, 16, "float32", 4)

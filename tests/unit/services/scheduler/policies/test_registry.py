@@ -4,9 +4,10 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import AlreadyExists, InvalidArgument
 from speckv.services.common.ids import Family, NodeId
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.policies.none import NonePolicy
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
 
 
