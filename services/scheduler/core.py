@@ -28,6 +28,7 @@ from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad, NodeStatus
 from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
@@ -108,18 +109,15 @@ class SchedulerCore:
         self._lock = threading.Lock()
 
     # --- nodes -----------------------------------------------------------
-    def register_node(self, node_id: str, address: str, capacity_pages: int,
-                      geometry: KVGeometry | None, host_pages: int = 0,
-                      retain_max_blocks: int | None = None) -> tuple[bool, int]:
-        """capacity_pages: the device tier; host_pages: the host tier (0: none);
-        retain_max_blocks: what its last tier retains at once (None: not reported).
+    def register_node(self, node_id: str, address: str, sizes: NodeSizes,
+                      geometry: KVGeometry | None) -> tuple[bool, int]:
+        """sizes: its tiers and retention cap (Cluster.register checks them).
         Returns (re_registered, heartbeat_interval_ms)."""
         with self._lock:
             old = self._cluster.find(NodeId(node_id))
             old_address = old.address if old else None
-            node, again = self._cluster.register(NodeId(node_id), address, capacity_pages,
-                                                 geometry or self._profile.geometry, self._clock.now(), host_pages,
-                                                 retain_max_blocks)
+            node, again = self._cluster.register(NodeId(node_id), address, sizes,
+                                                 geometry or self._profile.geometry, self._clock.now())
             self._index.drop_node(node.node_id)
             self._lifecycle.ledger.drop_node(node.node_id)
             self._backlog.forget(node.node_id)
@@ -131,8 +129,7 @@ class SchedulerCore:
             if self._state is not None:
                 # A failed write fails this call with the registration made in memory;
                 # the node's agent registers again, which saves it and restarts its stream.
-                self._state.node_registered(SavedNode(node.node_id, node.address, node.capacity_pages,
-                                                      node.host_pages, node.geometry, node.retain_max_blocks))
+                self._state.node_registered(SavedNode(node.node_id, node.address, node.sizes, node.geometry))
         log.info("node %s %sregistered at %s", node_id, "re-" if again else "", address)
         if self._listener is not None:
             self._listener.node_registered(NodeId(node_id), address, generation, old_address)
@@ -435,8 +432,7 @@ class SchedulerCore:
                 # Registered as last heard at -inf: not alive (for the cluster and its load
                 # board alike) until a heartbeat, and RESTORED, not UP, so staying silent is no
                 # UP -> DOWN transition that would fail the orders it is part of.
-                node, _ = self._cluster.register(n.node_id, n.address, n.capacity_pages, n.geometry,
-                                                 -math.inf, n.host_pages, n.retain_max_blocks)
+                node, _ = self._cluster.register(n.node_id, n.address, n.sizes, n.geometry, -math.inf)
                 node.status = NodeStatus.RESTORED
                 registered.append((node.node_id, node.address, node.generation))
             for order in self._orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
@@ -490,10 +486,10 @@ class SchedulerCore:
                            frozenset(self._ramp.ramping(now)))
 
     def _node_view(self, n: Node, now: float) -> NodeView:
-        return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,
+        return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.sizes,
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
                         n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
-                        self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id),
-                        self._index.num_device_blocks(n.node_id), n.retain_max_blocks, n.load.retained_blocks,
+                        self._cluster.queue_ms(n), self._index.num_host_blocks(n.node_id),
+                        self._index.num_device_blocks(n.node_id), n.load.retained_blocks,
                         n.retained_reported_at, n.generation)
 

@@ -23,6 +23,7 @@ from typing import Protocol, Sequence
 
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.services.scheduler.replication.orders import Order, OrderJournal, OrderState
@@ -53,10 +54,8 @@ class SavedNode:
 
     node_id: NodeId
     address: str
-    capacity_pages: int  # device tier, blocks
-    host_pages: int  # host tier, blocks (0: none)
+    sizes: NodeSizes  # its tiers' pages and retention cap
     geometry: KVGeometry
-    retain_max_blocks: int | None = None  # what its last tier retains at once (None: not reported)
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ from typing import Mapping, Protocol, Sequence
 
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.ids import BlockHash, Family, NodeId, OrderId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.families import FamilyProfile, SurgeHistory
 from speckv.services.scheduler.replication.orders import Order, OrderSpec
@@ -22,7 +23,7 @@ class NodeView:
     node_id: NodeId
     address: str
     alive: bool
-    capacity_pages: int
+    sizes: NodeSizes  # its tiers' capacities and retention cap, as registered
     free_pages: int
     queued_tokens: int
     running_tokens: int
@@ -31,10 +32,8 @@ class NodeView:
     bytes_per_block: int
     num_blocks: int  # in either tier
     queue_ms: float  # expected wait before new work's prefill starts (the router's figure)
-    host_pages: int = 0  # its host tier's capacity (0: none)
     host_blocks: int = 0  # blocks its host tier holds
     device_blocks: int = 0  # blocks its device tier holds (the index's view)
-    retain_max_blocks: int | None = None  # blocks its last tier retains for retain orders at once (None: unknown)
     retained_blocks: int | None = None  # blocks its last tier holds under retain orders, as last reported (None: not)
     retained_at: float | None = None  # clock s of that report
     generation: int = 0  # its registration's number: a new one is a store that may have restarted empty

@@ -20,6 +20,7 @@ import pytest
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.common.tiers import Tier
@@ -71,7 +72,7 @@ def scheduler(clock: ManualClock, predictor_address: str) -> Iterator[tuple[Sche
 
     def inventory(core: SchedulerCore) -> None:
         cores.append(core)
-        core.register_node("n0", "127.0.0.1:1", 512, None, 1024)
+        core.register_node("n0", "127.0.0.1:1", NodeSizes(512, 1024), None)
         assert core.apply_kv_event(NodeId("n0"), core.generation("n0"),
                                    IndexEvent(HolderEventKind.STORED, CHAIN, False, FAMILY, tier=Tier.HOST))
         core.heartbeat("n0", NodeLoad(free_pages=512))

@@ -22,6 +22,7 @@ from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import NotFound
 from speckv.services.common.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.kvstore.events import EventType, KVEvent
 from speckv.services.kvstore.servicer import event_to_proto
@@ -140,7 +141,7 @@ class Simulated:
                                   future=future_arrivals(config))
 
     def register(self, node: str, address: str = NO_KVSTORE) -> None:
-        self.core.register_node(node, address, CAPACITY, geometry_from_proto(GEOMETRY), 0)
+        self.core.register_node(node, address, NodeSizes(CAPACITY), geometry_from_proto(GEOMETRY))
 
     def heartbeat(self, node: str, queued_ms: float) -> None:
         self.core.heartbeat(node, NodeLoad(free_pages=CAPACITY, queued_prefill_ms=queued_ms))

@@ -25,19 +25,20 @@ from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
 def admitted(spec: OrderSpec, target: Node) -> OrderSpec:
     """spec with its defaults filled in; InvalidArgument or
     FailedPrecondition when it does not fit target's tiers."""
-    if spec.tier is Tier.HOST and not target.host_pages:
+    if spec.tier is Tier.HOST and not target.sizes.host_pages:
         raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
     if spec.action is ActionKind.PREFETCH and spec.tier is Tier.HOST:
         raise InvalidArgument("a prefetch promotes into the device tier: its target_medium must be GPU or empty")
+    host = target.sizes.host_pages
     if spec.action is ActionKind.RETAIN and spec.tier is not None and spec.tier is not (
-            Tier.HOST if target.host_pages else Tier.DEVICE):
+            Tier.HOST if host else Tier.DEVICE):
         raise InvalidArgument(f"a retain protects node {target.node_id!r}'s last tier "
-                              f"({'CPU' if target.host_pages else 'GPU'}): its target_medium must be that or empty")
-    if spec.action is ActionKind.PREFETCH and not target.host_pages:
+                              f"({'CPU' if host else 'GPU'}): its target_medium must be that or empty")
+    if spec.action is ActionKind.PREFETCH and not target.sizes.host_pages:
         raise FailedPrecondition(f"a prefetch promotes host-tier blocks; node {target.node_id!r} has no host tier")
     return replace(spec, block_hashes=list(spec.block_hashes),
                    target_address=spec.target_address or target.address,
                    family=spec.family or default_family(spec.block_hashes),
                    policy=spec.policy or "manual",
-                   tier=spec.tier or (Tier.HOST if target.host_pages and spec.action is not ActionKind.PREFETCH
+                   tier=spec.tier or (Tier.HOST if target.sizes.host_pages and spec.action is not ActionKind.PREFETCH
                                       else Tier.DEVICE))
