@@ -20,6 +20,12 @@ from speckv.services.common.parent_death import die_with_parent
 from speckv.services.common.poller_race import quiet_closed_channel_pollers
 
 SERVICES = ("kvstore", "predictor", "scheduler")
+# The module whose main() runs each service's process.
+SERVER_MODULES = {
+    "kvstore": "speckv.services.kvstore.server",
+    "predictor": "speckv.services.predictor.server",
+    "scheduler": "speckv.services.scheduler.adapters.server",
+}
 TOOLS = {
     "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
     "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
@@ -58,7 +64,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command in SERVICES:
-        module = f"speckv.services.{command}.server"
+        module = SERVER_MODULES[command]
     elif command in TOOLS:
         module = TOOLS[command][0]
     else:

@@ -44,8 +44,9 @@ from speckv.loadgen.workload.replay import SleepWaiter, TimeMap, replay_open_loo
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.errors import Unavailable
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.traces import TraceRequest
-from speckv.services.scheduler.outcomes_proto import action_stats_from_proto
+from speckv.services.scheduler.adapters.outcomes_proto import action_stats_from_proto
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.v1 import (
@@ -109,7 +110,7 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
                         *geometry_args, *extra.get("kvstore", [])]
     extra["predictor"] = [*predictor_args, *extra.get("predictor", [])]
     return ClusterSpec(nodes=config.nodes, geometry=preset, block_size=block_size,
-                       device_pages=config.pool_pages, host_pages=config.host_pages, policy="none",
+                       sizes=NodeSizes(config.pool_pages, config.host_pages), policy="none",
                        extra_args=extra)
 
 

@@ -16,8 +16,8 @@ import sys
 from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SynthShape
 from speckv.services.common.config import parse_config
 from speckv.services.common.telemetry import build_telemetry
-from speckv.services.scheduler.config import SchedulerConfig
-from speckv.services.scheduler.server import build_server
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.server import build_server
 
 
 def main(argv: list[str]) -> int:

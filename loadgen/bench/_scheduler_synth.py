@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import Forecast
@@ -54,7 +55,8 @@ class SyntheticCluster:
         """Registers every node, stores every family's chain, sets loads."""
         s = self.shape
         for node in self.node_ids:
-            core.register_node(node, f"10.0.{int(node[1:]) // 250}.{int(node[1:]) % 250}:7000", s.capacity_pages, None)
+            address = f"10.0.{int(node[1:]) // 250}.{int(node[1:]) % 250}:7000"
+            core.register_node(node, address, NodeSizes(s.capacity_pages), None)
         home = self.rng.integers(0, s.nodes, size=s.families)
         hot = max(1, s.families // 100)
         for i in range(s.families):

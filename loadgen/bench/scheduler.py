@@ -52,7 +52,8 @@ from speckv.services.common.certs import make_bundle
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.tls import dial
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc

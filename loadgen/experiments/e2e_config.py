@@ -21,6 +21,7 @@ from speckv.services.common.engine_profile import EngineProfile, LinkModel, get_
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.common.links import get_link
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.traces.mooncake import FAMILY_MODES
 
 DEFAULT_E2E_PATH = CONFIG_DIR / "e2e.json"
@@ -58,6 +59,13 @@ class E2EConfig:
     host_link: LinkModel | None = None  # each node's host<->device link, real bytes (None: no host tier)
     retain_max_share: float = 0.0  # share of each node's last tier retain orders may hold at once
     family: str = "prefix"  # how trace requests are keyed into families (loadgen.traces.mooncake.FAMILY_MODES)
+
+    def node_sizes(self, host_pages: int | None = None) -> NodeSizes:
+        """Each node's sizes: pool_pages of device tier, host_pages of host
+        tier (the argument, else the file's), and a retention cap of
+        retain_max_share of the last tier, as a kvstore sizes its own."""
+        host = self.host_pages if host_pages is None else host_pages
+        return NodeSizes.with_retain_share(self.pool_pages, host, self.retain_max_share)
 
     @property
     def scaled_geometry(self) -> KVGeometry:

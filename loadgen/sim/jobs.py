@@ -163,9 +163,8 @@ def _run_job(job: Job, progress) -> SimulationResult:
     lo, hi = workload.window(start, end)
     hlo, _ = workload.window(start - config.warmup_s, start)
     history = [workload[i] for i in range(hlo, lo)]
-    settings = SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor)
-    if job.host_pages is not None:
-        settings = replace(settings, host_pages=job.host_pages)
+    settings = SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor,
+                                    host_pages=job.host_pages)
     trained = job.trained
     if job.serves_lightgbm:
         trained = trained or train_on_base(workload, start, config.warmup_s)  # run alone: the same model

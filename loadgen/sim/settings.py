@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from speckv.loadgen.experiments.e2e_config import E2EConfig
+from speckv.services.common.node_sizes import NodeSizes
 
 
 @dataclass(frozen=True, slots=True)
 class SimSettings:
     nodes: int
-    pool_pages: int
+    sizes: NodeSizes  # each node's tiers and retention cap (E2EConfig.node_sizes)
     heartbeat_s: float
     tick_s: float
     forecast_poll_s: float
@@ -27,22 +28,17 @@ class SimSettings:
     drain_s: float = 600.0  # virtual time allowed after the last arrival for the engines to finish
     node_timeout_s: float = 6.0  # as the live e2e scheduler is started
     liveness_s: float = 1.0  # an idle, unchanged node still heartbeats this often
-    host_pages: int = 0  # each node's host tier, blocks (0: none)
-    retain_max_share: float = 0.0  # share of each node's last tier retain orders may hold at once
-
-    @property
-    def retain_max_blocks(self) -> int:
-        return int(self.retain_max_share * (self.host_pages or self.pool_pages))
 
     @staticmethod
     def from_e2e(config: E2EConfig, nodes: int | None = None, speed: float = 1.0,
-                 predictor: str = "builtin") -> "SimSettings":
-        return SimSettings(nodes=nodes or config.nodes, pool_pages=config.pool_pages,
+                 predictor: str = "builtin", host_pages: int | None = None) -> "SimSettings":
+        """host_pages: each node's host tier instead of the configuration's
+        (None: the configuration's); the retention cap follows it."""
+        return SimSettings(nodes=nodes or config.nodes, sizes=config.node_sizes(host_pages),
                            heartbeat_s=config.heartbeat_interval_s * speed, tick_s=config.scheduler_tick_s * speed,
                            forecast_poll_s=config.forecast_poll_s * speed,
                            forecast_horizon_s=config.forecast_horizon_s * speed, warmup_s=config.warmup_s,
-                           predictor=predictor, host_pages=config.host_pages,
-                           retain_max_share=config.retain_max_share)
+                           predictor=predictor)
 
     def with_nodes(self, nodes: int) -> "SimSettings":
         return replace(self, nodes=nodes)

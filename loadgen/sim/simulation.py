@@ -70,7 +70,7 @@ from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
 from speckv.services.predictor.returns.tracker import ReturnTracker
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import (
     CombinedForecasts,
     ForecastKind,
@@ -81,6 +81,7 @@ from speckv.services.scheduler.forecasts import (
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
 
 Progress = Callable[[int, int, RequestRecord | None], None]
@@ -182,12 +183,13 @@ class Simulation:
                 source = CombinedForecasts(sources)
                 self.predictor_note += f"; plus {returns.description}"
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
-        self.kv = {n: SimKVNode(n, settings.pool_pages, settings.host_pages, settings.retain_max_blocks)
+        sizes = settings.sizes
+        self.kv = {n: SimKVNode(n, sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks or 0)
                    for n in self.ids}
         addresses = self._addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
         self._by_address = {addresses[n]: self.kv[n] for n in self.ids}
-        host_link = config.host_link if settings.host_pages else None
-        if settings.host_pages and host_link is None:
+        host_link = config.host_link if sizes.host_pages else None
+        if sizes.host_pages and host_link is None:
             raise ValueError("a host tier (host_pages > 0) needs the configuration's host link")
         self.core = SchedulerCore(
             SchedulerSettings(node_timeout_s=settings.node_timeout_s, policy=variant.policy, policy_config=policies,
@@ -200,8 +202,7 @@ class Simulation:
             future=future if future is not None else TraceFutureArrivals(list(requests)))
         self._gen = {}
         for n in self.ids:
-            self.core.register_node(n, addresses[n], settings.pool_pages, config.real_geometry, settings.host_pages,
-                                    settings.retain_max_blocks)
+            self.core.register_node(n, addresses[n], sizes, config.real_geometry)
             self._gen[n] = self.core.generation(n)
         self.engines = {n: FastEngine(n, config.profile, config.engine, config.link,
                                       config.real_geometry.bytes_per_token) for n in self.ids}
@@ -232,7 +233,7 @@ class Simulation:
         routed (device tiers first; with host tiers, older blocks are demoted
         into them as the cluster would have demoted them, and the fraction is
         of both tiers' pages)."""
-        pages = self.settings.pool_pages + self.settings.host_pages
+        pages = self.settings.sizes.device_pages + self.settings.sizes.host_pages
         max_blocks = int(self.config.warm_kv_fraction * self.settings.nodes * pages)
         first_stored = resident_tail(history, max_blocks)
         now = self.queue.now()
@@ -519,11 +520,11 @@ class Simulation:
         node = NodeId(f"node-{len(self.ids)}")
         settings, config = self.settings, self.config
         self.ids.append(node)
-        self.kv[node] = SimKVNode(node, settings.pool_pages, settings.host_pages, settings.retain_max_blocks)
+        sizes = settings.sizes
+        self.kv[node] = SimKVNode(node, sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks or 0)
         address = self._addresses[node] = f"sim-{node}:{len(self.ids)}"
         self._by_address[address] = self.kv[node]
-        self.core.register_node(node, address, settings.pool_pages, config.real_geometry, settings.host_pages,
-                                settings.retain_max_blocks)
+        self.core.register_node(node, address, sizes, config.real_geometry)
         self._gen[node] = self.core.generation(node)
         self.engines[node] = FastEngine(node, config.profile, config.engine, config.link,
                                         config.real_geometry.bytes_per_token)

@@ -43,6 +43,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.services.common.certs import CertBundle, issue_node, make_bundle
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.parent_death import child_environ
 from speckv.services.common.tls import TlsFiles, TlsMaterial, dial
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -72,8 +73,9 @@ class ClusterSpec:
     host: str = "127.0.0.1"
     geometry: str = "tiny"
     block_size: int = 0  # 0: the geometry preset's
-    device_pages: int = 4096
-    host_pages: int = 0  # each node's host tier (0: none)
+    # Each node's tiers (--device-pages, --host-pages); its retention cap is the
+    # kvstore's own (--retain-max-share among extra_args), so none is set here.
+    sizes: NodeSizes = NodeSizes(4096)
     policy: str = "none"
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)  # per kind
     metrics_port_base: int = 0  # 0: no /metrics endpoints; else see metrics_ports
@@ -150,7 +152,7 @@ class LocalCluster:
 
     def _node_args(self, name: str) -> list[str]:
         args = ["--node-id", name, "--scheduler", self.scheduler_address, "--geometry", self.spec.geometry,
-                "--device-pages", str(self.spec.device_pages), "--host-pages", str(self.spec.host_pages)]
+                "--device-pages", str(self.spec.sizes.device_pages), "--host-pages", str(self.spec.sizes.host_pages)]
         if self.spec.block_size:
             args += ["--block-size", str(self.spec.block_size)]
         return args

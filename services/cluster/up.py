@@ -14,6 +14,7 @@ from speckv.services.cluster.control import ControlServer
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster, ServiceProcess, default_run_dir
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.node_sizes import NodeSizes
 
 
 def services_table(services: Sequence[ServiceProcess]) -> Table:
@@ -45,7 +46,7 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     if not 1 <= args.nodes <= 64:
         raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
-                       device_pages=args.device_pages, host_pages=args.host_pages, policy=args.policy,
+                       sizes=NodeSizes(args.device_pages, args.host_pages), policy=args.policy,
                        metrics_port_base=args.metrics_port_base, tls=args.tls)
     return spec, args
 

@@ -1,6 +1,6 @@
 """vLLM's KV event wire format: the names and field orders that both
 directions share, defined once. The scheduler's decoder
-(scheduler/vllm_decode.py, events in) and the kvstore's encoder
+(scheduler/adapters/vllm_decode.py, events in) and the kvstore's encoder
 (kvstore/vllm_encode.py, events out) import them, so the two cannot drift.
 
 Source: vllm/distributed/kv_events.py (msgspec structs `EventBatch`,

@@ -2,7 +2,7 @@
 vLLM's event structs, their msgpack encoding and the publisher's frames.
 Pure: no zmq, no I/O (the sockets are vllm_publisher.py). The names and field
 orders are services/common/vllm_wire.py's, shared with the scheduler's
-decoder (scheduler/vllm_decode.py), which reads back everything written here.
+decoder (scheduler/adapters/vllm_decode.py), which reads back everything written here.
 
 Mapping, one KVEvent to one EventBatch (invariants):
 - STORED and COMMITTED -> BlockStored(block_hashes, parent_block_hash,

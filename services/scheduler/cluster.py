@@ -45,6 +45,7 @@ from typing import Callable, Collection, Iterable
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.routing.load_board import LoadBoard
 
 QueueCost = Callable[[int, int], float]  # (queued tokens, waiting requests) -> ms
@@ -117,7 +118,7 @@ class LoadReport:
 class Node:
     node_id: NodeId
     address: str
-    capacity_pages: int
+    sizes: NodeSizes  # its tiers' pages and retention cap, as registered
     geometry: KVGeometry
     registered_at: float
     last_heartbeat: float
@@ -134,8 +135,6 @@ class Node:
     routed_ms: float = 0.0  # drains do not compound their rounding
     routes_total: int = 0
     bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
-    host_pages: int = 0  # its host tier's capacity in blocks (0: no host tier)
-    retain_max_blocks: int | None = None  # blocks it retains for retain orders at once; None: not reported
     retained_reported_at: float | None = None  # clock s of the heartbeat that last reported load.retained_blocks
 
     def __post_init__(self) -> None:
@@ -172,13 +171,13 @@ class Cluster:
     def node_timeout_s(self) -> float:
         return self._timeout_s
 
-    def register(self, node_id: NodeId, address: str, capacity_pages: int,
-                 geometry: KVGeometry, now: float, host_pages: int = 0,
-                 retain_max_blocks: int | None = None) -> tuple[Node, bool]:
+    def register(self, node_id: NodeId, address: str, sizes: NodeSizes, geometry: KVGeometry,
+                 now: float) -> tuple[Node, bool]:
         """Adds or replaces a node; returns it and whether it was known.
-        capacity_pages is its device tier, host_pages its host tier (0: none),
-        retain_max_blocks the most its last tier retains at once (None: not
-        reported)."""
+        Its sizes: a device tier of > 0 pages, a host tier of >= 0 (0: none),
+        and a retention cap within its last tier (None: not reported); the
+        errors name the RegisterNode fields they came from."""
+        capacity_pages, host_pages, retain_max_blocks = sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks
         if not node_id:
             raise InvalidArgument("node_id is empty")
         if not address or ":" not in address:
@@ -193,11 +192,10 @@ class Cluster:
         self._check_block_size(node_id, geometry.block_size)
         self._generations += 1
         previous = self._nodes.get(node_id)
-        node = Node(node_id, address, capacity_pages, geometry, registered_at=now,
+        node = Node(node_id, address, sizes, geometry, registered_at=now,
                     last_heartbeat=now, generation=self._generations,
                     load=NodeLoad(free_pages=capacity_pages), queue_reported_at=now, drained_to=now,
-                    routes_total=previous.routes_total if previous else 0, host_pages=host_pages,
-                    retain_max_blocks=retain_max_blocks)
+                    routes_total=previous.routes_total if previous else 0)
         self._nodes[node_id] = node
         self._board.upsert(node_id, 0.0, now)
         return node, previous is not None

@@ -1,58 +1,57 @@
 """SchedulerCore: the facade the servicer calls. Pure Python, thread-safe.
 
 One lock guards the cluster, the block index, the orders and the router, so
-every RPC sees a consistent picture; nothing blocking runs under it. The two
-remote consultations go through small interfaces injected by the server:
-- PrefixConfirmer: after the router picks a node, Route confirms the cached
-  prefix with that node's kvstore (outside the lock). When it does not answer
-  the index's figure stands and the result says `confirmed=False`.
-- ArrivalSink: every routed request is offered as an arrival (never blocks).
-A NodeListener hears about (re-)registrations so the server can (re)start
-that node's KV event stream.
-- StateJournal (optional; state_store.py): the durable control state. The
-  core calls it, under its lock, at each change a restart must not forget:
-  SetPolicy, a node's registration, each order's submission and transition
-  (through the OrderTracker's journal). `restore()` resumes from what it
-  saved. Without one (the simulator, the tests, the default) all of it
-  lives in memory only.
+every RPC sees a consistent picture; nothing blocking runs under it. What it
+is built with (settings, the remote consultations, the durable journal) is
+in ports.py.
 
 Routing scores the candidates CandidateSelector picks (routing/candidates.py:
 the live holders of the first block plus the `router.spread_candidates`
-least-queued other live nodes); route records live in routing/route_records.py.
-Each routed
+least-queued other live nodes); route records live in routing/route_records.py,
+and the half of a route that runs outside the lock (confirming the prefix,
+reporting the arrival) in routing/confirmation.py. Each routed
 request feeds the family catalog (chain, prompt length, heat) and marks a
 replica of its family on the chosen node as used. Order transitions go
-through OrderLifecycle (retries, replicas, commits seen in KV events).
+through OrderLifecycle (retries, replicas, commits seen in KV events); what
+an order must satisfy against its nodes is replication/admission.py.
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Protocol, Sequence
+from dataclasses import replace
+from typing import Sequence
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.common.ids import NodeId, default_family
-from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.arrival_reports import ArrivalRecord
+from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.cluster import Cluster, LoadReport, Node, NodeLoad, NodeStatus
 from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.forecasts import ForecastSource, FutureArrivals
 from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex, IndexEvent
-from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan, Policy
+from speckv.services.scheduler.policies.base import Policy
 from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
-from speckv.services.scheduler.policy_config import PolicyConfig, load_policy_config
+from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.ports import (
+    ArrivalSink,
+    NodeListener,
+    PrefixConfirmer,
+    SavedNode,
+    SavedState,
+    SchedulerSettings,
+    StateJournal,
+)
+from speckv.services.scheduler.replication.admission import admitted
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
 from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
 from speckv.services.scheduler.replication.orders import (
     ActionKind,
     Order,
-    OrderJournal,
     OrderSpec,
     OrderState,
     OrderTracker,
@@ -62,92 +61,15 @@ from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import LeasedReplicas
 from speckv.services.scheduler.reuse_history import ReuseHistory
 from speckv.services.scheduler.routing.candidates import CandidateSelector
+from speckv.services.scheduler.routing.confirmation import RouteConfirmation
 from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
-from speckv.services.scheduler.routing.router import (
-    Candidate,
-    KvAwareRouter,
-    RouteDecision,
-    RouteQuery,
-    best_holder,
-    uncached_tokens,
-)
+from speckv.services.scheduler.routing.router import KvAwareRouter, RouteQuery, longer_holder, uncached_tokens
 from speckv.services.scheduler.snapshot import ClusterSnapshot, NodeReport, PolicyInfo
+from speckv.services.scheduler.views import ClusterView, NodeView, Plan
 
 log = logging.getLogger(__name__)
-
-
-class PrefixConfirmer(Protocol):
-    def confirm(self, address: str, block_hashes: Sequence[int]) -> int | None:
-        """Blocks of the longest prefix present at address; None if it did not answer."""
-        ...
-
-    def asks(self, address: str) -> bool:
-        """Whether address has a kvstore to ask (a vLLM-fed node has none:
-        its prefixes stand on the index alone, and no answer is news)."""
-        ...
-
-
-class ArrivalSink(Protocol):
-    def offer(self, arrival: ArrivalRecord) -> bool: ...
-
-
-class NodeListener(Protocol):
-    def node_registered(self, node_id: NodeId, address: str, generation: int, old_address: str | None) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SavedNode:
-    """A registration as the durable state keeps it (what RegisterNode said)."""
-
-    node_id: NodeId
-    address: str
-    capacity_pages: int  # device tier, blocks
-    host_pages: int  # host tier, blocks (0: none)
-    geometry: KVGeometry
-    retain_max_blocks: int | None = None  # what its last tier retains at once (None: not reported)
-
-
-@dataclass(slots=True)
-class SavedState:
-    """What a previous run left in the durable state (SchedulerCore.restore).
-    policy: the one SetPolicy last chose ("" = never called); orders: active
-    ones in any order, terminal ones in the order they finished;
-    next_order_id: the number the next generated order id carries (above
-    every id ever generated); order_totals: orders that ever reached each
-    terminal state."""
-
-    policy: str = ""
-    nodes: list[SavedNode] = field(default_factory=list)
-    orders: list[Order] = field(default_factory=list)
-    next_order_id: int = 1
-    order_totals: dict[OrderState, int] = field(default_factory=dict)
-
-
-class StateJournal(OrderJournal, Protocol):
-    """The durable control state: each call is one transaction, made under
-    the core's lock, before the call that made the change returns. A write
-    that fails raises (Unavailable) and so fails that call."""
-
-    def policy_set(self, name: str) -> None: ...
-
-    def node_registered(self, node: SavedNode) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerSettings:
-    node_timeout_s: float = 5.0
-    heartbeat_interval_ms: int = 1000
-    policy: str = "none"
-    link_gbps: float = 25.0
-    link_overhead_ms: float = 1.0
-    host_link_gbps: float = 0.0  # each node's host<->device link (PCIe), Gbit/s; 0: no host tiers to price
-    host_link_overhead_ms: float = 0.0
-    router_seed: int = 0
-    tie_ms: float = 1.0
-    watch_queue: int = 1024
-    policy_config: PolicyConfig | None = None  # None: the committed services/config/policies.json
 
 
 class SchedulerCore:
@@ -168,7 +90,7 @@ class SchedulerCore:
                                      future=future)
         self._registry = registry or default_registry(self.context)
         self._policy: Policy = self._registry.create(settings.policy)
-        self._confirmer, self._arrivals, self._listener = confirmer, arrivals, listener
+        self._listener = listener
         self._cluster = Cluster(settings.node_timeout_s, profile.queue_ms, self._pcfg.router.pending_stale_s)
         self._index = HolderIndex()
         self._families = FamilyCatalog(self._pcfg.families)
@@ -179,26 +101,23 @@ class SchedulerCore:
         self._feed = OrderFeed(settings.watch_queue)
         self._reuse = ReuseHistory(self._pcfg.reuse)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link)
+        self._confirmation = RouteConfirmation(self._router, confirmer, arrivals)
         self._backlog = LinkBacklog(link)
         self._ramp = JoinRamp(self._pcfg.router.join_ramp_s)
         self._selector = CandidateSelector(self._cluster, self._index, self._backlog,
                                            self._pcfg.router.spread_candidates, self._ramp)
         self._lock = threading.Lock()
-        self._unconfirmed: set[str] = set()  # addresses whose last Lookup failed (log transitions only)
 
     # --- nodes -----------------------------------------------------------
-    def register_node(self, node_id: str, address: str, capacity_pages: int,
-                      geometry: KVGeometry | None, host_pages: int = 0,
-                      retain_max_blocks: int | None = None) -> tuple[bool, int]:
-        """capacity_pages: the device tier; host_pages: the host tier (0: none);
-        retain_max_blocks: what its last tier retains at once (None: not reported).
+    def register_node(self, node_id: str, address: str, sizes: NodeSizes,
+                      geometry: KVGeometry | None) -> tuple[bool, int]:
+        """sizes: its tiers and retention cap (Cluster.register checks them).
         Returns (re_registered, heartbeat_interval_ms)."""
         with self._lock:
             old = self._cluster.find(NodeId(node_id))
             old_address = old.address if old else None
-            node, again = self._cluster.register(NodeId(node_id), address, capacity_pages,
-                                                 geometry or self._profile.geometry, self._clock.now(), host_pages,
-                                                 retain_max_blocks)
+            node, again = self._cluster.register(NodeId(node_id), address, sizes,
+                                                 geometry or self._profile.geometry, self._clock.now())
             self._index.drop_node(node.node_id)
             self._lifecycle.ledger.drop_node(node.node_id)
             self._backlog.forget(node.node_id)
@@ -210,8 +129,7 @@ class SchedulerCore:
             if self._state is not None:
                 # A failed write fails this call with the registration made in memory;
                 # the node's agent registers again, which saves it and restarts its stream.
-                self._state.node_registered(SavedNode(node.node_id, node.address, node.capacity_pages,
-                                                      node.host_pages, node.geometry, node.retain_max_blocks))
+                self._state.node_registered(SavedNode(node.node_id, node.address, node.sizes, node.geometry))
         log.info("node %s %sregistered at %s", node_id, "re-" if again else "", address)
         if self._listener is not None:
             self._listener.node_registered(NodeId(node_id), address, generation, old_address)
@@ -276,7 +194,7 @@ class SchedulerCore:
         with self._lock:
             now = self._clock.now()
             picked = self._route_locked(query, now, min(arrival_time_s, now) if arrival_time_s else now)
-        return self._finish(query, picked, arrival_time_s or now)
+        return self._confirmation.finish(query, picked, arrival_time_s or now)
 
     def route_batch(self, requests: Sequence[RouteRequestItem]) -> list[RouteResult]:
         """Routes many requests under one lock acquisition, in order. A
@@ -296,7 +214,8 @@ class SchedulerCore:
                     picked.append(self._route_locked(query, now, at))
                 except InvalidArgument as exc:
                     raise InvalidArgument(f"requests[{i}]: {exc}") from None
-        return [self._finish(q, p, r.arrival_time_s or now) for q, p, r in zip(queries, picked, requests)]
+        return [self._confirmation.finish(q, p, r.arrival_time_s or now)
+                for q, p, r in zip(queries, picked, requests)]
 
     def _route_locked(self, query: RouteQuery, now: float, arrival_s: float) -> PickedRoute:
         """arrival_s (<= now): when the request came; a pull it is routed to
@@ -317,7 +236,7 @@ class SchedulerCore:
         if decision.fetch_from is not None:
             self._backlog.add(decision.fetch_from, node.node_id, decision.fetch_blocks * node.bytes_per_block,
                               arrival_s)
-        holder = decision.fetch_from or _longer_holder(candidates, decision)
+        holder = decision.fetch_from or longer_holder(candidates, decision)
         if holder is not None:
             self._backlog.note_pull(holder, node.node_id, arrival_s)
         if hashes:
@@ -328,40 +247,6 @@ class SchedulerCore:
                 self._lifecycle.ledger.mark_used(query.family, node.node_id)
             self._lifecycle.outcomes.routed(query.family, node.node_id, decision.cached_blocks > 0, now)
         return PickedRoute(decision, candidates, node.address, node.geometry.block_size)
-
-    def _finish(self, query: RouteQuery, picked: PickedRoute, arrival_s: float) -> RouteResult:
-        """Confirms the prefix with the chosen node (outside the lock) and reports the arrival."""
-        decision = picked.decision
-        confirmed = self._confirm(picked.address, query.block_hashes)
-        if confirmed is not None and confirmed != decision.cached_blocks:
-            chosen = next(c for c in picked.candidates if c.node_id == decision.node_id)
-            others = [c for c in picked.candidates if c.node_id != decision.node_id]
-            # The kvstore confirms the prefix over both tiers, not which tier:
-            # the index's host-only count stands, capped by the prefix.
-            decision = self._router.estimate(
-                query, replace(chosen, cached_blocks=confirmed, host_blocks=min(chosen.host_blocks, confirmed)),
-                best_holder(others))
-        result = RouteResult(decision.node_id, picked.address, decision.cached_blocks, decision.expected_ttft_ms,
-                             decision.queue_ms, decision.prefill_ms, decision.fetch_ms, decision.fetch_from,
-                             decision.fetch_blocks, query.family, confirmed is not None, decision.promote_ms,
-                             decision.promote_blocks)
-        if self._arrivals is not None:
-            cached_tokens = min(result.cached_blocks * picked.block_size, query.prompt_tokens)
-            self._arrivals.offer(ArrivalRecord(arrival_s, query.family, result.node_id,
-                                               query.prompt_tokens, cached_tokens))
-        return result
-
-    def _confirm(self, address: str, hashes: list[int]) -> int | None:
-        if self._confirmer is None or not hashes or not self._confirmer.asks(address):
-            return None
-        confirmed = self._confirmer.confirm(address, hashes)
-        if confirmed is None and address not in self._unconfirmed:
-            log.warning("kvstore %s did not answer Lookup; routing on the block index alone", address)
-            self._unconfirmed.add(address)
-        elif confirmed is not None and address in self._unconfirmed:
-            log.info("kvstore %s answers Lookup again", address)
-            self._unconfirmed.discard(address)
-        return confirmed
 
     # --- orders ----------------------------------------------------------
     def submit_order(self, spec: OrderSpec) -> Order:
@@ -409,22 +294,7 @@ class SchedulerCore:
         for node in (source, target):
             if not self._cluster.is_alive(node, now):
                 raise FailedPrecondition(f"node {node.node_id!r} is down; it takes no orders")
-        if spec.tier is Tier.HOST and not target.host_pages:
-            raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
-        if spec.action is ActionKind.PREFETCH and spec.tier is Tier.HOST:
-            raise InvalidArgument("a prefetch promotes into the device tier: its target_medium must be GPU or empty")
-        if spec.action is ActionKind.RETAIN and spec.tier is not None and spec.tier is not (
-                Tier.HOST if target.host_pages else Tier.DEVICE):
-            raise InvalidArgument(f"a retain protects node {target.node_id!r}'s last tier "
-                                  f"({'CPU' if target.host_pages else 'GPU'}): its target_medium must be that or empty")
-        if spec.action is ActionKind.PREFETCH and not target.host_pages:
-            raise FailedPrecondition(f"a prefetch promotes host-tier blocks; node {target.node_id!r} has no host tier")
-        spec = replace(spec, block_hashes=list(spec.block_hashes),
-                       target_address=spec.target_address or target.address,
-                       family=spec.family or default_family(spec.block_hashes),
-                       policy=spec.policy or "manual",
-                       tier=spec.tier or (Tier.HOST if target.host_pages and spec.action is not ActionKind.PREFETCH
-                                          else Tier.DEVICE))
+        spec = admitted(spec, target)
         order = self._orders.submit(spec, now)
         self._lifecycle.issued(order)
         if spec.action.copies:
@@ -562,8 +432,7 @@ class SchedulerCore:
                 # Registered as last heard at -inf: not alive (for the cluster and its load
                 # board alike) until a heartbeat, and RESTORED, not UP, so staying silent is no
                 # UP -> DOWN transition that would fail the orders it is part of.
-                node, _ = self._cluster.register(n.node_id, n.address, n.capacity_pages, n.geometry,
-                                                 -math.inf, n.host_pages, n.retain_max_blocks)
+                node, _ = self._cluster.register(n.node_id, n.address, n.sizes, n.geometry, -math.inf)
                 node.status = NodeStatus.RESTORED
                 registered.append((node.node_id, node.address, node.generation))
             for order in self._orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
@@ -617,18 +486,10 @@ class SchedulerCore:
                            frozenset(self._ramp.ramping(now)))
 
     def _node_view(self, n: Node, now: float) -> NodeView:
-        return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.capacity_pages,
+        return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.sizes,
                         n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
                         n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
-                        self._cluster.queue_ms(n), n.host_pages, self._index.num_host_blocks(n.node_id),
-                        self._index.num_device_blocks(n.node_id), n.retain_max_blocks, n.load.retained_blocks,
+                        self._cluster.queue_ms(n), self._index.num_host_blocks(n.node_id),
+                        self._index.num_device_blocks(n.node_id), n.load.retained_blocks,
                         n.retained_reported_at, n.generation)
 
-
-def _longer_holder(candidates: Sequence[Candidate], decision: RouteDecision) -> NodeId | None:
-    """A node holding a longer prefix than the one routed to: the request
-    could have pulled from it (whether it did or not), so it wants that link."""
-    holder = best_holder(candidates)
-    if holder is None or holder.node_id == decision.node_id or holder.cached_blocks <= decision.cached_blocks:
-        return None
-    return holder.node_id

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from speckv.services.scheduler.policies.base import NodeView
 from speckv.services.scheduler.replication.orders import OrderState
 from speckv.services.scheduler.replication.replicas import ReplicaStats
+from speckv.services.scheduler.views import NodeView
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,8 +235,8 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
     node's Reserve names itself as the source, and another node's
     certificate may not commit with that capability."""
     from speckv.services.common.telemetry import build_telemetry
-    from speckv.services.scheduler.config import SchedulerConfig
-    from speckv.services.scheduler.server import build_server as build_scheduler
+    from speckv.services.scheduler.adapters.config import SchedulerConfig
+    from speckv.services.scheduler.adapters.server import build_server as build_scheduler
 
     certs = make_bundle(tmp_path, ["src", "dst"])
 

@@ -11,8 +11,8 @@ import msgpack
 import zmq
 
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.adapters.vllm_decode import VllmBatchDecoder, split_frames
 from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.vllm_decode import VllmBatchDecoder, split_frames
 from speckv.v1 import kvstore_pb2, scheduler_pb2
 from tests.support.kvstore_service import TINY, kvstore, put
 from tests.support.scheduler_service import register, scheduler

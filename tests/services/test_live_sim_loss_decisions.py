@@ -52,10 +52,10 @@ from speckv.services.common.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.events import EventType
 from speckv.services.kvstore.server import build_server as build_kvstore_server
-from speckv.services.scheduler.config import SchedulerConfig
-from speckv.services.scheduler.event_sync import EventSync
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.event_sync import EventSync
+from speckv.services.scheduler.adapters.server import _LossRule
 from speckv.services.scheduler.replication.orders import OrderSpec
-from speckv.services.scheduler.server import _LossRule
 from speckv.v1 import common_pb2, kvstore_pb2_grpc, scheduler_pb2
 from tests.support.kvstore_service import put
 from tests.support.live_sim import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from speckv.services.cluster.status import actions_table, cluster_tables
-from speckv.services.scheduler.outcomes_proto import action_stats_from_proto
+from speckv.services.scheduler.adapters.outcomes_proto import action_stats_from_proto
 from speckv.v1 import common_pb2, scheduler_pb2
 from tests.support.scheduler_service import register, scheduler
 from tests.support.waiting import TIMEOUT

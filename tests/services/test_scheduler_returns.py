@@ -20,20 +20,21 @@ import pytest
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.server import open_channel
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.common.tiers import Tier
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.remote import PredictorReturnForecasts
+from speckv.services.scheduler.adapters.server import build_server as build_scheduler
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.remote import PredictorReturnForecasts
 from speckv.services.scheduler.replication.orders import ActionKind
-from speckv.services.scheduler.server import build_server as build_scheduler
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.returns_model import save_synthetic_model
@@ -71,7 +72,7 @@ def scheduler(clock: ManualClock, predictor_address: str) -> Iterator[tuple[Sche
 
     def inventory(core: SchedulerCore) -> None:
         cores.append(core)
-        core.register_node("n0", "127.0.0.1:1", 512, None, 1024)
+        core.register_node("n0", "127.0.0.1:1", NodeSizes(512, 1024), None)
         assert core.apply_kv_event(NodeId("n0"), core.generation("n0"),
                                    IndexEvent(HolderEventKind.STORED, CHAIN, False, FAMILY, tier=Tier.HOST))
         core.heartbeat("n0", NodeLoad(free_pages=512))

@@ -19,9 +19,9 @@ import pytest
 
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.common.telemetry import build_telemetry
-from speckv.services.scheduler.config import SchedulerConfig
-from speckv.services.scheduler.server import build_server
-from speckv.services.scheduler.state_store import DB_FILE
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.server import build_server
+from speckv.services.scheduler.adapters.state_store import DB_FILE
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.scheduler_service import register, scheduler
 from tests.support.waiting import TIMEOUT

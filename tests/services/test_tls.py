@@ -22,8 +22,8 @@ from speckv.services.kvstore.server import build_server as build_kvstore
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.manifest import write_manifest
 from speckv.services.predictor.server import build_server as build_predictor
-from speckv.services.scheduler.config import SchedulerConfig
-from speckv.services.scheduler.server import build_server as build_scheduler
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.server import build_server as build_scheduler
 from speckv.v1 import (
     common_pb2,
     kvstore_pb2,

@@ -20,8 +20,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.telemetry import build_telemetry
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
-from speckv.services.scheduler.vllm_subscriber import VllmEventFeeds, VllmNodeSpec
+from speckv.services.scheduler.adapters.vllm_subscriber import VllmEventFeeds, VllmNodeSpec
+from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.v1 import scheduler_pb2
 from tests.support.scheduler_service import scheduler
 from tests.support.waiting import TIMEOUT, wait_until

@@ -9,6 +9,7 @@ import grpc
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from speckv.services import cli
 from speckv.services.common.config import parse_config
 from speckv.services.common.server import ServiceServer
 from speckv.services.common.telemetry import Telemetry, build_telemetry
@@ -20,7 +21,7 @@ SERVICE_NAMES = {"kvstore": "speckv.v1.KVStore", "predictor": "speckv.v1.Predict
 def config_class(service: str) -> type:
     from speckv.services.common.server import ServerSettings
 
-    module = importlib.import_module(f"speckv.services.{service}.config")
+    module = importlib.import_module(cli.SERVER_MODULES[service].rsplit(".", 1)[0] + ".config")
     return next(c for c in vars(module).values()
                 if isinstance(c, type) and issubclass(c, ServerSettings) and c is not ServerSettings)
 
@@ -29,7 +30,7 @@ def config_class(service: str) -> type:
 def running(service: str, argv: list[str] = (), telemetry: Telemetry | None = None) -> Iterator[ServiceServer]:
     """A started server of `service` on 127.0.0.1, port 0, stopped on exit."""
     config = parse_config(config_class(service), ["--port", "0", *argv], {}, prog=service)
-    server_module = importlib.import_module(f"speckv.services.{service}.server")
+    server_module = importlib.import_module(cli.SERVER_MODULES[service])
     server = server_module.build_server(config, telemetry or build_telemetry(service, {}))
     server.start()
     try:

@@ -22,17 +22,18 @@ from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import NotFound
 from speckv.services.common.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.kvstore.events import EventType, KVEvent
 from speckv.services.kvstore.servicer import event_to_proto
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor_server
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.event_sync import to_index_event
+from speckv.services.scheduler.adapters.server import build_server, core_settings, future_arrivals
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.event_sync import to_index_event
 from speckv.services.scheduler.replication.orders import Order, OrderState
-from speckv.services.scheduler.server import build_server, core_settings, future_arrivals
 from speckv.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.waiting import TIMEOUT, wait_until
 
@@ -140,7 +141,7 @@ class Simulated:
                                   future=future_arrivals(config))
 
     def register(self, node: str, address: str = NO_KVSTORE) -> None:
-        self.core.register_node(node, address, CAPACITY, geometry_from_proto(GEOMETRY), 0)
+        self.core.register_node(node, address, NodeSizes(CAPACITY), geometry_from_proto(GEOMETRY))
 
     def heartbeat(self, node: str, queued_ms: float) -> None:
         self.core.heartbeat(node, NodeLoad(free_pages=CAPACITY, queued_prefill_ms=queued_ms))

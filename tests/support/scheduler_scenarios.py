@@ -8,11 +8,13 @@ import dataclasses
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.ports import SchedulerSettings
 
 BS = 16
 CHAIN = list(range(5000, 5128))  # 128 blocks = 2,048 tokens of shared prefix
@@ -51,7 +53,7 @@ def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None,
                                  host_link_overhead_ms=0.05 if host_pages else 0.0)
     core = SchedulerCore(settings, clock, get_profile("llama-3-8b-h100"), forecasts=forecasts, future=future)
     for i in range(nodes):
-        core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", capacity, None, host_pages, retain_max_blocks)
+        core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", NodeSizes(capacity, host_pages, retain_max_blocks), None)
     return core, clock
 
 

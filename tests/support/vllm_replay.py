@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zmq
 
-from speckv.services.scheduler.vllm_decode import replay_request, split_replay_frames
+from speckv.services.scheduler.adapters.vllm_decode import replay_request, split_replay_frames
 from tests.support.waiting import TIMEOUT
 
 

@@ -44,12 +44,7 @@ ADAPTERS = {
     "speckv.services.predictor.config",
     "speckv.services.predictor.server",
     "speckv.services.predictor.servicer",
-    "speckv.services.scheduler.config",
-    "speckv.services.scheduler.event_sync",
-    "speckv.services.scheduler.outcomes_proto",
-    "speckv.services.scheduler.remote",
-    "speckv.services.scheduler.server",
-    "speckv.services.scheduler.servicer",
+    "speckv.services.scheduler.adapters.*",
 }
 LOADGEN_LAYERS = [("workload",), ("engines",), ("experiments",), ("sim", "bench"), ("demo",)]
 
@@ -154,10 +149,10 @@ def test_every_adapter_exists():
 
 
 @pytest.mark.parametrize("module, planted, expected", [
-    ("speckv.services.scheduler.config", "speckv.loadgen.workload.replay", "imports the load generator"),
+    ("speckv.services.scheduler.adapters.config", "speckv.loadgen.workload.replay", "imports the load generator"),
     ("speckv.services.kvstore.store", "speckv.v1.kvstore_pb2", "reaches gRPC/protobuf"),
     ("speckv.services.common.geometry", "grpc", "reaches gRPC/protobuf"),
-    ("speckv.services.common.ids", "speckv.services.scheduler.servicer", "reaches gRPC/protobuf"),
+    ("speckv.services.common.ids", "speckv.services.scheduler.adapters.servicer", "reaches gRPC/protobuf"),
     ("speckv.loadgen.workload.replay", "speckv.loadgen.sim.simulation", "layer"),
     ("speckv.loadgen.sim.cli", "speckv.loadgen.bench.e2e", "layer"),
 ])

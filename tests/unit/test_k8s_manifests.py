@@ -314,7 +314,7 @@ def service_of(container: dict) -> str:
 
 
 def config_class(service: str) -> type:
-    module = importlib.import_module(f"speckv.services.{service}.config")
+    module = importlib.import_module(cli.SERVER_MODULES[service].rsplit(".", 1)[0] + ".config")
     classes = [c for c in vars(module).values()
                if isinstance(c, type) and issubclass(c, ServerSettings) and c is not ServerSettings]
     assert len(classes) == 1, f"{module.__name__} must define one config class"

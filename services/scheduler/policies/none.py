@@ -9,8 +9,8 @@ time: plan() always returns no orders.
 """
 from __future__ import annotations
 
-from speckv.services.scheduler.policies.base import ClusterView
 from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.views import ClusterView
 
 
 class NonePolicy:

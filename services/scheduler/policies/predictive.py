@@ -27,10 +27,10 @@ for every other family: no forecast, no speculation beyond what is arriving. Thr
 from __future__ import annotations
 
 from speckv.services.scheduler.forecasts import Forecast, ForecastSource
-from speckv.services.scheduler.policies.base import ClusterView, Plan
 from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.nowcast import nowcast_forecasts
 from speckv.services.scheduler.replication.planner import Planner
+from speckv.services.scheduler.views import ClusterView, Plan
 
 
 class PlanningPolicy:

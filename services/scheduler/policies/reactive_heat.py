@@ -24,11 +24,11 @@ the lag speculation removes. Thresholds: the `reactive_heat`, `families`,
 from __future__ import annotations
 
 from speckv.services.common.ids import Family, NodeId
-from speckv.services.scheduler.policies.base import ClusterView, NodeView
 from speckv.services.scheduler.policies.context import PolicyContext
-from speckv.services.scheduler.policies.placement import copy_order, holders_of, landing_targets, queue_ms
+from speckv.services.scheduler.policies.placement import copy_order, landing_targets, queue_ms
 from speckv.services.scheduler.replication.budgets import BudgetBook
 from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.views import ClusterView, NodeView, holders_of
 
 
 class ReactiveHeatPolicy:

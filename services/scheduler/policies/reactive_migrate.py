@@ -18,11 +18,11 @@ stays as ordinary cache. One family per overloaded node per tick, at most
 from __future__ import annotations
 
 from speckv.services.common.ids import Family
-from speckv.services.scheduler.policies.base import ClusterView
 from speckv.services.scheduler.policies.context import PolicyContext
-from speckv.services.scheduler.policies.placement import copy_order, holders_of, landing_targets, queue_ms
+from speckv.services.scheduler.policies.placement import copy_order, landing_targets, queue_ms
 from speckv.services.scheduler.replication.budgets import BudgetBook
 from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.views import ClusterView, holders_of
 
 
 class ReactiveMigratePolicy:

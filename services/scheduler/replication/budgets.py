@@ -13,7 +13,7 @@ no policy can exceed them, whichever it is:
   of the prefixes it may copy, and while that order is active it keeps both
   ends' budgets full.
 - memory: each node may hold at most `replica_memory_fraction *
-  capacity_pages` blocks of speculative replicas (leases still running) plus
+  sizes.device_pages` blocks of speculative replicas (leases still running) plus
   blocks of orders still landing there.
 
 Not thread-safe; lives for one plan() call.
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from speckv.services.common.ids import NodeId
-from speckv.services.scheduler.policies.base import ClusterView, NodeView
 from speckv.services.scheduler.policy_config import BudgetSettings
+from speckv.services.scheduler.views import ClusterView, NodeView
 
 
 class BudgetBook:
@@ -47,7 +47,7 @@ class BudgetBook:
 
     def memory_limit(self, node: NodeId) -> int:
         view = self._nodes.get(node)
-        return int(self._fraction * view.capacity_pages) if view else 0
+        return int(self._fraction * view.sizes.device_pages) if view else 0
 
     def fits(self, source: NodeId, target: NodeId, blocks: int, nbytes: int) -> bool:
         if self._memory[target] + blocks > self.memory_limit(target):

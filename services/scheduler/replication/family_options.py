@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.policies.base import NodeView
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.value import Demand, ServeOption
+from speckv.services.scheduler.views import NodeView
 
 
 @dataclass(slots=True)
@@ -138,7 +138,7 @@ class OptionPricer:
 
     def miss_ms_per_block(self, fam: FamilyState, node: NodeView, tier: Tier) -> float:
         """What reusing a block this action pushes out of node's tier costs."""
-        if tier is Tier.DEVICE and node.host_pages > 0 and self._host_link is not None:
+        if tier is Tier.DEVICE and node.sizes.host_pages > 0 and self._host_link is not None:
             return self.promote_ms(1, node.bytes_per_block)
         return fam.recompute_ms_per_block
 
@@ -146,5 +146,5 @@ class OptionPricer:
 def free_pages(node: NodeView, tier: Tier) -> int:
     """Pages of node's tier that hold nothing, as the index sees it."""
     if tier is Tier.HOST:
-        return max(0, node.host_pages - node.host_blocks)
-    return max(0, node.capacity_pages - node.device_blocks)
+        return max(0, node.sizes.host_pages - node.host_blocks)
+    return max(0, node.sizes.device_pages - node.device_blocks)

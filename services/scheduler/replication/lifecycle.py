@@ -29,10 +29,10 @@ from typing import Callable
 
 from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import NodeId, OrderId
-from speckv.services.scheduler.policies.base import IndexReader
 from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import ActionOutcomes
 from speckv.services.scheduler.replication.replicas import LeasedReplicas, Replica
+from speckv.services.scheduler.views import IndexReader
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ every order that ever reached them. Only the newest `max_retained` terminal
 orders are kept for reports (older ones answer NotFound).
 
 Journal: when the tracker has one (the scheduler's durable state,
-services/scheduler/state_store.py), every change of the log is written to it
+services/scheduler/adapters/state_store.py), every change of the log is written to it
 as it happens: a submission before the order is issued (a failed write
 issues nothing), every transition after it is made, with the ids the
 retention just dropped. `restore()` loads a saved log into an empty tracker.

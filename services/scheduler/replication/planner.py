@@ -79,8 +79,6 @@ from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
-from speckv.services.scheduler.policies.base import ClusterView, NodeView, Plan
-from speckv.services.scheduler.policies.placement import holders_of
 from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.services.scheduler.replication.budgets import BudgetBook
 from speckv.services.scheduler.replication.family_options import (
@@ -102,6 +100,7 @@ from speckv.services.scheduler.replication.value import (
     queue_externality_ms,
     walk,
 )
+from speckv.services.scheduler.views import ClusterView, NodeView, Plan, holders_of
 
 
 class Planner:
@@ -249,15 +248,15 @@ class _Tick:
         out: list[ActionCandidate] = []
         for node in self._spill(fam) if p.replicate else ():
             target = self.live[node]
-            tiers = ([Tier.HOST] if target.host_pages else []) + ([Tier.DEVICE] if p.replicate_to_device
-                                                                 or not target.host_pages else [])
+            tiers = ([Tier.HOST] if target.sizes.host_pages else []) + ([Tier.DEVICE] if p.replicate_to_device
+                                                                       or not target.sizes.host_pages else [])
             for tier in tiers:
                 out.append(self.pricer.replica(fam, index, target, tier, self.queue[node], self.link_wait))
         if p.redundancy and p.failure_rate_per_node_hour > 0 and self._sole_holder(fam) \
                 and self._redundancy_could_pay(fam):
             for node in self._spill(fam):
                 target = self.live[node]
-                tier = Tier.HOST if target.host_pages else Tier.DEVICE
+                tier = Tier.HOST if target.sizes.host_pages else Tier.DEVICE
                 out.append(self.pricer.replica(fam, index, target, tier, self.queue[node], self.link_wait,
                                                ActionKind.REDUNDANT))
         if p.prefetch:
@@ -326,7 +325,7 @@ class _Tick:
         node = self.live[c.node]
         evicted = max(0, c.blocks - self._room(c.node, c.tier))
         loss = eviction_ms(evicted, self._p_reuse(c.node, c.tier), self.pricer.miss_ms_per_block(fam, node, c.tier))
-        if c.tier is Tier.DEVICE and node.host_pages and evicted:
+        if c.tier is Tier.DEVICE and node.sizes.host_pages and evicted:
             # Its demotions land in a host tier that may be full: what they push
             # out of it leaves the node.
             dropped = max(0, evicted - self._room(c.node, Tier.HOST))
@@ -377,7 +376,7 @@ class _Tick:
         self.base_work[c.family_index] = work
         demoted = max(0, c.blocks - self._room(c.node, c.tier)) if c.tier is Tier.DEVICE else 0
         self.planned[(c.node, c.tier)] = self.planned.get((c.node, c.tier), 0) + c.blocks
-        if demoted and self.live[c.node].host_pages:
+        if demoted and self.live[c.node].sizes.host_pages:
             self.planned[(c.node, Tier.HOST)] = self.planned.get((c.node, Tier.HOST), 0) + demoted
         self.queue[c.node] += work.get(c.node, 0.0)  # what its requests will keep the node busy with
         if c.kind.copies:

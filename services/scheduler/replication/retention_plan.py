@@ -83,12 +83,11 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind, p_within
-from speckv.services.scheduler.policies.base import ClusterView, NodeView
-from speckv.services.scheduler.policies.placement import holders_of
 from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.services.scheduler.replication.family_options import OptionPricer
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
 from speckv.services.scheduler.replication.value import eviction_ms
+from speckv.services.scheduler.views import ClusterView, NodeView, holders_of
 
 # How far back a shadow remembers the retentions that lapsed: longer than a
 # node's report can be old while the node still counts as live.
@@ -173,7 +172,7 @@ class RetentionPlanner:
             self._retained = {f: held for f, held in self._retained.items() if held[0] not in reregistered}
         shadows = {}
         for node in nodes:
-            cap = node.retain_max_blocks
+            cap = node.sizes.retain_max_blocks
             if cap is None:
                 continue
             shadow = self._shadows.get(node.node_id)
@@ -211,7 +210,7 @@ class RetentionPlanner:
         else:
             after = p * (1.0 - left_s / ttl_s)
         saving = after * max(0.0, full_ms - hit_ms)
-        last_tier = Tier.HOST if node.host_pages else Tier.DEVICE
+        last_tier = Tier.HOST if node.sizes.host_pages else Tier.DEVICE
         p_reuse = view.reuse.p_reuse(node_id, last_tier, now) if view.reuse else 1.0
         loss = eviction_ms(blocks, p_reuse, full_ms / max(1.0, prompt / node.block_size))
         if self._cfg.retain.displacement == "occupancy":
@@ -232,7 +231,7 @@ class RetentionPlanner:
         if reuse is None:
             return math.inf
         total = 0.0
-        for tier, pages in ((Tier.DEVICE, node.capacity_pages), (Tier.HOST, node.host_pages)):
+        for tier, pages in ((Tier.DEVICE, node.sizes.device_pages), (Tier.HOST, node.sizes.host_pages)):
             if pages <= 0:
                 continue
             rate = reuse.removal_rate(node.node_id, tier, now)

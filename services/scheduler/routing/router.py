@@ -213,3 +213,11 @@ def uncached_tokens(decision: RouteDecision, query: RouteQuery, block_size: int)
     """Tokens the chosen node must prefill (its pending load until the next heartbeat)."""
     cached_blocks = decision.cached_blocks + decision.fetch_blocks
     return max(1, query.prompt_tokens - min(cached_blocks * block_size, query.prompt_tokens - 1))
+
+def longer_holder(candidates: Sequence[Candidate], decision: RouteDecision) -> NodeId | None:
+    """A node holding a longer prefix than the one routed to: the request
+    could have pulled from it (whether it did or not), so it wants that link."""
+    holder = best_holder(candidates)
+    if holder is None or holder.node_id == decision.node_id or holder.cached_blocks <= decision.cached_blocks:
+        return None
+    return holder.node_id

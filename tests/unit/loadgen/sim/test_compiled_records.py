@@ -32,7 +32,7 @@ PER_EVENT_RECORDS = {
     "services/scheduler/families.py": {"FamilyProfile"},
     "services/scheduler/forecasts.py": {"Forecast"},
     "services/scheduler/holder_index.py": {"IndexEvent"},
-    "services/scheduler/policies/base.py": {"NodeView"},
+    "services/scheduler/views.py": {"NodeView"},
     "services/scheduler/routing/route_records.py": {"RouteResult", "PickedRoute"},
     "services/scheduler/routing/router.py": {"Candidate", "RouteDecision", "RouteQuery"},
 }

@@ -18,7 +18,7 @@ from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.servicer import event_to_proto
-from speckv.services.scheduler.event_sync import to_index_event
+from speckv.services.scheduler.adapters.event_sync import to_index_event
 from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex, IndexEvent
 from tests.support.kvstore_service import block_bytes, make_store, retained_events, writes
 

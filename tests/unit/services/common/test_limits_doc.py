@@ -11,7 +11,7 @@ import pytest
 from speckv.services.common.config import env_name
 from speckv.services.common.server import ServerSettings
 from speckv.services.kvstore.config import KVStoreConfig
-from speckv.services.scheduler.config import SchedulerConfig
+from speckv.services.scheduler.adapters.config import SchedulerConfig
 from tests.support.repo import REPO_ROOT
 
 CLASSES = {"every": ServerSettings, "kvstore": KVStoreConfig, "scheduler": SchedulerConfig}

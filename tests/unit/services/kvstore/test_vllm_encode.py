@@ -1,5 +1,5 @@
 """The kvstore's events in vLLM's wire format, read back by the scheduler's
-own decoder (scheduler/vllm_decode.py): every event type, both encodings."""
+own decoder (scheduler/adapters/vllm_decode.py): every event type, both encodings."""
 from __future__ import annotations
 
 import msgpack
@@ -20,13 +20,13 @@ from speckv.services.kvstore.vllm_encode import (
     replay_frames,
     to_vllm_events,
 )
-from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.vllm_decode import (
+from speckv.services.scheduler.adapters.vllm_decode import (
     VllmBatchDecoder,
     replay_request,
     split_frames,
     split_replay_frames,
 )
+from speckv.services.scheduler.holder_index import HolderEventKind
 
 BLOCK = 4
 TOP = (1 << 64) - 1  # the largest uint64: past int64, where a signed encoding would break

@@ -17,8 +17,8 @@ from speckv.services.kvstore.vllm_publisher import (
     VllmEventPublisher,
     check_endpoint,
 )
+from speckv.services.scheduler.adapters.vllm_decode import VllmBatchDecoder
 from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.vllm_decode import VllmBatchDecoder
 from tests.support.kvstore_service import TINY, make_store, writes
 from tests.support.vllm_replay import replay
 from tests.support.waiting import wait_until

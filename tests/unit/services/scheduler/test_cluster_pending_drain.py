@@ -13,8 +13,9 @@ from speckv.loadgen.sim.settings import SimSettings
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
+from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.cluster import Cluster, LoadReport
-from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.policy_config import load_policy_config
 
 GEO = KVGeometry(2, 2, 8, "float16", 4)
@@ -37,7 +38,7 @@ def pending(c: Cluster, node_id: NodeId = A) -> tuple[int, int, float]:
 
 def test_work_drains_only_after_the_stale_time_and_only_at_heartbeats():
     c = make()
-    c.register(A, "h:1", 100, GEO, now=0.0)  # registration counts as a queue report: stale from 3.0
+    c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)  # registration counts as a queue report: stale from 3.0
     c.add_pending(A, 1000, prefill_ms=2000.0, now=0.5)
     for t in (1.0, 2.0, 3.0):  # not past 0.0 + 3.0 yet: nothing is worked off
         c.heartbeat(A, KV_BEAT, now=t)
@@ -54,7 +55,7 @@ def test_work_drains_only_after_the_stale_time_and_only_at_heartbeats():
 
 def test_shares_are_taken_from_what_was_routed_so_rounding_does_not_compound():
     c = make()
-    c.register(A, "h:1", 100, GEO, now=0.0)
+    c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)
     for _ in range(3):
         c.add_pending(A, 100, prefill_ms=1000.0, now=1.0)  # 300 tokens, 3 requests, 3000 ms
     c.heartbeat(A, KV_BEAT, now=3.1)  # 100 ms off: 2900 left; 300 x 29/30 = 290; ceil(3 x 29/30 = 2.9) = 3
@@ -67,7 +68,7 @@ def test_a_node_that_stops_beating_keeps_its_work():
     """Only a heartbeat shows the node alive and working: a silent (maybe
     dead) node is not credited, so the router does not pile work onto it."""
     c = make()
-    c.register(A, "h:1", 100, GEO, now=0.0)
+    c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)
     c.add_pending(A, 1000, prefill_ms=2000.0, now=0.5)
     assert c.least_loaded(1, now=50.0) == [A]
     assert pending(c) == (1000, 1, 2000.0)
@@ -77,7 +78,7 @@ def test_a_node_that_stops_beating_keeps_its_work():
 
 def test_work_routed_while_draining_is_credited_from_when_it_came():
     c = make()
-    c.register(A, "h:1", 100, GEO, now=0.0)
+    c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)
     c.heartbeat(A, KV_BEAT, now=5.0)  # stale, nothing pending
     c.add_pending(A, 100, prefill_ms=1000.0, now=5.75)
     c.heartbeat(A, KV_BEAT, now=6.0)  # 0.25 s since it came, not the 1 s since the last beat
@@ -94,7 +95,7 @@ def test_work_routed_while_draining_is_credited_from_when_it_came():
 
 def test_a_queue_report_resets_the_stale_clock_and_counts_the_work():
     c = make()
-    c.register(A, "h:1", 100, GEO, now=0.0)
+    c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)
     c.add_pending(A, 1000, prefill_ms=2000.0, now=0.5)
     c.heartbeat(A, LoadReport(queued_tokens=900, waiting_requests=1), now=2.5)  # counts it: stale from 5.5
     assert pending(c) == (0, 0, 0.0)
@@ -108,7 +109,7 @@ def test_a_queue_report_resets_the_stale_clock_and_counts_the_work():
 
 def test_zero_ms_work_is_worked_off_by_any_creditable_time():
     c = make()
-    c.register(A, "h:1", 100, GEO, now=0.0)
+    c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)
     c.add_pending(A, 40, now=1.0)  # no prefill time given
     c.heartbeat(A, KV_BEAT, now=3.0)
     assert pending(c) == (40, 1, 0.0)
@@ -122,8 +123,8 @@ def test_regular_queue_reports_see_exactly_what_an_undrained_cluster_sees():
     kvstore beats and routes in between included."""
     drained, never = make(3.0), make(math.inf)
     for c in (drained, never):
-        c.register(A, "h:1", 100, GEO, now=0.0)
-        c.register(B, "h:2", 100, GEO, now=0.0)
+        c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)
+        c.register(B, "h:2", NodeSizes(100), GEO, now=0.0)
     seen: list[list[object]] = [[], []]
     for i in range(20):
         t = float(i)
@@ -143,8 +144,8 @@ def test_regular_queue_reports_see_exactly_what_an_undrained_cluster_sees():
 
 def test_the_board_order_follows_the_drain():
     c = make()
-    c.register(A, "h:1", 100, GEO, now=0.0)
-    c.register(B, "h:2", 100, GEO, now=0.0)
+    c.register(A, "h:1", NodeSizes(100), GEO, now=0.0)
+    c.register(B, "h:2", NodeSizes(100), GEO, now=0.0)
     c.heartbeat(A, LoadReport(queued_prefill_ms=0.0), now=0.0)
     c.add_pending(A, 100, prefill_ms=2000.0, now=0.1)  # a: 0 + 2000 ms
     for t in (1.0, 2.0, 3.0, 3.5):
@@ -169,5 +170,5 @@ def test_the_committed_stale_time_spans_several_heartbeats_and_the_simulators_re
     assert stale_s == 3.0
     assert stale_s >= 3 * SchedulerConfig().heartbeat_interval_ms / 1000.0  # three beats of the default
     # the simulator reports every node's queue at least every liveness_s: its nodes never drain
-    assert SimSettings(nodes=1, pool_pages=1, heartbeat_s=0.1, tick_s=0.25, forecast_poll_s=1.0,
+    assert SimSettings(nodes=1, sizes=NodeSizes(1), heartbeat_s=0.1, tick_s=0.25, forecast_poll_s=1.0,
                        forecast_horizon_s=5.0, warmup_s=0.0).liveness_s + 0.1 < stale_s

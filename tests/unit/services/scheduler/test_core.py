@@ -6,10 +6,12 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
 
 CHAIN = list(range(100, 164))  # 64 blocks of 4 tokens (tiny profile)
@@ -54,7 +56,7 @@ def env():
     core = SchedulerCore(SchedulerSettings(node_timeout_s=5.0, link_gbps=1e-3), clock, get_profile("tiny"),
                          confirmer=confirmer, arrivals=sink, listener=listener)
     for n in "abc":
-        core.register_node(n, f"h:{n}", 1000, None)
+        core.register_node(n, f"h:{n}", NodeSizes(1000), None)
     return core, clock, confirmer, sink, listener
 
 
@@ -130,7 +132,7 @@ def test_a_lost_node_is_out_at_once_its_holdings_purged_its_orders_failed(env):
     assert core.route("r", CHAIN, 64 * BS + 5).cached_blocks == 0  # nobody else held the chain
     assert core.apply_kv_event(NodeId("b"), old, IndexEvent(HolderEventKind.STORED, CHAIN)) is False
     assert core.heartbeat("b", NodeLoad()) is False  # comes back only by registering again
-    core.register_node("b", "h:b", 1000, None)
+    core.register_node("b", "h:b", NodeSizes(1000), None)
     state = {n.view.node_id: n for n in core.cluster_state().nodes}
     assert state["b"].view.num_blocks == 0  # a new incarnation, no stale holdings
     assert core.node_lost("b", "of an older incarnation", generation=gen(listener, "b") - 1) is False
@@ -148,7 +150,7 @@ def test_a_node_timed_out_by_the_sweep_is_purged_and_must_register_again(env):
     clock.advance(2.0)  # b is 6 s silent
     core.tick()
     assert core.heartbeat("b", NodeLoad()) is False
-    core.register_node("b", "h:b", 1000, None)
+    core.register_node("b", "h:b", NodeSizes(1000), None)
     assert {n.view.node_id: n for n in core.cluster_state().nodes}["b"].view.num_blocks == 0
 
 
@@ -156,7 +158,7 @@ def test_reregistration_resets_inventory_and_stales_old_streams(env):
     core, clock, confirmer, sink, listener = env
     store(core, listener, "b", CHAIN)
     old = gen(listener, "b")
-    again, interval = core.register_node("b", "h:b2", 1000, None)
+    again, interval = core.register_node("b", "h:b2", NodeSizes(1000), None)
     assert again and interval == 1000 and listener.seen[-1][3] == "h:b"
     assert core.apply_kv_event(NodeId("b"), old, IndexEvent(HolderEventKind.STORED, [1])) is False
     assert core.reset_inventory(NodeId("b"), old) is False
@@ -219,8 +221,8 @@ def tiered_core():
     clock = ManualClock(1000.0)
     core = SchedulerCore(SchedulerSettings(node_timeout_s=5.0, link_gbps=1e-3, host_link_gbps=100.0,
                                            host_link_overhead_ms=0.0), clock, get_profile("tiny"))
-    core.register_node("a", "h:a", 1000, None, host_pages=500)
-    core.register_node("b", "h:b", 1000, None)
+    core.register_node("a", "h:a", NodeSizes(1000, 500), None)
+    core.register_node("b", "h:b", NodeSizes(1000), None)
     return core
 
 
@@ -248,13 +250,13 @@ def test_a_route_to_host_tier_hits_names_the_blocks_to_promote():
 def test_a_negative_host_tier_is_refused():
     core = tiered_core()
     with pytest.raises(InvalidArgument, match="host_pages"):
-        core.register_node("c", "h:c", 1000, None, host_pages=-1)
+        core.register_node("c", "h:c", NodeSizes(1000, -1), None)
 
 
 @pytest.mark.parametrize("host_pages, cap", [(400, 401), (0, 1001), (400, -1)])
 def test_a_retention_cap_beyond_the_last_tier_is_refused(host_pages, cap):
     core = tiered_core()
     with pytest.raises(InvalidArgument, match="retain_max_blocks"):
-        core.register_node("c", "h:c", 1000, None, host_pages=host_pages, retain_max_blocks=cap)
-    assert core.register_node("c", "h:c", 1000, None, host_pages=host_pages, retain_max_blocks=cap - 1 if cap > 0
-                              else 0)[0] is False  # the largest cap it may hold registers
+        core.register_node("c", "h:c", NodeSizes(1000, host_pages, cap), None)
+    largest = cap - 1 if cap > 0 else 0
+    assert core.register_node("c", "h:c", NodeSizes(1000, host_pages, largest), None)[0] is False  # it registers

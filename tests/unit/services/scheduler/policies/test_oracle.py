@@ -17,9 +17,9 @@ from speckv.loadgen.experiments.e2e_config import SliceSpec, load_e2e_config
 from speckv.services.common.config import parse_config
 from speckv.services.common.ids import Family
 from speckv.services.common.traces import TraceRequest, load_mooncake
-from speckv.services.scheduler.config import SchedulerConfig
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.server import future_arrivals
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
-from speckv.services.scheduler.server import future_arrivals
 from tests.support.scheduler_scenarios import BS, heartbeat_all, load, make_core, store
 
 ROWS = [  # two conversations behind one shared system-prompt block (id 0)

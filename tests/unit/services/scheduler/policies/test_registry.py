@@ -4,9 +4,11 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import AlreadyExists, InvalidArgument
 from speckv.services.common.ids import Family, NodeId
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
+from speckv.services.common.node_sizes import NodeSizes
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.policies.none import NonePolicy
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
 
 
@@ -58,7 +60,7 @@ def test_tick_submits_what_the_policy_plans():
     clock = ManualClock(100.0)
     core = SchedulerCore(SchedulerSettings(), clock, get_profile("tiny"), registry=reg)
     for n in "ab":
-        core.register_node(n, f"h:{ord(n)}", 64, None)
+        core.register_node(n, f"h:{ord(n)}", NodeSizes(64), None)
     assert core.tick() == []  # policy none
     core.set_policy("copy-once")
     issued = core.tick()

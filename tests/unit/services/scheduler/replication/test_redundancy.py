@@ -8,6 +8,7 @@ import pytest
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.adapters.servicer import order_to_proto
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication.orders import ActionKind
@@ -17,7 +18,6 @@ from speckv.services.scheduler.replication.redundancy import (
     without_node,
 )
 from speckv.services.scheduler.replication.value import Demand, ServeOption
-from speckv.services.scheduler.servicer import order_to_proto
 from tests.support.scheduler_scenarios import (
     CHAIN,
     FAMILY,

@@ -15,6 +15,7 @@ import pytest
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
@@ -318,7 +319,7 @@ def test_a_node_that_registered_again_gets_an_empty_shadow():
     core, clock, planner, reuse = setup_two(cap=len(CHAIN))
     assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=130.0)] == [FAMILY]
     assert plan(core, clock, planner, reuse, p=0.5, at=131.0, families=(OTHER,)) == []  # no room beside it
-    core.register_node("n0", "127.0.0.1:7000", 200, None, 400, len(CHAIN))
+    core.register_node("n0", "127.0.0.1:7000", NodeSizes(200, 400, len(CHAIN)), None)
     store(core, "n0", OTHER_CHAIN, family=OTHER)
     route_family(core, 1, family=OTHER, chain=OTHER_CHAIN)
     orders = plan(core, clock, planner, reuse, p=0.5, at=132.0, families=(OTHER,))
@@ -344,7 +345,7 @@ def test_a_family_retained_on_a_node_that_registered_again_may_be_retained_anew_
     core, clock, planner, reuse = setup(cap=len(CHAIN))
     assert [o.family for o in plan(core, clock, planner, reuse, p=0.5, at=130.0)] == [FAMILY]
     assert plan(core, clock, planner, reuse, p=0.5, at=131.0) == []  # retained until 430 s: not renewed yet
-    core.register_node("n0", "127.0.0.1:7000", 200, None, 400, len(CHAIN))  # its store may have restarted
+    core.register_node("n0", "127.0.0.1:7000", NodeSizes(200, 400, len(CHAIN)), None)  # its store may have restarted
     store(core, "n0", CHAIN)
     route_family(core, 1)
     assert [o.block_hashes for o in plan(core, clock, planner, reuse, p=0.5, at=132.0)] == [CHAIN]

@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from tests.support.scheduler_scenarios import (
     BS,
@@ -71,7 +72,7 @@ def _serving_cluster(ramp_s: float):
     heartbeat_all(core, 3)
     route_family(core, 30, family="warm")  # the cluster is serving before the new node comes
     heartbeat_all(core, 3)
-    core.register_node("n3", "127.0.0.1:7003", 4096, None)
+    core.register_node("n3", "127.0.0.1:7003", NodeSizes(4096), None)
     heartbeat_all(core, 4)
     return core, clock
 
@@ -122,7 +123,7 @@ def test_a_joining_node_gets_pre_warm_orders_before_its_full_share():
     route_family(core, 2)
     heartbeat_all(core, 3)
     load(core, "n0", 40_000)  # the holder is swamped: its family's next requests queue there
-    core.register_node("n3", "127.0.0.1:7003", 4096, None)
+    core.register_node("n3", "127.0.0.1:7003", NodeSizes(4096), None)
     load(core, "n3", 0)
     forecasts.counts = {FAMILY: 50.0}
     orders = core.tick()

@@ -8,6 +8,7 @@ import pytest
 
 from speckv.services.common.engine_profile import LinkModel
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.replication.orders import OrderSpec
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
@@ -95,7 +96,7 @@ def test_an_issued_order_holds_its_source_link_for_later_pulls(order_blocks, sti
 def test_a_re_registered_node_starts_with_an_idle_link():
     core, clock = busy_holder_core()
     assert route(core, 0).fetch_from == "n0"
-    core.register_node("n0", "127.0.0.1:7000", 4096, None)
+    core.register_node("n0", "127.0.0.1:7000", NodeSizes(4096), None)
     heartbeat_all(core, 4)
     store(core, "n0", LONG, family="doc")
     core.heartbeat("n0", NodeLoad(free_pages=4096, queued_prefill_ms=10_000.0))

@@ -8,9 +8,9 @@ from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
 from speckv.services.common.traces.mooncake import FAMILY_MODES
+from speckv.services.scheduler.adapters.vllm_subscriber import parse_kv_events
 from speckv.services.scheduler.policies.registry import default_registry
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.vllm_subscriber import parse_kv_events
 
 
 @dataclass(frozen=True, slots=True)

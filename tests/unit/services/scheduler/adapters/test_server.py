@@ -1,10 +1,7 @@
 """The scheduler's gauges of orders by outcome and of replicated bytes."""
 from __future__ import annotations
 
-from speckv.services.scheduler.replication.orders import ActionKind
-from speckv.services.scheduler.replication.outcomes import ActionStats, Outcome
-from speckv.services.scheduler.replication.replicas import ReplicaStats
-from speckv.services.scheduler.server import (
+from speckv.services.scheduler.adapters.server import (
     PENDING,
     action_bytes,
     action_bytes_by_forecast,
@@ -12,6 +9,9 @@ from speckv.services.scheduler.server import (
     action_orders,
     replica_bytes,
 )
+from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.replication.outcomes import ActionStats, Outcome
+from speckv.services.scheduler.replication.replicas import ReplicaStats
 
 
 def _stats(orders: int, nbytes: int, decided: dict[Outcome, tuple[int, int]]) -> ActionStats:

@@ -41,8 +41,9 @@ from typing import Sequence
 from speckv.services.common.errors import FailedPrecondition, SpeckvError, Unavailable
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import Family, NodeId, OrderId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.core import SavedNode, SavedState
+from speckv.services.scheduler.ports import SavedNode, SavedState
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
 
 log = logging.getLogger(__name__)
@@ -137,10 +138,10 @@ class StateStore:
         self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES ('policy', ?)", (name,))])
 
     def node_registered(self, node: SavedNode) -> None:
-        g = node.geometry
+        g, sizes = node.geometry, node.sizes
         self._write([(f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({', '.join('?' * 11)})",
-                      (node.node_id, node.address, node.capacity_pages, node.host_pages, g.num_layers,
-                       g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name, node.retain_max_blocks))])
+                      (node.node_id, node.address, sizes.device_pages, sizes.host_pages, g.num_layers,
+                       g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name, sizes.retain_max_blocks))])
 
     def order_issued(self, order: Order, next_id: int) -> None:
         self._write([(f"INSERT OR REPLACE INTO orders ({_ORDER_COLUMNS}) VALUES ({', '.join('?' * 19)})",
@@ -290,6 +291,6 @@ def _order(row: tuple) -> Order:
 
 def _node(row: tuple) -> SavedNode:
     node_id, address, capacity, host, layers, heads, head_dim, dtype, block_size, name, retain_max = row
-    return SavedNode(NodeId(node_id), address, int(capacity), int(host),
-                     KVGeometry(int(layers), int(heads), int(head_dim), dtype, int(block_size), name),
-                     None if retain_max is None else int(retain_max))
+    sizes = NodeSizes(int(capacity), int(host), None if retain_max is None else int(retain_max))
+    return SavedNode(NodeId(node_id), address, sizes,
+                     KVGeometry(int(layers), int(heads), int(head_dim), dtype, int(block_size), name))

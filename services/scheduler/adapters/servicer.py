@@ -13,10 +13,11 @@ from speckv.services.common.errors import Aborted, InvalidArgument, PermissionDe
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.adapters.outcomes_proto import actions_to_proto
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.outcomes_proto import actions_to_proto
 from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem, RouteResult
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -65,9 +66,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def RegisterNode(self, request, context):
         authz.require_node(context, request.node_id, "RegisterNode")
-        again, interval_ms = self._core.register_node(
-            request.node_id, request.address, request.capacity_pages, _geometry(request), request.host_pages,
-            request.retain_max_blocks if request.HasField("retain_max_blocks") else None)
+        sizes = NodeSizes(request.capacity_pages, request.host_pages,
+                          request.retain_max_blocks if request.HasField("retain_max_blocks") else None)
+        again, interval_ms = self._core.register_node(request.node_id, request.address, sizes, _geometry(request))
         return scheduler_pb2.RegisterNodeResponse(
             node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again)
 
@@ -151,11 +152,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         snap = self._core.cluster_state()
         nodes = [scheduler_pb2.NodeState(
             node_id=r.view.node_id, address=r.view.address, alive=r.view.alive,
-            capacity_pages=r.view.capacity_pages, free_pages=r.view.free_pages,
+            capacity_pages=r.view.sizes.device_pages, free_pages=r.view.free_pages,
             queued_tokens=r.view.queued_tokens, running_tokens=r.view.running_tokens,
             num_blocks=r.view.num_blocks, last_heartbeat_age_s=r.last_heartbeat_age_s,
-            routes_total=r.routes_total, host_pages=r.view.host_pages, host_blocks=r.view.host_blocks,
-            retain_max_blocks=r.view.retain_max_blocks, retained_blocks=r.view.retained_blocks)
+            routes_total=r.routes_total, host_pages=r.view.sizes.host_pages, host_blocks=r.view.host_blocks,
+            retain_max_blocks=r.view.sizes.retain_max_blocks, retained_blocks=r.view.retained_blocks)
             for r in snap.nodes]
         orders = [scheduler_pb2.OrderCount(state=STATE_TO_PROTO[s], count=c) for s, c in snap.order_counts.items()]
         r = snap.replicas

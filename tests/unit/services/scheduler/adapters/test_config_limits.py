@@ -5,7 +5,7 @@ import pytest
 
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.scheduler.config import SchedulerConfig
+from speckv.services.scheduler.adapters.config import SchedulerConfig
 
 
 def parse(*argv: str) -> SchedulerConfig:

@@ -37,9 +37,8 @@ from zmq.utils.monitor import recv_monitor_message
 from speckv.services.common.errors import InvalidArgument, SpeckvError
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
-from speckv.services.scheduler.cluster import LoadReport
-from speckv.services.scheduler.holder_index import IndexEvent
-from speckv.services.scheduler.vllm_decode import (
+from speckv.services.common.node_sizes import NodeSizes
+from speckv.services.scheduler.adapters.vllm_decode import (
     BadInput,
     SequenceTracker,
     Skip,
@@ -49,6 +48,8 @@ from speckv.services.scheduler.vllm_decode import (
     split_frames,
     split_replay_frames,
 )
+from speckv.services.scheduler.cluster import LoadReport
+from speckv.services.scheduler.holder_index import IndexEvent
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,8 @@ def _check_spec(entry: str, spec: VllmNodeSpec) -> None:
 class NodeSink(Protocol):
     """What a feed needs of the scheduler core (SchedulerCore has it)."""
 
-    def register_node(self, node_id: str, address: str, capacity_pages: int,
-                      geometry: KVGeometry | None, host_pages: int = 0) -> tuple[bool, int]: ...
+    def register_node(self, node_id: str, address: str, sizes: NodeSizes,
+                      geometry: KVGeometry | None) -> tuple[bool, int]: ...
 
     def generation(self, node_id: str) -> int: ...
 
@@ -256,7 +257,7 @@ class VllmNodeFeed:
 
     def _register(self) -> None:
         try:
-            self._sink.register_node(self.spec.node_id, self.spec.route_address, self.spec.pages, None)
+            self._sink.register_node(self.spec.node_id, self.spec.route_address, NodeSizes(self.spec.pages), None)
             self._generation = self._sink.generation(self.spec.node_id)
         except SpeckvError as exc:
             log.error("vLLM KV events of %s: cannot register the node (%s); its feed ends", self.node_id, exc)

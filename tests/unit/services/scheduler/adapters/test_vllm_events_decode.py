@@ -8,8 +8,7 @@ import pytest
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex
-from speckv.services.scheduler.vllm_decode import (
+from speckv.services.scheduler.adapters.vllm_decode import (
     BadInput,
     CatchUp,
     SequenceTracker,
@@ -21,7 +20,8 @@ from speckv.services.scheduler.vllm_decode import (
     split_frames,
     split_replay_frames,
 )
-from speckv.services.scheduler.vllm_subscriber import DEFAULT_PAGES, VllmNodeSpec, parse_kv_events
+from speckv.services.scheduler.adapters.vllm_subscriber import DEFAULT_PAGES, VllmNodeSpec, parse_kv_events
+from speckv.services.scheduler.holder_index import HolderEventKind, HolderIndex
 
 DECODER = VllmBatchDecoder(block_size=16)
 TOKENS = list(range(32))

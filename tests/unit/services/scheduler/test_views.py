@@ -3,7 +3,7 @@ linear scan finds, for prompts around block boundaries."""
 import pytest
 
 from speckv.services.common.engine_profile import load_profiles
-from speckv.services.scheduler.policies.placement import min_worth_blocks
+from speckv.services.scheduler.views import min_worth_blocks
 
 PROFILE = load_profiles()["llama-3-8b-h100"]
 

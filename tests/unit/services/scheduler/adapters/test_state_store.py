@@ -14,11 +14,13 @@ from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import FailedPrecondition, NotFound, Unavailable
 from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.common.ids import Family, NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.adapters.state_store import DB_FILE, SCHEMA_VERSION, StateStore
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.core import SavedNode, SchedulerCore, SchedulerSettings
+from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.ports import SavedNode, SchedulerSettings
 from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
-from speckv.services.scheduler.state_store import DB_FILE, SCHEMA_VERSION, StateStore
 
 GEOMETRY = KVGeometry(2, 2, 16, "float32", 4)
 BIG_HASH = 2**64 - 1  # uint64: does not fit SQLite's signed INTEGER
@@ -53,11 +55,11 @@ def test_an_empty_state_dir_is_created_with_an_empty_state(tmp_path):
 def test_policy_nodes_and_orders_read_back_as_written(store):
     store.policy_set("reactive-heat")
     store.policy_set("oracle")
-    nodes = [SavedNode(NodeId("b"), "h:2", 64, 256, preset("tiny", 16), 128),
-             SavedNode(NodeId("a"), "h:1", 100, 0, GEOMETRY)]
+    nodes = [SavedNode(NodeId("b"), "h:2", NodeSizes(64, 256, 128), preset("tiny", 16)),
+             SavedNode(NodeId("a"), "h:1", NodeSizes(100), GEOMETRY)]
     for n in nodes:
         store.node_registered(n)
-    store.node_registered(SavedNode(NodeId("a"), "h:9", 128, 0, GEOMETRY))  # re-registered: replaces
+    store.node_registered(SavedNode(NodeId("a"), "h:9", NodeSizes(128), GEOMETRY))  # re-registered: replaces
     tracker = OrderTracker(max_retained=2, journal=store)
     first = tracker.submit(spec(hashes=(BIG_HASH, 0, 7), priority=3, expected_benefit_ms=12.5, policy="p",
                                 target_address="h:2", tier=Tier.HOST), now=10.0)
@@ -69,7 +71,7 @@ def test_policy_nodes_and_orders_read_back_as_written(store):
 
     saved = reopen(store).load()
     assert saved.policy == "oracle"
-    assert saved.nodes == [SavedNode(NodeId("a"), "h:9", 128, 0, GEOMETRY), nodes[0]]
+    assert saved.nodes == [SavedNode(NodeId("a"), "h:9", NodeSizes(128), GEOMETRY), nodes[0]]
     assert saved.nodes[1].geometry.name == "tiny"
     by_id = {o.order_id: o for o in saved.orders}
     # the oldest terminal order fell out of the retention (2), in the database too
@@ -124,11 +126,11 @@ def test_a_version_1_database_is_migrated_keeping_its_nodes_and_policy(tmp_path)
     store = StateStore.open(path.parent)
     saved = store.load()
     assert saved.policy == "oracle"
-    assert [(n.node_id, n.capacity_pages, n.host_pages, n.retain_max_blocks) for n in saved.nodes] == [
-        ("a", 100, 400, None)]  # saved before nodes reported a cap: none known
-    store.node_registered(SavedNode(NodeId("a"), "h:1", 100, 400, GEOMETRY, 200))
+    assert [(n.node_id, n.sizes) for n in saved.nodes] == [
+        ("a", NodeSizes(100, 400, None))]  # saved before nodes reported a cap: none known
+    store.node_registered(SavedNode(NodeId("a"), "h:1", NodeSizes(100, 400, 200), GEOMETRY))
     store = reopen(store)
-    assert [n.retain_max_blocks for n in store.load().nodes] == [200]
+    assert [n.sizes.retain_max_blocks for n in store.load().nodes] == [200]
     store.close()
     with closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
@@ -156,7 +158,7 @@ def test_a_garbage_file_is_refused_never_reset(tmp_path):
 def test_a_damaged_page_is_refused(store):
     path = store.path
     for i in range(50):
-        store.node_registered(SavedNode(NodeId(f"n{i}"), f"h:{i}", 8, 0, GEOMETRY))
+        store.node_registered(SavedNode(NodeId(f"n{i}"), f"h:{i}", NodeSizes(8), GEOMETRY))
     store.close()
     data = bytearray(path.read_bytes())
     page = 4096  # page 2: a table's b-tree root (the schema on page 1 still reads)
@@ -249,8 +251,7 @@ def test_a_new_core_resumes_policy_nodes_and_orders(store):
     clock = ManualClock(1000.0)
     core = new_core(store, clock)
     for n in "abc":
-        core.register_node(n, f"h:{n}", 1000, None, host_pages=50 if n == "c" else 0,
-                           retain_max_blocks=25 if n == "c" else None)
+        core.register_node(n, f"h:{n}", NodeSizes(1000, 50 if n == "c" else 0, 25 if n == "c" else None), None)
     core.set_policy("reactive-heat")
     issued = core.submit_order(spec("a", "b"))
     moving = core.submit_order(spec("b", "c"))
@@ -266,7 +267,7 @@ def test_a_new_core_resumes_policy_nodes_and_orders(store):
     assert resumed.get_policy().name == "reactive-heat"
     assert listener.seen == [("a", "h:a", None), ("b", "h:b", None), ("c", "h:c", None)]
     state = resumed.cluster_state()
-    assert [(r.view.node_id, r.view.alive, r.view.host_pages, r.view.retain_max_blocks) for r in state.nodes] == [
+    assert [(r.view.node_id, r.view.alive, r.view.sizes.host_pages, r.view.sizes.retain_max_blocks) for r in state.nodes] == [
         ("a", False, 0, None), ("b", False, 0, None), ("c", False, 50, 25)]
     assert resumed.live_node_count() == 0
     resumed.tick()  # silent restored nodes are down already: their orders are not failed
@@ -302,7 +303,7 @@ def test_a_saved_policy_that_cannot_run_here_leaves_the_configured_one(store):
 
 def test_restore_needs_an_empty_core(store):
     core = new_core(store, ManualClock(0.0))
-    core.register_node("a", "h:a", 10, None)
+    core.register_node("a", "h:a", NodeSizes(10), None)
     with pytest.raises(FailedPrecondition, match="no nodes and no orders"):
         core.restore(store.load())
 

@@ -15,20 +15,21 @@ from speckv.services.common.server import ServiceServer, serve_until_signal
 from speckv.services.common.service_metrics import register_gauges
 from speckv.services.common.telemetry import Telemetry, build_telemetry
 from speckv.services.common.traces.mooncake import load_mooncake
+from speckv.services.scheduler.adapters.config import SchedulerConfig
+from speckv.services.scheduler.adapters.event_sync import EventSync
+from speckv.services.scheduler.adapters.remote import KVStoreConfirmer, PredictorForecastSources, PredictorSender
+from speckv.services.scheduler.adapters.servicer import RequestLimits, SchedulerServicer
+from speckv.services.scheduler.adapters.state_store import StateStore
+from speckv.services.scheduler.adapters.ticker import Ticker
+from speckv.services.scheduler.adapters.vllm_subscriber import VllmEventFeeds, parse_kv_events
 from speckv.services.scheduler.arrival_reports import ArrivalReporter
-from speckv.services.scheduler.config import SchedulerConfig
-from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
-from speckv.services.scheduler.event_sync import EventSync
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.remote import KVStoreConfirmer, PredictorForecastSources, PredictorSender
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import ReplicaStats
-from speckv.services.scheduler.servicer import RequestLimits, SchedulerServicer
-from speckv.services.scheduler.state_store import StateStore
-from speckv.services.scheduler.ticker import Ticker
-from speckv.services.scheduler.vllm_subscriber import VllmEventFeeds, parse_kv_events
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
