@@ -47,7 +47,7 @@ from speckv.services.predictor.serving.observations import (
 )
 from speckv.services.predictor.serving.selection import Choice
 
-if TYPE_CHECKING:  # burst_model imports lightgbm; the core itself never needs it
+if TYPE_CHECKING:  # annotations only: the core passes the model's choices through, never builds one
     from speckv.services.predictor.serving.burst_choice import HorizonBurstChoice
 
 BUILTIN_SOURCE = "builtin"
