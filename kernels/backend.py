@@ -18,7 +18,7 @@ canonical order and its tail is left alone. Pages must lie in
 0..num_pages-1 (IndexError otherwise); unpack refuses repeated pages
 (ValueError), because parallel writers to one page would race on a GPU.
 
-`select_backend("auto")` picks CuPy when a CUDA device is usable, else NumPy;
+`select_backend("auto")` (backend_choice.py) picks CuPy when a CUDA device is usable, else NumPy;
 "numpy" on a machine with a device gives pinned host memory.
 """
 from __future__ import annotations
@@ -186,21 +186,3 @@ def cuda_available() -> bool:
         return bool(cupy.cuda.is_available())
     except Exception:  # ImportError, or a CUDA runtime/driver error
         return False
-
-
-def select_backend(choice: str = "auto", device: int = 0) -> Backend:
-    """The backend named by choice ("auto" | "numpy" | "cupy").
-
-    auto: CuPy on `device` when a CUDA device is usable, else NumPy. numpy:
-    host memory, pinned when CuPy and a device are present. cupy:
-    BackendUnavailable when it cannot run here. ValueError for other names.
-    """
-    if choice not in CHOICES:
-        raise ValueError(f"backend={choice!r}: expected one of {', '.join(CHOICES)}")
-    if choice == "numpy":
-        return NumpyBackend(pinned=cuda_available())
-    if choice == "auto" and not cuda_available():
-        return NumpyBackend()
-    from speckv.kernels.cupy_backend import CupyBackend
-
-    return CupyBackend(device)

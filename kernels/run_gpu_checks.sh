@@ -53,7 +53,7 @@ count = cupy.cuda.runtime.getDeviceCount()
 props = cupy.cuda.runtime.getDeviceProperties(0)
 print("devices:", count, "| device 0:", props["name"].decode(), "| sm", f"{props['major']}.{props['minor']}",
       "| CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(), "| driver", cupy.cuda.runtime.driverGetVersion())
-from speckv.kernels.backend import select_backend
+from speckv.kernels.backend_choice import select_backend
 print("select_backend('auto'):", select_backend("auto").name)
 try:
     import speckv.v1.common_pb2  # noqa: F401  (the pool tests need the generated stubs)

@@ -4,7 +4,7 @@ what a level shift between training and serving does to the served point
 forecast against last value.
 
 Scripted bursty on/off traffic (the generator of
-tests/unit/services/predictor/test_selection.py: silences of mean 20 s,
+tests/unit/services/predictor/serving/test_selection.py: silences of mean 20 s,
 bursts of mean 8 s at the segment's rate per second, 4 families): trained
 on 1,500 s at one level, scored on the 800 s after the features have
 followed a shift to another (steps >= 1,600 of 2,400). Prints, per variant,
@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from speckv.services.predictor.dataset import build_rows
-from speckv.services.predictor.training import load_config, train_on_counts
+from speckv.services.predictor.fitting.dataset import build_rows
+from speckv.services.predictor.fitting.training import load_config, train_on_counts
 from tests.unit.services.predictor.test_selection import _onoff, _prefix
 
 SHIFTS = ((12.0, 4.0), (3.0, 9.0), (12.0, 12.0))

@@ -1,6 +1,6 @@
 """The scripted experiment behind `features.trend_spans` (docs/predictor.md,
 "Bursts seen early"): a burst announced only by other families rising
-together (tests/unit/services/predictor/test_burst_model.py's generator),
+together (tests/unit/services/predictor/fitting/test_burst_model.py's generator),
 trained on the first 70 % with each set of spans, burst alarms at 5 s scored
 on the rest. Never run on a benchmark trace.
 
@@ -12,10 +12,10 @@ import dataclasses
 
 import numpy as np
 
-from speckv.services.predictor.dataset import build_rows
-from speckv.services.predictor.evaluation import burst_score
-from speckv.services.predictor.family_counts import FamilyCounts
-from speckv.services.predictor.training import load_config, train_on_counts
+from speckv.services.predictor.fitting.dataset import build_rows
+from speckv.services.predictor.fitting.family_counts import FamilyCounts
+from speckv.services.predictor.fitting.training import load_config, train_on_counts
+from speckv.services.predictor.judging.evaluation import burst_score
 from tests.unit.services.predictor.test_burst_model import _precursor_counts
 
 H5 = 2  # the 5 s horizon

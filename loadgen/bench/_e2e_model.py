@@ -26,9 +26,10 @@ import numpy as np
 from speckv.loadgen.experiments.e2e_config import SliceSpec
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.common.traces import TraceRequest
-from speckv.services.predictor.family_counts import FamilyCounts, aggregate
-from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
-from speckv.services.predictor.training import load_config, train_on_counts
+from speckv.services.predictor.fitting.family_counts import FamilyCounts, aggregate
+from speckv.services.predictor.fitting.lgbm_save import save_model
+from speckv.services.predictor.fitting.training import load_config, train_on_counts
+from speckv.services.predictor.serving.lgbm_served import LightGbmModel
 
 # Below this much pre-slice trace the model could not learn a return pattern.
 MIN_TRAIN_TRACE_S = 120.0

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from speckv.services.predictor import negbin, poisson
-from speckv.services.predictor.dataset import Rows
-from speckv.services.predictor.evaluation import best_alarm_threshold, burst_score, mae, pinball, rmse
-from speckv.services.predictor.family_counts import FamilyCounts
-from speckv.services.predictor.features import FeatureSpec
-from speckv.services.predictor.lgbm_forecaster import LgbmBundle
+from speckv.services.predictor.fitting.dataset import Rows
+from speckv.services.predictor.fitting.family_counts import FamilyCounts
+from speckv.services.predictor.judging.evaluation import best_alarm_threshold, burst_score, mae, pinball, rmse
+from speckv.services.predictor.serving import negbin, poisson
+from speckv.services.predictor.serving.feature_spec import FeatureSpec
+from speckv.services.predictor.serving.lgbm_bundle import LgbmBundle
 
 FLOOR_WINDOW_S = 60.0  # the Poisson floor's centred window: long enough to average, short against level shifts
 

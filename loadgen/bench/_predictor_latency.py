@@ -34,15 +34,16 @@ from typing import Callable
 import numpy as np
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.predictor import negbin
-from speckv.services.predictor.burst_model import BURST_KIND, CLASSIFIER, probability
-from speckv.services.predictor.core import PredictorCore, PredictorSettings
-from speckv.services.predictor.level_free import LevelFreeRows
-from speckv.services.predictor.lgbm_forecaster import LEVEL_FREE_KIND, LgbmBundle
-from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
-from speckv.services.predictor.manifest import load_model
-from speckv.services.predictor.observations import Arrival
-from speckv.services.predictor.targets import burst_threshold
+from speckv.services.predictor.fitting.lgbm_save import save_model
+from speckv.services.predictor.serving import negbin
+from speckv.services.predictor.serving.burst_choice import BURST_KIND, CLASSIFIER, probability
+from speckv.services.predictor.serving.core import PredictorCore, PredictorSettings
+from speckv.services.predictor.serving.level_free import LevelFreeRows
+from speckv.services.predictor.serving.lgbm_bundle import LEVEL_FREE_KIND, LgbmBundle
+from speckv.services.predictor.serving.lgbm_served import LightGbmModel
+from speckv.services.predictor.serving.manifest import load_model
+from speckv.services.predictor.serving.observations import Arrival
+from speckv.services.predictor.serving.targets import burst_threshold
 
 FAMILIES = 10_000
 SIZES = (1, 1_000, 10_000)

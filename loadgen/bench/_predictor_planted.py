@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from speckv.services.predictor.family_counts import FamilyCounts, aggregate
-from speckv.services.predictor.lgbm_served import LightGbmModel, save_model
-from speckv.services.predictor.training import load_config, train_on_counts
+from speckv.services.predictor.fitting.family_counts import FamilyCounts, aggregate
+from speckv.services.predictor.fitting.lgbm_save import save_model
+from speckv.services.predictor.fitting.training import load_config, train_on_counts
+from speckv.services.predictor.serving.lgbm_served import LightGbmModel
 
 BURST_PERIOD_S = 45.0
 BURST_SIZE = 25

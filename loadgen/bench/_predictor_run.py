@@ -31,14 +31,14 @@ from speckv.loadgen.bench._predictor_eval import (
 )
 from speckv.loadgen.bench._predictor_latency import forecast_latency
 from speckv.services.common.traces import TraceRequest
-from speckv.services.predictor.arima import Arima
-from speckv.services.predictor.baselines import Ewma, LastValue, SeasonalNaive
-from speckv.services.predictor.dataset import build_rows
-from speckv.services.predictor.family_counts import FamilyCounts, aggregate
-from speckv.services.predictor.feature_baselines import NAMES as SERVABLE_BASELINES
-from speckv.services.predictor.features import FeatureSpec
-from speckv.services.predictor.lgbm_forecaster import MODEL_CANDIDATES
-from speckv.services.predictor.training import TrainingConfig, at_step, split_validation, train_on_counts
+from speckv.services.predictor.fitting.baselines import Ewma, LastValue, SeasonalNaive
+from speckv.services.predictor.fitting.dataset import build_rows
+from speckv.services.predictor.fitting.family_counts import FamilyCounts, aggregate
+from speckv.services.predictor.fitting.training import TrainingConfig, at_step, split_validation, train_on_counts
+from speckv.services.predictor.judging.arima import Arima
+from speckv.services.predictor.serving.feature_baselines import NAMES as SERVABLE_BASELINES
+from speckv.services.predictor.serving.feature_spec import FeatureSpec
+from speckv.services.predictor.serving.lgbm_bundle import MODEL_CANDIDATES
 
 TRAIN_FRACTION = 0.7
 # Timestamp resolution: a low percentile of the gaps between distinct arrival times. Unquantised traces

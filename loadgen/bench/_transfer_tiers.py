@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from speckv.kernels.backend import NumpyBackend, cuda_available, select_backend
+from speckv.kernels.backend import NumpyBackend, cuda_available
+from speckv.kernels.backend_choice import select_backend
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.kvstore.pool import PageId, PagePool
 from speckv.services.kvstore.tier import PageMover

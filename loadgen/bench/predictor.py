@@ -59,7 +59,7 @@ from speckv.loadgen.bench._predictor_run import Workload, evaluate, timestamp_re
 from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios
 from speckv.services.common.traces import TraceFormatError, load_trace, resolve_traces_dir, trace_format
 from speckv.services.common.traces.azure import time_of_day_s
-from speckv.services.predictor.training import load_config
+from speckv.services.predictor.fitting.training import load_config
 
 __all__ = ["main", "timestamp_resolution_s"]
 

@@ -1,7 +1,7 @@
 """`speckv bench returns [--traces DIR] [--trace NAME] [--quick] [--json OUT] [--save DIR] [--tune-recalibration]`.
 
 Session-return foresight on the Mooncake conversation trace (a family is a
-conversation; services/predictor/returns). Every turn end gets a feature row
+conversation; services/predictor/{serving,fitting,judging}/returns). Every turn end gets a feature row
 from the online builder; the trace's time is split chronologically: the last
 eval_fraction (30 %) is evaluated, earlier turn ends train (labels censored
 at the split, the newest 20 % of each horizon's usable rows for early
@@ -14,7 +14,7 @@ and scores its conditional forecasts ("back within t of now, given not back
 yet") every 30 s of the evaluated slice, beside the constant rates put
 through the same survival curve (what idle time alone says).
 
-Recalibration (services/predictor/returns/recalibration.py): "lgb+recal"
+Recalibration (services/predictor/serving/returns/recalibration.py): "lgb+recal"
 is the LightGBM model with the configured online level recalibration
 (`session_return.recalibration`; scored whether or not it is enabled, so
 the two can be compared), replayed over every turn end in time order, each
@@ -30,7 +30,7 @@ rows. Target of issue 21 (reported, not tuned to): AUC >= 0.75 and ECE <=
 
 --save DIR writes the evaluated model (trained on turn ends before the
 evaluated slice only) as a return-model directory the predictor serves:
-`speckv predictor --returns-model DIR` (services/predictor/returns/store.py).
+`speckv predictor --returns-model DIR` (services/predictor/serving/returns/store.py).
 
 The live e2e bench's model (train_for_replay, ReplayReturns) is trained the
 same way on the trace before its replayed slice, on the replay's clock.
@@ -57,18 +57,23 @@ import numpy as np
 
 from speckv.services.common.traces import TraceRequest, resolve_traces_dir
 from speckv.services.common.traces.mooncake import load_mooncake
-from speckv.services.predictor.returns import evaluation
-from speckv.services.predictor.returns.baselines import fit_baselines
-from speckv.services.predictor.returns.config import ReturnConfig, load_return_config
-from speckv.services.predictor.returns.dataset import Split, build_rows
-from speckv.services.predictor.returns.model import train_return_model
-from speckv.services.predictor.returns.recalibration import RecalibrationSpec, recalibrate_rows
-from speckv.services.predictor.returns.store import PastTurn, save_return_model, write_past_turns
-from speckv.services.predictor.returns.survival import Tail, monotone
-from speckv.services.predictor.returns.tracker import ReturnTracker
-from speckv.services.predictor.returns.training import train_before
-from speckv.services.predictor.returns.tuning import DEFAULT_CUTS_S, DEFAULT_GRID, choose, validate_recalibration
-from speckv.services.predictor.returns.turns import TurnRecord, build_turns
+from speckv.services.predictor.fitting.returns.baselines import fit_baselines
+from speckv.services.predictor.fitting.returns.config import ReturnConfig, load_return_config
+from speckv.services.predictor.fitting.returns.dataset import Split, build_rows
+from speckv.services.predictor.fitting.returns.model_training import train_return_model
+from speckv.services.predictor.fitting.returns.training import train_before
+from speckv.services.predictor.fitting.returns.tuning import (
+    DEFAULT_CUTS_S,
+    DEFAULT_GRID,
+    choose,
+    validate_recalibration,
+)
+from speckv.services.predictor.fitting.returns.turns import TurnRecord, build_turns
+from speckv.services.predictor.judging.returns import evaluation
+from speckv.services.predictor.serving.returns.recalibration import RecalibrationSpec, recalibrate_rows
+from speckv.services.predictor.serving.returns.store import PastTurn, save_return_model, write_past_turns
+from speckv.services.predictor.serving.returns.survival import Tail, monotone
+from speckv.services.predictor.serving.returns.tracker import ReturnTracker
 
 DEFAULT_TRACE = "mooncake_conversation_trace.jsonl"
 CALIBRATION_HORIZON_S = 300.0

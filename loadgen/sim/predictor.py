@@ -7,7 +7,7 @@ Models:
   the slice as the live e2e run warms the service: the Simulation routes them
   through the scheduler core, which reports each to this core.
 - "lightgbm": the LightGBM bundle trained with the one training path
-  (services/predictor/training.py, services/config/predictor.json, quick
+  (services/predictor/fitting/training.py, services/config/predictor.json, quick
   hyperparameters) by `train_lightgbm` on trace arrivals strictly before the
   slice, then served by the same core (features kept online). Trained once per
   run, before the simulations start (loadgen/sim/cli.py says on what), and
@@ -31,11 +31,11 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import Family
 from speckv.services.common.traces import TraceRequest
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.core import PredictorCore
-from speckv.services.predictor.family_counts import aggregate
-from speckv.services.predictor.lgbm_served import LightGbmModel
-from speckv.services.predictor.observations import Arrival
-from speckv.services.predictor.training import load_config, train_on_counts
+from speckv.services.predictor.fitting.family_counts import aggregate
+from speckv.services.predictor.fitting.training import load_config, train_on_counts
+from speckv.services.predictor.serving.core import PredictorCore
+from speckv.services.predictor.serving.lgbm_served import LightGbmModel
+from speckv.services.predictor.serving.observations import Arrival
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.forecasts import Forecast
 

@@ -4,7 +4,7 @@ ForecastSource that hands the planner each open conversation's chance of
 coming back within an action's useful life.
 
 Training (train_returns): the turns of the requests before the slice
-(services/predictor/returns/turns.py, the configured service model for
+(services/predictor/fitting/returns/turns.py, the configured service model for
 their ends), their feature rows from the one online builder, one LightGBM
 classifier per horizon with labels censored at the slice's start
 (services/config/predictor.json, `session_return`); never a row of the
@@ -27,11 +27,12 @@ import numpy as np
 
 from speckv.services.common.ids import Family
 from speckv.services.common.traces import TraceRequest
-from speckv.services.predictor.returns.config import ReturnConfig, load_return_config
-from speckv.services.predictor.returns.dataset import build_rows
-from speckv.services.predictor.returns.model import ReturnModel, train_return_model
-from speckv.services.predictor.returns.tracker import ReturnTracker
-from speckv.services.predictor.returns.turns import build_turns
+from speckv.services.predictor.fitting.returns.config import ReturnConfig, load_return_config
+from speckv.services.predictor.fitting.returns.dataset import build_rows
+from speckv.services.predictor.fitting.returns.model_training import train_return_model
+from speckv.services.predictor.fitting.returns.turns import build_turns
+from speckv.services.predictor.serving.returns.model import ReturnModel
+from speckv.services.predictor.serving.returns.tracker import ReturnTracker
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
 
 MIN_TRAINING_TURNS = 500

@@ -68,7 +68,7 @@ from speckv.services.common.errors import InvalidArgument, SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
-from speckv.services.predictor.returns.tracker import ReturnTracker
+from speckv.services.predictor.serving.returns.tracker import ReturnTracker
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import (

@@ -64,7 +64,7 @@ class PagePool:
     """num_pages blocks of one geometry, plus the free-page stack.
 
     backend decides where the bytes live (default: plain host memory); pass
-    speckv.kernels.backend.select_backend(choice) for CuPy or pinned memory.
+    speckv.kernels.backend_choice.select_backend(choice) for CuPy or pinned memory.
     """
 
     def __init__(self, geometry: KVGeometry, num_pages: int, backend: Backend | None = None) -> None:

@@ -12,7 +12,7 @@ from typing import Callable, Mapping
 
 import grpc
 
-from speckv.kernels.backend import select_backend
+from speckv.kernels.backend_choice import select_backend
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import Unavailable

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.server import ServerSettings
-from speckv.services.predictor.core import PredictorSettings
-from speckv.services.predictor.count_models import HISTORY_HALFLIVES, EwmaModel, EwmaParams
-from speckv.services.predictor.returns.config import TrackerLimits
-from speckv.services.predictor.returns.serving import ReturnsSettings
+from speckv.services.predictor.fitting.returns.config import TrackerLimits
+from speckv.services.predictor.serving.core import PredictorSettings
+from speckv.services.predictor.serving.count_models import HISTORY_HALFLIVES, EwmaModel, EwmaParams
+from speckv.services.predictor.serving.returns.serving import ReturnsSettings
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,13 @@ from speckv.services.common.server import ServiceServer, serve_until_signal
 from speckv.services.common.service_metrics import register_gauges
 from speckv.services.common.telemetry import Telemetry, build_telemetry
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.core import BUILTIN_SOURCE, PredictorCore
-from speckv.services.predictor.manifest import load_model
-from speckv.services.predictor.retrain import Retrainer, RetrainSettings
-from speckv.services.predictor.returns.config import load_return_config
-from speckv.services.predictor.returns.serving import ReturnsCore
+from speckv.services.predictor.fitting.retrain import Retrainer, RetrainSettings
+from speckv.services.predictor.fitting.returns.config import load_return_config
+from speckv.services.predictor.fitting.training import load_config
 from speckv.services.predictor.servicer import PredictorServicer
-from speckv.services.predictor.training import load_config
+from speckv.services.predictor.serving.core import BUILTIN_SOURCE, PredictorCore
+from speckv.services.predictor.serving.manifest import load_model
+from speckv.services.predictor.serving.returns.serving import ReturnsCore
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 SERVICE = "predictor"
@@ -42,7 +42,7 @@ def build_returns(config: PredictorConfig, clock: Clock) -> ReturnsCore:
     settings = config.returns_settings(section.tracker, section.features.max_conversations)
     if not config.returns_model:
         return ReturnsCore(clock, settings)
-    from speckv.services.predictor.returns.store import load_return_model, read_past_turns  # imports LightGBM
+    from speckv.services.predictor.serving.returns.store import load_return_model, read_past_turns  # imports LightGBM
 
     returns = ReturnsCore(clock, settings, load_return_model(config.returns_model))
     if config.returns_warm:

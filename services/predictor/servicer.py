@@ -7,15 +7,16 @@ from typing import TYPE_CHECKING, Iterator
 import grpc
 
 from speckv.services.common import authz
-from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
-from speckv.services.predictor.model_root import refuse_path
-from speckv.services.predictor.observations import Arrival, ObserveResult
-from speckv.services.predictor.returns.serving import ReturnsAnswer, ReturnsCore, TurnEndRecord, TurnEndResult
-from speckv.services.predictor.selection import Choice
+from speckv.services.predictor.serving.core import ForecastResult, ModelInfoRecord, PredictorCore
+from speckv.services.predictor.serving.model_reload import reload_model
+from speckv.services.predictor.serving.model_root import refuse_path
+from speckv.services.predictor.serving.observations import Arrival, ObserveResult
+from speckv.services.predictor.serving.returns.serving import ReturnsAnswer, ReturnsCore, TurnEndRecord, TurnEndResult
+from speckv.services.predictor.serving.selection import Choice
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 if TYPE_CHECKING:
-    from speckv.services.predictor.burst_model import HorizonBurstChoice
+    from speckv.services.predictor.serving.burst_choice import HorizonBurstChoice
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
@@ -54,7 +55,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
                     context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
         authz.require_admin(context, "ReloadModel")  # it runs a candidate's code (in the probe process)
         refuse_path(request.path)
-        return model_info_to_proto(self._core.reload(request.name))
+        return model_info_to_proto(reload_model(self._core, request.name))
 
     def ReportTurnEnds(self, request: predictor_pb2.TurnEndBatch,
                        context: grpc.ServicerContext) -> predictor_pb2.TurnEndAck:

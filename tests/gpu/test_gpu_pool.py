@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speckv.kernels.backend import NumpyBackend, cuda_available, select_backend
+from speckv.kernels.backend import NumpyBackend, cuda_available
+from speckv.kernels.backend_choice import select_backend
 from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.kvstore.pool import PagePool
 

@@ -9,7 +9,8 @@ import pytest
 
 import numpy as np
 
-from speckv.kernels.backend import cuda_available, select_backend
+from speckv.kernels.backend import cuda_available
+from speckv.kernels.backend_choice import select_backend
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.geometry import preset
 from speckv.services.common.tiers import Tier

@@ -20,9 +20,9 @@ from speckv.services.common.errors import FailedPrecondition, InvalidArgument
 from speckv.services.common.server import ServiceServer, open_channel
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.returns.store import PastTurn, write_past_turns
-from speckv.services.predictor.returns.tracker import ReturnTracker
 from speckv.services.predictor.server import build_server
+from speckv.services.predictor.serving.returns.store import PastTurn, write_past_turns
+from speckv.services.predictor.serving.returns.tracker import ReturnTracker
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
 from tests.support.returns_model import CONFIG, VERSION, save_synthetic_model, synthetic_model

@@ -14,8 +14,8 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.server import ServiceServer, open_channel
 from speckv.services.common.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.manifest import write_manifest
 from speckv.services.predictor.server import build_server
+from speckv.services.predictor.serving.manifest import write_manifest
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
 

@@ -20,8 +20,8 @@ from speckv.services.common.tls import TlsFiles, dial
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server as build_kvstore
 from speckv.services.predictor.config import PredictorConfig
-from speckv.services.predictor.manifest import write_manifest
 from speckv.services.predictor.server import build_server as build_predictor
+from speckv.services.predictor.serving.manifest import write_manifest
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.server import build_server as build_scheduler
 from speckv.v1 import (

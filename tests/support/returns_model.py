@@ -1,16 +1,16 @@
 """A small session-return model for the service tests: trained on synthetic
-conversations (tests/unit/services/predictor/returns/synthetic.py) with the
+conversations (tests/support/returns_conversations.py) with the
 quick hyperparameters, saved as a --returns-model directory."""
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
 
-from speckv.services.predictor.returns.config import ReturnConfig, load_return_config
-from speckv.services.predictor.returns.model import ReturnModel
-from speckv.services.predictor.returns.store import save_return_model
-from speckv.services.predictor.returns.training import train_before
-from tests.unit.services.predictor.returns.synthetic import conversations
+from speckv.services.predictor.fitting.returns.config import ReturnConfig, load_return_config
+from speckv.services.predictor.fitting.returns.training import train_before
+from speckv.services.predictor.serving.returns.model import ReturnModel
+from speckv.services.predictor.serving.returns.store import save_return_model
+from tests.support.returns_conversations import conversations
 
 CONFIG: ReturnConfig = load_return_config(quick=True)
 VERSION = "returns-synthetic-v1"

@@ -7,14 +7,7 @@ import numpy as np
 import pytest
 
 from speckv.kernels import cupy_backend
-from speckv.kernels.backend import (
-    BackendUnavailable,
-    NumpyBackend,
-    check_pages,
-    cuda_available,
-    pool_geometry,
-    select_backend,
-)
+from speckv.kernels.backend import NumpyBackend, check_pages, pool_geometry
 from tests.support.kernels_cases import (
     GEOMETRIES,
     block_bytes,
@@ -99,22 +92,6 @@ def test_empty_and_zeros_and_host_buffers():
     buffer = backend.host_empty(100)
     assert buffer.dtype == np.uint8 and buffer.size == 100
     assert backend.holds(buffer) and not backend.holds(b"abc")
-
-
-def test_select_backend_follows_the_hardware():
-    device = cuda_available()
-    assert select_backend("auto").name == ("cupy" if device else "numpy")
-    numpy_backend = select_backend("numpy")
-    assert numpy_backend.name == "numpy" and numpy_backend.pinned == device
-    if device:
-        assert select_backend("cupy").name == "cupy"
-    else:
-        with pytest.raises(BackendUnavailable, match="backend=cupy"):
-            select_backend("cupy")
-        with pytest.raises(BackendUnavailable, match="pinned"):
-            NumpyBackend(pinned=True)
-    with pytest.raises(ValueError, match="backend='gpu'"):
-        select_backend("gpu")
 
 
 @pytest.mark.parametrize("pairs, segment, vector, expected", [

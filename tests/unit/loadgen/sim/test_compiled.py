@@ -107,7 +107,7 @@ def test_no_hot_module_defines_a_class_a_worker_receives_pickled():
     inside a Job once lost its fields that way), so what a Job carries must
     stay interpreted on both sides."""
     from speckv.loadgen.sim.predictor import TrainedPredictor
-    from speckv.services.predictor.lgbm_served import LightGbmModel
+    from speckv.services.predictor.serving.lgbm_served import LightGbmModel
 
     carried = [jobs.Job, TrainedPredictor, LightGbmModel]
     hot = {m.removesuffix(".py").replace("/", ".") for m in HOT_MODULES}

@@ -27,7 +27,7 @@ PER_EVENT_RECORDS = {
     "loadgen/sim/kvnode.py": {"PutOutcome"},
     "loadgen/sim/simulation.py": {"_Flight"},
     "services/common/traces/records.py": {"TraceRequest"},
-    "services/predictor/observations.py": {"Arrival", "ObserveResult"},
+    "services/predictor/serving/observations.py": {"Arrival", "ObserveResult"},
     "services/scheduler/cluster.py": {"NodeLoad"},
     "services/scheduler/families.py": {"FamilyProfile"},
     "services/scheduler/forecasts.py": {"Forecast"},

@@ -6,7 +6,7 @@ import pytest
 
 from speckv.loadgen.sim.returns import MIN_TRAINING_TURNS, ReturnForecasts, train_returns, warm
 from speckv.services.scheduler.forecasts import ForecastKind
-from tests.unit.services.predictor.returns.synthetic import conversations
+from tests.support.returns_conversations import conversations
 
 UNTIL_S = 2400.0
 

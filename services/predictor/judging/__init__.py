@@ -1,0 +1,1 @@
+"""How the predictor's models are scored (metrics) and the benches' own reference forecasters."""

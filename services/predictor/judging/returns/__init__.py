@@ -1,0 +1,1 @@
+"""Session returns, judging side: AUC, Brier, ECE and calibration tables."""

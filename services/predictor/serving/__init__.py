@@ -1,0 +1,1 @@
+"""What a running predictor needs to answer Forecast and ForecastReturns: the core, live counts and features, the served models (loaded and validated from model directories), session-return serving; never imports fitting or judging."""
