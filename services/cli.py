@@ -22,8 +22,8 @@ import sys
 from typing import Mapping, Sequence
 
 from speckv.services.common.errors import SpeckvError
-from speckv.services.common.parent_death import die_with_parent
-from speckv.services.common.poller_race import quiet_closed_channel_pollers
+from speckv.services.cluster.parent_death import die_with_parent
+from speckv.services.common.rpc.poller_race import quiet_closed_channel_pollers
 
 SERVICES = ("kvstore", "predictor", "scheduler")
 # Commands whose modules live in speckv.loadgen: they ship in the same wheel,
@@ -35,13 +35,13 @@ TOOLS = {
     "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
     "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
     "node": ("speckv.services.cluster.node_cli", "add or remove a node of a running `speckv up`"),
-    "certs": ("speckv.services.common.certs", "make a local CA and mutual-TLS certificates (docs/security.md)"),
+    "certs": ("speckv.services.cluster.certs", "make a local CA and mutual-TLS certificates (docs/security.md)"),
     "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
     "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),
     "demo": ("speckv.loadgen.demo", "start a local cluster and replay a slice of a real trace"),
     "simulate": ("speckv.loadgen.sim.cli", "the end-to-end comparison in virtual time, at any node count"),
     "cost": ("speckv.loadgen.experiments.cost_cli", "price per token of recompute, promotion and pull: the regime"),
-    "profile": ("speckv.loadgen.experiments.profile_cli", "fit an engine profile to Vidur's measurements"),
+    "profile": ("speckv.loadgen.profiles.cli", "fit an engine profile to Vidur's measurements"),
 }
 
 

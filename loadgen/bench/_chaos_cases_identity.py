@@ -21,8 +21,8 @@ from speckv.loadgen.bench._chaos_common import (
     read,
 )
 from speckv.loadgen.bench._chaos_report import Verdict, expect_code
-from speckv.services.common.certs import make_bundle
-from speckv.services.common.tls import TlsMaterial
+from speckv.services.cluster.certs import make_bundle
+from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 if TYPE_CHECKING:

@@ -36,10 +36,10 @@ from typing import Mapping
 import grpc
 
 from speckv.services.cluster.launcher import wait_nodes_registered, wait_serving
-from speckv.services.common.certs import CertBundle, make_bundle
+from speckv.services.cluster.certs import CertBundle, make_bundle
 from speckv.services.common.errors import Unavailable
-from speckv.services.common.parent_death import child_environ
-from speckv.services.common.tls import TlsFiles, TlsMaterial, dial
+from speckv.services.cluster.parent_death import child_environ
+from speckv.services.common.rpc.tls import TlsFiles, TlsMaterial, dial
 from speckv.v1 import kvstore_pb2_grpc, predictor_pb2_grpc, scheduler_pb2_grpc
 
 HOST = "127.0.0.1"

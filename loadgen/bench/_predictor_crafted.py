@@ -58,7 +58,7 @@ import grpc
 
 from speckv.loadgen.bench._predictor_planted import planted_arrivals, save_planted_model
 from speckv.loadgen.bench._transfer_procs import _read_address
-from speckv.services.common.parent_death import child_environ
+from speckv.services.cluster.parent_death import child_environ
 from speckv.services.predictor.manifest import MANIFEST_NAME
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc

@@ -15,7 +15,7 @@ import sys
 
 from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SynthShape
 from speckv.services.common.config import parse_config
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.server import build_server
 

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import grpc
 
-from speckv.services.common.parent_death import child_environ
+from speckv.services.cluster.parent_death import child_environ
 from speckv.v1 import kvstore_pb2_grpc
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
@@ -81,7 +81,7 @@ def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[st
     if log_dir is None:
         log_dir = owned_dir = Path(tempfile.mkdtemp(prefix="speckv-kvstore-"))
     log_path = log_dir / f"{node_id}.log"
-    # The child asks for its parent-death signal itself (parent_death.py): nothing runs between fork and exec.
+    # The child asks for its parent-death signal itself (services/cluster/parent_death.py): nothing runs between fork and exec.
     env = child_environ({**os.environ, **(environ or {}), "PYTHONUNBUFFERED": "1"})
     env.setdefault("SPECKV_LOG_LEVEL", "WARNING")
     argv = [sys.executable, "-m", "speckv.services.cli", "kvstore", "--node-id", node_id, "--host", "127.0.0.1",

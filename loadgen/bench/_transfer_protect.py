@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from speckv.loadgen.bench._transfer_procs import KVStoreProcess, start_kvstore
 from speckv.services.common.config import parse_config
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.scheduler.config import SchedulerConfig
 from speckv.services.scheduler.server import build_server
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from speckv.loadgen.bench._transfer_ceilings import best_rate
-from speckv.services.common.certs import make_bundle
+from speckv.services.cluster.certs import make_bundle
 from speckv.services.kvstore.dataplane.listener import tune
 
 MIB = 1 << 20

@@ -48,10 +48,10 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
-from speckv.services.common.certs import make_bundle
+from speckv.services.cluster.certs import make_bundle
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
-from speckv.services.common.tls import dial
+from speckv.services.common.rpc.tls import dial
 from speckv.services.scheduler.core import SchedulerCore, SchedulerSettings
 from speckv.services.scheduler.replication.orders import OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.server import ServerSettings
+from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.predictor.core import PredictorSettings
 from speckv.services.predictor.count_models import HISTORY_HALFLIVES, EwmaModel, EwmaParams
 from speckv.services.predictor.returns.config import TrackerLimits

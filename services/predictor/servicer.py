@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import grpc
 
-from speckv.services.common import authz
+from speckv.services.common.rpc import authz
 from speckv.services.predictor.core import ForecastResult, ModelInfoRecord, PredictorCore
 from speckv.services.predictor.model_root import refuse_path
 from speckv.services.predictor.observations import Arrival, ObserveResult

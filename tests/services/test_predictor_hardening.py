@@ -23,8 +23,8 @@ from speckv.loadgen.bench._predictor_crafted import (
     truncated_copy,
 )
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.server import ServiceServer, open_channel
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import ServiceServer, open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server
 from speckv.v1 import predictor_pb2 as pb

@@ -28,13 +28,8 @@ PROTOBUF = ("grpc", "speckv.v1", "google.protobuf")
 ADAPTERS = {
     "speckv.services.cli",
     "speckv.services.cluster.*",
-    "speckv.services.common.authz",
-    "speckv.services.common.certs",
-    "speckv.services.common.geometry_proto",
-    "speckv.services.common.interceptor",
-    "speckv.services.common.server",
-    "speckv.services.common.telemetry",
-    "speckv.services.common.tls",
+    # gRPC plumbing by kind: the server, interceptor, TLS, authz, telemetry, proto conversion.
+    "speckv.services.common.rpc.*",
     "speckv.services.kvstore.agent",
     "speckv.services.kvstore.config",
     "speckv.services.kvstore.grpc_target",
@@ -51,7 +46,7 @@ ADAPTERS = {
     "speckv.services.scheduler.server",
     "speckv.services.scheduler.servicer",
 }
-LOADGEN_LAYERS = [("workload",), ("engines",), ("experiments",), ("sim", "bench"), ("demo",)]
+LOADGEN_LAYERS = [("workload", "profiles"), ("engines",), ("experiments",), ("sim", "bench"), ("demo",)]
 
 
 def module_name(path: Path) -> str:

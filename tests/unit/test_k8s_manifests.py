@@ -6,7 +6,7 @@ service on the gRPC port (plaintext roots) or the HTTP probes on the metrics
 port (roots with the tls component), expose the metrics port to Prometheus,
 carry requests and limits that hold the kvstore's pool, and are either
 plaintext by explicit choice or mutual TLS throughout, each pod's certificate
-naming the identity services/common/tls.py expects of its role.
+naming the identity services/common/rpc/tls.py expects of its role.
 
 Rendering: neither kustomize nor kubectl installs from Debian or PyPI, so
 `render` below is a small Kustomize of its own for exactly the features
@@ -43,11 +43,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from speckv.services import cli
-from speckv.services.common import server as server_module
+from speckv.services.common.rpc import server as server_module
 from speckv.services.common.config import config_from, env_name
-from speckv.services.common.metrics_http import HEALTHZ_PATH, READYZ_PATH
-from speckv.services.common.server import ServerSettings
-from speckv.services.common.tls import Identity
+from speckv.services.common.rpc.metrics_http import HEALTHZ_PATH, READYZ_PATH
+from speckv.services.common.rpc.server import ServerSettings
+from speckv.services.common.rpc.tls import Identity
 from speckv.v1 import kvstore_pb2, predictor_pb2, scheduler_pb2
 from tests.support.repo import REPO_ROOT
 
@@ -346,7 +346,7 @@ def uses_tls(container: dict) -> bool:
 
 
 def expected_identity(container: dict) -> Identity:
-    """Who the container's certificate must say it is (services/common/tls.py):
+    """Who the container's certificate must say it is (services/common/rpc/tls.py):
     a kvstore its node id as the kubelet resolves it, a service its name."""
     service = service_of(container)
     if service == "kvstore":

@@ -26,7 +26,7 @@ SERVICE_MODULES = (
     "speckv.services.cluster.status",
     "speckv.services.cluster.node_cli",
     "speckv.services.cluster.health",
-    "speckv.services.common.certs",
+    "speckv.services.cluster.certs",
 )
 SERVICE_COMMANDS = ("kvstore", "predictor", "scheduler", "up", "status", "node", "health", "certs")
 

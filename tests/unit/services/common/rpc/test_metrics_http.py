@@ -12,9 +12,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.metrics_http import MetricsEndpoint, bind_family, only_metrics_path
-from speckv.services.common.server import ServerSettings
-from speckv.services.common.telemetry import RPC_DURATION, RPC_SECONDS_BUCKETS, build_telemetry
+from speckv.services.common.rpc.metrics_http import MetricsEndpoint, bind_family, only_metrics_path
+from speckv.services.common.rpc.server import ServerSettings
+from speckv.services.common.rpc.telemetry import RPC_DURATION, RPC_SECONDS_BUCKETS, build_telemetry
 
 
 @pytest.mark.parametrize("host, expected", [

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 import grpc
 
 from speckv.services.common import errors
-from speckv.services.common.service_metrics import RpcMetrics
+from speckv.services.common.rpc.service_metrics import RpcMetrics
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.profile_fit import (
+from speckv.loadgen.profiles.fit import (
     LinearFit,
     alternate_split,
     attention_pair_ms,

@@ -43,11 +43,11 @@ from grpc_reflection.v1alpha import reflection
 
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.interceptor import ErrorMappingInterceptor, StreamSlots
-from speckv.services.common.metrics_http import MetricsEndpoint
-from speckv.services.common.service_metrics import RpcMetrics
-from speckv.services.common.telemetry import Telemetry
-from speckv.services.common.tls import SERVICES, URI_PREFIX, Identity, Role, TlsFiles, TlsMaterial, is_loopback
+from speckv.services.common.rpc.interceptor import ErrorMappingInterceptor, StreamSlots
+from speckv.services.common.rpc.metrics_http import MetricsEndpoint
+from speckv.services.common.rpc.service_metrics import RpcMetrics
+from speckv.services.common.rpc.telemetry import Telemetry
+from speckv.services.common.rpc.tls import SERVICES, URI_PREFIX, Identity, Role, TlsFiles, TlsMaterial, is_loopback
 
 log = logging.getLogger(__name__)
 MIB = 1 << 20

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.vidur_csv import (
+from speckv.loadgen.profiles.vidur_csv import (
     EMBEDDING,
     LAYER_OPERATORS,
     ModelShape,

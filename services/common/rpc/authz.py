@@ -20,7 +20,7 @@ from __future__ import annotations
 import grpc
 
 from speckv.services.common.errors import PermissionDenied
-from speckv.services.common.tls import ADMIN, Identity, Role, peer_identity
+from speckv.services.common.rpc.tls import ADMIN, Identity, Role, peer_identity
 
 
 def enforced(context: grpc.ServicerContext) -> bool:

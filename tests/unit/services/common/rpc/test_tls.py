@@ -10,11 +10,11 @@ import pytest
 from cryptography import x509
 
 from speckv.services import cli
-from speckv.services.common.certs import bundle_complete, make_bundle
+from speckv.services.cluster.certs import bundle_complete, make_bundle
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.server import ServerSettings
-from speckv.services.common.tls import (
+from speckv.services.common.rpc.server import ServerSettings
+from speckv.services.common.rpc.tls import (
     ADMIN,
     ClientTlsSettings,
     Identity,

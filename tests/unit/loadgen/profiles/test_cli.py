@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from speckv.loadgen.experiments import profile_cli
+from speckv.loadgen.profiles import cli as profile_cli
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import InvalidArgument
 from tests.support.vidur_tables import (

@@ -7,9 +7,9 @@ per-operator measurements, with its error on held-out batch sizes.
     speckv profile fit --vidur-dir DIR --model meta-llama/Llama-2-70b-hf --gpu h100 --tp 4
 
 DIR is a microsoft/vidur checkout (or a copy of its data/ folder); speckv
-never ships its files. What it fits (services/common/profile_fit.py):
+never ships its files. What it fits (loadgen/profiles/fit.py):
 - prefill: overhead_ms + ms_per_token * n on the non-attention forward pass
-  (services/common/vidur_csv.py: every layer's operators, tensor-parallel
+  (loadgen/profiles/vidur_csv.py: every layer's operators, tensor-parallel
   all-reduces, the embedding) over batch sizes >= --fit-min-tokens, plus the
   LM head once (the last token's logits: its weights read at the GPU's HBM
   bandwidth, which Vidur does not time) in overhead_ms;
@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.profile_fit import HeldOutFit, attention_pair_ms, fit_held_out
-from speckv.services.common.vidur_csv import (
+from speckv.loadgen.profiles.fit import HeldOutFit, attention_pair_ms, fit_held_out
+from speckv.loadgen.profiles.vidur_csv import (
     AllReduceTimes,
     LayerTimes,
     forward_ms,
@@ -42,6 +41,7 @@ from speckv.services.common.vidur_csv import (
     read_all_reduce,
     read_layer_times,
 )
+from speckv.services.common.errors import InvalidArgument
 
 VIDUR_REPOSITORY = "https://github.com/microsoft/vidur (MIT licence)"
 REPORT_RANGE = (512, 16384)  # the batch sizes the held-out error is reported on

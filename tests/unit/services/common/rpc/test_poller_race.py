@@ -12,12 +12,12 @@ import threading
 
 import pytest
 
-from speckv.services.common.poller_race import is_closed_channel_poller, quieting
+from speckv.services.common.rpc.poller_race import is_closed_channel_poller, quieting
 
 RACE = textwrap.dedent("""
     import threading, time
     import grpc
-    from speckv.services.common.poller_race import quiet_closed_channel_pollers
+    from speckv.services.common.rpc.poller_race import quiet_closed_channel_pollers
     if {quiet}:
         quiet_closed_channel_pollers()
         quiet_closed_channel_pollers()  # a second install is a no-op

@@ -1,6 +1,10 @@
 """A throwaway local CA and per-process certificates for mutual TLS
 (`speckv certs`, `speckv up --tls`, the compose `tls` profile).
 
+Operator tooling, beside `speckv up` (which calls it with --tls): the compose
+certs container runs it from the service image, so it needs only what a
+service install has (cryptography, as tls.py does), never the lab.
+
 Layout under the output folder (every key file mode 0600):
 
     ca.pem                          the CA certificate (its key is never written)
@@ -11,7 +15,7 @@ Layout under the output folder (every key file mode 0600):
 
 The CA's private key lives only in memory while the bundle is made, so no
 one can mint another identity later: adding a node means a new bundle (or
-certificates from an operator's own CA, any CA works: tls.py checks only the
+certificates from an operator's own CA, any CA works: common/rpc/tls.py checks only the
 identity URI, the signature and the validity). Keys are ECDSA P-256, cheap
 to make and to handshake with.
 """
@@ -31,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.tls import ADMIN, SERVICES, Identity, TlsFiles
+from speckv.services.common.rpc.tls import ADMIN, SERVICES, Identity, TlsFiles
 
 DEFAULT_DAYS = 30
 # Every server certificate also answers to loopback, so a client that dials

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from speckv.services.common.config import env_name
-from speckv.services.common.server import ServerSettings
+from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.scheduler.config import SchedulerConfig
 from tests.support.repo import REPO_ROOT

@@ -6,8 +6,8 @@ import pytest
 
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import InvalidArgument, ResourceExhausted
-from speckv.services.common.interceptor import StreamSlots, Undecodable, peer_host, tolerant
-from speckv.services.common.server import ServerSettings
+from speckv.services.common.rpc.interceptor import StreamSlots, Undecodable, peer_host, tolerant
+from speckv.services.common.rpc.server import ServerSettings
 from speckv.v1 import kvstore_pb2
 
 

@@ -1,6 +1,6 @@
 """Mutual TLS for every gRPC server and client, and the identity a peer's
 certificate proves. Pure: no servicer imports this for anything but
-`peer_identity`; cert generation lives in certs.py.
+`peer_identity`; cert generation lives in services/cluster/certs.py.
 
 Identity scheme (docs/security.md): every certificate of a speckv cluster is
 signed by the cluster's CA and carries exactly one SPIFFE-style URI SAN:
@@ -248,7 +248,7 @@ def peer_identity(context: grpc.ServicerContext) -> Identity | None:
     return identities.pop() if len(identities) == 1 else UNKNOWN_PEER
 
 
-# Cannot happen with certs.py's certificates; another certificate the CA signed might.
+# Cannot happen with cluster/certs.py's certificates; another certificate the CA signed might.
 UNKNOWN_PEER = Identity(Role.UNKNOWN)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import grpc
 import pytest
 
-from speckv.services.common.interceptor import ErrorMappingInterceptor
+from speckv.services.common.rpc.interceptor import ErrorMappingInterceptor
 
 METHOD = "/speckv.v1.Test/Method"
 
