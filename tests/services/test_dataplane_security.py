@@ -12,7 +12,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from speckv.loadgen.bench._chaos_cases_dataplane import RawWriter
+from speckv.loadgen.bench.chaos.cases.dataplane import RawWriter
 from speckv.services.cluster.certs import make_bundle
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.rpc.server import open_channel
@@ -53,7 +53,7 @@ def reserve(dst, hashes: list[int], order_id: str = "o-9") -> kvstore_pb2.Reserv
                                                   family="f", lease_ms=30_000), timeout=TIMEOUT)
 
 
-Writer = RawWriter  # the chaos suite's raw data plane connection (loadgen/bench/_chaos_cases_dataplane.py)
+Writer = RawWriter  # the chaos suite's raw data plane connection (loadgen/bench/chaos/cases/dataplane.py)
 
 
 def payload(hashes: list[int]) -> bytes:

@@ -154,7 +154,7 @@ def test_every_adapter_exists():
     ("speckv.services.common.geometry", "grpc", "reaches gRPC/protobuf"),
     ("speckv.services.common.ids", "speckv.services.scheduler.servicer", "reaches gRPC/protobuf"),
     ("speckv.loadgen.workload.replay", "speckv.loadgen.sim.simulation", "layer"),
-    ("speckv.loadgen.sim.cli", "speckv.loadgen.bench.e2e", "layer"),
+    ("speckv.loadgen.sim.cli", "speckv.loadgen.bench.e2e.cli", "layer"),
 ])
 def test_a_planted_wrong_way_import_is_caught(module, planted, expected):
     graph = import_graph()

@@ -13,7 +13,7 @@ import grpc
 from google.protobuf import descriptor as pb_descriptor
 from google.protobuf import message_factory
 
-from speckv.loadgen.bench._chaos_common import (
+from speckv.loadgen.bench.chaos.common import (
     TIMEOUT,
     block_bytes,
     cluster_state,
@@ -23,14 +23,14 @@ from speckv.loadgen.bench._chaos_common import (
     stats,
     wait_until,
 )
-from speckv.loadgen.bench._chaos_report import SERVER_FAULTS, Figure, Verdict, code_of, expect_code
+from speckv.loadgen.bench.chaos.report import SERVER_FAULTS, Figure, Verdict, code_of, expect_code
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.dataplane.tcp_target import split_address
 from speckv.v1 import kvstore_pb2, predictor_pb2, scheduler_pb2
 
 if TYPE_CHECKING:
-    from speckv.loadgen.bench.chaos import Context
+    from speckv.loadgen.bench.chaos.cli import Context
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 MIB_NAME = "f" * (1 << 20)

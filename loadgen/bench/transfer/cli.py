@@ -21,11 +21,11 @@ Order of work:
      is shared, so this pairs each number with a ceiling taken under the
      same load. The official ratios use the run's best ceiling.
 
-  4. the data plane's protection (_transfer_protect.py): replication with
+  4. the data plane's protection (transfer/protect.py): replication with
      data_plane_auth on against off, alternating in the same run, and the
      ratio on / off (target >= 0.8; docs/security.md);
 
-  5. the kvstore's host<->device tier moves (_transfer_tiers.py): demote
+  5. the kvstore's host<->device tier moves (transfer/tiers.py): demote
      and promote of scattered blocks through the store's PageMover, beside
      NumPy memcpy of the same bytes (on a GPU: beside a plain pinned
      host<->device copy).
@@ -45,11 +45,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from speckv.loadgen.bench import _transfer_ceilings as ceilings
-from speckv.loadgen.bench import _transfer_protect as protect
-from speckv.loadgen.bench import _transfer_tiers as tiers
-from speckv.loadgen.bench._transfer_procs import KVStoreProcess, start_kvstore
-from speckv.loadgen.bench._transfer_tls import tls_socket_gbps
+from speckv.loadgen.bench.transfer import ceilings
+from speckv.loadgen.bench.transfer import protect
+from speckv.loadgen.bench.transfer import tiers
+from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
+from speckv.loadgen.bench.transfer.tls import tls_socket_gbps
 from speckv.services.common.geometry import preset
 from speckv.v1 import common_pb2, kvstore_pb2
 

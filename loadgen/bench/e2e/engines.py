@@ -42,7 +42,7 @@ ENGINES = ("emulated", "torch")
 TORCH_BLOCK_TOKENS = 16
 TORCH_WARM_KV_BLOCKS = 800
 # Wall seconds for the cluster start plus the warm start (the replay origin
-# is fixed before launch: _e2e_run.py); the torch warm start also computes
+# is fixed before launch: e2e/run.py); the torch warm start also computes
 # its KV, and the emulated one routes the warm-up requests (in batches; the
 # newest, whose KV is stored, one at a time). The budget is about twice what
 # the quick slice's warm start takes on a quiet machine (docs/performance.md,

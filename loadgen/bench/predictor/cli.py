@@ -8,7 +8,7 @@ scenario of services/config/scenarios.json (or --scenarios), one seed each.
 overview; --json writes the single report, or {"reports": [...], "wall_s"}
 for several.
 
-Each workload (_predictor_run.py) is split chronologically at 70 % of its
+Each workload (predictor/run.py) is split chronologically at 70 % of its
 steps. LightGBM and the baselines (fitted only on the first 70 %) are scored
 on the rows of the last 30 %: for each model and horizon the mean and median
 absolute error, RMSE, pinball loss of the upper quantile, burst precision /
@@ -20,12 +20,12 @@ the validation slice (the newest 20 % of the first 70 %; selection.py), and
 per horizon the burst probability chosen there (burst_model.py), never on
 the reported rows; the summary puts its MAE beside the best baseline's
 (ARIMA included, though only the baselines the features carry are served
-candidates) and beside the Poisson floor (_predictor_eval.py). Also:
+candidates) and beside the Poisson floor (predictor/evaluation.py). Also:
 training time (features + fit on the 70 %), and Forecast latency through
 the predictor core for 1, 1,000 and 10,000 families with the model's
 compiled trees and with LightGBM's predict, in the same run, whether the two
 answers are identical, and where the compiled 10,000-family forecast's time
-goes (_predictor_latency.py).
+goes (predictor/latency.py).
 Bins: config step_s, unless the workload's timestamps are coarser (the
 Mooncake conversation trace arrives in batches every ~3 s): then bins of
 that resolution rounded up to whole config steps, and each horizon rounded
@@ -35,7 +35,7 @@ tuned on the reported rows. --quick: the config's quick rounds, and each
 scenario cut to its first QUICK_SCENARIO_S seconds (a CI-sized run);
 --no-latency skips the latency measurement (tests).
 
---crafted N runs only the hardening part (_predictor_crafted.py), none of
+--crafted N runs only the hardening part (predictor/crafted.py), none of
 the workloads: N crafted model directories (seeded by --seed) offered to a
 live `speckv predictor` process by ReloadModel, then a table per mutation
 kind and the totals against issue 22's target (0 predictor deaths, 0
@@ -54,8 +54,8 @@ import time
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from speckv.loadgen.bench._predictor_crafted import print_crafted, run_crafted
-from speckv.loadgen.bench._predictor_run import Workload, evaluate, timestamp_resolution_s
+from speckv.loadgen.bench.predictor.crafted import print_crafted, run_crafted
+from speckv.loadgen.bench.predictor.run import Workload, evaluate, timestamp_resolution_s
 from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios
 from speckv.services.common.traces import TraceFormatError, load_trace, resolve_traces_dir, trace_format
 from speckv.services.common.traces.azure import time_of_day_s
@@ -63,7 +63,7 @@ from speckv.services.predictor.training import load_config
 
 __all__ = ["main", "timestamp_resolution_s"]
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SYNTHETIC = "synthetic:"
 SCENARIO_SEED = 7  # the generators' own default seed: one workload per scenario
 SCENARIO_BLOCK_TOKENS = 512  # the Mooncake traces' block; counts do not depend on it

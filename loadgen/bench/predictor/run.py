@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speckv.loadgen.bench._predictor_eval import (
+from speckv.loadgen.bench.predictor.evaluation import (
     alarm_thresholds,
     candidate_outputs,
     lgbm_outputs,
@@ -29,7 +29,7 @@ from speckv.loadgen.bench._predictor_eval import (
     return_thresholds,
     score,
 )
-from speckv.loadgen.bench._predictor_latency import forecast_latency
+from speckv.loadgen.bench.predictor.latency import forecast_latency
 from speckv.services.common.traces import TraceRequest
 from speckv.services.predictor.arima import Arima
 from speckv.services.predictor.baselines import Ewma, LastValue, SeasonalNaive

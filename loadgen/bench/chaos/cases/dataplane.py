@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from speckv.loadgen.bench._chaos_common import TIMEOUT, block_bytes, intact, order, put, stats
-from speckv.loadgen.bench._chaos_report import Verdict, expect_code
+from speckv.loadgen.bench.chaos.common import TIMEOUT, block_bytes, intact, order, put, stats
+from speckv.loadgen.bench.chaos.report import Verdict, expect_code
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.dataplane.tcp_target import split_address
 from speckv.v1 import common_pb2, kvstore_pb2
 
 if TYPE_CHECKING:
-    from speckv.loadgen.bench.chaos import Context
+    from speckv.loadgen.bench.chaos.cli import Context
 
 AREA = "dataplane"
 WIRE_PERMISSION_DENIED = 7  # the gRPC code number, on the data plane's wire

@@ -1,7 +1,7 @@
 """The live bench reports the scheduler's action outcomes in real-model bytes (e2e.real_bytes)."""
 import pytest
 
-from speckv.loadgen.bench.e2e import real_bytes
+from speckv.loadgen.bench.e2e.cli import real_bytes
 from speckv.services.scheduler.replication.outcomes import ActionStats
 
 

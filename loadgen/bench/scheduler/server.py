@@ -5,7 +5,7 @@ loaded in-process because its 1,000 nodes do not exist (no kvstore event
 streams, no confirming Lookups). Prints `READY host:port` once serving and
 exits when stdin closes.
 
-    python -m speckv.loadgen.bench._scheduler_server NODES BLOCKS FAMILIES SEED
+    python -m speckv.loadgen.bench.scheduler.server NODES BLOCKS FAMILIES SEED
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import gc
 import logging
 import sys
 
-from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SynthShape
+from speckv.loadgen.bench.scheduler.synth import PROFILE, SyntheticCluster, SynthShape
 from speckv.services.common.config import parse_config
 from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.scheduler.config import SchedulerConfig

@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Any, Callable, Mapping
 
-from speckv.loadgen.bench._transfer_procs import KVStoreProcess, start_kvstore
+from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
 from speckv.services.common.config import parse_config
 from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.scheduler.config import SchedulerConfig

@@ -3,15 +3,15 @@ bench e2e` and `speckv demo`).
 
 Steps: start the cluster from the committed E2EConfig (policy `none`); load
 the comparison's predictor model (ReloadModel; trained before the slice only,
-see _e2e_model.py); warm start the cluster with the `warmup_s` of trace
-before the slice (_e2e_warm.py: routed through the scheduler, so the
+see e2e/model.py); warm start the cluster with the `warmup_s` of trace
+before the slice (e2e/warm.py: routed through the scheduler, so the
 predictor observes those arrivals at their mapped times, and the newest
 requests' KV stored where they were routed); SetPolicy (a name the scheduler
 rejects raises, loudly; set only now, so the policy plans nothing during the
 warm start, as in the simulator); follow the KV events; replay the slice open
 loop through the reference router onto the engines (emulated, or the real
-torch model: _e2e_engines.py), playing the run's node events if it has any
-(_e2e_events.py); wait for the engines to drain; collect orders by outcome
+torch model: e2e/engines.py), playing the run's node events if it has any
+(e2e/events.py); wait for the engines to drain; collect orders by outcome
 and forecasts of the hottest families (polled during the run).
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Callable, Mapping, Sequence
 
 import grpc
 
-from speckv.loadgen.bench._e2e_engines import EngineSetup, build_engines, emulated_engine, engine_setup
-from speckv.loadgen.bench._e2e_events import EventPlan, LiveEvents
-from speckv.loadgen.bench._e2e_warm import WarmStats, warm_cluster
-from speckv.loadgen.bench.returns import train_for_replay
+from speckv.loadgen.bench.e2e.engines import EngineSetup, build_engines, emulated_engine, engine_setup
+from speckv.loadgen.bench.e2e.events import EventPlan, LiveEvents
+from speckv.loadgen.bench.e2e.warm import WarmStats, warm_cluster
+from speckv.loadgen.bench.returns.cli import train_for_replay
 from speckv.loadgen.engines.driver import LiveEngines, TraceClock
 from speckv.loadgen.engines.emulated import EngineJob
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
@@ -61,8 +61,8 @@ from speckv.v1 import (
 DRAIN_TIMEOUT_S = 120.0
 # The replay's origin is fixed before launch (the oracle must know it as a
 # flag); the cluster must be up, the model loaded and the warm start
-# (_e2e_warm.py) done within the engine setup's start_budget_s
-# (_e2e_engines.START_BUDGET_S).
+# (e2e/warm.py) done within the engine setup's start_budget_s
+# (engines.START_BUDGET_S).
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 256 << 20)]
 
 
@@ -78,7 +78,7 @@ class PolicyRun:
     warm: WarmStats | None = None
     jobs: dict[str, EngineJob] = field(default_factory=dict)  # request id -> its engine job (torch: output ids)
     kvstores: dict[str, kvstore_pb2.StatsResponse] = field(default_factory=dict)  # per alive node, after the drain
-    node_events: list[EventOutcome] = field(default_factory=list)  # node events played (_e2e_events.py)
+    node_events: list[EventOutcome] = field(default_factory=list)  # node events played (e2e/events.py)
     lifetimes: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (joined, left), trace s
     # The policy's speculative orders by action (ActionStats, from the scheduler after the drain; kvstore bytes).
     actions: dict[str, ActionStats] = field(default_factory=dict)

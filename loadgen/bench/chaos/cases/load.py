@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Callable
 
 import grpc
 
-from speckv.loadgen.bench._chaos_common import TIMEOUT, nodes, percentile, put, wait_until
-from speckv.loadgen.bench._chaos_report import Figure, Verdict
+from speckv.loadgen.bench.chaos.common import TIMEOUT, nodes, percentile, put, wait_until
+from speckv.loadgen.bench.chaos.report import Figure, Verdict
 from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.dataplane.tcp_target import split_address
 from speckv.v1 import kvstore_pb2, scheduler_pb2
 
 if TYPE_CHECKING:
-    from speckv.loadgen.bench.chaos import Context
+    from speckv.loadgen.bench.chaos.cli import Context
 
 AREA = "load"
 MIB = 1 << 20
@@ -171,7 +171,7 @@ def _tls_cost(ctx: "Context") -> None:
     starts two more processes and its figure is not a case."""
     if not ctx.scale.tls_calls:
         return
-    from speckv.loadgen.bench.scheduler import _tls
+    from speckv.loadgen.bench.scheduler.cli import _tls
     result = _tls(ctx.scale.tls_calls)
     plain, tls = result["route_ms"]["plaintext"]["p99"], result["route_ms"]["tls"]["p99"]
     ctx.recorder.figure(AREA, Figure("Route p99 plaintext (bench scheduler --tls)", plain, "ms"))

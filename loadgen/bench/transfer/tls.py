@@ -1,7 +1,7 @@
 """The other design of the data plane's protection, measured as a prototype
 (docs/security.md): mutual TLS on the data connection itself, each end
 checking the other's node certificate. The same raw loopback link as the
-tuned socket ceiling (_transfer_ceilings.SocketCeiling: a spawned receiver,
+tuned socket ceiling (ceilings.SocketCeiling: a spawned receiver,
 1 MiB sendall of a reused buffer, the data plane's socket options), wrapped
 in Python's ssl (OpenSSL, TLS 1.3, certificates from a throwaway
 `speckv certs` bundle). The real data plane could not beat it: it is the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speckv.loadgen.bench._transfer_ceilings import best_rate
+from speckv.loadgen.bench.transfer.ceilings import best_rate
 from speckv.services.cluster.certs import make_bundle
 from speckv.services.kvstore.dataplane.listener import tune
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from speckv.loadgen.bench._chaos_common import TIMEOUT, cluster_state, intact, nodes, order, put, stats, wait_until
-from speckv.loadgen.bench._chaos_report import SERVER_FAULTS, Verdict, code_of, expect_code
+from speckv.loadgen.bench.chaos.common import TIMEOUT, cluster_state, intact, nodes, order, put, stats, wait_until
+from speckv.loadgen.bench.chaos.report import SERVER_FAULTS, Verdict, code_of, expect_code
 from speckv.v1 import common_pb2, kvstore_pb2, predictor_pb2, scheduler_pb2
 
 if TYPE_CHECKING:
-    from speckv.loadgen.bench.chaos import Context
+    from speckv.loadgen.bench.chaos.cli import Context
 
 AREA = "faults"
 DETECT_SLACK_S = 6.0  # beyond node_timeout_s: ticks, a loaded machine; a deadline, not a measurement

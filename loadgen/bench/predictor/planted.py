@@ -1,7 +1,7 @@
 """Planted arrival streams and the small LightGBM model trained on them:
 steady Poisson families plus one family with planted periodic bursts
 (seeded, so every run is the same). The crafted-model bench
-(_predictor_crafted.py) derives its damaged directories from this model;
+(predictor/crafted.py) derives its damaged directories from this model;
 the predictor tests use the same helpers (tests/support/predictor_synthetic.py
 re-exports them)."""
 from __future__ import annotations

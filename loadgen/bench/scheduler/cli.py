@@ -1,6 +1,6 @@
 """`speckv bench scheduler [--quick] [--json PATH]`: how fast the placement
 scheduler routes and plans on a synthetic cluster of 1,000 nodes, 1,000,000
-indexed blocks and 100,000 prefix families (see _scheduler_synth.py).
+indexed blocks and 100,000 prefix families (see scheduler/synth.py).
 
 Measured, in this order:
 - route_inproc_us: SchedulerCore.route in this process (p50/p99, us);
@@ -47,7 +47,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from speckv.loadgen.bench._scheduler_synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
+from speckv.loadgen.bench.scheduler.synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
 from speckv.services.cluster.certs import make_bundle
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
@@ -132,7 +132,7 @@ def _inproc(shape: SynthShape, n_routes: int, n_ticks: int) -> dict[str, object]
 
 
 def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
-    server = subprocess.Popen([sys.executable, "-m", "speckv.loadgen.bench._scheduler_server", str(shape.nodes),
+    server = subprocess.Popen([sys.executable, "-m", "speckv.loadgen.bench.scheduler.server", str(shape.nodes),
                                str(shape.blocks), str(shape.families), str(shape.seed)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

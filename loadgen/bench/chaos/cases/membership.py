@@ -6,7 +6,7 @@ the chaos cluster's real scheduler and kvstores, while the victim node is
 the source of replication orders whose reservations are open on the
 survivors. Then the victim's kvstore is SIGKILLed and its engine dies with
 it (ReferenceRouter.node_died, as `speckv bench e2e --events` does:
-_e2e_events.py). Four verdicts, each a case of its own:
+e2e/events.py). Four verdicts, each a case of its own:
 
 - lost: every request of the burst completes served; those the kill took
   down are re-sent (at most once each: the migration limit).
@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from speckv.loadgen.bench._chaos_common import BPB, TIMEOUT, TINY, cluster_state, nodes, order, put, stats, wait_until
-from speckv.loadgen.bench._chaos_report import FAULTS_SEEN, SERVER_FAULTS, Figure, Verdict
-from speckv.loadgen.bench._e2e_engines import emulated_engine
+from speckv.loadgen.bench.chaos.common import BPB, TIMEOUT, TINY, cluster_state, nodes, order, put, stats, wait_until
+from speckv.loadgen.bench.chaos.report import FAULTS_SEEN, SERVER_FAULTS, Figure, Verdict
+from speckv.loadgen.bench.e2e.engines import emulated_engine
 from speckv.loadgen.engines.driver import LiveEngines, TraceClock
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.experiments.metrics import RequestRecord
@@ -56,8 +56,8 @@ from speckv.services.common.traces import TraceRequest
 from speckv.v1 import common_pb2, scheduler_pb2
 
 if TYPE_CHECKING:
-    from speckv.loadgen.bench._chaos_cluster import ChaosCluster
-    from speckv.loadgen.bench.chaos import Context
+    from speckv.loadgen.bench.chaos.cluster import ChaosCluster
+    from speckv.loadgen.bench.chaos.cli import Context
 
 AREA = "membership"
 CASE = "kill-kvstore-mid-burst"
@@ -76,7 +76,7 @@ OUTPUT_TOKENS = 600  # decode of a few wall seconds on the emulated engine (spee
 ROUTE_MARGIN_S = 1.0  # beyond node_timeout_s: scheduler ticks (0.1 s) and a loaded machine
 PROBE_AFTER_S = 1.5  # Route probes kept up past the routes deadline, so the verdict has answers to judge
 SETTLE_S = 15.0  # bound on each wait for the cluster to reach a state; a deadline, never a measurement
-RESERVATION_LEASE_S = 5.0  # the chaos kvstores' --reservation-lease-s (_chaos_cluster.py)
+RESERVATION_LEASE_S = 5.0  # the chaos kvstores' --reservation-lease-s (chaos/cluster.py)
 RESERVATION_SLACK_S = 5.0  # beyond it: the store's maintenance reaps lapsed leases, a loaded machine
 BURST_S = 60.0  # bound on the burst completing after the kill
 ORDER_HASH = 9_800_000

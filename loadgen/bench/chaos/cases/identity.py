@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from speckv.loadgen.bench._chaos_common import (
+from speckv.loadgen.bench.chaos.common import (
     TIMEOUT,
     block_bytes,
     cluster_state,
@@ -20,13 +20,13 @@ from speckv.loadgen.bench._chaos_common import (
     put,
     read,
 )
-from speckv.loadgen.bench._chaos_report import Verdict, expect_code
+from speckv.loadgen.bench.chaos.report import Verdict, expect_code
 from speckv.services.cluster.certs import make_bundle
 from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, predictor_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 if TYPE_CHECKING:
-    from speckv.loadgen.bench.chaos import Context
+    from speckv.loadgen.bench.chaos.cli import Context
 
 AREA = "identity"
 SEEDED = [7_000_001, 7_000_002, 7_000_003]

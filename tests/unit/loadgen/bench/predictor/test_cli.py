@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speckv.loadgen.bench import predictor
-from speckv.loadgen.bench._predictor_run import timestamp_resolution_s
+from speckv.loadgen.bench.predictor import cli as predictor
+from speckv.loadgen.bench.predictor.run import timestamp_resolution_s
 from speckv.services.common.errors import NotFound
 
 SCENARIO = {"scenarios": {"tiny": {"generator": "mmpp", "note": "test",
@@ -69,7 +69,7 @@ def test_a_missing_traces_directory_is_named(tmp_path):
 
 
 def test_the_default_traces_directory_sits_beside_the_project_root():
-    assert predictor.PROJECT_ROOT / ".." / "shared" / "traces" == Path(predictor.__file__).resolve().parents[2] \
+    assert predictor.PROJECT_ROOT / ".." / "shared" / "traces" == Path(predictor.__file__).resolve().parents[3] \
         / ".." / "shared" / "traces"
     assert (predictor.PROJECT_ROOT / "services" / "predictor").is_dir()
 

@@ -7,19 +7,19 @@ bootstrap intervals over the slice's requests (bootstrap.bootstrap_intervals:
 `ci95` in the JSON, whiskers in the report).
 
 Before the policies run, the predictor's LightGBM model is trained once on
-the `warmup_s` of trace before the slice (_e2e_model.py) and every policy's
+the `warmup_s` of trace before the slice (e2e/model.py) and every policy's
 predictor loads it; each fresh cluster is warm-started with that same
-pre-slice trace (_e2e_warm.py). Requests are keyed into families as the
+pre-slice trace (e2e/warm.py). Requests are keyed into families as the
 config says (`model.family`, the conversation for the Mooncake trace).
 
 `--engine torch` replaces the emulated engines with a small real PyTorch
 decoder on the CPU whose KV (real bytes, scale 1) goes through the kvstores
-(_e2e_engines.py says what changes with it, and the result's notes repeat it).
+(e2e/engines.py says what changes with it, and the result's notes repeat it).
 
 `--events NAME` plays a node event set (services/config/events.json, or
 --events-file) during each policy's replay: kills SIGKILL a node's kvstore
 and engine, adds start a node that registers with the running scheduler
-(_e2e_events.py); the router re-sends what a dead node took down, at most
+(e2e/events.py); the router re-sends what a dead node took down, at most
 --migration-limit times a request. Each policy's JSON then carries
 `events` (event_metrics.py) beside `utilisation` (utilisation.py), which
 every run reports.
@@ -45,10 +45,10 @@ from typing import Iterator, Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from speckv.loadgen.bench._e2e_engines import ENGINES, EngineSetup, engine_notes, engine_setup
-from speckv.loadgen.bench._e2e_events import EventPlan, check_plan
-from speckv.loadgen.bench._e2e_model import TrainedModel, train_before_slice
-from speckv.loadgen.bench._e2e_run import PolicyRun, run_policy
+from speckv.loadgen.bench.e2e.engines import ENGINES, EngineSetup, engine_notes, engine_setup
+from speckv.loadgen.bench.e2e.events import EventPlan, check_plan
+from speckv.loadgen.bench.e2e.model import TrainedModel, train_before_slice
+from speckv.loadgen.bench.e2e.run import PolicyRun, run_policy
 from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.bootstrap import BOOTSTRAP_RESAMPLES, bootstrap_intervals
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config

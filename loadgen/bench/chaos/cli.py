@@ -1,13 +1,13 @@
 """`speckv bench chaos`: a chaos and fuzz suite against a real cluster
 (issue 23, item 6; docs/chaos.md).
 
-It starts a mutual-TLS cluster of real `speckv` processes (_chaos_cluster.py)
+It starts a mutual-TLS cluster of real `speckv` processes (chaos/cluster.py)
 and runs every case of the issue, bounded in count and time: the abuses of
 its opening (each must now be refused or harmless), kill -9 of each service
 mid-traffic, a slow peer, a full pool, a partitioned node, idle data plane
 connections and streams, a scheduler killed and restarted on its
 --state-dir under replay, and a kvstore killed in the middle of a burst
-through the reference router (issue 27, _chaos_cases_membership.py). Each
+through the reference router (issue 27, chaos/cases/membership.py). Each
 case states its expected outcome and records the observed one; per area it
 prints cases tried and cases that behaved correctly. `--json PATH` writes
 one object per area with `tried`, `correct`, its cases (expected, observed)
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from speckv.loadgen.bench import _chaos_report as report
-from speckv.loadgen.bench._chaos_cases_membership import VICTIM, VICTIM_FLAGS
-from speckv.loadgen.bench._chaos_cluster import NETNS_ENV, ChaosCluster, ChaosSpec
+from speckv.loadgen.bench.chaos import report
+from speckv.loadgen.bench.chaos.cases.membership import VICTIM, VICTIM_FLAGS
+from speckv.loadgen.bench.chaos.cluster import NETNS_ENV, ChaosCluster, ChaosSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,18 +86,11 @@ class Context:
 
 
 def _areas() -> list[tuple[str, Callable[[Context], None]]]:
-    from speckv.loadgen.bench import (
-        _chaos_cases_dataplane,
-        _chaos_cases_faults,
-        _chaos_cases_identity,
-        _chaos_cases_limits,
-        _chaos_cases_load,
-        _chaos_cases_membership,
-    )
+    from speckv.loadgen.bench.chaos.cases import dataplane, faults, identity, limits, load, membership
     # Destructive areas last: faults and membership kill and restart services.
-    return [("identity", _chaos_cases_identity.run), ("dataplane", _chaos_cases_dataplane.run),
-            ("limits", _chaos_cases_limits.run), ("load", _chaos_cases_load.run),
-            ("faults", _chaos_cases_faults.run), ("membership", _chaos_cases_membership.run)]
+    return [("identity", identity.run), ("dataplane", dataplane.run),
+            ("limits", limits.run), ("load", load.run),
+            ("faults", faults.run), ("membership", membership.run)]
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
