@@ -42,15 +42,15 @@ from typing import Mapping, Sequence
 from speckv.loadgen.bench.e2e import cli as e2e
 from speckv.loadgen.bench.e2e.run import PolicyRun
 from speckv.loadgen.experiments.bootstrap import BootstrapDraws, bootstrap_draws, intervals_of, with_paired_intervals
-from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
-from speckv.loadgen.experiments.metrics import burst_seconds, summarize
-from speckv.loadgen.experiments.report import (
+from speckv.loadgen.experiments.demo_report import (
     DEMO_LEGEND,
     LIVE_RUN,
     SIMULATED_RUN,
     demo_table,
     write_demo_report,
 )
+from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.metrics import burst_seconds, summarize
 from speckv.loadgen.experiments.results import (
     Comparison,
     PolicySummary,
