@@ -64,7 +64,7 @@ from speckv.loadgen.bench.predictor.kinds import (
     remove_crafted,
 )
 from speckv.loadgen.bench.predictor.planted import planted_arrivals, save_planted_model
-from speckv.loadgen.bench.transfer.procs import _read_address
+from speckv.loadgen.bench.transfer.procs import read_address
 from speckv.services.cluster.parent_death import child_environ
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc
@@ -129,7 +129,7 @@ def start_predictor(model_dir: Path, root: Path, log_path: Path, probe_timeout_s
             "--reload-probe-timeout-s", f"{probe_timeout_s:g}"]
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
-    address = _read_address(popen, timeout_s)
+    address = read_address(popen, timeout_s)
     if address is None:
         popen.kill()
         popen.wait(timeout=30)

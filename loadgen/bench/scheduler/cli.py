@@ -89,7 +89,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         for mode, p in by_mode.items():
             _show(f"{rpc} ({mode})", p, "ms", None)
     if args.tls:
-        results["tls"] = _tls(n_calls)
+        results["tls"] = tls_versus_plaintext(n_calls)
         for rpc, by_mode in results["tls"].items():
             for mode, p in by_mode.items():
                 target = 1.3 * results["tls"]["route_ms"]["plaintext"]["p99"] \
@@ -201,7 +201,7 @@ def _state_dir(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
     return _by_rpc_and_mode(calls, times)
 
 
-def _tls(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
+def tls_versus_plaintext(n_calls: int) -> dict[str, dict[str, dict[str, float]]]:
     """Route and the empty health Check against a plaintext scheduler and a
     mutual-TLS one, alternating call by call; ms per call, {rpc: {"plaintext"
     | "tls": percentiles}}. Each node registers with its own certificate

@@ -88,7 +88,7 @@ def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[st
             "--port", "0", *args]
     with open(log_path, "wb") as log:
         popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=env)
-    address = _read_address(popen, timeout_s)
+    address = read_address(popen, timeout_s)
     if address is None:
         popen.kill()
         popen.wait(timeout=30)
@@ -99,7 +99,7 @@ def start_kvstore(node_id: str, args: Sequence[str] = (), *, environ: Mapping[st
     return KVStoreProcess(node_id, popen, address, log_path, owned_dir)
 
 
-def _read_address(popen: subprocess.Popen, timeout_s: float) -> str | None:
+def read_address(popen: subprocess.Popen, timeout_s: float) -> str | None:
     found: list[str] = []
 
     def read() -> None:

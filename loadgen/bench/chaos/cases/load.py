@@ -171,8 +171,8 @@ def _tls_cost(ctx: "Context") -> None:
     starts two more processes and its figure is not a case."""
     if not ctx.scale.tls_calls:
         return
-    from speckv.loadgen.bench.scheduler.cli import _tls
-    result = _tls(ctx.scale.tls_calls)
+    from speckv.loadgen.bench.scheduler.cli import tls_versus_plaintext
+    result = tls_versus_plaintext(ctx.scale.tls_calls)
     plain, tls = result["route_ms"]["plaintext"]["p99"], result["route_ms"]["tls"]["p99"]
     ctx.recorder.figure(AREA, Figure("Route p99 plaintext (bench scheduler --tls)", plain, "ms"))
     ctx.recorder.figure(AREA, Figure("Route p99 TLS", tls, "ms"))
