@@ -1,12 +1,11 @@
 # One image for every speckv service; the command picks the service:
 #   docker run speckv kvstore --port 50051
+# It installs the service package alone (`pip install .`, no extra): what a service
+# process imports, without the lab's torch, matplotlib, statsmodels or Ray. The lab
+# commands (speckv simulate, bench, demo, ...) say they need `speckv[lab]`.
 FROM python:3.11-slim
 
-# torch is pinned to a CPU build; point pip at a CPU wheel index when building
-# (docker build --build-arg PIP_EXTRA_INDEX_URL=...) to avoid the CUDA wheels.
-ARG PIP_EXTRA_INDEX_URL=""
-ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
-    PIP_NO_CACHE_DIR=1 \
+ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1
 
 WORKDIR /opt/speckv
@@ -14,6 +13,7 @@ COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY services ./services
 COPY kernels ./kernels
+# The lab's code ships in the same wheel (one package list); its dependencies do not.
 COPY loadgen ./loadgen
 # No SPECKV_HOST here: a service binds loopback unless it is given TLS files
 # (docker-compose.yml makes them) or --insecure (docs/security.md).

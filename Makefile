@@ -15,17 +15,19 @@ $(PY):
 
 # -qq: pip prints errors only (a build backend's warnings, such as setuptools'
 # note on editable installs, are not the user's concern on a first run).
-# Reinstall when the dependency list changes. The ray extra too, so that
-# CI runs speckv simulate --ray's test (tests/unit/loadgen/sim/test_ray_pool.py).
-# The demo and `up` need none of the extras (test tools, mypy, Ray): they
-# install the package alone, so a fresh machine's first `make demo` does not
-# wait for them; a later `make test` adds them.
+# Reinstall when the dependency list changes. The lab extra (the load
+# generator, simulator, benches and demo: torch, matplotlib, statsmodels) for
+# the tests of the lab; the ray extra too, so that CI runs speckv simulate
+# --ray's test (tests/unit/loadgen/sim/test_ray_pool.py). The demo and `up`
+# need the lab extra alone, none of the others (test tools, mypy, Ray), so a
+# fresh machine's first `make demo` does not wait for them; a later `make test`
+# adds them. The service image (Dockerfile) installs the package with no extra.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -qq -e '.[test,sim,ray]'
+	$(PY) -m pip install -qq -e '.[test,sim,ray,lab]'
 	touch $(STAMP) $(BASE_STAMP)
 
 $(BASE_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -qq -e .
+	$(PY) -m pip install -qq -e '.[lab]'
 	touch $(BASE_STAMP)
 
 venv: $(STAMP)

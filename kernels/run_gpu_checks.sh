@@ -73,7 +73,7 @@ step "GPU benchmark -> $RESULTS/gpu_bench.json"
 step "tier moves (CuPy device tier <-> pinned host tier) -> $RESULTS/tier_moves.json"
 "$PY" - "$RESULTS/tier_moves.json" <<'EOF' || failed=1
 import json, sys
-from speckv.loadgen.bench._transfer_tiers import tier_moves
+from speckv.loadgen.bench.transfer.tiers import tier_moves
 from speckv.services.common.geometry import preset
 moves = tier_moves(preset("llama-3-8b"), 128, 5)
 print(json.dumps(moves, indent=1))

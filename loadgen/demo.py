@@ -12,7 +12,7 @@ is run twice over, on the one committed configuration
   The verdict comes from here;
 - live: the policies of --live (default `none` and `predictive`), each
   against a fresh local cluster of the real services with emulated engines
-  (loadgen/bench/e2e.py): the services at work, each figure with its 95 %
+  (loadgen/bench/e2e/cli.py): the services at work, each figure with its 95 %
   bootstrap interval over the slice's requests, since a single live run on a
   shared machine moves by tens of percent.
 
@@ -39,18 +39,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from speckv.loadgen.bench import e2e
-from speckv.loadgen.bench._e2e_run import PolicyRun
+from speckv.loadgen.bench.e2e import cli as e2e
+from speckv.loadgen.bench.e2e.run import PolicyRun
 from speckv.loadgen.experiments.bootstrap import BootstrapDraws, bootstrap_draws, intervals_of, with_paired_intervals
-from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
-from speckv.loadgen.experiments.metrics import burst_seconds, summarize
-from speckv.loadgen.experiments.report import (
+from speckv.loadgen.experiments.demo_report import (
     DEMO_LEGEND,
     LIVE_RUN,
     SIMULATED_RUN,
     demo_table,
     write_demo_report,
 )
+from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.metrics import burst_seconds, summarize
 from speckv.loadgen.experiments.results import (
     Comparison,
     PolicySummary,

@@ -6,18 +6,24 @@
     speckv status                                the scheduler's cluster state
     speckv node add | remove NODE                a running cluster's membership
     speckv demo                                  replay a trace slice on a local cluster
+
+The service commands run from the lean install (`pip install speckv`); the lab
+commands (LAB: load generator, simulator, benches, experiments, demo) need the
+`lab` extra's dependencies too. Every command's module is imported only when
+that command runs, so a service process never loads the lab's.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import sys
 from typing import Mapping, Sequence
 
 from speckv.services.common.errors import SpeckvError
-from speckv.services.common.parent_death import die_with_parent
-from speckv.services.common.poller_race import quiet_closed_channel_pollers
+from speckv.services.cluster.parent_death import die_with_parent
+from speckv.services.common.rpc.poller_race import quiet_closed_channel_pollers
 
 SERVICES = ("kvstore", "predictor", "scheduler")
 # The module whose main() runs each service's process.
@@ -26,17 +32,23 @@ SERVER_MODULES = {
     "predictor": "speckv.services.predictor.server",
     "scheduler": "speckv.services.scheduler.adapters.server",
 }
+
+# Commands whose modules live in speckv.loadgen: they ship in the same wheel,
+# their dependencies in pyproject's `lab` extra (LAB_DEPS, import names).
+LAB = ("bench", "demo", "simulate", "cost", "profile")
+LAB_DEPS = ("torch", "matplotlib", "statsmodels")
+LAB_INSTALL = "pip install 'speckv[lab]'"
 TOOLS = {
     "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
     "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
     "node": ("speckv.services.cluster.node_cli", "add or remove a node of a running `speckv up`"),
-    "certs": ("speckv.services.common.certs", "make a local CA and mutual-TLS certificates (docs/security.md)"),
+    "certs": ("speckv.services.cluster.certs", "make a local CA and mutual-TLS certificates (docs/security.md)"),
     "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
     "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),
     "demo": ("speckv.loadgen.demo", "start a local cluster and replay a slice of a real trace"),
     "simulate": ("speckv.loadgen.sim.cli", "the end-to-end comparison in virtual time, at any node count"),
     "cost": ("speckv.loadgen.experiments.cost_cli", "price per token of recompute, promotion and pull: the regime"),
-    "profile": ("speckv.loadgen.experiments.profile_cli", "fit an engine profile to Vidur's measurements"),
+    "profile": ("speckv.loadgen.profiles.cli", "fit an engine profile to Vidur's measurements"),
 }
 
 
@@ -45,6 +57,11 @@ def _usage() -> str:
     lines += [f"  {name:<10} run the {name} service" for name in SERVICES]
     lines += ["", "tools:"] + [f"  {name:<10} {text}" for name, (_, text) in TOOLS.items()]
     return "\n".join(lines)
+
+
+def missing_lab_deps() -> list[str]:
+    """The lab extra's packages this environment lacks (looked up, not imported)."""
+    return [name for name in LAB_DEPS if importlib.util.find_spec(name) is None]
 
 
 def configure_logging(environ: Mapping[str, str]) -> None:
@@ -69,6 +86,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         module = TOOLS[command][0]
     else:
         print(f"speckv: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if command in LAB and (missing := missing_lab_deps()):
+        print(f"speckv {command}: needs the lab extra ({', '.join(missing)} not installed): {LAB_INSTALL}",
+              file=sys.stderr)
         return 2
     configure_logging(environ)
     quiet_closed_channel_pollers()

@@ -24,7 +24,7 @@ import numpy as np
 
 from speckv.services.predictor.fitting.dataset import build_rows
 from speckv.services.predictor.fitting.training import load_config, train_on_counts
-from tests.unit.services.predictor.test_selection import _onoff, _prefix
+from tests.unit.services.predictor.serving.test_selection import _onoff, _prefix
 
 SHIFTS = ((12.0, 4.0), (3.0, 9.0), (12.0, 12.0))
 SEEDS = range(6, 12)

@@ -16,7 +16,7 @@ from speckv.services.predictor.fitting.dataset import build_rows
 from speckv.services.predictor.fitting.family_counts import FamilyCounts
 from speckv.services.predictor.fitting.training import load_config, train_on_counts
 from speckv.services.predictor.judging.evaluation import burst_score
-from tests.unit.services.predictor.test_burst_model import _precursor_counts
+from tests.unit.services.predictor.fitting.test_burst_model import _precursor_counts
 
 H5 = 2  # the 5 s horizon
 

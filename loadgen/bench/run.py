@@ -1,4 +1,4 @@
-"""`speckv bench NAME [flags]`: dispatch to speckv.loadgen.bench.NAME.main."""
+"""`speckv bench NAME [flags]`: dispatch to speckv.loadgen.bench.NAME.cli.main."""
 from __future__ import annotations
 
 import importlib
@@ -10,8 +10,8 @@ import speckv.loadgen.bench as bench_package
 
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(bench_package.__path__) if m.name != "run"
-                  and not m.name.startswith("_"))
+    """One sub-package per benchmark, its command in NAME/cli.py."""
+    return sorted(m.name for m in pkgutil.iter_modules(bench_package.__path__) if m.ispkg)
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -22,4 +22,4 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if argv[0] not in names:
         print(f"speckv bench: unknown benchmark {argv[0]!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2
-    return importlib.import_module(f"speckv.loadgen.bench.{argv[0]}").main(list(argv[1:]), environ)
+    return importlib.import_module(f"speckv.loadgen.bench.{argv[0]}.cli").main(list(argv[1:]), environ)

@@ -1,5 +1,5 @@
 """Which KV a warm start leaves resident, shared by the live warm start
-(bench/_e2e_warm.py, over gRPC) and the simulator's (sim/simulation.py): the
+(bench/e2e/warm.py, over gRPC) and the simulator's (sim/simulation.py): the
 newest requests before the slice, as many as their distinct full blocks fit."""
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from speckv.services.cluster.launcher import LocalCluster
 from speckv.services.common.errors import InvalidArgument, SpeckvError, Unavailable
-from speckv.services.common.tls import dial
+from speckv.services.common.rpc.tls import dial
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)

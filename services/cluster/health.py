@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.services.common.config import add_config_arguments, config_from
-from speckv.services.common.tls import ClientTlsSettings, dial
+from speckv.services.common.rpc.tls import ClientTlsSettings, dial
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:

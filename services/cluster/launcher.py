@@ -41,11 +41,11 @@ from typing import Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from speckv.services.common.certs import CertBundle, issue_node, make_bundle
+from speckv.services.cluster.certs import CertBundle, issue_node, make_bundle
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from speckv.services.common.node_sizes import NodeSizes
-from speckv.services.common.parent_death import child_environ
-from speckv.services.common.tls import TlsFiles, TlsMaterial, dial
+from speckv.services.cluster.parent_death import child_environ
+from speckv.services.common.rpc.tls import TlsFiles, TlsMaterial, dial
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")

@@ -13,7 +13,7 @@ from rich.table import Table
 from speckv.services.cluster.launcher import default_run_dir
 from speckv.services.common.config import add_config_arguments, config_from
 from speckv.services.common.errors import NotFound, Unavailable
-from speckv.services.common.tls import ClientTlsSettings, TlsFiles, TlsMaterial, dial
+from speckv.services.common.rpc.tls import ClientTlsSettings, TlsFiles, TlsMaterial, dial
 from speckv.services.scheduler.adapters.outcomes_proto import action_stats_from_proto
 from speckv.services.scheduler.replication.outcomes import OUTCOME_NAMES
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc

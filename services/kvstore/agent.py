@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from speckv.services.common.errors import SpeckvError, Unavailable
-from speckv.services.common.geometry_proto import geometry_to_proto
-from speckv.services.common.server import open_channel
-from speckv.services.common.telemetry import Telemetry
-from speckv.services.common.tls import TlsMaterial
+from speckv.services.common.rpc.geometry_proto import geometry_to_proto
+from speckv.services.common.rpc.server import open_channel
+from speckv.services.common.rpc.telemetry import Telemetry
+from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOutcome
 from speckv.services.kvstore.servicer import order_from_proto
 from speckv.services.kvstore.store import KVStoreCore

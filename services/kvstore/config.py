@@ -7,8 +7,8 @@ from speckv.kernels.backend import CHOICES as BACKEND_CHOICES
 from speckv.services.common.config import check_port, check_positive
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
-from speckv.services.common.server import ServerSettings
-from speckv.services.common.tls import Identity
+from speckv.services.common.rpc.server import ServerSettings
+from speckv.services.common.rpc.tls import Identity
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 from speckv.services.kvstore.vllm_encode import Encoding
 from speckv.services.kvstore.vllm_publisher import DEFAULT_REPLAY_BATCHES, PublisherSettings, check_endpoint

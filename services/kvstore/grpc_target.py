@@ -15,10 +15,10 @@ import grpc
 
 from speckv.services.common import errors
 from speckv.services.common.ids import BlockHash
-from speckv.services.common.interceptor import STATUS_OF_ERROR
-from speckv.services.common.server import MIB, open_channel
-from speckv.services.common.telemetry import Telemetry
-from speckv.services.common.tls import TlsMaterial
+from speckv.services.common.rpc.interceptor import STATUS_OF_ERROR
+from speckv.services.common.rpc.server import MIB, open_channel
+from speckv.services.common.rpc.telemetry import Telemetry
+from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.services.kvstore.dataplane.token_bucket import TokenBucket
 from speckv.services.kvstore.replication import Chunk, TransferOrder
 from speckv.services.kvstore.reservations import Grant, Handle

@@ -16,9 +16,9 @@ from speckv.kernels.backend_choice import select_backend
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import Unavailable
-from speckv.services.common.server import ServiceServer, serve_until_signal
-from speckv.services.common.service_metrics import register_gauges
-from speckv.services.common.telemetry import Telemetry, build_telemetry
+from speckv.services.common.rpc.server import ServiceServer, serve_until_signal
+from speckv.services.common.rpc.service_metrics import register_gauges
+from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.kvstore.agent import SchedulerAgent
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.dataplane.listener import DataPlaneServer

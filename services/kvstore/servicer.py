@@ -19,13 +19,13 @@ from typing import Iterator
 
 import grpc
 
-from speckv.services.common import authz
+from speckv.services.common.rpc import authz
 from speckv.services.common.capability import Capability
 from speckv.services.common.errors import InvalidArgument, PermissionDenied
-from speckv.services.common.geometry_proto import geometry_to_proto
+from speckv.services.common.rpc.geometry_proto import geometry_to_proto
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.tiers import Tier
-from speckv.services.common.tls import ADMIN, Identity, Role, peer_identity
+from speckv.services.common.rpc.tls import ADMIN, Identity, Role, peer_identity
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent

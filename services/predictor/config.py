@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.server import ServerSettings
+from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.predictor.fitting.returns.config import TrackerLimits
 from speckv.services.predictor.serving.core import PredictorSettings
 from speckv.services.predictor.serving.count_models import HISTORY_HALFLIVES, EwmaModel, EwmaParams

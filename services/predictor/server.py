@@ -11,9 +11,9 @@ from opentelemetry.metrics import Counter
 
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
-from speckv.services.common.server import ServiceServer, serve_until_signal
-from speckv.services.common.service_metrics import register_gauges
-from speckv.services.common.telemetry import Telemetry, build_telemetry
+from speckv.services.common.rpc.server import ServiceServer, serve_until_signal
+from speckv.services.common.rpc.service_metrics import register_gauges
+from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.fitting.retrain import Retrainer, RetrainSettings
 from speckv.services.predictor.fitting.returns.config import load_return_config

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import grpc
 
-from speckv.services.common import authz
+from speckv.services.common.rpc import authz
 from speckv.services.predictor.serving.core import ForecastResult, ModelInfoRecord, PredictorCore
 from speckv.services.predictor.serving.model_reload import reload_model
 from speckv.services.predictor.serving.model_root import refuse_path

@@ -20,8 +20,8 @@ import json
 
 from rich.console import Console
 
-from speckv.loadgen.bench import e2e
-from speckv.loadgen.bench._e2e_engines import TORCH_BLOCK_TOKENS, engine_setup
+from speckv.loadgen.bench.e2e import cli as e2e
+from speckv.loadgen.bench.e2e.engines import TORCH_BLOCK_TOKENS, engine_setup
 from speckv.loadgen.engines.torch_engine import TorchEngine, TorchJob
 from speckv.loadgen.engines.torch_kv import CoreBlockStore
 from speckv.loadgen.engines.torch_model import ModelSpec, TinyGPT

@@ -12,7 +12,7 @@ import subprocess
 import grpc
 import pytest
 
-from speckv.services.common.tls import TlsFiles, dial
+from speckv.services.common.rpc.tls import TlsFiles, dial
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.support.speckv_up import SPECKV, start_up
 

@@ -1,6 +1,6 @@
 """The simulator agrees with the live cluster: the same slice, the same
 configuration (services/config/e2e.json), live through the real services
-(bench/_e2e_run.run_policy) and in virtual time (SimSettings.from_e2e with
+(bench/e2e/run.run_policy) and in virtual time (SimSettings.from_e2e with
 the live replay's speed, so heartbeats and ticks fall at the same trace
 times). p50 TTFT per policy must agree within 25 % of the larger of the
 two + 25 ms (symmetric: live may come out faster or slower).
@@ -34,7 +34,7 @@ cover; a wrong time model disagrees in both.
 """
 from __future__ import annotations
 
-from speckv.loadgen.bench._e2e_run import run_policy
+from speckv.loadgen.bench.e2e.run import run_policy
 from speckv.loadgen.experiments.e2e_config import SliceSpec, load_e2e_config
 from speckv.loadgen.experiments.metrics import percentile
 from speckv.loadgen.sim.settings import SimSettings

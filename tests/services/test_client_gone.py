@@ -6,7 +6,7 @@ so a predictor whose scheduler was killed mid-ObserveArrivals logged a
 traceback (seen by `bench chaos`'s hygiene check). grpc decides by a race
 whether the handler sees the cancel (CANCELLED) or an ordinary end of the
 stream (OK), so each stream is counted under one of the two; the rule for
-each branch is forced in tests/unit/services/common/test_interceptor_client_gone.py."""
+each branch is forced in tests/unit/services/common/rpc/test_interceptor_client_gone.py."""
 from __future__ import annotations
 
 import logging
@@ -18,8 +18,8 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.server import open_channel
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server
 from speckv.v1 import predictor_pb2 as pb

@@ -12,10 +12,10 @@ from typing import Iterator
 import grpc
 import pytest
 
-from speckv.loadgen.bench._chaos_cases_dataplane import RawWriter
-from speckv.services.common.certs import make_bundle
+from speckv.loadgen.bench.chaos.cases.dataplane import RawWriter
+from speckv.services.cluster.certs import make_bundle
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.server import open_channel
+from speckv.services.common.rpc.server import open_channel
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.dataplane import wire
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
@@ -53,7 +53,7 @@ def reserve(dst, hashes: list[int], order_id: str = "o-9") -> kvstore_pb2.Reserv
                                                   family="f", lease_ms=30_000), timeout=TIMEOUT)
 
 
-Writer = RawWriter  # the chaos suite's raw data plane connection (loadgen/bench/_chaos_cases_dataplane.py)
+Writer = RawWriter  # the chaos suite's raw data plane connection (loadgen/bench/chaos/cases/dataplane.py)
 
 
 def payload(hashes: list[int]) -> bytes:
@@ -234,7 +234,7 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
     """auto = on with TLS: the admin's Replicate copies byte for byte; a
     node's Reserve names itself as the source, and another node's
     certificate may not commit with that capability."""
-    from speckv.services.common.telemetry import build_telemetry
+    from speckv.services.common.rpc.telemetry import build_telemetry
     from speckv.services.scheduler.adapters.config import SchedulerConfig
     from speckv.services.scheduler.adapters.server import build_server as build_scheduler
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from speckv.loadgen.bench._transfer_procs import start_kvstore
+from speckv.loadgen.bench.transfer.procs import start_kvstore
 from speckv.v1 import common_pb2
 from tests.support.kvstore_procs import (
     GEOMETRY_ARGS,

@@ -45,10 +45,10 @@ import grpc
 import pytest
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.geometry_proto import geometry_from_proto
+from speckv.services.common.rpc.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import Family, NodeId
-from speckv.services.common.server import ServiceServer
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import ServiceServer
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.events import EventType
 from speckv.services.kvstore.server import build_server as build_kvstore_server

@@ -23,7 +23,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from speckv.loadgen.bench._transfer_procs import KVStoreProcess, start_kvstore
+from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
 from speckv.loadgen.engines.driver import LiveEngines, TraceClock
 from speckv.loadgen.engines.emulated import EmulatedEngine
 from speckv.loadgen.experiments.metrics import RequestRecord

@@ -14,17 +14,11 @@ from typing import Iterator
 import grpc
 import pytest
 
-from speckv.loadgen.bench._predictor_crafted import (
-    crashing_copy,
-    deep_manifest,
-    garbage_copy,
-    manifest_variant,
-    run_crafted,
-    truncated_copy,
-)
+from speckv.loadgen.bench.predictor.crafted import run_crafted
+from speckv.loadgen.bench.predictor.damage import crashing_copy, deep_manifest, garbage_copy, manifest_variant, truncated_copy
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.server import ServiceServer, open_channel
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import ServiceServer, open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server
 from speckv.v1 import predictor_pb2 as pb
@@ -182,7 +176,7 @@ def test_path_outside_the_root_is_refused(stub: predictor_pb2_grpc.PredictorStub
     assert reloaded.source == os.path.realpath(root / "v2")
 
 
-CRAFTED_N = 14  # one directory of each mutation kind (_predictor_crafted.KINDS)
+CRAFTED_N = 14  # one directory of each mutation kind (loadgen/bench/predictor/kinds.py: KINDS)
 
 
 def test_crafted_directories_never_kill_the_predictor_nor_answer_internal() -> None:

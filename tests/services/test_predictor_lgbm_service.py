@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.server import ServiceServer, open_channel
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import ServiceServer, open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server
 from speckv.services.predictor.serving import compiled_trees

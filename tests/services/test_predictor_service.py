@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.server import ServiceServer, open_channel
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import ServiceServer, open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server
 from speckv.services.predictor.serving.manifest import write_manifest

@@ -4,7 +4,7 @@ import contextlib
 
 import grpc
 
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc, scheduler_pb2

@@ -21,8 +21,8 @@ import pytest
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
-from speckv.services.common.server import open_channel
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.common.tiers import Tier
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor

@@ -220,7 +220,7 @@ def test_watch_stream_ends_when_server_stops():
 def test_gauges_report_live_nodes_and_orders():
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from speckv.services.common.telemetry import build_telemetry
+    from speckv.services.common.rpc.telemetry import build_telemetry
 
     reader = InMemoryMetricReader()
     with scheduler(telemetry=build_telemetry("scheduler", {}, metric_readers=(reader,))) as (_, stub):

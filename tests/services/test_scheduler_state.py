@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from speckv.services.common.errors import FailedPrecondition
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.server import build_server
 from speckv.services.scheduler.adapters.state_store import DB_FILE

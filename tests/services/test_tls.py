@@ -12,11 +12,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.services import cli
-from speckv.services.common.certs import CertBundle, make_bundle
+from speckv.services.cluster.certs import CertBundle, make_bundle
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.server import ServerSettings, ServiceServer, open_channel
-from speckv.services.common.telemetry import build_telemetry
-from speckv.services.common.tls import TlsFiles, dial
+from speckv.services.common.rpc.server import ServerSettings, ServiceServer, open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
+from speckv.services.common.rpc.tls import TlsFiles, dial
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server as build_kvstore
 from speckv.services.predictor.config import PredictorConfig

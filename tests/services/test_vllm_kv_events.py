@@ -19,7 +19,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.engine_profile import get_profile
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.scheduler.adapters.vllm_subscriber import VllmEventFeeds, VllmNodeSpec
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.ports import SchedulerSettings

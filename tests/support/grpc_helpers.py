@@ -11,15 +11,15 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from speckv.services import cli
 from speckv.services.common.config import parse_config
-from speckv.services.common.server import ServiceServer
-from speckv.services.common.telemetry import Telemetry, build_telemetry
+from speckv.services.common.rpc.server import ServiceServer
+from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 
 SERVICE_NAMES = {"kvstore": "speckv.v1.KVStore", "predictor": "speckv.v1.Predictor",
                  "scheduler": "speckv.v1.Scheduler"}
 
 
 def config_class(service: str) -> type:
-    from speckv.services.common.server import ServerSettings
+    from speckv.services.common.rpc.server import ServerSettings
 
     module = importlib.import_module(cli.SERVER_MODULES[service].rsplit(".", 1)[0] + ".config")
     return next(c for c in vars(module).values()

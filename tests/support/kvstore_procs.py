@@ -1,4 +1,4 @@
-"""Real kvstore processes for service tests (see loadgen/bench/_transfer_procs.py)."""
+"""Real kvstore processes for service tests (see loadgen/bench/transfer/procs.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -6,7 +6,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from speckv.loadgen.bench._transfer_procs import KVStoreProcess, start_kvstore
+from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
 from speckv.services.common.geometry import preset
 from speckv.v1 import common_pb2, kvstore_pb2
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from speckv.services.common.clock import Clock, ManualClock
 from speckv.services.common.geometry import KVGeometry, preset
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server
 from speckv.services.kvstore.store import BlockWrite, KVStoreCore

@@ -20,10 +20,10 @@ from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, build_pred
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import NotFound
-from speckv.services.common.geometry_proto import geometry_from_proto
+from speckv.services.common.rpc.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.kvstore.events import EventType, KVEvent
 from speckv.services.kvstore.servicer import event_to_proto
 from speckv.services.predictor.config import PredictorConfig

@@ -7,7 +7,7 @@ from typing import Iterator
 import grpc
 
 from speckv.services.common.clock import Clock
-from speckv.services.common.telemetry import Telemetry, build_telemetry
+from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.server import build_server
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc

@@ -12,8 +12,8 @@ from speckv.loadgen.engines.torch_engine import TorchEngine, TorchJob, TorchLimi
 from speckv.loadgen.engines.torch_kv import BlockStore, CoreBlockStore
 from speckv.loadgen.engines.torch_model import ModelSpec, TinyGPT
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.server import ServiceServer
-from speckv.services.common.telemetry import build_telemetry
+from speckv.services.common.rpc.server import ServiceServer
+from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server
 from speckv.services.kvstore.store import KVStoreCore

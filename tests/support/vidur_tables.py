@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from speckv.services.common.vidur_csv import EMBEDDING, LAYER_OPERATORS
+from speckv.loadgen.profiles.vidur_csv import EMBEDDING, LAYER_OPERATORS
 
 SHAPE = {"n_head": 4, "n_kv_head": 2, "n_embd": 256, "n_expanded_embd": 512, "vocab_size": 1000,
          "use_gated_mlp": "True"}

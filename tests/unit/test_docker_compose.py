@@ -11,7 +11,7 @@ import yaml
 
 from speckv.services import cli
 from speckv.services.common.config import config_from, env_name
-from speckv.services.common.server import ServerSettings
+from speckv.services.common.rpc.server import ServerSettings
 from tests.support.repo import REPO_ROOT
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())

@@ -28,13 +28,8 @@ PROTOBUF = ("grpc", "speckv.v1", "google.protobuf")
 ADAPTERS = {
     "speckv.services.cli",
     "speckv.services.cluster.*",
-    "speckv.services.common.authz",
-    "speckv.services.common.certs",
-    "speckv.services.common.geometry_proto",
-    "speckv.services.common.interceptor",
-    "speckv.services.common.server",
-    "speckv.services.common.telemetry",
-    "speckv.services.common.tls",
+    # gRPC plumbing by kind: the server, interceptor, TLS, authz, telemetry, proto conversion.
+    "speckv.services.common.rpc.*",
     "speckv.services.kvstore.agent",
     "speckv.services.kvstore.config",
     "speckv.services.kvstore.grpc_target",
@@ -46,7 +41,7 @@ ADAPTERS = {
     "speckv.services.predictor.servicer",
     "speckv.services.scheduler.adapters.*",
 }
-LOADGEN_LAYERS = [("workload",), ("engines",), ("experiments",), ("sim", "bench"), ("demo",)]
+LOADGEN_LAYERS = [("workload", "profiles"), ("engines",), ("experiments",), ("sim", "bench"), ("demo",)]
 
 
 def module_name(path: Path) -> str:
@@ -154,7 +149,7 @@ def test_every_adapter_exists():
     ("speckv.services.common.geometry", "grpc", "reaches gRPC/protobuf"),
     ("speckv.services.common.ids", "speckv.services.scheduler.adapters.servicer", "reaches gRPC/protobuf"),
     ("speckv.loadgen.workload.replay", "speckv.loadgen.sim.simulation", "layer"),
-    ("speckv.loadgen.sim.cli", "speckv.loadgen.bench.e2e", "layer"),
+    ("speckv.loadgen.sim.cli", "speckv.loadgen.bench.e2e.cli", "layer"),
 ])
 def test_a_planted_wrong_way_import_is_caught(module, planted, expected):
     graph = import_graph()

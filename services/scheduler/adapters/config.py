@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from speckv.services.common.config import check_positive
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.server import ServerSettings
+from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.common.traces.mooncake import FAMILY_MODES
 from speckv.services.scheduler.adapters.vllm_subscriber import parse_kv_events
 from speckv.services.scheduler.policies.registry import default_registry

@@ -47,10 +47,10 @@ import grpc
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import NodeId
-from speckv.services.common.server import open_channel
-from speckv.services.common.telemetry import Telemetry
+from speckv.services.common.rpc.server import open_channel
+from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.tiers import Tier
-from speckv.services.common.tls import TlsMaterial
+from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 

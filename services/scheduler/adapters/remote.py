@@ -13,9 +13,9 @@ from typing import Sequence
 import grpc
 
 from speckv.services.common.ids import Family
-from speckv.services.common.server import open_channel
-from speckv.services.common.telemetry import Telemetry
-from speckv.services.common.tls import TlsMaterial
+from speckv.services.common.rpc.server import open_channel
+from speckv.services.common.rpc.telemetry import Telemetry
+from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.forecasts import CombinedForecasts, Forecast, ForecastKind
 from speckv.services.scheduler.policy_config import PolicyConfig

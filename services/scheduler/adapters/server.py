@@ -11,9 +11,9 @@ from speckv.services.common.config import parse_config
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import NodeId
-from speckv.services.common.server import ServiceServer, serve_until_signal
-from speckv.services.common.service_metrics import register_gauges
-from speckv.services.common.telemetry import Telemetry, build_telemetry
+from speckv.services.common.rpc.server import ServiceServer, serve_until_signal
+from speckv.services.common.rpc.service_metrics import register_gauges
+from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.common.traces.mooncake import load_mooncake
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.event_sync import EventSync

@@ -8,10 +8,10 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from speckv.services.common import authz
+from speckv.services.common.rpc import authz
 from speckv.services.common.errors import Aborted, InvalidArgument, PermissionDenied
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.common.geometry_proto import geometry_from_proto
+from speckv.services.common.rpc.geometry_proto import geometry_from_proto
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier

@@ -6,22 +6,19 @@ from dataclasses import replace
 
 import pytest
 
-from speckv.loadgen.experiments.e2e_config import SliceSpec
-from speckv.loadgen.experiments.metrics import RequestRecord, summarize
-from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
-from speckv.loadgen.experiments.report import (
+from speckv.loadgen.experiments.demo_report import (
     LIVE_RUN,
     SIMULATED_RUN,
     TIE_MARK,
     demo_cells,
     demo_markdown,
     demo_table,
-    is_tie,
-    timeline_families,
-    versus,
     write_demo_report,
-    write_report,
 )
+from speckv.loadgen.experiments.e2e_config import SliceSpec
+from speckv.loadgen.experiments.metrics import RequestRecord, summarize
+from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
+from speckv.loadgen.experiments.report import is_tie, timeline_families, versus, write_report
 from speckv.loadgen.experiments.results import Comparison, FloorSummary, LiveSetup, PolicySummary
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.loadgen.bench._e2e_model import train_before_slice
+from speckv.loadgen.bench.e2e.model import train_before_slice
 from speckv.loadgen.experiments.e2e_config import SliceSpec
 from speckv.loadgen.experiments.warm_start import resident_tail
 from speckv.services.common.errors import FailedPrecondition

@@ -6,7 +6,7 @@ import pytest
 
 from speckv.services.common.config import parse_config
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.common.server import ServerSettings
+from speckv.services.common.rpc.server import ServerSettings
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ import pytest
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
-from speckv.services.common.geometry_proto import geometry_from_proto, geometry_to_proto
+from speckv.services.common.rpc.geometry_proto import geometry_from_proto, geometry_to_proto
 
 
 @pytest.mark.parametrize("name, per_block", [

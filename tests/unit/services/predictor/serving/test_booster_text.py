@@ -11,7 +11,7 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
-from speckv.loadgen.bench._predictor_crafted import edit_node
+from speckv.loadgen.bench.predictor.damage import edit_node
 from speckv.services.predictor.serving.booster_text import checked_model_text
 from speckv.services.predictor.serving.feature_spec import FeatureSpec
 

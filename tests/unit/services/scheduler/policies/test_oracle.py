@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from speckv.loadgen.bench._e2e_run import cluster_spec, write_restamped_trace
+from speckv.loadgen.bench.e2e.run import cluster_spec, write_restamped_trace
 from speckv.loadgen.experiments.e2e_config import SliceSpec, load_e2e_config
 from speckv.services.common.config import parse_config
 from speckv.services.common.ids import Family

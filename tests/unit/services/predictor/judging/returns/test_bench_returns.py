@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from speckv.loadgen.bench import returns as bench
+from speckv.loadgen.bench.returns import cli as bench
 from tests.support.returns_conversations import conversations, write_mooncake
 
 REPORT_KEYS = {"trace", "quick", "requests", "conversations", "turns", "overlapped_turns", "rows", "horizons_s",

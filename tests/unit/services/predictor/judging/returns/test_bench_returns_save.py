@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from speckv.loadgen.bench import returns as bench
-from speckv.loadgen.bench._e2e_run import cluster_spec
+from speckv.loadgen.bench.returns import cli as bench
+from speckv.loadgen.bench.e2e.run import cluster_spec
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.workload.replay import TimeMap
 from speckv.services.common.clock import ManualClock

@@ -1,0 +1,174 @@
+"""Chaos area `dataplane`: writes that must prove a capability, replicas
+whose bytes must match the source's checksums, and a pre-seeded hash that
+must keep its bytes (docs/security.md, "The data plane")."""
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
+import grpc
+
+from speckv.loadgen.bench.chaos.common import TIMEOUT, block_bytes, intact, order, put, stats
+from speckv.loadgen.bench.chaos.report import Verdict, expect_code
+from speckv.services.kvstore.checksum import crc32c
+from speckv.services.kvstore.dataplane import wire
+from speckv.services.kvstore.dataplane.tcp_target import split_address
+from speckv.v1 import common_pb2, kvstore_pb2
+
+if TYPE_CHECKING:
+    from speckv.loadgen.bench.chaos.cli import Context
+
+AREA = "dataplane"
+WIRE_PERMISSION_DENIED = 7  # the gRPC code number, on the data plane's wire
+WIRE_ABORTED = 10
+SEEDED = [7_200_001, 7_200_002]
+
+
+class RawWriter:
+    """An attacker's raw data plane connection to a reservation's data address."""
+
+    def __init__(self, grant: kvstore_pb2.ReserveResponse) -> None:
+        self.sock = socket.create_connection(split_address(grant.data_address), timeout=TIMEOUT)
+        self.handle = grant.handle.encode()
+
+    def auth(self, token: bytes) -> None:
+        self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.AUTH, self.handle, 0, len(token), 0))
+        self.sock.sendall(token)
+
+    def chunk(self, offset: int, data: bytes, crc: int | None = None) -> None:
+        """crc: the checksum the header claims (default: the data's own)."""
+        self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.CHUNK, self.handle, offset, len(data),
+                                             crc32c(data) if crc is None else crc))
+        self.sock.sendall(data)
+
+    def end(self) -> wire.Reply:
+        self.sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.END, self.handle, 0, 0, 0))
+        return wire.read_reply(self.sock)
+
+    def reply(self) -> wire.Reply:
+        return wire.read_reply(self.sock)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def run(ctx: "Context") -> None:
+    cluster, rec = ctx.cluster, ctx.recorder
+    target = cluster.kvstore("node-2")
+    put(target, SEEDED)
+    next_id = iter(range(1, 1_000))
+
+    def reserve(hashes: list[int]) -> kvstore_pb2.ReserveResponse:
+        return target.Reserve(kvstore_pb2.ReserveRequest(
+            order_id=f"o-chaos-dp-{next(next_id)}", block_hashes=hashes, source_node="node-0", family="chaos",
+            lease_ms=30_000), timeout=TIMEOUT)
+
+    def published(hashes: list[int]) -> bool:
+        return any(target.Lookup(kvstore_pb2.LookupRequest(block_hashes=hashes), timeout=TIMEOUT).present)
+
+    def tcp_write(token: bytes | None, make_token=None) -> Verdict:
+        hashes = [7_300_000 + next(next_id)]
+        grant = reserve(hashes)
+        if make_token is not None:
+            token = make_token(grant)
+        data = b"\xee" * len(block_bytes(hashes[0]))
+        writer = RawWriter(grant)
+        try:
+            if token is not None:
+                writer.auth(token)
+            writer.chunk(0, data, crc32c(data))
+            reply = writer.reply()
+        finally:
+            writer.close()
+        reserved = stats(target).reserved_pages
+        target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=TIMEOUT)
+        ok = reply.status == WIRE_PERMISSION_DENIED and reserved >= 1 and not published(hashes)
+        return Verdict(ok, f"wire status {reply.status} ({reply.message[:80]}); reservation kept: {reserved >= 1}; "
+                           f"published: {published(hashes)}")
+
+    def flipped(grant: kvstore_pb2.ReserveResponse) -> bytes:
+        token = bytearray(grant.capability)
+        token[-1] ^= 0x01
+        return bytes(token)
+
+    expected = "wire PERMISSION_DENIED before the store is asked; the reservation intact; nothing published"
+    rec.case(AREA, "TCP chunk with no capability", expected, lambda: tcp_write(None))
+    rec.case(AREA, "TCP chunk with a forged capability (one bit)", expected, lambda: tcp_write(None, flipped))
+    other = reserve([7_399_999])
+    rec.case(AREA, "TCP chunk with another reservation's capability", expected,
+             lambda: tcp_write(other.capability))
+    rec.case(AREA, "TCP chunk with 80 bytes of garbage as capability", expected, lambda: tcp_write(b"\x01" * 80))
+    target.Abort(kvstore_pb2.AbortRequest(handle=other.handle, capability=other.capability), timeout=TIMEOUT)
+
+    def grpc_without_capability(what: str) -> Verdict:
+        hashes = [7_400_000 + next(next_id)]
+        grant = reserve(hashes)
+        data = block_bytes(hashes[0])
+        calls = {
+            "WriteChunks": lambda: target.WriteChunks(iter([kvstore_pb2.WriteChunkRequest(
+                handle=grant.handle, offset=0, data=data, crc32c=crc32c(data))]), timeout=TIMEOUT),
+            "Commit": lambda: target.Commit(kvstore_pb2.CommitRequest(handle=grant.handle,
+                                                                      chunk_crc32c={0: crc32c(data)}), timeout=TIMEOUT),
+            "Abort": lambda: target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, reason="attacker"),
+                                          timeout=TIMEOUT),
+        }
+        verdict = expect_code(calls[what], grpc.StatusCode.PERMISSION_DENIED)
+        kept = stats(target).reserved_pages >= 1
+        target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=TIMEOUT)
+        return Verdict(verdict.ok and kept, f"{verdict.observed}; reservation kept: {kept}")
+
+    for what in ("WriteChunks", "Commit", "Abort"):
+        rec.case(AREA, f"gRPC {what} without the capability (drop someone's transfer)",
+                 "PERMISSION_DENIED; the reservation intact", lambda what=what: grpc_without_capability(what))
+
+    def bytes_flipped(fix_crc: bool) -> Verdict:
+        hashes = [7_500_000 + next(next_id), 7_500_500 + next(next_id)]
+        data = b"".join(block_bytes(h) for h in hashes)
+        bad = bytearray(data)
+        bad[100] ^= 0x40
+        grant = reserve(hashes)
+        writer = RawWriter(grant)
+        try:
+            writer.auth(grant.capability)
+            writer.chunk(0, bytes(bad), crc32c(bytes(bad)) if fix_crc else crc32c(data))
+            reply = writer.end()
+        finally:
+            writer.close()
+        if not fix_crc:
+            ok = reply.status == WIRE_ABORTED and not published(hashes)
+            return Verdict(ok, f"wire status {reply.status}; published: {published(hashes)}")
+        commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
+                                           capability=grant.capability)
+        verdict = expect_code(lambda: target.Commit(commit, timeout=TIMEOUT), grpc.StatusCode.ABORTED)
+        return Verdict(verdict.ok and not published(hashes), f"chunk {reply.status}; commit {verdict.observed}; "
+                                                                 f"published: {published(hashes)}")
+
+    rec.case(AREA, "a flipped byte in flight, chunk crc kept", "the chunk is refused (wire ABORTED); nothing published",
+             lambda: bytes_flipped(False))
+    rec.case(AREA, "a flipped byte in flight, chunk crc rewritten to match",
+             "Commit ABORTED (the source's checksums differ); nothing published", lambda: bytes_flipped(True))
+
+    def overwrite() -> Verdict:
+        evil = put(cluster.kvstore("node-2", "node-1"), SEEDED, data=lambda h: b"\xee" * len(block_bytes(h)))
+        held, what = intact(target, SEEDED)
+        return Verdict(held and evil.stored == 0, f"stored {evil.stored}, already present {evil.already_present}; "
+                                                  f"{what}")
+
+    rec.case(AREA, "PutBlocks of other bytes over an existing hash", "existing hashes kept as is (stored 0)",
+             overwrite)
+
+    def replicate_ok() -> Verdict:
+        source = cluster.kvstore("node-0")
+        hashes = [7_600_001, 7_600_002, 7_600_003]
+        put(source, hashes)
+        registered = cluster.services["node-2"].address
+        request = kvstore_pb2.ReplicateRequest(order=order("node-0", "node-2", registered, hashes, "o-chaos-ok"))
+        reply = source.Replicate(request, timeout=TIMEOUT)
+        held, what = intact(target, hashes)
+        ok = reply.state == common_pb2.ORDER_STATE_COMMITTED and held
+        return Verdict(ok, f"{common_pb2.OrderState.Name(reply.state)}, {reply.blocks_sent} blocks over "
+                           f"{reply.transport}; {what}")
+
+    rec.case(AREA, "the admin's Replicate to a registered node (protection on)",
+             "COMMITTED, byte for byte: the protection does not stop the rightful path", replicate_ok)
+

@@ -1,0 +1,1 @@
+"""`speckv bench predictor`: forecast quality and latency per workload (cli) and the crafted model directories (crafted)."""

@@ -1,0 +1,1 @@
+"""`speckv bench transfer`: replication transfer rates against their ceilings (cli), kvstore processes, tiers and TLS."""

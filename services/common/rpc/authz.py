@@ -1,0 +1,48 @@
+"""Who may make which call: one rule per kind of caller, from the identity
+the caller's certificate proves (tls.peer_identity). Servicers call these
+first thing in a guarded method; the interceptor maps the errors.
+
+Checks are on exactly when the call came over TLS (tls.py's invariant: a
+server is TLS or plaintext, never both), so a server without --tls-* flags
+behaves as before. The rules (docs/security.md):
+
+- require_node: only the node itself (RegisterNode, Heartbeat).
+- require_node_or_admin: the node, or an admin (WatchOrders, a
+  ReportOrderStatus from anyone but the order's source node).
+- require_admin: an operator (SetPolicy, SubmitOrder, ReloadModel,
+  KVStore.Replicate).
+
+Everything else needs only a certificate the cluster's CA signed, which the
+TLS handshake already demands.
+"""
+from __future__ import annotations
+
+import grpc
+
+from speckv.services.common.errors import PermissionDenied
+from speckv.services.common.rpc.tls import ADMIN, Identity, Role, peer_identity
+
+
+def enforced(context: grpc.ServicerContext) -> bool:
+    """The call came over TLS, so its caller's identity is checked."""
+    return peer_identity(context) is not None
+
+
+def require_admin(context: grpc.ServicerContext, call: str) -> None:
+    caller = peer_identity(context)
+    if caller is not None and caller != ADMIN:
+        raise PermissionDenied(f"{call}: {caller} may not; it needs the admin identity {ADMIN.uri}")
+
+
+def require_node(context: grpc.ServicerContext, node_id: str, call: str) -> None:
+    caller = peer_identity(context)
+    if caller is not None and caller != Identity(Role.NODE, node_id):
+        raise PermissionDenied(f"{call} for node {node_id!r}: {caller} may not; only that node's "
+                               "certificate may")
+
+
+def require_node_or_admin(context: grpc.ServicerContext, node_id: str, call: str) -> None:
+    caller = peer_identity(context)
+    if caller is not None and caller not in (ADMIN, Identity(Role.NODE, node_id)):
+        raise PermissionDenied(f"{call} for node {node_id!r}: {caller} may not; only that node or the admin "
+                               f"({ADMIN.uri}) may")
