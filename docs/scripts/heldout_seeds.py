@@ -51,7 +51,7 @@ from speckv.loadgen.sim.returns import train_returns
 from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication import planner as planner_module
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 
 START_S, DURATION_S, NODES = 1800.0, 600.0, 16
 ORIGINAL_CANDIDATES = planner_module._Tick._candidates

@@ -23,7 +23,7 @@ from synthetic_slice import synthetic_slice
 
 from speckv.loadgen.experiments.metrics import burst_seconds
 from speckv.services.scheduler.replication import outcomes as outcomes_module
-from speckv.services.scheduler.replication.orders import OrderState
+from speckv.services.scheduler.orders import OrderState
 
 scenario, seed, policies = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
 chosen = synthetic_slice(scenario, 16, 1800, 600, seed)

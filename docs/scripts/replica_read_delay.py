@@ -26,7 +26,7 @@ from synthetic_slice import synthetic_slice
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.workload.scaled import SliceView
-from speckv.services.scheduler.replication.orders import ActionKind, OrderState
+from speckv.services.scheduler.orders import ActionKind, OrderState
 
 DELAYS_S = (15, 30, 60, 120, 300)
 

@@ -33,7 +33,7 @@ from synthetic_slice import synthetic_slice
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.workload.scaled import SliceView
-from speckv.services.scheduler.replication.orders import ActionKind, OrderState
+from speckv.services.scheduler.orders import ActionKind, OrderState
 
 scenario, nodes, start, duration, seed, policy = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), \
     float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]

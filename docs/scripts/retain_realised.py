@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 
 from synthetic_slice import trace_slice
 
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 
 trace, start, end, nodes, policy = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 piece = trace_slice(trace, nodes, start, end)

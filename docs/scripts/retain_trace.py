@@ -16,7 +16,7 @@ import sys
 import numpy as np
 from synthetic_slice import trace_slice
 
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 
 trace, start, nodes, policy = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 chosen = trace_slice(trace, nodes, start, float("inf"))

@@ -27,7 +27,7 @@ import numpy as np
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.scheduler.policy_config import PolicyConfig
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 
 SEPARATOR = "-without-"
 PLANNING_POLICIES = ("predictive", "oracle")

@@ -72,7 +72,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/replication/admission.py",
     "services/scheduler/replication/budgets.py",
     "services/scheduler/replication/lifecycle.py",
-    "services/scheduler/replication/orders.py",
+    "services/scheduler/orders.py",
     "services/scheduler/replication/family_options.py",
     "services/scheduler/replication/insurance.py",
     "services/scheduler/replication/outcomes.py",
@@ -86,7 +86,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/routing/join_ramp.py",
     "services/scheduler/routing/link_backlog.py",
     "services/scheduler/reuse_history.py",
-    "services/scheduler/routing/load_board.py",
+    "services/scheduler/load_board.py",
     "services/scheduler/routing/route_records.py",
     "services/scheduler/routing/router.py",
 )

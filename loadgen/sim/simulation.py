@@ -82,7 +82,7 @@ from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.ports import SchedulerSettings
-from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
+from speckv.services.scheduler.orders import ActionKind, Order, OrderState
 
 Progress = Callable[[int, int, RequestRecord | None], None]
 TICK_PRIORITY, HEARTBEAT_PRIORITY = 1, 2  # after arrivals and engine events at the same instant

@@ -46,7 +46,7 @@ from speckv.services.common.errors import FailedPrecondition, InvalidArgument, N
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
-from speckv.services.scheduler.routing.load_board import LoadBoard
+from speckv.services.scheduler.load_board import LoadBoard
 
 QueueCost = Callable[[int, int], float]  # (queued tokens, waiting requests) -> ms
 

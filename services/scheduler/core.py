@@ -49,7 +49,7 @@ from speckv.services.scheduler.ports import (
 from speckv.services.scheduler.replication.admission import admitted
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
 from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
-from speckv.services.scheduler.replication.orders import (
+from speckv.services.scheduler.orders import (
     ActionKind,
     Order,
     OrderSpec,

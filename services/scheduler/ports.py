@@ -26,7 +26,7 @@ from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.policy_config import PolicyConfig
-from speckv.services.scheduler.replication.orders import Order, OrderJournal, OrderState
+from speckv.services.scheduler.orders import Order, OrderJournal, OrderState
 
 
 class PrefixConfirmer(Protocol):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from speckv.services.scheduler.replication.orders import OrderState
+from speckv.services.scheduler.orders import OrderState
 from speckv.services.scheduler.replication.replicas import ReplicaStats
 from speckv.services.scheduler.views import NodeView
 

@@ -15,7 +15,7 @@ from speckv.services.common.ids import BlockHash, Family, NodeId, OrderId
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.families import FamilyProfile, SurgeHistory
-from speckv.services.scheduler.replication.orders import Order, OrderSpec
+from speckv.services.scheduler.orders import Order, OrderSpec
 
 
 @dataclass(frozen=True, slots=True)

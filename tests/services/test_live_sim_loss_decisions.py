@@ -55,7 +55,7 @@ from speckv.services.kvstore.server import build_server as build_kvstore_server
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.event_sync import EventSync
 from speckv.services.scheduler.adapters.server import _LossRule
-from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.orders import OrderSpec
 from speckv.v1 import common_pb2, kvstore_pb2_grpc, scheduler_pb2
 from tests.support.kvstore_service import put
 from tests.support.live_sim import (

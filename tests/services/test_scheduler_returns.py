@@ -34,7 +34,7 @@ from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from speckv.v1 import predictor_pb2 as pb
 from speckv.v1 import predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.returns_model import save_synthetic_model

@@ -33,7 +33,7 @@ from speckv.services.scheduler.adapters.event_sync import to_index_event
 from speckv.services.scheduler.adapters.server import build_server, core_settings, future_arrivals
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.replication.orders import Order, OrderState
+from speckv.services.scheduler.orders import Order, OrderState
 from speckv.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.waiting import TIMEOUT, wait_until
 

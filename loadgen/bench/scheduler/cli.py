@@ -54,7 +54,7 @@ from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.rpc.tls import dial
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.ports import SchedulerSettings
-from speckv.services.scheduler.replication.orders import OrderState
+from speckv.services.scheduler.orders import OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.v1 import scheduler_pb2
 

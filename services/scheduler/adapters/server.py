@@ -27,7 +27,7 @@ from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.ports import SchedulerSettings
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import ReplicaStats
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc

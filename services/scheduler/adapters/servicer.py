@@ -18,7 +18,7 @@ from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.adapters.outcomes_proto import actions_to_proto
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
+from speckv.services.scheduler.orders import ActionKind, Order, OrderSpec, OrderState
 from speckv.services.scheduler.routing.route_records import RouteRequestItem, RouteResult
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 

@@ -44,7 +44,7 @@ from speckv.services.common.ids import Family, NodeId, OrderId
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.ports import SavedNode, SavedState
-from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderSpec, OrderState
+from speckv.services.scheduler.orders import ActionKind, Order, OrderSpec, OrderState
 
 log = logging.getLogger(__name__)
 

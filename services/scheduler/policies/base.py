@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.views import ClusterView, Plan
 
 

@@ -9,7 +9,7 @@ time: plan() always returns no orders.
 """
 from __future__ import annotations
 
-from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.views import ClusterView
 
 

@@ -16,7 +16,7 @@ from typing import Iterable
 
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.replication.budgets import BudgetBook
-from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.views import ClusterView, NodeView
 
 

@@ -27,7 +27,7 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.placement import copy_order, landing_targets, queue_ms
 from speckv.services.scheduler.replication.budgets import BudgetBook
-from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.views import ClusterView, NodeView, holders_of
 
 

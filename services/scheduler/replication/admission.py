@@ -19,7 +19,7 @@ from speckv.services.common.errors import FailedPrecondition, InvalidArgument
 from speckv.services.common.ids import default_family
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import Node
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
+from speckv.services.scheduler.orders import ActionKind, OrderSpec
 
 
 def admitted(spec: OrderSpec, target: Node) -> OrderSpec:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.tiers import Tier
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from speckv.services.scheduler.replication.value import Demand, ServeOption
 from speckv.services.scheduler.views import NodeView
 

@@ -29,7 +29,7 @@ from typing import Callable
 
 from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import NodeId, OrderId
-from speckv.services.scheduler.replication.orders import Order, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.orders import Order, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import ActionOutcomes
 from speckv.services.scheduler.replication.replicas import LeasedReplicas, Replica
 from speckv.services.scheduler.views import IndexReader

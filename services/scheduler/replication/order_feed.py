@@ -14,7 +14,7 @@ import queue
 import threading
 
 from speckv.services.common.ids import NodeId
-from speckv.services.scheduler.replication.orders import Order
+from speckv.services.scheduler.orders import Order
 
 _CLOSED = object()
 

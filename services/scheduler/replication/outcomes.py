@@ -40,7 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from speckv.services.common.ids import Family, NodeId, OrderId
-from speckv.services.scheduler.replication.orders import ActionKind, Order, OrderState
+from speckv.services.scheduler.orders import ActionKind, Order, OrderState
 
 MAX_POLICIES = 64
 AFTERLIFE_S = 600.0  # how long after its lease an unread order is still followed (s)

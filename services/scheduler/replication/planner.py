@@ -88,7 +88,7 @@ from speckv.services.scheduler.replication.family_options import (
     free_pages,
 )
 from speckv.services.scheduler.replication.insurance import insurance_ms, surge_demand, surge_probability
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
+from speckv.services.scheduler.orders import ActionKind, OrderSpec, OrderState
 from speckv.services.scheduler.replication.redundancy import failover_saving_ms, failure_probability
 from speckv.services.scheduler.replication.retention_plan import RetentionPlanner
 from speckv.services.scheduler.replication.value import (

@@ -85,7 +85,7 @@ from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind, p_within
 from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.services.scheduler.replication.family_options import OptionPricer
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
+from speckv.services.scheduler.orders import ActionKind, OrderSpec
 from speckv.services.scheduler.replication.value import eviction_ms
 from speckv.services.scheduler.views import ClusterView, NodeView, holders_of
 

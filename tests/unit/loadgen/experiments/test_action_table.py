@@ -5,7 +5,7 @@ import dataclasses
 from speckv.loadgen.experiments.action_table import action_table
 from speckv.loadgen.experiments.results import PolicySummary
 from speckv.services.common.ids import Family, NodeId
-from speckv.services.scheduler.replication.orders import OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.orders import OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import ActionOutcomes
 
 GIB = 2**30

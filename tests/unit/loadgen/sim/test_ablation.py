@@ -20,7 +20,7 @@ from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from tests.support.sim_slices import slice_with_history
 
 CONFIG = load_e2e_config()

@@ -12,7 +12,7 @@ from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.ports import SchedulerSettings
-from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
+from speckv.services.scheduler.orders import OrderSpec, OrderState
 
 CHAIN = list(range(100, 164))  # 64 blocks of 4 tokens (tiny profile)
 BS = 4

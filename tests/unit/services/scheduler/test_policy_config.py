@@ -4,7 +4,7 @@ import pytest
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.scheduler.policy_config import DEFAULT_POLICIES_PATH, load_policy_config
-from speckv.services.scheduler.routing.load_board import LoadBoard
+from speckv.services.scheduler.load_board import LoadBoard
 
 
 def test_the_committed_configuration_loads():

@@ -1,7 +1,7 @@
 """ActionStats through speckv.v1.ActionOutcomeStats and back (outcomes_proto.py)."""
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.adapters.outcomes_proto import action_stats_from_proto, actions_to_proto
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.orders import ActionKind, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import ActionOutcomes
 
 

@@ -9,7 +9,7 @@ from speckv.services.scheduler.adapters.server import (
     action_orders,
     replica_bytes,
 )
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats, Outcome
 from speckv.services.scheduler.replication.replicas import ReplicaStats
 

@@ -20,7 +20,7 @@ from speckv.services.scheduler.adapters.state_store import DB_FILE, SCHEMA_VERSI
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.ports import SavedNode, SchedulerSettings
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.orders import ActionKind, OrderSpec, OrderState, OrderTracker
 
 GEOMETRY = KVGeometry(2, 2, 16, "float32", 4)
 BIG_HASH = 2**64 - 1  # uint64: does not fit SQLite's signed INTEGER

@@ -9,7 +9,7 @@ from speckv.services.common.traces.records import TraceRequest
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.holder_index import HolderEventKind
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.replication.orders import OrderState
+from speckv.services.scheduler.orders import OrderState
 from speckv.services.scheduler.routing.router import Candidate, RouteQuery
 from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, load, make_core, route_family, store
 

@@ -9,7 +9,7 @@ from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.policies.none import NonePolicy
 from speckv.services.scheduler.policies.registry import PolicyRegistry, default_registry
 from speckv.services.scheduler.ports import SchedulerSettings
-from speckv.services.scheduler.replication.orders import OrderSpec, OrderState
+from speckv.services.scheduler.orders import OrderSpec, OrderState
 
 
 def test_default_registry_has_the_five_policies():

@@ -9,7 +9,7 @@ from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.cluster import Cluster, Node
 from speckv.services.scheduler.replication.admission import admitted
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec
+from speckv.services.scheduler.orders import ActionKind, OrderSpec
 
 GEO = KVGeometry(2, 2, 8, "float16", 4)
 

@@ -6,7 +6,7 @@ import pytest
 from speckv.services.common.errors import FailedPrecondition
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.replication import outcomes as outcomes_module
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.orders import ActionKind, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import MAX_POLICIES, ActionOutcomes
 from tests.support.scheduler_scenarios import CHAIN, FAMILY, make_core, store
 

@@ -11,7 +11,7 @@ from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.replication.orders import ActionKind, OrderSpec, OrderState
+from speckv.services.scheduler.orders import ActionKind, OrderSpec, OrderState
 from tests.support.scheduler_scenarios import (
     CHAIN,
     FAMILY,

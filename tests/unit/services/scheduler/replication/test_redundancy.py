@@ -11,7 +11,7 @@ from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.adapters.servicer import order_to_proto
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from speckv.services.scheduler.replication.redundancy import (
     failover_saving_ms,
     failure_probability,

@@ -21,7 +21,7 @@ from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.forecasts import Forecast, ForecastKind
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.replication.family_options import OptionPricer
-from speckv.services.scheduler.replication.orders import ActionKind
+from speckv.services.scheduler.orders import ActionKind
 from speckv.services.scheduler.replication.planner import Planner
 from speckv.services.scheduler.replication.retention_plan import RetentionPlanner, held_past_s
 from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, make_core, route_family, store

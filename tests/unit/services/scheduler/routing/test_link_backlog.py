@@ -10,7 +10,7 @@ from speckv.services.common.engine_profile import LinkModel
 from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.cluster import NodeLoad
-from speckv.services.scheduler.replication.orders import OrderSpec
+from speckv.services.scheduler.orders import OrderSpec
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from tests.support.scheduler_scenarios import BS, heartbeat_all, make_core, store
 

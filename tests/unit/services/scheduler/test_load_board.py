@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from speckv.services.scheduler.routing.load_board import LoadBoard
+from speckv.services.scheduler.load_board import LoadBoard
 
 
 class _Reference:

@@ -3,7 +3,7 @@ import pytest
 from speckv.services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.replication.order_feed import OrderFeed
-from speckv.services.scheduler.replication.orders import OrderSpec, OrderState, OrderTracker
+from speckv.services.scheduler.orders import OrderSpec, OrderState, OrderTracker
 
 S = OrderState
 
