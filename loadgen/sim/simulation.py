@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Sequence
 
@@ -52,7 +52,7 @@ from speckv.loadgen.experiments.e2e_config import E2EConfig
 from speckv.loadgen.experiments.event_metrics import WINDOW_S as EVENT_WINDOW_S
 from speckv.loadgen.experiments.event_metrics import EventOutcome
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
-from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
+from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, resend
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.experiments.warm_start import resident_tail
 from speckv.loadgen.sim.ablation import config_without, parse_variant
@@ -498,19 +498,14 @@ class Simulation:
         request goes again from the start; during decode, with the tokens
         streamed so far appended to its prompt and only the rest to generate.
         Past the migration limit it fails (lost)."""
-        record, request = flight.record, flight.request
+        record = flight.record
         self._inflight.pop(record.request_id, None)
-        if flight.attempt >= self.membership.migration_limit:
+        again = resend(record, flight.request, flight.job, flight.attempt, self.membership.migration_limit)
+        if again is None:
             outcome.requests_lost += 1
-            record.error = f"lost: its node died {flight.attempt + 1} times (migration limit " \
-                           f"{self.membership.migration_limit})"
             self._complete(record)
             return
         outcome.requests_resent += 1
-        record.retried = True
-        streamed = flight.job.tokens_out if flight.job is not None and flight.first_token_s is not None else 0
-        again = replace(request, prompt_tokens=request.prompt_tokens + streamed,
-                        output_tokens=max(1, request.output_tokens - streamed))
         self._dispatch(_Flight(record, again, attempt=flight.attempt + 1, first_token_s=flight.first_token_s))
 
     def _add_node(self) -> None:
