@@ -37,8 +37,9 @@ Not thread-safe; times are virtual seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
+from speckv.services.common.ids import BlockHash
 from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
 from speckv.services.kvstore.index import BlockEntry, BlockIndex
@@ -77,12 +78,16 @@ class _Tier:
 
     def add(self, h: int, lease_deadline: float | None) -> None:
         """Indexes a new block as the most recent (a replica when leased)."""
-        self.index.insert(BlockEntry(h, _PAGE, lease_deadline=lease_deadline))
+        self.index.insert(BlockEntry(cast(BlockHash, h), _PAGE, lease_deadline=lease_deadline))
+
+    def touch_chain(self, hashes: Sequence[int]) -> None:
+        """A use of a chain (given head first, all resident): tail first (index.py)."""
+        self.index.touch_chain(cast("Sequence[BlockHash]", hashes))
 
     def pop_victim(self, now: float, protect: set[int] | frozenset[int] = frozenset()) -> BlockEntry:
         """Removes and returns the next block to evict; the tier holds an
         unprotected block (nothing is pinned here)."""
-        victim = self.index.pop_victim(now, protect, self.retention)
+        victim = self.index.pop_victim(now, cast("set[BlockHash] | frozenset[BlockHash]", protect), self.retention)
         assert victim is not None
         return victim
 
@@ -129,7 +134,7 @@ class SimKVNode:
 
     def held_blocks(self) -> set[int]:
         """Every block on the node, in either tier."""
-        held = set(self._device.index)
+        held: set[int] = set(self._device.index)
         if self._host is not None:
             held.update(self._host.index)
         return held
@@ -155,11 +160,11 @@ class SimKVNode:
         n = self._longest_prefix(hashes)
         host = self._host
         if host is None:
-            self._device.index.touch_chain(hashes[:n])
+            self._device.touch_chain(hashes[:n])
             return n
         dev, hidx = self._device.index, host.index
-        dev.touch_chain([h for h in hashes[:n] if h in dev])
-        hidx.touch_chain([h for h in hashes[:n] if h in hidx])
+        self._device.touch_chain([h for h in hashes[:n] if h in dev])
+        host.touch_chain([h for h in hashes[:n] if h in hidx])
         return n
 
     def host_only(self, hashes: Sequence[int], length: int) -> int:
@@ -195,7 +200,7 @@ class SimKVNode:
         if lease_deadline is not None:
             order.reverse()
         else:  # resident blocks of the chain are a use now: no insert below may evict them (the live store protects them)
-            lru.touch_chain([h for h in hashes if h in lru])
+            device.touch_chain([h for h in hashes if h in lru])
         lapsed: list[int] = []  # victims that went as lapsed replicas (with a host tier)
         if device.retention:
             # All victims first, as the live store allocates a put's pages at
@@ -224,7 +229,7 @@ class SimKVNode:
         if lease_deadline is not None:
             stored.reverse()
         else:  # a chain longer than the pool evicts its own head: touch what is left
-            lru.touch_chain([h for h in hashes if h in lru])
+            device.touch_chain([h for h in hashes if h in lru])
         if host is None:
             out.dropped = evicted
             if self._retention and evicted:
@@ -233,7 +238,7 @@ class SimKVNode:
         if evicted:
             self._demote(evicted, set(lapsed), now, out, pinned)
         if lease_deadline is None:
-            host.index.touch_chain([h for h in hashes if h in host.index])  # a use of the host copies too
+            host.touch_chain([h for h in hashes if h in host.index])  # a use of the host copies too
         self._settle(out)
         return out
 
@@ -244,7 +249,7 @@ class SimKVNode:
         out = PutOutcome([], [], [], [], [])
         dev, lru = self._device.index, host.index
         if lease_deadline is None:
-            lru.touch_chain([h for h in hashes if h in lru])
+            host.touch_chain([h for h in hashes if h in lru])
         present = {h for h in hashes if h in lru}  # never evicted to make room for the rest, as live
         needed = sum(1 for h in dict.fromkeys(hashes) if h not in lru and h not in dev)
         if needed > host.pages - len(present):
@@ -279,7 +284,7 @@ class SimKVNode:
         kept = [v for v in victims if v not in lapsed] if lapsed else victims
         room = host.pages - (len(pinned) if pinned else 0)
         down = [v for v in kept if v not in lru][:room]  # what cannot fit is dropped
-        lru.touch_chain([v for v in reversed(kept) if v in lru])
+        host.touch_chain([v for v in reversed(kept) if v in lru])
         shortfall = len(down) - (host.pages - len(lru))
         for _ in range(max(0, shortfall)):
             out.host_evicted.append(host.pop_victim(now, pinned or frozenset()).block_hash)
