@@ -20,12 +20,12 @@ from collections import defaultdict
 
 import numpy as np
 
-import speckv.loadgen.sim.kvnode as kvnode
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.loadgen.sim import jobs as J
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.loadgen.workload.scaled import SliceView
+from speckv.services.kvstore.eviction import LapsedThenLRU
 
 MAX_PASSES = 64
 trace, start, nodes, HORIZON_S = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
@@ -33,15 +33,15 @@ config = load_e2e_config(None)
 retained: dict[int, float] = {}
 
 
-def _skip_retained(pop):
-    def pop_victim(self, now, *args):
+def _skip_retained(choose):
+    def victim(self, now, *args):
         for _ in range(MAX_PASSES):
-            h = pop(self, now, *args)
-            if retained.get(h, -1.0) <= now:
+            h = choose(self, now, *args)
+            if h is None or retained.get(h, -1.0) <= now:
                 return h
-            self.lru[h] = None  # back in, most recently used: eviction passes over it
-        return pop(self, now, *args)
-    return pop_victim
+            self._lru.move_to_end(h)  # most recently used: eviction passes over it
+        return choose(self, now, *args)
+    return victim
 
 
 def run(retain: bool) -> dict:
@@ -89,6 +89,5 @@ def run(retain: bool) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(run(False)), flush=True)
-    kvnode._TierLRU.pop_victim = _skip_retained(kvnode._TierLRU.pop_victim)
-    kvnode._TierLRU.pop_victim_except = _skip_retained(kvnode._TierLRU.pop_victim_except)
+    LapsedThenLRU.victim = _skip_retained(LapsedThenLRU.victim)
     print(json.dumps(run(True)), flush=True)

@@ -31,7 +31,8 @@ import numpy as np
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.traces import TraceRequest
-from speckv.services.kvstore.store import BlockWrite, KVStoreCore
+from speckv.services.kvstore.records import BlockWrite
+from speckv.services.kvstore.store import KVStoreCore
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 HASH_MASK = (1 << 63) - 1

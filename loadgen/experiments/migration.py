@@ -38,10 +38,9 @@ class Flight:
     first_token_s: float | None = None  # the client's first token, from this attempt or an earlier one
     first_submitted_s: float | None = None  # the first attempt's submission
 
-    def next_attempt(self) -> "Flight":
-        """The re-send after this attempt's node died."""
-        streamed = self.job.tokens_out if self.job is not None and self.job.first_token_s is not None else 0
-        return Flight(self.record, migrated(self.request, streamed), attempt=self.attempt + 1,
+    def next_attempt(self, request: TraceRequest) -> "Flight":
+        """The re-send after this attempt's node died, sending request (resend's)."""
+        return Flight(self.record, request, attempt=self.attempt + 1,
                       first_token_s=self.first_token_s, first_submitted_s=self.first_submitted_s)
 
 
@@ -51,6 +50,22 @@ class MigrationCounts:
 
     resent: int = 0
     lost: int = 0
+
+
+def resend(record: RequestRecord, request: TraceRequest, job: EngineJob | None, attempt: int,
+           limit: int) -> TraceRequest | None:
+    """The re-send rule, for the reference router and the simulator alike:
+    what an attempt (`attempt` re-sends before it) sends next when its node
+    died, or None when it is lost (past the migration limit; record.error
+    says so). A re-send marks the record retried and carries the tokens the
+    attempt's job streamed (migrated); a job before its first token streamed
+    none (the engines set its first token and its first output token at once)."""
+    if attempt >= limit:
+        record.error = f"lost: its node died {attempt + 1} times (migration limit {limit})"
+        return None
+    record.retried = True
+    streamed = job.tokens_out if job is not None and job.first_token_s is not None else 0
+    return migrated(request, streamed)
 
 
 def migrated(request: TraceRequest, streamed_tokens: int) -> TraceRequest:

@@ -49,7 +49,7 @@ import numpy as np
 from speckv.loadgen.engines.driver import LiveEngines
 from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, EngineJob, job_times
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
-from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, Flight, MigrationCounts, touched_by
+from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, Flight, MigrationCounts, resend, touched_by
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.traces import TraceRequest
@@ -284,16 +284,14 @@ class ReferenceRouter:
         with self._lock:
             for flight in [f for f in self._inflight.values() if touched_by(f, node_id, now)]:
                 record = flight.record
-                if flight.attempt >= self._migration_limit:
+                request = resend(record, flight.request, flight.job, flight.attempt, self._migration_limit)
+                if request is None:
                     counts.lost += 1
-                    record.error = (f"lost: its node died {flight.attempt + 1} times (migration limit "
-                                    f"{self._migration_limit})")
                     del self._inflight[record.request_id]
                     failed.append(record)
                     continue
                 counts.resent += 1
-                record.retried = True
-                self._inflight[record.request_id] = next_flight = flight.next_attempt()
+                self._inflight[record.request_id] = next_flight = flight.next_attempt(request)
                 again.append(next_flight)
         for record in failed:
             self._on_done(record)

@@ -1,16 +1,14 @@
 """One node's KV store in simulation: which blocks it holds in which tier,
 without bytes.
 
-Residency and eviction follow the live kvstore's policy
-(speckv.services.kvstore.index.BlockIndex), in full, in each tier:
-  1. speculative replicas whose lease has lapsed (deadline <= now), earliest
-     deadline first (ties: the earlier stored);
-  2. then the least recently used block.
+Each tier is a live kvstore BlockIndex (services/kvstore/index.py) with
+its eviction strategy (services/kvstore/eviction.py: lapsed replicas first,
+then LRU), so residency and eviction are the live store's by construction.
 A chain's use touches it tail first, so its head is the most recent and is
 evicted last; a replica's first use (a lookup hit or a re-put) clears its
 lease. `pages` is the device tier's capacity in blocks, `host_pages` the
 host tier's (0: no host tier): a put that does not fit evicts exactly as
-many victims as it needs.
+many victims as it needs. Pages mean nothing here: every entry names page 0.
 
 Tiers (write-back, as vLLM's CPU offloading and LMCache do): a block
 evicted from the device tier by LRU is demoted to the host tier as its most
@@ -21,14 +19,10 @@ A host hit is promoted by putting the prefix into the device tier; the host
 copy stays, so the block is then in both tiers and its next demotion moves
 nothing. A replica goes into the tier its order names.
 
-Why not the live index itself: it keeps a BlockEntry (page, family, parent,
-pins) per block, and the simulator stores and evicts every block of every
-prompt on hundreds of nodes; pages, pins and parents mean nothing here. So
-this keeps only the order (an OrderedDict of hashes per tier, least recent
-first) and the unused replicas' deadlines (a dict plus a lazy heap, rebuilt
-when stale entries outnumber the live leases, as the live index does).
-tests/unit/loadgen/sim/test_kvnode.py replays random puts and lookups on both
-and checks the same blocks are stored and evicted, in the same order.
+What this keeps of its own is the store's glue without bytes: which tier a
+put goes to, the write-back between tiers, and the outcome lists the
+simulation turns into events (the live store's KVStoreCore does the same
+steps with pages, a lock and an event log).
 
 Retention (services/common/retention.py, the retain action): the node's
 last tier (host, else device) passes over retained blocks with the live
@@ -42,13 +36,16 @@ Not thread-safe; times are virtual seconds.
 """
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
+from speckv.services.common.ids import BlockHash
 from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
+from speckv.services.kvstore.index import BlockEntry, BlockIndex
+from speckv.services.kvstore.pool import PageId
+
+_PAGE = PageId(0)  # the page every simulated entry names (no bytes here)
 
 
 @dataclass(slots=True)
@@ -70,113 +67,29 @@ class PutOutcome:
     dropped: list[int]
 
 
-class _TierLRU:
-    """One tier's residency: the LRU order and the unused replicas' leases."""
+class _Tier:
+    """One tier: its capacity in blocks, its live index, and the node's
+    Retention when it is the node's last tier."""
 
     def __init__(self, pages: int) -> None:
         self.pages = pages
-        self.lru: OrderedDict[int, None] = OrderedDict()  # resident blocks, least recently used first
-        self.lease: dict[int, float] = {}  # unused replica -> lease deadline
-        self.leases: list[tuple[float, int, int]] = []  # (deadline, tiebreak, hash); stale entries skipped
-        self.tiebreak = 0
-        self.lapsed = False  # whether the last pop_victim took a lapsed replica
+        self.index = BlockIndex()
         self.retention: Retention | None = None  # set on the node's last tier only
 
+    def add(self, h: int, lease_deadline: float | None) -> None:
+        """Indexes a new block as the most recent (a replica when leased)."""
+        self.index.insert(BlockEntry(cast(BlockHash, h), _PAGE, lease_deadline=lease_deadline))
+
     def touch_chain(self, hashes: Sequence[int]) -> None:
-        """A use of a chain (given head first, all resident): tail first, so
-        the head ends most recent; a use makes a replica an ordinary block."""
-        lru, lease = self.lru, self.lease
-        for h in reversed(hashes):
-            if lease:
-                lease.pop(h, None)  # its heap entry is now stale
-            lru.move_to_end(h)
+        """A use of a chain (given head first, all resident): tail first (index.py)."""
+        self.index.touch_chain(cast("Sequence[BlockHash]", hashes))
 
-    def pop_victim(self, now: float) -> int:
-        """Removes and returns the next block to evict (the tier is full, so
-        one exists); `lapsed` says whether it went as a lapsed replica."""
-        leases, lease, retention = self.leases, self.lease, self.retention
-        passed: list[tuple[float, int, int]] = []
-        victim = -1
-        while leases and leases[0][0] <= now:
-            item = heapq.heappop(leases)
-            deadline, _, h = item
-            if lease.get(h) == deadline:
-                if retention and retention.holds(h, now):
-                    passed.append(item)
-                    continue
-                del lease[h]
-                del self.lru[h]
-                victim = h
-                break
-        for item in passed:
-            heapq.heappush(leases, item)
-        if victim != -1:
-            self.lapsed = True
-            return victim
-        lru = self.lru
-        if retention:
-            self._pass_over_retained(retention, now)
-        h, _ = lru.popitem(last=False)
-        if lease:
-            lease.pop(h, None)
-        self.lapsed = False
-        return h
-
-    def _pass_over_retained(self, retention: Retention, now: float, protect: set[int] | None = None) -> None:
-        """Moves the retained blocks before the first unretained one (protect
-        aside, where they stand) to the recent end, in order: a second chance
-        (retention.py; the live BlockIndex does the same)."""
-        lru = self.lru
-        moved = []
-        for h in lru:
-            if protect is not None and h in protect:
-                continue
-            if not retention.holds(h, now):
-                break
-            moved.append(h)
-        for h in moved:
-            lru.move_to_end(h)
-
-    def pop_victim_except(self, now: float, protect: set[int]) -> int:
-        """pop_victim passing over protect where they stand (the live
-        BlockIndex.pop_victim's protect); the tier holds an unprotected block."""
-        leases, lease, retention = self.leases, self.lease, self.retention
-        passed = []
-        victim = None
-        while leases and leases[0][0] <= now:
-            item = heapq.heappop(leases)
-            deadline, _, h = item
-            if lease.get(h) == deadline:
-                if h in protect or (retention and retention.holds(h, now)):
-                    passed.append(item)
-                    continue
-                del lease[h]
-                del self.lru[h]
-                victim = h
-                break
-        for item in passed:
-            heapq.heappush(leases, item)
-        if victim is not None:
-            return victim
-        if retention:
-            self._pass_over_retained(retention, now, protect)
-            victim = next((h for h in self.lru if h not in protect and not retention.holds(h, now)), None)
-        if victim is None:
-            victim = next(h for h in self.lru if h not in protect)
-        del self.lru[victim]
-        lease.pop(victim, None)
+    def pop_victim(self, now: float, protect: set[int] | frozenset[int] = frozenset()) -> BlockEntry:
+        """Removes and returns the next block to evict; the tier holds an
+        unprotected block (nothing is pinned here)."""
+        victim = self.index.pop_victim(now, cast("set[BlockHash] | frozenset[BlockHash]", protect), self.retention)
+        assert victim is not None
         return victim
-
-    def push_lease(self, deadline: float, h: int) -> None:
-        self.lease[h] = deadline
-        self.tiebreak += 1
-        heapq.heappush(self.leases, (deadline, self.tiebreak, h))
-        if len(self.leases) > 2 * len(self.lease) + 64:
-            self.leases = []
-            for block, d in self.lease.items():  # in the order their leases were set, as the live index rebuilds
-                self.tiebreak += 1
-                self.leases.append((d, self.tiebreak, block))
-            heapq.heapify(self.leases)
 
 
 class SimKVNode:
@@ -188,8 +101,8 @@ class SimKVNode:
         self.node_id = node_id
         self.pages = pages
         self.host_pages = host_pages
-        self._device = _TierLRU(pages)
-        self._host: _TierLRU | None = _TierLRU(host_pages) if host_pages else None
+        self._device = _Tier(pages)
+        self._host: _Tier | None = _Tier(host_pages) if host_pages else None
         self._retention: Retention | None = Retention(retain_max_blocks) if retain_max_blocks > 0 else None
         (self._host or self._device).retention = self._retention
 
@@ -211,30 +124,31 @@ class SimKVNode:
         """Blocks on the node, in either tier."""
         host = self._host
         if host is None:
-            return len(self._device.lru)
-        return len(self._device.lru) + sum(1 for h in host.lru if h not in self._device.lru)
+            return len(self._device.index)
+        dev = self._device.index
+        return len(dev) + sum(1 for h in host.index if h not in dev)
 
     def __contains__(self, block_hash: int) -> bool:
         host = self._host
-        return block_hash in self._device.lru or (host is not None and block_hash in host.lru)
+        return block_hash in self._device.index or (host is not None and block_hash in host.index)
 
     def held_blocks(self) -> set[int]:
         """Every block on the node, in either tier."""
-        held = set(self._device.lru)
+        held: set[int] = set(self._device.index)
         if self._host is not None:
-            held.update(self._host.lru)
+            held.update(self._host.index)
         return held
 
     def tier_count(self, tier: Tier) -> int:
         """Blocks the tier holds."""
         if tier is Tier.DEVICE:
-            return len(self._device.lru)
-        return 0 if self._host is None else len(self._host.lru)
+            return len(self._device.index)
+        return 0 if self._host is None else len(self._host.index)
 
     def in_tier(self, block_hash: int, tier: Tier) -> bool:
         if tier is Tier.DEVICE:
-            return block_hash in self._device.lru
-        return self._host is not None and block_hash in self._host.lru
+            return block_hash in self._device.index
+        return self._host is not None and block_hash in self._host.index
 
     @property
     def free_pages(self) -> int:
@@ -248,16 +162,16 @@ class SimKVNode:
         if host is None:
             self._device.touch_chain(hashes[:n])
             return n
-        dev = self._device.lru
+        dev, hidx = self._device.index, host.index
         self._device.touch_chain([h for h in hashes[:n] if h in dev])
-        host.touch_chain([h for h in hashes[:n] if h in host.lru])
+        host.touch_chain([h for h in hashes[:n] if h in hidx])
         return n
 
     def host_only(self, hashes: Sequence[int], length: int) -> int:
         """How many of the first length hashes only the host tier holds."""
         if self._host is None:
             return 0
-        dev = self._device.lru
+        dev = self._device.index
         return sum(1 for h in hashes[:length] if h not in dev)
 
     def holds_all(self, hashes: Sequence[int]) -> bool:
@@ -279,9 +193,9 @@ class SimKVNode:
         out = PutOutcome([], [], [], [], [])
         stored, evicted = out.stored, out.evicted
         device = self._device
-        lru = device.lru
+        lru = device.index
         host = self._host
-        pinned = {h for h in hashes if h not in lru and h in host.lru} if promote and host is not None else None
+        pinned = {h for h in hashes if h not in lru and h in host.index} if promote and host is not None else None
         order = list(hashes)
         if lease_deadline is not None:
             order.reverse()
@@ -295,19 +209,22 @@ class SimKVNode:
             # retention, evicting as it goes takes the same victims.
             resident = {h for h in order if h in lru}  # protected as the live store protects them
             for _ in range(min(len(lru) - len(resident), len(lru) + len(order) - len(resident) - device.pages)):
-                evicted.append(device.pop_victim_except(now, resident))
+                evicted.append(device.pop_victim(now, resident).block_hash)
         # This loop runs for every block of every prompt in the simulation.
         for h in order:
             if h in lru:
                 continue
             if len(lru) >= device.pages:
-                victim = device.pop_victim(now)
-                evicted.append(victim)
-                if device.lapsed and host is not None:
-                    lapsed.append(victim)
-            lru[h] = None
-            if lease_deadline is not None:
-                device.push_lease(lease_deadline, h)
+                entry = device.pop_victim(now)
+                evicted.append(entry.block_hash)
+                # Without protect or retention (the device tier has neither
+                # when a host tier is below it) a victim whose lease lapsed
+                # went by rule 1: the index keeps a heap entry for every live
+                # lease, so rule 2 runs only when none has lapsed. The live
+                # store's _demote tells them apart the same way.
+                if host is not None and entry.lease_deadline is not None and entry.lease_deadline <= now:
+                    lapsed.append(entry.block_hash)
+            device.add(h, lease_deadline)
             stored.append(h)
         if lease_deadline is not None:
             stored.reverse()
@@ -321,7 +238,7 @@ class SimKVNode:
         if evicted:
             self._demote(evicted, set(lapsed), now, out, pinned)
         if lease_deadline is None:
-            host.touch_chain([h for h in hashes if h in host.lru])  # a use of the host copies too
+            host.touch_chain([h for h in hashes if h in host.index])  # a use of the host copies too
         self._settle(out)
         return out
 
@@ -330,7 +247,7 @@ class SimKVNode:
         if host is None:
             raise ValueError(f"node {self.node_id} has no host tier")
         out = PutOutcome([], [], [], [], [])
-        dev, lru = self._device.lru, host.lru
+        dev, lru = self._device.index, host.index
         if lease_deadline is None:
             host.touch_chain([h for h in hashes if h in lru])
         present = {h for h in hashes if h in lru}  # never evicted to make room for the rest, as live
@@ -341,13 +258,11 @@ class SimKVNode:
         # All the room first, as the live store reserves it at once (passing
         # over retained blocks must not move them behind what this put inserts).
         for _ in range(max(0, needed - (host.pages - len(lru)))):
-            out.host_evicted.append(host.pop_victim_except(now, present))
+            out.host_evicted.append(host.pop_victim(now, present).block_hash)
         for h in reversed(hashes) if lease_deadline is not None else hashes:
             if h in lru or h in dev:
                 continue
-            lru[h] = None
-            if lease_deadline is not None:
-                host.push_lease(lease_deadline, h)
+            host.add(h, lease_deadline)
             out.stored.append(h)
         if lease_deadline is not None:
             out.stored.reverse()
@@ -365,23 +280,23 @@ class SimKVNode:
         is dropped."""
         host = self._host
         assert host is not None
-        lru = host.lru
+        lru = host.index
         kept = [v for v in victims if v not in lapsed] if lapsed else victims
         room = host.pages - (len(pinned) if pinned else 0)
         down = [v for v in kept if v not in lru][:room]  # what cannot fit is dropped
         host.touch_chain([v for v in reversed(kept) if v in lru])
         shortfall = len(down) - (host.pages - len(lru))
         for _ in range(max(0, shortfall)):
-            out.host_evicted.append(host.pop_victim_except(now, pinned) if pinned else host.pop_victim(now))
+            out.host_evicted.append(host.pop_victim(now, pinned or frozenset()).block_hash)
         for v in down:
-            lru[v] = None
+            host.add(v, None)
         out.demoted.extend(down)
 
     def _settle(self, out: PutOutcome) -> None:
         """Keeps in each list only what holds at the end of the call (PutOutcome)."""
         host = self._host
         assert host is not None
-        dev, hlru = self._device.lru, host.lru
+        dev, hlru = self._device.index, host.index
         out.demoted = [h for h in dict.fromkeys(out.demoted) if h in hlru]
         out.evicted = [h for h in dict.fromkeys(out.evicted) if h not in dev]
         out.host_evicted = [h for h in dict.fromkeys(out.host_evicted) if h not in hlru]
@@ -392,7 +307,7 @@ class SimKVNode:
             self._retention.release(out.dropped)
 
     def _longest_prefix(self, hashes: Sequence[int]) -> int:
-        dev, count = self._device.lru, 0
+        dev, count = self._device.index, 0
         host = self._host
         if host is None:
             for h in hashes:
@@ -400,7 +315,7 @@ class SimKVNode:
                     break
                 count += 1
             return count
-        hlru = host.lru
+        hlru = host.index
         for h in hashes:
             if h not in dev and h not in hlru:
                 break

@@ -8,7 +8,7 @@ EWMA or LightGBM trained before the slice) when the policy reads forecasts
 policy, but no other policy asks it anything, so their results are the same
 without it, and it was a sixth of a `none` run); the emulated engines
 (FastEngine = EmulatedEngine with decode stretches jumped exactly); the
-kvstore's eviction policy for each node's residency (kvnode.py). What is
+kvstore's block index and eviction strategy for each node's tiers (kvnode.py). What is
 modelled here instead of a process: the network (network.py), the reference
 router's request path, the engines' heartbeats and the kvstore agents'
 order execution.
@@ -27,14 +27,17 @@ scheduler's index, and the blocks that left the node to the replica ledger);
 at the end the record is complete. Demotions cost no time: they run on the
 host link's other direction, off the request path.
 
-Orders: every scheduler tick, the orders the policy issued start at once:
+Orders (scheduler_side.py): every scheduler tick, the orders the policy issued start at once:
 IN_FLIGHT, the blocks' real bytes flow source -> target over both links,
 then the target stores them as leased replicas in the order's tier
 (COMMITTED event) and the order is reported COMMITTED. Orders whose source no longer holds the chain
 fail (the lifecycle retries them elsewhere). Unlike the live agent (two
 orders at a time per node), every order flows at once and shares the links.
 
-Heartbeats: every heartbeat_s, every node whose engine changed since its
+Node events (failover.py): a kill re-sends what the node was serving by the
+reference router's rule (migration.resend); an add registers a cold node.
+
+Heartbeats (scheduler_side.py): every heartbeat_s, every node whose engine changed since its
 last heartbeat reports its load (queued and running tokens and requests,
 free pages); an unchanged node still reports every liveness_s.
 """
@@ -42,19 +45,19 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Sequence
 
 from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, EngineJob, job_times
 from speckv.loadgen.engines.fast import FastEngine
 from speckv.loadgen.experiments.e2e_config import E2EConfig
-from speckv.loadgen.experiments.event_metrics import WINDOW_S as EVENT_WINDOW_S
 from speckv.loadgen.experiments.event_metrics import EventOutcome
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
-from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
+from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, resend
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.experiments.warm_start import resident_tail
+from speckv.loadgen.sim import failover, scheduler_side
 from speckv.loadgen.sim.ablation import config_without, parse_variant
 from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
 from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
@@ -62,14 +65,14 @@ from speckv.loadgen.sim.membership import Membership
 from speckv.loadgen.sim.network import Network, Transfer
 from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
 from speckv.loadgen.sim.returns import ReturnForecasts, TrainedReturns, warm
+from speckv.loadgen.sim.scheduler_side import HEARTBEAT_PRIORITY, TICK_PRIORITY
 from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.workload.node_events import MOST_KV, EventKind, ScheduledEvent
-from speckv.services.common.errors import InvalidArgument, SpeckvError
+from speckv.loadgen.workload.node_events import ScheduledEvent
+from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
 from speckv.services.predictor.serving.returns.tracker import ReturnTracker
-from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import (
     CombinedForecasts,
@@ -82,10 +85,8 @@ from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.ports import SchedulerSettings
-from speckv.services.scheduler.orders import ActionKind, Order, OrderState
 
 Progress = Callable[[int, int, RequestRecord | None], None]
-TICK_PRIORITY, HEARTBEAT_PRIORITY = 1, 2  # after arrivals and engine events at the same instant
 
 
 @dataclass(slots=True)
@@ -253,12 +254,12 @@ class Simulation:
         if self._requests:
             self._upcoming = self._requests[0]
             q.at(self._upcoming.arrival_s, self._arrive)
-        q.after(self.settings.tick_s, self._tick, TICK_PRIORITY)
-        q.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)
+        q.after(self.settings.tick_s, partial(scheduler_side.tick, self), TICK_PRIORITY)
+        q.after(self.settings.heartbeat_s, partial(scheduler_side.heartbeat_round, self), HEARTBEAT_PRIORITY)
         if self._forecasts is not None:
-            q.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)
+            q.after(self.settings.forecast_poll_s, partial(scheduler_side.poll_forecasts, self), TICK_PRIORITY)
         for event in self._node_events:
-            q.at(event.at_s, partial(self._node_event, event), TICK_PRIORITY)
+            q.at(event.at_s, partial(failover.node_event, self, event), TICK_PRIORITY)
         deadline = (self._requests[-1].arrival_s if self._requests else q.now()) + self.settings.drain_s
         total = len(self._requests)
         q.run(until_s=deadline, stop=lambda: self._done >= total)
@@ -445,73 +446,23 @@ class Simulation:
         if out.dropped:
             self.ledger.apply(node, KVEventKind.REMOVED, out.dropped, now)
 
-    # --- node events (membership.py) ------------------------------------------------------
-    def _node_event(self, event: ScheduledEvent) -> None:
-        if event.kind is EventKind.ADD:
-            self._add_node()
-        else:
-            self._kill(self._victim(event.node))
-
+    # --- node events (failover.py runs kills) ---------------------------------------------
     def _alive(self) -> list[NodeId]:
         return [n for n in self.ids if n not in self.membership.dead]
-
-    def _victim(self, name: str) -> NodeId:
-        """The node a kill names: MOST_KV (most blocks in both tiers; ties:
-        the lowest id) or an alive node's id."""
-        alive = self._alive()
-        if not alive:
-            raise InvalidArgument("a kill with no node alive")
-        if name == MOST_KV:
-            return max(alive, key=lambda n: (len(self.kv[n]), -self.ids.index(n)))
-        if NodeId(name) not in alive:
-            raise InvalidArgument(f"a kill names node {name!r}, which is not an alive node "
-                                  f"(alive: {', '.join(alive)})")
-        return NodeId(name)
-
-    def _kill(self, node: NodeId) -> None:
-        """The node's kvstore and engine die now: the scheduler hears at once
-        (its event stream closes), its KV is gone, and what it was serving,
-        or a pull from it was feeding, is re-sent."""
-        now = self.queue.now()
-        held = self.kv[node].held_blocks()
-        survivors = [self.kv[n] for n in self._alive() if n != node]
-        # Only KV no survivor also holds is lost (a shared system prompt lives everywhere).
-        lost = {h for h in held if not any(h in kv for kv in survivors)}
-        outcome = self.membership.killed(node, now, lost, len(self._alive()) - 1)
-        i = self._next - 1
-        while i >= 0 and self._requests[i].arrival_s >= now - EVENT_WINDOW_S:
-            self.membership.arrived(request_key(i), self._requests[i].block_hashes)
-            i -= 1
-        self.core.node_lost(node, "simulated kill: its event stream closed")
-        wake = self._wakes[node]
-        if wake is not None:
-            wake.cancel()
-        self._wakes[node] = None
-        self.ledger.apply(node, KVEventKind.REMOVED, list(held), now)
-        del self._by_address[self._addresses[node]]
-        touched = [f for f in self._inflight.values()
-                   if f.record.node_id == node or (f.waiting and f.record.fetch_from == node)]
-        for flight in touched:
-            self._resend(flight, outcome)
 
     def _resend(self, flight: _Flight, outcome: EventOutcome) -> None:
         """The reference router's migration: before the first token the
         request goes again from the start; during decode, with the tokens
         streamed so far appended to its prompt and only the rest to generate.
         Past the migration limit it fails (lost)."""
-        record, request = flight.record, flight.request
+        record = flight.record
         self._inflight.pop(record.request_id, None)
-        if flight.attempt >= self.membership.migration_limit:
+        again = resend(record, flight.request, flight.job, flight.attempt, self.membership.migration_limit)
+        if again is None:
             outcome.requests_lost += 1
-            record.error = f"lost: its node died {flight.attempt + 1} times (migration limit " \
-                           f"{self.membership.migration_limit})"
             self._complete(record)
             return
         outcome.requests_resent += 1
-        record.retried = True
-        streamed = flight.job.tokens_out if flight.job is not None and flight.first_token_s is not None else 0
-        again = replace(request, prompt_tokens=request.prompt_tokens + streamed,
-                        output_tokens=max(1, request.output_tokens - streamed))
         self._dispatch(_Flight(record, again, attempt=flight.attempt + 1, first_token_s=flight.first_token_s))
 
     def _add_node(self) -> None:
@@ -532,95 +483,3 @@ class Simulation:
         self._last_beat[node] = now
         self.membership.added(node, now, len(self._alive()))
 
-    # --- scheduler: ticks, orders, heartbeats -------------------------------------------
-    def _tick(self) -> None:
-        membership = self.membership
-        for order in self.core.tick():
-            if membership.outcomes:
-                membership.ordered(order.spec.target, self.queue.now())
-            self._replicate(order)
-        self.queue.after(self.settings.tick_s, self._tick, TICK_PRIORITY)
-
-    def _replicate(self, order: Order) -> None:
-        spec = order.spec
-        if not self.kv[spec.source].holds_all(spec.block_hashes):
-            self._report(order, OrderState.FAILED, "source no longer holds the chain")
-            return
-        if spec.action is ActionKind.PREFETCH:
-            self._prefetch(order)
-            return
-        if spec.action is ActionKind.RETAIN:
-            now = self.queue.now()
-            retained = self.kv[spec.target].retain(spec.block_hashes, now + spec.lease_ms / 1e3, now)
-            self._report(order, OrderState.COMMITTED, "retained", 0, retained)
-            return
-        # REPLICATE and REDUNDANT (ActionKind.copies): the same copy over the network.
-        self._report(order, OrderState.IN_FLIGHT)
-        nbytes = len(spec.block_hashes) * self.config.real_bytes_per_block
-        self.network.start(spec.source, spec.target, nbytes, partial(self._commit, order))
-
-    def _commit(self, order: Order, transfer: Transfer) -> None:
-        spec, now = order.spec, self.queue.now()
-        target = NodeId(spec.target)
-        if target in self.membership.dead or NodeId(spec.source) in self.membership.dead:
-            self._report(order, OrderState.FAILED, "a node of the transfer died")
-            return
-        tier = spec.tier or Tier.DEVICE
-        out = self.kv[target].put(spec.block_hashes, now, lease_deadline=now + spec.lease_ms / 1e3, tier=tier)
-        self.ledger.apply(target, KVEventKind.COMMITTED, out.stored, now, order.order_id, spec.family)
-        self._apply(target, out, spec.block_hashes[0], spec.family, now, HolderEventKind.COMMITTED, tier)
-        self._report(order, OrderState.COMMITTED, "committed", transfer.nbytes, len(spec.block_hashes))
-
-    def _prefetch(self, order: Order) -> None:
-        """Copies the node's host-only blocks of the prefix over its host link;
-        they enter its device tier when the copy lands (as the live store's
-        promote publishes them only once copied), if the node still holds the
-        whole prefix then."""
-        spec, node = order.spec, NodeId(order.spec.target)
-        blocks = self.kv[node].host_only(spec.block_hashes, len(spec.block_hashes))
-        if not blocks or self.host_links is None:
-            self._report(order, OrderState.COMMITTED, "nothing to promote")
-            return
-        self._report(order, OrderState.IN_FLIGHT)
-        self.host_links.start(f"{node}/host", node, blocks * self.config.real_bytes_per_block,
-                              partial(self._prefetched, order, blocks))
-
-    def _prefetched(self, order: Order, blocks: int, _transfer: Transfer) -> None:
-        spec, node, now = order.spec, NodeId(order.spec.target), self.queue.now()
-        kv = self.kv[node]
-        if node in self.membership.dead or not kv.holds_all(spec.block_hashes):
-            self._report(order, OrderState.FAILED, "the prefix left the node before the prefetch landed")
-            return
-        self._apply(node, kv.put(spec.block_hashes, now, promote=True), spec.block_hashes[0], spec.family, now)
-        self._report(order, OrderState.COMMITTED, "prefetched", 0, blocks)
-
-    def _report(self, order: Order, state: OrderState, message: str = "", nbytes: int = 0, blocks: int = 0) -> None:
-        try:
-            self.core.report_order(order.order_id, state, message, nbytes, blocks)
-        except SpeckvError:
-            pass  # expired or already committed from the KV event: the lifecycle has the final word
-
-    def _heartbeat_round(self) -> None:
-        now = self.queue.now()
-        dead = self.membership.dead
-        due = [n for n in self.ids if n not in dead
-               and (n in self._dirty or now - self._last_beat[n] >= self.settings.liveness_s)]
-        self._dirty.clear()
-        for node in due:
-            engine = self.engines[node]
-            self._handle(node, engine.advance(now))
-            load = engine.load()
-            kv = self.kv[node]
-            self.core.heartbeat(node, NodeLoad(load.queued_tokens, load.running_tokens, kv.free_pages,
-                                               load.running_requests, load.waiting_requests,
-                                               load.queued_prefill_ms, kv.retained_blocks(now)))
-            self._last_beat[node] = now
-            self._wake(node)
-        self.queue.after(self.settings.heartbeat_s, self._heartbeat_round, HEARTBEAT_PRIORITY)
-
-    def _poll_forecasts(self) -> None:
-        now = self.queue.now()
-        assert self._forecasts is not None  # run() polls only a simulation that runs the predictor
-        for f in self._forecasts.forecast(now, self.settings.forecast_horizon_s, 5):
-            self.forecast_log.append((now, str(f.family), f.expected_count))
-        self.queue.after(self.settings.forecast_poll_s, self._poll_forecasts, TICK_PRIORITY)

@@ -1,17 +1,11 @@
-"""Content-addressed index of one node: block hash -> page, with pin counts,
-speculative-replica leases and the eviction order.
+"""Content-addressed index of one node's tier: block hash -> page, with pin
+counts and speculative-replica leases; the eviction order is a strategy
+object (eviction.py says the one policy: lapsed replicas first, then LRU;
+pins and protected blocks never taken, retained ones passed over).
 
-Eviction order (the policy, in full):
-  1. speculative replicas whose lease has lapsed (deadline <= now), earliest
-     deadline first: a wrong guess is the first thing to give back;
-  2. then least-recently-used among all unpinned blocks (replicas whose lease
-     is still running included: the lease protects a replica from rule 1's
-     priority, not from ordinary LRU).
 Pinned blocks (pin count > 0) are never evicted. Retained blocks (the
 retain action, services/common/retention.py: the caller passes the node's
-Retention to its last tier only) are passed over by both rules, a retained
-block at the LRU head going to the recent end, unless every candidate is
-retained.
+Retention to its last tier only) are passed over as eviction.py says.
 
 Within one use of a chain (a prompt's blocks, head first) the head ends most
 recently used: callers touch, unpin and publish chains tail first
@@ -25,23 +19,19 @@ lookup hit, a read or a re-put touches it, which clears the lease and makes it
 an ordinary block (the speculation paid off; it now lives by LRU like any
 other). Reads done by the replication source do not count as uses.
 
-Costs: insert, touch, pin, unpin and each eviction are O(1) amortised (an
-OrderedDict LRU of unpinned hashes) plus O(log n) for the lease heap, which is
-lazy: stale heap entries are skipped when popped and the heap is rebuilt when
-it holds more than twice the live leases.
+Costs: insert, touch, pin, unpin and each eviction are O(1) amortised plus
+the strategy's own (eviction.py).
 
 Not thread-safe: the store serializes every call.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.retention import Retention
+from speckv.services.kvstore.eviction import Eviction, LapsedThenLRU
 from speckv.services.kvstore.pool import PageId
 
 MAX_HASH = (1 << 64) - 1
@@ -61,11 +51,12 @@ class BlockEntry:
 
 
 class BlockIndex:
-    def __init__(self) -> None:
+    """eviction: makes the index's eviction order from its entries map
+    (default: eviction.LapsedThenLRU, the one policy)."""
+
+    def __init__(self, eviction: Callable[[Mapping[BlockHash, BlockEntry]], Eviction] | None = None) -> None:
         self._entries: dict[BlockHash, BlockEntry] = {}
-        self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # unpinned only, LRU first
-        self._leases: list[tuple[float, int, BlockHash]] = []  # (deadline, tiebreak, hash)
-        self._tiebreak = itertools.count()
+        self._eviction: Eviction = (eviction or LapsedThenLRU)(self._entries)
         self.pinned_count = 0  # blocks with pins > 0
         self.replica_count = 0  # blocks with a lease
 
@@ -75,15 +66,23 @@ class BlockIndex:
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._entries
 
+    def __iter__(self) -> Iterator[BlockHash]:
+        """The resident hashes, in the order they were indexed."""
+        return iter(self._entries)
+
     def get(self, block_hash: int) -> BlockEntry | None:
         return self._entries.get(block_hash)  # type: ignore[call-overload]
 
     def hashes(self) -> list[BlockHash]:
         return list(self._entries)
 
+    def eviction_order(self) -> list[BlockHash]:
+        """The unpinned blocks, least recently used first."""
+        return list(self._eviction.order())
+
     @property
     def evictable_count(self) -> int:
-        return len(self._lru)
+        return len(self._eviction)
 
     def insert(self, entry: BlockEntry) -> None:
         """Adds a new unpinned block as most recently used."""
@@ -91,10 +90,9 @@ class BlockIndex:
             raise ValueError(f"block {entry.block_hash:#x} already indexed")  # store checks first
         entry.pins = 0
         self._entries[entry.block_hash] = entry
-        self._lru[entry.block_hash] = None
         if entry.lease_deadline is not None:
             self.replica_count += 1
-            self._push_lease(entry)
+        self._eviction.added(entry, self.replica_count)
 
     def touch(self, block_hash: BlockHash) -> None:
         """Marks a use: most recently used, and a replica becomes ordinary."""
@@ -103,7 +101,7 @@ class BlockIndex:
             entry.lease_deadline = None  # its heap entry is now stale
             self.replica_count -= 1
         if entry.pins == 0:
-            self._lru.move_to_end(block_hash)
+            self._eviction.used(block_hash)
 
     def touch_chain(self, hashes: Sequence[BlockHash]) -> None:
         """Marks a use of a chain (given head first): touched tail first, so
@@ -115,7 +113,7 @@ class BlockIndex:
         entry = self._entries[block_hash]
         entry.pins += 1
         if entry.pins == 1:
-            del self._lru[block_hash]
+            self._eviction.held(block_hash)
             self.pinned_count += 1
 
     def unpin(self, block_hash: BlockHash) -> None:
@@ -123,10 +121,8 @@ class BlockIndex:
         entry = self._entries[block_hash]
         entry.pins -= 1
         if entry.pins == 0:
-            self._lru[block_hash] = None
             self.pinned_count -= 1
-            if entry.lease_deadline is not None:
-                self._push_lease(entry)  # it may have been dropped while pinned
+            self._eviction.released(entry, self.replica_count)
 
     def longest_prefix(self, hashes: Sequence[int]) -> int:
         """Number of leading hashes that are all resident."""
@@ -139,48 +135,12 @@ class BlockIndex:
 
     def pop_victim(self, now: float, protect: frozenset[BlockHash] | set[BlockHash] = frozenset(),
                    retention: Retention | None = None) -> BlockEntry | None:
-        """Removes and returns the next block to evict, or None if every
-        resident block is pinned or protected. Protected blocks are passed
-        over where they stand: unlike a pin, protecting moves nothing in the
-        eviction order. Retained blocks are passed over as the module
-        docstring says."""
-        passed: list[tuple[float, int, BlockHash]] = []
-        try:
-            while self._leases and self._leases[0][0] <= now:
-                item = heapq.heappop(self._leases)
-                deadline, _, block_hash = item
-                entry = self._entries.get(block_hash)
-                if entry is not None and entry.lease_deadline == deadline and entry.pins == 0:
-                    if block_hash in protect or (retention and retention.holds(block_hash, now)):
-                        passed.append(item)
-                        continue
-                    return self.remove(block_hash)
-        finally:
-            for item in passed:
-                heapq.heappush(self._leases, item)
-        if retention:
-            self._pass_over_retained(retention, now, protect)
-            for block_hash in self._lru:
-                if block_hash not in protect and not retention.holds(block_hash, now):
-                    return self.remove(block_hash)
-        for block_hash in self._lru:
-            if block_hash not in protect:
-                return self.remove(block_hash)
-        return None
-
-    def _pass_over_retained(self, retention: Retention, now: float,
-                            protect: frozenset[BlockHash] | set[BlockHash]) -> None:
-        """Moves the retained blocks before the first unretained one (protect
-        aside, where they stand) to the recent end, in order: a second chance."""
-        moved = []
-        for block_hash in self._lru:
-            if block_hash in protect:
-                continue
-            if not retention.holds(block_hash, now):
-                break
-            moved.append(block_hash)
-        for block_hash in moved:
-            self._lru.move_to_end(block_hash)
+        """Removes and returns the next block to evict (the strategy's
+        choice), or None if every resident block is pinned or protected.
+        Protected blocks are passed over where they stand: unlike a pin,
+        protecting moves nothing in the eviction order."""
+        block_hash = self._eviction.victim(now, protect, retention)
+        return None if block_hash is None else self.remove(block_hash)
 
     def remove(self, block_hash: BlockHash) -> BlockEntry:
         """Drops an unpinned block from the index (its page is the caller's)."""
@@ -188,20 +148,7 @@ class BlockIndex:
         if entry.pins:
             raise ValueError(f"block {block_hash:#x} is pinned")
         del self._entries[block_hash]
-        del self._lru[block_hash]
+        self._eviction.dropped(block_hash)
         if entry.lease_deadline is not None:
             self.replica_count -= 1
         return entry
-
-    def _push_lease(self, entry: BlockEntry) -> None:
-        assert entry.lease_deadline is not None
-        heapq.heappush(self._leases, (entry.lease_deadline, next(self._tiebreak), entry.block_hash))
-        if len(self._leases) > 2 * self.replica_count + 64:
-            self._rebuild_leases()
-
-    def _rebuild_leases(self) -> None:
-        self._leases = [
-            (e.lease_deadline, next(self._tiebreak), e.block_hash)
-            for e in self._entries.values() if e.lease_deadline is not None]
-        heapq.heapify(self._leases)
-

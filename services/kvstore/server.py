@@ -28,7 +28,8 @@ from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.peers import RegisteredPeers, RegistryFetch
 from speckv.services.kvstore.replication import Replicator, TargetFactory
 from speckv.services.kvstore.servicer import KVStoreServicer, RequestLimits
-from speckv.services.kvstore.store import KVStoreCore, StoreStats, TierStats
+from speckv.services.kvstore.records import StoreStats, TierStats
+from speckv.services.kvstore.store import KVStoreCore
 from speckv.services.kvstore.vllm_publisher import VllmEventPublisher
 from speckv.services.kvstore.write_gate import WriteGate
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc

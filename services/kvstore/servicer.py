@@ -30,7 +30,8 @@ from speckv.services.kvstore import validate
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
-from speckv.services.kvstore.store import BlockWrite, KVStoreCore, StoreStats
+from speckv.services.kvstore.records import BlockWrite, StoreStats
+from speckv.services.kvstore.store import KVStoreCore
 from speckv.services.kvstore.write_gate import WriteGate
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 

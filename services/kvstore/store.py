@@ -1,6 +1,9 @@
 """KVStoreCore: one node's KV store, composing its tiers (each a pool, an
 index and a reservation book; tier.py), the event log and the page mover
-behind one lock.
+behind one lock. Its parts: records.py (what it takes and returns),
+writeback.py (room-making, eviction and demotion between the tiers) and
+store_replicas.py (both ends of replication); eviction order: index.py and
+eviction.py.
 
 Tiers: every node has a device tier; with host_pages > 0 it also has a host
 tier below it. A block is in one tier or both. A block the device tier
@@ -8,7 +11,7 @@ evicts by LRU is demoted to the host tier (write-back: its bytes are copied
 down before its device page is freed), where it becomes the most recent
 block; a speculative replica whose lease lapsed is dropped, not demoted (a
 wrong guess is given back). The host tier evicts by the same policy
-(index.py), so a chain leaves it tail first too. `promote` copies a
+(eviction.py), so a chain leaves it tail first too. `promote` copies a
 prefix's host-only blocks up into the device tier (the host copy stays) and
 is what a route's host hit waits for before prefill. Reads (lookups, reads,
 replication sources) see both tiers; a put stores into the device tier; a
@@ -38,140 +41,29 @@ from __future__ import annotations
 import heapq
 import math
 import threading
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from speckv.kernels.backend import Backend, NumpyBackend
 from speckv.services.common.clock import Clock
-from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.common.ids import BlockHash, OrderId
+from speckv.services.common.ids import BlockHash
 from speckv.services.common.retention import Retention
 from speckv.services.common.tiers import Tier
 from speckv.services.kvstore import validate
-from speckv.services.kvstore.dataplane.segments import Piece, Span
 from speckv.services.kvstore.events import EventLog, EventType, KVEvent
 from speckv.services.kvstore.index import BlockEntry, BlockIndex
 from speckv.services.kvstore.pool import Buffer, PageId, PagePool, bytes_view
-from speckv.services.kvstore.reservations import Grant, Handle, Reservation, ReservationBook
+from speckv.services.kvstore.records import BlockWrite, LookupResult, PutResult, StoreStats, TierStats
+from speckv.services.kvstore.reservations import ReservationBook
+from speckv.services.kvstore.store_replicas import ReplicaSides
 from speckv.services.kvstore.tier import PageMover, StoreTier
+from speckv.services.kvstore.writeback import WriteBack
 
 
-@dataclass(slots=True)
-class BlockWrite:
-    block_hash: BlockHash
-    data: Buffer  # canonical bytes, bytes_per_block long
-    family: str = ""
-    parent: BlockHash | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ZeroCopyWrite:
-    """A chunk being received straight into reserved pages: write `views`
-    (in order, `size` bytes in all), then finish_write or cancel_write."""
-
-    reservation: Reservation
-    offset: int
-    size: int
-    spans: list[Span] | None  # whole segments (the common case), or
-    pieces: list[Piece]  # segment pieces, when the range cuts segments
-    views: list[memoryview]
-
-
-@dataclass(slots=True)
-class PutResult:
-    stored: int
-    already_present: int
-    evicted: int
-
-
-@dataclass(slots=True)
-class LookupResult:
-    present: list[bool]
-    prefix_blocks: int
-
-
-@dataclass(slots=True)
-class TierStats:
-    """One tier's pages (a block in both tiers has a page in each)."""
-
-    num_pages: int
-    used_pages: int  # not free: resident + reserved
-    free_pages: int
-    pinned_pages: int
-    reserved_pages: int
-    replica_pages: int  # speculative replicas still carrying a lease
-    evictable_pages: int  # resident and unpinned
-    pool_bytes: int
-
-
-@dataclass(slots=True)
-class StoreStats:
-    """Both tiers' pages (host None without one), the event log's position
-    and the block counters; the device tier's figures also answer to their
-    pre-tier names (num_pages, used_pages, ...)."""
-
-    node_id: str
-    geometry: KVGeometry
-    device: TierStats
-    last_event_sequence: int
-    open_reservations: int
-    blocks_stored_total: int
-    blocks_evicted_total: int  # left the device tier (demoted or dropped)
-    blocks_committed_total: int
-    host: TierStats | None = None
-    blocks_demoted_total: int = 0
-    blocks_promoted_total: int = 0
-    blocks_dropped_total: int = 0  # left the node: evicted with no copy in the other tier
-    retained_blocks: int = 0  # blocks retained now (the retain action)
-    retain_max_blocks: int = 0  # the most it retains at once (retain_max_share of its last tier)
-
-    @property
-    def num_pages(self) -> int:
-        return self.device.num_pages
-
-    @property
-    def used_pages(self) -> int:
-        return self.device.used_pages
-
-    @property
-    def free_pages(self) -> int:
-        return self.device.free_pages
-
-    @property
-    def pinned_pages(self) -> int:
-        return self.device.pinned_pages
-
-    @property
-    def reserved_pages(self) -> int:
-        return self.device.reserved_pages
-
-    @property
-    def replica_pages(self) -> int:
-        return self.device.replica_pages
-
-    @property
-    def evictable_pages(self) -> int:
-        return self.device.evictable_pages
-
-    @property
-    def pool_bytes(self) -> int:
-        return self.device.pool_bytes
-
-    @property
-    def available_pages(self) -> int:
-        """Device pages a new request could get: free plus evictable."""
-        return self.device.free_pages + self.device.evictable_pages
-
-    @property
-    def host_pages(self) -> int:
-        return self.host.num_pages if self.host is not None else 0
-
-
-class KVStoreCore:
+class KVStoreCore(ReplicaSides, WriteBack):
     def __init__(
         self, node_id: str, geometry: KVGeometry, num_pages: int, clock: Clock, *,
         event_retention: int = 100_000, max_hashes_per_request: int = 65_536, backend: Backend | None = None,
@@ -414,150 +306,6 @@ class KVStoreCore:
                 self._drop_pin(h)
             return len(wanted)
 
-    # ---- target side of replication ----------------------------------
-    def reserve(
-        self, order_id: str, hashes: Sequence[int], lease_s: float, *, family: str = "",
-        parent: BlockHash | None = None, source_node: str = "", tier: Tier = Tier.DEVICE,
-    ) -> Grant:
-        """Holds pages of tier for the hashes this node holds in no tier
-        (evicting if needed); FailedPrecondition when it has no such tier."""
-        validate.identifier(order_id, "order_id")
-        wanted = validate.hash_list(hashes, "reserve", self.max_hashes, unique=True)
-        validate.lease(lease_s, "lease_s")
-        with self._lock:
-            target = self._tier(tier, f"reserve for order {order_id}")
-            self._reap()
-            parents = [parent, *wanted[:-1]]
-            needed = [(h, p) for h, p in zip(wanted, parents) if not self._holds(h)]
-            present = [h for h in wanted if h in target.index]
-            allocate = self._allocate if target is self._device else self._allocate_host
-            pages, _ = allocate(len(needed), protect=present, what=f"reserve for order {order_id}")
-            reservation = target.book.open(
-                OrderId(order_id), [h for h, _ in needed], pages, lease_s, parents=[p for _, p in needed],
-                family=family, parent=parent, source_node=source_node)
-            self._settle_retention()
-            return Grant(reservation.handle, tuple(reservation.hashes), self.bytes_per_block, reservation.deadline)
-
-    def check_write(self, handle: str, offset: int, size: int) -> None:
-        """Raises unless a chunk of size bytes at offset may go to handle (a
-        live reservation, inside it); changes nothing but reaping."""
-        validate.identifier(handle, "handle")
-        with self._lock:
-            self._reap()
-            self._book_of(handle).book.check(Handle(handle), offset, size)
-
-    def write_chunk(self, handle: str, offset: int, data: Buffer, crc32c: int, actual_crc: int | None = None) -> int:
-        """actual_crc: crc32c of data when the caller computed it already."""
-        validate.identifier(handle, "handle")
-        with self._lock:
-            self._reap()
-            return self._book_of(handle).book.write(Handle(handle), offset, data, crc32c, actual_crc)
-
-    def begin_write(self, handle: str, offset: int, size: int) -> ZeroCopyWrite | None:
-        """Checks like check_write; on a host pool also registers a zero-copy
-        write and returns the views of the reserved pages to fill. None on a
-        device pool: stage the bytes and call write_chunk instead."""
-        validate.identifier(handle, "handle")
-        with self._lock:
-            self._reap()
-            tier = self._book_of(handle)
-            if not tier.pool.zero_copy:
-                tier.book.check(Handle(handle), offset, size)
-                return None
-            reservation = tier.book.begin_write(Handle(handle), offset, size)
-            spans = tier.pool.spans(reservation.pages, offset, size)  # in range: checked above
-            if spans is not None:
-                return ZeroCopyWrite(reservation, offset, size, spans, [], tier.pool.span_views(spans))
-            pieces = tier.pool.pieces(reservation.pages, offset, size)
-            return ZeroCopyWrite(reservation, offset, size, None, pieces, tier.pool.views(pieces))
-
-    def finish_write(self, write: ZeroCopyWrite, crc32c: int, actual_crc: int, piece_crcs: Sequence[int]) -> int:
-        """Ends a zero-copy write: its bytes had crc32c actual_crc, the sender
-        said crc32c; piece_crcs are the crc32c of each of write.pieces, kept
-        for the whole segments. Returns the reservation's covered bytes."""
-        with self._lock:
-            tier = self._book_of(write.reservation.handle)
-            covered = tier.book.finish_write(write.reservation, write.offset, write.size, crc32c, actual_crc)
-            if write.spans is not None:
-                tier.pool.crcs.record_spans(write.spans, piece_crcs)
-            for piece, crc in zip(write.pieces, piece_crcs):
-                if piece.whole:
-                    tier.pool.crcs.record(piece.page, piece.segment, crc)
-            return covered
-
-    def cancel_write(self, write: ZeroCopyWrite) -> None:
-        """Ends a zero-copy write that did not complete (abort it too)."""
-        with self._lock:
-            self._book_of(write.reservation.handle).book.cancel_write(write.reservation, write.offset, write.size)
-
-    def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
-        """replica_lease_s 0: the blocks are kept like any other block."""
-        validate.identifier(handle, "handle")
-        if replica_lease_s < 0:
-            raise InvalidArgument(f"replica_lease_s={replica_lease_s}: must be >= 0")
-        with self._lock:
-            self._reap()
-            return self._book_of(handle).book.commit(Handle(handle), dict(chunk_crcs), replica_lease_s)
-
-    def abort(self, handle: str, reason: str = "") -> int:
-        validate.identifier(handle, "handle")
-        with self._lock:
-            self._reap()
-            return self._book_of(handle).book.abort(Handle(handle), reason)
-
-    # ---- source side of replication -----------------------------------
-    @contextmanager
-    def hold(self, hashes: Sequence[int], what: str = "replicate") -> Iterator[list[BlockHash]]:
-        """Pins the blocks, in every tier holding them, for the duration
-        (FailedPrecondition naming the ones this node lacks), without
-        counting as a use."""
-        wanted = validate.hash_list(hashes, what, self.max_hashes)
-        with self._lock:
-            missing = [h for h in wanted if not self._holds(h)]
-            if missing:
-                raise FailedPrecondition(
-                    f"{what}: node {self.node_id} lacks {len(missing)} of {len(wanted)} blocks: "
-                    f"{validate.quote(missing)}")
-            pinned = self._pin_all(wanted)
-        try:
-            yield wanted
-        finally:
-            with self._lock:
-                self._unpin_all(pinned)
-
-    def pages_of(self, hashes: Sequence[BlockHash]) -> tuple[Tier, list[PageId]] | None:
-        """The tier and pages of resident blocks when one tier holds them all
-        (the device tier first), else None; the caller holds them pinned."""
-        with self._lock:
-            self._require_resident(hashes, "pages_of")
-            for tier in self._tiers():
-                entries = [tier.index.get(h) for h in hashes]
-                if all(e is not None for e in entries):
-                    return tier.tier, [e.page for e in entries]  # type: ignore[union-attr]
-            return None
-
-    @property
-    def zero_copy(self) -> bool:
-        """Whether source_chunk and begin_write views work on the device tier (a host pool)."""
-        return self._pool.zero_copy
-
-    def tier_zero_copy(self, tier: Tier) -> bool:
-        """Whether source_chunk views work on tier (a host pool)."""
-        return self._tier(tier, "tier_zero_copy").pool.zero_copy
-
-    def source_chunk(self, pages: Sequence[PageId], offset: int, length: int,
-                     tier: Tier = Tier.DEVICE) -> tuple[list[memoryview], int]:
-        """Views of canonical bytes [offset, offset+length) of pages' blocks
-        in tier (pinned by the caller, so they stay put and unchanged) and
-        their crc32c, folded from cached segment checksums (host pools only)."""
-        with self._lock:
-            pool = self._tier(tier, "source_chunk").pool
-            spans = pool.spans(pages, offset, length)
-            if spans is not None:
-                return pool.span_views(spans), pool.spans_crc(spans)
-            pieces = pool.pieces(pages, offset, length)
-            return pool.views(pieces), pool.range_crc(pieces)
-
     # ---- housekeeping ---------------------------------------------------
     def maintenance(self) -> int:
         """Reaps lapsed reservations (freeing their pages) and ends pins whose
@@ -654,105 +402,6 @@ class KVStoreCore:
         missing = [h for h in dict.fromkeys(hashes) if not self._holds(h)]
         if missing:
             raise NotFound(f"{what}: unknown block hashes on node {self.node_id}: {validate.quote(missing)}")
-
-    def _allocate(self, count: int, protect: Sequence[BlockHash], what: str) -> tuple[list[PageId], int]:
-        """count device pages, evicting as few blocks as needed but none of
-        protect; evicted blocks are demoted to the host tier (_demote).
-        Raises ResourceExhausted, changing nothing, when that is impossible."""
-        victims = self._evict(self._device, count, protect, what)
-        if victims:
-            self._demote(victims)
-            self._pool.free([v.page for v in victims])
-            self._evicted_total += len(victims)
-            self._events.append(EventType.REMOVED, tuple(v.block_hash for v in victims), medium=Tier.DEVICE.medium)
-        return self._pool.alloc(count), len(victims)
-
-    def _allocate_host(self, count: int, protect: Sequence[BlockHash], what: str) -> tuple[list[PageId], int]:
-        """count host pages, evicting (dropping) as few host blocks as needed but none of protect."""
-        host = self._host
-        assert host is not None
-        victims = self._evict(host, count, protect, what)
-        if victims:
-            host.pool.free([v.page for v in victims])
-            self._dropped_total += sum(1 for v in victims if v.block_hash not in self._index)
-            self._events.append(EventType.REMOVED, tuple(v.block_hash for v in victims), medium=Tier.HOST.medium)
-        return host.pool.alloc(count), len(victims)
-
-    def _evict(self, tier: StoreTier, count: int, protect: Sequence[BlockHash], what: str) -> list[BlockEntry]:
-        """Removes from tier's index the victims count new pages need (its
-        pool keeps their pages until the caller frees them)."""
-        pool, index = tier.pool, tier.index
-        shortfall = count - pool.free_count
-        if shortfall <= 0:
-            return []
-        guarded = {h for h in protect if h in index}
-        shielded = sum(1 for h in guarded if index.get(h).pins == 0)  # type: ignore[union-attr]
-        evictable = index.evictable_count - shielded
-        if evictable < shortfall:
-            raise ResourceExhausted(
-                f"{what}: needs {count} {tier.tier.name.lower()} pages but only {pool.free_count} are free and "
-                f"{evictable} evictable ({index.pinned_count} pinned, {tier.book.reserved_pages} reserved, "
-                f"{pool.num_pages} in all)")
-        now = self.clock.now()
-        retention = self._retention if tier is self._last else None
-        victims = [index.pop_victim(now, guarded, retention) for _ in range(shortfall)]
-        if self._retention:
-            self._evicted_now.extend(v.block_hash for v in victims)  # type: ignore[union-attr]
-        return victims  # type: ignore[return-value]
-
-    def _settle_retention(self) -> None:
-        """Ends the retention of what this call's evictions took off the node
-        (not what it evicted and stored again), as the simulator does."""
-        if self._evicted_now:
-            self._retention.release([h for h in self._evicted_now if not self._holds(h)])
-            self._evicted_now.clear()
-
-    def _demote(self, victims: list[BlockEntry]) -> None:
-        """Write-back of device victims (their pages still hold their bytes):
-        each one evicted by LRU goes to the host tier as its most recent
-        block, in eviction order, so a chain's head ends most recent there
-        too; a lapsed replica is dropped; a block the host tier already holds
-        is only touched there. What the host tier cannot make room for is
-        dropped."""
-        host, now = self._host, self.clock.now()
-        if host is None:
-            self._dropped_total += len(victims)
-            return
-        lapsed = [v for v in victims if v.lease_deadline is not None and v.lease_deadline <= now]
-        kept = [v for v in victims if not (v.lease_deadline is not None and v.lease_deadline <= now)]
-        known = [v for v in kept if v.block_hash in host.index]
-        down = [v for v in kept if v.block_hash not in host.index]
-        host.index.touch_chain([v.block_hash for v in reversed(known)])
-        room = min(len(down), host.pool.free_count + host.index.evictable_count)
-        down, lost = down[:room], down[room:]
-        pages, _ = self._allocate_host(len(down), protect=[], what="demote")
-        self._mover.move(self._pool, [v.page for v in down], host.pool, pages)
-        for entry, page in zip(down, pages):
-            host.index.insert(BlockEntry(entry.block_hash, page, entry.family, entry.parent))
-        self._demoted_total += len(down)
-        self._dropped_total += len(lost) + sum(1 for v in lapsed if v.block_hash not in host.index)
-        self._emit_runs(EventType.STORED, Tier.HOST, down[::-1])  # victims go tail first; events list chains head first
-
-    def _publish(self, tier: Tier, reservation: Reservation, replica_lease_s: float) -> int:
-        """Book callback at commit: index the reserved blocks in tier, emit
-        COMMITTED. A hash that became resident in that tier meanwhile keeps
-        its copy; ours is freed."""
-        target = self._tier(tier, "commit")
-        lease = self.clock.now() + replica_lease_s if replica_lease_s > 0 else None
-        published: list[BlockHash] = []
-        # Tail first, so that once the lease lapses LRU takes the tail first (index.py).
-        for h, page, parent in reversed(list(zip(reservation.hashes, reservation.pages, reservation.parents))):
-            if h in target.index:
-                target.pool.free([page])
-                continue
-            target.index.insert(BlockEntry(h, page, reservation.family, parent, lease_deadline=lease))
-            published.append(h)
-        published.reverse()
-        if published:
-            self._committed_total += len(published)
-            self._events.append(EventType.COMMITTED, tuple(published), parent=reservation.parent,
-                                family=reservation.family, order_id=reservation.order_id, medium=tier.medium)
-        return len(published)
 
     def _emit_runs(self, kind: EventType, tier: Tier, blocks: Sequence[BlockWrite] | Sequence[BlockEntry]) -> None:
         """One event per run of blocks that chain (parent = previous block,

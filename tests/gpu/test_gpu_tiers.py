@@ -15,7 +15,8 @@ from speckv.services.common.clock import ManualClock
 from speckv.services.common.geometry import preset
 from speckv.services.common.tiers import Tier
 from speckv.services.kvstore.pool import PagePool
-from speckv.services.kvstore.store import BlockWrite, KVStoreCore
+from speckv.services.kvstore.records import BlockWrite
+from speckv.services.kvstore.store import KVStoreCore
 from speckv.services.kvstore.tier import PageMover
 
 pytestmark = [pytest.mark.gpu,

@@ -12,7 +12,8 @@ from speckv.services.common.geometry import KVGeometry, preset
 from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.server import build_server
-from speckv.services.kvstore.store import BlockWrite, KVStoreCore
+from speckv.services.kvstore.records import BlockWrite
+from speckv.services.kvstore.store import KVStoreCore
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 from tests.support.waiting import TIMEOUT
 

@@ -46,7 +46,7 @@ from speckv.services.common.capability import Capability
 from speckv.services.kvstore.checksum import combine
 from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.pool import Buffer
-from speckv.services.kvstore.store import ZeroCopyWrite
+from speckv.services.kvstore.records import ZeroCopyWrite
 from speckv.services.kvstore.write_gate import WriteGate
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import gc
 import pytest
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import jobs
+from speckv.loadgen.sim import jobs, scheduler_side
 from speckv.loadgen.sim.predictor import train_lightgbm
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
@@ -66,13 +66,13 @@ def test_lightgbm_leaves_cycles_so_its_runs_keep_collection_on(trace):
 
 def test_the_check_sees_a_cycle_when_one_is_made(trace, monkeypatch):
     """The same check on a run that leaves one cycle per heartbeat round."""
-    original = Simulation._heartbeat_round
+    original = scheduler_side.heartbeat_round
 
     def leaky(self):
         a: list = []
         a.append(a)
         original(self)
 
-    monkeypatch.setattr(Simulation, "_heartbeat_round", leaky)
+    monkeypatch.setattr(scheduler_side, "heartbeat_round", leaky)
     found, _ = garbage_cycles_of_a_run("none", "builtin", trace)
     assert found >= SLICE_S

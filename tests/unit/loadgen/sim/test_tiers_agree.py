@@ -88,9 +88,9 @@ class Scenario:
                     self.seen[node] = event.sequence
             live_host = self.live[node]._host
             # The same eviction order too (nothing is pinned between steps).
-            assert list(self.live[node]._device.index._lru) == list(self.sim[node]._device.lru), node
+            assert self.live[node]._device.index.eviction_order() == self.sim[node]._device.index.eviction_order(), node
             if live_host is not None:
-                assert list(live_host.index._lru) == list(self.sim[node]._host.lru), node
+                assert live_host.index.eviction_order() == self.sim[node]._host.index.eviction_order(), node
             for h in UNIVERSE:
                 live_tiers = (h in self.live[node]._device.index, live_host is not None and h in live_host.index)
                 sim_tiers = (self.sim[node].in_tier(h, Tier.DEVICE), self.sim[node].in_tier(h, Tier.HOST))

@@ -37,7 +37,7 @@ def test_expired_replica_goes_before_older_lru_block():
 def drain_copy(index, now):
     """Eviction order without changing index: rebuild a twin."""
     twin = BlockIndex()
-    for h in list(index._lru):  # LRU order
+    for h in index.eviction_order():  # LRU order
         entry = index.get(h)
         twin.insert(BlockEntry(entry.block_hash, entry.page, lease_deadline=entry.lease_deadline))
     return drain(twin, now)
@@ -91,7 +91,7 @@ def test_lease_heap_stays_bounded_when_replicas_are_touched():
     for h in range(1000):
         add(index, h, lease=100.0)
         index.touch(h)
-    assert len(index._leases) <= 2 * index.replica_count + 65
+    assert len(index._eviction._leases) <= 2 * index.replica_count + 65
 
 
 @pytest.mark.parametrize("count", [0, 1, 5])

@@ -5,7 +5,7 @@ import pytest
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from speckv.services.kvstore.events import EventType
-from speckv.services.kvstore.store import BlockWrite
+from speckv.services.kvstore.records import BlockWrite
 from tests.support.kvstore_service import block_bytes, make_store, read, retained_events, writes
 
 
