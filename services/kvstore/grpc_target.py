@@ -19,7 +19,7 @@ from speckv.services.common.rpc.interceptor import STATUS_OF_ERROR
 from speckv.services.common.rpc.server import MIB, open_channel
 from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.rpc.tls import TlsMaterial
-from speckv.services.kvstore.dataplane.token_bucket import TokenBucket
+from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.services.kvstore.replication import Chunk, TransferOrder
 from speckv.services.kvstore.reservations import Grant, Handle
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc

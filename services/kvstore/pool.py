@@ -17,7 +17,7 @@ from directly, with no copy; one in the other memory goes through a staging
 buffer in the pool's memory, reused across calls, and one copy across.
 
 A host pool also offers zero-copy access for the TCP data plane
-(services/kvstore/dataplane/segments.py): `pieces` maps a byte range of a page list to
+(services/kvstore/segments.py): `pieces` maps a byte range of a page list to
 segment ranges of the flat pool, `views` turns them into memoryviews to
 recv_into / sendmsg, and `crcs` caches each segment's crc32c. Every write
 path here clears the written pages' cached checksums.
@@ -37,7 +37,7 @@ from speckv.kernels.arrays import Array, SupportsDLPack
 from speckv.kernels.backend import Backend, NumpyBackend
 from speckv.services.common.errors import InvalidArgument, ResourceExhausted
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.kvstore.dataplane.segments import Piece, SegmentCrcs, SegmentLayout, Span
+from speckv.services.kvstore.segments import Piece, SegmentCrcs, SegmentLayout, Span
 
 PageId = NewType("PageId", int)
 Buffer = bytes | bytearray | memoryview | np.ndarray | SupportsDLPack

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import BlockHash
-from speckv.services.kvstore.dataplane.segments import Piece, Span
+from speckv.services.kvstore.segments import Piece, Span
 from speckv.services.kvstore.pool import Buffer
 from speckv.services.kvstore.reservations import Reservation
 

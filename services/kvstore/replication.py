@@ -39,7 +39,7 @@ from speckv.services.common.errors import FailedPrecondition, InvalidArgument, S
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.tiers import Tier
 from speckv.services.kvstore import validate
-from speckv.services.kvstore.dataplane.pack_pipeline import pipelined_chunks
+from speckv.services.kvstore.pack_pipeline import pipelined_chunks
 from speckv.services.kvstore.peers import RegisteredPeers
 from speckv.services.kvstore.pool import Buffer, PageId
 from speckv.services.kvstore.reservations import Grant

@@ -23,7 +23,7 @@ from speckv.services.kvstore.agent import SchedulerAgent
 from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.dataplane.listener import DataPlaneServer
 from speckv.services.kvstore.dataplane.tcp_target import TcpReplicationTarget
-from speckv.services.kvstore.dataplane.token_bucket import TokenBucket, gbit_to_bytes_per_s
+from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.peers import RegisteredPeers, RegistryFetch
 from speckv.services.kvstore.replication import Replicator, TargetFactory

@@ -1,3 +1,4 @@
-"""The bulk TCP data plane of replication: framing, the target's listener and
-receiver, the source's TCP target, pack pipeline and rate limit, and the
-zero-copy segment views of a host pool."""
+"""The bulk TCP transport of replication, above the store: framing, the
+target's listener and receiver, and the source's TCP target. What every
+transport moves bytes with (zero-copy segments, the pack pipeline, the rate
+limit) lives in the kvstore package itself, so the store never imports this."""

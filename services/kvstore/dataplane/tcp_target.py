@@ -25,7 +25,7 @@ from typing import Iterator, Mapping
 from speckv.services.common import errors
 from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.dataplane.listener import tune
-from speckv.services.kvstore.dataplane.token_bucket import TokenBucket
+from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.replication import Chunk, TransferOrder
 from speckv.services.kvstore.reservations import Grant

@@ -25,7 +25,7 @@ How orders are held open: the victim runs with a replication link cap
 ORDER_BLOCKS tiny blocks each, the first two fit the token bucket's
 64 KiB burst and commit at once, and the third sleeps in the source's
 pacing for seconds with its reservation open on its target
-(services/kvstore/dataplane/token_bucket.py). The victim is fixed
+(services/kvstore/token_bucket.py). The victim is fixed
 (node-1); the burst goes to it because its families' prefixes are seeded
 there, so it is the node the burst is routed to.
 

@@ -4,7 +4,7 @@ import pytest
 
 from speckv.services.common.clock import ManualClock
 from speckv.services.common.errors import InvalidArgument
-from speckv.services.kvstore.dataplane.token_bucket import TokenBucket, gbit_to_bytes_per_s
+from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_s
 
 
 def test_full_bucket_lets_a_burst_through_then_charges_debt():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from speckv.services.kvstore.checksum import crc32c
-from speckv.services.kvstore.dataplane.pack_pipeline import pipelined_chunks
+from speckv.services.kvstore.pack_pipeline import pipelined_chunks
 
 BPB = 1000  # bytes per "block": block h is bytes h, h+1, ... mod 256
 
