@@ -19,9 +19,7 @@ from tests.support.repo import REPO_ROOT
 
 LAB_ONLY = ("torch", "matplotlib", "statsmodels", "ray")
 SERVICE_MODULES = (
-    "speckv.services.kvstore.server",
-    "speckv.services.predictor.server",
-    "speckv.services.scheduler.server",
+    *cli.SERVER_MODULES.values(),
     "speckv.services.cluster.up",
     "speckv.services.cluster.status",
     "speckv.services.cluster.node_cli",
