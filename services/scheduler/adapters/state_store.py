@@ -19,7 +19,7 @@ Invariants:
   same state dir fails at start; the lock dies with its process.
 - `schema_version` holds one row. An older version is migrated in place at
   open, in one transaction (MIGRATIONS). A database without it that has
-  tables, one of a newer version, or one that fails SQLite's quick_check or holds a
+  tables, a file shorter than SQLite's header (0 bytes included), one of a newer version, or one that fails SQLite's quick_check or holds a
   row that does not read back is refused at open or load with
   FailedPrecondition naming the file: never a silent reset.
 - Block hashes are uint64: kept as little-endian 8-byte words in a BLOB
@@ -101,6 +101,7 @@ class StateStore:
         another scheduler."""
         folder = Path(state_dir)
         path = folder / DB_FILE
+        _refuse_empty_file(path)
         try:
             folder.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=LOCK_WAIT_S)
@@ -188,6 +189,29 @@ class StateStore:
                 return self._db.execute(sql).fetchall()
             except sqlite3.Error as exc:
                 raise FailedPrecondition(f"state database {self.path}: cannot read: {exc}") from None
+
+
+SQLITE_HEADER_BYTES = 100  # every SQLite database file starts with a 100-byte header
+
+
+def _refuse_empty_file(path: Path) -> None:
+    """A state file that exists but is shorter than SQLite's header (0 bytes: a
+    truncated copy, a failed restore; SQLite takes a 1-byte file for a new
+    database too) is refused, never taken for a new database: SQLite would write
+    a fresh schema into it, silently dropping whatever the operator believed was
+    saved there. Only a missing file starts an empty state. A scheduler killed
+    between SQLite creating the file and writing its schema (a first start's
+    first milliseconds) leaves a 0-byte file too: the error says how to go on."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise FailedPrecondition(f"state database {path}: cannot read it: {exc}") from None
+    if size < SQLITE_HEADER_BYTES:
+        what = "empty (0 bytes)" if size == 0 else f"truncated ({size} bytes, shorter than a database's header)"
+        raise FailedPrecondition(f"state database {path} is {what}, so it holds no saved state and is not taken "
+                                 "as a new one; move it aside (or delete it) to start with an empty state")
 
 
 def _prepare(db: sqlite3.Connection, path: Path) -> None:

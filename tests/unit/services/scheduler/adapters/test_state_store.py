@@ -155,6 +155,31 @@ def test_a_garbage_file_is_refused_never_reset(tmp_path):
     assert (tmp_path / DB_FILE).read_bytes() == b"not a database" * 500
 
 
+def test_an_empty_file_is_refused_never_reset(tmp_path):
+    (tmp_path / DB_FILE).write_bytes(b"")
+    with pytest.raises(FailedPrecondition, match=rf"{DB_FILE} is empty \(0 bytes\)"):
+        StateStore.open(tmp_path)
+    assert (tmp_path / DB_FILE).read_bytes() == b""  # no schema written into it
+
+
+@pytest.mark.parametrize("size, expected", [
+    (1, "truncated \\(1 bytes"),  # SQLite itself takes a 1-byte file for a new database
+    (99, "truncated \\(99 bytes"),  # one byte short of SQLite's header
+    (100, "corrupt or not a database"),  # a whole header's length: SQLite's own check refuses it
+])
+def test_a_file_shorter_than_a_header_is_refused_never_reset(tmp_path, size, expected):
+    (tmp_path / DB_FILE).write_bytes(b"\1" * size)
+    with pytest.raises(FailedPrecondition, match=expected):
+        StateStore.open(tmp_path)
+    assert (tmp_path / DB_FILE).read_bytes() == b"\1" * size
+
+
+def test_a_missing_file_starts_an_empty_state(tmp_path):
+    store = StateStore.open(tmp_path / "new")
+    assert store.load().policy == ""  # nothing saved yet
+    store.close()
+
+
 def test_a_damaged_page_is_refused(store):
     path = store.path
     for i in range(50):
