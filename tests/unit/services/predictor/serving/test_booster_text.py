@@ -41,15 +41,30 @@ def test_a_good_booster_loads_the_same(model_text: str) -> None:
     ("left_child", "0", "reached twice"),  # back to the root: a walk would loop
     ("split_feature", str(2**31 - 1), "split_feature"),
     ("split_feature", "-1", "split_feature"),
+    ("split_feature", str(FEATURES), "split_feature"),  # max_feature_idx + 1: one past the last feature
     ("threshold", "nan", "NaN"),
     ("leaf_value", "inf", "not finite"),
     ("decision_type", "1", "decision_type"),  # categorical
+    ("decision_type", "12", "decision_type"),  # missing type 3 (bits 2-3): LightGBM writes 0, 1 or 2
 ])
 def test_a_bad_node_anywhere_is_refused(model_text: str, key: str, value: str, message: str) -> None:
     for seed in range(5):  # any tree, any node: not only the ones a probe row would walk
         text, where = edit_node(model_text, random.Random(seed), key, lambda _l, _j: value)
         with pytest.raises(ValueError, match=message):
             checked_model_text(text.encode(), FEATURES)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("split_feature", str(FEATURES - 1)),  # max_feature_idx: the last feature
+    ("split_feature", "0"),
+    ("decision_type", "8"),  # missing type 2 (NaN), the largest LightGBM writes
+    ("decision_type", "10"),  # missing type 2 with default-left
+])
+def test_a_node_at_each_bound_is_accepted(model_text: str, key: str, value: str) -> None:
+    """The other side of each refusal above: a boundary moved by one fails here or there."""
+    for seed in range(5):
+        text, _where = edit_node(model_text, random.Random(seed), key, lambda _l, _j: value)
+        lgb.Booster(model_str=checked_model_text(text.encode(), FEATURES))
 
 
 @pytest.mark.parametrize("edit", [
