@@ -137,12 +137,16 @@ class _Tracked:
 class ActionOutcomes:
     def __init__(self) -> None:
         self._tracked: dict[OrderId, _Tracked] = {}
-        self._by_family: dict[Family, set[OrderId]] = defaultdict(set)
+        # Per family its tracked orders, in issue order: a dict as an ordered set, since OrderId is a
+        # str and a set's order follows str hashing, which differs per process (PYTHONHASHSEED); the
+        # orders one route closes add their expected ms in this order, and a float sum must not
+        # depend on the process.
+        self._by_family: dict[Family, dict[OrderId, None]] = defaultdict(dict)
         self._stats: dict[tuple[str, ActionKind], ActionStats] = defaultdict(ActionStats)
         self._policies: set[str] = set()
         # Orders closed unread whose node no request of their family was routed to since, in closing order.
         self._after: dict[OrderId, _Tracked] = {}
-        self._after_by_family: dict[Family, set[OrderId]] = defaultdict(set)
+        self._after_by_family: dict[Family, dict[OrderId, None]] = defaultdict(dict)  # in closing order
 
     def issued(self, order: Order, bytes_per_block: int) -> None:
         spec = order.spec
@@ -157,7 +161,7 @@ class ActionOutcomes:
             stats.bytes += nbytes
             stats.expected_ms += spec.expected_benefit_ms
         self._tracked[order.order_id] = tracked
-        self._by_family[spec.family].add(order.order_id)
+        self._by_family[spec.family][order.order_id] = None
 
     def transition(self, order: Order, now: float) -> None:
         """The order reached order.state."""
@@ -228,7 +232,7 @@ class ActionOutcomes:
     def _close(self, order_id: OrderId, outcome: Outcome) -> None:
         tracked = self._tracked.pop(order_id)
         ids = self._by_family[tracked.family]
-        ids.discard(order_id)
+        ids.pop(order_id, None)
         if not ids:
             del self._by_family[tracked.family]
         for stats in self._totals(tracked):
@@ -246,12 +250,12 @@ class ActionOutcomes:
         if len(self._after) >= MAX_AFTERLIFE:
             self._forget_after(next(iter(self._after)))
         self._after[order_id] = tracked
-        self._after_by_family[tracked.family].add(order_id)
+        self._after_by_family[tracked.family][order_id] = None
 
     def _forget_after(self, order_id: OrderId) -> _Tracked:
         after = self._after.pop(order_id)
         ids = self._after_by_family[after.family]
-        ids.discard(order_id)
+        ids.pop(order_id, None)
         if not ids:
             del self._after_by_family[after.family]
         return after
