@@ -114,6 +114,7 @@ def _register_metrics(telemetry: Telemetry, core: PredictorCore, returns: Return
 
     register_gauges(telemetry.meter_provider, SERVICE, {
         "speckv.predictor.families_tracked": lambda: [(float(core.families_tracked), {})],
+        "speckv.predictor.families_dropped": lambda: [(float(core.families_dropped), {})],
         "speckv.predictor.observations": observations,
         "speckv.predictor.open_conversations": lambda: [(float(returns.open_conversations), {})],
         "speckv.predictor.returns_events": lambda: [(float(n), {"kind": name})

@@ -321,6 +321,13 @@ class PredictorCore:
         with self._lock:
             return self._series.families_tracked
 
+    @property
+    def families_dropped(self) -> int:
+        """Families dropped at the max_families_tracked cap since start
+        (the least recently seen first; idle ones forgotten are not counted)."""
+        with self._lock:
+            return self._series.evicted
+
     # --- checks --------------------------------------------------------------
 
     def _check_fits(self, model: CountModel) -> None:
