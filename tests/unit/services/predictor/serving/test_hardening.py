@@ -69,7 +69,7 @@ def test_limits_are_config_fields() -> None:
                                             "--reload-probe-timeout-s", "5"], {}, prog="p")
     settings = config.core_settings()
     assert (settings.max_clock_skew_s, settings.max_families_tracked, settings.reload_probe_timeout_s) == (30, 50, 5)
-    assert PredictorConfig().core_settings().max_families_tracked == 100_000
+    assert PredictorConfig().core_settings().max_families_tracked == 1_000_000
     root = parse_config(PredictorConfig, [], {"SPECKV_MODEL_ROOT": "/models"}, prog="p").core_settings().model_root
     assert (root, PredictorConfig().core_settings().model_root) == ("/models", "")  # empty: no reloads
     with pytest.raises(InvalidArgument, match="model_root"):
