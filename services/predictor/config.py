@@ -31,7 +31,9 @@ class PredictorConfig(ServerSettings):
     retrain_quick: bool = field(default=False, metadata={"help": "retrain with the quick hyperparameters of services/config/predictor.json"})
     max_future_s: float = field(default=60.0, metadata={"help": "refuse observations further than this ahead of the predictor's clock, seconds; 0: no limit"})
     max_clock_skew_s: float = field(default=300.0, metadata={"help": "refuse a forecast whose now_s is further than this from the predictor's clock (either way), seconds; 0: no limit"})
-    max_families_tracked: int = field(default=100_000, metadata={"help": "most families tracked at once; past it the least recently seen are dropped first; 0: no cap"})
+    # Far above the most any shipped simulation tracks (383,885: the conversation trace at 1,024 nodes;
+    # docs/limits.md), so no committed figure meets the cap; a deployment sizes it to its memory (deploy/k8s).
+    max_families_tracked: int = field(default=1_000_000, metadata={"help": "most families tracked at once; past it the least recently seen is dropped; 0: no cap"})
     reload_probe_timeout_s: float = field(default=60.0, metadata={"help": "a ReloadModel candidate must load and predict in a separate probe process within this, seconds"})
     returns_model: str = field(default="", metadata={"help": "session-return model directory (speckv bench returns --save DIR) that ForecastReturns serves; empty: none (ForecastReturns is FAILED_PRECONDITION)"})
     returns_warm: str = field(default="", metadata={"help": "JSONL of past turns (conversation, arrival_s, end_s, prompt_tokens, output_tokens on the predictor's clock) fed to the return tracker at start; needs returns_model"})

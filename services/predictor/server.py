@@ -11,6 +11,7 @@ from opentelemetry.metrics import Counter
 
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
+from speckv.services.common.errors import SpeckvError
 from speckv.services.common.rpc.server import ServiceServer, serve_until_signal
 from speckv.services.common.rpc.service_metrics import register_gauges
 from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
@@ -30,7 +31,11 @@ SERVICE = "predictor"
 def build_core(config: PredictorConfig, clock: Clock) -> PredictorCore:
     """The core with the model of config.model_dir, or the builtin EWMA."""
     if config.model_dir:
-        return PredictorCore(clock, load_model(config.model_dir), config.core_settings(), source=config.model_dir)
+        try:
+            model = load_model(config.model_dir)
+        except SpeckvError as exc:  # its messages name files within the directory: say which directory
+            raise type(exc)(f"model_dir={config.model_dir!r}: {exc}") from None
+        return PredictorCore(clock, model, config.core_settings(), source=config.model_dir)
     return PredictorCore(clock, config.builtin_model(), config.core_settings(), source=BUILTIN_SOURCE)
 
 
@@ -114,6 +119,7 @@ def _register_metrics(telemetry: Telemetry, core: PredictorCore, returns: Return
 
     register_gauges(telemetry.meter_provider, SERVICE, {
         "speckv.predictor.families_tracked": lambda: [(float(core.families_tracked), {})],
+        "speckv.predictor.families_dropped": lambda: [(float(core.families_dropped), {})],
         "speckv.predictor.observations": observations,
         "speckv.predictor.open_conversations": lambda: [(float(returns.open_conversations), {})],
         "speckv.predictor.returns_events": lambda: [(float(n), {"kind": name})

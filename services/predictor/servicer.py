@@ -1,11 +1,13 @@
 """gRPC face of the predictor: unpack, call the core, pack. No logic here."""
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Iterator
 
 import grpc
 
+from speckv.services.common.errors import SpeckvError
 from speckv.services.common.rpc import authz
 from speckv.services.predictor.serving.core import ForecastResult, ModelInfoRecord, PredictorCore
 from speckv.services.predictor.serving.model_reload import reload_model
@@ -17,6 +19,8 @@ from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 if TYPE_CHECKING:
     from speckv.services.predictor.serving.burst_choice import HorizonBurstChoice
+
+log = logging.getLogger(__name__)
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
@@ -55,7 +59,14 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
                     context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
         authz.require_admin(context, "ReloadModel")  # it runs a candidate's code (in the probe process)
         refuse_path(request.path)
-        return model_info_to_proto(reload_model(self._core, request.name))
+        try:
+            info = reload_model(self._core, request.name)
+        except SpeckvError as exc:
+            # the caller reads the model's name; the server's log keeps its paths (the cause, where rewritten)
+            log.warning("ReloadModel %r (model root %s) refused: %s", request.name,
+                        self._core.settings.model_root, exc.__cause__ or exc)
+            raise
+        return model_info_to_proto(info)
 
     def ReportTurnEnds(self, request: predictor_pb2.TurnEndBatch,
                        context: grpc.ServicerContext) -> predictor_pb2.TurnEndAck:

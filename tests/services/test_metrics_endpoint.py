@@ -209,6 +209,7 @@ def test_predictor_counts_the_forecasts_it_serves(predictor_scrape):
         served = value(samples, "speckv_predictor_forecasts_total", known=str(known).lower())
         assert served == sum(1 for row in rows if row.known == known) > 0
     assert value(samples, "speckv_predictor_families_tracked") >= 1
+    assert value(samples, "speckv_predictor_families_dropped") == 0  # far under the cap
 
 
 def test_the_dashboard_queries_only_served_series(kvstore_scrape, scheduler_scrape, predictor_scrape):

@@ -12,18 +12,24 @@ Invariants:
 - a tracked family has at least one arrival in (head - W, head]: a family idle
   for a whole window is forgotten (its row freed) when the head moves on;
 - with max_families > 0, at most max_families families are tracked: a new
-  family past the cap first evicts the least recently seen ones (smallest
-  newest step; ties: lowest row). An evicted family's counts leave its row
-  and its log entries are zeroed, so a row handed out again starts from zero;
-  the cluster total keeps its arrivals (they did happen).
+  family past the cap first evicts the least recently seen one (the family
+  whose latest observation came first, in the order observed, late ones
+  included), exactly one, so the table holds max_families after it. An
+  evicted family's counts leave its row and its log entries count zero, so a
+  row handed out again starts from zero; the cluster total keeps its
+  arrivals (they did happen).
 
 Time comes only from observations: the series never reads a clock. An
 observation in a step the head has passed but the window still holds
 (late-but-in-window) is counted in its own step; one from before the window
 is rejected as TOO_OLD, because its step's column now holds a newer step.
 
-Cost: O(1) per observation; when the head moves on, O(families) per step
-crossed (zeroing the columns that leave the window, dropping idle families).
+Cost: O(1) per observation, an eviction at the cap included (the families
+are kept in an OrderedDict in the order last seen: move_to_end per
+observation, popitem for the least recent; an evicted row's log entries are
+zeroed lazily, in one vectorised pass by the next read of the log, which
+scans the log anyway); when the head moves on, O(families) per step crossed
+(zeroing the columns that leave the window, dropping idle families).
 Memory: capacity * W * 4 bytes; rows grow by doubling. Counts are float32,
 exact up to 2**24 arrivals per family per step.
 
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -48,7 +55,6 @@ from speckv.services.common.ids import Family
 
 INITIAL_ROWS = 64
 INITIAL_LOG = 1024
-EVICT_FRACTION = 1 / 256  # at the cap, evict this share of it at once: one log pass per batch, not per family
 RING_PRODUCTS_KEPT = 4  # whole-ring products kept per version (one per weight vector: the rate half-lives)
 NO_STEP = -(1 << 63)  # np.iinfo(np.int64).min, written out: a row handed out has seen no arrival yet
 
@@ -81,7 +87,7 @@ class ArrivalSeries:
         self._serial = np.zeros(capacity, dtype=np.int64)  # bumped whenever a row is handed to a family
         self._serials_issued = 0
         self._total = np.zeros(self.window_steps, dtype=np.float32)
-        self._row_of: dict[str, int] = {}
+        self._row_of: OrderedDict[str, int] = OrderedDict()  # least recently seen first
         self._family_of = np.full(capacity, None, dtype=object)  # an array: names of many rows in one gather
         self._owned = np.zeros(capacity, dtype=bool)
         self._free: list[int] = list(range(capacity - 1, -1, -1))  # pop() hands out low rows first
@@ -90,6 +96,11 @@ class ArrivalSeries:
         self._latest_time_s = 0.0
         self._version = 0  # bumped by every change to the counts, the head or the rows
         self._tracked_rows: np.ndarray | None = None  # cache of the owned rows, dropped when ownership changes
+        # Per row, the log index below which its entries belong to a family
+        # evicted at the cap (-1: none): zeroed by the next read of the log
+        # (_purge_evicted), not at eviction, so an eviction costs O(W), not O(log).
+        self._evicted_before = np.full(capacity, -1, dtype=np.int64)
+        self._evictions_pending = False
         self._products: dict[bytes, np.ndarray] = {}  # weighted sums of every row at _products_version
         self._products_version = -1
         # The arrival log: entries [_log_start, _log_len) of four parallel
@@ -205,6 +216,7 @@ class ArrivalSeries:
         return product
 
     def _log_product(self, w: np.ndarray) -> np.ndarray:
+        self._purge_evicted()
         start, end = self._log_start, self._log_len
         rows, cols, counts = self._log_rows[start:end], self._log_cols[start:end], self._log_counts[start:end]
         if self._head is not None and not self._log_in_order:
@@ -266,6 +278,8 @@ class ArrivalSeries:
         row = self._row_of.get(family)
         if row is None:
             row = self._take_row(family)
+        else:
+            self._row_of.move_to_end(family)  # now the most recently seen
         col = step % self.window_steps
         self._counts[row, col] += count
         self._total[col] += count
@@ -315,6 +329,7 @@ class ArrivalSeries:
     def _compact_log(self) -> None:
         """Moves the entries still in the window to the front; doubles the
         arrays when they stay more than half full."""
+        self._purge_evicted()  # indices move: settle the evicted entries first
         start, end = self._log_start, self._log_len
         keep = slice(start, end)
         arrays = (self._log_rows, self._log_steps, self._log_cols, self._log_counts)
@@ -350,29 +365,35 @@ class ArrivalSeries:
         self._tracked_rows = None
 
     def _evict_least_recent(self) -> None:
-        """Drops the least recently seen families to make room under the cap
-        (a batch of EVICT_FRACTION of it, at least one). Their window counts
-        are zeroed, and so are their log entries: the rows will be handed to
-        new families, whose weighted sums must not include the old arrivals."""
-        owned = np.flatnonzero(self._owned)
-        batch = min(len(owned), max(len(owned) - self.max_families + 1, int(self.max_families * EVICT_FRACTION), 1))
-        last = self._last_step[owned]
-        # stable sort on the newest step: ties go lowest row first, deterministically
-        victims = owned[np.argsort(last, kind="stable")[:batch]]
-        self._counts[victims] = 0.0
+        """Drops the least recently seen family to make room under the cap, in
+        O(W): its window counts are zeroed now; its log entries are marked
+        (every entry of its row logged so far) and zeroed by the next read of
+        the log, before the row's next family can be summed with them."""
+        family, row = self._row_of.popitem(last=False)
+        self._counts[row] = 0.0
+        self._evicted_before[row] = self._log_len
+        self._evictions_pending = True
+        self._free.append(row)
+        self._family_of[row] = None
+        self._owned[row] = False
+        self._tracked_rows = None
+        self.evicted += 1
+        self._version += 1
+
+    def _purge_evicted(self) -> None:
+        """Zeroes the log entries of families evicted since the last purge
+        (one vectorised pass over the log; the entries a row's later family
+        logged are kept, being at or past the mark)."""
+        if not self._evictions_pending:
+            return
         start, end = self._log_start, self._log_len
-        dead = np.isin(self._log_rows[start:end], victims)
+        index = np.arange(start, end, dtype=np.int64)
+        dead = index < self._evicted_before[self._log_rows[start:end]]
         if dead.any():
             self._log_counts[start:end][dead] = 0.0
             self._log_unit_counts = False
-        for row in victims.tolist():
-            del self._row_of[self._family_of[row]]
-            self._free.append(row)
-        self._family_of[victims] = None
-        self._owned[victims] = False
-        self._tracked_rows = None
-        self.evicted += len(victims)
-        self._version += 1
+        self._evicted_before.fill(-1)
+        self._evictions_pending = False
 
     def _take_row(self, family: str) -> int:
         if self.max_families and len(self._row_of) >= self.max_families:
@@ -398,6 +419,9 @@ class ArrivalSeries:
         last[:old] = self._last_step
         serial = np.zeros(new, dtype=np.int64)
         serial[:old] = self._serial
+        evicted_before = np.full(new, -1, dtype=np.int64)
+        evicted_before[:old] = self._evicted_before
+        self._evicted_before = evicted_before
         self._counts, self._last_step, self._serial = counts, last, serial
         self._family_of = np.concatenate([self._family_of, np.full(new - old, None, dtype=object)])
         self._owned = np.concatenate([self._owned, np.zeros(new - old, dtype=bool)])

@@ -69,8 +69,9 @@ class PredictorSettings:
     # later arrivals can no longer correct. 0: no limit.
     max_clock_skew_s: float = 300.0
     # Most families tracked at once; a new family past it drops the least
-    # recently seen first (memory is rows x window steps x 4 bytes). 0: no cap.
-    max_families_tracked: int = 100_000
+    # recently seen one (memory: docs/limits.md, about 3.5 KB a family with
+    # the builtin EWMA, 10 KB with LightGBM's online features). 0: no cap.
+    max_families_tracked: int = 1_000_000
     reload_probe_timeout_s: float = 60.0  # a candidate model must load and predict in the probe within this
     # The directory ReloadModel's names are resolved under (model_root.py); empty: no reloads
     model_root: str = ""
@@ -320,6 +321,13 @@ class PredictorCore:
     def families_tracked(self) -> int:
         with self._lock:
             return self._series.families_tracked
+
+    @property
+    def families_dropped(self) -> int:
+        """Families dropped at the max_families_tracked cap since start
+        (the least recently seen first; idle ones forgotten are not counted)."""
+        with self._lock:
+            return self._series.evicted
 
     # --- checks --------------------------------------------------------------
 

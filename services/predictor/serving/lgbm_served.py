@@ -312,11 +312,14 @@ def _parse_burst(value: Any, files: Any, directory: Path, bundle: LgbmBundle) ->
 
 
 def _booster(directory: Path, name: Any, num_features: int, key: str) -> lgb.Booster:
+    """The booster file `name` of the model directory, read once and checked.
+    Errors name the file as the manifest does (relative to the directory),
+    never by the server's path: ReloadModel returns them to its caller."""
     if not isinstance(name, str) or "/" in name or name.startswith("."):
         raise InvalidArgument(f"{key}: {name!r} is not a file name in the model directory")
     path = directory / name
     if not path.is_file():
-        raise InvalidArgument(f"{key}: {path} does not exist")
+        raise InvalidArgument(f"{key}: {name!r} does not exist in the model directory")
     if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(directory)):
         # a symlink out of the directory would read a file the model root does not hold
         raise InvalidArgument(f"{key}: {name!r} leads outside the model directory (a symlink); refused")
@@ -324,11 +327,11 @@ def _booster(directory: Path, name: Any, num_features: int, key: str) -> lgb.Boo
         # Read once and checked (booster_text.py): LightGBM loads what was checked, never the file again
         text = checked_model_text(path.read_bytes(), num_features)
     except ValueError as exc:
-        raise InvalidArgument(f"{key}: {path} is not a served LightGBM model ({exc})") from None
+        raise InvalidArgument(f"{key}: {name!r} is not a served LightGBM model ({exc})") from None
     try:
         booster = lgb.Booster(model_str=text)
     except (lgb.basic.LightGBMError, ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"{key}: {path} is not a LightGBM model ({exc})") from None
+        raise InvalidArgument(f"{key}: {name!r} is not a LightGBM model ({exc})") from None
     if booster.num_feature() != num_features:
-        raise InvalidArgument(f"{key}: {path} expects {booster.num_feature()} features, the spec gives {num_features}")
+        raise InvalidArgument(f"{key}: {name!r} expects {booster.num_feature()} features, the spec gives {num_features}")
     return booster

@@ -100,28 +100,32 @@ def load_model(path: str | Path) -> CountModel:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
+    """directory/manifest.json as a JSON object. Errors name the file
+    relative to the directory (the caller names the directory: ReloadModel
+    returns them to a client, who must not learn the server's paths)."""
     file = directory / MANIFEST_NAME
     try:
         if not file.is_file():
-            raise NotFound(f"{file}: no {MANIFEST_NAME} in the model directory")
+            raise NotFound(f"no {MANIFEST_NAME} in the model directory")
         if not Path(os.path.realpath(file)).is_relative_to(os.path.realpath(directory)):
             # as for the boosters it names: a symlink out would read a file the model root does not hold
-            raise InvalidArgument(f"{file}: leads outside the model directory (a symlink); refused")
+            raise InvalidArgument(f"{MANIFEST_NAME}: leads outside the model directory (a symlink); refused")
         if file.stat().st_size > MAX_MANIFEST_BYTES:
-            raise InvalidArgument(f"{file}: larger than {MAX_MANIFEST_BYTES} bytes")
+            raise InvalidArgument(f"{MANIFEST_NAME}: larger than {MAX_MANIFEST_BYTES} bytes")
         text = file.read_text(encoding="utf-8")
     except OSError as exc:  # unreadable (permissions, a FIFO, IO error): the directory's state, not a bug
-        raise FailedPrecondition(f"{file}: cannot be read ({exc.strerror or exc})") from None
+        # strerror, not str(exc): that one names the file by its absolute path
+        raise FailedPrecondition(f"{MANIFEST_NAME}: cannot be read ({exc.strerror or type(exc).__name__})") from None
     except UnicodeDecodeError as exc:
-        raise InvalidArgument(f"{file}: not valid UTF-8: {exc}") from None
+        raise InvalidArgument(f"{MANIFEST_NAME}: not valid UTF-8: {exc}") from None
     try:
         manifest = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"{file}: not valid JSON: {exc}") from None
+        raise InvalidArgument(f"{MANIFEST_NAME}: not valid JSON: {exc}") from None
     except RecursionError:  # deeply nested JSON: the parser's recursion limit, not a bug of ours
-        raise InvalidArgument(f"{file}: JSON nested too deeply") from None
+        raise InvalidArgument(f"{MANIFEST_NAME}: JSON nested too deeply") from None
     if not isinstance(manifest, dict):
-        raise InvalidArgument(f"{file}: the manifest must be a JSON object")
+        raise InvalidArgument(f"{MANIFEST_NAME}: the manifest must be a JSON object")
     return manifest
 
 

@@ -62,7 +62,7 @@ def resolve_model_name(root: str, name: str) -> Path:
     real_root = Path(os.path.realpath(root))
     try:
         if not real_root.is_dir():
-            raise FailedPrecondition(f"model root {root!r}: not a directory")
+            raise FailedPrecondition("the model root (--model-root) is not a directory")  # its path: the log's
         candidate = Path(os.path.realpath(real_root / name))
         inside = candidate != real_root and candidate.is_relative_to(real_root)
         if inside and not candidate.is_dir():

@@ -85,7 +85,7 @@ def exercise(path: str) -> None:
     for name in ("expected", "upper", "burst_probability"):
         values = np.asarray(getattr(out, name))
         if values.shape[0] != PROBE_ROWS or not np.isfinite(values).all():
-            raise FailedPrecondition(f"candidate model at {path}: {name} is not finite on the probe matrix")
+            raise FailedPrecondition(f"candidate model: {name} is not finite on the probe matrix")
     _exercise_core(model, path)
 
 
@@ -113,7 +113,7 @@ def _exercise_core(model: Any, path: str) -> None:
     for result in (core.forecast(families), core.top_families(PROBE_FAMILIES)):
         for name in ("expected", "upper", "burst_probability"):
             if not np.isfinite(np.asarray(getattr(result, name))).all():
-                raise FailedPrecondition(f"candidate model at {path}: {name} is not finite serving probe arrivals")
+                raise FailedPrecondition(f"candidate model: {name} is not finite serving probe arrivals")
 
 
 def _child(path: str, conn: Connection) -> None:
@@ -129,10 +129,13 @@ def _child(path: str, conn: Connection) -> None:
         conn.close()
 
 
-def probe_model(path: str | Path, timeout_s: float) -> None:
+def probe_model(path: str | Path, timeout_s: float, shown: str = "") -> None:
     """Returns when the model at path loads and predicts finite values in a
     separate process within timeout_s seconds; raises otherwise (module
-    docstring). Never lets the candidate run in this process."""
+    docstring). Never lets the candidate run in this process. Errors name
+    the candidate `shown` (ReloadModel: the name its caller gave, never the
+    server's path); empty: by its path."""
+    label = shown or f"at {path}"
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s={timeout_s}: must be finite and > 0")
     ctx = multiprocessing.get_context("spawn")
@@ -142,13 +145,13 @@ def probe_model(path: str | Path, timeout_s: float) -> None:
     sender.close()  # the child holds the only writer: EOF as soon as it dies
     try:
         if not receiver.poll(timeout_s):
-            raise FailedPrecondition(f"candidate model at {path}: the probe did not load and predict within "
+            raise FailedPrecondition(f"candidate model {label}: the probe did not load and predict within "
                                      f"{timeout_s:g} s; the model in service is kept")
         try:
             kind, name, message = receiver.recv()
         except (EOFError, OSError):
             process.join(5.0)
-            raise FailedPrecondition(f"candidate model at {path}: the probe process died loading or predicting "
+            raise FailedPrecondition(f"candidate model {label}: the probe process died loading or predicting "
                                      f"with it ({_exit_reason(process.exitcode)}); the model in service is "
                                      "kept") from None
     finally:
@@ -159,7 +162,7 @@ def probe_model(path: str | Path, timeout_s: float) -> None:
     if kind == "domain" and name in _DOMAIN_ERRORS:
         raise _DOMAIN_ERRORS[name](message)
     if kind != "ok":
-        raise FailedPrecondition(f"candidate model at {path}: the probe failed ({name}: {message}); "
+        raise FailedPrecondition(f"candidate model {label}: the probe failed ({name}: {message}); "
                                  "the model in service is kept")
 
 

@@ -11,16 +11,19 @@ import pytest
 from speckv.services.common.config import env_name
 from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.kvstore.config import KVStoreConfig
+from speckv.services.predictor.config import PredictorConfig
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from tests.support.repo import REPO_ROOT
 
-CLASSES = {"every": ServerSettings, "kvstore": KVStoreConfig, "scheduler": SchedulerConfig}
+CLASSES = {"every": ServerSettings, "kvstore": KVStoreConfig, "scheduler": SchedulerConfig,
+           "predictor": PredictorConfig}
 ROW = re.compile(r"^\| (\w+) \| `(\w+)` \| ([^|]+) \| `(--[\w-]+)` \| `(SPECKV_\w+)` \| ([^|]+) \|$")
 LIMITS = {
     "every": {"max_streams", "max_streams_per_peer", "workers", "max_queued_calls", "max_message_mb"},
     "kvstore": {"max_reservation_lease_s", "pin_lease_s", "max_family_chars", "data_max_connections",
                 "data_read_timeout_s", "kv_events_replay_batches"},
     "scheduler": {"max_prompt_tokens", "max_family_chars"},
+    "predictor": {"max_families_tracked"},
 }
 
 
