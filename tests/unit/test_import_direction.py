@@ -92,14 +92,15 @@ def _is(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def protobuf_path(graph: dict[str, set[str]], start: str) -> list[str] | None:
-    """A chain of imports from start to grpc/protobuf, or None."""
+def import_chain(graph: dict[str, set[str]], start: str, prefixes: tuple[str, ...]) -> list[str] | None:
+    """A shortest chain of imports from start to a module under one of
+    prefixes (itself or a sub-module), or None."""
     parents: dict[str, str | None] = {start: None}
     queue = [start]
     while queue:
         current = queue.pop(0)
         for target in sorted(graph.get(current, ())):
-            if any(_is(target, p) for p in PROTOBUF):
+            if any(_is(target, p) for p in prefixes):
                 chain = [target, current]
                 while parents[chain[-1]] is not None:
                     chain.append(parents[chain[-1]])  # type: ignore[arg-type]
@@ -108,6 +109,11 @@ def protobuf_path(graph: dict[str, set[str]], start: str) -> list[str] | None:
                 parents[target] = current
                 queue.append(target)
     return None
+
+
+def protobuf_path(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A chain of imports from start to grpc/protobuf, or None."""
+    return import_chain(graph, start, PROTOBUF)
 
 
 def _layer(name: str) -> int | None:
