@@ -22,8 +22,8 @@ from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
 from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
 from speckv.v1 import kvstore_pb2
 from tests.support.kvstore_service import kvstore
-from tests.support.tiny_llama import TinyLlama, tiny_llama
-from tests.support.vllm_engine import BLOCK_SIZE, run_engine
+from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
+from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 
 @dataclass
 class Counters:
-    """What one connector did. Blocks and calls; never reset."""
+    """What one connector did. Blocks, calls, bytes and seconds; never reset."""
 
     lookups: int = 0
     lookup_failures: int = 0
@@ -18,14 +18,16 @@ class Counters:
     blocks_saved: int = 0  # newly stored by the kvstore
     blocks_already_present: int = 0
     save_failures: int = 0
+    load_seconds: float = 0.0  # wall time of the worker's loads (GetBlocks, checks, scatter into the pages)
+    bytes_loaded: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, **deltas: int) -> None:
+    def add(self, **deltas: float) -> None:
         with self.lock:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, float]:
         with self.lock:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
 

@@ -18,6 +18,7 @@ import logging
 import queue
 import re
 import threading
+import time
 from typing import Sequence
 
 import torch
@@ -66,6 +67,7 @@ class WorkerSide:
 
     def load(self, plan: StepPlan) -> None:
         for spec in plan.loads:
+            started = time.perf_counter()
             data = self._client.get(spec.block_ids) if self._views else None
             if data is None:
                 self._load_errors.update(spec.page_ids)
@@ -73,7 +75,8 @@ class WorkerSide:
             dtype = self._views[0].dtype
             flat = torch.frombuffer(bytearray(b"".join(data)), dtype=dtype)
             scatter_blocks(self._views, spec.page_ids, flat.view(self._block_shape(len(data))))
-            self._counters.add(blocks_loaded=len(data))
+            self._counters.add(blocks_loaded=len(data), bytes_loaded=sum(len(d) for d in data),
+                               load_seconds=time.perf_counter() - started)
 
     def save(self, plan: StepPlan) -> None:
         for spec in plan.saves:

@@ -1,15 +1,19 @@
-"""One vLLM engine (CPU, the tiny Llama, SpeckvConnector) in a child process,
-for the real-engine tests: `python -m tests.support.vllm_engine SPEC OUT`.
+"""One vLLM engine (CPU, a local model, SpeckvConnector) in a child process,
+for the real-engine tests and `speckv bench vllm`:
+`python -m speckv.loadgen.engines.vllm_runner SPEC OUT`.
 
 SPEC (JSON): model, kvstore (host:port), model_id (optional), prompts (lists
-of token ids), max_tokens. The engine generates each prompt greedily in turn,
-emptying its own prefix cache before each, so every prompt starts from what
-the kvstore holds; then it waits for its saves to reach the kvstore. OUT
-(JSON): outputs (token ids per prompt) and the connector's counters.
+of token ids), max_tokens, keep_cache (optional, one bool per prompt: keep
+the engine's own prefix cache instead of emptying it first), max_model_len.
+The engine generates each prompt greedily in turn (by default emptying its
+own prefix cache first, so every prompt starts from what the kvstore holds)
+and waits for its saves to reach the kvstore after each. OUT (JSON):
+outputs (token ids per prompt), seconds (wall time of each generate call)
+and the connector's counters.
 
-The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the
-connector's counters are readable here; one core (VLLM_CPU_OMP_THREADS_BIND),
-1 GiB of KV (VLLM_CPU_KVCACHE_SPACE).
+The engine runs in the child's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
+so the connector's counters are readable there; one core
+(VLLM_CPU_OMP_THREADS_BIND), 1 GiB of KV (VLLM_CPU_KVCACHE_SPACE).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +38,7 @@ def run_engine(spec: dict[str, Any], workdir: Path, timeout_s: float = 600.0) ->
     out_path.unlink(missing_ok=True)
     env = {**os.environ, **ENV}
     env.pop("PYTHONHASHSEED", None)  # vLLM's sha256 chain then starts from its fixed seed in every process
-    done = subprocess.run([sys.executable, "-m", "tests.support.vllm_engine", str(spec_path), str(out_path)],
+    done = subprocess.run([sys.executable, "-m", "speckv.loadgen.engines.vllm_runner", str(spec_path), str(out_path)],
                           env=env, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0 or not out_path.exists():
         raise RuntimeError(f"engine failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
@@ -42,31 +47,35 @@ def run_engine(spec: dict[str, Any], workdir: Path, timeout_s: float = 600.0) ->
 
 def main(spec_path: str, out_path: str) -> None:
     from vllm import LLM, SamplingParams
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
     from vllm.inputs import TokensPrompt
 
     from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS
 
     spec = json.loads(Path(spec_path).read_text())
     extra = {"kvstore": spec["kvstore"], **({"model_id": spec["model_id"]} if spec.get("model_id") else {})}
+    max_len = spec.get("max_model_len", 4096)
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK_SIZE,
-              dtype="float32", max_model_len=spec.get("max_model_len", 4096), seed=0,
-              max_num_batched_tokens=spec.get("max_model_len", 4096),
+              dtype="float32", max_model_len=max_len, seed=0, max_num_batched_tokens=max_len,
               kv_transfer_config={"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
                                   "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                                   "kv_connector_extra_config": extra})
     params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0.0, detokenize=False)
-    outputs = []
-    for prompt in spec["prompts"]:
-        llm.reset_prefix_cache()
+    keep = spec.get("keep_cache") or [False] * len(spec["prompts"])
+    outputs, seconds = [], []
+    for prompt, keep_cache in zip(spec["prompts"], keep):
+        if not keep_cache:
+            llm.reset_prefix_cache()
+        started = time.perf_counter()
         result = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        seconds.append(time.perf_counter() - started)
         outputs.append(list(result[0].outputs[0].token_ids))
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-    get_kv_transfer_group().flush()
-    totals: dict[str, int] = {}
+        get_kv_transfer_group().flush()  # saves reach the kvstore before the next prompt asks for them
+    totals: dict[str, float] = {}
     for counters in ALL_COUNTERS:
         for name, value in counters.snapshot().items():
             totals[name] = totals.get(name, 0) + value
-    Path(out_path).write_text(json.dumps({"outputs": outputs, "counters": totals}))
+    Path(out_path).write_text(json.dumps({"outputs": outputs, "seconds": seconds, "counters": totals}))
 
 
 if __name__ == "__main__":
