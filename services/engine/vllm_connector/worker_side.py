@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from speckv.services.engine.vllm_connector.identity import KVLayout
@@ -72,11 +73,19 @@ class WorkerSide:
             if data is None:
                 self._load_errors.update(spec.page_ids)
                 continue
-            dtype = self._views[0].dtype
-            flat = torch.frombuffer(bytearray(b"".join(data)), dtype=dtype)
-            scatter_blocks(self._views, spec.page_ids, flat.view(self._block_shape(len(data))))
+            scatter_blocks(self._views, spec.page_ids, self._staged(data))
             self._counters.add(blocks_loaded=len(data), bytes_loaded=sum(len(d) for d in data),
                                load_seconds=time.perf_counter() - started)
+
+    def _staged(self, data: list[bytes]) -> torch.Tensor:
+        """The blocks' bytes as one canonical tensor, in one copy (NumPy
+        copies from the immutable gRPC bytes without torch's read-only warning)."""
+        size = len(data[0])
+        staging = np.empty(size * len(data), dtype=np.uint8)
+        for i, block in enumerate(data):
+            staging[i * size:(i + 1) * size] = np.frombuffer(block, dtype=np.uint8)
+        dtype = self._views[0].dtype
+        return torch.from_numpy(staging).view(dtype).view(self._block_shape(len(data)))
 
     def save(self, plan: StepPlan) -> None:
         for spec in plan.saves:

@@ -36,3 +36,20 @@ def test_put_lookup_get_round_trip_and_a_missing_block_is_nothing():
         assert client.get([7, 8, 9]) == data
         assert client.get([7, 10]) is None and counters.load_failures == 1
         client.close()
+
+
+def test_a_kvstore_of_another_geometry_turns_the_connector_off():
+    from speckv.services.engine.vllm_connector.connector import _geometry_mismatch
+    from tests.support.connector_fakes import LAYOUT
+
+    with kvstore() as (server, _):  # the tiny preset: 2 layers, 2 KV heads of 8, float16, blocks of 4
+        client = KVStoreClient(server.address, Counters())
+        assert "holds" in _geometry_mismatch(client, LAYOUT)
+        client.close()
+    with kvstore(block_size=32, num_layers=2, num_kv_heads=2, head_dim=16, dtype="float32") as (server, _):
+        client = KVStoreClient(server.address, Counters())
+        assert _geometry_mismatch(client, LAYOUT) == ""
+        client.close()
+    down = KVStoreClient(free_address(), Counters())
+    assert _geometry_mismatch(down, LAYOUT) == ""  # cannot ask now: each later call fails open on its own
+    down.close()
