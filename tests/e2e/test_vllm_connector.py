@@ -8,19 +8,23 @@ generates exactly the greedy tokens of the recompute; the ids the kvstore
 holds are vLLM's sha256 chain under the layout digest, computed here
 without an engine; noise stored under those ids changes the output (the
 loaded KV is really used); an engine of another model id never loads them;
-an engine whose kvstore is down serves by recompute. Nothing about times.
+an engine whose kvstore is down serves by recompute; blocks that fail their
+crc32c are reported as load errors and recomputed. Nothing about times.
 """
 from __future__ import annotations
 
 import socket
+from concurrent import futures
 from pathlib import Path
+
+import grpc
 
 import numpy as np
 import pytest
 
 from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
 from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
-from speckv.v1 import kvstore_pb2
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 from tests.support.kvstore_service import kvstore
 from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
 from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, run_engine
@@ -123,3 +127,35 @@ def test_a_kvstore_that_is_down_costs_a_recompute_not_a_request(first, model, tm
     assert down["outputs"] == first["outputs"]
     assert down["counters"]["lookup_failures"] >= 1 and down["counters"]["blocks_loaded"] == 0
     assert down["counters"]["save_failures"] >= 1
+
+
+class CorruptKVStore(kvstore_pb2_grpc.KVStoreServicer):
+    """Claims every block and serves each with a wrong crc32c."""
+
+    def Lookup(self, request, context):
+        n = len(request.block_hashes)
+        return kvstore_pb2.LookupResponse(present=[True] * n, prefix_blocks=n)
+
+    def GetBlocks(self, request, context):
+        size = 2 * SPEC.num_layers * BLOCK_SIZE * SPEC.kv_heads * SPEC.head_dim * 4
+        for h in request.block_hashes:
+            yield kvstore_pb2.BlockData(block_hash=h, data=bytes(size), crc32c=12345)
+
+    def PutBlocks(self, request_iterator, context):
+        return kvstore_pb2.PutBlocksResponse(stored=sum(1 for _ in request_iterator))
+
+
+def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, tmp_path):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                         options=[("grpc.max_send_message_length", 64 << 20)])
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(CorruptKVStore(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        corrupt = run_engine({"model": str(model), "kvstore": f"127.0.0.1:{port}", "prompts": [PROMPT],
+                              "max_tokens": 16}, tmp_path)
+    finally:
+        server.stop(grace=None)
+    assert corrupt["counters"]["blocks_matched"] == PROMPT_BLOCKS
+    assert corrupt["counters"]["load_failures"] >= 1 and corrupt["counters"]["blocks_loaded"] == 0
+    assert corrupt["outputs"] == first["outputs"]

@@ -64,6 +64,11 @@ class SpeckvConnector(KVConnectorBase_V1):
             log.warning("SpeckvConnector off (%s): the engine runs without the kvstore", why_not)
             layout = None
         self.layout = layout
+        if layout is not None and getattr(self._kv_transfer_config, "kv_load_failure_policy", "") != "recompute":
+            # vLLM's default, "fail", ends a request whose load failed: speckv's loads must fail open.
+            log.warning("SpeckvConnector: kv_load_failure_policy is %r; set \"recompute\" so that a failed load "
+                        "costs a recompute, not the request", getattr(self._kv_transfer_config,
+                                                                     "kv_load_failure_policy", None))
         self._scheduler = SchedulerSide(layout, self._client, self.counters) \
             if layout is not None and role == KVConnectorRole.SCHEDULER else None
         self._worker = WorkerSide(layout, self._client, self.counters) \
