@@ -91,6 +91,9 @@ class SchedulerSide:
             if req_id in cached.resumed_req_ids:  # preempted and resumed: the whole page list anew
                 track.page_ids = list(new_pages[0]) if new_pages is not None else []
                 track.saved_upto = min(track.saved_upto, cached.num_computed_tokens[i] // self._block_size)
+                if track.pending_load is not None:  # it was matched again when it went back to waiting
+                    plan.loads.append(track.pending_load)
+                    track.pending_load = None
             elif new_pages is not None:
                 track.page_ids.extend(new_pages[0])
             self._plan_save(plan, track, cached.num_computed_tokens[i] + output.num_scheduled_tokens.get(req_id, 0))

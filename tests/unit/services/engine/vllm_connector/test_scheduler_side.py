@@ -69,3 +69,19 @@ def test_decode_blocks_are_saved_as_they_fill():
     plan = side.build_step(step(cached_ids=["r"], cached_pages=[None], cached_computed=[4 * 32 - 1],
                                 scheduled={"r": 1}))
     assert [(s.page_ids, s.block_ids) for s in plan.saves] == [((4,), (ids[3],))]
+
+
+def test_a_resumed_request_loads_what_it_was_matched_again():
+    side, ids, _ = make(held_blocks=4)
+    req = request()
+    side.get_num_new_matched_tokens(req, 0)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 128)
+    new = SimpleNamespace(req_id="r", block_ids=([1, 2, 3, 4, 5, 6],), num_computed_tokens=128)
+    side.build_step(step(new=[new], scheduled={"r": 35}))
+    # preempted, back to waiting, matched and allocated again, then scheduled as a resumed cached request
+    side.get_num_new_matched_tokens(req, 0)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([9, 8, 7, 6, 5, 4],)), 128)
+    cached = step(cached_ids=["r"], cached_pages=[([9, 8, 7, 6, 5, 4],)], cached_computed=[128], scheduled={"r": 35})
+    cached.scheduled_cached_reqs.resumed_req_ids = {"r"}
+    plan = side.build_step(cached)
+    assert [(l.page_ids, l.block_ids) for l in plan.loads] == [((9, 8, 7, 6), tuple(ids[:4]))]
