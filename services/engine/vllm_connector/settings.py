@@ -1,0 +1,56 @@
+"""The connector's settings (vLLM's kv_connector_extra_config) and the KV
+layout it reads from vLLM's config.
+
+    kv_transfer_config = {
+        "kv_connector": "SpeckvConnector",
+        "kv_connector_module_path": "speckv.services.engine.vllm_connector.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",   # a failed load is recomputed, never a failed request
+        "kv_connector_extra_config": {"kvstore": "127.0.0.1:50051", ...},
+    }
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from speckv.services.engine.vllm_connector.identity import KVLayout
+from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorSettings:
+    kvstore: str  # host:port of the node's kvstore
+    model_id: str = ""  # the model's id in block ids; empty: vLLM's model (path or hub name)
+    lookup_timeout_s: float = 0.5  # a slower kvstore costs a recompute, not a stall
+    transfer_timeout_s: float = 10.0
+    max_message_mb: int = 64
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any]) -> "ConnectorSettings":
+        if not extra.get("kvstore"):
+            raise ValueError("SpeckvConnector: kv_connector_extra_config needs 'kvstore' (host:port)")
+        known = {k: extra[k] for k in ("kvstore", "model_id", "lookup_timeout_s", "transfer_timeout_s",
+                                       "max_message_mb") if k in extra}
+        settings = cls(**known)
+        if settings.lookup_timeout_s <= 0 or settings.transfer_timeout_s <= 0:
+            raise ValueError("SpeckvConnector: lookup_timeout_s and transfer_timeout_s must be > 0")
+        return settings
+
+
+def layout_of(vllm_config: Any, settings: ConnectorSettings) -> tuple[KVLayout | None, str]:
+    """The engine's KV layout, or None and why the connector cannot serve it
+    (then it stays off: the engine runs as without it)."""
+    model, cache, parallel = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+        return None, "tensor or pipeline parallel engines are a later step (one rank only)"
+    device = str(getattr(vllm_config.device_config, "device_type", "cpu"))
+    if device != "cpu":
+        return None, f"device {device!r}: only vLLM's CPU page layout is converted so far"
+    dtype = cache.cache_dtype if cache.cache_dtype != "auto" else str(model.dtype).removeprefix("torch.")
+    layout = KVLayout(
+        model=settings.model_id or str(model.model), dtype=dtype, block_size=int(cache.block_size),
+        num_layers=model.get_num_layers(parallel), num_kv_heads=model.get_num_kv_heads(parallel),
+        head_dim=model.get_head_size(), tp_rank=0, page_layout=PAGE_LAYOUT,
+        hash_algo=str(cache.prefix_caching_hash_algo))
+    return layout, ""

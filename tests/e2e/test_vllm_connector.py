@@ -1,0 +1,161 @@
+"""SpeckvConnector on a real vLLM engine (the CPU build, the tiny random
+Llama of tests/support/tiny_llama.py) against a real kvstore server on
+loopback. Each engine runs in its own child process
+(tests/support/vllm_engine.py), its prefix cache emptied before each prompt.
+
+Asserted: a fresh engine that loads a prefix the first engine saved
+generates exactly the greedy tokens of the recompute; the ids the kvstore
+holds are vLLM's sha256 chain under the layout digest, computed here
+without an engine; noise stored under those ids changes the output (the
+loaded KV is really used); an engine of another model id never loads them;
+an engine whose kvstore is down serves by recompute; blocks that fail their
+crc32c are reported as load errors and recomputed. Nothing about times.
+"""
+from __future__ import annotations
+
+import socket
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+import numpy as np
+import pytest
+
+from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
+from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
+from tests.support.kvstore_service import kvstore
+from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
+from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, run_engine
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SPEC = TinyLlama()
+PROMPT_BLOCKS = 8
+PROMPT = [int(t) for t in np.random.default_rng(7).integers(3, SPEC.vocab, PROMPT_BLOCKS * BLOCK_SIZE + 10)]
+KVSTORE = dict(geometry="tiny", block_size=BLOCK_SIZE, num_layers=SPEC.num_layers, num_kv_heads=SPEC.kv_heads,
+               head_dim=SPEC.head_dim, dtype="float32", device_pages=256)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("models"), SPEC)
+
+
+@pytest.fixture(scope="module")
+def store():
+    with kvstore(**KVSTORE) as (server, stub):
+        yield server, stub
+
+
+@pytest.fixture(scope="module")
+def first(model, store, tmp_path_factory):
+    """The first engine: recomputes the prompt and saves its blocks."""
+    server, _ = store
+    return run_engine({"model": str(model), "kvstore": server.address, "prompts": [PROMPT], "max_tokens": 16},
+                      tmp_path_factory.mktemp("first"))
+
+
+def vllm_chain_ids(model: Path, tokens: list[int]) -> list[int]:
+    """The speckv ids of the prompt's full blocks, computed as the connector
+    does but without an engine: vLLM's sha256 block chain, then identity."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+
+    hash_fn = get_hash_fn_by_name("sha256")
+    kv_cache_utils.init_none_hash(hash_fn)
+    parent, hashes = None, []
+    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, tokens[start:start + BLOCK_SIZE], None)
+        hashes.append(parent)
+    layout = KVLayout(model=str(model), dtype="float32", block_size=BLOCK_SIZE, num_layers=SPEC.num_layers,
+                      num_kv_heads=SPEC.kv_heads, head_dim=SPEC.head_dim, tp_rank=0, page_layout=PAGE_LAYOUT,
+                      hash_algo="sha256")
+    return block_ids(layout.digest(), hashes)
+
+
+def test_the_first_engine_saves_each_full_block_once(first, store, model):
+    counters = first["counters"]
+    assert len(first["outputs"][0]) == 16
+    assert counters["blocks_loaded"] == 0 and counters["save_failures"] == 0
+    # 266 prompt + 15 fed generated tokens have KV: 8 full blocks
+    assert counters["blocks_saved"] == PROMPT_BLOCKS
+    _, stub = store
+    ids = vllm_chain_ids(model, PROMPT)
+    assert stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == PROMPT_BLOCKS
+
+
+def test_a_fresh_engine_loads_the_prefix_and_generates_the_same_tokens(first, store, model, tmp_path):
+    server, _ = store
+    second = run_engine({"model": str(model), "kvstore": server.address, "prompts": [PROMPT], "max_tokens": 16},
+                        tmp_path)
+    assert second["counters"]["blocks_loaded"] == PROMPT_BLOCKS
+    assert second["counters"]["load_failures"] == 0
+    assert second["outputs"] == first["outputs"]
+
+
+def test_noise_under_the_same_ids_changes_the_output(first, model, tmp_path):
+    ids = vllm_chain_ids(model, PROMPT)
+    rng = np.random.default_rng(3)
+    with kvstore(**KVSTORE) as (server, stub):
+        bytes_per_block = 2 * SPEC.num_layers * BLOCK_SIZE * SPEC.kv_heads * SPEC.head_dim
+        messages = [kvstore_pb2.PutBlockRequest(
+            block_hash=h, data=rng.standard_normal(bytes_per_block, dtype=np.float32).tobytes(), family=str(ids[0]),
+            parent_hash=ids[i - 1] if i else 0, has_parent=i > 0) for i, h in enumerate(ids)]
+        assert stub.PutBlocks(iter(messages), timeout=30).stored == PROMPT_BLOCKS
+        noisy = run_engine({"model": str(model), "kvstore": server.address, "prompts": [PROMPT],
+                            "max_tokens": 16}, tmp_path)
+    assert noisy["counters"]["blocks_loaded"] == PROMPT_BLOCKS
+    assert noisy["outputs"] != first["outputs"]
+
+
+def test_blocks_of_another_model_digest_are_never_loaded(first, store, model, tmp_path):
+    server, _ = store
+    other = run_engine({"model": str(model), "kvstore": server.address, "model_id": "another-model",
+                        "prompts": [PROMPT], "max_tokens": 16}, tmp_path)
+    assert other["counters"]["lookups"] >= 1
+    assert other["counters"]["blocks_matched"] == 0 and other["counters"]["blocks_loaded"] == 0
+    assert other["outputs"] == first["outputs"]  # the same weights, recomputed
+
+
+def test_a_kvstore_that_is_down_costs_a_recompute_not_a_request(first, model, tmp_path):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    down = run_engine({"model": str(model), "kvstore": address, "prompts": [PROMPT], "max_tokens": 16}, tmp_path)
+    assert down["outputs"] == first["outputs"]
+    assert down["counters"]["lookup_failures"] >= 1 and down["counters"]["blocks_loaded"] == 0
+    assert down["counters"]["save_failures"] >= 1
+
+
+class CorruptKVStore(kvstore_pb2_grpc.KVStoreServicer):
+    """Claims every block and serves each with a wrong crc32c."""
+
+    def Lookup(self, request, context):
+        n = len(request.block_hashes)
+        return kvstore_pb2.LookupResponse(present=[True] * n, prefix_blocks=n)
+
+    def GetBlocks(self, request, context):
+        size = 2 * SPEC.num_layers * BLOCK_SIZE * SPEC.kv_heads * SPEC.head_dim * 4
+        for h in request.block_hashes:
+            yield kvstore_pb2.BlockData(block_hash=h, data=bytes(size), crc32c=12345)
+
+    def PutBlocks(self, request_iterator, context):
+        return kvstore_pb2.PutBlocksResponse(stored=sum(1 for _ in request_iterator))
+
+
+def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, tmp_path):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
+                         options=[("grpc.max_send_message_length", 64 << 20)])
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(CorruptKVStore(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        corrupt = run_engine({"model": str(model), "kvstore": f"127.0.0.1:{port}", "prompts": [PROMPT],
+                              "max_tokens": 16}, tmp_path)
+    finally:
+        server.stop(grace=None)
+    assert corrupt["counters"]["blocks_matched"] == PROMPT_BLOCKS
+    assert corrupt["counters"]["load_failures"] >= 1 and corrupt["counters"]["blocks_loaded"] == 0
+    assert corrupt["outputs"] == first["outputs"]

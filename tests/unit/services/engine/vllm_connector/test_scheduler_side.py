@@ -1,0 +1,87 @@
+"""SchedulerSide against vLLM-shaped stand-ins (the fields vLLM 0.32's
+Request, KVCacheBlocks and SchedulerOutput carry) and a dict kvstore."""
+from types import SimpleNamespace
+
+from speckv.services.engine.vllm_connector.counters import Counters
+from speckv.services.engine.vllm_connector.identity import block_ids
+from speckv.services.engine.vllm_connector.scheduler_side import SchedulerSide
+from tests.support.connector_fakes import LAYOUT, FakeStore
+
+HASHES = [bytes([i]) * 32 for i in range(1, 6)]  # 5 full blocks of 32 tokens
+
+
+def request(prompt_tokens: int = 5 * 32 + 3):
+    return SimpleNamespace(request_id="r", num_prompt_tokens=prompt_tokens, block_hashes=list(HASHES))
+
+
+def step(new=(), cached_ids=(), cached_pages=(), cached_computed=(), scheduled=None):
+    cached = SimpleNamespace(req_ids=list(cached_ids), new_block_ids=list(cached_pages), resumed_req_ids=set(),
+                             num_computed_tokens=list(cached_computed))
+    return SimpleNamespace(scheduled_new_reqs=list(new), scheduled_cached_reqs=cached,
+                           num_scheduled_tokens=scheduled or {})
+
+
+def make(held_blocks: int):
+    store, counters = FakeStore(), Counters()
+    ids = block_ids(LAYOUT.digest(), HASHES)
+    for i in ids[:held_blocks]:
+        store.blocks[i] = b""
+    return SchedulerSide(LAYOUT, store, counters), ids, counters
+
+
+def test_it_offers_the_blocks_past_the_engines_hit_and_plans_their_load():
+    side, ids, counters = make(held_blocks=4)
+    req = request()
+    assert side.get_num_new_matched_tokens(req, 32) == (3 * 32, False)  # blocks 1..3 past the engine's 1
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14, 15],)), 96)
+    new = SimpleNamespace(req_id="r", block_ids=([10, 11, 12, 13, 14, 15],), num_computed_tokens=128)
+    plan = side.build_step(step(new=[new], scheduled={"r": 35}))
+    assert [(l.page_ids, l.block_ids) for l in plan.loads] == [((11, 12, 13), tuple(ids[1:4]))]
+    # the step computes tokens 128..163: block 4 is new, and the only one saved
+    assert [(s.page_ids, s.block_ids, s.parents) for s in plan.saves] == [((14,), (ids[4],), (ids[3],))]
+    assert counters.blocks_matched == 3
+
+
+def test_a_prompt_never_loads_its_last_token():
+    side, _, _ = make(held_blocks=5)
+    assert side.get_num_new_matched_tokens(request(prompt_tokens=5 * 32), 0) == (4 * 32, False)
+
+
+def test_one_lookup_per_request_and_nothing_when_the_store_holds_nothing():
+    side, _, counters = make(held_blocks=0)
+    req = request()
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)
+    side.request_finished(req)
+    assert counters.blocks_matched == 0
+
+
+def test_decode_blocks_are_saved_as_they_fill():
+    side, ids, _ = make(held_blocks=0)
+    req = request(prompt_tokens=3 * 32 + 5)
+    req.block_hashes = list(HASHES[:3])
+    side.get_num_new_matched_tokens(req, 0)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
+    new = SimpleNamespace(req_id="r", block_ids=([1, 2, 3, 4],), num_computed_tokens=0)
+    plan = side.build_step(step(new=[new], scheduled={"r": 3 * 32 + 5}))
+    assert [s.block_ids for s in plan.saves] == [tuple(ids[:3])]
+    req.block_hashes = list(HASHES[:4])  # the fourth block's tokens are all there now
+    plan = side.build_step(step(cached_ids=["r"], cached_pages=[None], cached_computed=[4 * 32 - 1],
+                                scheduled={"r": 1}))
+    assert [(s.page_ids, s.block_ids) for s in plan.saves] == [((4,), (ids[3],))]
+
+
+def test_a_resumed_request_loads_what_it_was_matched_again():
+    side, ids, _ = make(held_blocks=4)
+    req = request()
+    side.get_num_new_matched_tokens(req, 0)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 128)
+    new = SimpleNamespace(req_id="r", block_ids=([1, 2, 3, 4, 5, 6],), num_computed_tokens=128)
+    side.build_step(step(new=[new], scheduled={"r": 35}))
+    # preempted, back to waiting, matched and allocated again, then scheduled as a resumed cached request
+    side.get_num_new_matched_tokens(req, 0)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([9, 8, 7, 6, 5, 4],)), 128)
+    cached = step(cached_ids=["r"], cached_pages=[([9, 8, 7, 6, 5, 4],)], cached_computed=[128], scheduled={"r": 35})
+    cached.scheduled_cached_reqs.resumed_req_ids = {"r"}
+    plan = side.build_step(cached)
+    assert [(l.page_ids, l.block_ids) for l in plan.loads] == [((9, 8, 7, 6), tuple(ids[:4]))]
