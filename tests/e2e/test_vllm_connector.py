@@ -1,5 +1,5 @@
 """SpeckvConnector on a real vLLM engine (the CPU build, the tiny random
-Llama of tests/support/tiny_llama.py) against a real kvstore server on
+Llama of loadgen/engines/tiny_llama.py) against a real kvstore server on
 loopback. Each engine runs in its own child process
 (tests/support/vllm_engine.py), its prefix cache emptied before each prompt.
 
