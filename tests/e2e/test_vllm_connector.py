@@ -1,7 +1,7 @@
 """SpeckvConnector on a real vLLM engine (the CPU build, the tiny random
 Llama of loadgen/engines/tiny_llama.py) against a real kvstore server on
 loopback. Each engine runs in its own child process
-(tests/support/vllm_engine.py), its prefix cache emptied before each prompt.
+(loadgen/engines/vllm_runner.py), its prefix cache emptied before each prompt.
 
 Asserted: a fresh engine that loads a prefix the first engine saved
 generates exactly the greedy tokens of the recompute; the ids the kvstore
