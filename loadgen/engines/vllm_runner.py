@@ -2,7 +2,8 @@
 for the real-engine tests and `speckv bench vllm`:
 `python -m speckv.loadgen.engines.vllm_runner SPEC OUT`.
 
-SPEC (JSON): model, kvstore (host:port), model_id (optional), prompts (lists
+SPEC (JSON): model, kvstore (host:port), model_id and shared_memory (optional: the
+connector's settings of those names), prompts (lists
 of token ids), max_tokens, keep_cache (optional, one bool per prompt: keep
 the engine's own prefix cache instead of emptying it first), max_model_len.
 The engine generates each prompt greedily in turn (by default emptying its
@@ -53,7 +54,8 @@ def main(spec_path: str, out_path: str) -> None:
     from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS
 
     spec = json.loads(Path(spec_path).read_text())
-    extra = {"kvstore": spec["kvstore"], **({"model_id": spec["model_id"]} if spec.get("model_id") else {})}
+    extra = {"kvstore": spec["kvstore"], **({"model_id": spec["model_id"]} if spec.get("model_id") else {}),
+             **({"shared_memory": spec["shared_memory"]} if "shared_memory" in spec else {})}
     max_len = spec.get("max_model_len", 4096)
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK_SIZE,
               dtype="float32", max_model_len=max_len, seed=0, max_num_batched_tokens=max_len,

@@ -16,7 +16,7 @@ from speckv.services.kvstore.vllm_publisher import DEFAULT_REPLAY_BATCHES, Publi
 KIB = 1024
 MAX_LEASE_S = 24 * 3600.0  # what the store itself accepts (validate.lease)
 MESSAGE_OVERHEAD = 64 * KIB  # room for the non-data fields of a chunk or block message
-TRANSPORTS = ("tcp", "grpc")
+TRANSPORTS = ("auto", "tcp", "grpc")
 DATA_PLANE_AUTH = ("auto", "on", "off")
 
 
@@ -32,6 +32,7 @@ class KVStoreConfig(ServerSettings):
     device_pages: int = field(default=4096, metadata={"help": "blocks the device tier holds (the engine's HBM; the NumPy pool stands in on CPU)"})
     host_pages: int = field(default=0, metadata={"help": "blocks the host tier below it holds (host DRAM, pinned when a GPU is present); 0: no host tier"})
     retain_max_share: float = field(default=0.5, metadata={"help": "at most this share of the last tier's pages (host, else device) is retained by retain orders at once, in [0, 1); 0: retain orders retain nothing"})
+    shared_memory: bool = field(default=True, metadata={"help": "host-memory pools live in shared memory that same-host processes of this user map (the engine connector's and same-host peers' one-copy path, docs/dataplane.md); false: private memory"})
     scheduler: str = field(default="", metadata={"help": "scheduler address host:port to register with; empty: none"})
     advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
     heartbeat_interval_s: float = field(default=1.0, metadata={"help": "seconds between heartbeats to the scheduler (unless it asks for another)"})
@@ -39,8 +40,8 @@ class KVStoreConfig(ServerSettings):
     event_retention: int = field(default=100_000, metadata={"help": "KV events kept for subscribers that resume"})
     reservation_lease_s: float = field(default=10.0, metadata={"help": "lease of a replication reservation, renewed by each chunk, seconds"})
     peer_timeout_s: float = field(default=10.0, metadata={"help": "deadline of unary calls to peers and the scheduler, seconds"})
-    transport: str = field(default="tcp", metadata={"help": "replication data plane: tcp (bulk TCP, listens on data_port) or grpc (WriteChunks only)"})
-    data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is tcp; 0 picks a free one"})
+    transport: str = field(default="auto", metadata={"help": "replication data plane: auto (shared memory to a peer that shares its pools on this host, else tcp), tcp (bulk TCP), grpc (WriteChunks only); auto and tcp listen on data_port (docs/dataplane.md)"})
+    data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is auto or tcp; 0 picks a free one"})
     backend: str = field(default="numpy", metadata={"help": f"pool memory: {' | '.join(BACKEND_CHOICES)} (auto: CuPy when a CUDA device is present)"})
     link_gbps: float = field(default=0.0, metadata={"help": "cap on replication bytes this node sends, Gbit/s (emulates a network link); 0: no cap"})
     max_reservation_lease_s: float = field(default=60.0, metadata={

@@ -9,7 +9,7 @@ DEADLINE_EXCEEDED as Unavailable), prefixed with the target address.
 from __future__ import annotations
 
 import time
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import grpc
 
@@ -65,18 +65,30 @@ class GrpcReplicationTarget:
         self._channel = open_channel(address, telemetry, max_message_bytes, tls, "kvstore")
         self._stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
 
-    def reserve(self, order: TransferOrder, lease_s: float) -> Grant:
+    @property
+    def stub(self) -> kvstore_pb2_grpc.KVStoreStub:
+        return self._stub
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    def reserve(self, order: TransferOrder, lease_s: float, shared_memory: bool = False) -> Grant:
+        """shared_memory: the writer fills the pages itself (shm/target.py);
+        the grant names them."""
         request = kvstore_pb2.ReserveRequest(
             order_id=order.order_id, block_hashes=order.block_hashes, lease_ms=max(1, round(lease_s * 1000)),
             source_node=order.source_node, family=order.family,
-            parent_hash=order.parent or 0, has_parent=order.parent is not None, medium=order.tier.medium)
+            parent_hash=order.parent or 0, has_parent=order.parent is not None, medium=order.tier.medium,
+            shared_memory=shared_memory)
         try:
             reply = self._stub.Reserve(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise domain_error(exc, self.address, f"Reserve for order {order.order_id}") from None
         self.capability = reply.capability
         return Grant(Handle(reply.handle), tuple(BlockHash(h) for h in reply.block_hashes),
-                     reply.bytes_per_block, reply.lease_deadline_s, reply.data_address, reply.capability)
+                     reply.bytes_per_block, reply.lease_deadline_s, reply.data_address, reply.capability,
+                     tuple(reply.pages), reply.pages_medium)
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
         # protobuf needs bytes: the one copy this fallback cannot avoid.
@@ -90,10 +102,11 @@ class GrpcReplicationTarget:
         except grpc.RpcError as exc:
             raise domain_error(exc, self.address, f"WriteChunks to {handle}") from None
 
-    def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
+    def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float,
+               shared_memory: bool = False, segment_crcs: Sequence[int] = ()) -> int:
         request = kvstore_pb2.CommitRequest(
             handle=handle, chunk_crc32c=dict(chunk_crcs), replica_lease_ms=round(replica_lease_s * 1000),
-            capability=self.capability)
+            capability=self.capability, shared_memory=shared_memory, segment_crc32c=segment_crcs)
         try:
             return self._stub.Commit(request, timeout=self._timeout_s).blocks_committed
         except grpc.RpcError as exc:

@@ -205,6 +205,11 @@ class PagePool:
         self._require_host()
         return self.crcs.range_crc(self._flat, pieces)  # type: ignore[arg-type]
 
+    def pages_crcs(self, pages: Sequence[PageId]) -> np.ndarray:
+        """[len(pages), 2 * num_layers] segment checksums (host pools)."""
+        self._require_host()
+        return self.crcs.pages_crcs(self._flat, pages)  # type: ignore[arg-type]
+
     def seal(self, pages: Sequence[PageId]) -> None:
         """Caches the segment checksums of pages just written (host only; a
         device pool keeps none and is checksummed through staging)."""

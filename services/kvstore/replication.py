@@ -23,8 +23,12 @@ a refused target is never connected to. The order's source_node defaults
 to this node (it is what the target's write capability names).
 
 The transport sits behind ReplicationTarget: the bulk TCP data plane
-(tcp_target.py), the gRPC WriteChunks fallback (grpc_target.py) or a core in
-the same process (local_target.py). An order may name the transport and the
+(tcp_target.py), the gRPC WriteChunks fallback (grpc_target.py), a core in
+the same process (local_target.py), or shared memory with a kvstore on the
+same host (shm_target.py). A target that copies pages itself (copies_pages:
+shared memory) is handed the pinned source pool and pages with their
+segment checksums instead of chunks: it copies run by run, so step 3 is
+one memcpy per (layer, K/V) and run of consecutive pages. An order may name the transport and the
 chunk size; otherwise the node's defaults apply.
 """
 from __future__ import annotations
@@ -184,11 +188,18 @@ class Replicator:
             total = len(grant.hashes) * grant.bytes_per_block
             if grant.hashes:
                 placed = self._store.pages_of(grant.hashes) if target.zero_copy else None
-                if placed is not None and self._store.tier_zero_copy(placed[0]):
+                if placed is not None and getattr(target, "copies_pages", False) \
+                        and self._store.tier_zero_copy(placed[0]):
+                    source, segment_crcs = self._store.copy_source(*placed)
+                    target.copy_pages(grant.handle, source, placed[1], segment_crcs)  # type: ignore[attr-defined]
+                    result.bytes_sent += total
+                    chunks = None
+                elif placed is not None and self._store.tier_zero_copy(placed[0]):
                     chunks = self._views(placed[0], placed[1], chunk_bytes, crcs, result)
                 else:
                     chunks = self._chunks(grant.hashes, chunk_bytes, crcs, result)
-                target.write_chunks(grant.handle, chunks, total)
+                if chunks is not None:
+                    target.write_chunks(grant.handle, chunks, total)
             target.commit(grant.handle, crcs, order.replica_lease_s)
             result.blocks_sent = len(grant.hashes)
             result.outcome = TransferOutcome.COMMITTED

@@ -141,11 +141,15 @@ class Grant:
     deadline_s: float  # target clock
     data_address: str = ""  # the target's TCP data plane, host:port; "": WriteChunks only
     capability: bytes = b""  # write capability (write_gate.py) to present with every write; b"": none asked
+    pages: tuple[int, ...] = ()  # asked for shared memory: the page of each of hashes in pool pages_medium
+    pages_medium: str = ""
 
 
 # publish(reservation, replica_lease_s) -> blocks newly made visible; it takes
 # over the reservation's pages (freeing those it does not publish).
 PublishFn = Callable[[Reservation, float], int]
+# crc_of(pages, offset, size) -> crc32c of those bytes of the pages' canonical blocks.
+RangeCrc = Callable[[Sequence[PageId], int, int], int]
 
 
 class ReservationBook:
@@ -241,6 +245,33 @@ class ReservationBook:
         reservation.writing.remove((offset, offset + size))  # ValueError: a bug (no such write)
         if not reservation.writing and self._draining.pop(reservation.handle, None) is not None:
             self._free(reservation)
+
+    def check_live(self, handle: Handle) -> Reservation:
+        """The open reservation of handle; Aborted or NotFound otherwise."""
+        return self._live(handle)
+
+    def accept_shared(self, handle: Handle, chunk_crcs: dict[int, int], crc_of: RangeCrc) -> None:
+        """Records chunks a same-host peer wrote straight into the pages
+        (shared memory): chunk_crcs' offsets must cut the reservation into
+        contiguous chunks from 0 to its end, and crc_of(pages, offset, size)
+        of each must equal the peer's; otherwise the reservation is aborted."""
+        reservation = self._live(handle)
+        if reservation.writers or reservation.chunk_crcs:
+            raise FailedPrecondition(f"reservation {handle} was written over another data plane; commit it there")
+        offsets = sorted(chunk_crcs)
+        total = reservation.total_bytes
+        if total and (not offsets or offsets[0] != 0 or offsets[-1] >= total):
+            raise InvalidArgument(f"chunk offsets of {handle} must start at 0 and lie inside its {total} bytes")
+        if not total and offsets:
+            raise InvalidArgument(f"reservation {handle} holds no bytes; send no chunk checksums")
+        for lo, hi in zip(offsets, [*offsets[1:], total]):
+            actual = crc_of(reservation.pages, lo, hi - lo)
+            if actual != chunk_crcs[lo]:
+                self._close(reservation, ReservationState.ABORTED, f"chunk at offset {lo} failed its crc32c")
+                raise Aborted(f"chunk at offset {lo} of {handle}: crc32c {actual:#010x} in the pages != sent "
+                              f"{chunk_crcs[lo]:#010x}; reservation aborted")
+            reservation.received.add(lo, hi)
+            reservation.chunk_crcs[lo] = chunk_crcs[lo]
 
     def commit(self, handle: Handle, chunk_crcs: dict[int, int], replica_lease_s: float) -> int:
         """Publishes the blocks once complete and verified; returns how many

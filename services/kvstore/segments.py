@@ -126,6 +126,21 @@ class SegmentCrcs:
             self._ok[page, segment] = True
             self._missing[page] -= 1
 
+    def record_pages(self, pages: Sequence[int], crcs: np.ndarray) -> None:
+        """crcs[i, segment]: the checksum of every segment of pages[i]."""
+        rows = np.asarray(pages, dtype=np.int64)
+        self._crc[rows] = crcs
+        self._ok[rows] = True
+        for page in pages:
+            self._missing[page] = 0
+
+    def pages_crcs(self, flat: np.ndarray, pages: Sequence[int]) -> np.ndarray:
+        """[len(pages), num_segments] checksums, sealing pages missing any."""
+        for page in pages:
+            if self._missing[page]:
+                self.seal(flat, [page])
+        return self._crc[np.asarray(pages, dtype=np.int64)]
+
     def known(self, page: int) -> bool:
         """Whether every segment of page has its checksum cached."""
         return self._missing[page] == 0

@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 import grpc
 
+from speckv.kernels.backend import Backend, NumpyBackend
 from speckv.kernels.backend_choice import select_backend
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.config import parse_config
@@ -29,6 +30,8 @@ from speckv.services.kvstore.peers import RegisteredPeers, RegistryFetch
 from speckv.services.kvstore.replication import Replicator, TargetFactory
 from speckv.services.kvstore.servicer import KVStoreServicer, RequestLimits
 from speckv.services.kvstore.records import StoreStats, TierStats
+from speckv.services.kvstore.shm.backend import SharedMemoryBackend
+from speckv.services.kvstore.shm_target import SharedPoolsCache, ShmReplicationTarget
 from speckv.services.kvstore.store import KVStoreCore
 from speckv.services.kvstore.vllm_publisher import VllmEventPublisher
 from speckv.services.kvstore.write_gate import WriteGate
@@ -41,9 +44,21 @@ MAINTENANCE_S = 1.0  # how often lapsed reservations and pin leases are ended at
 
 def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
     return KVStoreCore(config.node_id, config.kv_geometry(), config.device_pages, clock,
-                       event_retention=config.event_retention, backend=select_backend(config.backend),
-                       host_pages=config.host_pages, host_backend=select_backend("numpy") if config.host_pages else None,
+                       event_retention=config.event_retention,
+                       backend=_pool_backend(config, config.backend, config.node_id),
+                       host_pages=config.host_pages,
+                       host_backend=_pool_backend(config, "numpy", f"{config.node_id}-host") if config.host_pages else None,
                        retain_max_share=config.retain_max_share)
+
+
+def _pool_backend(config: KVStoreConfig, choice: str, label: str) -> Backend:
+    """The pool's memory: shared (shm/backend.py) where it is plain host
+    memory and config.shared_memory is on; what select_backend gives otherwise
+    (a GPU pool, or pinned host memory beside one)."""
+    backend = select_backend(choice)
+    if config.shared_memory and isinstance(backend, NumpyBackend) and not backend.pinned:
+        return SharedMemoryBackend(label)
+    return backend
 
 
 def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
@@ -60,7 +75,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     data_plane = DataPlaneServer(store, config.host, config.data_port, config.node_id,
                                  max_connections=config.data_max_connections,
                                  read_timeout_s=config.data_read_timeout_s, gate=gate) \
-        if config.transport == "tcp" else None
+        if config.transport in ("auto", "tcp") else None
     kv_events = config.kv_events_settings()  # binds now: a taken port fails the start, not a later thread
     publisher = VllmEventPublisher(store, kv_events, config.node_id) if kv_events is not None else None
     stopping = threading.Event()
@@ -120,7 +135,15 @@ def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock) 
     def tcp_target(address: str) -> TcpReplicationTarget:
         return TcpReplicationTarget(grpc_target(address), timeout_s=config.peer_timeout_s, bucket=bucket)
 
-    return {"tcp": tcp_target, "grpc": grpc_target}
+    shared_pools = SharedPoolsCache()
+
+    def shm_target(address: str) -> ShmReplicationTarget:
+        """Shared memory when the target shares its pools with this process, else TCP."""
+        control = grpc_target(address)
+        fallback = TcpReplicationTarget(control, timeout_s=config.peer_timeout_s, bucket=bucket)
+        return ShmReplicationTarget(control, fallback, shared_pools, bucket)
+
+    return {"auto": shm_target, "shm": shm_target, "tcp": tcp_target, "grpc": grpc_target}
 
 
 def _registry_of(agent: Callable[[], SchedulerAgent | None]) -> RegistryFetch:

@@ -10,7 +10,10 @@ and WriteChunks, Commit and Abort need it (checked before the store is
 asked anything, so a refused call changes nothing). Over TLS, a node's
 Reserve is for itself as the source: the capability names the node its
 certificate proves, and only that node (or the admin) may then write,
-commit or abort with it."""
+commit or abort with it.
+
+Shared memory (OpenSharedPools, MapBlocks, Reserve and Commit with
+shared_memory): store_shared.py; who may map the pools: shm/arena.py."""
 from __future__ import annotations
 
 import threading
@@ -21,7 +24,7 @@ import grpc
 
 from speckv.services.common.rpc import authz
 from speckv.services.common.capability import Capability
-from speckv.services.common.errors import InvalidArgument, PermissionDenied
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from speckv.services.common.rpc.geometry_proto import geometry_to_proto
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.tiers import Tier
@@ -31,6 +34,7 @@ from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
 from speckv.services.kvstore.records import BlockWrite, StoreStats
+from speckv.services.kvstore.shm.arena import HostIdentity
 from speckv.services.kvstore.store import KVStoreCore
 from speckv.services.kvstore.write_gate import WriteGate
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
@@ -138,9 +142,18 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=source,
             tier=Tier.parse(request.medium))
         capability = self._gate.mint(grant, request.order_id, source) if self._gate is not None else b""
-        return kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
-                                           bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,
-                                           data_address=self._data_address, capability=capability)
+        reply = kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
+                                            bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,
+                                            data_address=self._data_address, capability=capability)
+        if request.shared_memory:
+            try:
+                tier, pages = self._store.reservation_pages(grant.handle)
+            except FailedPrecondition:
+                self._store.abort(grant.handle, "the writer asked for shared memory this tier lacks")
+                raise
+            reply.pages.extend(pages)
+            reply.pages_medium = tier.medium
+        return reply
 
     def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
                     context: grpc.ServicerContext) -> kvstore_pb2.WriteChunksResponse:
@@ -160,8 +173,33 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Commit(self, request: kvstore_pb2.CommitRequest, context: grpc.ServicerContext) -> kvstore_pb2.CommitResponse:
         self._writer(context, request.capability, request.handle)
-        committed = self._store.commit(request.handle, dict(request.chunk_crc32c), request.replica_lease_ms / MS)
+        if request.shared_memory:
+            committed = self._store.commit_shared(request.handle, dict(request.chunk_crc32c),
+                                                  request.replica_lease_ms / MS, list(request.segment_crc32c))
+        else:
+            committed = self._store.commit(request.handle, dict(request.chunk_crc32c), request.replica_lease_ms / MS)
         return kvstore_pb2.CommitResponse(blocks_committed=committed)
+
+    def OpenSharedPools(self, request: kvstore_pb2.OpenSharedPoolsRequest,
+                        context: grpc.ServicerContext) -> kvstore_pb2.OpenSharedPoolsResponse:
+        # Naming the arenas grants nothing: only a process the OS lets read this one's /proc/<pid>/fd can map them.
+        arenas = self._store.shared_arenas()
+        bytes_per_block = self._store.bytes_per_block
+        host = HostIdentity.here()
+        return kvstore_pb2.OpenSharedPoolsResponse(
+            pools=[kvstore_pb2.SharedPool(medium=tier.medium, pid=a.pid, fd=a.fd, size=a.size, token=a.token,
+                                          num_pages=a.size // bytes_per_block) for tier, a in arenas.items()],
+            geometry=geometry_to_proto(self._store.geometry), boot_id=host.boot_id, pid_namespace=host.pid_namespace)
+
+    def MapBlocks(self, request: kvstore_pb2.MapBlocksRequest,
+                  context: grpc.ServicerContext) -> kvstore_pb2.MapBlocksResponse:
+        lease_s = request.lease_ms / MS
+        if not 0 < lease_s <= self._limits.pin_lease_s:
+            raise InvalidArgument(f"map_blocks: lease_ms={request.lease_ms}: must be in (0, "
+                                  f"{self._limits.pin_lease_s * MS:g}] (pin_lease_s)")
+        places = self._store.map_blocks(list(request.block_hashes), lease_s)
+        return kvstore_pb2.MapBlocksResponse(pages=[p.page for p in places], media=[p.tier.medium for p in places],
+                                             lease_s=lease_s)
 
     def Abort(self, request: kvstore_pb2.AbortRequest, context: grpc.ServicerContext) -> kvstore_pb2.AbortResponse:
         self._writer(context, request.capability, request.handle)

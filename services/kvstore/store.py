@@ -2,7 +2,8 @@
 index and a reservation book; tier.py), the event log and the page mover
 behind one lock. Its parts: records.py (what it takes and returns),
 writeback.py (room-making, eviction and demotion between the tiers) and
-store_replicas.py (both ends of replication); eviction order: index.py and
+store_replicas.py (both ends of replication), store_shared.py (same-host
+peers reading and writing pages in shared memory); eviction order: index.py and
 eviction.py.
 
 Tiers: every node has a device tier; with host_pages > 0 it also has a host
@@ -59,11 +60,12 @@ from speckv.services.kvstore.pool import Buffer, PageId, PagePool, bytes_view
 from speckv.services.kvstore.records import BlockWrite, LookupResult, PutResult, StoreStats, TierStats
 from speckv.services.kvstore.reservations import ReservationBook
 from speckv.services.kvstore.store_replicas import ReplicaSides
+from speckv.services.kvstore.store_shared import SharedPages
 from speckv.services.kvstore.tier import PageMover, StoreTier
 from speckv.services.kvstore.writeback import WriteBack
 
 
-class KVStoreCore(ReplicaSides, WriteBack):
+class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
     def __init__(
         self, node_id: str, geometry: KVGeometry, num_pages: int, clock: Clock, *,
         event_retention: int = 100_000, max_hashes_per_request: int = 65_536, backend: Backend | None = None,

@@ -4,7 +4,9 @@ loopback. Each engine runs in its own child process
 (loadgen/engines/vllm_runner.py), its prefix cache emptied before each prompt.
 
 Asserted: a fresh engine that loads a prefix the first engine saved
-generates exactly the greedy tokens of the recompute; the ids the kvstore
+generates exactly the greedy tokens of the recompute, through the kvstore's
+shared memory (the default on one host) and over gRPC, and both paths save
+the same bytes; the ids the kvstore
 holds are vLLM's sha256 chain under the layout digest, computed here
 without an engine; noise stored under those ids changes the output (the
 loaded KV is really used); an engine of another model id never loads them;
@@ -86,13 +88,34 @@ def test_the_first_engine_saves_each_full_block_once(first, store, model):
     assert stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == PROMPT_BLOCKS
 
 
-def test_a_fresh_engine_loads_the_prefix_and_generates_the_same_tokens(first, store, model, tmp_path):
+def test_the_first_engine_saved_through_the_kvstores_shared_memory(first):
+    assert first["counters"]["blocks_saved_shared"] == PROMPT_BLOCKS
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_a_fresh_engine_loads_the_prefix_and_generates_the_same_tokens(first, store, model, tmp_path, shared_memory):
     server, _ = store
-    second = run_engine({"model": str(model), "kvstore": server.address, "prompts": [PROMPT], "max_tokens": 16},
-                        tmp_path)
+    second = run_engine({"model": str(model), "kvstore": server.address, "prompts": [PROMPT], "max_tokens": 16,
+                         "shared_memory": shared_memory}, tmp_path)
     assert second["counters"]["blocks_loaded"] == PROMPT_BLOCKS
+    assert second["counters"]["blocks_loaded_shared"] == (PROMPT_BLOCKS if shared_memory else 0)
     assert second["counters"]["load_failures"] == 0
     assert second["outputs"] == first["outputs"]
+
+
+def test_an_engine_saving_over_grpc_stores_the_same_bytes(first, store, model, tmp_path):
+    """The gRPC path (shared memory off) saves bytes equal to what the
+    shared-memory path saved, block for block."""
+    _, stub = store
+    ids = vllm_chain_ids(model, PROMPT)
+    saved = [m.data for m in stub.GetBlocks(kvstore_pb2.GetBlocksRequest(block_hashes=ids), timeout=30)]
+    with kvstore(**KVSTORE) as (server, other_stub):
+        over_grpc = run_engine({"model": str(model), "kvstore": server.address, "prompts": [PROMPT],
+                                "max_tokens": 16, "shared_memory": False}, tmp_path)
+        again = [m.data for m in other_stub.GetBlocks(kvstore_pb2.GetBlocksRequest(block_hashes=ids), timeout=30)]
+    assert over_grpc["counters"]["blocks_saved"] == PROMPT_BLOCKS
+    assert over_grpc["counters"]["blocks_saved_shared"] == 0
+    assert again == saved
 
 
 def test_noise_under_the_same_ids_changes_the_output(first, model, tmp_path):

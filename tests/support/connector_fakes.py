@@ -28,3 +28,62 @@ class FakeStore:
     def put(self, ids, parents, family, data):
         for i, d in zip(ids, data):
             self.blocks.setdefault(i, d)
+
+
+class CoreShared:
+    """A port.SharedPort over a real KVStoreCore in this process, its pools in
+    shared memory and mapped a second time as the connector maps them (what
+    shared_client.SharedKVStore does over gRPC, minus the wire)."""
+
+    def __init__(self, num_pages: int = 16, lease_s: float = 10.0) -> None:
+        from speckv.services.common.clock import ManualClock
+        from speckv.services.common.geometry import KVGeometry
+        from speckv.services.kvstore.shm.backend import SharedMemoryBackend
+        from speckv.services.kvstore.shm.mapped_pool import MappedPools, SharedPoolInfo
+        from speckv.services.kvstore.store import KVStoreCore
+
+        self.geometry = KVGeometry(num_layers=LAYOUT.num_layers, num_kv_heads=LAYOUT.num_kv_heads,
+                                   head_dim=LAYOUT.head_dim, dtype=LAYOUT.dtype, block_size=LAYOUT.block_size)
+        self.store = KVStoreCore("n1", self.geometry, num_pages, ManualClock(1000.0),
+                                 backend=SharedMemoryBackend("n1"))
+        self.pools = MappedPools([SharedPoolInfo(t.medium, a, num_pages) for t, a in
+                                  self.store.shared_arenas().items()], self.geometry)
+        self.lease_s = lease_s
+        self.released = 0
+
+    def map_for_read(self, ids):
+        import time
+
+        from speckv.services.common.errors import SpeckvError
+        from speckv.services.engine.vllm_connector.port import ReadLease
+
+        started = time.monotonic()
+        try:
+            places = self.store.map_blocks(list(ids), 10.0)
+        except SpeckvError:
+            return None
+        by_medium: dict[str, tuple[list[int], list[int]]] = {}
+        for i, place in enumerate(places):
+            positions, pages = by_medium.setdefault(place.tier.medium, ([], []))
+            positions.append(i)
+            pages.append(place.page)
+        return ReadLease(tuple(ids), by_medium, started + self.lease_s)
+
+    def release(self, lease):
+        self.store.unpin(list(lease.ids))
+        self.released += 1
+
+    def reserve(self, ids, parent, family):
+        from speckv.services.engine.vllm_connector.port import WriteSlot
+
+        grant = self.store.reserve("save", list(ids), 10.0, family=family, parent=parent)
+        tier, pages = self.store.reservation_pages(grant.handle)
+        where = {h: i for i, h in enumerate(ids)}
+        return WriteSlot(grant.handle, tuple(where[h] for h in grant.hashes), tuple(pages), tier.medium)
+
+    def commit(self, slot):
+        self.store.commit_shared(slot.handle, self.pools.blocks_crcs(slot.medium, slot.pages), 0.0)
+        return True
+
+    def pool(self, medium):
+        return self.pools.pool(medium)

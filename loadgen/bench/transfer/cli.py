@@ -11,7 +11,7 @@ Order of work:
   2. two kvstore PROCESSES on loopback (`python -m speckv.services.cli
      kvstore`, llama-3-8b geometry: 2 MiB blocks), pools warmed by one
      untimed replication of the full volume per transport;
-  3. for each transport (tcp, grpc) and chunk size: PutBlocks a fresh set of
+  3. for each transport (shm, tcp, grpc) and chunk size: PutBlocks a fresh set of
      hashes into the source (evicting the previous set, so pages are reused
      and warm; not timed), then time Replicate from the call until it returns
      committed; one sampled block is read back from the target and compared.
@@ -19,7 +19,9 @@ Order of work:
      Right after each setting's runs the tuned raw socket is measured again
      (`socket_adjacent_gbps`; ratio `..._over_adjacent_socket`): the machine
      is shared, so this pairs each number with a ceiling taken under the
-     same load. The official ratios use the run's best ceiling.
+     same load. The official ratios use the run's best ceiling. shm's
+     ceiling is a NumPy memcpy of the same volume (`memcpy_adjacent_gbps`,
+     ratio `..._over_adjacent_memcpy`; headline `shm_over_memcpy`).
 
   4. the data plane's protection (transfer/protect.py): replication with
      data_plane_auth on against off, alternating in the same run, and the
@@ -30,7 +32,8 @@ Order of work:
      NumPy memcpy of the same bytes (on a GPU: beside a plain pinned
      host<->device copy).
 
-Targets: tcp >= 0.7 x socket ceiling for chunks >= 1 MiB; NumPy
+Targets (docs/dataplane.md): tcp_over_socket >= 0.8 (chunks >= 1 MiB);
+shm_over_memcpy >= 0.8; NumPy
 pack/unpack >= 0.5 x memcpy; GPU pack/unpack >= 0.7 x device copy; NumPy
 demote/promote >= 0.5 x memcpy; CuPy demote/promote >= 0.7 x the plain copy.
 """
@@ -65,7 +68,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mib", type=int, default=0, help="MiB per replication (default 256, quick 128)")
     parser.add_argument("--repeats", type=int, default=0, help="timed replications per setting (default 5, quick 2)")
     parser.add_argument("--chunks-kib", default="256,1024,4096", help="chunk sizes, KiB, comma-separated")
-    parser.add_argument("--transports", default="tcp,grpc", help="data planes to measure")
+    parser.add_argument("--transports", default="shm,tcp,grpc",
+                        help="data planes to measure: shm (same-host shared memory), tcp, grpc")
     parser.add_argument("--no-protection", action="store_true",
                         help="skip the data_plane_auth on/off comparison")
     return parser.parse_args(argv)
@@ -180,12 +184,15 @@ def measure_replication(geometry, blocks: int, chunk_sizes: list[int], transport
             bench.replicate(transport, 1024 * KIB)  # warm-up: touches every page of both pools
             for chunk in chunk_sizes:
                 runs = [bench.replicate(transport, chunk) for _ in range(repeats)]
-                adjacent = link.gbps(repeats)
+                # shm's ceiling is a memcpy of the same bytes; the others' the raw socket
+                ceiling = "memcpy" if transport == "shm" else "socket"
+                adjacent = (ceilings.memcpy_gbps(blocks * geometry.bytes_per_block, repeats) if ceiling == "memcpy"
+                            else link.gbps(repeats))
                 row = {"transport": transport, "chunk_bytes": chunk, "gbps": max(runs),
                        "gbps_median": statistics.median(runs), "runs_gbps": runs,
-                       "bytes": blocks * geometry.bytes_per_block, "socket_adjacent_gbps": adjacent}
+                       "bytes": blocks * geometry.bytes_per_block, f"{ceiling}_adjacent_gbps": adjacent}
                 print(f"replication {transport:<5} chunk {chunk // KIB:>5} KiB  {row['gbps']:6.2f} GB/s "
-                      f"(median {row['gbps_median']:.2f}; raw socket just after: {adjacent:.2f})")
+                      f"(median {row['gbps_median']:.2f}; raw {ceiling} just after: {adjacent:.2f})")
                 rows.append(row)
         return rows
     finally:
@@ -238,6 +245,21 @@ class _Bench:
         return self.bytes / seconds / 1e9
 
 
+def headline_ratios(results: dict[str, Any]) -> dict[str, float]:
+    """The data plane's targets (docs/dataplane.md): tcp_over_socket, the best
+    tcp row of 1 MiB+ chunks over the socket ceiling; shm_over_memcpy, the
+    best shm row over memcpy (both ceilings of the same run)."""
+    c, out = results["ceilings"], {}
+    rows = results.get("replication", [])
+    tcp = [r["gbps"] for r in rows if r["transport"] == "tcp" and r["chunk_bytes"] >= MIB]
+    shm = [r["gbps"] for r in rows if r["transport"] == "shm"]
+    if tcp:
+        out["tcp_over_socket"] = max(tcp) / c["socket_gbps"]
+    if shm:
+        out["shm_over_memcpy"] = max(shm) / c["memcpy_gbps"]
+    return out
+
+
 def ratios(results: dict[str, Any]) -> dict[str, float]:
     c = results["ceilings"]
     out = {"pack_over_memcpy": results["pack_gbps"] / c["memcpy_gbps"],
@@ -245,8 +267,13 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
            "unpack_over_memcpy": results["unpack_gbps"] / c["memcpy_gbps"]}
     for row in results.get("replication", []):
         name = f"{row['transport']}_{row['chunk_bytes'] // KIB}k"
+        if row["transport"] == "shm":
+            out[f"{name}_over_memcpy"] = row["gbps"] / c["memcpy_gbps"]
+            out[f"{name}_over_adjacent_memcpy"] = row["gbps"] / row["memcpy_adjacent_gbps"]
+            continue
         out[f"{name}_over_socket"] = row["gbps"] / c["socket_gbps"]
         out[f"{name}_over_adjacent_socket"] = row["gbps"] / row["socket_adjacent_gbps"]
+    out.update(headline_ratios(results))
     if "protection" in results:
         out["protected_over_unprotected"] = results["protection"]["ratio"]
         out["protected_over_unprotected_median"] = results["protection"]["ratio_median"]

@@ -220,7 +220,7 @@ class ReplicateResponse(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., seconds: _Optional[float] = ..., message: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium")
+    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium", "shared_memory")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class ReserveRequest(_message.Message):
     PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     HAS_PARENT_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     lease_ms: int
@@ -237,23 +238,28 @@ class ReserveRequest(_message.Message):
     parent_hash: int
     has_parent: bool
     medium: str
-    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ...) -> None: ...
+    shared_memory: bool
+    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability")
+    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "pages", "pages_medium")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     LEASE_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGES_MEDIUM_FIELD_NUMBER: _ClassVar[int]
     handle: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     bytes_per_block: int
     lease_deadline_s: float
     data_address: str
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    pages: _containers.RepeatedScalarFieldContainer[int]
+    pages_medium: str
+    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., pages: _Optional[_Iterable[int]] = ..., pages_medium: _Optional[str] = ...) -> None: ...
 
 class WriteChunkRequest(_message.Message):
     __slots__ = ("handle", "offset", "data", "crc32c", "capability")
@@ -276,7 +282,7 @@ class WriteChunksResponse(_message.Message):
     def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability")
+    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability", "shared_memory", "segment_crc32c")
     class ChunkCrc32cEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -288,11 +294,15 @@ class CommitRequest(_message.Message):
     CHUNK_CRC32C_FIELD_NUMBER: _ClassVar[int]
     REPLICA_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_CRC32C_FIELD_NUMBER: _ClassVar[int]
     handle: str
     chunk_crc32c: _containers.ScalarMap[int, int]
     replica_lease_ms: int
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    shared_memory: bool
+    segment_crc32c: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., shared_memory: _Optional[bool] = ..., segment_crc32c: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("blocks_committed",)
@@ -315,3 +325,53 @@ class AbortResponse(_message.Message):
     PAGES_FREED_FIELD_NUMBER: _ClassVar[int]
     pages_freed: int
     def __init__(self, pages_freed: _Optional[int] = ...) -> None: ...
+
+class OpenSharedPoolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SharedPool(_message.Message):
+    __slots__ = ("medium", "pid", "fd", "size", "token", "num_pages")
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    medium: str
+    pid: int
+    fd: int
+    size: int
+    token: str
+    num_pages: int
+    def __init__(self, medium: _Optional[str] = ..., pid: _Optional[int] = ..., fd: _Optional[int] = ..., size: _Optional[int] = ..., token: _Optional[str] = ..., num_pages: _Optional[int] = ...) -> None: ...
+
+class OpenSharedPoolsResponse(_message.Message):
+    __slots__ = ("pools", "geometry", "boot_id", "pid_namespace")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[SharedPool]
+    geometry: _common_pb2.KVGeometry
+    boot_id: str
+    pid_namespace: int
+    def __init__(self, pools: _Optional[_Iterable[_Union[SharedPool, _Mapping]]] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., boot_id: _Optional[str] = ..., pid_namespace: _Optional[int] = ...) -> None: ...
+
+class MapBlocksRequest(_message.Message):
+    __slots__ = ("block_hashes", "lease_ms")
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    lease_ms: int
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class MapBlocksResponse(_message.Message):
+    __slots__ = ("pages", "media", "lease_s")
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    pages: _containers.RepeatedScalarFieldContainer[int]
+    media: _containers.RepeatedScalarFieldContainer[str]
+    lease_s: float
+    def __init__(self, pages: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[str]] = ..., lease_s: _Optional[float] = ...) -> None: ...

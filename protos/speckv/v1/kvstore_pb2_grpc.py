@@ -99,6 +99,16 @@ class KVStoreStub:
                 request_serializer=speckv_dot_v1_dot_kvstore__pb2.AbortRequest.SerializeToString,
                 response_deserializer=speckv_dot_v1_dot_kvstore__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.OpenSharedPools = channel.unary_unary(
+                '/speckv.v1.KVStore/OpenSharedPools',
+                request_serializer=speckv_dot_v1_dot_kvstore__pb2.OpenSharedPoolsRequest.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_kvstore__pb2.OpenSharedPoolsResponse.FromString,
+                _registered_method=True)
+        self.MapBlocks = channel.unary_unary(
+                '/speckv.v1.KVStore/MapBlocks',
+                request_serializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksRequest.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -193,6 +203,22 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSharedPools(self, request, context):
+        """Same-host shared memory (docs/dataplane.md): the pools a process of the
+        same user on this host may map, and the pages of blocks it reads there
+        (pinned under a lease; release with Unpin). Writes go through Reserve
+        with shared_memory set and Commit with shared_memory set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MapBlocks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +286,16 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=speckv_dot_v1_dot_kvstore__pb2.AbortRequest.FromString,
                     response_serializer=speckv_dot_v1_dot_kvstore__pb2.AbortResponse.SerializeToString,
+            ),
+            'OpenSharedPools': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSharedPools,
+                    request_deserializer=speckv_dot_v1_dot_kvstore__pb2.OpenSharedPoolsRequest.FromString,
+                    response_serializer=speckv_dot_v1_dot_kvstore__pb2.OpenSharedPoolsResponse.SerializeToString,
+            ),
+            'MapBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.MapBlocks,
+                    request_deserializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksRequest.FromString,
+                    response_serializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -613,6 +649,60 @@ class KVStore:
             '/speckv.v1.KVStore/Abort',
             speckv_dot_v1_dot_kvstore__pb2.AbortRequest.SerializeToString,
             speckv_dot_v1_dot_kvstore__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSharedPools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.KVStore/OpenSharedPools',
+            speckv_dot_v1_dot_kvstore__pb2.OpenSharedPoolsRequest.SerializeToString,
+            speckv_dot_v1_dot_kvstore__pb2.OpenSharedPoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MapBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.KVStore/MapBlocks',
+            speckv_dot_v1_dot_kvstore__pb2.MapBlocksRequest.SerializeToString,
+            speckv_dot_v1_dot_kvstore__pb2.MapBlocksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,7 +10,8 @@ vLLM builds one instance per role: the scheduler's (SchedulerSide) and each
 worker's (WorkerSide); the scheduler hands the worker a SpeckvMetadata per
 step. It fails open: a kvstore that is down, slow, or of another geometry
 costs a recompute (counted in Counters, one log line), never a failed
-request. Block ids: identity.py.
+request. Block ids: identity.py. On the kvstore's host KV moves through its
+mapped pools (shared_client.py), elsewhere over gRPC (kvstore_client.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from speckv.services.engine.vllm_connector.kvstore_client import KVStoreClient
 from speckv.services.engine.vllm_connector.plan import StepPlan
 from speckv.services.engine.vllm_connector.scheduler_side import SchedulerSide
 from speckv.services.engine.vllm_connector.settings import ConnectorSettings, layout_of
+from speckv.services.engine.vllm_connector.shared_client import SharedKVStore
 from speckv.services.engine.vllm_connector.worker_side import WorkerSide
 from speckv.v1 import kvstore_pb2
 
@@ -71,7 +73,9 @@ class SpeckvConnector(KVConnectorBase_V1):
                                                                      "kv_load_failure_policy", None))
         self._scheduler = SchedulerSide(layout, self._client, self.counters) \
             if layout is not None and role == KVConnectorRole.SCHEDULER else None
-        self._worker = WorkerSide(layout, self._client, self.counters) \
+        self._shared = _open_shared(self._client, layout, settings, self.counters) \
+            if layout is not None and role == KVConnectorRole.WORKER and settings.shared_memory else None
+        self._worker = WorkerSide(layout, self._client, self.counters, self._shared) \
             if layout is not None and role == KVConnectorRole.WORKER else None
 
     # Scheduler side
@@ -129,7 +133,26 @@ class SpeckvConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+        if self._shared is not None:
+            self._shared.close()
         self._client.close()
+
+
+def _open_shared(client: KVStoreClient, layout: KVLayout, settings: ConnectorSettings,
+                 counters: Counters) -> SharedKVStore | None:
+    """The kvstore's pools mapped here when it runs on this host as this user
+    and holds this engine's geometry; None otherwise (KV then moves over gRPC)."""
+    shared = SharedKVStore.open(client.stub, client.address, counters, settings.transfer_timeout_s,
+                                settings.transfer_timeout_s)
+    if shared is None:
+        return None
+    g = shared.pools.geometry
+    theirs = (g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, g.block_size)
+    if theirs != (layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.dtype, layout.block_size):
+        log.warning("speckv kvstore %s: shared pools of another geometry %s; KV moves over gRPC", client.address, theirs)
+        shared.close()
+        return None
+    return shared
 
 
 def _geometry_mismatch(client: KVStoreClient, layout: KVLayout) -> str:

@@ -14,11 +14,13 @@ class Counters:
     lookup_failures: int = 0
     blocks_matched: int = 0  # offered to the engine past its own prefix-cache hit
     blocks_loaded: int = 0
+    blocks_loaded_shared: int = 0  # of blocks_loaded, those copied from the kvstore's mapped pool
     load_failures: int = 0  # failed GetBlocks calls or blocks (each costs a recompute)
     blocks_saved: int = 0  # newly stored by the kvstore
+    blocks_saved_shared: int = 0  # of blocks_saved, those written into the kvstore's mapped pool
     blocks_already_present: int = 0
     save_failures: int = 0
-    load_seconds: float = 0.0  # wall time of the worker's loads (GetBlocks, checks, scatter into the pages)
+    load_seconds: float = 0.0  # wall time of the worker's loads (the kvstore call, checks, copy into the pages)
     bytes_loaded: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

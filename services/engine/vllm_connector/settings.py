@@ -25,13 +25,14 @@ class ConnectorSettings:
     lookup_timeout_s: float = 0.5  # a slower kvstore costs a recompute, not a stall
     transfer_timeout_s: float = 10.0
     max_message_mb: int = 64
+    shared_memory: bool = True  # map the kvstore's pools when it runs on this host as this user (off: gRPC only)
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any]) -> "ConnectorSettings":
         if not extra.get("kvstore"):
             raise ValueError("SpeckvConnector: kv_connector_extra_config needs 'kvstore' (host:port)")
         known = {k: extra[k] for k in ("kvstore", "model_id", "lookup_timeout_s", "transfer_timeout_s",
-                                       "max_message_mb") if k in extra}
+                                       "max_message_mb", "shared_memory") if k in extra}
         settings = cls(**known)
         if settings.lookup_timeout_s <= 0 or settings.transfer_timeout_s <= 0:
             raise ValueError("SpeckvConnector: lookup_timeout_s and transfer_timeout_s must be > 0")

@@ -2,15 +2,25 @@
 before a step's forward (start_load_kv) and saves the step's newly computed
 full blocks after it (wait_for_save).
 
-Loads are synchronous: all of a step's blocks are read (GetBlocks, crc32c
-checked) and scattered into every layer's pages in start_load_kv, so
-wait_for_layer_load has nothing to wait for. A load that fails reports its
-pages through get_block_ids_with_load_errors in the same step; with
+Two paths, chosen once when the connector starts: the same-host one when
+the kvstore's pools are mapped here (a SharedPort, shared_client.py), else
+gRPC. Loads are synchronous on both: all of a step's blocks are copied into
+every layer's pages in start_load_kv, so wait_for_layer_load has nothing to
+wait for. A load that fails reports its pages through
+get_block_ids_with_load_errors in the same step; with
 kv_load_failure_policy "recompute" vLLM then recomputes them.
 
-Saves copy the pages into canonical blocks in wait_for_save (the pages may
-be reused once the step ends) and hand the bytes to a sender thread, so the
-step does not wait on gRPC; shutdown (or flush) drains it.
+- Same host: MapBlocks pins the blocks and names their pool pages, one
+  strided copy per layer and run moves them into the engine's pages
+  (pages.pool_to_pages); Unpin follows on the sender thread. A save reserves
+  pages (Reserve with shared_memory), copies the step's pages straight into
+  them in wait_for_save (the engine may reuse its pages once the step ends)
+  and leaves the checksums and Commit to the sender thread.
+- gRPC: GetBlocks (crc32c checked) then a scatter; a save copies the pages
+  into canonical blocks in wait_for_save and the sender thread PutBlocks them.
+
+The sender thread runs queued calls in order, so the step never waits on a
+commit or a put; shutdown (or flush) drains it.
 """
 from __future__ import annotations
 
@@ -19,20 +29,21 @@ import queue
 import re
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import Counters
-from speckv.services.engine.vllm_connector.port import KVStorePort
-from speckv.services.engine.vllm_connector.pages import gather_blocks, page_views, scatter_blocks
-from speckv.services.engine.vllm_connector.plan import SaveSpec, StepPlan
+from speckv.services.engine.vllm_connector.port import KVStorePort, SharedPort
+from speckv.services.engine.vllm_connector.pages import (
+    gather_blocks, page_views, pages_to_pool, pool_tensor, pool_to_pages, scatter_blocks)
+from speckv.services.engine.vllm_connector.plan import LoadSpec, SaveSpec, StepPlan
 
 log = logging.getLogger("speckv.vllm_connector")
 LAYER_INDEX = re.compile(r"\.(\d+)\.")
-MAX_QUEUED_SAVES = 64  # steps of saves waiting for the sender; past that a save is dropped (counted)
+MAX_QUEUED_SAVES = 64  # calls waiting for the sender; past that a save is dropped (counted)
 
 
 def layer_order(names: Sequence[str]) -> list[str]:
@@ -44,13 +55,17 @@ def layer_order(names: Sequence[str]) -> list[str]:
 
 
 class WorkerSide:
-    def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters) -> None:
+    def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters,
+                 shared: SharedPort | None = None) -> None:
         self._layout = layout
         self._client = client
+        self._shared = shared
         self._counters = counters
         self._views: list[torch.Tensor] = []
+        self._block_bytes = 0  # canonical bytes of one block, set by register_kv_caches
+        self._pools: dict[str, torch.Tensor] = {}  # medium -> the mapped pool as a tensor of the engine's dtype
         self._load_errors: set[int] = set()
-        self._queue: queue.Queue[tuple[SaveSpec, list[bytes]] | None] = queue.Queue(MAX_QUEUED_SAVES)
+        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue(MAX_QUEUED_SAVES)
         self._sender = threading.Thread(target=self._send_loop, name="speckv-save", daemon=True)
         self._sender.start()
 
@@ -61,21 +76,63 @@ class WorkerSide:
                              f"{self._layout.num_layers}")
         self._views = page_views([kv_caches[n] for n in names], self._layout.num_kv_heads,
                                  self._layout.block_size, self._layout.head_dim)
+        one_page = self._views[0][0]  # [heads, 2, block_size, head_dim] of one layer
+        self._block_bytes = len(self._views) * one_page.numel() * one_page.element_size()
 
     def _block_shape(self, count: int) -> tuple[int, ...]:
         layout = self._layout
         return (count, layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
 
+    @property
+    def shared(self) -> bool:
+        """Whether KV moves through the kvstore's mapped pools."""
+        return self._shared is not None
+
     def load(self, plan: StepPlan) -> None:
         for spec in plan.loads:
             started = time.perf_counter()
-            data = self._client.get(spec.block_ids) if self._views else None
-            if data is None:
+            if not self._views:
                 self._load_errors.update(spec.page_ids)
                 continue
-            scatter_blocks(self._views, spec.page_ids, self._staged(data))
-            self._counters.add(blocks_loaded=len(data), bytes_loaded=sum(len(d) for d in data),
+            loaded = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
+            if not loaded:
+                self._load_errors.update(spec.page_ids)
+                continue
+            self._counters.add(blocks_loaded=len(spec.block_ids),
+                               blocks_loaded_shared=len(spec.block_ids) if self._shared is not None else 0,
+                               bytes_loaded=len(spec.block_ids) * self._block_bytes,
                                load_seconds=time.perf_counter() - started)
+
+    def _load_grpc(self, spec: LoadSpec) -> bool:
+        data = self._client.get(spec.block_ids)
+        if data is None:
+            return False
+        scatter_blocks(self._views, spec.page_ids, self._staged(data))
+        return True
+
+    def _load_shared(self, spec: LoadSpec) -> bool:
+        shared = self._shared
+        assert shared is not None
+        lease = shared.map_for_read(spec.block_ids)
+        if lease is None:
+            return False
+        try:
+            for medium, (positions, pool_pages) in lease.by_medium.items():
+                pool_to_pages(self._views, self._pool(medium), pool_pages, [spec.page_ids[i] for i in positions])
+        finally:
+            self._submit(lambda: shared.release(lease))
+        if time.monotonic() > lease.until:
+            self._counters.add(load_failures=1)
+            log.warning("speckv: a load of %d blocks outlasted its pin lease; the engine recomputes them",
+                        len(spec.block_ids))
+            return False
+        return True
+
+    def _pool(self, medium: str) -> torch.Tensor:
+        if medium not in self._pools:
+            assert self._shared is not None
+            self._pools[medium] = pool_tensor(self._shared.pool(medium), self._views[0].dtype)
+        return self._pools[medium]
 
     def _staged(self, data: list[bytes]) -> torch.Tensor:
         """The blocks' bytes as one canonical tensor, in one copy (NumPy
@@ -91,22 +148,45 @@ class WorkerSide:
         for spec in plan.saves:
             if not self._views:
                 return
+            if self._shared is not None:
+                self._save_shared(spec)
+                continue
             blocks = gather_blocks(self._views, spec.page_ids)
             data = [blocks[i].numpy().tobytes() for i in range(len(spec.page_ids))]
-            try:
-                self._queue.put_nowait((spec, data))
-            except queue.Full:
+            self._submit(lambda spec=spec, data=data: self._client.put(
+                spec.block_ids, spec.parents, spec.family, data), dropped=len(data))
+
+    def _save_shared(self, spec: SaveSpec) -> None:
+        shared = self._shared
+        assert shared is not None
+        slot = shared.reserve(spec.block_ids, spec.parents[0], spec.family)
+        if slot is None:
+            return
+        if slot.positions:
+            pages_to_pool(self._views, [spec.page_ids[i] for i in slot.positions], self._pool(slot.medium),
+                          list(slot.pages))
+        self._submit(lambda: shared.commit(slot), dropped=len(slot.positions))
+
+    def _submit(self, call: Callable[[], object], dropped: int = 0) -> None:
+        """Runs call on the sender thread; when the queue is full it is
+        dropped (a save's blocks stay engine-only, a reservation or pin is
+        ended by its lease)."""
+        try:
+            self._queue.put_nowait(call)
+        except queue.Full:
+            if dropped:
                 self._counters.add(save_failures=1)
-                log.warning("speckv: save queue full; %d blocks stay engine-only", len(data))
+                log.warning("speckv: save queue full; %d blocks stay engine-only", dropped)
 
     def _send_loop(self) -> None:
         while True:
-            item = self._queue.get()
+            call = self._queue.get()
             try:
-                if item is None:
+                if call is None:
                     return
-                spec, data = item
-                self._client.put(spec.block_ids, spec.parents, spec.family, data)
+                call()
+            except Exception:  # noqa: BLE001 - a port fails open; anything else must not end the thread
+                log.exception("speckv: a queued kvstore call failed")
             finally:
                 self._queue.task_done()
 

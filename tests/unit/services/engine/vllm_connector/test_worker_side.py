@@ -5,7 +5,7 @@ import torch
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.plan import LoadSpec, SaveSpec, StepPlan
 from speckv.services.engine.vllm_connector.worker_side import WorkerSide, layer_order
-from tests.support.connector_fakes import LAYOUT, FakeStore
+from tests.support.connector_fakes import LAYOUT, CoreShared, FakeStore
 
 def caches(seed: int | None):
     make = (lambda: torch.randn(8, 2, 32, 32)) if seed is not None else (lambda: torch.zeros(8, 2, 32, 32))
@@ -59,3 +59,62 @@ def test_caches_of_another_layer_count_are_refused():
         raise AssertionError("accepted 2 layers for a 3-layer layout")
     finally:
         worker.shutdown()
+
+
+def canonical(worker_caches, pages):
+    from speckv.services.engine.vllm_connector.pages import gather_blocks, page_views
+    names = layer_order(list(worker_caches))
+    views = page_views([worker_caches[n] for n in names], LAYOUT.num_kv_heads, LAYOUT.block_size, LAYOUT.head_dim)
+    return gather_blocks(views, pages)
+
+
+def test_shared_memory_saves_land_in_the_kvstore_pool_and_load_back_bit_for_bit():
+    shared, counters = CoreShared(), Counters()
+    saver = WorkerSide(LAYOUT, FakeStore(), counters, shared)
+    source = caches(seed=3)
+    saver.register_kv_caches(source)
+    saver.save(StepPlan(saves=[SaveSpec("r", (5, 2, 6), (11, 12, 13), (None, 11, 12), "11")]))
+    saver.flush()
+    stored = [bytes(b) for _, b in shared.store.get_blocks([11, 12, 13])]
+    expected = canonical(source, [5, 2, 6])
+    assert stored == [expected[i].numpy().tobytes() for i in range(3)]
+    loader = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    target = caches(seed=None)
+    loader.register_kv_caches(target)
+    loader.load(StepPlan(loads=[LoadSpec("r", (0, 1, 7), (11, 12, 13))]))
+    loader.flush()
+    for name in source:
+        for s, t in ((5, 0), (2, 1), (6, 7)):
+            assert torch.equal(target[name][t], source[name][s])
+    assert loader.take_load_errors() == set() and shared.released == 1
+    assert shared.store.stats().pinned_pages == 0
+    saver.shutdown()
+    loader.shutdown()
+
+
+def test_shared_memory_save_skips_blocks_the_kvstore_holds():
+    shared = CoreShared()
+    worker = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    worker.register_kv_caches(caches(seed=4))
+    worker.save(StepPlan(saves=[SaveSpec("r", (1,), (21,), (None,), "21")]))
+    worker.flush()
+    first = [bytes(b) for _, b in shared.store.get_blocks([21])]
+    worker.register_kv_caches(caches(seed=5))  # other bytes under the same id: the stored block stays
+    worker.save(StepPlan(saves=[SaveSpec("r", (1, 2), (21, 22), (None, 21), "21")]))
+    worker.flush()
+    assert [bytes(b) for _, b in shared.store.get_blocks([21])] == first
+    assert shared.store.lookup([21, 22]).prefix_blocks == 2
+    worker.shutdown()
+
+
+def test_shared_memory_load_of_a_missing_block_or_past_its_lease_is_a_load_error():
+    shared = CoreShared(lease_s=-1.0)  # every lease has lapsed by the time the copy ends
+    worker = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    worker.register_kv_caches(caches(seed=6))
+    worker.save(StepPlan(saves=[SaveSpec("r", (1,), (31,), (None,), "31")]))
+    worker.flush()
+    worker.load(StepPlan(loads=[LoadSpec("r", (4,), (31,)), LoadSpec("q", (6,), (99,))]))
+    assert worker.take_load_errors() == {4, 6}
+    worker.flush()
+    assert shared.store.stats().pinned_pages == 0  # the lapsed one's pins were still released
+    worker.shutdown()

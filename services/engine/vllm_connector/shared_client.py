@@ -1,0 +1,146 @@
+"""The connector's same-host path to its kvstore: the kvstore's pools mapped
+into the engine's process (services/kvstore/shm), so a load or a save is one
+strided copy between the pool's pages and the engine's, with gRPC carrying
+only control (MapBlocks / Unpin, Reserve / Commit with shared_memory).
+
+open() answers None when the kvstore is on another host, runs as another
+user, shares nothing (a GPU pool, or --no-shared-memory) or cannot be asked:
+the connector then moves bytes over gRPC (kvstore_client.py). Every later
+failure is answered None / False and counted, never raised, so the engine
+recomputes (fail open).
+
+Reads hold their blocks pinned under a lease measured from before the call,
+so if the copy ends before lease_s has passed on this process's clock, the
+kvstore had kept the pages unchanged throughout; a copy that ends later is
+reported as a load error (the pages may have been reused).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import defaultdict
+from typing import Sequence
+
+import grpc
+import numpy as np
+
+from speckv.services.common.rpc.geometry_proto import geometry_from_proto
+from speckv.services.engine.vllm_connector.counters import Counters
+from speckv.services.engine.vllm_connector.port import ReadLease, WriteSlot
+from speckv.services.kvstore.shm.arena import ArenaAddress, HostIdentity
+from speckv.services.kvstore.shm.mapped_pool import MappedPools, SharedPoolInfo
+from speckv.services.common.errors import SpeckvError
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+log = logging.getLogger("speckv.vllm_connector")
+
+
+class SharedKVStore:
+    """A port.SharedPort over the kvstore's gRPC control calls."""
+
+
+    def __init__(self, stub: kvstore_pb2_grpc.KVStoreStub, pools: MappedPools, counters: Counters,
+                 timeout_s: float, lease_s: float) -> None:
+        self._stub = stub
+        self.pools = pools
+        self._counters = counters
+        self._timeout_s = timeout_s
+        self._lease_s = lease_s
+
+    @classmethod
+    def open(cls, stub: kvstore_pb2_grpc.KVStoreStub, address: str, counters: Counters, timeout_s: float,
+             lease_s: float) -> "SharedKVStore | None":
+        try:
+            reply = stub.OpenSharedPools(kvstore_pb2.OpenSharedPoolsRequest(), timeout=timeout_s)
+        except grpc.RpcError as error:
+            log.info("speckv kvstore %s: no shared memory (%s); KV moves over gRPC", address, _code(error))
+            return None
+        host = HostIdentity(reply.boot_id, reply.pid_namespace)
+        if not reply.pools or not HostIdentity.here().shares_memory_with(host):
+            log.info("speckv kvstore %s: %s; KV moves over gRPC", address,
+                     "shares no pool" if not reply.pools else "on another host")
+            return None
+        infos = [SharedPoolInfo(p.medium, ArenaAddress(p.pid, p.fd, p.size, p.token, host), p.num_pages)
+                 for p in reply.pools]
+        try:
+            pools = MappedPools(infos, geometry_from_proto(reply.geometry))
+        except SpeckvError as error:
+            log.warning("speckv kvstore %s: cannot map its pools (%s); KV moves over gRPC", address, error)
+            return None
+        log.info("speckv kvstore %s: pools mapped (%s); KV moves through shared memory", address,
+                 ", ".join(sorted(pools.pools)))
+        return cls(stub, pools, counters, timeout_s, lease_s)
+
+    def map_for_read(self, ids: Sequence[int]) -> ReadLease | None:
+        """Pins the blocks and says where they lie; None on any failure."""
+        started = time.monotonic()
+        try:
+            reply = self._stub.MapBlocks(kvstore_pb2.MapBlocksRequest(
+                block_hashes=list(ids), lease_ms=max(1, round(self._lease_s * 1000))), timeout=self._timeout_s)
+        except grpc.RpcError as error:
+            self._counters.add(load_failures=1)
+            log.warning("speckv kvstore: map of %d blocks failed (%s); the engine recomputes", len(ids), _code(error))
+            return None
+        by_medium: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for position, (page, medium) in enumerate(zip(reply.pages, reply.media)):
+            by_medium[medium][0].append(position)
+            by_medium[medium][1].append(page)
+        return ReadLease(tuple(ids), dict(by_medium), started + min(reply.lease_s, self._lease_s))
+
+    def release(self, lease: ReadLease) -> None:
+        try:
+            self._stub.Unpin(kvstore_pb2.PinRequest(block_hashes=list(lease.ids)), timeout=self._timeout_s)
+        except grpc.RpcError as error:  # the lease ends the pins anyway
+            log.info("speckv kvstore: unpin of %d blocks failed (%s); their lease ends them", len(lease.ids),
+                     _code(error))
+
+    def reserve(self, ids: Sequence[int], parent: int | None, family: str) -> WriteSlot | None:
+        """Pages for the blocks of ids the kvstore lacks; None on failure."""
+        request = kvstore_pb2.ReserveRequest(
+            order_id=f"vllm-save-{uuid.uuid4().hex[:12]}", block_hashes=list(ids),
+            lease_ms=max(1, round(self._lease_s * 1000)), family=family, parent_hash=parent or 0,
+            has_parent=parent is not None, shared_memory=True)
+        try:
+            reply = self._stub.Reserve(request, timeout=self._timeout_s)
+        except grpc.RpcError as error:
+            self._counters.add(save_failures=1)
+            log.warning("speckv kvstore: reserve of %d blocks failed (%s); they stay engine-only", len(ids),
+                        _code(error))
+            return None
+        where = {block_id: i for i, block_id in enumerate(ids)}
+        positions = tuple(where[h] for h in reply.block_hashes)
+        self._counters.add(blocks_already_present=len(ids) - len(positions))
+        return WriteSlot(reply.handle, positions, tuple(reply.pages), reply.pages_medium)
+
+    def commit(self, slot: WriteSlot) -> bool:
+        """Checksums the written pages and commits; False on failure (aborted)."""
+        crcs = self.pools.blocks_crcs(slot.medium, slot.pages)
+        try:
+            self._stub.Commit(kvstore_pb2.CommitRequest(handle=slot.handle, chunk_crc32c=crcs, shared_memory=True),
+                              timeout=self._timeout_s)
+        except grpc.RpcError as error:
+            self._counters.add(save_failures=1)
+            log.warning("speckv kvstore: commit of %d blocks failed (%s); they stay engine-only", len(slot.pages),
+                        _code(error))
+            self.abort(slot, "commit failed")
+            return False
+        self._counters.add(blocks_saved=len(slot.pages), blocks_saved_shared=len(slot.pages))
+        return True
+
+    def abort(self, slot: WriteSlot, reason: str) -> None:
+        try:
+            self._stub.Abort(kvstore_pb2.AbortRequest(handle=slot.handle, reason=reason), timeout=self._timeout_s)
+        except grpc.RpcError:
+            pass  # its lease reaps it
+
+    def pool(self, medium: str) -> np.ndarray:
+        return self.pools.pool(medium)
+
+    def close(self) -> None:
+        self.pools.close()
+
+
+def _code(error: grpc.RpcError) -> str:
+    code = error.code() if hasattr(error, "code") else None
+    return code.name if code is not None else type(error).__name__

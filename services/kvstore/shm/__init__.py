@@ -1,0 +1,1 @@
+"""Same-host shared memory: a kvstore's host pools in memfd segments that other processes of the same user map."""
