@@ -88,7 +88,7 @@ class GrpcReplicationTarget:
         self.capability = reply.capability
         return Grant(Handle(reply.handle), tuple(BlockHash(h) for h in reply.block_hashes),
                      reply.bytes_per_block, reply.lease_deadline_s, reply.data_address, reply.capability,
-                     tuple(reply.pages), reply.pages_medium)
+                     tuple(reply.pages), reply.pages_medium, reply.pages_token)
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
         # protobuf needs bytes: the one copy this fallback cannot avoid.

@@ -143,6 +143,7 @@ class Grant:
     capability: bytes = b""  # write capability (write_gate.py) to present with every write; b"": none asked
     pages: tuple[int, ...] = ()  # asked for shared memory: the page of each of hashes in pool pages_medium
     pages_medium: str = ""
+    pages_token: str = ""  # the shared arena of pages_medium (shm/arena.py)
 
 
 # publish(reservation, replica_lease_s) -> blocks newly made visible; it takes

@@ -153,6 +153,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                 raise
             reply.pages.extend(pages)
             reply.pages_medium = tier.medium
+            reply.pages_token = self._store.shared_arenas()[tier].token
         return reply
 
     def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
@@ -198,8 +199,10 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             raise InvalidArgument(f"map_blocks: lease_ms={request.lease_ms}: must be in (0, "
                                   f"{self._limits.pin_lease_s * MS:g}] (pin_lease_s)")
         places = self._store.map_blocks(list(request.block_hashes), lease_s)
-        return kvstore_pb2.MapBlocksResponse(pages=[p.page for p in places], media=[p.tier.medium for p in places],
-                                             lease_s=lease_s)
+        arenas = self._store.shared_arenas()
+        return kvstore_pb2.MapBlocksResponse(
+            pages=[p.page for p in places], media=[p.tier.medium for p in places], lease_s=lease_s,
+            pool_tokens={t.medium: arenas[t].token for t in {p.tier for p in places}})
 
     def Abort(self, request: kvstore_pb2.AbortRequest, context: grpc.ServicerContext) -> kvstore_pb2.AbortResponse:
         self._writer(context, request.capability, request.handle)

@@ -118,6 +118,11 @@ class ShmReplicationTarget:
             self.transport = self._fallback.transport
             return grant
         self._grant = self._control.reserve(order, lease_s, shared_memory=True)
+        if self._grant.pages_token != self._pools.token(self._grant.pages_medium):
+            # The target restarted since its pools were mapped: these pages are in arenas not mapped here.
+            self._control.abort(self._grant.handle, "the writer mapped another arena")
+            self._cache.forget(self._control.address)
+            raise errors.Unavailable(f"target {self._control.address} restarted (new shared pools); retry the order")
         return self._grant
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:

@@ -242,7 +242,7 @@ class ReserveRequest(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "pages", "pages_medium")
+    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "pages", "pages_medium", "pages_token")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,7 @@ class ReserveResponse(_message.Message):
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGES_MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    PAGES_TOKEN_FIELD_NUMBER: _ClassVar[int]
     handle: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     bytes_per_block: int
@@ -259,7 +260,8 @@ class ReserveResponse(_message.Message):
     capability: bytes
     pages: _containers.RepeatedScalarFieldContainer[int]
     pages_medium: str
-    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., pages: _Optional[_Iterable[int]] = ..., pages_medium: _Optional[str] = ...) -> None: ...
+    pages_token: str
+    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., pages: _Optional[_Iterable[int]] = ..., pages_medium: _Optional[str] = ..., pages_token: _Optional[str] = ...) -> None: ...
 
 class WriteChunkRequest(_message.Message):
     __slots__ = ("handle", "offset", "data", "crc32c", "capability")
@@ -367,11 +369,20 @@ class MapBlocksRequest(_message.Message):
     def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class MapBlocksResponse(_message.Message):
-    __slots__ = ("pages", "media", "lease_s")
+    __slots__ = ("pages", "media", "lease_s", "pool_tokens")
+    class PoolTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     PAGES_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    POOL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     pages: _containers.RepeatedScalarFieldContainer[int]
     media: _containers.RepeatedScalarFieldContainer[str]
     lease_s: float
-    def __init__(self, pages: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[str]] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    pool_tokens: _containers.ScalarMap[str, str]
+    def __init__(self, pages: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[str]] = ..., lease_s: _Optional[float] = ..., pool_tokens: _Optional[_Mapping[str, str]] = ...) -> None: ...

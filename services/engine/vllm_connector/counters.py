@@ -20,6 +20,7 @@ class Counters:
     blocks_saved_shared: int = 0  # of blocks_saved, those written into the kvstore's mapped pool
     blocks_already_present: int = 0
     save_failures: int = 0
+    shared_remaps: int = 0  # the kvstore's shared pools changed under the connector (a restart): mapped again
     load_seconds: float = 0.0  # wall time of the worker's loads (the kvstore call, checks, copy into the pages)
     bytes_loaded: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

@@ -9,6 +9,10 @@ the connector then moves bytes over gRPC (kvstore_client.py). Every later
 failure is answered None / False and counted, never raised, so the engine
 recomputes (fail open).
 
+Every MapBlocks and Reserve answer names the arena of its pages (a token);
+one that is not the arena mapped here (the kvstore restarted at the same
+address) is not used: the call fails open and the pools are mapped again.
+
 Reads hold their blocks pinned under a lease measured from before the call,
 so if the copy ends before lease_s has passed on this process's clock, the
 kvstore had kept the pages unchanged throughout; a copy that ends later is
@@ -40,9 +44,10 @@ class SharedKVStore:
     """A port.SharedPort over the kvstore's gRPC control calls."""
 
 
-    def __init__(self, stub: kvstore_pb2_grpc.KVStoreStub, pools: MappedPools, counters: Counters,
+    def __init__(self, stub: kvstore_pb2_grpc.KVStoreStub, address: str, pools: MappedPools, counters: Counters,
                  timeout_s: float, lease_s: float) -> None:
         self._stub = stub
+        self._address = address
         self.pools = pools
         self._counters = counters
         self._timeout_s = timeout_s
@@ -70,7 +75,7 @@ class SharedKVStore:
             return None
         log.info("speckv kvstore %s: pools mapped (%s); KV moves through shared memory", address,
                  ", ".join(sorted(pools.pools)))
-        return cls(stub, pools, counters, timeout_s, lease_s)
+        return cls(stub, address, pools, counters, timeout_s, lease_s)
 
     def map_for_read(self, ids: Sequence[int]) -> ReadLease | None:
         """Pins the blocks and says where they lie; None on any failure."""
@@ -81,6 +86,10 @@ class SharedKVStore:
         except grpc.RpcError as error:
             self._counters.add(load_failures=1)
             log.warning("speckv kvstore: map of %d blocks failed (%s); the engine recomputes", len(ids), _code(error))
+            return None
+        if any(token != self.pools.token(medium) for medium, token in reply.pool_tokens.items()):
+            self._stale("a read")
+            self.release(ReadLease(tuple(ids), {}, 0.0))
             return None
         by_medium: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
         for position, (page, medium) in enumerate(zip(reply.pages, reply.media)):
@@ -108,6 +117,11 @@ class SharedKVStore:
             log.warning("speckv kvstore: reserve of %d blocks failed (%s); they stay engine-only", len(ids),
                         _code(error))
             return None
+        slot = WriteSlot(reply.handle, (), (), reply.pages_medium)
+        if reply.pages_token != self.pools.token(reply.pages_medium):
+            self._stale("a save")
+            self.abort(slot, "the writer mapped another arena")
+            return None
         where = {block_id: i for i, block_id in enumerate(ids)}
         positions = tuple(where[h] for h in reply.block_hashes)
         self._counters.add(blocks_already_present=len(ids) - len(positions))
@@ -133,6 +147,17 @@ class SharedKVStore:
             self._stub.Abort(kvstore_pb2.AbortRequest(handle=slot.handle, reason=reason), timeout=self._timeout_s)
         except grpc.RpcError:
             pass  # its lease reaps it
+
+    def _stale(self, what: str) -> None:
+        """The kvstore answered with arenas other than those mapped here (it
+        restarted): this call fails open, the pools are mapped again for the next."""
+        self._counters.add(shared_remaps=1)
+        log.warning("speckv kvstore %s: its shared pools changed (restarted?); %s falls back, pools remapped",
+                    self._address, what)
+        fresh = SharedKVStore.open(self._stub, self._address, self._counters, self._timeout_s, self._lease_s)
+        if fresh is not None:
+            self.pools.close()
+            self.pools = fresh.pools
 
     def pool(self, medium: str) -> np.ndarray:
         return self.pools.pool(medium)

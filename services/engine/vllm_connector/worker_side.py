@@ -63,7 +63,6 @@ class WorkerSide:
         self._counters = counters
         self._views: list[torch.Tensor] = []
         self._block_bytes = 0  # canonical bytes of one block, set by register_kv_caches
-        self._pools: dict[str, torch.Tensor] = {}  # medium -> the mapped pool as a tensor of the engine's dtype
         self._load_errors: set[int] = set()
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue(MAX_QUEUED_SAVES)
         self._sender = threading.Thread(target=self._send_loop, name="speckv-save", daemon=True)
@@ -129,10 +128,10 @@ class WorkerSide:
         return True
 
     def _pool(self, medium: str) -> torch.Tensor:
-        if medium not in self._pools:
-            assert self._shared is not None
-            self._pools[medium] = pool_tensor(self._shared.pool(medium), self._views[0].dtype)
-        return self._pools[medium]
+        """The mapped pool as a tensor (made per call: cheap, and the port
+        may have mapped the pools again since the last one)."""
+        assert self._shared is not None
+        return pool_tensor(self._shared.pool(medium), self._views[0].dtype)
 
     def _staged(self, data: list[bytes]) -> torch.Tensor:
         """The blocks' bytes as one canonical tensor, in one copy (NumPy

@@ -98,7 +98,9 @@ class SharedArena:
 class MappedArena:
     """A peer's SharedArena mapped into this process."""
 
-    def __init__(self, address: ArenaAddress) -> None:
+    def __init__(self, address: ArenaAddress, medium: str = "") -> None:
+        """medium: what the owner keeps there (its tier), for the peer's bookkeeping."""
+        self.medium = medium
         if not HostIdentity.here().shares_memory_with(address.host):
             raise FailedPrecondition("shared memory: the arena's owner runs on another host or pid namespace")
         link = f"/proc/{address.pid}/fd/{address.fd}"

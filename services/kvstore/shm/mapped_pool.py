@@ -44,13 +44,18 @@ class MappedPools:
                 if info.address.size != info.num_pages * g.bytes_per_block:
                     raise FailedPrecondition(f"shared pool {info.medium}: {info.address.size} bytes is not "
                                              f"{info.num_pages} pages of {g.bytes_per_block}")
-                arena = MappedArena(info.address)
+                arena = MappedArena(info.address, info.medium)
                 self._arenas.append(arena)
                 shape = (g.num_layers, 2, info.num_pages, g.block_size, g.num_kv_heads, g.head_dim)
                 self.pools[info.medium] = arena.array().view(g.storage_dtype).reshape(shape)
         except BaseException:
             self.close()
             raise
+
+    def token(self, medium: str) -> str:
+        """The token of the arena mapped for medium ("" if none): a kvstore's
+        reply naming another token speaks of arenas this mapping is not."""
+        return next((a.address.token for a in self._arenas if a.medium == medium), "")
 
     def pool(self, medium: str) -> np.ndarray:
         try:
