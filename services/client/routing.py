@@ -43,6 +43,14 @@ SCHEDULER_FAULTS = frozenset({
     grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
 
 
+# Channel options for the scheduler channel a router gives the client: gRPC's default reconnect backoff
+# grows to 120 s while a server is down, so a channel could still be waiting out its backoff long after the
+# scheduler is back; capped at 1 s, the breaker's probe finds it within about open_s + 1 s.
+SCHEDULER_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000))
+
+
 class RouteSource(enum.Enum):
     SCHEDULER = "scheduler"
     FALLBACK = "fallback"
