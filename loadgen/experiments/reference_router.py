@@ -285,10 +285,11 @@ class ReferenceRouter:
         if not hashes or node not in self._kvstores:
             return 0
         try:
-            return self._kvstores[node].Lookup(kvstore_pb2.LookupRequest(block_hashes=hashes), timeout=5.0).prefix_blocks
+            reply = self._kvstores[node].Lookup(kvstore_pb2.LookupRequest(block_hashes=hashes), timeout=5.0)
         except grpc.RpcError as exc:
             log.info("lookup for %s on %s: %s", record.request_id, node, exc.code().name)
             return 0
+        return reply.prefix_blocks
 
     def _route(self, record: RequestRecord, request: TraceRequest) -> Routed:
         """The client's route (the scheduler's, or its fallback's); one to an

@@ -1,1 +1,1 @@
-"""The routing client an inference router embeds: Route with a deadline, reports off the request path, and a fallback choice of its own when the scheduler cannot answer (docs/client.md)."""
+"""The routing client a router embeds: Route with a deadline, failing open (docs/client.md)."""

@@ -141,7 +141,8 @@ class FallbackStrategy:
         ranked = rendezvous_order(first, loads)
         tokens = max(0, prompt_tokens)
         if first is not None:
-            bound = self._settings.load_factor * (sum(loads.values()) + tokens) / len(loads) + self._settings.slack_tokens
+            mean = (sum(loads.values()) + tokens) / len(loads)
+            bound = self._settings.load_factor * mean + self._settings.slack_tokens
             for node in ranked:
                 if loads[NodeId(node)] + tokens <= bound:
                     return NodeId(node)

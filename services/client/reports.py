@@ -3,11 +3,12 @@
 requests the scheduler never saw (Predictor.ObserveArrivals). The scheduler
 reports the arrival of every request it routes itself; a request the client
 placed by its fallback would otherwise be missing from the predictor's
-counts, and the forecasts would dip exactly when the scheduler comes back.
+counts, and the forecasts would dip exactly while the scheduler is down.
 
 Turn end times are given in the caller's seconds and sent on the
-predictor's clock (to_clock); arrival times come on the predictor's clock. A failed batch is counted and dropped, never raised: reports are
-best effort and never fail a request.
+predictor's clock (to_clock); arrival times come on the predictor's clock.
+A failed batch is counted and dropped, never raised: reports are best
+effort and never fail a request.
 """
 from __future__ import annotations
 
