@@ -61,13 +61,17 @@ from speckv.loadgen.experiments.metrics import RequestRecord, request_key
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, Flight, MigrationCounts, resend, touched_by
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
 from speckv.services.client.reports import TurnEndReporter
-from speckv.services.client.routing import Routed, RouteSource, RoutingClient
+from speckv.services.client.routing import ClientSettings, Routed, RouteSource, RoutingClient
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.errors import Unavailable
 from speckv.services.common.traces import TraceRequest
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 log = logging.getLogger(__name__)
+# The routing client's settings when the caller gives no client: a Route deadline of 5 s (what the router
+# allowed before it had a client), so on a loaded machine a slow answer is still the scheduler's and the
+# benches measure its routing; a scheduler that is down or refuses falls back at once all the same.
+CLIENT_SETTINGS = ClientSettings(deadline_s=5.0)
 
 
 def block_payload(block_hash: int, nbytes: int) -> bytes:
@@ -140,8 +144,8 @@ class ReferenceRouter:
         turn_ends: where finished turns are reported (None: nowhere); the
         router closes it. migration_limit: re-sends a request may have.
         client: the routing client (None: one on `scheduler` with the
-        kvstores' nodes and default settings); the router closes it."""
-        self.client = client or RoutingClient(scheduler, nodes={n: "" for n in kvstores})
+        kvstores' nodes and CLIENT_SETTINGS); the router closes it."""
+        self.client = client or RoutingClient(scheduler, nodes={n: "" for n in kvstores}, settings=CLIENT_SETTINGS)
         self._kvstores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
         self._engines = engines
         self._jobs: JobFactory = jobs or EmulatedJobs(profile, real_bytes_per_token)

@@ -38,7 +38,7 @@ from speckv.loadgen.experiments.event_metrics import EventOutcome
 from speckv.loadgen.experiments.kv_event_follower import EventCollector
 from speckv.loadgen.experiments.metrics import RequestRecord
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
-from speckv.loadgen.experiments.reference_router import ReferenceRouter
+from speckv.loadgen.experiments.reference_router import CLIENT_SETTINGS, ReferenceRouter
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger, ReplicaTotals
 from speckv.loadgen.workload.replay import SleepWaiter, TimeMap, replay_open_loop
 from speckv.services.client.reports import TurnEndReporter
@@ -215,7 +215,8 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
                                  setup.geometry.bytes_per_block, config.real_geometry.bytes_per_token,
                                  on_done=finished, jobs=jobs, turn_ends=reporter,
                                  migration_limit=events.migration_limit if events else DEFAULT_MIGRATION_LIMIT,
-                                 client=RoutingClient(scheduler_channel, nodes=nodes, predictor=predictor_channel))
+                                 client=RoutingClient(scheduler_channel, nodes=nodes, predictor=predictor_channel,
+                                                      settings=CLIENT_SETTINGS))
         router_box.append(router)
         forecasts: list[tuple[float, str, float]] = []
         poller = _ForecastPoller(predictor_channel, config, unix_times, forecasts).start()
