@@ -11,10 +11,12 @@ import time
 from typing import Iterator
 
 import grpc
+import pytest
 
 from speckv.services.client.breaker import BreakerSettings, BreakerState
 from speckv.services.client.fallback import rendezvous_order
 from speckv.services.client.routing import SCHEDULER_CHANNEL_OPTIONS, ClientSettings, RouteSource, RoutingClient
+from speckv.services.common.errors import Unavailable
 from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.server import build_server as build_predictor
@@ -121,12 +123,14 @@ def test_a_route_the_scheduler_refuses_falls_back_without_opening_the_breaker(tm
 
 
 def test_a_client_that_knows_no_node_says_so(tmp_path):
-    with grpc.insecure_channel(f"127.0.0.1:{free_port()}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{free_port()}") as channel:  # nothing listens there
         client = RoutingClient(channel, settings=ClientSettings(deadline_s=1.0))
-        try:
+        with pytest.raises(Unavailable, match="knows no node that is up"):
             client.route("r", [1], 40)
-        except Exception as exc:  # noqa: BLE001 - the type is asserted below
-            assert type(exc).__name__ == "Unavailable" and "knows no node" in str(exc)
-        else:
-            raise AssertionError("a route with no node known must raise")
+        client.add_node("n1", NODES["n1"])
+        client.mark_down("n1")
+        with pytest.raises(Unavailable, match="knows no node that is up"):
+            client.route("r", [1], 40)
+        client.mark_up("n1")
+        assert client.route("r", [1], 40).node_id == "n1"
         client.close()
