@@ -76,6 +76,13 @@ class BatchQueue(Generic[T]):
             return False
         return True
 
+    def reject(self) -> bool:
+        """Counts an item that could not even be built (offered and dropped); False."""
+        with self._lock:
+            self._stats.offered += 1
+            self._stats.dropped += 1
+        return False
+
     def stats(self) -> BatchStats:
         with self._lock:
             s = self._stats

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from speckv.services.common.errors import require
-from speckv.services.common.ids import NodeId
+from speckv.services.common.ids import UINT64_MAX, NodeId
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,8 @@ class FallbackSettings:
 
 def rendezvous_score(first_block: int, node: str) -> int:
     """The highest-random-weight score of a node for a prefix (module docstring, step 3)."""
-    digest = hashlib.blake2b(first_block.to_bytes(8, "little") + node.encode(), digest_size=8).digest()
+    key = (first_block & UINT64_MAX).to_bytes(8, "little")  # a hash outside uint64 is taken mod 2^64
+    digest = hashlib.blake2b(key + node.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 

@@ -21,6 +21,11 @@ from speckv.services.common.errors import Unavailable
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 
+def _u32(value: int) -> int:
+    """A count clamped into the proto's uint32."""
+    return min(max(0, value), (1 << 32) - 1)
+
+
 def _raise_unavailable(call: str, exc: grpc.RpcError) -> None:
     code = exc.code().name if hasattr(exc, "code") else "?"
     details = exc.details() if hasattr(exc, "details") else str(exc)
@@ -42,9 +47,13 @@ class TurnEndReporter:
               follow_ups: int = 0) -> bool:
         """One turn: arrival and end in the caller's seconds; follow_ups as the request announced them.
         Never blocks; False when dropped (queue full, or closed)."""
-        return self._queue.offer(predictor_pb2.TurnEnd(
-            conversation=conversation, arrival_s=self._to_clock(arrival_s), end_s=self._to_clock(end_s),
-            prompt_tokens=max(0, prompt_tokens), output_tokens=max(0, output_tokens), follow_ups=max(0, follow_ups)))
+        try:
+            message = predictor_pb2.TurnEnd(
+                conversation=conversation, arrival_s=self._to_clock(arrival_s), end_s=self._to_clock(end_s),
+                prompt_tokens=_u32(prompt_tokens), output_tokens=_u32(output_tokens), follow_ups=_u32(follow_ups))
+        except (ValueError, TypeError):  # a name protobuf cannot encode: dropped, counted, never raised
+            return self._queue.reject()
+        return self._queue.offer(message)
 
     def stats(self) -> BatchStats:
         return self._queue.stats()
@@ -71,9 +80,12 @@ class ArrivalReporter:
         self._queue: BatchQueue[predictor_pb2.Arrival] = BatchQueue("arrivals", self._send, settings)
 
     def offer(self, time_s: float, family: str, node_id: str, prompt_tokens: int, cached_tokens: int = 0) -> bool:
-        return self._queue.offer(predictor_pb2.Arrival(
-            time_s=time_s, family=family, node_id=node_id, prompt_tokens=max(0, prompt_tokens),
-            cached_tokens=max(0, cached_tokens)))
+        try:
+            message = predictor_pb2.Arrival(time_s=time_s, family=family, node_id=node_id,
+                                            prompt_tokens=_u32(prompt_tokens), cached_tokens=_u32(cached_tokens))
+        except (ValueError, TypeError):  # a name protobuf cannot encode: dropped, counted, never raised
+            return self._queue.reject()
+        return self._queue.offer(message)
 
     def stats(self) -> BatchStats:
         return self._queue.stats()

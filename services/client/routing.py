@@ -162,10 +162,9 @@ class RoutingClient:
         chained hashes of the prompt's full blocks; family: empty for the
         scheduler's default (the first block hash); arrival_s: 0 for now."""
         hashes = list(block_hashes)
-        if self._breaker.allow():
-            reply = self._ask(scheduler_pb2.RouteRequest(
-                request_id=request_id, block_hashes=hashes, prompt_tokens=prompt_tokens, family=family,
-                arrival_time_s=self._to_clock(arrival_s) if arrival_s else 0.0))
+        request = self._request(request_id, hashes, prompt_tokens, family, arrival_s)
+        if request is not None and self._breaker.allow():
+            reply = self._ask(request)
             if reply is not None:
                 return self._placed(request_id, prompt_tokens, Routed(
                     reply.node_id, reply.address, RouteSource.SCHEDULER, reply.family or family, reply))
@@ -205,6 +204,20 @@ class RoutingClient:
         for reporter in (self._arrivals, self._turn_ends):
             if reporter is not None:
                 reporter.close(timeout_s)
+
+    def _request(self, request_id: str, hashes: list[int], prompt_tokens: int, family: str,
+                 arrival_s: float) -> scheduler_pb2.RouteRequest | None:
+        """The RouteRequest, or None (counted as INVALID_REQUEST, never sent) when a field does not fit its
+        proto type (a hash outside uint64, a negative token count): that request falls back."""
+        try:
+            return scheduler_pb2.RouteRequest(request_id=request_id, block_hashes=hashes, prompt_tokens=prompt_tokens,
+                                              family=family,
+                                              arrival_time_s=self._to_clock(arrival_s) if arrival_s else 0.0)
+        except (ValueError, TypeError):
+            with self._lock:
+                self._counters.errors_by_code["INVALID_REQUEST"] = self._counters.errors_by_code.get(
+                    "INVALID_REQUEST", 0) + 1
+            return None
 
     def _ask(self, request: scheduler_pb2.RouteRequest) -> scheduler_pb2.RouteResponse | None:
         try:

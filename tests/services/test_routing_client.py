@@ -134,3 +134,23 @@ def test_a_client_that_knows_no_node_says_so(tmp_path):
         client.mark_up("n1")
         assert client.route("r", [1], 40).node_id == "n1"
         client.close()
+
+
+def test_a_request_no_proto_can_carry_still_gets_a_node(tmp_path):
+    """A negative token count, a hash outside uint64, a family with a lone surrogate: never sent, never
+    raised; the fallback places it (its arrival dropped and counted where it cannot be encoded)."""
+    port = free_port()
+    with predictor_server() as predictor_address, scheduler_on(port, str(tmp_path / "state")) as stub, \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as channel, \
+            grpc.insecure_channel(predictor_address) as predictor:
+        register(stub, "n1", NODES["n1"])
+        client = RoutingClient(channel, nodes={"n1": NODES["n1"]}, predictor=predictor)
+        for hashes, tokens, family in (([1], -5, "f"), ([1 << 70], 40, "f"), ([-3], 40, "f"), ([1], 40, "\ud800")):
+            routed = client.route("odd", hashes, tokens, family=family)
+            assert (routed.source, routed.node_id) == (RouteSource.FALLBACK, "n1")
+        assert not client.turn_end("\ud800", 1.0, 2.0, 10, 1)
+        client.close()
+        counters = client.counters()
+        assert counters.errors_by_code == {"INVALID_REQUEST": 4} and client.breaker_state is BreakerState.CLOSED
+        assert (counters.arrivals.sent, counters.arrivals.dropped) == (3, 1)
+        assert counters.turn_ends.dropped == 1

@@ -57,3 +57,11 @@ def test_an_offer_after_close_is_dropped():
     q: BatchQueue[int] = BatchQueue("t", lambda b: None)
     q.close()
     assert not q.offer(1) and q.stats().dropped == 1
+
+
+def test_a_rejected_item_counts_as_offered_and_dropped():
+    q: BatchQueue[int] = BatchQueue("t", lambda b: None)
+    assert not q.reject()
+    q.close()
+    s = q.stats()
+    assert (s.offered, s.dropped, s.sent) == (1, 1, 0)

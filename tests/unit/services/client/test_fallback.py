@@ -59,7 +59,7 @@ def test_the_load_bound_holds_at_its_boundary():
     first = next(h for h in range(100) if rendezvous_order(h, nodes)[0] == "a")
     # a carries 100, b 0; a request of 100: bound = (100 + 100) / 2 = 100; a would carry 200 > 100: b
     assert strategy.choose([first], 100, {NodeId("a"): 100, NodeId("b"): 0}) == "b"
-    # a carries 100, b 100; a request of 100: bound = 300/2 = 150 < 200: spills to b? b also 200 > 150:
+    # a and b carry 100 each; a request of 100: bound = 300 / 2 = 150, and either would carry 200:
     # no one fits, so the least loaded, ties by rank: a
     assert strategy.choose([first], 100, {NodeId("a"): 100, NodeId("b"): 100}) == "a"
     slack = FallbackStrategy(FallbackSettings(load_factor=1.0, slack_tokens=100))
@@ -67,6 +67,11 @@ def test_the_load_bound_holds_at_its_boundary():
     assert slack.choose([first], 100, {NodeId("a"): 100, NodeId("b"): 0}) == "a"
     one_less = FallbackStrategy(FallbackSettings(load_factor=1.0, slack_tokens=99))
     assert one_less.choose([first], 100, {NodeId("a"): 100, NodeId("b"): 0}) == "b"
+
+
+def test_a_hash_outside_uint64_is_taken_mod_2_64():
+    assert rendezvous_score(-1, "n1") == rendezvous_score((1 << 64) - 1, "n1")
+    assert rendezvous_score(1 << 64, "n1") == rendezvous_score(0, "n1")
 
 
 def test_without_blocks_the_least_loaded_ties_by_node_id():
