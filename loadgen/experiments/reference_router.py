@@ -230,6 +230,7 @@ class ReferenceRouter:
             if not node:
                 self._finish_error(record, "no healthy engine")
                 return
+            self.client.moved(record.request_id, node, request.prompt_tokens)
             cached_blocks, fetch_blocks, fetch_from, promote_blocks = 0, 0, "", 0
         else:
             cached_blocks, fetch_blocks, fetch_from = route.cached_blocks, route.fetch_blocks, route.fetch_from_node

@@ -174,6 +174,10 @@ class RoutingClient:
         """The request finished, failed or moved away: its load leaves its node."""
         self._nodes.closed(request_id)
 
+    def moved(self, request_id: str, node: str, prompt_tokens: int) -> None:
+        """The router ran the request on another node than routed (its engine had failed): its load moves."""
+        self._nodes.opened(request_id, node, prompt_tokens)
+
     def turn_end(self, conversation: str, arrival_s: float, end_s: float, prompt_tokens: int, output_tokens: int,
                  follow_ups: int = 0) -> bool:
         """Queues a turn end for the predictor; never blocks. False: dropped (or no predictor)."""

@@ -133,6 +133,12 @@ def test_a_client_that_knows_no_node_says_so(tmp_path):
             client.route("r", [1], 40)
         client.mark_up("n1")
         assert client.route("r", [1], 40).node_id == "n1"
+        client.add_node("n2", NODES["n2"])
+        client.moved("r", "n2", 40)  # the router ran r on n2: n2 carries its load, n1 none
+        assert client.route("s", [], 40).node_id == "n1"  # no blocks: the least loaded
+        client.done("r")
+        client.done("s")
+        assert client.route("t", [], 40).node_id == "n1"  # both idle again: ties by node id
         client.close()
 
 
