@@ -108,7 +108,8 @@ def test_one_report_per_workload_with_coarse_bins_where_the_data_is_coarse(setup
     # Latency was not run: said so, never printed as 0.00 ms (its JSON is null)
     assert printed.count("Forecast latency: not run") == 2
     overview = printed[printed.index("== overview"):].splitlines()[2:]
-    firsts = [line for line in overview if line.startswith(("b_quantised", "synthetic")) and "(latency not run)" in line]
+    firsts = [line for line in overview
+              if line.startswith(("b_quantised", "synthetic")) and "(latency not run)" in line]
     assert len(firsts) == 2 and all(line.rstrip().endswith("(latency not run)") for line in firsts)
 
 
