@@ -16,12 +16,22 @@ nothing, and books what the engine really reused (its cached and fetched
 tokens after admission, replica reads among the local ones) rather than the
 route's estimate.
 
-Turn ends: with a TurnEndReporter, every request that finishes is reported
-to the predictor as a turn end of its conversation (ReportTurnEnds, batched
-on the reporter's thread, never on the request path), which is what
-session-return foresight needs from a router (README.md, the predictor).
+Routing goes through the routing client a router embeds
+(services/client/routing.py, docs/client.md): Route within its deadline,
+and when the scheduler is slow or down the client's own fallback (prefix
+affinity, bounded load), so a request never fails for want of the
+scheduler. A fallback route knows nothing cached; the router then asks the
+chosen node's kvstore which leading blocks of the prompt it holds (Lookup),
+as the node's engine would find them through its connector, and runs the
+request with those cached.
 
-Failures: a Route error is retried up to `route_attempts` times; a node that
+Turn ends: with a TurnEndReporter (services/client/reports.py), every
+request that finishes is reported to the predictor as a turn end of its
+conversation (ReportTurnEnds, batched on the reporter's thread, never on
+the request path), which is what session-return foresight needs from a
+router (README.md, the predictor).
+
+Failures: a route to an unhealthy engine is retried up to `route_attempts` times; a node that
 fails (its kvstore refuses the blocks, or its engine is marked failed) gets
 no more work, and a request routed to a failed node is re-routed, then
 falls back to the least-loaded healthy engine (recomputing its prefix).
@@ -36,7 +46,6 @@ ignored, so a request completes once.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from concurrent import futures
@@ -51,18 +60,18 @@ from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, Engine
 from speckv.loadgen.experiments.metrics import RequestRecord, request_key
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, Flight, MigrationCounts, resend, touched_by
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
+from speckv.services.client.reports import TurnEndReporter
+from speckv.services.client.routing import ClientSettings, Routed, RouteSource, RoutingClient
 from speckv.services.common.engine_profile import EngineProfile
+from speckv.services.common.errors import Unavailable
 from speckv.services.common.traces import TraceRequest
-from speckv.v1 import (
-    kvstore_pb2,
-    kvstore_pb2_grpc,
-    predictor_pb2,
-    predictor_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-)
+from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 log = logging.getLogger(__name__)
+# The routing client's settings when the caller gives no client: a Route deadline of 5 s (what the router
+# allowed before it had a client), so on a loaded machine a slow answer is still the scheduler's and the
+# benches measure its routing; a scheduler that is down or refuses falls back at once all the same.
+CLIENT_SETTINGS = ClientSettings(deadline_s=5.0)
 
 
 def block_payload(block_hash: int, nbytes: int) -> bytes:
@@ -123,105 +132,6 @@ class EmulatedJobs:
         return self._profile.prefill_ms(job.prompt_tokens - skipped, skipped)
 
 
-@dataclass(slots=True)
-class TurnEndStats:
-    offered: int = 0
-    sent: int = 0  # turn ends in batches the predictor took
-    failed: int = 0  # turn ends in batches that failed (logged, dropped)
-    dropped: int = 0  # not queued: the queue was full, or the reporter had stopped
-    batches: int = 0
-
-
-class TurnEndReporter:
-    """Reports finished turns to the predictor (Predictor.ReportTurnEnds),
-    batched off the request path: offer() never blocks (a full queue drops
-    and counts); one thread sends up to batch_max at a time, waiting at most
-    flush_s for more; a failed batch is logged (once per outage) and counted,
-    never fatal. Times are offered in trace seconds and sent on the services'
-    clock (to_clock). close() sends what is queued, then stops."""
-
-    def __init__(self, predictor: grpc.Channel, to_clock: Callable[[float], float], batch_max: int = 256,
-                 flush_s: float = 0.2, capacity: int = 10_000, timeout_s: float = 2.0) -> None:
-        self._stub = predictor_pb2_grpc.PredictorStub(predictor)
-        self._to_clock = to_clock
-        self._batch_max, self._flush_s, self._timeout_s = batch_max, flush_s, timeout_s
-        self._queue: queue.Queue[predictor_pb2.TurnEnd | None] = queue.Queue(maxsize=capacity)
-        self._stats = TurnEndStats()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._failing = False
-        self._thread = threading.Thread(target=self._run, name="turn-ends", daemon=True)
-        self._thread.start()
-
-    def offer(self, conversation: str, arrival_s: float, end_s: float, prompt_tokens: int, output_tokens: int,
-              follow_ups: int = 0) -> None:
-        """One turn: arrival and end in trace seconds; follow_ups as the request announced them."""
-        message = predictor_pb2.TurnEnd(conversation=conversation, arrival_s=self._to_clock(arrival_s),
-                                        end_s=self._to_clock(end_s), prompt_tokens=max(0, prompt_tokens),
-                                        output_tokens=max(0, output_tokens), follow_ups=max(0, follow_ups))
-        with self._lock:
-            self._stats.offered += 1
-            if self._closed:
-                self._stats.dropped += 1
-                return
-        try:
-            self._queue.put_nowait(message)
-        except queue.Full:
-            with self._lock:
-                self._stats.dropped += 1
-
-    def stats(self) -> TurnEndStats:
-        with self._lock:
-            return TurnEndStats(self._stats.offered, self._stats.sent, self._stats.failed, self._stats.dropped,
-                                self._stats.batches)
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._queue.put(None)  # the thread sends everything queued before it, then stops
-        self._thread.join(timeout_s)
-        s = self.stats()
-        log.info("turn ends: %d offered, %d sent in %d batches, %d failed, %d dropped", s.offered, s.sent, s.batches,
-                 s.failed, s.dropped)
-
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is None:
-                break
-            batch = [first]
-            while len(batch) < self._batch_max:
-                try:
-                    item = self._queue.get(timeout=self._flush_s)
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
-                batch.append(item)
-            self._send(batch)
-
-    def _send(self, batch: list[predictor_pb2.TurnEnd]) -> None:
-        try:
-            self._stub.ReportTurnEnds(predictor_pb2.TurnEndBatch(turn_ends=batch), timeout=self._timeout_s)
-        except grpc.RpcError as exc:
-            if not self._failing:
-                log.warning("ReportTurnEnds failed (%s: %s); turn ends are dropped until it answers",
-                            exc.code().name if hasattr(exc, "code") else "?",
-                            exc.details() if hasattr(exc, "details") else exc)
-            self._failing = True
-            with self._lock:
-                self._stats.failed += len(batch)
-            return
-        self._failing = False
-        with self._lock:
-            self._stats.sent += len(batch)
-            self._stats.batches += 1
-
-
 class ReferenceRouter:
     def __init__(self, scheduler: grpc.Channel, kvstores: Mapping[str, grpc.Channel], engines: LiveEngines,
                  profile: EngineProfile, ledger: ReplicaLedger, ledger_lock: threading.Lock,
@@ -229,11 +139,13 @@ class ReferenceRouter:
                  on_done: Callable[[RequestRecord], None] = lambda _: None, workers: int = 8,
                  route_attempts: int = 3, jobs: JobFactory | None = None,
                  turn_ends: TurnEndReporter | None = None,
-                 migration_limit: int = DEFAULT_MIGRATION_LIMIT) -> None:
+                 migration_limit: int = DEFAULT_MIGRATION_LIMIT, client: RoutingClient | None = None) -> None:
         """jobs: the engine's job factory (None: EmulatedJobs of `profile`);
         turn_ends: where finished turns are reported (None: nowhere); the
-        router closes it. migration_limit: re-sends a request may have."""
-        self._scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler)
+        router closes it. migration_limit: re-sends a request may have.
+        client: the routing client (None: one on `scheduler` with the
+        kvstores' nodes and CLIENT_SETTINGS); the router closes it."""
+        self.client = client or RoutingClient(scheduler, nodes={n: "" for n in kvstores}, settings=CLIENT_SETTINGS)
         self._kvstores = {n: kvstore_pb2_grpc.KVStoreStub(c) for n, c in kvstores.items()}
         self._engines = engines
         self._jobs: JobFactory = jobs or EmulatedJobs(profile, real_bytes_per_token)
@@ -252,6 +164,7 @@ class ReferenceRouter:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._store_pool.shutdown(wait=True)
+        self.client.close()
         if self._turn_ends is not None:
             self._turn_ends.close()
 
@@ -272,11 +185,13 @@ class ReferenceRouter:
     def add_node(self, node_id: str, kvstore: grpc.Channel) -> None:
         """A node that joined: its kvstore (its engine is LiveEngines.add's)."""
         self._kvstores[node_id] = kvstore_pb2_grpc.KVStoreStub(kvstore)
+        self.client.add_node(node_id, "")
 
     def node_died(self, node_id: str) -> MigrationCounts:
         """The node's engine and kvstore are gone: kills its engine and
         re-sends (or fails) each request it took down (module docstring)."""
         self._engines.kill(node_id)
+        self.client.mark_down(node_id)
         now = self._engines.now()
         counts = MigrationCounts()
         again: list[Flight] = []
@@ -294,6 +209,7 @@ class ReferenceRouter:
                 self._inflight[record.request_id] = next_flight = flight.next_attempt(request)
                 again.append(next_flight)
         for record in failed:
+            self.client.done(record.request_id)
             self._on_done(record)
         for flight in again:
             self._pool.submit(self._dispatch, flight)
@@ -304,8 +220,8 @@ class ReferenceRouter:
         record, request = flight.record, flight.request
         try:
             route = self._route(record, request)
-        except grpc.RpcError as exc:
-            self._finish_error(record, f"route: {exc.code().name}: {exc.details()}")
+        except Unavailable as exc:  # no scheduler, and the client knows no node that is up
+            self._finish_error(record, f"route: {exc}")
             return
         node = route.node_id
         if not self._engines.healthy(node):
@@ -314,10 +230,13 @@ class ReferenceRouter:
             if not node:
                 self._finish_error(record, "no healthy engine")
                 return
+            self.client.moved(record.request_id, node, request.prompt_tokens)
             cached_blocks, fetch_blocks, fetch_from, promote_blocks = 0, 0, "", 0
         else:
             cached_blocks, fetch_blocks, fetch_from = route.cached_blocks, route.fetch_blocks, route.fetch_from_node
             promote_blocks = self._promote(record, request, node, cached_blocks) if route.promote_blocks else 0
+            if route.source is RouteSource.FALLBACK:
+                cached_blocks = self._held_prefix(record, request, node)
         if not self._jobs.owns_kv:
             self._note_replica_reads(record, request, node, cached_blocks)
         block = request.block_tokens
@@ -364,25 +283,32 @@ class ReferenceRouter:
         with self._ledger_lock:
             record.replica_blocks = self._ledger.note_read(node, hashes[:cached_blocks], request.arrival_s)
 
-    def _route(self, record: RequestRecord, request: TraceRequest) -> scheduler_pb2.RouteResponse:
+    def _held_prefix(self, record: RequestRecord, request: TraceRequest, node: str) -> int:
+        """Leading blocks of the prompt the node's kvstore holds (KVStore.Lookup);
+        0 when it does not answer (the engine then recomputes them)."""
+        hashes = list(request.block_hashes[:request.full_blocks])
+        if not hashes or node not in self._kvstores:
+            return 0
+        try:
+            reply = self._kvstores[node].Lookup(kvstore_pb2.LookupRequest(block_hashes=hashes), timeout=5.0)
+        except grpc.RpcError as exc:
+            log.info("lookup for %s on %s: %s", record.request_id, node, exc.code().name)
+            return 0
+        return reply.prefix_blocks
+
+    def _route(self, record: RequestRecord, request: TraceRequest) -> Routed:
+        """The client's route (the scheduler's, or its fallback's); one to an
+        unhealthy engine is asked again, up to route_attempts in all."""
         hashes = list(request.block_hashes[:request.full_blocks])
         for attempt in range(self._attempts):
             started = time.perf_counter()
-            try:
-                route = self._scheduler.Route(scheduler_pb2.RouteRequest(
-                    request_id=record.request_id, block_hashes=hashes, prompt_tokens=request.prompt_tokens,
-                    family=request.family), timeout=5.0)
-            except grpc.RpcError:
-                if attempt == self._attempts - 1:
-                    raise
-                record.retried = True
-                time.sleep(0.05 * (attempt + 1))
-                continue
+            route = self.client.route(record.request_id, hashes, request.prompt_tokens, request.family)
             record.route_ms = (time.perf_counter() - started) * 1e3
             record.expected_ttft_ms = route.expected_ttft_ms
             if self._engines.healthy(route.node_id) or attempt == self._attempts - 1:
                 return route
             record.retried = True
+            self.client.mark_down(route.node_id)
         raise AssertionError("unreachable")
 
     # --- engine events ---------------------------------------------------------
@@ -447,6 +373,7 @@ class ReferenceRouter:
         except grpc.RpcError as exc:
             log.warning("node %s refused blocks: %s; no more work goes to it", record.node_id, exc.code().name)
             self._engines.mark_failed(record.node_id)
+            self.client.mark_down(record.node_id)
 
     def _finish_error(self, record: RequestRecord, error: str) -> None:
         record.error = error
@@ -456,5 +383,6 @@ class ReferenceRouter:
         with self._lock:
             if self._inflight.pop(record.request_id, None) is None:
                 return  # already failed (its node died once too often)
+        self.client.done(record.request_id)
         self._on_done(record)
 

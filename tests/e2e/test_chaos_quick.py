@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-AREAS = {"identity", "dataplane", "limits", "decode", "load", "faults", "membership", "hygiene"}
+AREAS = {"identity", "dataplane", "limits", "decode", "load", "faults", "membership", "routing", "hygiene"}
 
 
 def test_every_chaos_case_behaves_correctly(tmp_path):

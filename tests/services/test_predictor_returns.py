@@ -225,7 +225,7 @@ def test_the_flags_and_variables_name_the_model():
 
 
 def test_the_routers_turn_end_reporter_delivers_in_batches_and_survives_an_outage(returns_dir):
-    from speckv.loadgen.experiments.reference_router import TurnEndReporter
+    from speckv.services.client.reports import TurnEndReporter
 
     clock = ManualClock(NOW)
     with predictor(clock, returns_model=str(returns_dir)) as (server, stub):

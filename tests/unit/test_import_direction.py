@@ -27,6 +27,9 @@ PROTOBUF = ("grpc", "speckv.v1", "google.protobuf")
 # process set-up and the tools that drive processes.
 ADAPTERS = {
     "speckv.services.cli",
+    # The routing client a router embeds: its Route caller and its predictor reports (its core: breaker, fallback).
+    "speckv.services.client.reports",
+    "speckv.services.client.routing",
     "speckv.services.cluster.*",
     # gRPC plumbing by kind: the server, interceptor, TLS, authz, telemetry, proto conversion.
     "speckv.services.common.rpc.*",

@@ -7,7 +7,9 @@ its opening (each must now be refused or harmless), kill -9 of each service
 mid-traffic, a slow peer, a full pool, a partitioned node, idle data plane
 connections and streams, a scheduler killed and restarted on its
 --state-dir under replay, and a kvstore killed in the middle of a burst
-through the reference router (issue 27, chaos/cases/membership.py). Each
+through the reference router (issue 27, chaos/cases/membership.py), and
+the scheduler killed mid-replay under the reference router's fail-open
+routing client (issue 43, chaos/cases/routing.py). Each
 case states its expected outcome and records the observed one; per area it
 prints cases tried and cases that behaved correctly. `--json PATH` writes
 one object per area with `tried`, `correct`, its cases (expected, observed)
@@ -86,11 +88,11 @@ class Context:
 
 
 def _areas() -> list[tuple[str, Callable[[Context], None]]]:
-    from speckv.loadgen.bench.chaos.cases import dataplane, faults, identity, limits, load, membership
-    # Destructive areas last: faults and membership kill and restart services.
+    from speckv.loadgen.bench.chaos.cases import dataplane, faults, identity, limits, load, membership, routing
+    # Destructive areas last: faults, membership and routing kill and restart services.
     return [("identity", identity.run), ("dataplane", dataplane.run),
             ("limits", limits.run), ("load", load.run),
-            ("faults", faults.run), ("membership", membership.run)]
+            ("faults", faults.run), ("membership", membership.run), ("routing", routing.run)]
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:

@@ -38,9 +38,11 @@ from speckv.loadgen.experiments.event_metrics import EventOutcome
 from speckv.loadgen.experiments.kv_event_follower import EventCollector
 from speckv.loadgen.experiments.metrics import RequestRecord
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT
-from speckv.loadgen.experiments.reference_router import ReferenceRouter, TurnEndReporter
+from speckv.loadgen.experiments.reference_router import CLIENT_SETTINGS, ReferenceRouter
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger, ReplicaTotals
 from speckv.loadgen.workload.replay import SleepWaiter, TimeMap, replay_open_loop
+from speckv.services.client.reports import TurnEndReporter
+from speckv.services.client.routing import RoutingClient
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster
 from speckv.services.common.clock import SystemClock
 from speckv.services.common.errors import Unavailable
@@ -212,7 +214,9 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
         router = ReferenceRouter(scheduler_channel, kv_channels, engines, config.profile, ledger, ledger_lock,
                                  setup.geometry.bytes_per_block, config.real_geometry.bytes_per_token,
                                  on_done=finished, jobs=jobs, turn_ends=reporter,
-                                 migration_limit=events.migration_limit if events else DEFAULT_MIGRATION_LIMIT)
+                                 migration_limit=events.migration_limit if events else DEFAULT_MIGRATION_LIMIT,
+                                 client=RoutingClient(scheduler_channel, nodes=nodes, predictor=predictor_channel,
+                                                      settings=CLIENT_SETTINGS))
         router_box.append(router)
         forecasts: list[tuple[float, str, float]] = []
         poller = _ForecastPoller(predictor_channel, config, unix_times, forecasts).start()

@@ -209,6 +209,8 @@ def _print(report: dict, horizons: tuple[float, ...]) -> None:
           f"1-min load average at the end {report['load_average_1m']:.1f} on {os.cpu_count()} cores")
     if report["latency"] is not None:
         _print_latency(report["latency"])
+    else:
+        print("\nForecast latency: not run (--no-latency)")
 
 
 def _print_burst_choice(report: dict) -> None:
@@ -228,15 +230,25 @@ def _print_overview(reports: list[dict], wall_s: float) -> None:
     print(f"{'workload':<36}{'h':>4}{'ratio':>7}{'best baseline':>16}{'medAE':>7}{'prec':>7}{'recall':>7}"
           f"{'lead':>7}{'mean':>7}{'early':>7}{'bursts':>7}{'train s':>9}{'ms@1':>7}{'ms@1k':>7}{'ms@10k':>8}")
     for r in reports:
-        ms = r["latency"]["forecast_ms"]["compiled"] if r["latency"] else {}
+        ms = r["latency"]["forecast_ms"]["compiled"] if r["latency"] else None
         for i, h in enumerate(r["horizons_s"]):
             m = r["summary"][f"h{h:g}"]
-            tail = (f"{r['train_s']:>9.2f}{ms.get('1', 0):>7.2f}{ms.get('1000', 0):>7.2f}{ms.get('10000', 0):>8.2f}"
-                    if i == 0 else "")
+            tail = f"{r['train_s']:>9.2f}{_latency_columns(ms)}" if i == 0 else ""
             print(f"{r['trace'][:35]:<36}{h:>4g}{m['ratio']:>7.3f}{m['best_baseline']:>16}"
                   f"{_fmt(m['served_median_ae'], 7)}{_fmt(m['burst_precision'], 7)}{_fmt(m['burst_recall'], 7)}"
                   f"{_fmt(m['lead_time_s'], 7)}{_fmt(m['lead_mean_s'], 7)}{_fmt(m['burst_early'], 7)}"
                   f"{m['burst_episodes']:>7}{tail}")
+
+
+def _latency_columns(ms: dict[str, float] | None) -> str:
+    """The overview's ms@1, ms@1k, ms@10k: what was measured, "not run" across them where latency was not."""
+    if ms is None:
+        return f"{'(latency not run)':>22}"
+    return "".join(f"{_fmt_ms(ms.get(n)):>{w}}" for n, w in (("1", 7), ("1000", 7), ("10000", 8)))
+
+
+def _fmt_ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def _print_latency(latency: dict) -> None:
@@ -248,11 +260,14 @@ def _print_latency(latency: dict) -> None:
     for path, per in latency["forecast_ms"].items():
         print(f"{path:<10}" + "".join(f"{per[n]:>9.2f}" for n in sizes)
               + f"{latency['forecast_cpu_ms_10k'][path]:>20.2f}")
-    b = latency["breakdown_ms_10k"]
-    print(f"compiled, {sizes[-1]} families on one thread: {b['forecast_one_thread']:.1f} ms = core "
-          f"{b['core_rest']:.1f} + features {b['features']:.1f} + count trees {b['count_trees']:.1f} + "
-          f"level-free features and trees {b['level_free']:.1f} + distribution {b['distribution']:.1f} + "
-          f"burst classifiers {b.get('burst_trees', 0.0):.1f} + rest of the model {b['model_rest']:.1f}")
+    b, derived = latency["breakdown_ms_10k"], latency.get("breakdown_derived_ms_10k", {})
+    timed = [("features", "features"), ("count_trees", "count trees"), ("level_free", "level-free features and trees"),
+             ("distribution", "distribution"), ("burst_trees", "burst classifiers"), ("predict", "the model's predict")]
+    print(f"compiled, {sizes[-1]} families on one thread, each timed alone (medians): forecast "
+          f"{b['forecast_one_thread']:.1f} ms; " + ", ".join(f"{label} {b[k]:.1f}" for k, label in timed if k in b))
+    if derived:
+        print(f"  derived, not timed (differences of those medians): core outside the model and features "
+              f"{derived['core_rest']:.1f}, model outside its timed parts {derived['model_rest']:.1f}")
 
 
 if __name__ == "__main__":

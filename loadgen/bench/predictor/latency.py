@@ -13,14 +13,19 @@ paths alternating call by call so that they share the machine's load; the
 CPU time of the 10,000-family call (both threads' work) beside it. The two
 answers for all 10,000 families are compared bit for bit.
 
-Breakdown of the compiled 10,000-family forecast, each part timed alone on
-one thread on the same rows (so the parts add up to the one-thread
-forecast, not to the two-thread one): the core (family lookup and checks,
-the request's answer), the features, the count trees, the level-free
-features and trees, the count distribution (upper quantile, and the burst
+Breakdown of the compiled 10,000-family forecast (`breakdown_ms_10k`), each
+part timed alone on one thread on the same rows, median of REPEATS calls:
+the whole forecast, the features, the count trees, the level-free features
+and trees, the count distribution (upper quantile, and the burst
 probability at the horizons that serve the distribution's), the burst
 classifiers' trees and sigmoid (burst_model.py, at the horizons that serve
-them), and the rest of the model (level offset, baselines, classes, blend).
+them), and the model's whole predict. What no call timed is kept apart
+(`breakdown_derived_ms_10k`), as differences of those medians, never as
+parts: `model_rest` = predict less its timed parts (level offset,
+baselines, classes, blend), `core_rest` = the forecast less predict and
+the features (family lookup and checks, the request's answer). A median of
+a difference is not the difference of medians, so these are estimates,
+and may even come out negative.
 """
 from __future__ import annotations
 
@@ -79,7 +84,7 @@ def forecast_latency(bundle: LgbmBundle, step_s: float, families: int = FAMILIES
     out = {"inference": compiled.inference, "identical": identical, "compile_s": compile_s,
            "forecast_ms": {p: {n: statistics.median(v) for n, v in per.items()} for p, per in wall.items()},
            "forecast_cpu_ms_10k": {p: statistics.median(v) for p, v in cpu.items()},
-           "breakdown_ms_10k": _breakdown(cores["compiled"], compiled, names)}
+           **_breakdown(cores["compiled"], compiled, names)}
     out["forecast_ms_1"] = out["forecast_ms"]["compiled"]["1"]
     out["forecast_ms_10k"] = out["forecast_ms"]["compiled"][str(SIZES[-1])]
     return out
@@ -102,8 +107,9 @@ def _core(model: LightGbmModel, step_s: float, arrivals: list[Arrival]) -> Predi
     return core
 
 
-def _breakdown(core: PredictorCore, model: LightGbmModel, names: list[str]) -> dict[str, float]:
-    """The parts of a compiled forecast of every family, each on one thread (module docstring)."""
+def _breakdown(core: PredictorCore, model: LightGbmModel, names: list[str]) -> dict[str, dict[str, float]]:
+    """The parts of a compiled forecast of every family, each timed on one
+    thread, and the remainders derived from them (module docstring)."""
     bundle = model.bundle
     state = core._state(core._series.rows_of(names), NOW)  # noqa: SLF001 - the rows the forecast reads
     assert state.features is not None
@@ -145,12 +151,12 @@ def _breakdown(core: PredictorCore, model: LightGbmModel, names: list[str]) -> d
         "distribution": _median(distribution),
         "burst_trees": _median(burst_trees),
     }
-    predict = _median(lambda: bundle.predict(X, num_threads=1))
-    parts["model_rest"] = (predict - parts["count_trees"] - parts["level_free"] - parts["distribution"]
-                           - parts["burst_trees"])
-    parts["core_rest"] = one_thread - predict - parts["features"]
+    predict = parts["predict"] = _median(lambda: bundle.predict(X, num_threads=1))
     parts["forecast_one_thread"] = one_thread
-    return parts
+    derived = {"model_rest": predict - parts["count_trees"] - parts["level_free"] - parts["distribution"]
+               - parts["burst_trees"],
+               "core_rest": one_thread - predict - parts["features"]}
+    return {"breakdown_ms_10k": parts, "breakdown_derived_ms_10k": derived}
 
 
 def _median(call: Callable[[], object]) -> float:

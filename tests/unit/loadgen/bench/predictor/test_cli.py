@@ -105,3 +105,35 @@ def test_one_report_per_workload_with_coarse_bins_where_the_data_is_coarse(setup
         assert r["train_s"] > 0 and r["latency"] is None
     printed = capsys.readouterr().out
     assert printed.count("\n== ") == 3 and "overview" in printed  # two workloads and the overview
+    # Latency was not run: said so, never printed as 0.00 ms (its JSON is null)
+    assert printed.count("Forecast latency: not run") == 2
+    overview = printed[printed.index("== overview"):].splitlines()[2:]
+    firsts = [line for line in overview
+              if line.startswith(("b_quantised", "synthetic")) and "(latency not run)" in line]
+    assert len(firsts) == 2 and all(line.rstrip().endswith("(latency not run)") for line in firsts)
+
+
+LATENCY = {"inference": "compiled", "compile_s": 1.0, "identical": True,
+           "forecast_ms": {"compiled": {"1": 1.1, "1000": 7.1, "10000": 27.0},
+                           "lightgbm": {"1": 1.0, "1000": 13.5, "10000": 57.0}},
+           "forecast_cpu_ms_10k": {"compiled": 46.0, "lightgbm": 105.0},
+           "breakdown_ms_10k": {"features": 3.0, "count_trees": 6.0, "level_free": 12.8, "distribution": 17.4,
+                                "burst_trees": 0.0, "predict": 40.0, "forecast_one_thread": 43.5},
+           "breakdown_derived_ms_10k": {"model_rest": 3.8, "core_rest": 0.5}}
+
+
+def test_the_latency_report_prints_timed_parts_apart_from_the_derived_remainders(capsys):
+    predictor._print_latency(LATENCY)  # noqa: SLF001
+    lines = capsys.readouterr().out.splitlines()
+    timed = next(line for line in lines if "each timed alone" in line)
+    derived = next(line for line in lines if "derived, not timed" in line)
+    assert "forecast 43.5 ms" in timed and "features 3.0" in timed and "the model's predict 40.0" in timed
+    assert "0.5" not in timed and "3.8" not in timed and "rest" not in timed  # remainders are not parts
+    assert "core outside the model and features 0.5" in derived and "model outside its timed parts 3.8" in derived
+    predictor._print_overview([{"trace": "t", "horizons_s": [1.0], "train_s": 2.0, "latency": LATENCY,  # noqa: SLF001
+                                "summary": {"h1": {"ratio": 0.9, "best_baseline": "ewma", "served_median_ae": 1.0,
+                                                   "burst_precision": None, "burst_recall": None,
+                                                   "lead_time_s": None, "lead_mean_s": None, "burst_early": None,
+                                                   "burst_episodes": 0}}}], 1.0)
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.split()[-3:] == ["1.10", "7.10", "27.00"]

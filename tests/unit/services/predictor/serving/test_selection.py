@@ -75,6 +75,21 @@ def test_a_model_is_served_only_when_it_beats_the_best_baseline_by_the_margin():
     assert set(scores) == {"base", "worse", "model", BLEND} and scores[BLEND] <= 0.98 * scores["base"]
 
 
+def test_a_tie_between_two_blend_weights_goes_to_the_smaller_weight():
+    """'Ties: the smaller w' at its boundary, in exact arithmetic: baseline 0,
+    model 2, truth 0.75 on every row, a grid of quarters. w = 1/4 serves 0.5
+    and w = 2/4 serves 1.0, both 0.25 from the truth (the best; w = 0 is 0.75
+    off, w = 3/4 0.75, w = 1 1.25): the smaller, 1/4, is served."""
+    rows = 4
+    truth = np.full((rows, 1), 0.75)
+    candidates = {"base": np.zeros((rows, 1)), "model": np.full((rows, 1), 2.0)}
+    rules = SelectionRules(margin=0.0, min_rows=1, blend_steps=4)
+    busy = choose(candidates, truth, np.ones(rows, dtype=np.int64), (5.0,), ["base"], ["model"], CLASSES,
+                  rules).at(0)[1]
+    assert busy.chosen == BLEND and busy.weights == (("base", 0.75), ("model", 0.25))
+    assert dict(busy.validation_mae)[BLEND] == 0.25
+
+
 def test_a_class_with_few_validation_rows_inherits_the_horizon_choice_and_combine_follows_classes():
     truth, noise = _scripted(400, 2)
     row_class = np.r_[np.zeros(10), np.ones(390)].astype(np.int64)

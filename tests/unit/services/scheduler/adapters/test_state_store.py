@@ -193,6 +193,34 @@ def test_a_damaged_page_is_refused(store):
         StateStore.open(path.parent)
 
 
+def test_a_database_sqlite_reads_but_quick_check_fails_is_refused_naming_the_file(store):
+    """Damage SQLite itself does not notice on open (it answers every query the
+    open makes): two cells of one leaf page of the nodes table swapped, so
+    its rowids are out of order. Only PRAGMA quick_check finds it."""
+    path = store.path
+    for i in range(300):  # enough rows for the nodes table to have leaf pages under an interior root
+        store.node_registered(SavedNode(NodeId(f"n{i:04d}"), f"h:{i}", NodeSizes(8), GEOMETRY))
+    store.close()
+    with closing(sqlite3.connect(path)) as db:
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        leaf = db.execute("SELECT pageno FROM dbstat WHERE name = 'nodes' AND pagetype = 'leaf' AND ncell >= 2 "
+                          "ORDER BY pageno LIMIT 1").fetchone()[0]
+    data = bytearray(path.read_bytes())
+    pointers = (leaf - 1) * page_size + 8  # a leaf page's header is 8 bytes; its cell pointer array follows
+    first, second = slice(pointers, pointers + 2), slice(pointers + 2, pointers + 4)
+    data[first], data[second] = data[second], data[first]
+    path.write_bytes(bytes(data))
+    with closing(sqlite3.connect(path)) as db:  # SQLite opens it and reads its schema without complaint
+        assert db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] > 0
+        assert db.execute("PRAGMA quick_check").fetchall() != [("ok",)]
+    with pytest.raises(FailedPrecondition) as refused:
+        StateStore.open(path.parent)
+    message = str(refused.value)
+    assert str(path) in message
+    assert f"is corrupt (*** in database main *** On tree page {leaf} cell 0: Rowid" in message
+    assert path.read_bytes() == bytes(data)  # never reset
+
+
 def test_a_database_that_is_not_ours_is_refused(tmp_path):
     with closing(sqlite3.connect(tmp_path / DB_FILE, isolation_level=None)) as db:
         db.execute("CREATE TABLE something (x)")

@@ -164,3 +164,19 @@ def test_a_pull_from_a_peer_s_host_tier_goes_at_the_slower_of_its_host_link_and_
 def test_without_a_host_link_host_blocks_cost_nothing_extra():
     d = router().choose(query(), [host_cand("a", cached=64, host_blocks=64)])
     assert d.promote_ms == 0.0 and d.expected_ttft_ms == pytest.approx(10.8)
+
+
+def test_a_pull_exactly_as_dear_as_prefilling_is_not_taken_and_one_ms_cheaper_is():
+    """'Pull only when strictly cheaper' at its boundary. Exact arithmetic:
+    1 ms per new token, no overheads or pairs, and blocks of 0 bytes, so a
+    pull costs exactly the link's overhead_ms. Prompt 101 tokens: prefilling
+    all of them locally is 101 ms; after pulling 5 blocks (50 tokens) of the
+    holder's prefix it is 51 ms, plus the pull."""
+    exact = EngineProfile("x", "m", "hw", overhead_ms=0.0, ms_per_token=1.0, ms_per_token_pair=0.0, geometry=GEO)
+    q = RouteQuery("r", list(range(1, 11)), 101, Family("f"))
+    node = Candidate(NodeId("n"), 0, 0, 10, 0, 0.0)
+    holder = Candidate(NodeId("h"), 0, 5, 10, 0, 0.0)
+    tie = KvAwareRouter(exact, LinkModel(25.0, overhead_ms=50.0)).estimate(q, node, holder)
+    assert (tie.fetch_from, tie.fetch_blocks, tie.expected_ttft_ms) == (None, 0, 101.0)  # 50 + 51 == 101: local
+    cheaper = KvAwareRouter(exact, LinkModel(25.0, overhead_ms=49.0)).estimate(q, node, holder)
+    assert (cheaper.fetch_from, cheaper.fetch_blocks, cheaper.expected_ttft_ms) == ("h", 5, 100.0)
