@@ -2,7 +2,7 @@
 for the real-engine tests and `speckv bench vllm`:
 `python -m speckv.loadgen.engines.vllm_runner SPEC OUT`.
 
-SPEC (JSON): model, kvstore (host:port), model_id and shared_memory (optional: the
+SPEC (JSON): model, kvstore (host:port; absent or empty: no connector), model_id and shared_memory (optional: the
 connector's settings of those names), prompts (lists
 of token ids), max_tokens, keep_cache (optional, one bool per prompt: keep
 the engine's own prefix cache instead of emptying it first), max_model_len.
@@ -26,10 +26,34 @@ import time
 from pathlib import Path
 from typing import Any
 
+from speckv.loadgen.engines.tiny_llama import TinyLlama
+
 BLOCK_SIZE = 32  # vLLM's CPU attention needs a multiple of 32
 ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
        "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
 CONNECTOR_MODULE = "speckv.services.engine.vllm_connector.connector"
+
+
+def prompt_block_ids(model: Path, spec: TinyLlama, tokens: list[int]) -> list[int]:
+    """The speckv ids of the prompt's full blocks as the connector names them
+    in an engine of run_engine's settings (float32, BLOCK_SIZE, sha256),
+    computed without an engine: vLLM's sha256 block chain, then identity.py."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+
+    from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
+    from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+
+    hash_fn = get_hash_fn_by_name("sha256")
+    kv_cache_utils.init_none_hash(hash_fn)
+    parent, hashes = None, []
+    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, tokens[start:start + BLOCK_SIZE], None)
+        hashes.append(parent)
+    layout = KVLayout(model=str(model), dtype="float32", block_size=BLOCK_SIZE, num_layers=spec.num_layers,
+                      num_kv_heads=spec.kv_heads, head_dim=spec.head_dim, tp_rank=0, page_layout=PAGE_LAYOUT,
+                      hash_algo="sha256")
+    return block_ids(layout.digest(), hashes)
 
 
 def run_engine(spec: dict[str, Any], workdir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -54,14 +78,15 @@ def main(spec_path: str, out_path: str) -> None:
     from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS
 
     spec = json.loads(Path(spec_path).read_text())
-    extra = {"kvstore": spec["kvstore"], **({"model_id": spec["model_id"]} if spec.get("model_id") else {}),
+    connected = bool(spec.get("kvstore"))  # no kvstore: the engine alone, without the connector
+    extra = {"kvstore": spec.get("kvstore"), **({"model_id": spec["model_id"]} if spec.get("model_id") else {}),
              **({"shared_memory": spec["shared_memory"]} if "shared_memory" in spec else {})}
     max_len = spec.get("max_model_len", 4096)
+    transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
+                "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK_SIZE,
               dtype="float32", max_model_len=max_len, seed=0, max_num_batched_tokens=max_len,
-              kv_transfer_config={"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
-                                  "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                                  "kv_connector_extra_config": extra})
+              kv_transfer_config=transfer if connected else None)
     params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0.0, detokenize=False)
     keep = spec.get("keep_cache") or [False] * len(spec["prompts"])
     outputs, seconds = [], []
@@ -72,7 +97,8 @@ def main(spec_path: str, out_path: str) -> None:
         result = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         seconds.append(time.perf_counter() - started)
         outputs.append(list(result[0].outputs[0].token_ids))
-        get_kv_transfer_group().flush()  # saves reach the kvstore before the next prompt asks for them
+        if connected:
+            get_kv_transfer_group().flush()  # saves reach the kvstore before the next prompt asks for them
     totals: dict[str, float] = {}
     for counters in ALL_COUNTERS:
         for name, value in counters.snapshot().items():

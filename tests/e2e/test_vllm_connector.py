@@ -6,7 +6,10 @@ loopback. Each engine runs in its own child process
 Asserted: a fresh engine that loads a prefix the first engine saved
 generates exactly the greedy tokens of the recompute, through the kvstore's
 shared memory (the default on one host) and over gRPC, and both paths save
-the same bytes; the ids the kvstore
+the same bytes; a prefix replicated to a peer kvstore by an order (shared
+memory or TCP) loads there with the same tokens; the scheduler, fed by the
+kvstores' events, routes the prompt (its ids computed without an engine) to
+the node holding it; the ids the kvstore
 holds are vLLM's sha256 chain under the layout digest, computed here
 without an engine; noise stored under those ids changes the output (the
 loaded KV is really used); an engine of another model id never loads them;
@@ -26,10 +29,12 @@ import pytest
 
 from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
 from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
-from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
+from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2
 from tests.support.kvstore_service import kvstore
+from tests.support.scheduler_service import scheduler
+from tests.support.waiting import wait_until
 from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
-from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, run_engine
+from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, prompt_block_ids, run_engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -61,20 +66,8 @@ def first(model, store, tmp_path_factory):
 
 def vllm_chain_ids(model: Path, tokens: list[int]) -> list[int]:
     """The speckv ids of the prompt's full blocks, computed as the connector
-    does but without an engine: vLLM's sha256 block chain, then identity."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core import kv_cache_utils
-
-    hash_fn = get_hash_fn_by_name("sha256")
-    kv_cache_utils.init_none_hash(hash_fn)
-    parent, hashes = None, []
-    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, tokens[start:start + BLOCK_SIZE], None)
-        hashes.append(parent)
-    layout = KVLayout(model=str(model), dtype="float32", block_size=BLOCK_SIZE, num_layers=SPEC.num_layers,
-                      num_kv_heads=SPEC.kv_heads, head_dim=SPEC.head_dim, tp_rank=0, page_layout=PAGE_LAYOUT,
-                      hash_algo="sha256")
-    return block_ids(layout.digest(), hashes)
+    does but without an engine."""
+    return prompt_block_ids(model, SPEC, tokens)
 
 
 def test_the_first_engine_saves_each_full_block_once(first, store, model):
@@ -116,6 +109,49 @@ def test_an_engine_saving_over_grpc_stores_the_same_bytes(first, store, model, t
     assert over_grpc["counters"]["blocks_saved"] == PROMPT_BLOCKS
     assert over_grpc["counters"]["blocks_saved_shared"] == 0
     assert again == saved
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_prefix_replicated_from_a_peer_loads_with_the_same_tokens(first, store, model, tmp_path, transport):
+    """The order a scheduler issues (Replicate on the source kvstore) moves
+    the prefix to a peer; an engine there loads it and answers the same."""
+    _, source = store
+    ids = vllm_chain_ids(model, PROMPT)
+    with kvstore(**KVSTORE, node_id="node-1") as (peer, peer_stub):
+        order = common_pb2.ReplicationOrder(order_id=f"peer-{transport}", block_hashes=ids, source_node="node-0",
+                                            target_node="node-1", target_address=peer.address, family=str(ids[0]))
+        reply = source.Replicate(kvstore_pb2.ReplicateRequest(order=order, transport=transport), timeout=60)
+        assert reply.state == common_pb2.ORDER_STATE_COMMITTED and reply.transport == transport, reply.message
+        assert peer_stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == PROMPT_BLOCKS
+        there = run_engine({"model": str(model), "kvstore": peer.address, "prompts": [PROMPT], "max_tokens": 16},
+                           tmp_path)
+    assert there["counters"]["blocks_loaded"] == PROMPT_BLOCKS and there["counters"]["load_failures"] == 0
+    assert there["outputs"] == first["outputs"]
+
+
+def test_the_scheduler_routes_the_returning_prompt_to_the_node_whose_kvstore_holds_it(first, store, model):
+    """The ids a router computes for a prompt (vLLM's chain under the
+    engine's layout digest, no engine needed) are the ids the connector
+    saved: the scheduler, fed by the kvstores' events, routes the prompt to
+    the node holding them. The blocks reach n2 by an order from the store the
+    first engine saved into."""
+    _, source = store
+    ids = vllm_chain_ids(model, PROMPT)
+    with scheduler() as (sched_server, sched), \
+            kvstore(**KVSTORE, node_id="n1", scheduler=sched_server.address, heartbeat_interval_s=0.2) as (n1, _), \
+            kvstore(**KVSTORE, node_id="n2", scheduler=sched_server.address, heartbeat_interval_s=0.2) as (n2, _):
+        def blocks_of(node: str) -> int:
+            state = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=30)
+            return next((n.num_blocks for n in state.nodes if n.node_id == node and n.alive), -1)
+        assert wait_until(lambda: blocks_of("n1") == 0 and blocks_of("n2") == 0)
+        order = common_pb2.ReplicationOrder(order_id="to-n2", block_hashes=ids, source_node="node-0",
+                                            target_node="n2", target_address=n2.address, family=str(ids[0]))
+        assert source.Replicate(kvstore_pb2.ReplicateRequest(order=order), timeout=60).state == \
+            common_pb2.ORDER_STATE_COMMITTED
+        assert wait_until(lambda: blocks_of("n2") == PROMPT_BLOCKS)
+        reply = sched.Route(scheduler_pb2.RouteRequest(request_id="returning", block_hashes=ids,
+                                                       prompt_tokens=len(PROMPT)), timeout=30)
+    assert reply.node_id == "n2" and reply.cached_blocks == PROMPT_BLOCKS
 
 
 def test_noise_under_the_same_ids_changes_the_output(first, model, tmp_path):

@@ -14,20 +14,29 @@ In one engine, prompts in turn (each generates 1 token, greedy): a short
 warm-up prompt; the long prompt P with the kvstore empty (recompute; the
 connector saves its blocks); P again with the engine's own prefix cache
 emptied (its prefix loaded from the kvstore); P again keeping that cache
-(vLLM's own prefix cache). Seconds are the wall time of each generate call.
+(vLLM's own prefix cache). Then an order replicates P's blocks to a second
+kvstore (the node's default transport: shared memory on one host) and a
+second engine there loads P (`peer_load_over_recompute`). Seconds are the
+wall time of each generate call.
 `tokens_identical`: the three answers to P agree (tests/e2e checks 16 tokens).
+`save_throughput_ratio` (unless --no-save-ratio): the median prefill time
+of three distinct prompts in an engine alone over the same in an engine
+whose connector saves every block (through shared memory), two more engines.
+
 Each path gets its own engine and a fresh kvstore: `shm` (the default on
 one host: the kvstore's pools mapped into the engine, one strided copy
 between pool and pages) and `grpc` (GetBlocks, crc32c, a scatter).
 `connector_load_gbps`: bytes loaded / the worker's load time (the kvstore
 call, checks, the copy into the pages); `memcpy_gbps`: np.copyto of as many
 bytes, in the same run. Targets (issue 41, not asserted; JSON `ratios`):
-load_over_recompute_8k <= 0.1, connector_load_over_memcpy >= 0.5.
+load_over_recompute_8k <= 0.1, peer_load_over_recompute_8k <= 0.15,
+connector_load_over_memcpy >= 0.5, save_throughput_ratio >= 0.9.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -35,9 +44,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from speckv.loadgen.bench.transfer import ceilings
-from speckv.loadgen.bench.transfer.procs import start_kvstore
+from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
 from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
-from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, run_engine
+from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, prompt_block_ids, run_engine
+from speckv.v1 import common_pb2, kvstore_pb2
 
 DEFAULT_MODEL_DIR = Path(tempfile.gettempdir()) / "speckv-models"
 
@@ -47,14 +57,46 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a 2k-token prompt instead of 8k")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                         help="write the results as JSON to PATH (stdout without PATH)")
+    parser.add_argument("--no-save-ratio", action="store_true",
+                        help="skip the prefill-with-saving against engine-alone measurement (two more engines)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="where the tiny model is written once")
     return parser.parse_args(argv)
 
 
+def measure_save_ratio(prompt_blocks: int, model_dir: Path, prompts: int = 3) -> dict[str, Any]:
+    """Prefill with the connector saving every block (shared memory) against
+    the same engine without the connector: `prompts` distinct prompts each
+    (every one recomputed, so every one saved), after a warm-up; the ratio
+    of the median prefill times (tokens/s with saving over without)."""
+    spec = TinyLlama()
+    model = tiny_llama(model_dir, spec)
+    rng = np.random.default_rng(23)
+    warm = [int(t) for t in rng.integers(3, spec.vocab, 8 * BLOCK_SIZE + 1)]
+    batch = [[int(t) for t in rng.integers(3, spec.vocab, prompt_blocks * BLOCK_SIZE + 1)] for _ in range(prompts)]
+    engine = {"model": str(model), "max_tokens": 1, "max_model_len": len(batch[0]) + 64, "prompts": [warm, *batch]}
+    store = start_kvstore("bench-vllm-save", [*_kvstore_args(spec, prompts * prompt_blocks)])
+    try:
+        with tempfile.TemporaryDirectory(prefix="speckv-bench-vllm-") as workdir:
+            saving = run_engine({**engine, "kvstore": store.address}, Path(workdir), timeout_s=1200.0)
+            alone = run_engine(engine, Path(workdir), timeout_s=1200.0)
+    finally:
+        store.stop()
+    with_s, without_s = statistics.median(saving["seconds"][1:]), statistics.median(alone["seconds"][1:])
+    return {"prompts": prompts, "saving_s": saving["seconds"][1:], "alone_s": alone["seconds"][1:],
+            "blocks_saved": saving["counters"]["blocks_saved"], "save_throughput_ratio": without_s / with_s}
+
+
+def _kvstore_args(spec: TinyLlama, blocks: int) -> list[str]:
+    return ["--geometry", "tiny", "--block-size", str(BLOCK_SIZE), "--num-layers", str(spec.num_layers),
+            "--num-kv-heads", str(spec.kv_heads), "--head-dim", str(spec.head_dim), "--dtype", "float32",
+            "--device-pages", str(blocks + 64)]
+
+
 def measure(prompt_blocks: int, model_dir: Path) -> dict[str, Any]:
     """Both connector paths, each with its own engine and a fresh kvstore:
-    shared memory (the default on one host) first, then gRPC."""
-    shm = measure_path(prompt_blocks, model_dir, shared_memory=True)
+    shared memory (the default on one host) first, with a peer load after
+    it, then gRPC."""
+    shm = measure_path(prompt_blocks, model_dir, shared_memory=True, peer=True)
     grpc = measure_path(prompt_blocks, model_dir, shared_memory=False)
     loaded = max(shm["bytes_loaded"], grpc["bytes_loaded"], 1 << 20)
     memcpy = ceilings.memcpy_gbps(loaded, repeats=3)
@@ -70,6 +112,7 @@ def measure(prompt_blocks: int, model_dir: Path) -> dict[str, Any]:
         f"load_over_recompute_{label}": shm["loaded_s"] / shm["recompute_s"],
         f"grpc_load_over_recompute_{label}": grpc["loaded_s"] / grpc["recompute_s"],
         f"prefix_cache_over_recompute_{label}": shm["prefix_cache_s"] / shm["recompute_s"],
+        f"peer_load_over_recompute_{label}": shm["peer_loaded_s"] / shm["recompute_s"],
         "connector_load_over_memcpy": shm["connector_load_gbps"] / memcpy,
         "grpc_connector_load_over_memcpy": grpc["connector_load_gbps"] / memcpy,
     }
@@ -79,22 +122,27 @@ def measure(prompt_blocks: int, model_dir: Path) -> dict[str, Any]:
     return result
 
 
-def measure_path(prompt_blocks: int, model_dir: Path, shared_memory: bool) -> dict[str, Any]:
+def measure_path(prompt_blocks: int, model_dir: Path, shared_memory: bool, peer: bool = False) -> dict[str, Any]:
+    """One engine on a fresh kvstore: recompute (saving), load, prefix cache.
+    peer: then the kvstore's blocks are replicated to a second kvstore by an
+    order (Replicate, the node's default transport) and a second engine there
+    loads the prompt (`peer_loaded_s`)."""
     spec = TinyLlama()
     model = tiny_llama(model_dir, spec)
     rng = np.random.default_rng(11)
     prompt = [int(t) for t in rng.integers(3, spec.vocab, prompt_blocks * BLOCK_SIZE + 1)]
     warm = [int(t) for t in rng.integers(3, spec.vocab, 8 * BLOCK_SIZE + 1)]
-    args = ["--geometry", "tiny", "--block-size", str(BLOCK_SIZE), "--num-layers", str(spec.num_layers),
-            "--num-kv-heads", str(spec.kv_heads), "--head-dim", str(spec.head_dim), "--dtype", "float32",
-            "--device-pages", str(prompt_blocks + 64)]
+    args = _kvstore_args(spec, prompt_blocks)
     store = start_kvstore("bench-vllm", args)
+    peer_out = None
     try:
         with tempfile.TemporaryDirectory(prefix="speckv-bench-vllm-") as workdir:
-            out = run_engine({"model": str(model), "kvstore": store.address, "max_tokens": 1,
-                              "max_model_len": len(prompt) + 64, "prompts": [warm, prompt, prompt, prompt],
-                              "keep_cache": [False, False, False, True], "shared_memory": shared_memory},
-                             Path(workdir), timeout_s=1200.0)
+            engine = {"model": str(model), "max_tokens": 1, "max_model_len": len(prompt) + 64,
+                      "shared_memory": shared_memory}
+            out = run_engine({**engine, "kvstore": store.address, "prompts": [warm, prompt, prompt, prompt],
+                              "keep_cache": [False, False, False, True]}, Path(workdir), timeout_s=1200.0)
+            if peer:
+                peer_out = _peer_load(store, args, {**engine, "prompts": [warm, prompt]}, Path(workdir))
     finally:
         store.stop()
     _, recompute_s, loaded_s, cached_s = out["seconds"]
@@ -112,10 +160,34 @@ def measure_path(prompt_blocks: int, model_dir: Path, shared_memory: bool) -> di
         "connector_load_gbps": loaded_bytes / counters["load_seconds"] / 1e9 if counters["load_seconds"] else 0.0,
         "failures": {k: counters[k] for k in ("lookup_failures", "load_failures", "save_failures")},
     }
+    if peer_out is not None:
+        row["peer_loaded_s"] = peer_out["seconds"][1]
+        row["peer_transport"] = peer_out["transport"]
+        row["peer_blocks_loaded"] = peer_out["counters"]["blocks_loaded"]
+        row["tokens_identical"] = row["tokens_identical"] and peer_out["outputs"][1] == out["outputs"][1]
     took = "shm" if counters["blocks_loaded_shared"] else "grpc"
     if took != path:
         raise RuntimeError(f"asked the connector for {path}, it loaded over {took} (see the engine's log)")
     return row
+
+
+def _peer_load(source: KVStoreProcess, args: list[str], engine: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """Replicates the prompt's blocks from source to a fresh kvstore (one
+    order, as a scheduler's; the node's default transport) and runs an
+    engine on that one; its OUT, plus the transport the order used."""
+    prompt = engine["prompts"][-1]
+    ids = prompt_block_ids(Path(engine["model"]), TinyLlama(), prompt)[:(len(prompt) - 1) // BLOCK_SIZE]
+    peer = start_kvstore("bench-vllm-peer", args)
+    try:
+        order = common_pb2.ReplicationOrder(order_id="bench-vllm-peer", block_hashes=ids, source_node=source.node_id,
+                                            target_node=peer.node_id, target_address=peer.address, family=str(ids[0]))
+        reply = source.stub.Replicate(kvstore_pb2.ReplicateRequest(order=order), timeout=120)
+        if reply.state != common_pb2.ORDER_STATE_COMMITTED:
+            raise RuntimeError(f"the peer order did not commit: {reply}")
+        out = run_engine({**engine, "kvstore": peer.address}, workdir, timeout_s=1200.0)
+        return {**out, "transport": reply.transport}
+    finally:
+        peer.stop()
 
 
 def show(result: dict[str, Any]) -> None:
@@ -124,6 +196,9 @@ def show(result: dict[str, Any]) -> None:
         print(f"{path:5s} recompute {row['recompute_s']:.3f} s, loaded {row['loaded_s']:.3f} s, vLLM prefix cache "
               f"{row['prefix_cache_s']:.3f} s; connector load {row['connector_load_gbps']:.2f} GB/s "
               f"({row['blocks_loaded']} blocks, {row['bytes_loaded'] / 1e6:.1f} MB in {row['connector_load_s']:.3f} s)")
+    shm = result["shm"]
+    print(f"peer  loaded {shm['peer_loaded_s']:.3f} s after an order replicated the prefix over "
+          f"{shm['peer_transport']} ({shm['peer_blocks_loaded']} blocks)")
     print(f"memcpy {result['memcpy_gbps']:.2f} GB/s (same bytes, same run); tokens identical: {result['tokens_identical']}")
     for key, value in result["ratios"].items():
         print(f"  {key:40s} {value:.4g}")
@@ -131,7 +206,11 @@ def show(result: dict[str, Any]) -> None:
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
     options = parse(argv)
-    result = measure(64 if options.quick else 256, options.model_dir)
+    blocks = 64 if options.quick else 256
+    result = measure(blocks, options.model_dir)
+    if not options.no_save_ratio:
+        result["save"] = measure_save_ratio(blocks, options.model_dir)
+        result["ratios"]["save_throughput_ratio"] = result["save"]["save_throughput_ratio"]
     text = json.dumps(result, indent=2)
     if options.json == "-":
         print(text)
