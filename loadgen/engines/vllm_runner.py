@@ -4,7 +4,8 @@ for the real-engine tests and `speckv bench vllm`:
 
 SPEC (JSON): model, kvstore (host:port; absent or empty: no connector), model_id and shared_memory (optional: the
 connector's settings of those names), prompts (lists
-of token ids), max_tokens, keep_cache (optional, one bool per prompt: keep
+of token ids), max_tokens (or max_tokens_each, one per prompt; generation
+ignores EOS, so a prompt yields exactly that many), keep_cache (optional, one bool per prompt: keep
 the engine's own prefix cache instead of emptying it first), max_model_len.
 The engine generates each prompt greedily in turn (by default emptying its
 own prefix cache first, so every prompt starts from what the kvstore holds)
@@ -87,10 +88,11 @@ def main(spec_path: str, out_path: str) -> None:
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK_SIZE,
               dtype="float32", max_model_len=max_len, seed=0, max_num_batched_tokens=max_len,
               kv_transfer_config=transfer if connected else None)
-    params = SamplingParams(max_tokens=spec.get("max_tokens", 8), temperature=0.0, detokenize=False)
     keep = spec.get("keep_cache") or [False] * len(spec["prompts"])
+    each = spec.get("max_tokens_each") or [spec.get("max_tokens", 8)] * len(spec["prompts"])
     outputs, seconds = [], []
-    for prompt, keep_cache in zip(spec["prompts"], keep):
+    for prompt, keep_cache, max_tokens in zip(spec["prompts"], keep, each):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, ignore_eos=True)
         if not keep_cache:
             llm.reset_prefix_cache()
         started = time.perf_counter()

@@ -141,3 +141,51 @@ def attention_pair_ms(num_layers: int, num_heads: int, head_dim: int, tflops: fl
         raise InvalidArgument("attention_pair_ms needs positive layers, heads, head_dim, gpus and tflops")
     flops = FLOPS_PER_PAIR_PER_HEAD_DIM * num_heads * head_dim * num_layers
     return flops / (tflops * 1e12 * gpus) * 1e3
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFit:
+    """prefill_ms(n) = overhead_ms + ms_per_token * n + ms_per_token_pair * n (n + 1) / 2
+    for n new tokens and nothing cached: the engine profile's form
+    (services/config/engine_profiles.json), its pair term fitted too (an
+    engine whose attention is not negligible, e.g. vLLM on CPU)."""
+
+    overhead_ms: float
+    ms_per_token: float
+    ms_per_token_pair: float
+
+    def predict(self, n: np.ndarray) -> np.ndarray:
+        n = np.asarray(n, dtype=np.float64)
+        return self.overhead_ms + self.ms_per_token * n + self.ms_per_token_pair * n * (n + 1) / 2
+
+
+def fit_prefill(n: np.ndarray, t_ms: np.ndarray) -> PrefillFit:
+    """Least squares on relative error over (1, n, n(n+1)/2); needs three
+    distinct sizes and every t > 0. Coefficients are not constrained: a
+    negative one says the form does not describe the engine there."""
+    n = np.asarray(n, dtype=np.float64)
+    t_ms = np.asarray(t_ms, dtype=np.float64)
+    if len(n) != len(t_ms) or len(np.unique(n)) < 3:
+        raise InvalidArgument(f"a prefill fit needs at least three distinct sizes (got {len(np.unique(n))})")
+    if np.any(t_ms <= 0):
+        raise InvalidArgument("a prefill fit on relative error needs every time > 0")
+    design = np.column_stack([np.ones_like(n), n, n * (n + 1) / 2]) / t_ms[:, None]
+    (overhead, per_token, pair), *_ = np.linalg.lstsq(design, np.ones_like(n), rcond=None)
+    return PrefillFit(float(overhead), float(per_token), float(pair))
+
+
+def prefill_held_out(sizes: np.ndarray, t_ms: np.ndarray) -> tuple[PrefillFit, FitError]:
+    """fit_prefill on alternate sizes (ascending, unique), its relative
+    error on the others (alternate_split)."""
+    sizes = np.asarray(sizes)
+    t_ms = np.asarray(t_ms, dtype=np.float64)
+    if len(sizes) != len(t_ms) or np.any(np.diff(sizes) <= 0) or len(sizes) < 6:
+        raise InvalidArgument("a held-out prefill fit needs >= 6 ascending unique sizes, one time each")
+    fit_index, held_index = alternate_split(sizes)
+    fit = fit_prefill(sizes[fit_index], t_ms[fit_index])
+    held, actual = sizes[held_index].astype(np.float64), t_ms[held_index]
+    errors = np.abs(fit.predict(held) - actual) / actual
+    worst = int(np.argmax(errors))
+    error = FitError(int(held.min()), int(held.max()), len(held), float(errors.mean()),
+                     float(np.percentile(errors, 90)), float(errors[worst]), int(held[worst]))
+    return fit, error

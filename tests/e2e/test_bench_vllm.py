@@ -32,3 +32,5 @@ def test_quick_and_json_flags():
     options = parse(["--quick", "--json"])
     assert options.quick and options.json == "-"
     assert parse(["--json", "out.json"]).json == "out.json" and parse([]).json is None
+    assert parse(["--fit-profile"]).fit_profile and not parse([]).fit_profile
+    assert parse(["--no-save-ratio"]).no_save_ratio

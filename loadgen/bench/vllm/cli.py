@@ -21,7 +21,9 @@ wall time of each generate call.
 `tokens_identical`: the three answers to P agree (tests/e2e checks 16 tokens).
 `save_throughput_ratio` (unless --no-save-ratio): the median prefill time
 of three distinct prompts in an engine alone over the same in an engine
-whose connector saves every block (through shared memory), two more engines.
+whose connector saves every block (through shared memory), two more engines;
+beside it `save_held_share`, the share of the saving engine's generate time
+its saves held the steps (measured inside it, so robust to a shared machine).
 
 Each path gets its own engine and a fresh kvstore: `shm` (the default on
 one host: the kvstore's pools mapped into the engine, one strided copy
@@ -44,6 +46,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from speckv.loadgen.bench.transfer import ceilings
+from speckv.loadgen.bench.vllm.profile import measure_profile
 from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
 from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
 from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, prompt_block_ids, run_engine
@@ -57,6 +60,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a 2k-token prompt instead of 8k")
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                         help="write the results as JSON to PATH (stdout without PATH)")
+    parser.add_argument("--fit-profile", action="store_true",
+                        help="instead: fit the emulated engine's profile to this engine's prefill (profile.py)")
     parser.add_argument("--no-save-ratio", action="store_true",
                         help="skip the prefill-with-saving against engine-alone measurement (two more engines)")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="where the tiny model is written once")
@@ -82,8 +87,11 @@ def measure_save_ratio(prompt_blocks: int, model_dir: Path, prompts: int = 3) ->
     finally:
         store.stop()
     with_s, without_s = statistics.median(saving["seconds"][1:]), statistics.median(alone["seconds"][1:])
+    held = saving["counters"]["save_seconds"]
     return {"prompts": prompts, "saving_s": saving["seconds"][1:], "alone_s": alone["seconds"][1:],
-            "blocks_saved": saving["counters"]["blocks_saved"], "save_throughput_ratio": without_s / with_s}
+            "blocks_saved": saving["counters"]["blocks_saved"], "save_throughput_ratio": without_s / with_s,
+            # what the saves held the steps, from inside the saving engine: robust to a machine shared with others
+            "save_held_s": held, "save_held_share": held / sum(saving["seconds"])}
 
 
 def _kvstore_args(spec: TinyLlama, blocks: int) -> list[str]:
@@ -114,6 +122,7 @@ def measure(prompt_blocks: int, model_dir: Path) -> dict[str, Any]:
         f"prefix_cache_over_recompute_{label}": shm["prefix_cache_s"] / shm["recompute_s"],
         f"peer_load_over_recompute_{label}": shm["peer_loaded_s"] / shm["recompute_s"],
         "connector_load_over_memcpy": shm["connector_load_gbps"] / memcpy,
+        "connector_copy_over_memcpy": (shm["connector_copy_gbps"] or 0.0) / memcpy,
         "grpc_connector_load_over_memcpy": grpc["connector_load_gbps"] / memcpy,
     }
     # the headline keys, at the top level
@@ -158,6 +167,9 @@ def measure_path(prompt_blocks: int, model_dir: Path, shared_memory: bool, peer:
         "blocks_saved": counters["blocks_saved"], "blocks_saved_shared": counters["blocks_saved_shared"],
         "bytes_loaded": loaded_bytes, "connector_load_s": counters["load_seconds"],
         "connector_load_gbps": loaded_bytes / counters["load_seconds"] / 1e9 if counters["load_seconds"] else 0.0,
+        # the copies alone (same host: pool to pages), without the kvstore call
+        "connector_copy_gbps": (loaded_bytes / counters["load_copy_seconds"] / 1e9
+                                if counters.get("load_copy_seconds") else None),
         "failures": {k: counters[k] for k in ("lookup_failures", "load_failures", "save_failures")},
     }
     if peer_out is not None:
@@ -195,17 +207,26 @@ def show(result: dict[str, Any]) -> None:
         row = result[path]
         print(f"{path:5s} recompute {row['recompute_s']:.3f} s, loaded {row['loaded_s']:.3f} s, vLLM prefix cache "
               f"{row['prefix_cache_s']:.3f} s; connector load {row['connector_load_gbps']:.2f} GB/s "
-              f"({row['blocks_loaded']} blocks, {row['bytes_loaded'] / 1e6:.1f} MB in {row['connector_load_s']:.3f} s)")
+              f"({row['blocks_loaded']} blocks, {row['bytes_loaded'] / 1e6:.1f} MB in {row['connector_load_s']:.3f} s"
+              + (f"; the copy alone {row['connector_copy_gbps']:.2f} GB/s" if row["connector_copy_gbps"] else "")
+              + ")")
     shm = result["shm"]
     print(f"peer  loaded {shm['peer_loaded_s']:.3f} s after an order replicated the prefix over "
           f"{shm['peer_transport']} ({shm['peer_blocks_loaded']} blocks)")
     print(f"memcpy {result['memcpy_gbps']:.2f} GB/s (same bytes, same run); tokens identical: {result['tokens_identical']}")
+    if "save" in result:
+        save = result["save"]
+        print(f"save  prefill with saving {[round(x, 2) for x in save['saving_s']]} s, engine alone "
+              f"{[round(x, 2) for x in save['alone_s']]} s; the saves held the steps {save['save_held_s']:.3f} s "
+              f"({100 * save['save_held_share']:.2f} % of the saving engine's generate time)")
     for key, value in result["ratios"].items():
         print(f"  {key:40s} {value:.4g}")
 
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
     options = parse(argv)
+    if options.fit_profile:
+        return _fit_profile(options)
     blocks = 64 if options.quick else 256
     result = measure(blocks, options.model_dir)
     if not options.no_save_ratio:
@@ -218,4 +239,21 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         show(result)
         if options.json:
             Path(options.json).write_text(text + "\n")
+    return 0
+
+
+def _fit_profile(options: argparse.Namespace) -> int:
+    result = measure_profile(options.model_dir, quick=options.quick)
+    text = json.dumps(result, indent=2)
+    if options.json == "-":
+        print(text)
+        return 0
+    for n, ms in zip(result["sizes"], result["prefill_ms"]):
+        print(f"prefill {n:6d} tokens {ms:9.1f} ms")
+    fit, error = result["fit"], result["held_out_error"]
+    print(f"fit: {fit['overhead_ms']:.2f} ms + {fit['ms_per_token']:.5f} ms/token + {fit['ms_per_token_pair']:.3e} "
+          f"ms/pair; held-out error mean {error['mean']:.3f}, max {error['max']:.3f} at {error['worst']} tokens")
+    print(f"decode step (1 sequence): {result['decode']['step_ms']} ms at {result['decode']['at_tokens']} tokens")
+    if options.json:
+        Path(options.json).write_text(text + "\n")
     return 0

@@ -116,8 +116,10 @@ class WorkerSide:
         if lease is None:
             return False
         try:
+            copying = time.perf_counter()
             for medium, (positions, pool_pages) in lease.by_medium.items():
                 pool_to_pages(self._views, self._pool(medium), pool_pages, [spec.page_ids[i] for i in positions])
+            self._counters.add(load_copy_seconds=time.perf_counter() - copying)
         finally:
             self._submit(lambda: shared.release(lease))
         if time.monotonic() > lease.until:
@@ -144,9 +146,10 @@ class WorkerSide:
         return torch.from_numpy(staging).view(dtype).view(self._block_shape(len(data)))
 
     def save(self, plan: StepPlan) -> None:
+        if not plan.saves or not self._views:
+            return
+        started = time.perf_counter()
         for spec in plan.saves:
-            if not self._views:
-                return
             if self._shared is not None:
                 self._save_shared(spec)
                 continue
@@ -154,6 +157,7 @@ class WorkerSide:
             data = [blocks[i].numpy().tobytes() for i in range(len(spec.page_ids))]
             self._submit(lambda spec=spec, data=data: self._client.put(
                 spec.block_ids, spec.parents, spec.family, data), dropped=len(data))
+        self._counters.add(save_seconds=time.perf_counter() - started)
 
     def _save_shared(self, spec: SaveSpec) -> None:
         shared = self._shared

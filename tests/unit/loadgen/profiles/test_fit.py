@@ -87,3 +87,32 @@ def test_attention_pair_term_by_hand():
     assert attention_pair_ms(80, 64, 128, 602.0, gpus=4) == pytest.approx(4 * 64 * 128 * 80 / (4 * 602e12) * 1e3)
     with pytest.raises(InvalidArgument):
         attention_pair_ms(32, 32, 128, 0.0)
+
+
+def test_prefill_fit_recovers_a_planted_profile_and_its_held_out_error_is_zero():
+    from speckv.loadgen.profiles.fit import PrefillFit, prefill_held_out
+
+    planted = PrefillFit(overhead_ms=30.0, ms_per_token=0.4, ms_per_token_pair=2e-5)
+    sizes = np.array([256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192])
+    fit, error = prefill_held_out(sizes, planted.predict(sizes))
+    assert fit.overhead_ms == pytest.approx(30.0, rel=1e-6) and fit.ms_per_token == pytest.approx(0.4, rel=1e-6)
+    assert fit.ms_per_token_pair == pytest.approx(2e-5, rel=1e-6)
+    assert error.count == 4 and error.max < 1e-9
+
+
+def test_prefill_fit_error_is_measured_on_the_sizes_it_did_not_see():
+    from speckv.loadgen.profiles.fit import PrefillFit, prefill_held_out
+
+    sizes = np.array([100, 200, 300, 400, 500, 600])
+    times = PrefillFit(10.0, 1.0, 0.0).predict(sizes)
+    times[3] *= 1.5  # size 400 is held out: the fit does not see it, its error does
+    fit, error = prefill_held_out(sizes, times)
+    assert fit.ms_per_token == pytest.approx(1.0, rel=1e-6)
+    assert error.worst == 400 and error.max == pytest.approx(1 / 3, rel=1e-6)
+
+
+def test_prefill_fit_refuses_too_few_sizes():
+    from speckv.loadgen.profiles.fit import prefill_held_out
+
+    with pytest.raises(InvalidArgument):
+        prefill_held_out(np.array([1, 2, 3, 4, 5]), np.ones(5))
