@@ -1,9 +1,14 @@
 """`speckv up`: run the local cluster in the foreground until Ctrl-C or SIGTERM,
-serving `speckv node add/remove` on its control socket (control.py)."""
+serving `speckv node add/remove` on its control socket (control.py). With
+`--engine vllm --model DIR`, also one vLLM OpenAI server per node beside its
+kvstore, SpeckvConnector loaded (vllm_servers.py); the kvstores take the
+model's KV geometry from its config.json."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -13,6 +18,8 @@ from rich.table import Table
 from speckv.services.cluster.control import ControlServer
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster, ServiceProcess, default_run_dir
 from speckv.services.cluster.status import wide_console
+from speckv.services.cluster.vllm_servers import (
+    VllmServerSpec, kvstore_geometry_args, start_server, stop_server, wait_healthy)
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.node_sizes import NodeSizes
 
@@ -42,13 +49,44 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     parser.add_argument("--tls", action="store_true",
                         help="mutual TLS everywhere: a throwaway CA and per-service certificates in RUN_DIR/tls "
                              "(docs/security.md)")
+    parser.add_argument("--engine", choices=("none", "vllm"), default="none",
+                        help="vllm: one vLLM OpenAI server per node beside its kvstore, with SpeckvConnector "
+                             "(needs --model; vLLM installed: make venv)")
+    parser.add_argument("--model", type=Path, default=None, help="the engines' model directory (with --engine vllm)")
+    parser.add_argument("--vllm-port-base", type=int, default=8100, help="node-i's vLLM server listens on this + i")
     args = parser.parse_args(list(argv))
     if not 1 <= args.nodes <= 64:
         raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
+    extra: dict[str, list[str]] = {}
+    if args.engine == "vllm":
+        if args.model is None:
+            raise InvalidArgument("--engine vllm needs --model DIR (a local model directory)")
+        if args.tls:
+            raise InvalidArgument("--engine vllm with --tls: the connector speaks plaintext gRPC so far")
+        extra["kvstore"] = kvstore_geometry_args(args.model, "float32", args.block_size or 32)
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
                        sizes=NodeSizes(args.device_pages, args.host_pages), policy=args.policy,
-                       metrics_port_base=args.metrics_port_base, tls=args.tls)
+                       metrics_port_base=args.metrics_port_base, tls=args.tls, extra_args=extra)
     return spec, args
+
+
+def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path,
+                  environ: Mapping[str, str]) -> list[tuple[VllmServerSpec, subprocess.Popen]]:
+    """One vLLM server per node, each bound to its own core, healthy before this returns."""
+    servers: list[tuple[VllmServerSpec, subprocess.Popen]] = []
+    cores = os.cpu_count() or 1
+    try:
+        for i, (node, address) in enumerate(sorted(cluster.node_addresses().items())):
+            spec = VllmServerSpec(f"vllm-{node}", str(args.model), args.vllm_port_base + i, address,
+                                  host=args.host, block_size=args.block_size or 32, core=i % cores)
+            servers.append((spec, start_server(spec, run_dir / f"{spec.name}.log", environ)))
+        for spec, popen in servers:
+            wait_healthy(spec, popen, run_dir / f"{spec.name}.log")
+    except BaseException:
+        for _, popen in servers:
+            stop_server(popen)
+        raise
+    return servers
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -60,6 +98,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     cluster = LocalCluster(spec, run_dir, environ)
     console = wide_console()
     control: ControlServer | None = None
+    engines: list[tuple[VllmServerSpec, subprocess.Popen]] = []
     try:
         services = cluster.start()
         control = ControlServer(cluster).start()
@@ -71,10 +110,17 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                           f"--tls-ca {admin.ca}")
         console.print(f"membership: speckv node add | speckv node remove NODE   (--run-dir {run_dir}; "
                       f"socket {control.path})")
+        if args.engine == "vllm":
+            engines = start_engines(cluster, args, run_dir, environ)
+            for engine, _ in engines:
+                console.print(f"{engine.name}: {engine.url}/v1 (OpenAI API, model {engine.served_model_name!r}; "
+                              f"kvstore {engine.kvstore})")
         print("ready; Ctrl-C or SIGTERM stops every service", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
+        for _, popen in engines:
+            stop_server(popen)
         if control is not None:
             control.stop()
         cluster.stop()

@@ -1,0 +1,63 @@
+"""A real vLLM OpenAI API server (the CPU build, the tiny random Llama) with
+SpeckvConnector onto a real kvstore on loopback, driven as a router drives
+it: streamed token-id completions. Asserted: the first completion's full
+blocks reach the kvstore under the ids computed without an engine; after
+the engine's own prefix cache is emptied, the same prompt is answered with
+the same tokens and its prefix is read from the kvstore's shared memory
+(MapBlocks is called); a time to first token is measured for each. Nothing
+about times."""
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from speckv.loadgen.engines.openai_stream import stream_completion
+from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
+from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, prompt_block_ids
+from speckv.services.cluster.vllm_servers import (
+    VllmServerSpec, reset_prefix_cache, start_server, stop_server, wait_healthy)
+from speckv.services.common.rpc.telemetry import build_telemetry
+from speckv.v1 import kvstore_pb2
+from tests.support.kvstore_service import kvstore
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SPEC = TinyLlama()
+PROMPT_BLOCKS = 8
+PROMPT = [int(t) for t in np.random.default_rng(17).integers(3, SPEC.vocab, PROMPT_BLOCKS * BLOCK_SIZE + 10)]
+KVSTORE = dict(geometry="tiny", block_size=BLOCK_SIZE, num_layers=SPEC.num_layers, num_kv_heads=SPEC.kv_heads,
+               head_dim=SPEC.head_dim, dtype="float32", device_pages=256)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_server_streams_saves_and_answers_a_returning_prompt_from_the_kvstore(tmp_path):
+    model = tiny_llama(tmp_path / "models", SPEC)
+    spans = InMemorySpanExporter()
+    telemetry = build_telemetry("kvstore", {}, span_processors=(SimpleSpanProcessor(spans),))
+    with kvstore(telemetry=telemetry, **KVSTORE) as (store, stub):
+        spec = VllmServerSpec("vllm-0", str(model), free_port(), store.address, max_model_len=2048)
+        log = tmp_path / "vllm-0.log"
+        server = start_server(spec, log, os.environ)
+        try:
+            wait_healthy(spec, server, log)
+            first = stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
+            ids = prompt_block_ids(model, SPEC, PROMPT)
+            assert stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == PROMPT_BLOCKS
+            spans.clear()
+            reset_prefix_cache(spec)
+            again = stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
+        finally:
+            stop_server(server)
+    assert len(first.token_ids) == 16 and again.token_ids == first.token_ids
+    assert 0 < first.ttft_s <= first.total_s and 0 < again.ttft_s <= again.total_s
+    assert any(s.name.endswith("KVStore/MapBlocks") for s in spans.get_finished_spans())

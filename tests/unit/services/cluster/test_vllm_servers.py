@@ -1,0 +1,53 @@
+"""The vLLM server launcher's pure parts: the command and environment a
+server gets, the kvstore geometry read from a model's config.json, and
+`speckv up --engine vllm`'s argument checks. (A real server runs in
+tests/e2e/test_vllm_server.py.)"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speckv.services.cluster.up import parse_spec
+from speckv.services.cluster.vllm_servers import (
+    CONNECTOR_MODULE, VllmServerSpec, kvstore_geometry_args, server_command, server_environ)
+from speckv.services.common.errors import InvalidArgument
+
+
+def test_the_command_loads_the_connector_onto_the_nodes_kvstore():
+    spec = VllmServerSpec("vllm-0", "/models/m", 8100, "127.0.0.1:5000", kv_events_endpoint="tcp://*:5557")
+    command = server_command(spec)
+    assert command[1:3] == ["-m", "speckv.services.cluster.vllm_main"]
+    transfer = json.loads(command[command.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector_module_path"] == CONNECTOR_MODULE
+    assert transfer["kv_connector_extra_config"] == {"kvstore": "127.0.0.1:5000"}
+    assert transfer["kv_load_failure_policy"] == "recompute"
+    assert json.loads(command[command.index("--kv-events-config") + 1])["endpoint"] == "tcp://*:5557"
+    assert "--kv-transfer-config" not in server_command(VllmServerSpec("e", "/m", 1, ""))
+
+
+def test_the_environment_binds_a_core_and_drops_the_hash_seed():
+    env = server_environ(VllmServerSpec("vllm-1", "/m", 1, "a:1", core=3), {"PYTHONHASHSEED": "7", "PATH": "/bin"})
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "3" and "PYTHONHASHSEED" not in env and env["PATH"] == "/bin"
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_kvstore_geometry_comes_from_the_models_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_size": 512}))
+    assert kvstore_geometry_args(tmp_path, "float32", 32) == [
+        "--num-layers", "4", "--num-kv-heads", "4", "--head-dim", "64", "--dtype", "float32", "--block-size", "32"]
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(InvalidArgument, match="config.json"):
+        kvstore_geometry_args(tmp_path, "float32", 32)
+
+
+def test_up_with_vllm_needs_a_model_and_no_tls(tmp_path):
+    with pytest.raises(InvalidArgument, match="--model"):
+        parse_spec(["--engine", "vllm"], {})
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64}))
+    with pytest.raises(InvalidArgument, match="tls"):
+        parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--tls"], {})
+    spec, args = parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--nodes", "2"], {})
+    assert spec.extra_args["kvstore"][:2] == ["--num-layers", "2"] and args.vllm_port_base == 8100
