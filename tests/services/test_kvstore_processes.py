@@ -1,5 +1,7 @@
 """Two real kvstore processes replicating over the TCP data plane and the
-gRPC fallback, and what survives when either is SIGKILLed mid-transfer."""
+gRPC fallback, and what survives when either is SIGKILLed mid-transfer (over
+TCP and over shared memory; shared memory's own cases:
+test_shm_replication.py)."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -47,10 +49,11 @@ def test_target_without_data_plane_gets_the_grpc_fallback():
         assert blocks_of(b, HASHES[:20]) == [block(h) for h in HASHES[:20]]
 
 
-def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact():
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact(transport):
     with processes(("a", SLOW), ("b", [])) as (a, b), ThreadPoolExecutor(1) as pool:
         put(a, HASHES)
-        call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport="tcp"), timeout=TIMEOUT)
+        call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport=transport), timeout=TIMEOUT)
         assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
         b.kill()
         with pytest.raises(grpc.RpcError) as failed:
@@ -61,16 +64,17 @@ def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact
         assert blocks_of(a, HASHES) == [block(h) for h in HASHES]
 
 
-def test_source_killed_mid_transfer_publishes_nothing_and_frees_the_reservation():
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_source_killed_mid_transfer_publishes_nothing_and_frees_the_reservation(transport):
     with processes(("a", SLOW), ("b", ["--reservation-lease-s", "3"])) as (a, b), ThreadPoolExecutor(1) as pool:
         put(a, HASHES)
-        call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport="tcp"), timeout=TIMEOUT)
+        call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport=transport), timeout=TIMEOUT)
         assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
         a.kill()
         with pytest.raises(grpc.RpcError):
             call.result(timeout=TIMEOUT)
-        # The dropped connection aborts the reservation at once; its lease
-        # (3 s) would free it otherwise. Either way: freed, nothing published.
+        # tcp: the dropped connection aborts the reservation at once; shm (no
+        # connection to drop) and otherwise: its lease (3 s) frees it. Freed, nothing published.
         assert wait_until(lambda: stats(b).reserved_pages == 0, timeout=TIMEOUT)
         after = stats(b)
         assert after.used_pages == 0 and after.blocks_committed_total == 0
