@@ -198,7 +198,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         if not 0 < lease_s <= self._limits.pin_lease_s:
             raise InvalidArgument(f"map_blocks: lease_ms={request.lease_ms}: must be in (0, "
                                   f"{self._limits.pin_lease_s * MS:g}] (pin_lease_s)")
-        places = self._store.map_blocks(list(request.block_hashes), lease_s)
+        places = self._store.map_blocks(list(request.block_hashes), lease_s, prefix=request.prefix)
         arenas = self._store.shared_arenas()
         return kvstore_pb2.MapBlocksResponse(
             pages=[p.page for p in places], media=[p.tier.medium for p in places], lease_s=lease_s,

@@ -69,14 +69,20 @@ class SharedPages:
                 found[tier.tier] = address
         return found
 
-    def map_blocks(self: KVStoreCore, hashes: Sequence[int], lease_s: float) -> list[Placement]:
+    def map_blocks(self: KVStoreCore, hashes: Sequence[int], lease_s: float, prefix: bool = False) -> list[Placement]:
         """Pins every block for lease_s seconds (released by unpin) and says
         where each lies; NotFound names blocks not resident, FailedPrecondition
-        blocks held only in private memory (a device pool). Nothing is pinned
-        when it raises."""
+        blocks held only in private memory (a device pool). prefix: the
+        longest resident prefix of hashes instead (possibly empty), no
+        NotFound. Nothing is pinned when it raises."""
         wanted = validate.hash_list(hashes, "map_blocks", self.max_hashes)
         validate.lease(lease_s, "map_blocks lease_s")
         with self._lock:
+            if prefix:
+                held = next((i for i, h in enumerate(wanted) if not self._holds(h)), len(wanted))
+                wanted = wanted[:held]
+                if not wanted:
+                    return []
             self._require_resident(wanted, "map_blocks")
             places = [self._shared_place(h) for h in wanted]
             private = [h for h, place in zip(wanted, places) if place is None]

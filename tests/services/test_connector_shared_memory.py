@@ -33,7 +33,7 @@ def test_reads_see_the_blocks_the_kvstore_holds_and_release_their_pins():
         shared = opened(server, stub)
         assert shared is not None
         lease = shared.map_for_read([1, 2, 3])
-        (medium, (positions, pages)), = lease.by_medium.items()
+        (medium, (positions, pages)), = lease.by_medium().items()
         assert positions == [0, 1, 2]
         assert [canonical(shared, medium, p) for p in pages] == [block_bytes(h) for h in (1, 2, 3)]
         assert stub.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).pinned_pages == 3
@@ -78,7 +78,7 @@ def test_after_a_restart_at_the_same_address_the_old_arenas_are_never_used():
         assert shared.map_for_read([8]) is None  # the answer names a new arena: fail open, remap
         assert counters.shared_remaps == 1 and shared.pools.token("GPU") != old_token
         lease = shared.map_for_read([8])
-        (medium, (_, pages)), = lease.by_medium.items()
+        (medium, (_, pages)), = lease.by_medium().items()
         assert canonical(shared, medium, pages[0]) == block_bytes(8)
         shared.release(lease)
         assert stub.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).pinned_pages == 0
@@ -119,3 +119,24 @@ def test_a_shared_commit_with_wrong_checksums_publishes_nothing():
         assert failed.value.code() == grpc.StatusCode.ABORTED
         stats = stub.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
         assert stats.reserved_pages == 0 and stats.used_pages == 0
+
+
+def test_a_lookup_pins_the_prefix_it_finds_and_falls_back_where_nothing_is_shared():
+    from speckv.services.engine.vllm_connector.kvstore_client import KVStoreClient
+
+    with kvstore() as (server, stub):
+        put(stub, 1, 2, 3)
+        client = KVStoreClient(server.address, Counters(), pin_at_lookup=True)
+        lease = client.map_prefix([1, 2, 3, 4])
+        assert lease.ids == (1, 2, 3) and len(lease.pages) == 3 and set(lease.tokens) == set(lease.media)
+        assert stub.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).pinned_pages == 3
+        client.release(lease)
+        assert stub.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).pinned_pages == 0
+        assert client.map_prefix([9]).ids == ()
+        client.close()
+    with kvstore(shared_memory=False) as (server, stub):
+        put(stub, 1)
+        client = KVStoreClient(server.address, Counters(), pin_at_lookup=True)
+        assert client.map_prefix([1]) is None and client.prefix_blocks([1]) == 1
+        assert client.map_prefix([1]) is None  # turned off: no second try
+        client.close()

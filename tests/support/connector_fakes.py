@@ -13,6 +13,7 @@ class FakeStore:
     def __init__(self) -> None:
         self.blocks: dict[int, bytes] = {}
         self.broken: set[int] = set()
+        self.released: list = []
 
     def prefix_blocks(self, ids):
         n = 0
@@ -28,6 +29,12 @@ class FakeStore:
     def put(self, ids, parents, family, data):
         for i, d in zip(ids, data):
             self.blocks.setdefault(i, d)
+
+    def map_prefix(self, ids):
+        return None  # nothing shared: the scheduler side asks prefix_blocks
+
+    def release(self, lease):
+        self.released.append(lease)
 
 
 class CoreShared:
@@ -51,7 +58,7 @@ class CoreShared:
         self.lease_s = lease_s
         self.released = 0
 
-    def map_for_read(self, ids):
+    def map_for_read(self, ids, prefix=False):
         import time
 
         from speckv.services.common.errors import SpeckvError
@@ -59,18 +66,23 @@ class CoreShared:
 
         started = time.monotonic()
         try:
-            places = self.store.map_blocks(list(ids), 10.0)
+            places = self.store.map_blocks(list(ids), 10.0, prefix=prefix)
         except SpeckvError:
             return None
-        by_medium: dict[str, tuple[list[int], list[int]]] = {}
-        for i, place in enumerate(places):
-            positions, pages = by_medium.setdefault(place.tier.medium, ([], []))
-            positions.append(i)
-            pages.append(place.page)
-        return ReadLease(tuple(ids), by_medium, started + self.lease_s)
+        tokens = {t.medium: a.token for t, a in self.store.shared_arenas().items()}
+        return ReadLease(tuple(ids[:len(places)]), tuple(p.page for p in places),
+                         tuple(p.tier.medium for p in places), tokens, started + self.lease_s)
+
+    def map_prefix(self, ids):
+        """The KVStorePort side of pinning at lookup, over the same core."""
+        return self.map_for_read(ids, prefix=True)
+
+    def usable(self, lease):
+        return all(self.pools.token(m) == t for m, t in lease.tokens.items())
 
     def release(self, lease):
-        self.store.unpin(list(lease.ids))
+        if lease.ids:
+            self.store.unpin(list(lease.ids))
         self.released += 1
 
     def reserve(self, ids, parent, family):

@@ -361,12 +361,14 @@ class OpenSharedPoolsResponse(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[_Union[SharedPool, _Mapping]]] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., boot_id: _Optional[str] = ..., pid_namespace: _Optional[int] = ...) -> None: ...
 
 class MapBlocksRequest(_message.Message):
-    __slots__ = ("block_hashes", "lease_ms")
+    __slots__ = ("block_hashes", "lease_ms", "prefix")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     lease_ms: int
-    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    prefix: bool
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., prefix: _Optional[bool] = ...) -> None: ...
 
 class MapBlocksResponse(_message.Message):
     __slots__ = ("pages", "media", "lease_s", "pool_tokens")

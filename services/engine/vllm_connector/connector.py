@@ -58,7 +58,8 @@ class SpeckvConnector(KVConnectorBase_V1):
         self.counters = Counters()
         ALL_COUNTERS.append(self.counters)
         self._client = KVStoreClient(settings.kvstore, self.counters, settings.lookup_timeout_s,
-                                     settings.transfer_timeout_s, settings.max_message_mb)
+                                     settings.transfer_timeout_s, settings.max_message_mb,
+                                     pin_at_lookup=settings.shared_memory)
         layout, why_not = layout_of(vllm_config, settings)
         if layout is not None and role == KVConnectorRole.SCHEDULER:
             why_not = _geometry_mismatch(self._client, layout)

@@ -3,29 +3,56 @@ over gRPC, failing open: every failure (the kvstore down, slow past its
 deadline, a block missing or failing its crc32c) is counted, logged, and
 answered as "nothing" so that the engine recomputes; no call raises.
 
-Bytes travel as gRPC messages for now (one per block); same-host shared
-memory is issue 42.
+Bytes travel as gRPC messages (one per block); on the kvstore's host
+shared_client.py moves them through its mapped pools. With
+`pin_at_lookup`, the lookup is MapBlocks(prefix): the blocks found are
+pinned until the worker has read them (release), so none is evicted between
+the lookup and the load, and the worker's load needs no call of its own.
 """
 from __future__ import annotations
 
 import logging
+import time
 from typing import Sequence
 
 import google_crc32c
 import grpc
 
 from speckv.services.engine.vllm_connector.counters import Counters
+from speckv.services.engine.vllm_connector.port import ReadLease
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 log = logging.getLogger("speckv.vllm_connector")
 MIB = 1 << 20
 
 
+def map_blocks(stub: kvstore_pb2_grpc.KVStoreStub, ids: Sequence[int], lease_s: float, timeout_s: float,
+               prefix: bool = False) -> ReadLease:
+    """MapBlocks as a ReadLease, its lease measured from before the call (so
+    it ends here first); grpc.RpcError as raised."""
+    started = time.monotonic()
+    reply = stub.MapBlocks(kvstore_pb2.MapBlocksRequest(block_hashes=list(ids), prefix=prefix,
+                                                        lease_ms=max(1, round(lease_s * 1000))), timeout=timeout_s)
+    held = len(reply.pages)
+    return ReadLease(tuple(ids[:held]), tuple(reply.pages), tuple(reply.media), dict(reply.pool_tokens),
+                     started + min(reply.lease_s or lease_s, lease_s))
+
+
+def unpin(stub: kvstore_pb2_grpc.KVStoreStub, lease: ReadLease, timeout_s: float) -> None:
+    if not lease.ids:
+        return
+    try:
+        stub.Unpin(kvstore_pb2.PinRequest(block_hashes=list(lease.ids)), timeout=timeout_s)
+    except grpc.RpcError as error:  # the lease ends the pins anyway
+        log.info("speckv kvstore: unpin of %d blocks failed (%s); their lease ends them", len(lease.ids),
+                 _code(error))
+
+
 class KVStoreClient:
     """One channel to one kvstore (a port.KVStorePort). Deadlines in seconds."""
 
     def __init__(self, address: str, counters: Counters, lookup_timeout_s: float = 0.5,
-                 transfer_timeout_s: float = 10.0, max_message_mb: int = 64) -> None:
+                 transfer_timeout_s: float = 10.0, max_message_mb: int = 64, pin_at_lookup: bool = False) -> None:
         # bdp_probe off: large streamed messages are much faster on loopback without it (DESIGN.md, "Facts measured on these machines")
         options = [("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", max_message_mb * MIB),
                    ("grpc.max_send_message_length", max_message_mb * MIB)]
@@ -35,6 +62,7 @@ class KVStoreClient:
         self._counters = counters
         self._lookup_timeout_s = lookup_timeout_s
         self._transfer_timeout_s = transfer_timeout_s
+        self._pin_at_lookup = pin_at_lookup  # turned off for good when the kvstore cannot map
 
     def close(self) -> None:
         self._channel.close()
@@ -52,6 +80,25 @@ class KVStoreClient:
             log.warning("speckv kvstore %s: lookup failed (%s); the engine recomputes", self.address, _code(error))
             return 0
         return int(reply.prefix_blocks)
+
+    def map_prefix(self, ids: Sequence[int]) -> ReadLease | None:
+        if not ids or not self._pin_at_lookup:
+            return None
+        self._counters.add(lookups=1)
+        try:
+            return map_blocks(self.stub, ids, self._transfer_timeout_s, self._lookup_timeout_s, prefix=True)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                self._pin_at_lookup = False  # private pools, or an older kvstore: Lookup from now on
+                log.info("speckv kvstore %s: no shared pages to pin (%s); lookups only", self.address, _code(error))
+            else:
+                self._counters.add(lookup_failures=1)
+                log.warning("speckv kvstore %s: lookup failed (%s); the engine recomputes", self.address,
+                            _code(error))
+            return None
+
+    def release(self, lease: ReadLease) -> None:
+        unpin(self.stub, lease, self._transfer_timeout_s)
 
     def get(self, ids: Sequence[int]) -> list[bytes] | None:
         """The blocks' canonical bytes in order, each checked against its

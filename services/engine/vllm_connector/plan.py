@@ -14,12 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from speckv.services.engine.vllm_connector.port import ReadLease
+
 
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
     req_id: str
     page_ids: tuple[int, ...]  # engine pages to fill, in chain order
     block_ids: tuple[int, ...]  # speckv ids, one per page
+    # Pinned at lookup (the kvstore's shared pages): block_ids[i] lies at
+    # lease position lease_start + i; the worker releases the whole lease.
+    lease: ReadLease | None = None
+    lease_start: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ shared_client.SharedKVStore the same-host one. Every method fails open
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -20,15 +20,38 @@ class KVStorePort(Protocol):
     def put(self, ids: Sequence[int], parents: Sequence[int | None], family: str, data: Sequence[bytes]) -> None:
         """Store the blocks; existing ids stay as they are."""
 
+    def map_prefix(self, ids: Sequence[int]) -> "ReadLease | None":
+        """Pins the longest prefix of ids the kvstore holds in shared memory
+        and says where it lies (an empty lease: none held); None when the
+        kvstore cannot (it shares nothing, or the call failed): then ask
+        prefix_blocks."""
+
+    def release(self, lease: "ReadLease") -> None:
+        """Ends a lease's pins (its lapse would end them anyway)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReadLease:
-    """Blocks pinned for reading: per pool (medium), the positions in the
-    request and their pages; valid until `until` (time.monotonic())."""
+    """Blocks pinned for reading: ids[i] lies in page pages[i] of the pool
+    media[i], an arena whose token is tokens[media[i]]; the pins hold until
+    `until` (time.monotonic(), the same clock in every process of a host)."""
 
     ids: tuple[int, ...]
-    by_medium: dict[str, tuple[list[int], list[int]]]  # medium -> (positions, pool pages)
+    pages: tuple[int, ...]
+    media: tuple[str, ...]
+    tokens: Mapping[str, str]
     until: float
+
+    def by_medium(self, start: int = 0, count: int | None = None) -> dict[str, tuple[list[int], list[int]]]:
+        """For ids[start:start+count]: per pool, the positions (from start)
+        and their pages."""
+        stop = len(self.ids) if count is None else start + count
+        grouped: dict[str, tuple[list[int], list[int]]] = {}
+        for position in range(start, stop):
+            positions, pages = grouped.setdefault(self.media[position], ([], []))
+            positions.append(position - start)
+            pages.append(self.pages[position])
+        return grouped
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +71,10 @@ class SharedPort(Protocol):
 
     def map_for_read(self, ids: Sequence[int]) -> ReadLease | None:
         """Pins the blocks under a lease and says where they lie."""
+
+    def usable(self, lease: ReadLease) -> bool:
+        """Whether the lease's pages lie in the arenas mapped here (False
+        after a kvstore restart: the pools are then mapped again)."""
 
     def release(self, lease: ReadLease) -> None:
         """Ends the pins (the lease would end them anyway)."""

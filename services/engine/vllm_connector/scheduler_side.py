@@ -3,17 +3,24 @@ prefix-cache hit the node's kvstore holds (one Lookup per request, cached,
 since vLLM may ask again), which pages to load them into, and which newly
 computed full blocks each step saves.
 
+On the kvstore's host the lookup pins what it finds (MapBlocks with prefix,
+kvstore_client.map_prefix): the lease rides the step's LoadSpec to the
+worker, which copies from the pinned pages without a call and then releases
+it; a lookup no load takes (nothing to load after all, or the request
+finished) is released here.
+
 Loads are synchronous (get_num_new_matched_tokens answers load_async False):
 the worker fills the pages in start_load_kv before the step's forward.
 """
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
 from speckv.services.engine.vllm_connector.counters import Counters
-from speckv.services.engine.vllm_connector.port import KVStorePort
+from speckv.services.engine.vllm_connector.port import KVStorePort, ReadLease
 from speckv.services.engine.vllm_connector.plan import (
     LoadSpec, RequestTrack, StepPlan, loadable_blocks, new_matched_blocks, save_spec)
 
@@ -23,6 +30,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("speckv.vllm_connector")
+LEASE_MARGIN_S = 1.0  # a lookup's pins this close to lapsing are renewed before a load relies on them
 
 
 class SchedulerSide:
@@ -37,6 +45,7 @@ class SchedulerSide:
         self._requests: dict[str, "Request"] = {}
         self._ids: dict[str, list[int]] = {}  # req_id -> speckv ids of its hashed blocks so far
         self._local: dict[str, int] = {}  # req_id -> tokens of the engine's own prefix-cache hit
+        self._leases: dict[str, ReadLease] = {}  # req_id -> its lookup's pinned blocks, until a load takes them
 
     def _block_ids(self, request: "Request") -> list[int]:
         ids = self._ids.setdefault(request.request_id, [])
@@ -50,9 +59,16 @@ class SchedulerSide:
         limit = loadable_blocks(request.num_prompt_tokens, self._block_size, len(request.block_hashes))
         if num_computed_tokens // self._block_size >= limit:
             return 0, False
+        lease = self._leases.get(request.request_id)
+        if lease is not None and time.monotonic() > lease.until - LEASE_MARGIN_S:
+            self._drop_lease(request.request_id)  # asked again after its pins lapsed (or nearly): look again
         if request.request_id not in self._matched:
             ids = self._block_ids(request)[:limit]
-            self._matched[request.request_id] = self._client.prefix_blocks(ids)
+            lease = self._client.map_prefix(ids)
+            if lease is not None:
+                self._leases[request.request_id] = lease
+            self._matched[request.request_id] = len(lease.ids) if lease is not None else \
+                self._client.prefix_blocks(ids)
         blocks = new_matched_blocks(num_computed_tokens, self._block_size,
                                     min(self._matched[request.request_id], limit))
         return blocks * self._block_size, False
@@ -62,13 +78,16 @@ class SchedulerSide:
         track = self._tracks.setdefault(request.request_id, RequestTrack(request.request_id))
         self._requests[request.request_id] = request
         if num_external_tokens <= 0:
+            self._drop_lease(request.request_id)
             return
         pages = blocks.get_block_ids()[0]
         ids = self._block_ids(request)
         start = self._local.get(request.request_id, 0) // self._block_size  # the engine's own hit
         count = num_external_tokens // self._block_size
+        lease = self._leases.pop(request.request_id, None)
+        self._matched.pop(request.request_id, None)  # the lease goes with this load: a later ask looks again
         track.pending_load = LoadSpec(request.request_id, tuple(pages[start:start + count]),
-                                      tuple(ids[start:start + count]))
+                                      tuple(ids[start:start + count]), lease, start)
         self._counters.add(blocks_matched=count)
 
     def build_step(self, output: "SchedulerOutput") -> StepPlan:
@@ -108,5 +127,13 @@ class SchedulerSide:
             plan.saves.append(spec)
 
     def request_finished(self, request: "Request") -> None:
+        self._drop_lease(request.request_id)
         for table in (self._matched, self._tracks, self._requests, self._ids, self._local):
             table.pop(request.request_id, None)
+
+    def _drop_lease(self, req_id: str) -> None:
+        """Ends the pins of a lookup no load will use, and forgets its answer."""
+        lease = self._leases.pop(req_id, None)
+        if lease is not None:
+            self._matched.pop(req_id, None)
+            self._client.release(lease)

@@ -21,9 +21,7 @@ reported as a load error (the pages may have been reused).
 from __future__ import annotations
 
 import logging
-import time
 import uuid
-from collections import defaultdict
 from typing import Sequence
 
 import grpc
@@ -31,6 +29,7 @@ import numpy as np
 
 from speckv.services.common.rpc.geometry_proto import geometry_from_proto
 from speckv.services.engine.vllm_connector.counters import Counters
+from speckv.services.engine.vllm_connector.kvstore_client import map_blocks, unpin
 from speckv.services.engine.vllm_connector.port import ReadLease, WriteSlot
 from speckv.services.kvstore.shm.arena import ArenaAddress, HostIdentity
 from speckv.services.kvstore.shm.mapped_pool import MappedPools, SharedPoolInfo
@@ -79,30 +78,25 @@ class SharedKVStore:
 
     def map_for_read(self, ids: Sequence[int]) -> ReadLease | None:
         """Pins the blocks and says where they lie; None on any failure."""
-        started = time.monotonic()
         try:
-            reply = self._stub.MapBlocks(kvstore_pb2.MapBlocksRequest(
-                block_hashes=list(ids), lease_ms=max(1, round(self._lease_s * 1000))), timeout=self._timeout_s)
+            lease = map_blocks(self._stub, ids, self._lease_s, self._timeout_s)
         except grpc.RpcError as error:
             self._counters.add(load_failures=1)
             log.warning("speckv kvstore: map of %d blocks failed (%s); the engine recomputes", len(ids), _code(error))
             return None
-        if any(token != self.pools.token(medium) for medium, token in reply.pool_tokens.items()):
-            self._stale("a read")
-            self.release(ReadLease(tuple(ids), {}, 0.0))
+        if not self.usable(lease):
+            self.release(lease)
             return None
-        by_medium: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-        for position, (page, medium) in enumerate(zip(reply.pages, reply.media)):
-            by_medium[medium][0].append(position)
-            by_medium[medium][1].append(page)
-        return ReadLease(tuple(ids), dict(by_medium), started + min(reply.lease_s, self._lease_s))
+        return lease
+
+    def usable(self, lease: ReadLease) -> bool:
+        if all(token == self.pools.token(medium) for medium, token in lease.tokens.items()):
+            return True
+        self._stale("a read")
+        return False
 
     def release(self, lease: ReadLease) -> None:
-        try:
-            self._stub.Unpin(kvstore_pb2.PinRequest(block_hashes=list(lease.ids)), timeout=self._timeout_s)
-        except grpc.RpcError as error:  # the lease ends the pins anyway
-            log.info("speckv kvstore: unpin of %d blocks failed (%s); their lease ends them", len(lease.ids),
-                     _code(error))
+        unpin(self._stub, lease, self._timeout_s)
 
     def reserve(self, ids: Sequence[int], parent: int | None, family: str) -> WriteSlot | None:
         """Pages for the blocks of ids the kvstore lacks; None on failure."""

@@ -36,7 +36,7 @@ import torch
 
 from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import Counters
-from speckv.services.engine.vllm_connector.port import KVStorePort, SharedPort
+from speckv.services.engine.vllm_connector.port import KVStorePort, ReadLease, SharedPort
 from speckv.services.engine.vllm_connector.pages import (
     gather_blocks, page_views, pages_to_pool, pool_tensor, pool_to_pages, scatter_blocks)
 from speckv.services.engine.vllm_connector.plan import LoadSpec, SaveSpec, StepPlan
@@ -92,42 +92,68 @@ class WorkerSide:
             started = time.perf_counter()
             if not self._views:
                 self._load_errors.update(spec.page_ids)
+                if spec.lease is not None:
+                    self._submit(lambda lease=spec.lease: self._client.release(lease))
                 continue
-            loaded = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
-            if not loaded:
+            if spec.lease is not None:
+                path = self._load_leased(spec, spec.lease)
+            else:
+                path = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
+            if path is None:
                 self._load_errors.update(spec.page_ids)
                 continue
             self._counters.add(blocks_loaded=len(spec.block_ids),
-                               blocks_loaded_shared=len(spec.block_ids) if self._shared is not None else 0,
+                               blocks_loaded_shared=len(spec.block_ids) if path == "shm" else 0,
                                bytes_loaded=len(spec.block_ids) * self._block_bytes,
                                load_seconds=time.perf_counter() - started)
 
-    def _load_grpc(self, spec: LoadSpec) -> bool:
+    def _load_grpc(self, spec: LoadSpec) -> str | None:
         data = self._client.get(spec.block_ids)
         if data is None:
-            return False
+            return None
         scatter_blocks(self._views, spec.page_ids, self._staged(data))
-        return True
+        return "grpc"
 
-    def _load_shared(self, spec: LoadSpec) -> bool:
+    def _load_shared(self, spec: LoadSpec) -> str | None:
         shared = self._shared
         assert shared is not None
         lease = shared.map_for_read(spec.block_ids)
         if lease is None:
-            return False
+            return None
         try:
-            copying = time.perf_counter()
-            for medium, (positions, pool_pages) in lease.by_medium.items():
-                pool_to_pages(self._views, self._pool(medium), pool_pages, [spec.page_ids[i] for i in positions])
-            self._counters.add(load_copy_seconds=time.perf_counter() - copying)
+            return self._copy_leased(spec, lease, 0)
         finally:
             self._submit(lambda: shared.release(lease))
+
+    def _load_leased(self, spec: LoadSpec, lease: ReadLease) -> str | None:
+        """A load whose blocks the scheduler's lookup pinned: copied from the
+        pinned pages when they are in the pools mapped here, else over gRPC;
+        the lease is released after either."""
+        try:
+            count = len(spec.block_ids)
+            if lease.ids[spec.lease_start:spec.lease_start + count] != spec.block_ids:
+                log.warning("speckv: a load's blocks are not its lookup's; loading them over gRPC")
+                return self._load_grpc(spec)
+            if self._shared is None or not self._shared.usable(lease):
+                return self._load_grpc(spec)
+            return self._copy_leased(spec, lease, spec.lease_start)
+        finally:
+            self._submit(lambda: self._client.release(lease))
+
+    def _copy_leased(self, spec: LoadSpec, lease: ReadLease, start: int) -> str | None:
+        """Copies the lease's blocks [start, start + len(spec)) into the
+        spec's pages; None when the copy ended after the lease (the pages may
+        have been reused under it)."""
+        copying = time.perf_counter()
+        for medium, (positions, pool_pages) in lease.by_medium(start, len(spec.block_ids)).items():
+            pool_to_pages(self._views, self._pool(medium), pool_pages, [spec.page_ids[i] for i in positions])
+        self._counters.add(load_copy_seconds=time.perf_counter() - copying)
         if time.monotonic() > lease.until:
             self._counters.add(load_failures=1)
             log.warning("speckv: a load of %d blocks outlasted its pin lease; the engine recomputes them",
                         len(spec.block_ids))
-            return False
-        return True
+            return None
+        return "shm"
 
     def _pool(self, medium: str) -> torch.Tensor:
         """The mapped pool as a tensor (made per call: cheap, and the port

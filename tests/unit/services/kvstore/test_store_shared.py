@@ -143,3 +143,13 @@ def test_a_private_tier_has_no_pages_to_hand_out():
     grant = store.reserve("o1", [1], 10.0)
     with pytest.raises(FailedPrecondition, match="not shared"):
         store.reservation_pages(grant.handle)
+
+
+def test_map_blocks_in_prefix_mode_pins_the_longest_resident_prefix():
+    store = shared_store()
+    store.put_blocks(writes(1, 2, 3))
+    assert [p.page for p in store.map_blocks([1, 2, 9, 3], 5.0, prefix=True)] == \
+        [p.page for p in store.map_blocks([1, 2], 5.0)]
+    assert store.stats().pinned_pages == 2
+    assert store.map_blocks([9, 1], 5.0, prefix=True) == []
+    assert store.stats().pinned_pages == 2

@@ -85,3 +85,46 @@ def test_a_resumed_request_loads_what_it_was_matched_again():
     cached.scheduled_cached_reqs.resumed_req_ids = {"r"}
     plan = side.build_step(cached)
     assert [(l.page_ids, l.block_ids) for l in plan.loads] == [((9, 8, 7, 6), tuple(ids[:4]))]
+
+
+def pinned(held_blocks: int):
+    """A SchedulerSide over a real core in shared memory (CoreShared): the
+    lookup pins what it finds."""
+    from speckv.services.engine.vllm_connector.worker_side import WorkerSide
+    from tests.support.connector_fakes import CoreShared, FakeStore
+
+    shared = CoreShared()
+    ids = block_ids(LAYOUT.digest(), HASHES)
+    import torch
+    writer = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    writer.register_kv_caches({f"model.layers.{i}.attn": torch.randn(8, 2, 32, 32) for i in range(2)})
+    from speckv.services.engine.vllm_connector.plan import SaveSpec, StepPlan
+    writer.save(StepPlan(saves=[SaveSpec("w", tuple(range(held_blocks)), tuple(ids[:held_blocks]),
+                                         (None, *ids[:held_blocks - 1]), str(ids[0]))]))
+    writer.shutdown()
+    return SchedulerSide(LAYOUT, shared, Counters()), ids, shared
+
+
+def test_a_lookup_on_shared_pages_pins_them_and_its_load_carries_the_lease():
+    side, ids, shared = pinned(held_blocks=4)
+    req = request()
+    assert side.get_num_new_matched_tokens(req, 32) == (3 * 32, False)
+    assert shared.store.stats().pinned_pages == 4  # the whole prefix found, pinned until a load takes it
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14, 15],)), 96)
+    new = SimpleNamespace(req_id="r", block_ids=([10, 11, 12, 13, 14, 15],), num_computed_tokens=128)
+    (load,) = side.build_step(step(new=[new], scheduled={"r": 35})).loads
+    assert load.lease is not None and load.lease_start == 1
+    assert load.lease.ids[1:4] == load.block_ids == tuple(ids[1:4])
+    assert shared.store.stats().pinned_pages == 4  # still held: the worker releases it after its copy
+
+
+def test_a_lookup_no_load_takes_is_released():
+    side, _, shared = pinned(held_blocks=3)
+    req = request()
+    side.get_num_new_matched_tokens(req, 0)
+    assert shared.store.stats().pinned_pages == 3
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 0)
+    assert shared.store.stats().pinned_pages == 0
+    side.get_num_new_matched_tokens(req, 0)
+    side.request_finished(req)
+    assert shared.store.stats().pinned_pages == 0

@@ -118,3 +118,43 @@ def test_shared_memory_load_of_a_missing_block_or_past_its_lease_is_a_load_error
     worker.flush()
     assert shared.store.stats().pinned_pages == 0  # the lapsed one's pins were still released
     worker.shutdown()
+
+
+def test_a_load_pinned_at_lookup_copies_without_a_call_and_releases_the_lease():
+    shared = CoreShared()
+    saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    source = caches(seed=8)
+    saver.register_kv_caches(source)
+    saver.save(StepPlan(saves=[SaveSpec("r", (1, 2, 3), (41, 42, 43), (None, 41, 42), "41")]))
+    saver.flush()
+    lease = shared.map_prefix([41, 42, 43, 44])
+    assert lease.ids == (41, 42, 43)
+    counters = Counters()
+    loader = WorkerSide(LAYOUT, shared, counters, shared)  # the port releases through the same core
+    target = caches(seed=None)
+    loader.register_kv_caches(target)
+    loader.load(StepPlan(loads=[LoadSpec("r", (6, 7), (42, 43), lease, 1)]))
+    loader.flush()
+    for name in source:
+        assert torch.equal(target[name][6], source[name][2]) and torch.equal(target[name][7], source[name][3])
+    assert counters.blocks_loaded_shared == 2 and shared.store.stats().pinned_pages == 0
+    saver.shutdown()
+    loader.shutdown()
+
+
+def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released():
+    shared = CoreShared()
+    saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    saver.register_kv_caches(caches(seed=9))
+    saver.save(StepPlan(saves=[SaveSpec("r", (1,), (51,), (None,), "51")]))
+    saver.flush()
+    lease = shared.map_prefix([51])
+    store = FakeStore()
+    store.blocks[52] = [bytes(b) for _, b in shared.store.get_blocks([51])][0]
+    loader = WorkerSide(LAYOUT, store, Counters(), shared)
+    loader.register_kv_caches(caches(seed=None))
+    loader.load(StepPlan(loads=[LoadSpec("r", (3,), (52,), lease, 0)]))  # the lease names 51, the load 52
+    loader.flush()
+    assert loader.take_load_errors() == set() and store.released == [lease]
+    saver.shutdown()
+    loader.shutdown()
