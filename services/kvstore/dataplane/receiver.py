@@ -18,7 +18,9 @@ pool for that chunk only, so an idle connection holds none.
 With a WriteGate (data_plane_auth on), a connection must present a
 handle's write capability in an AUTH frame before any CHUNK or END of that
 handle; the capability is verified once (its MAC), then each chunk is
-checked against its range and expiry before its payload is read. A frame
+checked against its range and expiry before its payload is read. The
+listener's doorway (doorway.py) reads and verifies a connection's first
+frame before the connection gets a thread; it arrives here as `opening`. A frame
 without a valid capability is answered PERMISSION_DENIED and the
 connection closed, aborting nothing it did not write to: the refusal comes
 before the store is asked anything.
@@ -45,6 +47,7 @@ from speckv.services.common import errors
 from speckv.services.common.capability import Capability
 from speckv.services.kvstore.checksum import combine
 from speckv.services.kvstore.dataplane import wire
+from speckv.services.kvstore.dataplane.opening import Opening
 from speckv.services.kvstore.pool import Buffer
 from speckv.services.kvstore.records import ZeroCopyWrite
 from speckv.services.kvstore.write_gate import WriteGate
@@ -108,17 +111,24 @@ class _OneBuffer:
 
 
 def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffers | np.ndarray,
-                     peer: str = "", gate: WriteGate | None = None) -> None:
+                     peer: str = "", gate: WriteGate | None = None, opening: Opening | None = None) -> None:
     """Reads frames until the peer closes; see the module doc for the rules.
     Never raises for peer or client errors (they are logged and answered).
     staging: the pool a chunk for a device pool borrows its buffer from, or
     one buffer of MAX_CHUNK_BYTES that every such chunk uses. gate: checks
-    write capabilities (None: none asked, as without data_plane_auth)."""
+    write capabilities (None: none asked, as without data_plane_auth).
+    opening: the connection's first frame when the listener already read it
+    off the socket (its AUTH token verified into opening.capability)."""
     scratch = wire.header_buffer()
     buffers = staging if isinstance(staging, StagingBuffers) else _OneBuffer(staging)
     written: dict[str, int] = {}  # handle -> bytes covered, not yet confirmed by END
     allowed: dict[str, Capability] = {}  # handle -> its verified capability, this connection only
     try:
+        if opening is not None and opening.frame.kind is wire.Kind.AUTH:
+            if gate is not None:
+                allowed[opening.frame.handle] = opening.capability or gate.check(opening.token, opening.frame.handle)
+        elif opening is not None:
+            _serve_frame(sock, sink, buffers, gate, allowed, written, opening.frame)
         while True:
             frame = wire.read_frame(sock, scratch)
             if frame is None:
@@ -129,24 +139,7 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffe
                 if gate is not None:
                     allowed[frame.handle] = gate.check(bytes(token), frame.handle)
                 continue
-            if gate is not None:
-                _authorize(gate, allowed, frame)
-            if frame.kind is wire.Kind.END:
-                received = written.pop(frame.handle, 0)
-                wire.send_reply(sock, wire.OK, received, "")
-                continue
-            write = sink.begin_write(frame.handle, frame.offset, frame.length)  # before any payload
-            written.setdefault(frame.handle, 0)
-            if write is not None:
-                written[frame.handle] = _receive_into(sock, sink, write, frame.crc32c)
-                continue
-            buffer = buffers.get()
-            try:
-                actual = _receive(sock, memoryview(buffer), buffer, frame.length)
-                written[frame.handle] = sink.write_chunk(frame.handle, frame.offset, buffer[:frame.length],
-                                                         frame.crc32c, actual)
-            finally:
-                buffers.put(buffer)
+            _serve_frame(sock, sink, buffers, gate, allowed, written, frame)
     except wire.ConnectionLost as exc:
         _abort_all(sink, written, f"data plane connection from {peer} dropped: {exc}")
     except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO / SO_SNDTIMEO passed with no byte moved
@@ -158,6 +151,29 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffe
         _abort_all(sink, written, f"data plane connection from {peer} broke: {exc}")
     else:
         _abort_all(sink, written, f"data plane connection from {peer} closed before END")
+
+
+def _serve_frame(sock: socket.socket, sink: ChunkSink, buffers: StagingBuffers | _OneBuffer, gate: WriteGate | None,
+                 allowed: dict[str, Capability], written: dict[str, int], frame: wire.Frame) -> None:
+    """One CHUNK (its payload read here) or END frame."""
+    if gate is not None:
+        _authorize(gate, allowed, frame)
+    if frame.kind is wire.Kind.END:
+        received = written.pop(frame.handle, 0)
+        wire.send_reply(sock, wire.OK, received, "")
+        return
+    write = sink.begin_write(frame.handle, frame.offset, frame.length)  # before any payload
+    written.setdefault(frame.handle, 0)
+    if write is not None:
+        written[frame.handle] = _receive_into(sock, sink, write, frame.crc32c)
+        return
+    buffer = buffers.get()
+    try:
+        actual = _receive(sock, memoryview(buffer), buffer, frame.length)
+        written[frame.handle] = sink.write_chunk(frame.handle, frame.offset, buffer[:frame.length],
+                                                 frame.crc32c, actual)
+    finally:
+        buffers.put(buffer)
 
 
 def _authorize(gate: WriteGate, allowed: dict[str, Capability], frame: wire.Frame) -> None:

@@ -109,6 +109,14 @@ def read_frame(sock: socket.socket, scratch: bytearray) -> Frame | None:
     view = memoryview(scratch)
     if not recv_exact(sock, view[:HEADER.size], eof_ok=True):
         return None
+    kind, handle_len, offset, length, crc = parse_header(scratch)
+    recv_exact(sock, view[HEADER.size:HEADER.size + handle_len])
+    return Frame(kind, decode_handle(scratch, handle_len), offset, length, crc)
+
+
+def parse_header(scratch: bytes | bytearray | memoryview) -> tuple[Kind, int, int, int, int]:
+    """(kind, handle length, offset, length, crc32c) of the HEADER.size bytes
+    at the start of scratch; bad magic, kind or sizes raise InvalidArgument."""
     magic, kind, handle_len, offset, length, crc = HEADER.unpack_from(scratch)
     if magic != MAGIC:
         raise errors.InvalidArgument(f"data plane: bad frame magic {magic!r}")
@@ -120,9 +128,12 @@ def read_frame(sock: socket.socket, scratch: bytearray) -> Frame | None:
         raise errors.InvalidArgument(f"data plane: chunk length {length} outside 1..{MAX_CHUNK_BYTES}")
     if kind == Kind.AUTH and not 0 < length <= MAX_TOKEN_BYTES:
         raise errors.InvalidArgument(f"data plane: capability length {length} outside 1..{MAX_TOKEN_BYTES}")
-    recv_exact(sock, view[HEADER.size:HEADER.size + handle_len])
-    handle = bytes(view[HEADER.size:HEADER.size + handle_len]).decode("utf-8", errors="replace")
-    return Frame(Kind(kind), handle, offset, length, crc)
+    return Kind(kind), handle_len, offset, length, crc
+
+
+def decode_handle(scratch: bytes | bytearray | memoryview, handle_len: int) -> str:
+    """The handle that follows the header in scratch."""
+    return bytes(scratch[HEADER.size:HEADER.size + handle_len]).decode("utf-8", errors="replace")
 
 
 def recv_exact(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -> bool:
