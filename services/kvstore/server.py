@@ -186,9 +186,11 @@ def data_plane_refusals(node_id: str, data_plane: DataPlaneServer) -> Observatio
 
 
 def data_plane_connections(node_id: str, data_plane: DataPlaneServer) -> Observations:
-    """Data plane connections now: served (verified) and waiting (not yet)."""
+    """Data plane connections now: served (verified), waiting (not yet) and
+    held (refused, kept open until their deadline)."""
     return [(float(data_plane.open_connections), {"node": node_id, "state": "served"}),
-            (float(data_plane.waiting_connections), {"node": node_id, "state": "waiting"})]
+            (float(data_plane.waiting_connections), {"node": node_id, "state": "waiting"}),
+            (float(data_plane.held_connections), {"node": node_id, "state": "held"})]
 
 
 def _register_metrics(telemetry: Telemetry, store: KVStoreCore, data_plane: DataPlaneServer | None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from speckv.loadgen.bench.chaos.flood import Flood, loopback_sources
@@ -17,7 +18,7 @@ from speckv.services.kvstore.dataplane.tcp_target import split_address
 from speckv.v1 import common_pb2, kvstore_pb2
 from tests.services.test_dataplane_security import cluster, replicate
 from tests.support.kvstore_service import block_bytes, get, kvstore, put
-from tests.support.waiting import TIMEOUT
+from tests.support.waiting import TIMEOUT, wait_until
 
 RESOURCE_EXHAUSTED, UNAVAILABLE = 8, 14  # on the data plane's wire: the gRPC code numbers
 SHORT = {"data_auth_timeout_s": 0.3, "data_read_timeout_s": 60.0}  # a short deadline; served ones never time out
@@ -57,12 +58,20 @@ def served(address: tuple[str, int]) -> int:
         sock.close()
 
 
+def gauge(reader: InMemoryMetricReader, name: str, key: str) -> dict[str, float]:
+    """The gauge's points by the attribute key."""
+    data = reader.get_metrics_data()
+    return {p.attributes[key]: p.value for rm in (data.resource_metrics if data else ())
+            for scope in rm.scope_metrics for m in scope.metrics if m.name == name for p in m.data.data_points}
+
+
 def refusals(reader: InMemoryMetricReader) -> dict[str, float]:
     """speckv.kvstore.dataplane.refused by cause."""
-    data = reader.get_metrics_data()
-    return {p.attributes["cause"]: p.value for rm in (data.resource_metrics if data else ())
-            for scope in rm.scope_metrics for m in scope.metrics if m.name == "speckv.kvstore.dataplane.refused"
-            for p in m.data.data_points}
+    return gauge(reader, "speckv.kvstore.dataplane.refused", "cause")
+
+
+def held(reader: InMemoryMetricReader) -> float:
+    return gauge(reader, "speckv.kvstore.dataplane.connections", "state")["held"]
 
 
 def test_an_idle_connection_is_closed_after_the_auth_deadline_and_holds_no_slot():
@@ -112,3 +121,29 @@ def test_a_replication_completes_byte_for_byte_while_the_data_port_is_flooded():
                 assert reply.state == common_pb2.ORDER_STATE_COMMITTED and reply.transport == "tcp", reply
                 assert [b.data for b in get(dst, *chain)] == [block_bytes(h) for h in chain]
         assert flood.counts.opened > 200 and flood.counts.closed_by_node > 0  # the flood reached the node
+
+
+def test_a_refused_connection_is_held_unanswered_until_its_deadline_or_until_the_hold_is_full():
+    """So a flooder that reconnects as soon as it is refused cannot make
+    the node refuse as fast as it can accept: it is answered at its
+    deadline, or early when 4 x data_unauth_max_connections newer refused
+    ones are held (the oldest first)."""
+    reader = InMemoryMetricReader()
+    telemetry = build_telemetry("kvstore", {}, metric_readers=(reader,))
+    caps = {"data_unauth_max_connections": 1, "data_unauth_per_address": 1, "data_auth_timeout_s": 30.0}
+    with kvstore(telemetry=telemetry, **caps) as (_server, stub):
+        address = data_address(stub)
+        source = loopback_sources(1)[0]
+        waiting = idle(address, source)
+        refused = [idle(address, source) for _ in range(4)]  # the hold's size: 4 x 1 row
+        assert wait_until(lambda: held(reader) == 4)
+        refused[0].settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            refused[0].recv(1)  # not answered at once: held
+        refused[0].settimeout(TIMEOUT)
+        refused.append(idle(address, source))  # one more: the oldest held is answered now, not in 30 s
+        reply = ending(refused[0])
+        assert reply is not None and "data_unauth_per_address" in reply.message
+        assert wait_until(lambda: held(reader) == 4) and refusals(reader)["refused_per_address"] == 5
+        for sock in [waiting, *refused]:
+            sock.close()

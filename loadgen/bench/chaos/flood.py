@@ -5,6 +5,11 @@ loopback source addresses (127.0.1.1, 127.0.1.2, ...: Linux routes all of
 the node closes it, whichever comes first; so the port sees connections
 opened and re-opened faster than any read timeout for as long as it runs.
 
+eager (the default): a connection the node closes is opened again at
+once, so the flood is as fast as this client can connect (a connect flood);
+not eager: at its next `reopen_s` tick, so each of the `connections` is
+opened at most once per `reopen_s` (connections / reopen_s per second).
+
 One thread and a selector drive every socket (non-blocking connects); a
 client-side close is a reset (SO_LINGER 0), as a flooder's would be, so
 the flood leaves no TIME_WAIT behind to run out of ports. Counts what
@@ -42,13 +47,15 @@ class Flood:
     (round robin), re-opening each after reopen_s seconds or when the node
     closes it. start() / stop(); counts while it runs."""
 
-    def __init__(self, address: tuple[str, int], connections: int, sources: list[str], reopen_s: float) -> None:
+    def __init__(self, address: tuple[str, int], connections: int, sources: list[str], reopen_s: float,
+                 eager: bool = True) -> None:
         if connections < 1 or not sources or not reopen_s > 0:
             raise ValueError("a flood needs connections >= 1, a source address and reopen_s > 0")
         self.address = address
         self.connections = connections
         self.sources = sources
         self.reopen_s = reopen_s
+        self.eager = eager
         self.counts = FloodCounts()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="data-port-flood", daemon=True)
@@ -71,19 +78,28 @@ class Flood:
     def _run(self) -> None:
         selector = selectors.DefaultSelector()
         opened_at: dict[socket.socket, float] = {}
+        waiting: list[tuple[float, str]] = []  # not eager: (when, source) of connections the node closed
         try:
             for i in range(self.connections):
                 self._open(selector, opened_at, self.sources[i % len(self.sources)])
             while not self._stopping.is_set():
-                for key, _ in selector.select(0.05):
+                for key, _ in selector.select(0.02):
                     sock = key.fileobj
                     if self._node_closed(sock):
                         self.counts.closed_by_node += 1
-                        self._reopen(selector, opened_at, sock, key.data)
+                        if self.eager:
+                            self._reopen(selector, opened_at, sock, key.data)
+                        else:
+                            waiting.append((opened_at[sock] + self.reopen_s, key.data))
+                            self._close(selector, opened_at, sock)
                 now = time.monotonic()
                 for sock, since in list(opened_at.items()):
                     if now - since >= self.reopen_s:
                         self._reopen(selector, opened_at, sock, selector.get_key(sock).data)
+                due = [source for when, source in waiting if when <= now]
+                waiting = [(when, source) for when, source in waiting if when > now]
+                for source in due:
+                    self._open(selector, opened_at, source)
         finally:
             for sock in list(opened_at):
                 self._close(selector, opened_at, sock)

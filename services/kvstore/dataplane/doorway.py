@@ -11,10 +11,15 @@ rightful replication into the node failed RESOURCE_EXHAUSTED (issue 43).
 Here an unauthenticated connection costs one table row, its socket and a
 ~300-byte header buffer, never a thread, and:
 
-- it is refused at once (a RESOURCE_EXHAUSTED wire reply, then closed)
-  when its address already holds `per_address` rows, or when the table is
-  full and its address holds the most rows (else it displaces the busiest
-  address's oldest row);
+- it is refused (a RESOURCE_EXHAUSTED wire reply, then closed) when its
+  address already holds `per_address` rows, or when the table is full and
+  its address holds the most rows (else it displaces the busiest address's
+  oldest row); a refused connection, or a displaced one, holds no row: it
+  is kept open, unread, until the deadline below and only then answered
+  and closed, so a flooder that reconnects the moment it is ended is slowed
+  to one connect per deadline per socket (at most hold_max are held: one more releases the
+  oldest early; a held socket is not watched, so holding costs no more
+  system calls than refusing at once);
 - it is closed (an UNAVAILABLE wire reply, best effort) once its deadline
   (`data_auth_timeout_s`) passes before its opening frame is in;
 - its opening frame is read without blocking, a part at a time (header,
@@ -25,16 +30,20 @@ Here an unauthenticated connection costs one table row, its socket and a
   reset; the same for a verified one when every slot is taken
   (RESOURCE_EXHAUSTED).
 
-Every send here is non-blocking and best effort (a reply fits any empty
-send buffer); the loop never waits on one peer. The table and the pending
+Accepted sockets stay in blocking mode (what the connection's own thread
+wants); every receive and send here is MSG_DONTWAIT, sends best effort (a
+reply fits any empty send buffer): the loop never waits on one peer, and
+saves two system calls a connection. The table and the pending
 connections are this thread's alone; counts are read by the metrics thread
 (integers, read whole).
 """
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import logging
+import resource
 import selectors
 import socket
 import threading
@@ -49,6 +58,7 @@ from speckv.services.kvstore.dataplane.opening import Opening, OpeningReader
 log = logging.getLogger(__name__)
 ACCEPT_BURST = 64  # connections accepted per wake before the pending ones are read again
 DRAIN_BYTES = 64 * 1024
+HOLD_PER_ROW = 4  # refused connections held per row of the table, at most
 WARN_EVERY_S = 10.0  # at most one refusal warning this often
 FD_PAUSE_S = 0.05  # out of file descriptors: the queued connection stays queued; try again after this
 
@@ -73,7 +83,7 @@ class _Pending:
 class Doorway:
     """Runs the accept-and-authenticate loop on listener (bound and
     listening) until stop(). verify checks an opening frame; hand_off takes
-    a verified connection away (blocking mode is restored by the caller)."""
+    a verified connection away (in blocking mode, as accepted)."""
 
     def __init__(self, listener: socket.socket, table: UnauthTable, verify: Verify, hand_off: HandOff,
                  name: str = "kvstore") -> None:
@@ -88,12 +98,21 @@ class Doorway:
         self._waker, self._wake = socket.socketpair()
         self._stopping = threading.Event()
         self._warned_at = -WARN_EVERY_S
+        # Refused connections held until their deadline (deadline, socket, answer), oldest first; at most
+        # HOLD_PER_ROW per row and a quarter of the file descriptors this process may open.
+        self._held: collections.deque[tuple[float, socket.socket, errors.SpeckvError]] = collections.deque()
+        self.hold_max = min(HOLD_PER_ROW * table.capacity, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
         self.denied_total = 0  # openings answered with an error (bad frame, no or bad capability)
         self._thread = threading.Thread(target=self._run, name=f"{name}-data-doorway", daemon=True)
 
     @property
     def table(self) -> UnauthTable:
         return self._table
+
+    @property
+    def held(self) -> int:
+        """Refused connections held open until their deadline now."""
+        return len(self._held)
 
     def start(self) -> None:
         self._listener.setblocking(False)
@@ -116,8 +135,9 @@ class Doorway:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                deadline = self._table.next_deadline()
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                deadlines = [d for d in (self._table.next_deadline(), self._held[0][0] if self._held else None)
+                             if d is not None]
+                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 for key, _ in self._selector.select(timeout):
                     if key.data is None:
                         self._accept_burst()
@@ -127,6 +147,7 @@ class Doorway:
                     self._drop(conn_id, errors.Unavailable(
                         f"data plane: no verified opening frame within data_auth_timeout_s="
                         f"{self._table.deadline_s:g} s; closed"))
+                self._release_held(time.monotonic())
         except Exception:  # noqa: BLE001 - logged; the data port then closes rather than hang half-alive
             log.exception("data plane %s: the doorway loop failed", self._name)
         finally:
@@ -150,15 +171,13 @@ class Doorway:
         admission = self._table.admit(conn_id, address[0], time.monotonic())
         if not admission.admitted:
             self._note_refusal(address[0], admission.refusal)
-            _send_reply(sock, errors.ResourceExhausted(_refusal_text(admission.refusal, self._table)))
-            sock.close()
+            self._hold(sock, errors.ResourceExhausted(_refusal_text(admission.refusal, self._table)))
             return
         if admission.displaced is not None:
-            self._drop(admission.displaced, errors.ResourceExhausted(
+            self._displace(admission.displaced, errors.ResourceExhausted(
                 f"data plane: {self._table.capacity} unauthenticated connections waiting "
                 "(data_unauth_max_connections); this one was the oldest of the busiest address"))
         pending = _Pending(conn_id, sock, f"{address[0]}:{address[1]}")
-        sock.setblocking(False)
         self._pending[conn_id] = pending
         self._selector.register(sock, selectors.EVENT_READ, pending)
 
@@ -168,7 +187,7 @@ class Doorway:
             return
         while True:
             try:
-                got = pending.sock.recv_into(pending.reader.want())
+                got = pending.sock.recv_into(pending.reader.want(), 0, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
             except OSError:
@@ -193,10 +212,8 @@ class Doorway:
             return
         self._selector.unregister(pending.sock)  # from here on the socket is read by its own thread only
         try:
-            pending.sock.setblocking(True)
             self._hand_off(pending.sock, pending.peer, verified)
         except errors.SpeckvError as exc:  # no slot: answered like any refusal, drained under its row
-            pending.sock.setblocking(False)
             self._selector.register(pending.sock, selectors.EVENT_READ, pending)
             self._answer(pending, exc)
             return
@@ -224,7 +241,7 @@ class Doorway:
     def _drain(self, pending: _Pending) -> None:
         sink = bytearray(DRAIN_BYTES)
         try:
-            while pending.sock.recv_into(sink):
+            while pending.sock.recv_into(sink, 0, socket.MSG_DONTWAIT):
                 pass
         except BlockingIOError:
             return
@@ -237,13 +254,26 @@ class Doorway:
         self._forget(pending)
 
     def _drop(self, conn_id: ConnId, exc: errors.SpeckvError | None) -> None:
-        """Closes a connection whose row is already gone (expired, displaced)."""
+        """Closes a connection whose row is already gone (expired)."""
         pending = self._pending.get(conn_id)
         if pending is None:
             return
         if exc is not None and not pending.draining:
             _send_reply(pending.sock, exc)
         self._forget(pending)
+
+    def _displace(self, conn_id: ConnId, exc: errors.SpeckvError) -> None:
+        """A connection whose row went to a newcomer: no longer read, held
+        to be answered later like a refused one (answering at once would let
+        a flood from many addresses displace and reconnect in a loop)."""
+        pending = self._pending.pop(conn_id, None)
+        if pending is None:
+            return
+        self._selector.unregister(pending.sock)
+        if pending.draining:
+            pending.sock.close()
+        else:
+            self._hold(pending.sock, exc)
 
     def _forget(self, pending: _Pending) -> None:
         self._pending.pop(pending.conn_id, None)
@@ -261,7 +291,32 @@ class Doorway:
                         self._name, refusal.value if refusal else "?", len(self._table),
                         self._table.held_by(address), address)
 
+    def _hold(self, sock: socket.socket, exc: errors.SpeckvError) -> None:
+        """Keeps a refused connection open, unread and unwatched, until
+        data_auth_timeout_s from now, then answers and closes it: a flooder
+        that reconnects as soon as it is refused then reconnects once per
+        deadline, not as fast as the node can refuse (measured in
+        docs/limits.md). At most hold_max are held: one more answers and
+        closes the oldest at once (never more work than refusing at once)."""
+        if len(self._held) >= self.hold_max:
+            _, oldest, answer = self._held.popleft()
+            self._release(oldest, answer)
+        self._held.append((time.monotonic() + self._table.deadline_s, sock, exc))
+
+    @staticmethod
+    def _release(sock: socket.socket, exc: errors.SpeckvError) -> None:
+        _send_reply(sock, exc)
+        sock.close()
+
+    def _release_held(self, now: float) -> None:
+        while self._held and self._held[0][0] <= now:
+            _, sock, exc = self._held.popleft()
+            self._release(sock, exc)
+
     def _close_all(self) -> None:
+        for _, sock, _exc in self._held:
+            sock.close()
+        self._held.clear()
         for pending in list(self._pending.values()):
             self._table.settle(pending.conn_id)
             self._forget(pending)

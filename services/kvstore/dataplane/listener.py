@@ -140,6 +140,11 @@ class DataPlaneServer:
         """Connections accepted whose opening frame is not verified yet."""
         return len(self._doorway.table)
 
+    @property
+    def held_connections(self) -> int:
+        """Refused connections held open, unread, until their deadline."""
+        return self._doorway.held
+
     def counts(self) -> ConnectionCounts:
         table = self._doorway.table.counts
         return ConnectionCounts(self.refused_total, table.refused_per_address, table.refused_full, table.displaced,
