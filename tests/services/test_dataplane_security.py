@@ -290,3 +290,30 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
 def replicate_ok(src, dst_address: str) -> bool:
     reply = replicate(src, dst_address, CHAIN)
     return reply.state == common_pb2.ORDER_STATE_COMMITTED
+
+
+def test_a_replayed_capability_cannot_rewrite_bytes_already_written():
+    """Issue 43's reproduction: after the source's chunk and END, a new
+    connection with the same (sniffed) AUTH frame writes the range again;
+    it is ALREADY_EXISTS, the source's Commit publishes its own bytes."""
+    with cluster() as (_, dst, _server):
+        grant = reserve(dst, CHAIN)
+        data = payload(CHAIN)
+        writer = Writer(grant)
+        writer.auth(grant.capability)
+        writer.chunk(0, data)
+        assert writer.end().bytes_received == len(data)
+        writer.close()
+        forged = b"\xee" * len(data)
+        replay = Writer(grant)
+        replay.auth(grant.capability)
+        replay.chunk(0, forged)
+        assert replay.reply().status == 6  # ALREADY_EXISTS, on the data plane's wire
+        replay.close()
+        chunk = kvstore_pb2.WriteChunkRequest(handle=grant.handle, offset=0, data=forged, crc32c=crc32c(forged),
+                                              capability=grant.capability)
+        assert denied(lambda: dst.WriteChunks(iter([chunk]), timeout=TIMEOUT)) == grpc.StatusCode.ALREADY_EXISTS
+        commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
+                                           capability=grant.capability)
+        assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 3
+        assert [b.data for b in get(dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
