@@ -25,6 +25,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 LINGER_RESET = struct.pack("ii", 1, 0)
 
@@ -84,7 +85,7 @@ class Flood:
                 self._open(selector, opened_at, self.sources[i % len(self.sources)])
             while not self._stopping.is_set():
                 for key, _ in selector.select(0.02):
-                    sock = key.fileobj
+                    sock = cast(socket.socket, key.fileobj)
                     if self._node_closed(sock):
                         self.counts.closed_by_node += 1
                         if self.eager:

@@ -57,7 +57,9 @@ def flooded(args: list[str], chunk_bytes: int, repeats: int, environ: Mapping[st
         _wait_registered(scheduler.address, {p.node_id for p in processes})
         source, target = processes
         if pin:
-            _pin(source.pid, {0}), _pin(target.pid, {0}), _pin(os.getpid(), set(range(1, os.cpu_count() or 2)))
+            for pid in (source.pid, target.pid):
+                _pin(pid, {0})
+            _pin(os.getpid(), set(range(1, os.cpu_count() or 2)))
         replicate = make_bench(source, target)
         replicate("tcp", chunk_bytes)  # warm-up: touches every page of both pools
         idle = [replicate("tcp", chunk_bytes) for _ in range(repeats)]
