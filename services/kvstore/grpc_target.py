@@ -76,7 +76,8 @@ class GrpcReplicationTarget:
             raise domain_error(exc, self.address, f"Reserve for order {order.order_id}") from None
         self.capability = reply.capability
         return Grant(Handle(reply.handle), tuple(BlockHash(h) for h in reply.block_hashes),
-                     reply.bytes_per_block, reply.lease_deadline_s, reply.data_address, reply.capability)
+                     reply.bytes_per_block, reply.lease_deadline_s, reply.data_address, reply.capability,
+                     reply.capability_secret)
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
         # protobuf needs bytes: the one copy this fallback cannot avoid.

@@ -149,6 +149,7 @@ class Grant:
     deadline_s: float  # target clock
     data_address: str = ""  # the target's TCP data plane, host:port; "": WriteChunks only
     capability: bytes = b""  # write capability (write_gate.py) to present with every write; b"": none asked
+    secret: bytes = b""  # the capability's secret, proven on the TCP data plane (dataplane/possession.py)
 
 
 # publish(reservation, replica_lease_s) -> blocks newly made visible; it takes

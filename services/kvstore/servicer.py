@@ -140,7 +140,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         capability = self._gate.mint(grant, request.order_id, source) if self._gate is not None else b""
         return kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
                                            bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,
-                                           data_address=self._data_address, capability=capability)
+                                           data_address=self._data_address, capability=capability,
+                                           capability_secret=self._gate.secret(capability) if capability else b"")
 
     def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
                     context: grpc.ServicerContext) -> kvstore_pb2.WriteChunksResponse:

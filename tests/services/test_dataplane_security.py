@@ -108,7 +108,7 @@ def test_data_plane_writes_without_a_valid_capability_are_refused_and_change_not
         # The reservation is intact: the real writer still completes it with its own bytes.
         assert reserved_pages(dst) == 4
         writer = Writer(grant)
-        writer.auth(grant.capability)
+        writer.auth(grant.capability, grant.capability_secret)
         writer.chunk(0, data)
         assert writer.end().bytes_received == len(data)
         writer.close()
@@ -122,7 +122,7 @@ def test_a_chunk_outside_the_capabilitys_range_is_refused_before_the_store():
     with cluster() as (_, dst, _server):
         grant = reserve(dst, [701])
         writer = Writer(grant)
-        writer.auth(grant.capability)
+        writer.auth(grant.capability, grant.capability_secret)
         writer.chunk(BLOCK, b"\x00" * 16)  # past the one block reserved
         reply = writer.reply()
         writer.close()
@@ -138,7 +138,7 @@ def test_an_expired_capability_is_refused():
         grant = reserve(dst, [801])
         clock.advance(6.0)  # past the capability, inside the 30 s reservation lease
         writer = Writer(grant)
-        writer.auth(grant.capability)
+        writer.auth(grant.capability, grant.capability_secret)
         reply = writer.reply()
         writer.close()
         assert reply.status == PERMISSION_DENIED and "expired" in reply.message
@@ -204,10 +204,10 @@ def test_an_order_to_an_unregistered_address_fails_at_the_source():
 
 
 def test_bytes_flipped_in_flight_are_detected_and_nothing_is_published():
-    """What a data plane proxy flipping one byte does: (1) leaving the
-    chunk's crc32c as the source sent it -> the chunk is refused and the
-    reservation aborted; (2) rewriting the crc32c to match its bytes -> the
-    chunk lands, but Commit carries the source's checksums and aborts."""
+    """What a data plane proxy flipping one byte after the writer MACed the
+    chunk does, whether it leaves the chunk's crc32c as sent or rewrites it
+    to match: the chunk fails its MAC (issue 43, item 2; before, a rewritten
+    crc32c let the chunk land), the reservation is aborted."""
     with cluster() as (_, dst, _server):
         data = payload(CHAIN)
         flipped = bytearray(data)
@@ -215,19 +215,13 @@ def test_bytes_flipped_in_flight_are_detected_and_nothing_is_published():
         for fix_crc in (False, True):
             grant = reserve(dst, CHAIN, order_id=f"o-flip-{fix_crc}")
             writer = Writer(grant)
-            writer.auth(grant.capability)
-            writer.chunk(0, bytes(flipped), crc32c(bytes(flipped)) if fix_crc else crc32c(data))
-            reply = writer.end()
+            writer.auth(grant.capability, grant.capability_secret)
+            writer.chunk(0, bytes(flipped), crc32c(bytes(flipped)) if fix_crc else crc32c(data), mac_over=data)
+            reply = writer.reply()
             writer.close()
-            if not fix_crc:
-                assert reply.status == 10  # ABORTED: the chunk's crc32c
-                continue
-            assert reply.status == wire.OK
-            commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
-                                               capability=grant.capability)
-            assert denied(lambda: dst.Commit(commit, timeout=TIMEOUT)) == grpc.StatusCode.ABORTED
+            assert reply.status == PERMISSION_DENIED and "MAC" in reply.message, reply
+            assert wait_until(lambda: reserved_pages(dst) == 0)  # aborted
         assert dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=CHAIN), timeout=TIMEOUT).present == [False] * 3
-        assert reserved_pages(dst) == 0
 
 
 def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
@@ -292,27 +286,33 @@ def replicate_ok(src, dst_address: str) -> bool:
     return reply.state == common_pb2.ORDER_STATE_COMMITTED
 
 
-def test_a_replayed_capability_cannot_rewrite_bytes_already_written():
+def test_a_sniffed_auth_frame_proves_nothing_and_written_bytes_cannot_be_rewritten():
     """Issue 43's reproduction: after the source's chunk and END, a new
-    connection with the same (sniffed) AUTH frame writes the range again;
-    it is ALREADY_EXISTS, the source's Commit publishes its own bytes."""
+    connection replays the sniffed AUTH frame (its proof was over another
+    nonce) or sends the token without its secret: PERMISSION_DENIED. Even the
+    secret's holder cannot write the range again (ALREADY_EXISTS, TCP and
+    WriteChunks alike); the source's Commit publishes its own bytes."""
     with cluster() as (_, dst, _server):
         grant = reserve(dst, CHAIN)
         data = payload(CHAIN)
         writer = Writer(grant)
-        writer.auth(grant.capability)
+        writer.auth(grant.capability, grant.capability_secret)
         writer.chunk(0, data)
         assert writer.end().bytes_received == len(data)
         writer.close()
         forged = b"\xee" * len(data)
-        replay = Writer(grant)
-        replay.auth(grant.capability)
-        replay.chunk(0, forged)
-        assert replay.reply().status == 6  # ALREADY_EXISTS, on the data plane's wire
-        replay.close()
+        for name, auth in {"replayed AUTH": {"proof": writer.last_proof}, "token alone": {},
+                           "the secret's holder": {"secret": grant.capability_secret}}.items():
+            replay = Writer(grant)
+            replay.auth(grant.capability, **auth)
+            replay.chunk(0, forged)
+            status = replay.reply().status
+            replay.close()
+            assert status == (6 if name == "the secret's holder" else PERMISSION_DENIED), name  # 6: ALREADY_EXISTS
         chunk = kvstore_pb2.WriteChunkRequest(handle=grant.handle, offset=0, data=forged, crc32c=crc32c(forged),
                                               capability=grant.capability)
         assert denied(lambda: dst.WriteChunks(iter([chunk]), timeout=TIMEOUT)) == grpc.StatusCode.ALREADY_EXISTS
+        assert reserved_pages(dst) == 3  # nothing aborted
         commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
                                            capability=grant.capability)
         assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 3

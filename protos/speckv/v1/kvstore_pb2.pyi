@@ -240,20 +240,22 @@ class ReserveRequest(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability")
+    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "capability_secret")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     LEASE_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     handle: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     bytes_per_block: int
     lease_deadline_s: float
     data_address: str
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    capability_secret: bytes
+    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ...) -> None: ...
 
 class WriteChunkRequest(_message.Message):
     __slots__ = ("handle", "offset", "data", "crc32c", "capability")

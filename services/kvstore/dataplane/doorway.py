@@ -22,6 +22,9 @@ Here an unauthenticated connection costs one table row, its socket and a
   system calls than refusing at once);
 - it is closed (an UNAVAILABLE wire reply, best effort) once its deadline
   (`data_auth_timeout_s`) passes before its opening frame is in;
+- with challenge (data_plane_auth on) it is sent a fresh nonce as soon as
+  it is admitted (possession.py: its AUTH must prove the capability's
+  secret over it);
 - its opening frame is read without blocking, a part at a time (header,
   handle, AUTH token: opening.py); a bad header, a first frame that is not
   AUTH where capabilities are asked, or a capability that does not verify is
@@ -48,10 +51,11 @@ import selectors
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from speckv.services.common import errors
-from speckv.services.kvstore.dataplane import wire
+from speckv.services.kvstore.dataplane import possession, wire
 from speckv.services.kvstore.dataplane.admission import ConnId, Refusal, UnauthTable
 from speckv.services.kvstore.dataplane.opening import Opening, OpeningReader
 
@@ -70,7 +74,7 @@ class _Pending:
     """One unauthenticated connection: its socket, where it came from, and
     its opening frame so far (draining: answered, read until it closes)."""
 
-    __slots__ = ("conn_id", "sock", "peer", "reader", "draining")
+    __slots__ = ("conn_id", "sock", "peer", "reader", "draining", "nonce")
 
     def __init__(self, conn_id: ConnId, sock: socket.socket, peer: str) -> None:
         self.conn_id = conn_id
@@ -78,6 +82,7 @@ class _Pending:
         self.peer = peer
         self.reader = OpeningReader()
         self.draining = False
+        self.nonce = b""  # the challenge sent to it (challenging doorways only)
 
 
 class Doorway:
@@ -86,7 +91,8 @@ class Doorway:
     a verified connection away (in blocking mode, as accepted)."""
 
     def __init__(self, listener: socket.socket, table: UnauthTable, verify: Verify, hand_off: HandOff,
-                 name: str = "kvstore") -> None:
+                 name: str = "kvstore", *, challenge: bool = False) -> None:
+        self._challenge = challenge  # send each admitted connection a nonce to prove possession over
         self._listener = listener
         self._table = table
         self._verify = verify
@@ -178,6 +184,12 @@ class Doorway:
                 f"data plane: {self._table.capacity} unauthenticated connections waiting "
                 "(data_unauth_max_connections); this one was the oldest of the busiest address"))
         pending = _Pending(conn_id, sock, f"{address[0]}:{address[1]}")
+        if self._challenge:
+            pending.nonce, raw = possession.new_challenge()
+            try:
+                sock.send(raw, socket.MSG_DONTWAIT)  # fits any empty send buffer
+            except OSError:
+                pass  # gone already: its read says so
         self._pending[conn_id] = pending
         self._selector.register(sock, selectors.EVENT_READ, pending)
 
@@ -206,7 +218,7 @@ class Doorway:
 
     def _authenticate(self, pending: _Pending, opening: Opening) -> None:
         try:
-            verified = self._verify(opening)
+            verified = self._verify(replace(opening, nonce=pending.nonce))
         except errors.SpeckvError as exc:
             self._deny(pending, exc)
             return

@@ -37,7 +37,7 @@ from speckv.services.kvstore.dataplane import wire
 from speckv.services.kvstore.dataplane.admission import UnauthTable
 from speckv.services.kvstore.dataplane.doorway import Doorway
 from speckv.services.kvstore.dataplane.opening import Opening
-from speckv.services.kvstore.dataplane.receiver import ChunkSink, StagingBuffers, serve_connection
+from speckv.services.kvstore.dataplane.receiver import ChunkSink, StagingBuffers, serve_connection, verify_auth
 from speckv.services.kvstore.write_gate import WriteGate
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class DataPlaneServer:
         self._staging = StagingBuffers()
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._doorway = Doorway(listener, table, self._verify, self._hand_off, name)
+        self._doorway = Doorway(listener, table, self._verify, self._hand_off, name, challenge=gate is not None)
 
     def address(self, advertise_host: str = "") -> str:
         return f"{advertise_host or self.host}:{self.port}"
@@ -167,14 +167,16 @@ class DataPlaneServer:
 
     def _verify(self, opening: Opening) -> Opening:
         """The opening with its capability proved (data_plane_auth on: it must
-        be an AUTH frame whose capability verifies); PermissionDenied else."""
+        be an AUTH frame whose capability verifies and whose proof shows the
+        capability's secret over this connection's nonce); PermissionDenied
+        else."""
         if self._gate is None:
             return opening
         frame = opening.frame
         if frame.kind is not wire.Kind.AUTH:
             raise PermissionDenied(f"data plane: no write capability presented for reservation {frame.handle} "
                                    "on this connection (send its AUTH frame first)")
-        return Opening(frame, opening.token, self._gate.check(opening.token, frame.handle))
+        return verify_auth(self._gate, opening)
 
     def _hand_off(self, conn: socket.socket, peer: str, opening: Opening) -> None:
         """A slot and a thread for a verified connection; ResourceExhausted

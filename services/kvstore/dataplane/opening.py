@@ -21,13 +21,16 @@ from speckv.services.kvstore.dataplane import wire
 @dataclass(frozen=True, slots=True)
 class Opening:
     """A connection's first frame, already read off the socket. token: the
-    AUTH frame's capability bytes (b"" for CHUNK or END); capability: the
-    capability they proved (set by the listener once verified; None
-    without data_plane_auth)."""
+    AUTH frame's payload (capability and proof; b"" for CHUNK or END);
+    nonce: the challenge this connection was sent (b"": none, without
+    data_plane_auth); capability and key: what the AUTH proved, the
+    capability and its chunks' MAC key (set once verified)."""
 
     frame: wire.Frame
     token: bytes = b""
     capability: Capability | None = None
+    nonce: bytes = b""
+    key: bytes = b""
 
 
 class OpeningReader:

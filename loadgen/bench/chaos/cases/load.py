@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import grpc
 
 from speckv.loadgen.bench.chaos.cases import preauth
+from speckv.loadgen.bench.chaos.cases.dataplane import skip_challenge
 from speckv.loadgen.bench.chaos.common import TIMEOUT, nodes, percentile, put, wait_until
 from speckv.loadgen.bench.chaos.report import Figure, Verdict
 from speckv.services.kvstore.dataplane import wire
@@ -120,6 +121,7 @@ def run(ctx: "Context") -> None:
         sock.settimeout(TIMEOUT)
         try:
             sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.END, b"none", 0, 0, 0))
+            skip_challenge(sock)
             replies.append(wire.read_reply(sock).status)
             return replies[-1] != WIRE_RESOURCE_EXHAUSTED
         except OSError:
@@ -170,6 +172,7 @@ def _ending(sock: socket.socket, wait_s: float = 5.0) -> str | None:
     sock.setblocking(True)
     sock.settimeout(wait_s)
     try:
+        skip_challenge(sock)  # an admitted connection of a protected node is challenged first
         reply = wire.read_reply(sock)
         sock.recv(1)  # the close after it
         return reply.message
