@@ -13,6 +13,8 @@ certificate proves, and only that node (or the admin) may then write,
 commit or abort with it."""
 from __future__ import annotations
 
+import hmac
+
 import threading
 from dataclasses import dataclass
 from typing import Iterator
@@ -154,27 +156,32 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             handle = message.handle
             if self._gate is not None:  # the MAC once per stream; range and expiry per chunk
                 if capability is None:
-                    capability = self._writer(context, message.capability, handle)
+                    capability = self._writer(context, message.capability, handle, message.capability_secret)
                 self._gate.still_covers(capability, handle, message.offset, len(message.data))
             received = self._store.write_chunk(message.handle, message.offset, message.data, message.crc32c)
         return kvstore_pb2.WriteChunksResponse(bytes_received=received)
 
     def Commit(self, request: kvstore_pb2.CommitRequest, context: grpc.ServicerContext) -> kvstore_pb2.CommitResponse:
-        self._writer(context, request.capability, request.handle)
+        self._writer(context, request.capability, request.handle, request.capability_secret)
         committed = self._store.commit(request.handle, dict(request.chunk_crc32c), request.replica_lease_ms / MS)
         return kvstore_pb2.CommitResponse(blocks_committed=committed)
 
     def Abort(self, request: kvstore_pb2.AbortRequest, context: grpc.ServicerContext) -> kvstore_pb2.AbortResponse:
-        self._writer(context, request.capability, request.handle)
+        self._writer(context, request.capability, request.handle, request.capability_secret)
         return kvstore_pb2.AbortResponse(pages_freed=self._store.abort(request.handle, request.reason))
 
 
-    def _writer(self, context: grpc.ServicerContext, token: bytes, handle: str) -> Capability | None:
+    def _writer(self, context: grpc.ServicerContext, token: bytes, handle: str, secret: bytes) -> Capability | None:
         """The caller's capability for handle (None without a gate): it must
-        verify, and over TLS the caller must be its source node or the admin."""
+        verify, come with its secret (the proof of possession on gRPC, where
+        the channel is the control plane's: issue 43), and over TLS the
+        caller must be its source node or the admin."""
         if self._gate is None:
             return None
         capability = self._gate.check(token, handle)
+        if not hmac.compare_digest(self._gate.secret(token), secret):
+            raise PermissionDenied(f"reservation {handle}: the capability came without its secret "
+                                   "(ReserveResponse.capability_secret)")
         caller = peer_identity(context)
         if caller is not None and caller not in (ADMIN, Identity(Role.NODE, capability.source_node)):
             raise PermissionDenied(f"reservation {handle}: {caller} may not write it; its capability is for "

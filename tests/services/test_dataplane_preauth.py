@@ -27,7 +27,8 @@ SHORT = {"data_auth_timeout_s": 0.3, "data_read_timeout_s": 60.0}  # a short dea
 def data_address(stub, source_node: str = "") -> tuple[str, int]:
     grant = stub.Reserve(kvstore_pb2.ReserveRequest(order_id="probe", block_hashes=[999], lease_ms=5_000,
                                                     source_node=source_node), timeout=TIMEOUT)
-    stub.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=TIMEOUT)
+    stub.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                        capability_secret=grant.capability_secret), timeout=TIMEOUT)
     return split_address(grant.data_address)
 
 

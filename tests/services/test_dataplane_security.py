@@ -113,7 +113,8 @@ def test_data_plane_writes_without_a_valid_capability_are_refused_and_change_not
         assert writer.end().bytes_received == len(data)
         writer.close()
         commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
-                                           capability=grant.capability)
+                                           capability=grant.capability,
+                                           capability_secret=grant.capability_secret)
         assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 3
         assert [b.data for b in get(dst, 900, *CHAIN)] == [block_bytes(900), *(block_bytes(h) for h in CHAIN)]
 
@@ -145,7 +146,7 @@ def test_an_expired_capability_is_refused():
         assert reserved_pages(dst) == 1
 
 
-def test_grpc_writes_commits_and_aborts_need_the_capability():
+def test_grpc_writes_commits_and_aborts_need_the_capability_and_its_secret():
     with cluster() as (_, dst, _server):
         grant = reserve(dst, [901])
         data = block_bytes(901)
@@ -155,10 +156,14 @@ def test_grpc_writes_commits_and_aborts_need_the_capability():
         assert denied(lambda: dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
         commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)})
         assert denied(lambda: dst.Commit(commit, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
+        # The capability alone (sniffed off the data plane) proves nothing on gRPC either: it needs its secret.
+        chunk.capability, abort.capability, commit.capability = (grant.capability,) * 3
+        assert denied(lambda: dst.WriteChunks(iter([chunk]), timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
+        assert denied(lambda: dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
+        assert denied(lambda: dst.Commit(commit, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
         assert reserved_pages(dst) == 1
-        chunk.capability = grant.capability
+        chunk.capability_secret = commit.capability_secret = grant.capability_secret
         assert dst.WriteChunks(iter([chunk]), timeout=TIMEOUT).bytes_received == BLOCK
-        commit.capability = grant.capability
         assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 1
         assert get(dst, 901)[0].data == data
 
@@ -267,7 +272,8 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
                     == grpc.StatusCode.PERMISSION_DENIED  # a node reserves only as itself
                 grant = as_src.Reserve(kvstore_pb2.ReserveRequest(order_id="o-y", block_hashes=[2], lease_ms=30_000),
                                        timeout=TIMEOUT)
-                abort = kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability)
+                abort = kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                                 capability_secret=grant.capability_secret)
                 assert denied(lambda: as_dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
                 assert as_src.Abort(abort, timeout=TIMEOUT).pages_freed == 1
                 channel = stack.enter_context(open_channel(sched_server.address, None, tls=certs.admin.load(),
@@ -310,10 +316,12 @@ def test_a_sniffed_auth_frame_proves_nothing_and_written_bytes_cannot_be_rewritt
             replay.close()
             assert status == (6 if name == "the secret's holder" else PERMISSION_DENIED), name  # 6: ALREADY_EXISTS
         chunk = kvstore_pb2.WriteChunkRequest(handle=grant.handle, offset=0, data=forged, crc32c=crc32c(forged),
-                                              capability=grant.capability)
+                                              capability=grant.capability,
+                                              capability_secret=grant.capability_secret)
         assert denied(lambda: dst.WriteChunks(iter([chunk]), timeout=TIMEOUT)) == grpc.StatusCode.ALREADY_EXISTS
         assert reserved_pages(dst) == 3  # nothing aborted
         commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
-                                           capability=grant.capability)
+                                           capability=grant.capability,
+                                           capability_secret=grant.capability_secret)
         assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 3
         assert [b.data for b in get(dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]

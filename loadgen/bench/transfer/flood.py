@@ -104,5 +104,6 @@ def _data_address(target: KVStoreProcess, source_node: str) -> tuple[str, int]:
     """Where the target's data plane listens: a reservation's data address."""
     grant = target.stub.Reserve(kvstore_pb2.ReserveRequest(order_id="flood-probe", block_hashes=[1], lease_ms=5_000,
                                                            source_node=source_node), timeout=30.0)
-    target.stub.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=30.0)
+    target.stub.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                               capability_secret=grant.capability_secret), timeout=30.0)
     return split_address(grant.data_address)

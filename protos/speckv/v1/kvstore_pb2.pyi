@@ -258,18 +258,20 @@ class ReserveResponse(_message.Message):
     def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ...) -> None: ...
 
 class WriteChunkRequest(_message.Message):
-    __slots__ = ("handle", "offset", "data", "crc32c", "capability")
+    __slots__ = ("handle", "offset", "data", "crc32c", "capability", "capability_secret")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     handle: str
     offset: int
     data: bytes
     crc32c: int
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    capability_secret: bytes
+    def __init__(self, handle: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ...) -> None: ...
 
 class WriteChunksResponse(_message.Message):
     __slots__ = ("bytes_received",)
@@ -278,7 +280,7 @@ class WriteChunksResponse(_message.Message):
     def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability")
+    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability", "capability_secret")
     class ChunkCrc32cEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -290,11 +292,13 @@ class CommitRequest(_message.Message):
     CHUNK_CRC32C_FIELD_NUMBER: _ClassVar[int]
     REPLICA_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     handle: str
     chunk_crc32c: _containers.ScalarMap[int, int]
     replica_lease_ms: int
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    capability_secret: bytes
+    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("blocks_committed",)
@@ -303,14 +307,16 @@ class CommitResponse(_message.Message):
     def __init__(self, blocks_committed: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
-    __slots__ = ("handle", "reason", "capability")
+    __slots__ = ("handle", "reason", "capability", "capability_secret")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     handle: str
     reason: str
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., reason: _Optional[str] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    capability_secret: bytes
+    def __init__(self, handle: _Optional[str] = ..., reason: _Optional[str] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
     __slots__ = ("pages_freed",)

@@ -115,7 +115,8 @@ def run(ctx: "Context") -> None:
         finally:
             writer.close()
         reserved = stats(target).reserved_pages
-        target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=TIMEOUT)
+        target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                              capability_secret=grant.capability_secret), timeout=TIMEOUT)
         ok = reply.status == WIRE_PERMISSION_DENIED and reserved >= 1 and not published(hashes)
         return Verdict(ok, f"wire status {reply.status} ({reply.message[:80]}); reservation kept: {reserved >= 1}; "
                            f"published: {published(hashes)}")
@@ -132,7 +133,8 @@ def run(ctx: "Context") -> None:
     rec.case(AREA, "TCP chunk with another reservation's capability", expected,
              lambda: tcp_write(other.capability))
     rec.case(AREA, "TCP chunk with 80 bytes of garbage as capability", expected, lambda: tcp_write(b"\x01" * 80))
-    target.Abort(kvstore_pb2.AbortRequest(handle=other.handle, capability=other.capability), timeout=TIMEOUT)
+    target.Abort(kvstore_pb2.AbortRequest(handle=other.handle, capability=other.capability,
+                                          capability_secret=other.capability_secret), timeout=TIMEOUT)
 
     def grpc_without_capability(what: str) -> Verdict:
         hashes = [7_400_000 + next(next_id)]
@@ -145,15 +147,21 @@ def run(ctx: "Context") -> None:
                                                                       chunk_crc32c={0: crc32c(data)}), timeout=TIMEOUT),
             "Abort": lambda: target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, reason="attacker"),
                                           timeout=TIMEOUT),
+            "Abort with a sniffed capability": lambda: target.Abort(kvstore_pb2.AbortRequest(
+                handle=grant.handle, reason="attacker", capability=grant.capability), timeout=TIMEOUT),
         }
         verdict = expect_code(calls[what], grpc.StatusCode.PERMISSION_DENIED)
         kept = stats(target).reserved_pages >= 1
-        target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=TIMEOUT)
+        target.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                              capability_secret=grant.capability_secret), timeout=TIMEOUT)
         return Verdict(verdict.ok and kept, f"{verdict.observed}; reservation kept: {kept}")
 
     for what in ("WriteChunks", "Commit", "Abort"):
         rec.case(AREA, f"gRPC {what} without the capability (drop someone's transfer)",
                  "PERMISSION_DENIED; the reservation intact", lambda what=what: grpc_without_capability(what))
+    rec.case(AREA, "gRPC Abort with a capability sniffed off the data plane, without its secret (issue 43)",
+             "PERMISSION_DENIED; the reservation intact",
+             lambda: grpc_without_capability("Abort with a sniffed capability"))
 
     def bytes_flipped(fix_crc: bool) -> Verdict:
         hashes = [7_500_000 + next(next_id), 7_500_500 + next(next_id)]
@@ -197,7 +205,8 @@ def run(ctx: "Context") -> None:
         landed = rightful.end().bytes_received == len(data)
         rightful.close()
         commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
-                                           capability=grant.capability)
+                                           capability=grant.capability,
+                                           capability_secret=grant.capability_secret)
         committed = target.Commit(commit, timeout=TIMEOUT).blocks_committed == 1
         held, what = intact(target, hashes)
         ok = statuses == [WIRE_PERMISSION_DENIED] * 2 and landed and committed and held

@@ -74,7 +74,8 @@ def run(ctx: "Context") -> None:
     # data_auth_timeout_s (1 s): they are measured at once. Where the data plane listens: a reservation's data address.
     grant = node0.Reserve(kvstore_pb2.ReserveRequest(order_id="o-probe", block_hashes=[7_800_100], lease_ms=5_000,
                                                      source_node="node-1"), timeout=TIMEOUT)
-    node0.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=TIMEOUT)
+    node0.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                         capability_secret=grant.capability_secret), timeout=TIMEOUT)
     data_address = split_address(grant.data_address)
     held: list[socket.socket] = []
     for _ in range(ctx.scale.idle_connections):

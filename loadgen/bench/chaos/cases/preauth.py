@@ -40,7 +40,8 @@ def run(ctx: "Context") -> None:
     registered = cluster.services[TARGET].address
     probe = target.Reserve(kvstore_pb2.ReserveRequest(order_id="o-flood-probe", block_hashes=[FIRST_HASH - 1],
                                                       lease_ms=5_000, source_node=SOURCE), timeout=TIMEOUT)
-    target.Abort(kvstore_pb2.AbortRequest(handle=probe.handle, capability=probe.capability), timeout=TIMEOUT)
+    target.Abort(kvstore_pb2.AbortRequest(handle=probe.handle, capability=probe.capability,
+                                          capability_secret=probe.capability_secret), timeout=TIMEOUT)
     data_address = split_address(probe.data_address)
     chains = [[FIRST_HASH + i * BLOCKS_PER_ORDER + b for b in range(BLOCKS_PER_ORDER)] for i in range(2 * ORDERS)]
     put(source, [h for chain in chains for h in chain])
