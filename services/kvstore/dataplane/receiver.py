@@ -17,8 +17,12 @@ pool for that chunk only, so an idle connection holds none.
 
 With a WriteGate (data_plane_auth on), a connection must present a
 handle's write capability in an AUTH frame before any CHUNK or END of that
-handle; the capability is verified once (its MAC), then each chunk is
-checked against its range and expiry before its payload is read. The
+handle, with the proof that it holds the capability's secret over the
+connection's nonce (possession.py); the capability is verified once (its
+MAC), then each chunk is checked against its range and expiry before its
+payload is read, and its GMAC tag (after the payload) is checked as the
+bytes land, before the chunk is recorded: a bad tag is PERMISSION_DENIED
+and aborts like a bad crc32c. The
 listener's doorway (doorway.py) reads and verifies a connection's first
 frame before the connection gets a thread; it arrives here as `opening`. A frame
 without a valid capability is answered PERMISSION_DENIED and the
