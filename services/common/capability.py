@@ -34,6 +34,7 @@ from speckv.services.common.errors import PermissionDenied
 
 TOKEN_VERSION = 1
 DOMAIN = b"speckv/write-capability/v1\x00"  # keeps this key's MACs apart from any other use of it
+SECRET_DOMAIN = b"speckv/write-capability-secret/v1\x00"
 KEY_BYTES = 32
 TAG_BYTES = 32
 MAX_FIELD_BYTES = 1024  # an identifier is at most 256 characters (validate.py), 4 UTF-8 bytes each
@@ -108,6 +109,13 @@ class CapabilityKey:
             raise PermissionDenied(f"reservation {handle}: bytes {offset}+{size} outside the capability's "
                                    f"{capability.lo}..{capability.hi}")
         return capability
+
+    def secret(self, token: bytes) -> bytes:
+        """The secret of a token this key minted: what its writer must prove
+        it holds on the data plane (services/kvstore/dataplane/possession.py).
+        Derived, not stored, so a node keeps no state per token; only this
+        key's holder can compute it from the token."""
+        return hmac.digest(self._key, SECRET_DOMAIN + token, hashlib.sha256)
 
     def _tag(self, claims: bytes) -> bytes:
         return hmac.digest(self._key, DOMAIN + claims, hashlib.sha256)

@@ -54,6 +54,14 @@ class KVStoreConfig(ServerSettings):
         "help": "TCP data plane connections served at once; more are answered RESOURCE_EXHAUSTED and closed"})
     data_read_timeout_s: float = field(default=10.0, metadata={
         "help": "a TCP data plane connection silent this long is closed, its open writes aborted, seconds"})
+    data_unauth_max_connections: int = field(default=256, metadata={
+        "help": "TCP data plane connections accepted but not yet verified (no AUTH frame in) held at once; "
+                "one more displaces the busiest address's oldest, or is refused (RESOURCE_EXHAUSTED)"})
+    data_unauth_per_address: int = field(default=16, metadata={
+        "help": "of those, at most this many from one source address; more are refused (RESOURCE_EXHAUSTED)"})
+    data_auth_timeout_s: float = field(default=1.0, metadata={
+        "help": "a TCP data plane connection whose opening frame (its AUTH) is not in and verified this long "
+                "after its accept is closed, seconds"})
     data_plane_auth: str = field(default="auto", metadata={
         "help": "protect replication: write capabilities on every reservation write, replicas only to registered "
                 "nodes' registered addresses (learned from --scheduler); auto: on exactly when TLS is on, "
@@ -112,6 +120,10 @@ class KVStoreConfig(ServerSettings):
         if self.data_max_connections < 1:
             raise InvalidArgument(f"data_max_connections={self.data_max_connections}: must be >= 1")
         check_positive("data_read_timeout_s", self.data_read_timeout_s)
+        for name in ("data_unauth_max_connections", "data_unauth_per_address"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name}={getattr(self, name)}: must be >= 1")
+        check_positive("data_auth_timeout_s", self.data_auth_timeout_s)
         if self.data_plane_auth not in DATA_PLANE_AUTH:
             raise InvalidArgument(f"data_plane_auth={self.data_plane_auth!r}: expected one of "
                                   f"{', '.join(DATA_PLANE_AUTH)}")

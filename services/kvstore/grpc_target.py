@@ -60,6 +60,7 @@ class GrpcReplicationTarget:
         self.address = address
         self.bucket = bucket
         self.capability = b""  # the last Reserve's write capability: presented with every later call
+        self.secret = b""  # and its secret (this channel is the control plane's: mutual TLS when TLS is on)
         self._timeout_s = timeout_s
         self._min_rate = min_rate_bytes_s
         self._channel = open_channel(address, telemetry, max_message_bytes, tls, "kvstore")
@@ -86,14 +87,16 @@ class GrpcReplicationTarget:
         except grpc.RpcError as exc:
             raise domain_error(exc, self.address, f"Reserve for order {order.order_id}") from None
         self.capability = reply.capability
+        self.secret = reply.capability_secret
         return Grant(Handle(reply.handle), tuple(BlockHash(h) for h in reply.block_hashes),
                      reply.bytes_per_block, reply.lease_deadline_s, reply.data_address, reply.capability,
-                     tuple(reply.pages), reply.pages_medium, reply.pages_token)
+                     reply.capability_secret, tuple(reply.pages), reply.pages_medium, reply.pages_token)
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
         # protobuf needs bytes: the one copy this fallback cannot avoid.
         requests = (kvstore_pb2.WriteChunkRequest(handle=handle, offset=c.offset, data=_as_bytes(c.data),
-                                                  crc32c=c.crc32c, capability=self.capability)
+                                                  crc32c=c.crc32c, capability=self.capability,
+                                                  capability_secret=self.secret)
                     for c in paced(chunks, self.bucket))
         rate = min(self._min_rate, self.bucket.rate) if self.bucket is not None else self._min_rate
         timeout = self._timeout_s + total_bytes / rate
@@ -106,7 +109,8 @@ class GrpcReplicationTarget:
                shared_memory: bool = False, segment_crcs: Sequence[int] = ()) -> int:
         request = kvstore_pb2.CommitRequest(
             handle=handle, chunk_crc32c=dict(chunk_crcs), replica_lease_ms=round(replica_lease_s * 1000),
-            capability=self.capability, shared_memory=shared_memory, segment_crc32c=segment_crcs)
+            capability=self.capability, capability_secret=self.secret, shared_memory=shared_memory,
+            segment_crc32c=segment_crcs)
         try:
             return self._stub.Commit(request, timeout=self._timeout_s).blocks_committed
         except grpc.RpcError as exc:
@@ -114,7 +118,8 @@ class GrpcReplicationTarget:
 
     def abort(self, handle: str, reason: str) -> None:
         try:
-            self._stub.Abort(kvstore_pb2.AbortRequest(handle=handle, reason=reason[:1000], capability=self.capability),
+            self._stub.Abort(kvstore_pb2.AbortRequest(handle=handle, reason=reason[:1000], capability=self.capability,
+                                                      capability_secret=self.secret),
                              timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise domain_error(exc, self.address, f"Abort of {handle}") from None

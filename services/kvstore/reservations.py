@@ -4,7 +4,10 @@
            handle with a lease deadline (like a registered memory region);
   write    chunks land straight in the reserved pages at a byte offset of the
            reservation (blocks in reserved order, canonical layout); chunks
-           may come in any order and be resent; each renews the lease.
+           may come in any order, but each byte once: a chunk overlapping
+           bytes already written is ALREADY_EXISTS and changes nothing (so a
+           replayed write capability cannot replace what the source sent,
+           issue 43); each renews the lease.
            Either in one call (write: the bytes are copied in under the
            store lock) or zero-copy (begin_write, then the caller receives
            straight into the pages outside the lock, then finish_write or
@@ -38,7 +41,7 @@ from enum import Enum
 from typing import Callable, NewType, Sequence
 
 from speckv.services.common.clock import Clock
-from speckv.services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from speckv.services.common.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from speckv.services.common.ids import BlockHash, OrderId
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.pool import Buffer, PageId, PagePool
@@ -70,6 +73,11 @@ class Intervals:
             lo, hi = min(lo, self._starts[i]), max(hi, self._ends[j - 1])
         self._starts[i:j] = [lo]
         self._ends[i:j] = [hi]
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        """Whether any byte of [lo, hi) is in the union."""
+        i = bisect.bisect_right(self._ends, lo)  # the first range ending after lo
+        return i < len(self._starts) and self._starts[i] < hi
 
     def covered(self) -> int:
         return sum(e - s for s, e in zip(self._starts, self._ends))
@@ -141,6 +149,7 @@ class Grant:
     deadline_s: float  # target clock
     data_address: str = ""  # the target's TCP data plane, host:port; "": WriteChunks only
     capability: bytes = b""  # write capability (write_gate.py) to present with every write; b"": none asked
+    secret: bytes = b""  # the capability's secret, proven on the TCP data plane (dataplane/possession.py)
     pages: tuple[int, ...] = ()  # asked for shared memory: the page of each of hashes in pool pages_medium
     pages_medium: str = ""
     pages_token: str = ""  # the shared arena of pages_medium (shm/arena.py)
@@ -193,6 +202,10 @@ class ReservationBook:
         if offset < 0 or offset + size > reservation.total_bytes:
             raise InvalidArgument(
                 f"chunk {offset}+{size} outside reservation {handle} of {reservation.total_bytes} bytes")
+        if reservation.received.overlaps(offset, offset + size):
+            # Written once: a second writer (a replayed capability) must not replace bytes the source sent.
+            raise AlreadyExists(f"chunk {offset}+{size} of {handle} overlaps bytes already written; each byte of "
+                                "a reservation is written once (nothing changed)")
         return reservation
 
     def write(self, handle: Handle, offset: int, data: Buffer, checksum: int, actual: int | None = None) -> int:

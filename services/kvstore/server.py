@@ -22,7 +22,7 @@ from speckv.services.common.rpc.service_metrics import register_gauges
 from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.kvstore.agent import SchedulerAgent
 from speckv.services.kvstore.config import KVStoreConfig
-from speckv.services.kvstore.dataplane.listener import DataPlaneServer
+from speckv.services.kvstore.dataplane.listener import DataPlaneServer, UnauthLimits
 from speckv.services.kvstore.dataplane.tcp_target import TcpReplicationTarget
 from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
@@ -74,7 +74,9 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
                             reservation_lease_s=config.reservation_lease_s, transports=transports, peers=peers)
     data_plane = DataPlaneServer(store, config.host, config.data_port, config.node_id,
                                  max_connections=config.data_max_connections,
-                                 read_timeout_s=config.data_read_timeout_s, gate=gate) \
+                                 read_timeout_s=config.data_read_timeout_s, gate=gate,
+                                 unauth=UnauthLimits(config.data_unauth_max_connections,
+                                                     config.data_unauth_per_address, config.data_auth_timeout_s)) \
         if config.transport in ("auto", "tcp") else None
     kv_events = config.kv_events_settings()  # binds now: a taken port fails the start, not a later thread
     publisher = VllmEventPublisher(store, kv_events, config.node_id) if kv_events is not None else None
@@ -88,7 +90,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
         return [SERVICE_NAME]
 
     server = ServiceServer(SERVICE, config, telemetry, register)
-    _register_metrics(telemetry, store)
+    _register_metrics(telemetry, store, data_plane)
     maintenance = threading.Thread(target=_maintain, args=(store, stopping), name=f"{config.node_id}-maintenance",
                                    daemon=True)
     if config.scheduler:
@@ -199,14 +201,33 @@ def block_totals(stats: StoreStats) -> Observations:
             for kind in BLOCK_TOTALS]
 
 
-def _register_metrics(telemetry: Telemetry, store: KVStoreCore) -> None:
-    register_gauges(telemetry.meter_provider, SERVICE, {
+def data_plane_refusals(node_id: str, data_plane: DataPlaneServer) -> Observations:
+    """Data plane connections ended unserved since start, by cause
+    (ConnectionCounts: refused_slots, refused_per_address, refused_full,
+    displaced, timed_out, denied); cumulative, never decrease."""
+    return [(float(count), {"node": node_id, "cause": cause}) for cause, count in data_plane.counts().as_dict().items()]
+
+
+def data_plane_connections(node_id: str, data_plane: DataPlaneServer) -> Observations:
+    """Data plane connections now: served (verified), waiting (not yet) and
+    held (refused, kept open until their deadline)."""
+    return [(float(data_plane.open_connections), {"node": node_id, "state": "served"}),
+            (float(data_plane.waiting_connections), {"node": node_id, "state": "waiting"}),
+            (float(data_plane.held_connections), {"node": node_id, "state": "held"})]
+
+
+def _register_metrics(telemetry: Telemetry, store: KVStoreCore, data_plane: DataPlaneServer | None) -> None:
+    gauges = {
         "speckv.kvstore.pages": lambda: tier_pages(store.stats()),
         "speckv.kvstore.pool.occupancy": lambda: tier_occupancy(store.stats()),
         "speckv.kvstore.blocks": lambda: block_totals(store.stats()),
         "speckv.kvstore.events.last_sequence": lambda: [(float(store.stats().last_event_sequence),
                                                          {"node": store.node_id})],
-    })
+    }
+    if data_plane is not None:
+        gauges["speckv.kvstore.dataplane.refused"] = lambda: data_plane_refusals(store.node_id, data_plane)
+        gauges["speckv.kvstore.dataplane.connections"] = lambda: data_plane_connections(store.node_id, data_plane)
+    register_gauges(telemetry.meter_provider, SERVICE, gauges)
 
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:

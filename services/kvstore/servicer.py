@@ -16,6 +16,8 @@ Shared memory (OpenSharedPools, MapBlocks, Reserve and Commit with
 shared_memory): store_shared.py; who may map the pools: shm/arena.py."""
 from __future__ import annotations
 
+import hmac
+
 import threading
 from dataclasses import dataclass
 from typing import Iterator
@@ -144,7 +146,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         capability = self._gate.mint(grant, request.order_id, source) if self._gate is not None else b""
         reply = kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
                                             bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,
-                                            data_address=self._data_address, capability=capability)
+                                            data_address=self._data_address, capability=capability,
+                                            capability_secret=self._gate.secret(capability) if capability else b"")
         if request.shared_memory:
             try:
                 tier, pages = self._store.reservation_pages(grant.handle)
@@ -167,13 +170,13 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             handle = message.handle
             if self._gate is not None:  # the MAC once per stream; range and expiry per chunk
                 if capability is None:
-                    capability = self._writer(context, message.capability, handle)
+                    capability = self._writer(context, message.capability, handle, message.capability_secret)
                 self._gate.still_covers(capability, handle, message.offset, len(message.data))
             received = self._store.write_chunk(message.handle, message.offset, message.data, message.crc32c)
         return kvstore_pb2.WriteChunksResponse(bytes_received=received)
 
     def Commit(self, request: kvstore_pb2.CommitRequest, context: grpc.ServicerContext) -> kvstore_pb2.CommitResponse:
-        self._writer(context, request.capability, request.handle)
+        self._writer(context, request.capability, request.handle, request.capability_secret)
         if request.shared_memory:
             committed = self._store.commit_shared(request.handle, dict(request.chunk_crc32c),
                                                   request.replica_lease_ms / MS, list(request.segment_crc32c))
@@ -205,16 +208,21 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             pool_tokens={t.medium: arenas[t].token for t in {p.tier for p in places}})
 
     def Abort(self, request: kvstore_pb2.AbortRequest, context: grpc.ServicerContext) -> kvstore_pb2.AbortResponse:
-        self._writer(context, request.capability, request.handle)
+        self._writer(context, request.capability, request.handle, request.capability_secret)
         return kvstore_pb2.AbortResponse(pages_freed=self._store.abort(request.handle, request.reason))
 
 
-    def _writer(self, context: grpc.ServicerContext, token: bytes, handle: str) -> Capability | None:
+    def _writer(self, context: grpc.ServicerContext, token: bytes, handle: str, secret: bytes) -> Capability | None:
         """The caller's capability for handle (None without a gate): it must
-        verify, and over TLS the caller must be its source node or the admin."""
+        verify, come with its secret (the proof of possession on gRPC, where
+        the channel is the control plane's: issue 43), and over TLS the
+        caller must be its source node or the admin."""
         if self._gate is None:
             return None
         capability = self._gate.check(token, handle)
+        if not hmac.compare_digest(self._gate.secret(token), secret):
+            raise PermissionDenied(f"reservation {handle}: the capability came without its secret "
+                                   "(ReserveResponse.capability_secret)")
         caller = peer_identity(context)
         if caller is not None and caller not in (ADMIN, Identity(Role.NODE, capability.source_node)):
             raise PermissionDenied(f"reservation {handle}: {caller} may not write it; its capability is for "

@@ -41,6 +41,11 @@ class WriteGate:
         return self._key.sign(Capability(grant.handle, order_id, source_node, self._node_id, 0, total,
                                          self._clock.now() + self.ttl_s))
 
+    def secret(self, token: bytes) -> bytes:
+        """The secret of a token this gate minted (send it only over the
+        control plane: ReserveResponse.capability_secret)."""
+        return self._key.secret(token)
+
     def check(self, token: bytes, handle: str, offset: int = 0, size: int = 0) -> Capability:
         """The capability token proves for [offset, offset+size) of handle;
         PermissionDenied otherwise."""

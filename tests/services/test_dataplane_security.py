@@ -108,12 +108,13 @@ def test_data_plane_writes_without_a_valid_capability_are_refused_and_change_not
         # The reservation is intact: the real writer still completes it with its own bytes.
         assert reserved_pages(dst) == 4
         writer = Writer(grant)
-        writer.auth(grant.capability)
+        writer.auth(grant.capability, grant.capability_secret)
         writer.chunk(0, data)
         assert writer.end().bytes_received == len(data)
         writer.close()
         commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
-                                           capability=grant.capability)
+                                           capability=grant.capability,
+                                           capability_secret=grant.capability_secret)
         assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 3
         assert [b.data for b in get(dst, 900, *CHAIN)] == [block_bytes(900), *(block_bytes(h) for h in CHAIN)]
 
@@ -122,7 +123,7 @@ def test_a_chunk_outside_the_capabilitys_range_is_refused_before_the_store():
     with cluster() as (_, dst, _server):
         grant = reserve(dst, [701])
         writer = Writer(grant)
-        writer.auth(grant.capability)
+        writer.auth(grant.capability, grant.capability_secret)
         writer.chunk(BLOCK, b"\x00" * 16)  # past the one block reserved
         reply = writer.reply()
         writer.close()
@@ -138,14 +139,14 @@ def test_an_expired_capability_is_refused():
         grant = reserve(dst, [801])
         clock.advance(6.0)  # past the capability, inside the 30 s reservation lease
         writer = Writer(grant)
-        writer.auth(grant.capability)
+        writer.auth(grant.capability, grant.capability_secret)
         reply = writer.reply()
         writer.close()
         assert reply.status == PERMISSION_DENIED and "expired" in reply.message
         assert reserved_pages(dst) == 1
 
 
-def test_grpc_writes_commits_and_aborts_need_the_capability():
+def test_grpc_writes_commits_and_aborts_need_the_capability_and_its_secret():
     with cluster() as (_, dst, _server):
         grant = reserve(dst, [901])
         data = block_bytes(901)
@@ -155,10 +156,14 @@ def test_grpc_writes_commits_and_aborts_need_the_capability():
         assert denied(lambda: dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
         commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)})
         assert denied(lambda: dst.Commit(commit, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
+        # The capability alone (sniffed off the data plane) proves nothing on gRPC either: it needs its secret.
+        chunk.capability, abort.capability, commit.capability = (grant.capability,) * 3
+        assert denied(lambda: dst.WriteChunks(iter([chunk]), timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
+        assert denied(lambda: dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
+        assert denied(lambda: dst.Commit(commit, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
         assert reserved_pages(dst) == 1
-        chunk.capability = grant.capability
+        chunk.capability_secret = commit.capability_secret = grant.capability_secret
         assert dst.WriteChunks(iter([chunk]), timeout=TIMEOUT).bytes_received == BLOCK
-        commit.capability = grant.capability
         assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 1
         assert get(dst, 901)[0].data == data
 
@@ -204,10 +209,10 @@ def test_an_order_to_an_unregistered_address_fails_at_the_source():
 
 
 def test_bytes_flipped_in_flight_are_detected_and_nothing_is_published():
-    """What a data plane proxy flipping one byte does: (1) leaving the
-    chunk's crc32c as the source sent it -> the chunk is refused and the
-    reservation aborted; (2) rewriting the crc32c to match its bytes -> the
-    chunk lands, but Commit carries the source's checksums and aborts."""
+    """What a data plane proxy flipping one byte after the writer MACed the
+    chunk does, whether it leaves the chunk's crc32c as sent or rewrites it
+    to match: the chunk fails its MAC (issue 43, item 2; before, a rewritten
+    crc32c let the chunk land), the reservation is aborted."""
     with cluster() as (_, dst, _server):
         data = payload(CHAIN)
         flipped = bytearray(data)
@@ -215,19 +220,13 @@ def test_bytes_flipped_in_flight_are_detected_and_nothing_is_published():
         for fix_crc in (False, True):
             grant = reserve(dst, CHAIN, order_id=f"o-flip-{fix_crc}")
             writer = Writer(grant)
-            writer.auth(grant.capability)
-            writer.chunk(0, bytes(flipped), crc32c(bytes(flipped)) if fix_crc else crc32c(data))
-            reply = writer.end()
+            writer.auth(grant.capability, grant.capability_secret)
+            writer.chunk(0, bytes(flipped), crc32c(bytes(flipped)) if fix_crc else crc32c(data), mac_over=data)
+            reply = writer.reply()
             writer.close()
-            if not fix_crc:
-                assert reply.status == 10  # ABORTED: the chunk's crc32c
-                continue
-            assert reply.status == wire.OK
-            commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
-                                               capability=grant.capability)
-            assert denied(lambda: dst.Commit(commit, timeout=TIMEOUT)) == grpc.StatusCode.ABORTED
+            assert reply.status == PERMISSION_DENIED and "MAC" in reply.message, reply
+            assert wait_until(lambda: reserved_pages(dst) == 0)  # aborted
         assert dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=CHAIN), timeout=TIMEOUT).present == [False] * 3
-        assert reserved_pages(dst) == 0
 
 
 def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
@@ -273,7 +272,8 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
                     == grpc.StatusCode.PERMISSION_DENIED  # a node reserves only as itself
                 grant = as_src.Reserve(kvstore_pb2.ReserveRequest(order_id="o-y", block_hashes=[2], lease_ms=30_000),
                                        timeout=TIMEOUT)
-                abort = kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability)
+                abort = kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                                 capability_secret=grant.capability_secret)
                 assert denied(lambda: as_dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
                 assert as_src.Abort(abort, timeout=TIMEOUT).pages_freed == 1
                 channel = stack.enter_context(open_channel(sched_server.address, None, tls=certs.admin.load(),
@@ -290,3 +290,38 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
 def replicate_ok(src, dst_address: str) -> bool:
     reply = replicate(src, dst_address, CHAIN)
     return reply.state == common_pb2.ORDER_STATE_COMMITTED
+
+
+def test_a_sniffed_auth_frame_proves_nothing_and_written_bytes_cannot_be_rewritten():
+    """Issue 43's reproduction: after the source's chunk and END, a new
+    connection replays the sniffed AUTH frame (its proof was over another
+    nonce) or sends the token without its secret: PERMISSION_DENIED. Even the
+    secret's holder cannot write the range again (ALREADY_EXISTS, TCP and
+    WriteChunks alike); the source's Commit publishes its own bytes."""
+    with cluster() as (_, dst, _server):
+        grant = reserve(dst, CHAIN)
+        data = payload(CHAIN)
+        writer = Writer(grant)
+        writer.auth(grant.capability, grant.capability_secret)
+        writer.chunk(0, data)
+        assert writer.end().bytes_received == len(data)
+        writer.close()
+        forged = b"\xee" * len(data)
+        for name, auth in {"replayed AUTH": {"proof": writer.last_proof}, "token alone": {},
+                           "the secret's holder": {"secret": grant.capability_secret}}.items():
+            replay = Writer(grant)
+            replay.auth(grant.capability, **auth)
+            replay.chunk(0, forged)
+            status = replay.reply().status
+            replay.close()
+            assert status == (6 if name == "the secret's holder" else PERMISSION_DENIED), name  # 6: ALREADY_EXISTS
+        chunk = kvstore_pb2.WriteChunkRequest(handle=grant.handle, offset=0, data=forged, crc32c=crc32c(forged),
+                                              capability=grant.capability,
+                                              capability_secret=grant.capability_secret)
+        assert denied(lambda: dst.WriteChunks(iter([chunk]), timeout=TIMEOUT)) == grpc.StatusCode.ALREADY_EXISTS
+        assert reserved_pages(dst) == 3  # nothing aborted
+        commit = kvstore_pb2.CommitRequest(handle=grant.handle, chunk_crc32c={0: crc32c(data)},
+                                           capability=grant.capability,
+                                           capability_secret=grant.capability_secret)
+        assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 3
+        assert [b.data for b in get(dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]

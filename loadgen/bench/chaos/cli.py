@@ -56,12 +56,15 @@ class Scale:
     # The kvstores' data_read_timeout_s: the silent-connection case waits it
     # out, and idle connections are measured inside it (the default in full runs).
     data_read_timeout_s: float
+    # The pre-auth flood (cases/preauth.py): connections kept open and re-opened, from this many addresses.
+    flood_connections: int
+    flood_sources: int
 
 
 FULL = Scale(idle_connections=500, idle_streams=200, latency_calls=1000, fuzz_calls=2000, tls_calls=2000,
-             oversized_blocks=24, data_read_timeout_s=10.0)
+             oversized_blocks=24, data_read_timeout_s=10.0, flood_connections=1000, flood_sources=64)
 QUICK = Scale(idle_connections=100, idle_streams=140, latency_calls=150, fuzz_calls=200, tls_calls=0,
-              oversized_blocks=3, data_read_timeout_s=2.0)
+              oversized_blocks=3, data_read_timeout_s=2.0, flood_connections=300, flood_sources=32)
 
 
 @dataclass(slots=True)

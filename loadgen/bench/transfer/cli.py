@@ -27,6 +27,10 @@ Order of work:
      data_plane_auth on against off, alternating in the same run, and the
      ratio on / off (target >= 0.8; docs/security.md);
 
+  4b. with --flood N, replication while N unauthenticated connections
+     flood the target's data port, against idle (transfer/flood.py; target
+     >= 0.8x idle, issue 43);
+
   5. the kvstore's host<->device tier moves (transfer/tiers.py): demote
      and promote of scattered blocks through the store's PageMover, beside
      NumPy memcpy of the same bytes (on a GPU: beside a plain pinned
@@ -48,7 +52,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from speckv.loadgen.bench.transfer import ceilings
+from speckv.loadgen.bench.transfer import ceilings, flood
 from speckv.loadgen.bench.transfer import protect
 from speckv.loadgen.bench.transfer import tiers
 from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
@@ -72,6 +76,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="data planes to measure: shm (same-host shared memory), tcp, grpc")
     parser.add_argument("--no-protection", action="store_true",
                         help="skip the data_plane_auth on/off comparison")
+    parser.add_argument("--flood", type=int, default=0,
+                        help="also replicate while this many unauthenticated connections flood the target's data "
+                             "port (transfer/flood.py); 0: skip")
+    parser.add_argument("--flood-sources", type=int, default=1, help="loopback addresses the flood comes from")
+    parser.add_argument("--flood-s", type=float, default=60.0, help="seconds the flood lasts at least")
+    parser.add_argument("--flood-only", action="store_true", help="run the flood comparison alone")
+    parser.add_argument("--flood-pin", action="store_true",
+                        help="kvstores on CPU 0, the flood on the others (its own CPU out of the figure)")
+    parser.add_argument("--flood-paced", action="store_true",
+                        help="a connection the node closes is re-opened at its next 0.25 s tick, not at once")
     return parser.parse_args(argv)
 
 
@@ -84,6 +98,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     results: dict[str, Any] = {"geometry": geometry.name, "bytes_per_block": geometry.bytes_per_block,
                                "blocks_per_replication": blocks, "repeats": repeats, "quick": args.quick}
     started = time.perf_counter()
+    if args.flood_only:
+        return _flood_only(args, geometry, blocks, repeats, results, started, environ)
     results.update(measure_ceilings(geometry, quick=args.quick, repeats=max(3, repeats)))
     show_ceilings(results)
     results["tier_moves"] = tiers.tier_moves(geometry, max(1, volume // 2 // geometry.bytes_per_block),
@@ -94,6 +110,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     results["replication"] = measure_replication(geometry, blocks, chunk_sizes, transports, repeats, environ)
     if not args.no_protection:
         results["protection"] = measure_protection(geometry, blocks, max(3, repeats), environ)
+    if args.flood:
+        results["flood"] = measure_flood(args, geometry, blocks, repeats, environ)
     results["ratios"] = ratios(results)
     results["seconds"] = round(time.perf_counter() - started, 1)
     for key, value in results["ratios"].items():
@@ -168,6 +186,32 @@ def measure_protection(geometry, blocks: int, repeats: int, environ: Mapping[str
           f"(medians {row['off_median_gbps']:.2f} / {row['on_median_gbps']:.2f}): on / off {row['ratio']:.2f} "
           f"(median {row['ratio_median']:.2f})")
     return row
+
+
+def measure_flood(args: argparse.Namespace, geometry, blocks: int, repeats: int,
+                  environ: Mapping[str, str]) -> dict[str, Any]:
+    row = flood.flooded(_kvstore_args(geometry, blocks), 1024 * KIB, repeats, environ,
+                        lambda source, target: _Bench(source, target, geometry, blocks).replicate,
+                        connections=args.flood, sources=args.flood_sources, flood_s=args.flood_s,
+                        pin=args.flood_pin, eager=not args.flood_paced)
+    print(f"flood tcp chunk 1024 KiB  idle {row['idle_median_gbps']:6.2f} GB/s, with {row['connections']} "
+          f"unauthenticated connections from {row['sources']} address(es) {row['flooded_median_gbps']:6.2f} GB/s "
+          f"(medians; {len(row['flooded_runs_gbps'])} flooded runs over {row['flood_seconds']} s, "
+          f"{row['flood_opened']} connections opened{', pinned' if row['pinned'] else ''}"
+          f"{'' if row['eager'] else ', paced'}): flooded / idle "
+          f"{row['ratio_median']:.2f}")
+    return row
+
+
+def _flood_only(args: argparse.Namespace, geometry, blocks: int, repeats: int, results: dict[str, Any],
+                started: float, environ: Mapping[str, str]) -> int:
+    results["flood"] = measure_flood(args, geometry, blocks, repeats, environ)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def measure_replication(geometry, blocks: int, chunk_sizes: list[int], transports: list[str], repeats: int,
@@ -274,6 +318,8 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
         out[f"{name}_over_socket"] = row["gbps"] / c["socket_gbps"]
         out[f"{name}_over_adjacent_socket"] = row["gbps"] / row["socket_adjacent_gbps"]
     out.update(headline_ratios(results))
+    if "flood" in results:
+        out["flooded_over_idle_median"] = results["flood"]["ratio_median"]
     if "protection" in results:
         out["protected_over_unprotected"] = results["protection"]["ratio"]
         out["protected_over_unprotected_median"] = results["protection"]["ratio_median"]

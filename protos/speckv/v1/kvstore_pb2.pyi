@@ -242,13 +242,14 @@ class ReserveRequest(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
-    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "pages", "pages_medium", "pages_token")
+    __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "capability_secret", "pages", "pages_medium", "pages_token")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
     LEASE_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGES_MEDIUM_FIELD_NUMBER: _ClassVar[int]
     PAGES_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -258,24 +259,27 @@ class ReserveResponse(_message.Message):
     lease_deadline_s: float
     data_address: str
     capability: bytes
+    capability_secret: bytes
     pages: _containers.RepeatedScalarFieldContainer[int]
     pages_medium: str
     pages_token: str
-    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., pages: _Optional[_Iterable[int]] = ..., pages_medium: _Optional[str] = ..., pages_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, handle: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., bytes_per_block: _Optional[int] = ..., lease_deadline_s: _Optional[float] = ..., data_address: _Optional[str] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ..., pages: _Optional[_Iterable[int]] = ..., pages_medium: _Optional[str] = ..., pages_token: _Optional[str] = ...) -> None: ...
 
 class WriteChunkRequest(_message.Message):
-    __slots__ = ("handle", "offset", "data", "crc32c", "capability")
+    __slots__ = ("handle", "offset", "data", "crc32c", "capability", "capability_secret")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     handle: str
     offset: int
     data: bytes
     crc32c: int
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    capability_secret: bytes
+    def __init__(self, handle: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ...) -> None: ...
 
 class WriteChunksResponse(_message.Message):
     __slots__ = ("bytes_received",)
@@ -284,7 +288,7 @@ class WriteChunksResponse(_message.Message):
     def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability", "shared_memory", "segment_crc32c")
+    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability", "capability_secret", "shared_memory", "segment_crc32c")
     class ChunkCrc32cEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -296,15 +300,17 @@ class CommitRequest(_message.Message):
     CHUNK_CRC32C_FIELD_NUMBER: _ClassVar[int]
     REPLICA_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_CRC32C_FIELD_NUMBER: _ClassVar[int]
     handle: str
     chunk_crc32c: _containers.ScalarMap[int, int]
     replica_lease_ms: int
     capability: bytes
+    capability_secret: bytes
     shared_memory: bool
     segment_crc32c: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., shared_memory: _Optional[bool] = ..., segment_crc32c: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ..., shared_memory: _Optional[bool] = ..., segment_crc32c: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("blocks_committed",)
@@ -313,14 +319,16 @@ class CommitResponse(_message.Message):
     def __init__(self, blocks_committed: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
-    __slots__ = ("handle", "reason", "capability")
+    __slots__ = ("handle", "reason", "capability", "capability_secret")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     handle: str
     reason: str
     capability: bytes
-    def __init__(self, handle: _Optional[str] = ..., reason: _Optional[str] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    capability_secret: bytes
+    def __init__(self, handle: _Optional[str] = ..., reason: _Optional[str] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ...) -> None: ...
 
 class AbortResponse(_message.Message):
     __slots__ = ("pages_freed",)

@@ -17,8 +17,14 @@ pool for that chunk only, so an idle connection holds none.
 
 With a WriteGate (data_plane_auth on), a connection must present a
 handle's write capability in an AUTH frame before any CHUNK or END of that
-handle; the capability is verified once (its MAC), then each chunk is
-checked against its range and expiry before its payload is read. A frame
+handle, with the proof that it holds the capability's secret over the
+connection's nonce (possession.py); the capability is verified once (its
+MAC), then each chunk is checked against its range and expiry before its
+payload is read, and its GMAC tag (after the payload) is checked as the
+bytes land, before the chunk is recorded: a bad tag is PERMISSION_DENIED
+and aborts like a bad crc32c. The
+listener's doorway (doorway.py) reads and verifies a connection's first
+frame before the connection gets a thread; it arrives here as `opening`. A frame
 without a valid capability is answered PERMISSION_DENIED and the
 connection closed, aborting nothing it did not write to: the refusal comes
 before the store is asked anything.
@@ -44,7 +50,8 @@ import numpy as np
 from speckv.services.common import errors
 from speckv.services.common.capability import Capability
 from speckv.services.kvstore.checksum import combine
-from speckv.services.kvstore.dataplane import wire
+from speckv.services.kvstore.dataplane import possession, wire
+from speckv.services.kvstore.dataplane.opening import Opening
 from speckv.services.kvstore.pool import Buffer
 from speckv.services.kvstore.records import ZeroCopyWrite
 from speckv.services.kvstore.write_gate import WriteGate
@@ -108,17 +115,27 @@ class _OneBuffer:
 
 
 def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffers | np.ndarray,
-                     peer: str = "", gate: WriteGate | None = None) -> None:
+                     peer: str = "", gate: WriteGate | None = None, opening: Opening | None = None) -> None:
     """Reads frames until the peer closes; see the module doc for the rules.
     Never raises for peer or client errors (they are logged and answered).
     staging: the pool a chunk for a device pool borrows its buffer from, or
     one buffer of MAX_CHUNK_BYTES that every such chunk uses. gate: checks
-    write capabilities (None: none asked, as without data_plane_auth)."""
+    write capabilities (None: none asked, as without data_plane_auth).
+    opening: the connection's first frame when the listener already read it
+    off the socket (its AUTH token verified into opening.capability)."""
     scratch = wire.header_buffer()
     buffers = staging if isinstance(staging, StagingBuffers) else _OneBuffer(staging)
     written: dict[str, int] = {}  # handle -> bytes covered, not yet confirmed by END
     allowed: dict[str, Capability] = {}  # handle -> its verified capability, this connection only
+    keys: dict[str, bytes] = {}  # handle -> its chunks' MAC key, this connection only
+    nonce = opening.nonce if opening is not None else b""
     try:
+        if opening is not None and opening.frame.kind is wire.Kind.AUTH:
+            if gate is not None:
+                proved = opening if opening.capability is not None else verify_auth(gate, opening)
+                allowed[opening.frame.handle], keys[opening.frame.handle] = proved.capability, proved.key
+        elif opening is not None:
+            _serve_frame(sock, sink, buffers, gate, allowed, written, opening.frame, keys)
         while True:
             frame = wire.read_frame(sock, scratch)
             if frame is None:
@@ -127,26 +144,10 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffe
                 token = bytearray(frame.length)
                 wire.recv_exact(sock, memoryview(token))
                 if gate is not None:
-                    allowed[frame.handle] = gate.check(bytes(token), frame.handle)
+                    proved = verify_auth(gate, Opening(frame, bytes(token), nonce=nonce))
+                    allowed[frame.handle], keys[frame.handle] = proved.capability, proved.key
                 continue
-            if gate is not None:
-                _authorize(gate, allowed, frame)
-            if frame.kind is wire.Kind.END:
-                received = written.pop(frame.handle, 0)
-                wire.send_reply(sock, wire.OK, received, "")
-                continue
-            write = sink.begin_write(frame.handle, frame.offset, frame.length)  # before any payload
-            written.setdefault(frame.handle, 0)
-            if write is not None:
-                written[frame.handle] = _receive_into(sock, sink, write, frame.crc32c)
-                continue
-            buffer = buffers.get()
-            try:
-                actual = _receive(sock, memoryview(buffer), buffer, frame.length)
-                written[frame.handle] = sink.write_chunk(frame.handle, frame.offset, buffer[:frame.length],
-                                                         frame.crc32c, actual)
-            finally:
-                buffers.put(buffer)
+            _serve_frame(sock, sink, buffers, gate, allowed, written, frame, keys)
     except wire.ConnectionLost as exc:
         _abort_all(sink, written, f"data plane connection from {peer} dropped: {exc}")
     except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO / SO_SNDTIMEO passed with no byte moved
@@ -160,6 +161,57 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffe
         _abort_all(sink, written, f"data plane connection from {peer} closed before END")
 
 
+def verify_auth(gate: WriteGate, opening: Opening) -> Opening:
+    """An AUTH frame's payload (token || proof) checked: the token's MAC,
+    range and expiry, then the proof of its secret over this connection's
+    nonce; the opening with its capability and chunk key. PermissionDenied
+    otherwise (nothing is asked of the store)."""
+    handle, payload = opening.frame.handle, opening.token
+    if len(payload) <= possession.PROOF_BYTES:
+        raise errors.PermissionDenied(f"reservation {handle}: AUTH carries no proof of the capability's secret")
+    token, presented = payload[:-possession.PROOF_BYTES], payload[-possession.PROOF_BYTES:]
+    capability = gate.check(token, handle)
+    secret = gate.secret(token)
+    possession.check_proof(secret, opening.nonce, handle, presented)
+    return Opening(opening.frame, token, capability, opening.nonce, possession.chunk_key(secret, opening.nonce, handle))
+
+
+def _serve_frame(sock: socket.socket, sink: ChunkSink, buffers: StagingBuffers | _OneBuffer, gate: WriteGate | None,
+                 allowed: dict[str, Capability], written: dict[str, int], frame: wire.Frame,
+                 keys: dict[str, bytes]) -> None:
+    """One CHUNK (its payload, and its MAC tag where keyed, read here) or END frame."""
+    if gate is not None:
+        _authorize(gate, allowed, frame)
+    if frame.kind is wire.Kind.END:
+        received = written.pop(frame.handle, 0)
+        wire.send_reply(sock, wire.OK, received, "")
+        return
+    write = sink.begin_write(frame.handle, frame.offset, frame.length)  # before any payload
+    written.setdefault(frame.handle, 0)
+    key = keys.get(frame.handle)
+    mac = possession.ChunkMac(key, frame.handle, frame.offset, frame.length, frame.crc32c) if key else None
+    if write is not None:
+        written[frame.handle] = _receive_into(sock, sink, write, frame, mac)
+        return
+    buffer = buffers.get()
+    try:
+        actual = _receive(sock, memoryview(buffer), buffer, frame.length, mac)
+        _check_tag(sock, mac, frame)
+        written[frame.handle] = sink.write_chunk(frame.handle, frame.offset, buffer[:frame.length],
+                                                 frame.crc32c, actual)
+    finally:
+        buffers.put(buffer)
+
+
+def _check_tag(sock: socket.socket, mac: possession.ChunkMac | None, frame: wire.Frame) -> None:
+    """Reads the chunk's tag and checks it (nothing without a key)."""
+    if mac is None:
+        return
+    tag = bytearray(possession.TAG_BYTES)
+    wire.recv_exact(sock, memoryview(tag))
+    possession.check_tag(mac, bytes(tag), frame.handle, frame.offset)
+
+
 def _authorize(gate: WriteGate, allowed: dict[str, Capability], frame: wire.Frame) -> None:
     """Raises PermissionDenied unless this connection presented the frame's
     handle's capability and it still covers the frame (range, expiry)."""
@@ -171,7 +223,8 @@ def _authorize(gate: WriteGate, allowed: dict[str, Capability], frame: wire.Fram
         gate.still_covers(capability, frame.handle, frame.offset, frame.length)
 
 
-def _receive(sock: socket.socket, payload: memoryview, staging: np.ndarray, length: int) -> int:
+def _receive(sock: socket.socket, payload: memoryview, staging: np.ndarray, length: int,
+             mac: possession.ChunkMac | None = None) -> int:
     """Receives length bytes into staging; returns their crc32c, computed
     PIECE bytes at a time right after each lands, while they are in cache
     (measured: crc of a cold 4 MiB buffer runs at a third of a hot one's rate)."""
@@ -180,12 +233,16 @@ def _receive(sock: socket.socket, payload: memoryview, staging: np.ndarray, leng
         hi = min(length, lo + PIECE)
         wire.recv_exact(sock, payload[lo:hi])
         crc = google_crc32c.extend(crc, staging[lo:hi])
+        if mac is not None:
+            mac.update(payload[lo:hi])
     return crc
 
 
-def _receive_into(sock: socket.socket, sink: ChunkSink, write: ZeroCopyWrite, sent_crc: int) -> int:
-    """Receives the chunk straight into write.views, checksumming each view
-    right after it lands; ends the write (cancelled on any failure)."""
+def _receive_into(sock: socket.socket, sink: ChunkSink, write: ZeroCopyWrite, frame: wire.Frame,
+                  mac: possession.ChunkMac | None = None) -> int:
+    """Receives the chunk straight into write.views, checksumming (and
+    MACing) each view right after it lands, then its tag if keyed; ends the
+    write (cancelled on any failure)."""
     crc, piece_crcs = 0, []
     try:
         for group in _groups(write.views):
@@ -194,10 +251,13 @@ def _receive_into(sock: socket.socket, sink: ChunkSink, write: ZeroCopyWrite, se
                 piece = google_crc32c.value(np.frombuffer(view, np.uint8))  # it refuses memoryviews
                 piece_crcs.append(piece)
                 crc = combine(crc, piece, len(view))
+                if mac is not None:
+                    mac.update(view)
+        _check_tag(sock, mac, frame)
     except BaseException:
         sink.cancel_write(write)
         raise
-    return sink.finish_write(write, sent_crc, crc, piece_crcs)
+    return sink.finish_write(write, frame.crc32c, crc, piece_crcs)
 
 
 def _groups(views: list[memoryview]) -> list[list[memoryview]]:

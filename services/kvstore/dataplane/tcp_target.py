@@ -10,7 +10,10 @@ the source pool's segment views (zero-copy chunks) or the staging buffer
 (packed chunks, e.g. from a GPU pool); peek for an early error reply from the target so a refused chunk stops
 the transfer at once. At the end, an END frame and the target's reply confirm
 that every byte landed before the source commits. When the target's Reserve
-returned a write capability, an AUTH frame carrying it goes first.
+returned a write capability, the target's challenge is read first and an
+AUTH frame carrying the capability and the proof of its secret over the
+challenge's nonce goes first; every chunk then carries its MAC tag
+(dataplane/possession.py).
 
 A target without a data address (its transport is grpc) gets the chunks over
 WriteChunks instead: the fallback.
@@ -23,7 +26,7 @@ import time
 from typing import Iterator, Mapping
 
 from speckv.services.common import errors
-from speckv.services.kvstore.dataplane import wire
+from speckv.services.kvstore.dataplane import possession, wire
 from speckv.services.kvstore.dataplane.listener import tune
 from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
@@ -46,6 +49,7 @@ class TcpReplicationTarget:
         self._bucket = bucket
         self._data_address = ""
         self._capability = b""
+        self._secret = b""
         self.transport = "tcp"
 
     @property
@@ -57,6 +61,7 @@ class TcpReplicationTarget:
         grant = self._control.reserve(order, lease_s)
         self._data_address = grant.data_address
         self._capability = grant.capability
+        self._secret = grant.secret
         self.transport = "tcp" if grant.data_address else "grpc"
         return grant
 
@@ -78,14 +83,19 @@ class TcpReplicationTarget:
         header, poller = wire.header_buffer(), select.poll()
         poller.register(sock, select.POLLIN)
         try:
-            if self._capability:
-                head = wire.encode_header(header, wire.Kind.AUTH, handle, 0, len(self._capability), 0)
-                wire.send_views(sock, [head, memoryview(self._capability)])
+            key = self._authenticate(sock, header, handle) if self._capability else b""
+            name = handle.decode("utf-8")
             for chunk in chunks:
                 size = chunk.nbytes
                 self._pace(size)
                 head = wire.encode_header(header, wire.Kind.CHUNK, handle, chunk.offset, size, chunk.crc32c)
-                wire.send_views(sock, [head, *(chunk.pieces or (memoryview(chunk.data).cast("B"),))])
+                pieces = list(chunk.pieces or (memoryview(chunk.data).cast("B"),))
+                if key:
+                    mac = possession.ChunkMac(key, name, chunk.offset, size, chunk.crc32c)
+                    for piece in pieces:
+                        mac.update(piece)
+                    pieces.append(memoryview(mac.tag()))
+                wire.send_views(sock, [head, *pieces])
                 if _readable(poller):
                     break  # the target answered early: an error; read it below
             else:
@@ -97,6 +107,31 @@ class TcpReplicationTarget:
             raise errors.Unavailable(f"{where}: connection lost: {exc}") from None
         reply.raise_for_status(where)
         return reply.bytes_received
+
+    def _authenticate(self, sock: socket.socket, header: bytearray, handle: bytes) -> bytes:
+        """Reads the target's challenge and sends AUTH: the capability and the
+        proof of its secret over the challenge's nonce; returns the chunks'
+        MAC key. A refusal the target sent instead is raised."""
+        head = bytearray(4)
+        wire.recv_exact(sock, memoryview(head))
+        if bytes(head) == wire.REPLY_MAGIC:  # refused before any challenge (e.g. too many connections)
+            rest = bytearray(wire.REPLY.size - 4)
+            wire.recv_exact(sock, memoryview(rest))
+            _, status, received, text_len = wire.REPLY.unpack(bytes(head + rest))
+            text = bytearray(min(text_len, wire.MAX_MESSAGE_BYTES))
+            wire.recv_exact(sock, memoryview(text))
+            wire.Reply(status, received, text.decode("utf-8", errors="replace")).raise_for_status("refused")
+        tail = bytearray(possession.CHALLENGE.size - 4)
+        wire.recv_exact(sock, memoryview(tail))
+        try:
+            nonce = possession.read_challenge(bytes(head + tail))
+        except ValueError as exc:
+            raise errors.Unavailable(f"data plane: {exc}") from None
+        name = handle.decode("utf-8")
+        payload = self._capability + possession.proof(self._secret, nonce, name)
+        wire.send_views(sock, [wire.encode_header(header, wire.Kind.AUTH, handle, 0, len(payload), 0),
+                               memoryview(payload)])
+        return possession.chunk_key(self._secret, nonce, name)
 
     def _pace(self, nbytes: int) -> None:
         if self._bucket is not None:

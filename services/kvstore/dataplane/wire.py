@@ -5,14 +5,17 @@ One connection carries chunks for one or more reservations; every chunk is
     header  !4sBHxQQI  magic b"SKV1", kind, len(handle), offset, length, crc32c
     handle  len(handle) bytes of UTF-8
     payload length bytes (CHUNK only)
+    tag     16 bytes (CHUNK only, data_plane_auth on: its MAC, possession.py)
 
 kind CHUNK writes payload at byte `offset` of the reservation `handle`; kind
 END (offset, length, crc 0) asks the target to confirm everything written to
 `handle` so far; kind AUTH carries `length` bytes of payload, the write
-capability of `handle` (services/common/capability.py; offset and crc 0),
-which a target with data_plane_auth on needs once per handle per connection
-before any CHUNK or END of it. The target answers an END, and any error,
-with one reply
+capability of `handle` (services/common/capability.py; offset and crc 0)
+followed by a 32-byte proof that the writer holds its secret, which a
+target with data_plane_auth on needs once per handle per connection before
+any CHUNK or END of it; such a target first sends each connection a
+CHALLENGE (possession.py: b"SKVC" and the nonce the proof is over). The
+target answers an END, and any error, with one reply
 
     reply   !4sIQI  magic b"SKVR", status, bytes_received, len(message)
     message len(message) bytes of UTF-8
@@ -38,6 +41,7 @@ REPLY = struct.Struct("!4sIQI")
 MAX_HANDLE_BYTES = 256
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 MAX_MESSAGE_BYTES = 4096
+MAX_AUTH_BYTES = MAX_TOKEN_BYTES + 32  # a token and its proof of possession (possession.PROOF_BYTES)
 
 # Status numbers on the wire: the gRPC code numbers (grpc.StatusCode values),
 # spelled out so this module does not import grpc.
@@ -109,6 +113,14 @@ def read_frame(sock: socket.socket, scratch: bytearray) -> Frame | None:
     view = memoryview(scratch)
     if not recv_exact(sock, view[:HEADER.size], eof_ok=True):
         return None
+    kind, handle_len, offset, length, crc = parse_header(scratch)
+    recv_exact(sock, view[HEADER.size:HEADER.size + handle_len])
+    return Frame(kind, decode_handle(scratch, handle_len), offset, length, crc)
+
+
+def parse_header(scratch: bytes | bytearray | memoryview) -> tuple[Kind, int, int, int, int]:
+    """(kind, handle length, offset, length, crc32c) of the HEADER.size bytes
+    at the start of scratch; bad magic, kind or sizes raise InvalidArgument."""
     magic, kind, handle_len, offset, length, crc = HEADER.unpack_from(scratch)
     if magic != MAGIC:
         raise errors.InvalidArgument(f"data plane: bad frame magic {magic!r}")
@@ -118,11 +130,14 @@ def read_frame(sock: socket.socket, scratch: bytearray) -> Frame | None:
         raise errors.InvalidArgument(f"data plane: handle length {handle_len} outside 1..{MAX_HANDLE_BYTES}")
     if kind == Kind.CHUNK and not 0 < length <= MAX_CHUNK_BYTES:
         raise errors.InvalidArgument(f"data plane: chunk length {length} outside 1..{MAX_CHUNK_BYTES}")
-    if kind == Kind.AUTH and not 0 < length <= MAX_TOKEN_BYTES:
-        raise errors.InvalidArgument(f"data plane: capability length {length} outside 1..{MAX_TOKEN_BYTES}")
-    recv_exact(sock, view[HEADER.size:HEADER.size + handle_len])
-    handle = bytes(view[HEADER.size:HEADER.size + handle_len]).decode("utf-8", errors="replace")
-    return Frame(Kind(kind), handle, offset, length, crc)
+    if kind == Kind.AUTH and not 0 < length <= MAX_AUTH_BYTES:
+        raise errors.InvalidArgument(f"data plane: capability length {length} outside 1..{MAX_AUTH_BYTES}")
+    return Kind(kind), handle_len, offset, length, crc
+
+
+def decode_handle(scratch: bytes | bytearray | memoryview, handle_len: int) -> str:
+    """The handle that follows the header in scratch."""
+    return bytes(scratch[HEADER.size:HEADER.size + handle_len]).decode("utf-8", errors="replace")
 
 
 def recv_exact(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -> bool:

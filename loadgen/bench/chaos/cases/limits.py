@@ -23,6 +23,7 @@ from speckv.loadgen.bench.chaos.common import (
     stats,
     wait_until,
 )
+from speckv.loadgen.bench.chaos.cases.dataplane import RawWriter
 from speckv.loadgen.bench.chaos.report import SERVER_FAULTS, Figure, Verdict, code_of, expect_code
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.dataplane import wire
@@ -122,14 +123,13 @@ def _limits(ctx: "Context") -> None:
         grant = node1.Reserve(kvstore_pb2.ReserveRequest(order_id="o-silent", block_hashes=hashes, lease_ms=60_000,
                                                          source_node="node-0", family="chaos"), timeout=TIMEOUT)
         data = block_bytes(hashes[0]) + block_bytes(hashes[1])
-        sock = socket.create_connection(split_address(grant.data_address), timeout=TIMEOUT)
+        writer = RawWriter(grant)
+        sock = writer.sock
         # The node answers within a few timeouts (a chunk's receive waits one
         # timeout for the rest of its bytes, then one more): wait past that.
         sock.settimeout(3 * cluster.spec.data_read_timeout_s + 5.0)
         try:
-            sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.AUTH, grant.handle.encode(), 0,
-                                            len(grant.capability), 0))
-            sock.sendall(grant.capability)
+            writer.auth(grant.capability, grant.capability_secret)
             sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.CHUNK, grant.handle.encode(), 0, len(data),
                                             crc32c(data)))
             sock.sendall(data[: len(data) // 4])  # then silence, inside a 60 s lease

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Callable
 
 import grpc
 
+from speckv.loadgen.bench.chaos.cases import preauth
+from speckv.loadgen.bench.chaos.cases.dataplane import skip_challenge
 from speckv.loadgen.bench.chaos.common import TIMEOUT, nodes, percentile, put, wait_until
 from speckv.loadgen.bench.chaos.report import Figure, Verdict
 from speckv.services.kvstore.dataplane import wire
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 AREA = "load"
 MIB = 1 << 20
 HASHES = [7_800_001, 7_800_002, 7_800_003, 7_800_004]
-DATA_CONNECTIONS_CAP = 64  # the kvstore's default data_max_connections (docs/limits.md)
+UNAUTH_PER_ADDRESS = 16  # the kvstore's default data_unauth_per_address (docs/limits.md)
 WIRE_RESOURCE_EXHAUSTED = 8
 STREAMS_PER_PEER_CAP = 64  # every service's default max_streams_per_peer: the suite is one peer host
 
@@ -66,12 +68,14 @@ def run(ctx: "Context") -> None:
     refused_streams = [c.code() for c in [*streams_kv, *streams_sched] if c.done()]
     stream_routes, stream_lookups = _latencies(ctx)
 
-    # Idle connections last: the node closes them after data_read_timeout_s,
-    # so they are measured at once. Where the data plane listens: a
-    # reservation's data address.
+    # Idle connections last: they send no opening frame, so at most
+    # data_unauth_per_address of them wait (all come from this one address),
+    # the rest are refused, and the node closes every one after
+    # data_auth_timeout_s (1 s): they are measured at once. Where the data plane listens: a reservation's data address.
     grant = node0.Reserve(kvstore_pb2.ReserveRequest(order_id="o-probe", block_hashes=[7_800_100], lease_ms=5_000,
                                                      source_node="node-1"), timeout=TIMEOUT)
-    node0.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability), timeout=TIMEOUT)
+    node0.Abort(kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                         capability_secret=grant.capability_secret), timeout=TIMEOUT)
     data_address = split_address(grant.data_address)
     held: list[socket.socket] = []
     for _ in range(ctx.scale.idle_connections):
@@ -80,26 +84,22 @@ def run(ctx: "Context") -> None:
         held.append(sock)
     loaded_routes, loaded_lookups = _latencies(ctx)
     rss_during = _rss(ctx)
-    refused_at_once = 0
-    for sock in held:
-        try:
-            sock.recv(1)  # an unasked reply, or the close after it: the refusal
-        except BlockingIOError:
-            continue  # admitted: nothing to read
-        except OSError:
-            pass
-        refused_at_once += 1
+    endings = [_ending(sock) for sock in held]  # each one's reply text ('' for a bare close; None: still open)
     alive = {n: s.alive for n, s in nodes(sched).items()}
     for call in [*streams_kv, *streams_sched]:
         call.cancel()
     for sock in held:
         sock.close()
 
-    expected_refused = max(0, ctx.scale.idle_connections - DATA_CONNECTIONS_CAP)
-    rec.case(AREA, f"{ctx.scale.idle_connections} idle data plane connections",
-             f"at most data_max_connections ({DATA_CONNECTIONS_CAP}) held, the rest refused at once",
-             lambda: Verdict(refused_at_once >= expected_refused,
-                             f"{refused_at_once} answered with a refusal (>= {expected_refused} expected)"))
+    refused_at_once = sum("data_unauth_per_address" in (e or "") for e in endings)
+    timed_out = sum("data_auth_timeout_s" in (e or "") for e in endings)
+    expected_refused = max(0, ctx.scale.idle_connections - UNAUTH_PER_ADDRESS)
+    rec.case(AREA, f"{ctx.scale.idle_connections} idle data plane connections (no opening frame, one address)",
+             f"at most data_unauth_per_address ({UNAUTH_PER_ADDRESS}) wait, the rest refused (held unread, "
+             "answered at data_auth_timeout_s); every one closed by the node within it",
+             lambda: Verdict(refused_at_once >= expected_refused and None not in endings,
+                             f"{refused_at_once} refused per address (>= {expected_refused} expected), {timed_out} "
+                             f"closed at the auth deadline, {endings.count(None)} left open"))
     expected_streams = sum(max(0, len(s) - STREAMS_PER_PEER_CAP) for s in (streams_kv, streams_sched))
     rec.case(AREA, f"{ctx.scale.idle_streams} idle streams (SubscribeEvents + WatchOrders, one peer host)",
              "admitted up to the per-peer cap, every other one RESOURCE_EXHAUSTED at once",
@@ -122,6 +122,7 @@ def run(ctx: "Context") -> None:
         sock.settimeout(TIMEOUT)
         try:
             sock.sendall(wire.encode_header(wire.header_buffer(), wire.Kind.END, b"none", 0, 0, 0))
+            skip_challenge(sock)
             replies.append(wire.read_reply(sock).status)
             return replies[-1] != WIRE_RESOURCE_EXHAUSTED
         except OSError:
@@ -162,7 +163,26 @@ def run(ctx: "Context") -> None:
     growth = (rss_during - rss_before) / MIB
     rec.figure(AREA, Figure("RSS growth of scheduler + node-0 while held", growth, "MiB", "target < 200",
                             growth < 200))
+    preauth.run(ctx)
     _tls_cost(ctx)
+
+
+def _ending(sock: socket.socket, wait_s: float = 5.0) -> str | None:
+    """The reply the node sent before closing sock ('' for a bare close), or
+    None if the node still holds it open after wait_s."""
+    sock.setblocking(True)
+    sock.settimeout(wait_s)
+    try:
+        skip_challenge(sock)  # an admitted connection of a protected node is challenged first
+        reply = wire.read_reply(sock)
+        sock.recv(1)  # the close after it
+        return reply.message
+    except wire.ConnectionLost:
+        return ""
+    except (TimeoutError, socket.timeout):
+        return None
+    except OSError:
+        return ""
 
 
 def _tls_cost(ctx: "Context") -> None:

@@ -16,6 +16,8 @@ def test_limit_defaults():
     config = parse()
     assert (config.max_reservation_lease_s, config.pin_lease_s, config.max_family_chars) == (60.0, 120.0, 256)
     assert (config.data_max_connections, config.data_read_timeout_s) == (64, 10.0)
+    assert (config.data_unauth_max_connections, config.data_unauth_per_address, config.data_auth_timeout_s) == \
+        (256, 16, 1.0)
 
 
 @pytest.mark.parametrize("argv, field", [
@@ -26,6 +28,9 @@ def test_limit_defaults():
     (["--max-family-chars", "0"], "max_family_chars"),
     (["--data-max-connections", "0"], "data_max_connections"),
     (["--data-read-timeout-s", "0"], "data_read_timeout_s"),
+    (["--data-unauth-max-connections", "0"], "data_unauth_max_connections"),
+    (["--data-unauth-per-address", "0"], "data_unauth_per_address"),
+    (["--data-auth-timeout-s", "0"], "data_auth_timeout_s"),
 ])
 def test_bad_limits_are_refused_naming_the_field(argv, field):
     with pytest.raises(InvalidArgument, match=field):

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from speckv.services.common.clock import ManualClock
-from speckv.services.common.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from speckv.services.common.errors import (Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
+                                          ResourceExhausted)
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import EventType
 from speckv.services.kvstore.reservations import Intervals
@@ -225,3 +226,30 @@ def test_intervals(ranges, covered, gaps):
     for lo, hi in ranges:
         intervals.add(lo, hi)
     assert intervals.covered() == covered and intervals.gaps(10) == gaps
+
+
+@pytest.mark.parametrize("lo, hi", [(0, BPB), (BPB - 1, BPB + 1), (10, 20), (0, 2 * BPB)])
+def test_bytes_once_written_cannot_be_written_again_and_the_refusal_changes_nothing(lo, hi):
+    store, _ = setup()
+    grant = store.reserve("o1", [1, 2], 30.0, family="f")
+    data = payload([1, 2])
+    first = {0: crc32c(data[:BPB])}
+    store.write_chunk(grant.handle, 0, data[:BPB], first[0])
+    forged = b"\xee" * (hi - lo)
+    with pytest.raises(AlreadyExists, match="written once"):
+        store.write_chunk(grant.handle, lo, forged, crc32c(forged))
+    with pytest.raises(AlreadyExists):
+        store.begin_write(grant.handle, lo, hi - lo)
+    assert store.stats().reserved_pages == 2  # not aborted
+    rest = {BPB: crc32c(data[BPB:])}
+    store.write_chunk(grant.handle, BPB, data[BPB:], rest[BPB])  # the untouched range still takes its bytes
+    assert store.commit(grant.handle, {**first, **rest}, 0.0) == 2
+    assert read(store, 1, 2) == [block_bytes(1), block_bytes(2)]
+
+
+def test_intervals_overlap_at_their_edges_only_when_a_byte_is_shared():
+    spans = Intervals()
+    spans.add(10, 20)
+    spans.add(30, 40)
+    assert [spans.overlaps(lo, hi) for lo, hi in [(0, 10), (20, 30), (19, 21), (9, 11), (25, 31), (40, 50)]] == \
+        [False, False, True, True, True, False]

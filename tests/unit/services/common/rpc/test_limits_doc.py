@@ -21,7 +21,8 @@ ROW = re.compile(r"^\| (\w+) \| `(\w+)` \| ([^|]+) \| `(--[\w-]+)` \| `(SPECKV_\
 LIMITS = {
     "every": {"max_streams", "max_streams_per_peer", "workers", "max_queued_calls", "max_message_mb"},
     "kvstore": {"max_reservation_lease_s", "pin_lease_s", "max_family_chars", "data_max_connections",
-                "data_read_timeout_s", "kv_events_replay_batches"},
+                "data_read_timeout_s", "data_unauth_max_connections", "data_unauth_per_address",
+                "data_auth_timeout_s", "kv_events_replay_batches"},
     "scheduler": {"max_prompt_tokens", "max_family_chars"},
     "predictor": {"max_families_tracked"},
 }
