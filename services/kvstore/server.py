@@ -68,7 +68,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     clock = clock or SystemClock()
     store = build_core(config, clock)
     nixl = NixlEndpoint(store, config.nixl)
-    transports = build_transports(config, telemetry, clock, lambda: nixl.agent)
+    transports = build_transports(config, telemetry, clock, lambda: nixl.source_agent)
     # data_plane_auth: the gate mints and checks write capabilities; peers keeps replicas to registered nodes.
     agent: SchedulerAgent | None = None
     gate = WriteGate(config.node_id, clock, config.capability_ttl_s) if config.protected else None

@@ -21,6 +21,14 @@ class NixlEndpoint:
         self._enabled = enabled
         self._loader = loader
         self.agent: NixlAgent | None = None
+        self._every_pool = False  # every tier's pool is registered (none is on a GPU)
+
+    @property
+    def source_agent(self) -> NixlAgent | None:
+        """The agent for writing replicas out: only when every pool is
+        registered, since a block in an unregistered (GPU) pool cannot be
+        NIXL's source, and the tier is known only once the order runs."""
+        return self.agent if self._every_pool else None
 
     def start(self) -> None:
         """Creates the agent if NIXL is there (the loader says once if not)."""
@@ -34,9 +42,11 @@ class NixlEndpoint:
             log.warning("NIXL agent did not start (%s: %s): --transport auto uses tcp where nixl would carry a "
                         "replication", type(exc).__name__, exc)
             return
-        log.info("NIXL agent %s: pools %s registered", self.agent.name, ", ".join(pools))
+        self._every_pool = len(pools) == (1 if self._store.stats().host is None else 2)
+        log.info("NIXL agent %s: pools %s registered%s", self.agent.name, ", ".join(pools),
+                 "" if self._every_pool else "; a pool on the GPU is not, so replicas from here go by tcp")
 
     def stop(self) -> None:
-        agent, self.agent = self.agent, None
+        agent, self.agent, self._every_pool = self.agent, None, False
         if agent is not None:
             agent.close()

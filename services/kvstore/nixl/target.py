@@ -5,9 +5,9 @@ target's reserved pages (one descriptor pair per (layer, K/V) and run of
 consecutive pages, layout.py). Not core: it calls the target over gRPC and
 NIXL.
 
-Per order: this kvstore's agent must exist (NIXL installed, --nixl on) and
-hold every local pool (a GPU pool is not registered: tcp), and the target
-must answer NixlMetadata (an older kvstore, or one without NIXL, does not:
+Per order: this kvstore's agent must exist (NIXL installed, --nixl on), the
+target must answer NixlMetadata with a pool for the order's tier (a GPU pool
+is not registered: tcp) (an older kvstore, or one without NIXL, does not:
 tcp). The target's metadata is loaded into the agent once and kept
 (NixlPeers) until its Reserve names another agent (a restart: the
 reservation is aborted, the old agent dropped, the order fails UNAVAILABLE
@@ -128,6 +128,8 @@ class NixlReplicationTarget:
     def reserve(self, order: TransferOrder, lease_s: float) -> Grant:
         agent = self._agent_of()
         self._remote = self._peers.remote_of(self._control, agent) if agent is not None else None
+        if self._remote is not None and order.tier.medium not in self._remote.pools:
+            self._remote = None  # that tier of the target is not registered (a GPU pool): tcp
         if self._remote is None:
             grant = self._fallback.reserve(order, lease_s)
             self.transport = self._fallback.transport
