@@ -2,7 +2,8 @@
 byte-identical copies, `auto` picks shared memory on one host and nixl where
 the target shares nothing, nixl missing gives tcp with one line, and a kill
 -9 of either end mid-transfer leaves no partial block and frees the
-reservation. Skipped where NIXL is not installed (make .venv/.installed-nixl)."""
+reservation; over TLS only a node or the admin gets the agent's metadata.
+Skipped where NIXL is not installed (make .venv/.installed-nixl)."""
 from __future__ import annotations
 
 import os
@@ -12,8 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from speckv.services.cluster.certs import make_bundle
+from speckv.services.common.rpc.server import open_channel
+from speckv.services.common.rpc.telemetry import build_telemetry
+from speckv.services.kvstore.config import KVStoreConfig
 from speckv.services.kvstore.nixl.loader import MODULES, NixlLoader
-from speckv.v1 import common_pb2, kvstore_pb2
+from speckv.services.kvstore.server import build_server as build_kvstore
+from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 from speckv.loadgen.bench.transfer.procs import start_kvstore
 from tests.support.kvstore_procs import (
     GEOMETRY_ARGS,
@@ -154,3 +160,28 @@ def test_source_killed_mid_transfer_publishes_nothing_and_the_lease_frees_the_re
         after = stats(b)
         assert after.used_pages == 0 and after.blocks_committed_total == 0
         assert present(b, HASHES) == [False] * len(HASHES)
+
+
+def test_over_tls_only_a_node_or_the_admin_gets_the_metadata(tmp_path):
+    """The metadata holds the remote keys of the whole pools: a service's
+    certificate (here the scheduler's) is refused, a node's and the admin's
+    are answered."""
+    certs = make_bundle(tmp_path, ["node-a", "node-b"])
+    files = certs.node("node-b")
+    config = KVStoreConfig(node_id="node-b", device_pages=16, tls_cert=files.cert, tls_key=files.key,
+                           tls_ca=files.ca)
+    config.validate()
+    node = build_kvstore(config, build_telemetry("kvstore", {})).start()
+    try:
+        for who, expected in ((certs.service("scheduler"), grpc.StatusCode.PERMISSION_DENIED),
+                              (certs.node("node-a"), None), (certs.admin, None)):
+            with open_channel(node.address, None, tls=who.load(), peer_role="kvstore") as channel:
+                call = kvstore_pb2_grpc.KVStoreStub(channel).NixlMetadata
+                if expected is None:
+                    assert call(kvstore_pb2.NixlMetadataRequest(), timeout=TIMEOUT).agent_name.startswith("speckv-")
+                    continue
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(kvstore_pb2.NixlMetadataRequest(), timeout=TIMEOUT)
+                assert refused.value.code() == expected
+    finally:
+        node.stop(grace_s=1.0)
