@@ -74,7 +74,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=0, help="timed replications per setting (default 5, quick 2)")
     parser.add_argument("--chunks-kib", default="256,1024,4096", help="chunk sizes, KiB, comma-separated")
     parser.add_argument("--transports", default="shm,tcp,grpc",
-                        help="data planes to measure: shm (same-host shared memory), tcp, nixl (NIXL, if installed), grpc")
+                        help="data planes to measure: shm (same-host shared memory), tcp, nixl (if installed), grpc")
     parser.add_argument("--no-protection", action="store_true",
                         help="skip the data_plane_auth on/off comparison")
     return parser.parse_args(argv)

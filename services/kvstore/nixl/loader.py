@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 from types import ModuleType
 from typing import Callable
@@ -66,9 +67,18 @@ class NixlLoader:
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 continue
             if hasattr(module, "nixl_agent"):
+                _quiet_nixl_logger()
                 return module, ""
             errors.append(f"{name}: no nixl_agent")
         return None, "; ".join(errors)
+
+
+def _quiet_nixl_logger() -> None:
+    """NIXL's Python logger prints INFO lines to stdout with its own handler
+    (the kvstore's stdout carries its address line for tools): warnings only,
+    unless NIXL_LOG_LEVEL asks otherwise. The kvstore logs the agent's start."""
+    if not os.environ.get("NIXL_LOG_LEVEL"):
+        logging.getLogger("nixl").setLevel(logging.WARNING)
 
 
 LOADER = NixlLoader()  # the process's one import of NIXL
