@@ -1,8 +1,10 @@
-"""NIXL under data_plane_auth (docs/security.md) on real servers: a protected
-order replicates over nixl, and a NIXL reservation's Commit and Abort need
-its write capability (missing, forged or another reservation's: refused,
-nothing published), as on every transport. What the capability cannot bound
-(a metadata holder writing the pool directly) is stated in docs/dataplane.md."""
+"""NIXL on real in-process servers: under data_plane_auth (docs/security.md)
+a protected order replicates over nixl, and a NIXL reservation's Commit and
+Abort need its write capability (missing, forged or another reservation's:
+refused, nothing published), as on every transport; a target restarted at
+the same address (a new agent) fails one order cleanly, then takes the next.
+What the capability cannot bound (a metadata holder writing the pool
+directly) is stated in docs/dataplane.md."""
 from __future__ import annotations
 
 import contextlib
@@ -69,3 +71,25 @@ def test_a_nixl_reservation_commits_and_aborts_only_with_its_capability():
         abort = kvstore_pb2.AbortRequest(handle=grant.handle, reason="done", capability=grant.capability)
         assert dst.Abort(abort, timeout=TIMEOUT).pages_freed == 1
         assert not dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=[901]), timeout=TIMEOUT).present[0]
+
+
+def test_a_target_restarted_at_the_same_address_fails_one_order_then_takes_the_next():
+    """The source holds the old agent's metadata; the new kvstore's Reserve
+    names another agent: that order is aborted (nothing reserved stays) and
+    fails UNAVAILABLE, and the next one loads the new agent."""
+    with kvstore(node_id="src") as (_, src), kvstore(node_id="dst", shared_memory=False) as (first, _):
+        port = int(first.address.rpartition(":")[2])
+        put(src, *CHAIN)
+
+        def order(order_id: str) -> kvstore_pb2.ReplicateRequest:
+            return kvstore_pb2.ReplicateRequest(order=common_pb2.ReplicationOrder(
+                order_id=order_id, family="f", block_hashes=CHAIN[:1], source_node="src", target_node="dst",
+                target_address=first.address), transport="nixl")
+        assert src.Replicate(order("before"), timeout=TIMEOUT).transport == "nixl"
+        first.stop(grace_s=1.0)
+        with kvstore(node_id="dst", shared_memory=False, port=port) as (_, again):
+            assert denied(lambda: src.Replicate(order("stale"), timeout=TIMEOUT)) == grpc.StatusCode.UNAVAILABLE
+            assert again.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).reserved_pages == 0
+            reply = src.Replicate(order("after"), timeout=TIMEOUT)
+            assert reply.state == common_pb2.ORDER_STATE_COMMITTED and reply.transport == "nixl", reply.message
+            assert [b.data for b in get(again, CHAIN[0])] == [block_bytes(CHAIN[0])]
