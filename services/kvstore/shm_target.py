@@ -9,7 +9,8 @@ on this kernel; its arenas are mapped once and kept (SharedPoolsCache) until
 the target answers other ones (a restart) or stops answering (then they are
 unmapped, so a dead target's memory is not kept alive here). When it does not share them (another
 host, another user, a GPU pool, --no-shared-memory) the order goes to the
-fallback transport instead (TCP), and the result names the transport used.
+fallback transport instead (NIXL where both ends have it, else TCP; under
+--transport auto), and the result names the transport used.
 
 From a host pool the source hands over its pinned pool and pages
 (copy_pages): one memcpy per (layer, K/V) and run of consecutive pages, each
@@ -146,8 +147,9 @@ class ShmReplicationTarget:
 
     @property
     def copies_pages(self) -> bool:
-        """Whether the source should hand its pool to copy_pages (not chunks)."""
-        return self._pools is not None
+        """Whether the source should hand its pool to copy_pages (not chunks):
+        shared memory, or a fallback that copies pages itself (NIXL)."""
+        return self._pools is not None or bool(getattr(self._fallback, "copies_pages", False))
 
     def copy_pages(self, handle: str, source: np.ndarray, source_pages: Sequence[int],
                    source_crcs: np.ndarray) -> None:
@@ -155,6 +157,9 @@ class ShmReplicationTarget:
         memcpy per (layer, K/V) and run of consecutive pages on both sides,
         checksums every landed segment while it is hot and compares it with
         the source's (source_crcs: [pages, 2 * layers]); Aborted on a mismatch."""
+        if self._pools is None:
+            self._fallback.copy_pages(handle, source, source_pages, source_crcs)  # type: ignore[attr-defined]
+            return
         grant, pools = self._grant, self._pools
         assert grant is not None and pools is not None and grant.handle == handle
         target = pools.pool(grant.pages_medium)
@@ -182,7 +187,7 @@ class ShmReplicationTarget:
             return self._fallback.commit(handle, chunk_crcs, replica_lease_s)
         segments: Sequence[int] = ()
         if self._landed is not None:  # copy_pages checked every segment: send them, and a checksum per block
-            chunk_crcs = _block_crcs(self._landed, self._pools.geometry.segment_bytes,
+            chunk_crcs = block_crcs(self._landed, self._pools.geometry.segment_bytes,
                                      self._pools.geometry.bytes_per_block)
             segments = self._landed.reshape(-1).tolist()
         try:
@@ -205,7 +210,7 @@ class ShmReplicationTarget:
                 time.sleep(wait)
 
 
-def _block_crcs(segment_crcs: np.ndarray, segment_bytes: int, block_bytes: int) -> dict[int, int]:
+def block_crcs(segment_crcs: np.ndarray, segment_bytes: int, block_bytes: int) -> dict[int, int]:
     """Per-block chunk checksums (offset -> crc32c) folded from segment ones."""
     out = {}
     for i, row in enumerate(segment_crcs.tolist()):

@@ -99,14 +99,22 @@ class SharedPages:
                 return Placement(tier.tier, entry.page)
         return None
 
-    def reservation_pages(self: KVStoreCore, handle: str) -> tuple[Tier, list[PageId]]:
+    def host_pools(self: KVStoreCore) -> dict[Tier, np.ndarray]:
+        """The pool arrays of the tiers in host memory (what a NIXL agent
+        registers, nixl/agent.py), shared or not."""
+        return {tier.tier: tier.pool.data for tier in self._tiers() if tier.pool.zero_copy}
+
+    def reservation_pages(self: KVStoreCore, handle: str, shared: bool = True) -> tuple[Tier, list[PageId]]:
         """The tier and pages of a live reservation, in reserved block order;
-        FailedPrecondition when that tier is not in shared memory."""
+        FailedPrecondition when that tier is not in shared memory (shared) or
+        not in host memory (not shared: a NIXL writer's)."""
         validate.identifier(handle, "handle")
         with self._lock:
             self._reap()
             tier = self._book_of(handle)
-            if arena_of(tier.pool.backend) is None:
+            if not shared and not tier.pool.zero_copy:
+                raise FailedPrecondition(f"reservation {handle} is in {tier.medium} memory not in the host")
+            if shared and arena_of(tier.pool.backend) is None:
                 raise FailedPrecondition(f"reservation {handle} is in {tier.medium} memory that is not shared")
             reservation = tier.book.check_live(Handle(handle))
             return tier.tier, list(reservation.pages)

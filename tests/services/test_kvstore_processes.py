@@ -41,9 +41,10 @@ def test_two_processes_replicate_hundreds_of_blocks_byte_for_byte(transport, chu
 
 
 def test_target_without_data_plane_gets_the_grpc_fallback():
-    with processes(("a", []), ("b", ["--transport", "grpc", "--no-shared-memory"])) as (a, b):
+    with processes(("a", []), ("b", ["--transport", "grpc", "--no-shared-memory", "--no-nixl"])) as (a, b):
         put(a, HASHES[:20])
-        # a's default, auto: b shares no memory (else shm would carry it) and has no data plane
+        # a's default, auto: b shares no memory (else shm would carry it), has no NIXL agent (else nixl) and
+        # no data plane
         reply = a.stub.Replicate(replicate_request(a, b, HASHES[:20]), timeout=TIMEOUT)
         assert reply.state == common_pb2.ORDER_STATE_COMMITTED and reply.transport == "grpc"
         assert blocks_of(b, HASHES[:20]) == [block(h) for h in HASHES[:20]]

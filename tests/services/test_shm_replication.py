@@ -56,7 +56,7 @@ def test_blocks_the_target_holds_are_not_sent_again(pair):
 
 
 def test_auto_is_shared_memory_on_one_host_and_tcp_to_a_target_sharing_nothing():
-    with processes(("a", []), ("b", []), ("c", ["--no-shared-memory"])) as (a, b, c):
+    with processes(("a", []), ("b", []), ("c", ["--no-shared-memory", "--no-nixl"])) as (a, b, c):
         put(a, HASHES[:20])
         to_b = a.stub.Replicate(replicate_request(a, b, HASHES[:20]), timeout=TIMEOUT)  # a's default: auto
         to_c = a.stub.Replicate(replicate_request(a, c, HASHES[:20], transport="shm"), timeout=TIMEOUT)

@@ -40,6 +40,7 @@ ADAPTERS = {
     "speckv.services.kvstore.agent",
     "speckv.services.kvstore.config",
     "speckv.services.kvstore.grpc_target",
+    "speckv.services.kvstore.nixl.target",
     "speckv.services.kvstore.server",
     "speckv.services.kvstore.servicer",
     "speckv.services.kvstore.dataplane.tcp_target",

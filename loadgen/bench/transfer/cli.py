@@ -11,7 +11,7 @@ Order of work:
   2. two kvstore PROCESSES on loopback (`python -m speckv.services.cli
      kvstore`, llama-3-8b geometry: 2 MiB blocks), pools warmed by one
      untimed replication of the full volume per transport;
-  3. for each transport (shm, tcp, grpc) and chunk size: PutBlocks a fresh set of
+  3. for each transport (shm, tcp, nixl, grpc) and chunk size: PutBlocks a fresh set of
      hashes into the source (evicting the previous set, so pages are reused
      and warm; not timed), then time Replicate from the call until it returns
      committed; one sampled block is read back from the target and compared.
@@ -21,7 +21,12 @@ Order of work:
      is shared, so this pairs each number with a ceiling taken under the
      same load. The official ratios use the run's best ceiling. shm's
      ceiling is a NumPy memcpy of the same volume (`memcpy_adjacent_gbps`,
-     ratio `..._over_adjacent_memcpy`; headline `shm_over_memcpy`).
+     ratio `..._over_adjacent_memcpy`; headline `shm_over_memcpy`). nixl's
+     is NIXL's own WRITE of the same bytes between two bare agents
+     (transfer/nixl_raw.py, `raw_nixl_adjacent_gbps`, also
+     `ceilings.raw_nixl_gbps`; headline `nixl_over_raw_nixl`); nixl runs one
+     chunk size (1 MiB): unpaced, an order is one NIXL transfer whatever
+     the chunk.
 
   4. the data plane's protection (transfer/protect.py): replication with
      data_plane_auth on against off, alternating in the same run, and the
@@ -37,7 +42,7 @@ Order of work:
      host<->device copy).
 
 Targets (docs/dataplane.md): tcp_over_socket >= 0.8 (chunks >= 1 MiB);
-shm_over_memcpy >= 0.8; NumPy
+shm_over_memcpy >= 0.8; nixl_over_raw_nixl >= 0.9; NumPy
 pack/unpack >= 0.5 x memcpy; GPU pack/unpack >= 0.7 x device copy; NumPy
 demote/promote >= 0.5 x memcpy; CuPy demote/promote >= 0.7 x the plain copy.
 """
@@ -52,7 +57,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from speckv.loadgen.bench.transfer import ceilings, flood
+from speckv.loadgen.bench.transfer import ceilings, flood, nixl_raw
 from speckv.loadgen.bench.transfer import protect
 from speckv.loadgen.bench.transfer import tiers
 from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
@@ -73,7 +78,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=0, help="timed replications per setting (default 5, quick 2)")
     parser.add_argument("--chunks-kib", default="256,1024,4096", help="chunk sizes, KiB, comma-separated")
     parser.add_argument("--transports", default="shm,tcp,grpc",
-                        help="data planes to measure: shm (same-host shared memory), tcp, grpc")
+                        help="data planes to measure: shm (same-host shared memory), tcp, nixl (if installed), grpc")
     parser.add_argument("--no-protection", action="store_true",
                         help="skip the data_plane_auth on/off comparison")
     parser.add_argument("--flood", type=int, default=0,
@@ -107,7 +112,13 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     show_tier_moves(results["tier_moves"])
     chunk_sizes = [int(c) * KIB for c in args.chunks_kib.split(",") if c]
     transports = [t for t in args.transports.split(",") if t]
+    if "nixl" in transports and not nixl_raw.available():
+        print("nixl: NIXL is not installed here (make .venv/.installed-nixl); no nixl row")
+        transports.remove("nixl")
     results["replication"] = measure_replication(geometry, blocks, chunk_sizes, transports, repeats, environ)
+    raw_nixl = [r["raw_nixl_adjacent_gbps"] for r in results["replication"] if r["transport"] == "nixl"]
+    if raw_nixl:
+        results["ceilings"]["raw_nixl_gbps"] = max(raw_nixl)
     if not args.no_protection:
         results["protection"] = measure_protection(geometry, blocks, max(3, repeats), environ)
     if args.flood:
@@ -226,12 +237,13 @@ def measure_replication(geometry, blocks: int, chunk_sizes: list[int], transport
         rows = []
         for transport in transports:
             bench.replicate(transport, 1024 * KIB)  # warm-up: touches every page of both pools
-            for chunk in chunk_sizes:
+            for chunk in ([1024 * KIB] if transport == "nixl" else chunk_sizes):
                 runs = [bench.replicate(transport, chunk) for _ in range(repeats)]
-                # shm's ceiling is a memcpy of the same bytes; the others' the raw socket
-                ceiling = "memcpy" if transport == "shm" else "socket"
+                # shm's ceiling is a memcpy of the same bytes; nixl's NIXL's own write of them; the others' the socket
+                ceiling = {"shm": "memcpy", "nixl": "raw_nixl"}.get(transport, "socket")
                 adjacent = (ceilings.memcpy_gbps(blocks * geometry.bytes_per_block, repeats) if ceiling == "memcpy"
-                            else link.gbps(repeats))
+                            else nixl_raw.raw_nixl_gbps(blocks * geometry.bytes_per_block, repeats)
+                            if ceiling == "raw_nixl" else link.gbps(repeats))
                 row = {"transport": transport, "chunk_bytes": chunk, "gbps": max(runs),
                        "gbps_median": statistics.median(runs), "runs_gbps": runs,
                        "bytes": blocks * geometry.bytes_per_block, f"{ceiling}_adjacent_gbps": adjacent}
@@ -297,6 +309,10 @@ def headline_ratios(results: dict[str, Any]) -> dict[str, float]:
     rows = results.get("replication", [])
     tcp = [r["gbps"] for r in rows if r["transport"] == "tcp" and r["chunk_bytes"] >= MIB]
     shm = [r["gbps"] for r in rows if r["transport"] == "shm"]
+    nixl = [r for r in rows if r["transport"] == "nixl"]
+    if nixl:
+        best = max(nixl, key=lambda r: r["gbps"])
+        out["nixl_over_raw_nixl"] = best["gbps"] / c["raw_nixl_gbps"]
     if tcp:
         out["tcp_over_socket"] = max(tcp) / c["socket_gbps"]
     if shm:
@@ -314,6 +330,9 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
         if row["transport"] == "shm":
             out[f"{name}_over_memcpy"] = row["gbps"] / c["memcpy_gbps"]
             out[f"{name}_over_adjacent_memcpy"] = row["gbps"] / row["memcpy_adjacent_gbps"]
+            continue
+        if row["transport"] == "nixl":
+            out[f"{name}_over_raw_nixl"] = row["gbps"] / row["raw_nixl_adjacent_gbps"]
             continue
         out[f"{name}_over_socket"] = row["gbps"] / c["socket_gbps"]
         out[f"{name}_over_adjacent_socket"] = row["gbps"] / row["socket_adjacent_gbps"]

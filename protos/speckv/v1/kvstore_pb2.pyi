@@ -220,7 +220,7 @@ class ReplicateResponse(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., seconds: _Optional[float] = ..., message: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium", "shared_memory")
+    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium", "shared_memory", "nixl")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,7 @@ class ReserveRequest(_message.Message):
     HAS_PARENT_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    NIXL_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     lease_ms: int
@@ -239,7 +240,8 @@ class ReserveRequest(_message.Message):
     has_parent: bool
     medium: str
     shared_memory: bool
-    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+    nixl: bool
+    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ..., nixl: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "capability_secret", "pages", "pages_medium", "pages_token")
@@ -396,3 +398,31 @@ class MapBlocksResponse(_message.Message):
     lease_s: float
     pool_tokens: _containers.ScalarMap[str, str]
     def __init__(self, pages: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[str]] = ..., lease_s: _Optional[float] = ..., pool_tokens: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NixlMetadataRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NixlPool(_message.Message):
+    __slots__ = ("medium", "address", "size", "num_pages")
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    medium: str
+    address: int
+    size: int
+    num_pages: int
+    def __init__(self, medium: _Optional[str] = ..., address: _Optional[int] = ..., size: _Optional[int] = ..., num_pages: _Optional[int] = ...) -> None: ...
+
+class NixlMetadataResponse(_message.Message):
+    __slots__ = ("agent_name", "metadata", "pools", "geometry")
+    AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    agent_name: str
+    metadata: bytes
+    pools: _containers.RepeatedCompositeFieldContainer[NixlPool]
+    geometry: _common_pb2.KVGeometry
+    def __init__(self, agent_name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., pools: _Optional[_Iterable[_Union[NixlPool, _Mapping]]] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ...) -> None: ...

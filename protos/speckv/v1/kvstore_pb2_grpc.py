@@ -109,6 +109,11 @@ class KVStoreStub:
                 request_serializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksRequest.SerializeToString,
                 response_deserializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksResponse.FromString,
                 _registered_method=True)
+        self.NixlMetadata = channel.unary_unary(
+                '/speckv.v1.KVStore/NixlMetadata',
+                request_serializer=speckv_dot_v1_dot_kvstore__pb2.NixlMetadataRequest.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_kvstore__pb2.NixlMetadataResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -219,6 +224,17 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NixlMetadata(self, request, context):
+        """NIXL (docs/dataplane.md): this kvstore's NIXL agent metadata and the
+        host pools registered with it, so a peer kvstore can write reserved pages
+        with NIXL (Reserve with nixl set, then Commit with shared_memory set).
+        FAILED_PRECONDITION when this kvstore has no NIXL agent. Over TLS only a
+        node or the admin may ask.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -296,6 +312,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.MapBlocks,
                     request_deserializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksRequest.FromString,
                     response_serializer=speckv_dot_v1_dot_kvstore__pb2.MapBlocksResponse.SerializeToString,
+            ),
+            'NixlMetadata': grpc.unary_unary_rpc_method_handler(
+                    servicer.NixlMetadata,
+                    request_deserializer=speckv_dot_v1_dot_kvstore__pb2.NixlMetadataRequest.FromString,
+                    response_serializer=speckv_dot_v1_dot_kvstore__pb2.NixlMetadataResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -703,6 +724,33 @@ class KVStore:
             '/speckv.v1.KVStore/MapBlocks',
             speckv_dot_v1_dot_kvstore__pb2.MapBlocksRequest.SerializeToString,
             speckv_dot_v1_dot_kvstore__pb2.MapBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NixlMetadata(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.KVStore/NixlMetadata',
+            speckv_dot_v1_dot_kvstore__pb2.NixlMetadataRequest.SerializeToString,
+            speckv_dot_v1_dot_kvstore__pb2.NixlMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
