@@ -68,7 +68,8 @@ def test_a_nixl_reservation_commits_and_aborts_only_with_its_capability():
             abort = kvstore_pb2.AbortRequest(handle=grant.handle, reason="attacker", capability=capability)
             assert denied(lambda: dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
         assert dst.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).reserved_pages == 2
-        abort = kvstore_pb2.AbortRequest(handle=grant.handle, reason="done", capability=grant.capability)
+        abort = kvstore_pb2.AbortRequest(handle=grant.handle, reason="done", capability=grant.capability,
+                                         capability_secret=grant.capability_secret)
         assert dst.Abort(abort, timeout=TIMEOUT).pages_freed == 1
         assert not dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=[901]), timeout=TIMEOUT).present[0]
 
