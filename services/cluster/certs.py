@@ -66,6 +66,10 @@ class CertBundle:
     def node(self, node_id: str) -> TlsFiles:
         return self.of(Identity.node(node_id))
 
+    def engine(self, node_id: str) -> TlsFiles:
+        """The certificate of node_id's inference engine (its connector)."""
+        return self.of(Identity.engine(node_id))
+
     def service(self, name: str) -> TlsFiles:
         return self.of(Identity.service(name))
 
@@ -75,22 +79,23 @@ class CertBundle:
 
 
 def identity_dir(root: Path, identity: Identity) -> Path:
-    if identity.role.value == "node":
-        return root / "node" / identity.name
+    if identity.role.value in ("node", "engine"):
+        return root / identity.role.value / identity.name
     return root / (identity.name or identity.role.value)
 
 
 def make_bundle(out: Path, nodes: Sequence[str], hosts: Sequence[str] = (), days: int = DEFAULT_DAYS,
                 now: dt.datetime | None = None) -> CertBundle:
     """A fresh CA and certificates for the admin, the scheduler, the
-    predictor and each node id, written under out (created if missing;
+    predictor, each node id and each node's engine, written under out (created if missing;
     files of an earlier bundle there are replaced). hosts: extra DNS names
     or IPs every server certificate also carries (compose service names)."""
     if days < 1:
         raise InvalidArgument(f"days={days}: must be >= 1")
     if len(set(nodes)) != len(nodes):
         raise InvalidArgument(f"nodes {list(nodes)}: a node id appears twice")
-    identities = [ADMIN, *(Identity.service(s) for s in SERVICES), *(Identity.node(n) for n in nodes)]
+    identities = [ADMIN, *(Identity.service(s) for s in SERVICES), *(Identity.node(n) for n in nodes),
+                  *(Identity.engine(n) for n in nodes)]
     now = now or dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "speckv local CA"),
@@ -110,7 +115,7 @@ def make_bundle(out: Path, nodes: Sequence[str], hosts: Sequence[str] = (), days
 
 
 def issue_node(bundle: CertBundle, node_id: str, hosts: Sequence[str] = ()) -> CertBundle:
-    """The bundle with a certificate for one more node, signed by the same
+    """The bundle with a certificate for one more node (and its engine), signed by the same
     CA (a node added to a running cluster). Only a bundle make_bundle made
     in this process can (its CA key lives in memory only)."""
     if bundle.authority is None:
@@ -119,8 +124,10 @@ def issue_node(bundle: CertBundle, node_id: str, hosts: Sequence[str] = ()) -> C
     if identity in bundle.files:
         raise InvalidArgument(f"{bundle.root}: node {node_id} has a certificate already")
     ca_key, ca_cert, days = bundle.authority
-    files = {**bundle.files, identity: _issue(bundle.root, identity, ca_key, ca_cert, hosts,
-                                               dt.datetime.now(dt.timezone.utc), days)}
+    now = dt.datetime.now(dt.timezone.utc)
+    files = {**bundle.files, identity: _issue(bundle.root, identity, ca_key, ca_cert, hosts, now, days),
+             Identity.engine(node_id): _issue(bundle.root, Identity.engine(node_id), ca_key, ca_cert, hosts, now,
+                                              days)}
     return CertBundle(bundle.root, files, bundle.authority)
 
 
@@ -138,7 +145,8 @@ def _issue(out: Path, identity: Identity, ca_key: ec.EllipticCurvePrivateKey, ca
 
 def bundle_complete(out: Path, nodes: Sequence[str]) -> bool:
     """out holds the CA and a certificate and key for each identity make_bundle would write."""
-    identities = [ADMIN, *(Identity.service(s) for s in SERVICES), *(Identity.node(n) for n in nodes)]
+    identities = [ADMIN, *(Identity.service(s) for s in SERVICES), *(Identity.node(n) for n in nodes),
+                  *(Identity.engine(n) for n in nodes)]
     return (out / "ca.pem").is_file() and all(
         (identity_dir(out, i) / name).is_file() for i in identities for name in ("cert.pem", "key.pem"))
 
@@ -186,7 +194,8 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """`speckv certs`: write a bundle (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="speckv certs", description="Make a local CA and mutual-TLS "
-                                     "certificates for the admin, scheduler, predictor and each node.")
+                                     "certificates for the admin, scheduler, predictor, each node and "
+                                     "each node's engine.")
     parser.add_argument("--out", required=True, help="folder to write into (created if missing)")
     parser.add_argument("--nodes", default="", help="node ids, comma-separated (e.g. node-0,node-1)")
     parser.add_argument("--host", action="append", default=[],

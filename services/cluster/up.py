@@ -61,8 +61,6 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     if args.engine == "vllm":
         if args.model is None:
             raise InvalidArgument("--engine vllm needs --model DIR (a local model directory)")
-        if args.tls:
-            raise InvalidArgument("--engine vllm with --tls: the connector speaks plaintext gRPC so far")
         extra["kvstore"] = kvstore_geometry_args(args.model, "float32", args.block_size or 32)
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
                        sizes=NodeSizes(args.device_pages, args.host_pages), policy=args.policy,
@@ -77,8 +75,9 @@ def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path
     cores = os.cpu_count() or 1
     try:
         for i, (node, address) in enumerate(sorted(cluster.node_addresses().items())):
+            tls = cluster.certs.engine(node) if cluster.certs is not None else None
             spec = VllmServerSpec(f"vllm-{node}", str(args.model), args.vllm_port_base + i, address,
-                                  host=args.host, block_size=args.block_size or 32, core=i % cores)
+                                  host=args.host, block_size=args.block_size or 32, core=i % cores, tls=tls)
             servers.append((spec, start_server(spec, run_dir / f"{spec.name}.log", environ)))
         for spec, popen in servers:
             wait_healthy(spec, popen, run_dir / f"{spec.name}.log")

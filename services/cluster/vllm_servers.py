@@ -27,6 +27,7 @@ from typing import Mapping
 
 from speckv.services.cluster.parent_death import child_environ
 from speckv.services.common.errors import InvalidArgument, Unavailable
+from speckv.services.common.rpc.tls import TlsFiles
 
 CONNECTOR_MODULE = "speckv.services.engine.vllm_connector.connector"
 
@@ -47,6 +48,7 @@ class VllmServerSpec:
     core: int = 0  # the CPU core its OpenMP threads are bound to
     kv_cache_gib: int = 1
     kv_events_endpoint: str = ""  # e.g. tcp://*:5557: vLLM's own KV events (ZMQ); "": none
+    tls: TlsFiles | None = None  # the node's engine certificate, for a kvstore serving mutual TLS
 
     @property
     def url(self) -> str:
@@ -61,13 +63,19 @@ def server_command(spec: VllmServerSpec) -> list[str]:
     if spec.kvstore:
         transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                    "kv_connector_extra_config": {"kvstore": spec.kvstore}}
+                    "kv_connector_extra_config": {"kvstore": spec.kvstore, **_tls_config(spec.tls)}}
         command += ["--kv-transfer-config", json.dumps(transfer)]
     if spec.kv_events_endpoint:
         events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": spec.kv_events_endpoint,
                   "topic": "kv-events"}
         command += ["--kv-events-config", json.dumps(events)]
     return command
+
+
+def _tls_config(files: TlsFiles | None) -> dict[str, str]:
+    if files is None:
+        return {}
+    return {"tls_cert": files.cert, "tls_key": files.key, "tls_ca": files.ca}
 
 
 def server_environ(spec: VllmServerSpec, environ: Mapping[str, str]) -> dict[str, str]:

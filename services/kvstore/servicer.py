@@ -83,6 +83,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def PutBlocks(self, request_iterator: Iterator[kvstore_pb2.PutBlockRequest],
                   context: grpc.ServicerContext) -> kvstore_pb2.PutBlocksResponse:
+        authz.require_engine_or_admin(context, self._store.node_id, "PutBlocks")
         blocks: list[BlockWrite] = []
         bytes_per_block, max_family = self._store.bytes_per_block, self._limits.max_family_chars
         for message in request_iterator:
@@ -99,6 +100,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def GetBlocks(self, request: kvstore_pb2.GetBlocksRequest,
                   context: grpc.ServicerContext) -> Iterator[kvstore_pb2.BlockData]:
+        authz.require_engine_or_admin(context, self._store.node_id, "GetBlocks")
         blocks = self._store.get_blocks(list(request.block_hashes))
         try:
             for block_hash, buffer in blocks:
@@ -147,7 +149,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             raise InvalidArgument(f"reserve: lease_ms={request.lease_ms}: at most "
                                   f"{self._limits.max_reservation_lease_s * MS:g} ms (max_reservation_lease_s)")
         validate.family(request.family, "reserve: family", self._limits.max_family_chars)
-        source = _source_node(context, request.source_node) if self._gate is not None else request.source_node
+        source = _source_node(context, request.source_node, self._store.node_id) if self._gate is not None \
+            else request.source_node
         grant = self._store.reserve(
             request.order_id, list(request.block_hashes), lease_s, family=request.family,
             parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=source,
@@ -239,6 +242,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def MapBlocks(self, request: kvstore_pb2.MapBlocksRequest,
                   context: grpc.ServicerContext) -> kvstore_pb2.MapBlocksResponse:
+        authz.require_engine_or_admin(context, self._store.node_id, "MapBlocks")
         lease_s = request.lease_ms / MS
         if not 0 < lease_s <= self._limits.pin_lease_s:
             raise InvalidArgument(f"map_blocks: lease_ms={request.lease_ms}: must be in (0, "
@@ -266,17 +270,25 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             raise PermissionDenied(f"reservation {handle}: the capability came without its secret "
                                    "(ReserveResponse.capability_secret)")
         caller = peer_identity(context)
-        if caller is not None and caller not in (ADMIN, Identity(Role.NODE, capability.source_node)):
+        writers = [ADMIN, Identity(Role.NODE, capability.source_node)]
+        if capability.source_node == self._store.node_id:  # this node's engine writing into it (its saves)
+            writers.append(Identity(Role.ENGINE, capability.source_node))
+        if caller is not None and caller not in writers:
             raise PermissionDenied(f"reservation {handle}: {caller} may not write it; its capability is for "
                                    f"source node {capability.source_node!r}")
         return capability
 
 
-def _source_node(context: grpc.ServicerContext, asked: str) -> str:
+def _source_node(context: grpc.ServicerContext, asked: str, own_node: str) -> str:
     """The source a Reserve is for: over TLS a node reserves as itself (the
-    node its certificate proves); the admin, or any caller without TLS, as
-    asked."""
+    node its certificate proves), a node's engine as that node (on it only);
+    the admin, or any caller without TLS, as asked."""
     caller = peer_identity(context)
+    if caller is not None and caller.role is Role.ENGINE:
+        # An engine writes into its own node only (its connector's saves), as that node.
+        if caller.name != own_node:
+            raise PermissionDenied(f"reserve on node {own_node!r}: {caller} is another node's engine")
+        return own_node
     if caller is None or caller.role is not Role.NODE:
         return asked
     if asked and asked != caller.name:

@@ -170,9 +170,11 @@ def test_a_tls_kvstore_registers_streams_its_events_and_is_routed_to(certs):
         config.validate()
         node = build_kvstore(config, build_telemetry("kvstore", {})).start()
         stack.callback(node.stop, grace_s=1.0)
-        with open_channel(node.address, None, tls=files.load(), peer_role="kvstore") as channel:
+        with open_channel(node.address, None, tls=files.load(), peer_role="kvstore") as channel, \
+                open_channel(node.address, None, tls=certs.engine("node-b").load(), peer_role="kvstore") as engine:
             kv = kvstore_pb2_grpc.KVStoreStub(channel)
-            assert put(kv, 11, 12, 13, family="fam").stored == 3
+            # its blocks come from its engine (a node's own certificate may not PutBlocks: test_block_privilege.py)
+            assert put(kvstore_pb2_grpc.KVStoreStub(engine), 11, 12, 13, family="fam").stored == 3
             replicate = kvstore_pb2.ReplicateRequest(order=common_pb2.ReplicationOrder(
                 family="fam", block_hashes=[11], source_node="node-b", target_node="node-a",
                 target_address="127.0.0.1:1"))

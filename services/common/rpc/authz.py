@@ -11,6 +11,10 @@ behaves as before. The rules (docs/security.md):
   ReportOrderStatus from anyone but the order's source node).
 - require_admin: an operator (SetPolicy, SubmitOrder, ReloadModel,
   KVStore.Replicate).
+- require_engine_or_admin: the node's own engine (the connector's
+  certificate, spiffe://speckv/engine/<node>) or an admin: a node's blocks
+  are written and read only by them (PutBlocks, GetBlocks, MapBlocks); peers
+  write replicas through Reserve and its capability, never PutBlocks.
 
 Everything else needs only a certificate the cluster's CA signed, which the
 TLS handshake already demands.
@@ -46,3 +50,10 @@ def require_node_or_admin(context: grpc.ServicerContext, node_id: str, call: str
     if caller is not None and caller not in (ADMIN, Identity(Role.NODE, node_id)):
         raise PermissionDenied(f"{call} for node {node_id!r}: {caller} may not; only that node or the admin "
                                f"({ADMIN.uri}) may")
+
+
+def require_engine_or_admin(context: grpc.ServicerContext, node_id: str, call: str) -> None:
+    caller = peer_identity(context)
+    if caller is not None and caller not in (ADMIN, Identity(Role.ENGINE, node_id)):
+        raise PermissionDenied(f"{call} on node {node_id!r}: {caller} may not; only that node's engine "
+                               f"({Identity(Role.ENGINE, node_id).uri}) or the admin may")

@@ -6,6 +6,7 @@ Identity scheme (docs/security.md): every certificate of a speckv cluster is
 signed by the cluster's CA and carries exactly one SPIFFE-style URI SAN:
 
     spiffe://speckv/node/<node id>       a kvstore (its node id)
+    spiffe://speckv/engine/<node id>     the inference engine beside that kvstore (its connector)
     spiffe://speckv/service/<name>       scheduler | predictor
     spiffe://speckv/admin                an operator (CLI, benchmarks, tests)
 
@@ -44,6 +45,7 @@ ROLES = ("scheduler", "predictor", "kvstore")  # what a client may expect the se
 
 class Role(enum.Enum):
     NODE = "node"
+    ENGINE = "engine"  # a node's inference engine (the vLLM connector): reads and writes that node's blocks
     SERVICE = "service"
     ADMIN = "admin"
     UNKNOWN = "unknown"  # a TLS peer whose certificate names no single speckv identity: matches no rule
@@ -51,8 +53,9 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a certificate says its holder is. name: the node id (NODE), the
-    service name (SERVICE), "" (ADMIN)."""
+    """Who a certificate says its holder is. name: the node id (NODE, and
+    ENGINE: the node whose engine it is), the service name (SERVICE), ""
+    (ADMIN)."""
 
     role: Role
     name: str = ""
@@ -79,6 +82,11 @@ class Identity:
         return Identity(Role.NODE, node_id)
 
     @staticmethod
+    def engine(node_id: str) -> "Identity":
+        check_node_id(node_id)
+        return Identity(Role.ENGINE, node_id)
+
+    @staticmethod
     def service(name: str) -> "Identity":
         if name not in SERVICES:
             raise InvalidArgument(f"service {name!r}: expected one of {', '.join(SERVICES)}")
@@ -95,6 +103,8 @@ class Identity:
         kind, _, name = rest.partition("/")
         if kind == Role.NODE.value and NODE_ID_PATTERN.match(name):
             return Identity(Role.NODE, name)
+        if kind == Role.ENGINE.value and NODE_ID_PATTERN.match(name):
+            return Identity(Role.ENGINE, name)
         if kind == Role.SERVICE.value and name in SERVICES:
             return Identity(Role.SERVICE, name)
         return None

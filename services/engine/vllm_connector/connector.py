@@ -23,6 +23,8 @@ import grpc
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
 
+from speckv.services.common.errors import SpeckvError
+from speckv.services.common.rpc.tls import TlsFiles, TlsMaterial
 from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS, Counters
 from speckv.services.engine.vllm_connector.kvstore_client import KVStoreClient
@@ -57,10 +59,12 @@ class SpeckvConnector(KVConnectorBase_V1):
         settings = ConnectorSettings.parse(self._kv_transfer_config.kv_connector_extra_config or {})
         self.counters = Counters()
         ALL_COUNTERS.append(self.counters)
+        tls, tls_error = _tls(settings)
         self._client = KVStoreClient(settings.kvstore, self.counters, settings.lookup_timeout_s,
                                      settings.transfer_timeout_s, settings.max_message_mb,
-                                     pin_at_lookup=settings.shared_memory)
+                                     pin_at_lookup=settings.shared_memory, tls=tls)
         layout, why_not = layout_of(vllm_config, settings)
+        why_not = tls_error or why_not
         if layout is not None and role == KVConnectorRole.SCHEDULER:
             why_not = _geometry_mismatch(self._client, layout)
         if why_not:
@@ -137,6 +141,16 @@ class SpeckvConnector(KVConnectorBase_V1):
         if self._shared is not None:
             self._shared.close()
         self._client.close()
+
+
+def _tls(settings: ConnectorSettings) -> tuple[TlsMaterial | None, str]:
+    """The engine's TLS material, or why it cannot be used (then the
+    connector stays off: the engine serves, recomputing)."""
+    try:
+        files = TlsFiles.from_settings(settings.tls_cert, settings.tls_key, settings.tls_ca)
+        return (files.load() if files is not None else None), ""
+    except (SpeckvError, OSError, ValueError) as error:
+        return None, f"its TLS files cannot be used: {error}"
 
 
 def _open_shared(client: KVStoreClient, layout: KVLayout, settings: ConnectorSettings,

@@ -18,6 +18,7 @@ from typing import Sequence
 import google_crc32c
 import grpc
 
+from speckv.services.common.rpc.tls import TlsMaterial, dial
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.port import ReadLease
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -52,12 +53,14 @@ class KVStoreClient:
     """One channel to one kvstore (a port.KVStorePort). Deadlines in seconds."""
 
     def __init__(self, address: str, counters: Counters, lookup_timeout_s: float = 0.5,
-                 transfer_timeout_s: float = 10.0, max_message_mb: int = 64, pin_at_lookup: bool = False) -> None:
+                 transfer_timeout_s: float = 10.0, max_message_mb: int = 64, pin_at_lookup: bool = False,
+                 tls: TlsMaterial | None = None) -> None:
+        """tls: mutual TLS as the node's engine (the kvstore must serve TLS); None: plaintext."""
         # bdp_probe off: large streamed messages are much faster on loopback without it (DESIGN.md, "Facts measured on these machines")
         options = [("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", max_message_mb * MIB),
                    ("grpc.max_send_message_length", max_message_mb * MIB)]
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=options)
+        self._channel = dial(address, tls, "kvstore", options)
         self.stub = kvstore_pb2_grpc.KVStoreStub(self._channel)
         self._counters = counters
         self._lookup_timeout_s = lookup_timeout_s

@@ -63,6 +63,8 @@ class WriteSlot:
     positions: tuple[int, ...]
     pages: tuple[int, ...]
     medium: str
+    capability: bytes = b""  # the reservation's write capability and its secret (a protected kvstore)
+    secret: bytes = b""
 
 
 class SharedPort(Protocol):

@@ -26,14 +26,23 @@ class ConnectorSettings:
     transfer_timeout_s: float = 10.0
     max_message_mb: int = 64
     shared_memory: bool = True  # map the kvstore's pools when it runs on this host as this user (off: gRPC only)
+    # Mutual TLS to a kvstore that serves it: the node's engine certificate (spiffe://speckv/engine/<node>),
+    # its key and the cluster's CA (PEM paths; all three or none).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any]) -> "ConnectorSettings":
         if not extra.get("kvstore"):
             raise ValueError("SpeckvConnector: kv_connector_extra_config needs 'kvstore' (host:port)")
         known = {k: extra[k] for k in ("kvstore", "model_id", "lookup_timeout_s", "transfer_timeout_s",
-                                       "max_message_mb", "shared_memory") if k in extra}
+                                       "max_message_mb", "shared_memory", "tls_cert", "tls_key", "tls_ca") if k in extra}
         settings = cls(**known)
+        if not isinstance(settings.shared_memory, bool):
+            raise ValueError(f"SpeckvConnector: shared_memory={settings.shared_memory!r}: true or false")
+        if len({bool(settings.tls_cert), bool(settings.tls_key), bool(settings.tls_ca)}) != 1:
+            raise ValueError("SpeckvConnector: tls_cert, tls_key and tls_ca go together (all three or none)")
         if settings.lookup_timeout_s <= 0 or settings.transfer_timeout_s <= 0:
             raise ValueError("SpeckvConnector: lookup_timeout_s and transfer_timeout_s must be > 0")
         return settings

@@ -111,7 +111,7 @@ class SharedKVStore:
             log.warning("speckv kvstore: reserve of %d blocks failed (%s); they stay engine-only", len(ids),
                         _code(error))
             return None
-        slot = WriteSlot(reply.handle, (), (), reply.pages_medium)
+        slot = WriteSlot(reply.handle, (), (), reply.pages_medium, reply.capability, reply.capability_secret)
         if reply.pages_token != self.pools.token(reply.pages_medium):
             self._stale("a save")
             self.abort(slot, "the writer mapped another arena")
@@ -119,14 +119,16 @@ class SharedKVStore:
         where = {block_id: i for i, block_id in enumerate(ids)}
         positions = tuple(where[h] for h in reply.block_hashes)
         self._counters.add(blocks_already_present=len(ids) - len(positions))
-        return WriteSlot(reply.handle, positions, tuple(reply.pages), reply.pages_medium)
+        return WriteSlot(reply.handle, positions, tuple(reply.pages), reply.pages_medium, reply.capability,
+                         reply.capability_secret)
 
     def commit(self, slot: WriteSlot) -> bool:
         """Checksums the written pages and commits; False on failure (aborted)."""
         crcs = self.pools.blocks_crcs(slot.medium, slot.pages)
         try:
-            self._stub.Commit(kvstore_pb2.CommitRequest(handle=slot.handle, chunk_crc32c=crcs, shared_memory=True),
-                              timeout=self._timeout_s)
+            self._stub.Commit(kvstore_pb2.CommitRequest(handle=slot.handle, chunk_crc32c=crcs, shared_memory=True,
+                                                        capability=slot.capability,
+                                                        capability_secret=slot.secret), timeout=self._timeout_s)
         except grpc.RpcError as error:
             self._counters.add(save_failures=1)
             log.warning("speckv kvstore: commit of %d blocks failed (%s); they stay engine-only", len(slot.pages),
@@ -138,7 +140,8 @@ class SharedKVStore:
 
     def abort(self, slot: WriteSlot, reason: str) -> None:
         try:
-            self._stub.Abort(kvstore_pb2.AbortRequest(handle=slot.handle, reason=reason), timeout=self._timeout_s)
+            self._stub.Abort(kvstore_pb2.AbortRequest(handle=slot.handle, reason=reason, capability=slot.capability,
+                                                      capability_secret=slot.secret), timeout=self._timeout_s)
         except grpc.RpcError:
             pass  # its lease reaps it
 

@@ -18,7 +18,6 @@ from speckv.loadgen.bench.chaos.common import (
     order,
     order_total,
     put,
-    read,
 )
 from speckv.loadgen.bench.chaos.report import Verdict, expect_code
 from speckv.services.cluster.certs import make_bundle
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
 
 AREA = "identity"
 SEEDED = [7_000_001, 7_000_002, 7_000_003]
+POISONED = [7_100_001, 7_100_002]  # hashes node-0 does not hold: a poisoner's write would be the first
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 REFUSED = (grpc.StatusCode.UNAVAILABLE,)  # a failed handshake: the call never reaches a handler
@@ -104,6 +104,19 @@ def run(ctx: "Context") -> None:
     rec.case(AREA, "admin ReloadModel of the name ../../etc (out of the model root)",
              "INVALID_ARGUMENT; model unchanged",
              lambda: _reload(cluster, "admin", predictor_pb2.ReloadModelRequest(name="../../etc"), INVALID))
+    poison = [kvstore_pb2.PutBlockRequest(block_hash=h, data=b"\xee" * len(block_bytes(h)), family="evil")
+              for h in POISONED]
+    rec.case(AREA, "node-1 PutBlocks into node-0 under hashes node-0 lacks (poison them before the real write)",
+             "PERMISSION_DENIED; nothing stored", lambda: expect_code(
+                 lambda: kv_as_node1.PutBlocks(iter(poison), timeout=TIMEOUT), DENIED,
+                 also=lambda: _absent(node0, POISONED)))
+    rec.case(AREA, "node-1 GetBlocks of node-0's blocks (read another node's KV)", "PERMISSION_DENIED",
+             lambda: expect_code(lambda: list(kv_as_node1.GetBlocks(
+                 kvstore_pb2.GetBlocksRequest(block_hashes=SEEDED), timeout=TIMEOUT)), DENIED))
+    rec.case(AREA, "node-1 MapBlocks on node-0 (pin and locate another node's KV)", "PERMISSION_DENIED; nothing pinned",
+             lambda: expect_code(lambda: kv_as_node1.MapBlocks(kvstore_pb2.MapBlocksRequest(
+                 block_hashes=SEEDED, lease_ms=1000), timeout=TIMEOUT), DENIED,
+                 also=lambda: _unpinned(node0)))
     rec.case(AREA, "node-1 calls Replicate on node-0 (make it dial anywhere)", "PERMISSION_DENIED; nothing dialled",
              lambda: expect_code(lambda: kv_as_node1.Replicate(kvstore_pb2.ReplicateRequest(order=order(
                  "node-0", "node-2", ctx.bait_address, SEEDED, "o-evil")), timeout=TIMEOUT), DENIED,
@@ -120,9 +133,6 @@ def run(ctx: "Context") -> None:
              lambda: expect_code(lambda: cluster.kvstore("node-2", "node-1").Reserve(kvstore_pb2.ReserveRequest(
                  order_id="o-spoof", block_hashes=[5], source_node="node-0", lease_ms=5_000), timeout=TIMEOUT),
                  DENIED))
-    rec.case(AREA, "node-1 reads node-0's blocks (allowed: any identity may read)",
-             "OK with the rightful bytes (reads are open to every certificate holder, docs/security.md)",
-             lambda: Verdict(read(kv_as_node1, SEEDED) == [block_bytes(h) for h in SEEDED], "bytes as stored"))
 
 
 def _foreign_admin(directory: Path, real: TlsMaterial) -> TlsMaterial:
@@ -155,3 +165,13 @@ def _reload(cluster, who: str, request: predictor_pb2.ReloadModelRequest, wanted
     after = cluster.predictor().GetModelInfo(predictor_pb2.ModelInfoRequest(), timeout=TIMEOUT)
     same = (before.version, before.source) == (after.version, after.source)
     return Verdict(verdict.ok and same, f"{verdict.observed}; model {after.version} from {after.source}")
+
+
+def _absent(kv: kvstore_pb2_grpc.KVStoreStub, hashes: list[int]) -> tuple[bool, str]:
+    present = list(kv.Lookup(kvstore_pb2.LookupRequest(block_hashes=hashes), timeout=TIMEOUT).present)
+    return not any(present), f"present {present}"
+
+
+def _unpinned(kv: kvstore_pb2_grpc.KVStoreStub) -> tuple[bool, str]:
+    pinned = kv.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).pinned_pages
+    return pinned == 0, f"{pinned} pages pinned"

@@ -12,6 +12,7 @@ from speckv.services.cluster.up import parse_spec
 from speckv.services.cluster.vllm_servers import (
     CONNECTOR_MODULE, VllmServerSpec, kvstore_geometry_args, server_command, server_environ)
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.rpc.tls import TlsFiles
 
 
 def test_the_command_loads_the_connector_onto_the_nodes_kvstore():
@@ -24,6 +25,10 @@ def test_the_command_loads_the_connector_onto_the_nodes_kvstore():
     assert transfer["kv_load_failure_policy"] == "recompute"
     assert json.loads(command[command.index("--kv-events-config") + 1])["endpoint"] == "tcp://*:5557"
     assert "--kv-transfer-config" not in server_command(VllmServerSpec("e", "/m", 1, ""))
+    secured = VllmServerSpec("e", "/m", 1, "a:1", tls=TlsFiles("/t/c.pem", "/t/k.pem", "/t/ca.pem"))
+    extra = json.loads(server_command(secured)[server_command(secured).index("--kv-transfer-config") + 1])
+    assert extra["kv_connector_extra_config"] == {"kvstore": "a:1", "tls_cert": "/t/c.pem", "tls_key": "/t/k.pem",
+                                                  "tls_ca": "/t/ca.pem"}
 
 
 def test_the_environment_binds_a_core_and_drops_the_hash_seed():
@@ -42,12 +47,10 @@ def test_kvstore_geometry_comes_from_the_models_config(tmp_path):
         kvstore_geometry_args(tmp_path, "float32", 32)
 
 
-def test_up_with_vllm_needs_a_model_and_no_tls(tmp_path):
+def test_up_with_vllm_needs_a_model(tmp_path):
     with pytest.raises(InvalidArgument, match="--model"):
         parse_spec(["--engine", "vllm"], {})
     (tmp_path / "config.json").write_text(json.dumps(
         {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64}))
-    with pytest.raises(InvalidArgument, match="tls"):
-        parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--tls"], {})
     spec, args = parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--nodes", "2"], {})
     assert spec.extra_args["kvstore"][:2] == ["--num-layers", "2"] and args.vllm_port_base == 8100

@@ -39,7 +39,7 @@ def _cert(files: TlsFiles) -> x509.Certificate:
 
 def test_bundle_has_one_identity_per_process_and_private_keys(bundle):
     assert set(bundle.files) == {ADMIN, Identity.service("scheduler"), Identity.service("predictor"),
-                                 *(Identity.node(n) for n in NODES)}
+                                 *(Identity.node(n) for n in NODES), *(Identity.engine(n) for n in NODES)}
     for identity, files in bundle.files.items():
         assert files.load().identity == identity
         assert certificate_identities(_cert(files)) == [identity]
@@ -163,3 +163,10 @@ def test_certs_command_writes_a_bundle_and_keeps_a_complete_one(tmp_path, capsys
     assert (out / "ca.pem").read_bytes() == ca and "kept" in capsys.readouterr().out
     assert cli.main(["certs", "--out", str(out), "--nodes", "a,b,c", "--if-missing"], {}) == 0
     assert (out / "ca.pem").read_bytes() != ca and bundle_complete(out, ["a", "b", "c"])
+
+
+def test_an_engine_certificate_names_its_node_and_is_a_client_only(bundle):
+    engine = bundle.engine(NODES[0])
+    assert engine.load().identity == Identity.engine(NODES[0]) == Identity.parse(f"spiffe://speckv/engine/{NODES[0]}")
+    assert Identity.engine(NODES[0]).server_name == ""
+    assert Identity.parse("spiffe://speckv/engine/../x") is None
