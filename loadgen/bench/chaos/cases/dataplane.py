@@ -218,12 +218,14 @@ def run(ctx: "Context") -> None:
              replayed_auth)
 
     def overwrite() -> Verdict:
-        evil = put(cluster.kvstore("node-2", "node-1"), SEEDED, data=lambda h: b"\xee" * len(block_bytes(h)))
+        # as the admin: even an identity that may PutBlocks on node-2 cannot replace what it holds
+        # (another node may not PutBlocks there at all: identity area, issue 43 item 3)
+        evil = put(cluster.kvstore("node-2"), SEEDED, data=lambda h: b"\xee" * len(block_bytes(h)))
         held, what = intact(target, SEEDED)
         return Verdict(held and evil.stored == 0, f"stored {evil.stored}, already present {evil.already_present}; "
                                                   f"{what}")
 
-    rec.case(AREA, "PutBlocks of other bytes over an existing hash", "existing hashes kept as is (stored 0)",
+    rec.case(AREA, "PutBlocks of other bytes over an existing hash (as the admin)", "existing hashes kept as is (stored 0)",
              overwrite)
 
     def replicate_ok() -> Verdict:

@@ -49,8 +49,10 @@ def run(ctx: "Context") -> None:
     def replicate(i: int) -> tuple[float, str]:
         """Seconds of one Replicate, and what went wrong ('' if it committed byte for byte)."""
         start = time.perf_counter()
+        # tcp by name: the flood is against the TCP data plane (on one host auto would pick shared memory)
         reply = source.Replicate(kvstore_pb2.ReplicateRequest(
-            order=order(SOURCE, TARGET, registered, chains[i], f"o-chaos-flood-{i}")), timeout=TIMEOUT)
+            order=order(SOURCE, TARGET, registered, chains[i], f"o-chaos-flood-{i}"), transport="tcp"),
+            timeout=TIMEOUT)
         seconds = time.perf_counter() - start
         held, what = intact(target, chains[i])
         if reply.state != common_pb2.ORDER_STATE_COMMITTED or reply.transport != "tcp" or not held:
