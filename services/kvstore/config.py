@@ -41,7 +41,7 @@ class KVStoreConfig(ServerSettings):
     reservation_lease_s: float = field(default=10.0, metadata={"help": "lease of a replication reservation, renewed by each chunk, seconds"})
     peer_timeout_s: float = field(default=10.0, metadata={"help": "deadline of unary calls to peers and the scheduler, seconds"})
     transport: str = field(default="auto", metadata={"help": "replication data plane: auto (shared memory to a peer that shares its pools on this host, else nixl where both ends have it, else tcp), nixl (NIXL writes; tcp where an end lacks it), tcp (bulk TCP), grpc (WriteChunks only); all but grpc listen on data_port (docs/dataplane.md)"})
-    nixl: bool = field(default=True, metadata={"help": "start a NIXL agent when NIXL is installed, its host pools registered, so peers may write replicas with NIXL (docs/dataplane.md); false (SPECKV_NIXL=false): none, as if NIXL were missing"})
+    nixl: bool = field(default=False, metadata={"help": "start a NIXL agent (NIXL installed), its host pools registered, so peers may write replicas with NIXL (docs/dataplane.md); off by default: registering the pools takes seconds per GiB here (a 4 GB pool: 4.4 s to start instead of 0.7)"})
     data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is auto or tcp; 0 picks a free one"})
     backend: str = field(default="numpy", metadata={"help": f"pool memory: {' | '.join(BACKEND_CHOICES)} (auto: CuPy when a CUDA device is present)"})
     link_gbps: float = field(default=0.0, metadata={"help": "cap on replication bytes this node sends, Gbit/s (emulates a network link); 0: no cap"})

@@ -37,6 +37,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.skipif(NixlLoader().api() is None, reason="NIXL is not installed (make .venv/.installed-nixl)")
 
 PER_CHUNK = 8  # 32 KiB blocks in the 256 KiB chunks asked below: one paced NIXL transfer
+WITH_NIXL = ["--nixl"]  # an agent is off by default (config.py: registering the pools is slow)
 SLOW = ["--link-gbps", "0.04"]  # 5 MB/s: 300 blocks (9.4 MiB) take ~2 s, long enough to kill in the middle
 HASHES = list(range(1, 301))
 NIXL = "nixl"
@@ -44,7 +45,7 @@ NIXL = "nixl"
 
 @pytest.fixture(scope="module")
 def pair():
-    with processes(("a", []), ("b", [])) as (a, b):
+    with processes(("a", WITH_NIXL), ("b", WITH_NIXL)) as (a, b):
         yield a, b
 
 
@@ -93,7 +94,7 @@ def test_a_reservation_for_nixl_names_its_pages_and_the_agent(pair):
 
 
 def test_auto_is_shared_memory_on_one_host_and_nixl_to_a_target_sharing_nothing():
-    with processes(("a", []), ("b", []), ("c", ["--no-shared-memory"])) as (a, b, c):
+    with processes(("a", WITH_NIXL), ("b", WITH_NIXL), ("c", ["--no-shared-memory", *WITH_NIXL])) as (a, b, c):
         put(a, HASHES[:20])
         to_b = a.stub.Replicate(replicate_request(a, b, HASHES[:20]), timeout=TIMEOUT)  # a's default: auto
         to_c = a.stub.Replicate(replicate_request(a, c, HASHES[:20]), timeout=TIMEOUT)
@@ -102,7 +103,7 @@ def test_auto_is_shared_memory_on_one_host_and_nixl_to_a_target_sharing_nothing(
 
 
 def test_a_target_without_nixl_gets_tcp():
-    with processes(("a", []), ("c", ["--no-shared-memory", "--no-nixl"])) as (a, c):
+    with processes(("a", WITH_NIXL), ("c", ["--no-shared-memory", "--no-nixl"])) as (a, c):
         put(a, HASHES[:5])
         reply = a.stub.Replicate(replicate_request(a, c, HASHES[:5], transport=NIXL), timeout=TIMEOUT)
         assert reply.state == common_pb2.ORDER_STATE_COMMITTED and reply.transport == "tcp"
@@ -119,9 +120,9 @@ def test_nixl_missing_gives_tcp_and_one_line(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text("raise ImportError('no NIXL here (test)')\n")
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    a = start_kvstore("a", GEOMETRY_ARGS, environ={"PYTHONPATH": path})
+    a = start_kvstore("a", [*GEOMETRY_ARGS, *WITH_NIXL], environ={"PYTHONPATH": path})
     try:
-        with processes(("c", ["--no-shared-memory"])) as (c,):
+        with processes(("c", ["--no-shared-memory", *WITH_NIXL])) as (c,):
             put(a, HASHES[:5])
             for order in ("m1", "m2"):
                 reply = a.stub.Replicate(replicate_request(a, c, HASHES[:5], order_id=order), timeout=TIMEOUT)
@@ -134,7 +135,7 @@ def test_nixl_missing_gives_tcp_and_one_line(tmp_path):
 
 
 def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact():
-    with processes(("a", SLOW), ("b", [])) as (a, b), ThreadPoolExecutor(1) as pool:
+    with processes(("a", [*SLOW, *WITH_NIXL]), ("b", WITH_NIXL)) as (a, b), ThreadPoolExecutor(1) as pool:
         put(a, HASHES)
         call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport=NIXL), timeout=TIMEOUT)
         assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
@@ -148,7 +149,7 @@ def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact
 
 
 def test_source_killed_mid_transfer_publishes_nothing_and_the_lease_frees_the_reservation():
-    with processes(("a", SLOW), ("b", ["--reservation-lease-s", "2"])) as (a, b), ThreadPoolExecutor(1) as pool:
+    with processes(("a", [*SLOW, *WITH_NIXL]), ("b", ["--reservation-lease-s", "2", *WITH_NIXL])) as (a, b), ThreadPoolExecutor(1) as pool:
         put(a, HASHES)
         call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport=NIXL), timeout=TIMEOUT)
         assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
@@ -168,7 +169,7 @@ def test_over_tls_only_a_node_or_the_admin_gets_the_metadata(tmp_path):
     are answered."""
     certs = make_bundle(tmp_path, ["node-a", "node-b"])
     files = certs.node("node-b")
-    config = KVStoreConfig(node_id="node-b", device_pages=16, tls_cert=files.cert, tls_key=files.key,
+    config = KVStoreConfig(node_id="node-b", device_pages=16, nixl=True, tls_cert=files.cert, tls_key=files.key,
                            tls_ca=files.ca)
     config.validate()
     node = build_kvstore(config, build_telemetry("kvstore", {})).start()

@@ -28,7 +28,8 @@ def cluster() -> Iterator[tuple]:
     """A plaintext scheduler and two protected kvstores registered with it,
     the target's pools private (so that auto would not pick shared memory)."""
     with scheduler() as (sched_server, sched):
-        common = {"scheduler": sched_server.address, "heartbeat_interval_s": 0.2, "data_plane_auth": "on"}
+        common = {"scheduler": sched_server.address, "heartbeat_interval_s": 0.2, "data_plane_auth": "on",
+                  "nixl": True}
         with kvstore(node_id="src", **common) as (_, src), \
                 kvstore(node_id="dst", shared_memory=False, **common) as (dst_server, dst):
             def registered() -> set[str]:
@@ -78,7 +79,8 @@ def test_a_target_restarted_at_the_same_address_fails_one_order_then_takes_the_n
     """The source holds the old agent's metadata; the new kvstore's Reserve
     names another agent: that order is aborted (nothing reserved stays) and
     fails UNAVAILABLE, and the next one loads the new agent."""
-    with kvstore(node_id="src") as (_, src), kvstore(node_id="dst", shared_memory=False) as (first, _):
+    with kvstore(node_id="src", nixl=True) as (_, src), \
+            kvstore(node_id="dst", shared_memory=False, nixl=True) as (first, _):
         port = int(first.address.rpartition(":")[2])
         put(src, *CHAIN)
 
@@ -88,7 +90,7 @@ def test_a_target_restarted_at_the_same_address_fails_one_order_then_takes_the_n
                 target_address=first.address), transport="nixl")
         assert src.Replicate(order("before"), timeout=TIMEOUT).transport == "nixl"
         first.stop(grace_s=1.0)
-        with kvstore(node_id="dst", shared_memory=False, port=port) as (_, again):
+        with kvstore(node_id="dst", shared_memory=False, port=port, nixl=True) as (_, again):
             assert denied(lambda: src.Replicate(order("stale"), timeout=TIMEOUT)) == grpc.StatusCode.UNAVAILABLE
             assert again.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).reserved_pages == 0
             reply = src.Replicate(order("after"), timeout=TIMEOUT)

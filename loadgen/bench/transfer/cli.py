@@ -227,7 +227,7 @@ def _flood_only(args: argparse.Namespace, geometry, blocks: int, repeats: int, r
 
 def measure_replication(geometry, blocks: int, chunk_sizes: list[int], transports: list[str], repeats: int,
                         environ: Mapping[str, str]) -> list[dict[str, Any]]:
-    args = _kvstore_args(geometry, blocks)
+    args = [*_kvstore_args(geometry, blocks), *(["--nixl"] if "nixl" in transports else [])]
     source = start_kvstore("bench-src", args, environ=environ)
     target = link = None
     try:

@@ -3,11 +3,13 @@
 NIXL is optional (the Makefile's .installed-nixl stamp, pyproject's `nixl`
 extra): without it the kvstore runs and `--transport auto` carries what nixl
 would have carried over tcp. The first time NIXL is found missing (or turned
-off) ONE warning line says so and why; later calls return None silently.
+off) ONE line says so and why (a warning when it was asked for and is
+missing, information when it was not asked for); later calls return None
+silently.
 
---no-nixl (SPECKV_NIXL=false; the server passes it in as `disabled`) turns NIXL off
-in a process that has it installed: the operator's switch, and the same path
-as a missing install.
+NIXL is off unless the kvstore is started with --nixl (SPECKV_NIXL=true; the
+server passes the opposite in as `disabled`): registering the pools takes
+seconds per GiB.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ class NixlLoader:
         None when it is missing or disabled."""
         with self._lock:
             if disabled:
-                self._say("--no-nixl")
+                self._say("off: --nixl not given", logging.INFO)
                 return None
             if not self._tried:
                 self._tried = True
@@ -53,10 +55,10 @@ class NixlLoader:
                     self._say(why)
             return self._api
 
-    def _say(self, why: str) -> None:
+    def _say(self, why: str, level: int = logging.WARNING) -> None:
         if not self._said:
             self._said = True
-            self._log.warning(MISSING_LINE.format(why=why))
+            self._log.log(level, MISSING_LINE.format(why=why))
 
     def _import(self) -> tuple[ModuleType | None, str]:
         errors = []

@@ -110,10 +110,10 @@ class MappedArena:
             raise FailedPrecondition(f"shared memory: cannot open {link}: {error.strerror} (another user?)") from None
         try:
             self._check(fd, link, address)
-            # MAP_POPULATE: the page tables are filled now, not by a fault per 4 KiB page during the first
-            # copies (measured here: a first copy at 0.3x memcpy without it; docs/dataplane.md). It also
-            # allocates arena pages the owner has not touched yet: the pool's size, which it was given.
-            self._map = mmap.mmap(fd, address.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+            # No MAP_POPULATE: it would fault in (and allocate) the whole pool at map time, seconds for a
+            # pool of GBs on every peer that maps it; a first copy pays a fault per 4 KiB page instead
+            # (docs/journal/dataplane.md).
+            self._map = mmap.mmap(fd, address.size)
         finally:
             os.close(fd)  # the mapping keeps the memory
         self.address = address
