@@ -35,10 +35,10 @@ from speckv.services.common.rpc.geometry_proto import geometry_from_proto
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget, domain_error
 from speckv.services.kvstore.replication import Chunk, ReplicationTarget, TransferOrder
 from speckv.services.kvstore.reservations import Grant
-from speckv.services.kvstore.checksum import combine, crc32c
+from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.segments import SegmentLayout
-from speckv.services.kvstore.shm.arena import ArenaAddress, HostIdentity
-from speckv.services.kvstore.shm.mapped_pool import MappedPools, SharedPoolInfo
+from speckv.services.kvstore.shm.mapped_pool import MappedPools, fold_block_crcs
+from speckv.services.kvstore.shm_proto import offered_pools
 from speckv.services.kvstore.shm.runs import paired_runs
 from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.v1 import kvstore_pb2
@@ -60,16 +60,14 @@ class SharedPoolsCache:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return None  # an older kvstore
             raise domain_error(exc, control.address, "OpenSharedPools") from None
-        host = HostIdentity(reply.boot_id, reply.pid_namespace)
-        if not reply.pools or not HostIdentity.here().shares_memory_with(host):
+        infos, why_not = offered_pools(reply)
+        if why_not:
             return None
-        tokens = tuple(p.token for p in reply.pools)
+        tokens = tuple(info.address.token for info in infos)
         with self._lock:
             known = self._mapped.get(control.address)
             if known is not None and known[0] == tokens:
                 return known[1]
-            infos = [SharedPoolInfo(p.medium, ArenaAddress(p.pid, p.fd, p.size, p.token, host), p.num_pages)
-                     for p in reply.pools]
             try:
                 pools = MappedPools(infos, geometry_from_proto(reply.geometry))
             except errors.FailedPrecondition:
@@ -187,8 +185,8 @@ class ShmReplicationTarget:
             return self._fallback.commit(handle, chunk_crcs, replica_lease_s)
         segments: Sequence[int] = ()
         if self._landed is not None:  # copy_pages checked every segment: send them, and a checksum per block
-            chunk_crcs = block_crcs(self._landed, self._pools.geometry.segment_bytes,
-                                     self._pools.geometry.bytes_per_block)
+            chunk_crcs = fold_block_crcs(self._landed, self._pools.geometry.segment_bytes,
+                                         self._pools.geometry.bytes_per_block)
             segments = self._landed.reshape(-1).tolist()
         try:
             return self._control.commit(handle, chunk_crcs, replica_lease_s, shared_memory=True,
@@ -208,17 +206,6 @@ class ShmReplicationTarget:
             wait = self._bucket.take(nbytes)
             if wait > 0:
                 time.sleep(wait)
-
-
-def block_crcs(segment_crcs: np.ndarray, segment_bytes: int, block_bytes: int) -> dict[int, int]:
-    """Per-block chunk checksums (offset -> crc32c) folded from segment ones."""
-    out = {}
-    for i, row in enumerate(segment_crcs.tolist()):
-        crc = 0
-        for part in row:
-            crc = combine(crc, part, segment_bytes)
-        out[i * block_bytes] = crc
-    return out
 
 
 def _copy(sources: tuple[memoryview, ...], targets: list[np.ndarray]) -> None:

@@ -45,6 +45,7 @@ ADAPTERS = {
     "speckv.services.kvstore.servicer",
     "speckv.services.kvstore.dataplane.tcp_target",
     "speckv.services.kvstore.shm_target",
+    "speckv.services.kvstore.shm_proto",
     "speckv.services.predictor.config",
     "speckv.services.predictor.server",
     "speckv.services.predictor.servicer",

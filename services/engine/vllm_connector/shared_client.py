@@ -31,8 +31,8 @@ from speckv.services.common.rpc.geometry_proto import geometry_from_proto
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.kvstore_client import map_blocks, unpin
 from speckv.services.engine.vllm_connector.port import ReadLease, WriteSlot
-from speckv.services.kvstore.shm.arena import ArenaAddress, HostIdentity
-from speckv.services.kvstore.shm.mapped_pool import MappedPools, SharedPoolInfo
+from speckv.services.kvstore.shm.mapped_pool import MappedPools
+from speckv.services.kvstore.shm_proto import offered_pools
 from speckv.services.common.errors import SpeckvError
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
 
@@ -60,13 +60,10 @@ class SharedKVStore:
         except grpc.RpcError as error:
             log.info("speckv kvstore %s: no shared memory (%s); KV moves over gRPC", address, _code(error))
             return None
-        host = HostIdentity(reply.boot_id, reply.pid_namespace)
-        if not reply.pools or not HostIdentity.here().shares_memory_with(host):
-            log.info("speckv kvstore %s: %s; KV moves over gRPC", address,
-                     "shares no pool" if not reply.pools else "on another host")
+        infos, why_not = offered_pools(reply)
+        if why_not:
+            log.info("speckv kvstore %s: %s; KV moves over gRPC", address, why_not)
             return None
-        infos = [SharedPoolInfo(p.medium, ArenaAddress(p.pid, p.fd, p.size, p.token, host), p.num_pages)
-                 for p in reply.pools]
         try:
             pools = MappedPools(infos, geometry_from_proto(reply.geometry))
         except SpeckvError as error:

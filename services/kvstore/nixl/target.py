@@ -39,7 +39,7 @@ from speckv.services.kvstore.nixl.agent import NixlAgent
 from speckv.services.kvstore.nixl.layout import PoolRegion, write_batches
 from speckv.services.kvstore.replication import Chunk, ReplicationTarget, TransferOrder
 from speckv.services.kvstore.reservations import Grant
-from speckv.services.kvstore.shm_target import block_crcs
+from speckv.services.kvstore.shm.mapped_pool import fold_block_crcs
 from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.v1 import kvstore_pb2
 
@@ -172,7 +172,7 @@ class NixlReplicationTarget:
         except errors.Unavailable:
             self._peers.forget(self._control.address, agent)  # a dead target: load it afresh next time
             raise
-        self._crcs = block_crcs(source_crcs, agent.geometry.segment_bytes, block_bytes)
+        self._crcs = fold_block_crcs(source_crcs, agent.geometry.segment_bytes, block_bytes)
 
     def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
         if not self.active:

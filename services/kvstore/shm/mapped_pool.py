@@ -67,24 +67,29 @@ class MappedPools:
         """The pool as flat bytes (segment offsets: services/kvstore/segments.py)."""
         return self.pool(medium).reshape(-1).view(np.uint8)
 
-    def block_crc(self, medium: str, page: int) -> int:
-        """crc32c of the canonical bytes of the block in page (its 2 *
-        num_layers segments in (layer, K/V) order), read from the mapping."""
-        pool, segment = self.pool(medium), self.geometry.segment_bytes
-        crc = 0
-        for layer in range(pool.shape[0]):
-            for kv in range(2):
-                crc = combine(crc, crc32c(pool[layer, kv, page]), segment)
-        return crc
-
     def blocks_crcs(self, medium: str, pages: Sequence[int]) -> dict[int, int]:
         """chunk_crc32c for a shared-memory Commit: one chunk per block, keyed
-        by its byte offset in the reservation."""
-        size = self.geometry.bytes_per_block
-        return {i * size: self.block_crc(medium, page) for i, page in enumerate(pages)}
+        by its byte offset in the reservation, read from the mapping."""
+        pool = self.pool(medium)
+        segments = np.array([[crc32c(pool[layer, kv, page]) for layer in range(pool.shape[0]) for kv in range(2)]
+                             for page in pages], dtype=np.uint32).reshape(len(pages), 2 * pool.shape[0])
+        return fold_block_crcs(segments, self.geometry.segment_bytes, self.geometry.bytes_per_block)
 
     def close(self) -> None:
         self.pools.clear()
         for arena in self._arenas:
             arena.close()
         self._arenas.clear()
+
+
+def fold_block_crcs(segment_crcs: np.ndarray, segment_bytes: int, block_bytes: int) -> dict[int, int]:
+    """Per-block chunk checksums (offset -> crc32c of the block's canonical
+    bytes) folded from its segments' ([blocks, 2 * layers], (layer, K/V)
+    order), without reading the bytes again."""
+    out = {}
+    for i, row in enumerate(segment_crcs.tolist()):
+        crc = 0
+        for part in row:
+            crc = combine(crc, part, segment_bytes)
+        out[i * block_bytes] = crc
+    return out
