@@ -1,7 +1,7 @@
 """Two real kvstore processes replicating over the TCP data plane and the
 gRPC fallback, and what survives when either is SIGKILLed mid-transfer (over
-TCP and over shared memory; shared memory's own cases:
-test_shm_replication.py)."""
+TCP, over shared memory and with NIXL; their own cases:
+test_shm_replication.py, test_nixl_replication.py)."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from speckv.loadgen.bench.transfer.procs import start_kvstore
+from speckv.services.kvstore.nixl.loader import NixlLoader
 from speckv.v1 import common_pb2
 from tests.support.kvstore_procs import (
     GEOMETRY_ARGS,
@@ -25,6 +26,10 @@ from tests.support.kvstore_procs import (
 from tests.support.waiting import wait_until
 
 HASHES = list(range(1, 301))  # 300 blocks of 32 KiB: 9.4 MiB
+# Each transport's kill cases; nixl's kvstores start an agent (off by default) and need NIXL installed.
+TRANSPORTS = ["tcp", "shm", pytest.param("nixl", marks=pytest.mark.skipif(
+    NixlLoader().api() is None, reason="NIXL is not installed (make .venv/.installed-nixl)"))]
+AGENT = {"tcp": [], "shm": [], "nixl": ["--nixl"]}
 SLOW = ["--link-gbps", "0.04"]  # 5 MB/s: the 9.4 MiB take ~2 s, long enough to kill in the middle
 
 
@@ -50,9 +55,10 @@ def test_target_without_data_plane_gets_the_grpc_fallback():
         assert blocks_of(b, HASHES[:20]) == [block(h) for h in HASHES[:20]]
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact(transport):
-    with processes(("a", SLOW), ("b", [])) as (a, b), ThreadPoolExecutor(1) as pool:
+    with processes(("a", [*SLOW, *AGENT[transport]]), ("b", AGENT[transport])) as (a, b), \
+            ThreadPoolExecutor(1) as pool:
         put(a, HASHES)
         call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport=transport), timeout=TIMEOUT)
         assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
@@ -65,16 +71,17 @@ def test_target_killed_mid_transfer_fails_the_order_and_leaves_the_source_intact
         assert blocks_of(a, HASHES) == [block(h) for h in HASHES]
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_source_killed_mid_transfer_publishes_nothing_and_frees_the_reservation(transport):
-    with processes(("a", SLOW), ("b", ["--reservation-lease-s", "3"])) as (a, b), ThreadPoolExecutor(1) as pool:
+    with processes(("a", [*SLOW, *AGENT[transport]]), ("b", ["--reservation-lease-s", "3", *AGENT[transport]])) \
+            as (a, b), ThreadPoolExecutor(1) as pool:
         put(a, HASHES)
         call = pool.submit(a.stub.Replicate, replicate_request(a, b, HASHES, transport=transport), timeout=TIMEOUT)
         assert wait_until(lambda: stats(b).reserved_pages == len(HASHES), timeout=TIMEOUT)
         a.kill()
         with pytest.raises(grpc.RpcError):
             call.result(timeout=TIMEOUT)
-        # tcp: the dropped connection aborts the reservation at once; shm (no
+        # tcp: the dropped connection aborts the reservation at once; shm and nixl (no
         # connection to drop) and otherwise: its lease (3 s) frees it. Freed, nothing published.
         assert wait_until(lambda: stats(b).reserved_pages == 0, timeout=TIMEOUT)
         after = stats(b)
