@@ -112,6 +112,7 @@ class Reservation:
     received: Intervals = field(default_factory=Intervals)
     chunk_crcs: dict[int, int] = field(default_factory=dict)  # offset -> crc32c as received
     writing: list[tuple[int, int]] = field(default_factory=list)  # zero-copy writes in progress, [lo, hi)
+    engine_save: bool = False  # the node's own engine's KV: published as STORED, not as a replica's COMMITTED
 
     @property
     def writers(self) -> int:
@@ -180,14 +181,15 @@ class ReservationBook:
     def open(
         self, order_id: OrderId, hashes: Sequence[BlockHash], pages: Sequence[PageId], lease_s: float, *,
         parents: Sequence[BlockHash | None] = (), family: str = "", parent: BlockHash | None = None,
-        source_node: str = "",
+        source_node: str = "", engine_save: bool = False,
     ) -> Reservation:
         """Registers pages already allocated (by the store, evicting as needed)
         for hashes; the book owns them from now on."""
         handle = Handle(f"{self._prefix}-{next(self._serial)}-{secrets.token_hex(6)}")
         reservation = Reservation(
             handle, order_id, list(hashes), list(pages), lease_s, self._clock.now() + lease_s,
-            list(parents) or [None] * len(hashes), family, parent, source_node, self._pool.bytes_per_block)
+            list(parents) or [None] * len(hashes), family, parent, source_node, self._pool.bytes_per_block,
+            engine_save=engine_save)
         self._open[handle] = reservation
         self.reserved_pages += len(pages)
         return reservation

@@ -149,12 +149,14 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             raise InvalidArgument(f"reserve: lease_ms={request.lease_ms}: at most "
                                   f"{self._limits.max_reservation_lease_s * MS:g} ms (max_reservation_lease_s)")
         validate.family(request.family, "reserve: family", self._limits.max_family_chars)
+        if request.engine_save:
+            authz.require_engine_or_admin(context, self._store.node_id, "Reserve with engine_save")
         source = _source_node(context, request.source_node, self._store.node_id) if self._gate is not None \
             else request.source_node
         grant = self._store.reserve(
             request.order_id, list(request.block_hashes), lease_s, family=request.family,
             parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=source,
-            tier=Tier.parse(request.medium))
+            tier=Tier.parse(request.medium), engine_save=request.engine_save)
         capability = self._gate.mint(grant, request.order_id, source) if self._gate is not None else b""
         reply = kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
                                             bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,

@@ -35,9 +35,11 @@ class ReplicaSides:
     def reserve(
         self: KVStoreCore, order_id: str, hashes: Sequence[int], lease_s: float, *, family: str = "",
         parent: BlockHash | None = None, source_node: str = "", tier: Tier = Tier.DEVICE,
+        engine_save: bool = False,
     ) -> Grant:
         """Holds pages of tier for the hashes this node holds in no tier
-        (evicting if needed); FailedPrecondition when it has no such tier."""
+        (evicting if needed); FailedPrecondition when it has no such tier.
+        engine_save: the node's own engine's KV (its commit publishes STORED)."""
         validate.identifier(order_id, "order_id")
         wanted = validate.hash_list(hashes, "reserve", self.max_hashes, unique=True)
         validate.lease(lease_s, "lease_s")
@@ -51,7 +53,7 @@ class ReplicaSides:
             pages, _ = allocate(len(needed), protect=present, what=f"reserve for order {order_id}")
             reservation = target.book.open(
                 OrderId(order_id), [h for h, _ in needed], pages, lease_s, parents=[p for _, p in needed],
-                family=family, parent=parent, source_node=source_node)
+                family=family, parent=parent, source_node=source_node, engine_save=engine_save)
             self._settle_retention()
             return Grant(reservation.handle, tuple(reservation.hashes), self.bytes_per_block, reservation.deadline)
 
@@ -177,8 +179,9 @@ class ReplicaSides:
 
     def _publish(self: KVStoreCore, tier: Tier, reservation: Reservation, replica_lease_s: float) -> int:
         """Book callback at commit: index the reserved blocks in tier, emit
-        COMMITTED. A hash that became resident in that tier meanwhile keeps
-        its copy; ours is freed."""
+        COMMITTED (STORED for the engine's own save: it is computed here, not
+        landed by an order). A hash that became resident in that tier
+        meanwhile keeps its copy; ours is freed."""
         target = self._tier(tier, "commit")
         lease = self.clock.now() + replica_lease_s if replica_lease_s > 0 else None
         published: list[BlockHash] = []
@@ -191,7 +194,11 @@ class ReplicaSides:
             published.append(h)
         published.reverse()
         if published:
-            self._committed_total += len(published)
-            self._events.append(EventType.COMMITTED, tuple(published), parent=reservation.parent,
-                                family=reservation.family, order_id=reservation.order_id, medium=tier.medium)
+            if reservation.engine_save:
+                self._events.append(EventType.STORED, tuple(published), parent=reservation.parent,
+                                    family=reservation.family, medium=tier.medium)
+            else:
+                self._committed_total += len(published)
+                self._events.append(EventType.COMMITTED, tuple(published), parent=reservation.parent,
+                                    family=reservation.family, order_id=reservation.order_id, medium=tier.medium)
         return len(published)

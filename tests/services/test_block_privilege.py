@@ -42,6 +42,9 @@ def attempts(stub):
         "GetBlocks": lambda: get(stub, 1),
         "MapBlocks": lambda: stub.MapBlocks(kvstore_pb2.MapBlocksRequest(block_hashes=[1], lease_ms=1000),
                                             timeout=TIMEOUT),
+        # A save in the engine's name would publish its blocks as computed here (STORED), not as a replica.
+        "Reserve with engine_save": lambda: stub.Reserve(kvstore_pb2.ReserveRequest(
+            order_id="forged-save", block_hashes=[901], lease_ms=1000, engine_save=True), timeout=TIMEOUT),
     }
 
 

@@ -220,7 +220,7 @@ class ReplicateResponse(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., seconds: _Optional[float] = ..., message: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium", "shared_memory", "nixl")
+    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium", "shared_memory", "engine_save", "nixl")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,7 @@ class ReserveRequest(_message.Message):
     HAS_PARENT_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SAVE_FIELD_NUMBER: _ClassVar[int]
     NIXL_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -240,8 +241,9 @@ class ReserveRequest(_message.Message):
     has_parent: bool
     medium: str
     shared_memory: bool
+    engine_save: bool
     nixl: bool
-    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ..., nixl: _Optional[bool] = ...) -> None: ...
+    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ..., engine_save: _Optional[bool] = ..., nixl: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "capability_secret", "pages", "pages_medium", "pages_token")

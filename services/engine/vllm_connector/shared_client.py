@@ -100,7 +100,7 @@ class SharedKVStore:
         request = kvstore_pb2.ReserveRequest(
             order_id=f"vllm-save-{uuid.uuid4().hex[:12]}", block_hashes=list(ids),
             lease_ms=max(1, round(self._lease_s * 1000)), family=family, parent_hash=parent or 0,
-            has_parent=parent is not None, shared_memory=True)
+            has_parent=parent is not None, shared_memory=True, engine_save=True)
         try:
             reply = self._stub.Reserve(request, timeout=self._timeout_s)
         except grpc.RpcError as error:

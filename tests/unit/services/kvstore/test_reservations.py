@@ -51,6 +51,20 @@ def test_reserve_skips_present_blocks_and_commit_publishes():
     assert (s.reserved_pages, s.blocks_committed_total, s.replica_pages) == (0, 2, 0)
 
 
+def test_an_engine_save_publishes_stored_blocks_not_a_replica_landing():
+    """The node's own engine writing what it computed (the vLLM connector's
+    save through shared memory) is not a replication: followers of the events
+    (the scheduler, the replica ledger) must not count it as one."""
+    store, _ = setup()
+    grant = store.reserve("vllm-save-1", [4, 5], lease_s=5.0, family="fam", parent=3, engine_save=True)
+    assert store.commit(grant.handle, send(store, grant), replica_lease_s=0) == 2
+    stored = retained_events(store)[-1]
+    assert stored.type is EventType.STORED and stored.block_hashes == (4, 5)
+    assert stored.order_id == "" and stored.parent == 3 and stored.family == "fam"
+    assert store.stats().blocks_committed_total == 0
+    assert read(store, 4, 5) == [block_bytes(4), block_bytes(5)]
+
+
 def test_commit_is_idempotent():
     store, _ = setup()
     grant = store.reserve("o1", [2], lease_s=5.0)
