@@ -217,5 +217,6 @@ def test_dropping_a_node_forgets_its_host_tier():
 def test_medium_strings_parse_to_tiers():
     assert Tier.parse("GPU") is Tier.DEVICE and Tier.parse("") is Tier.DEVICE and Tier.parse("host") is Tier.HOST
     assert Tier.HOST.medium == "CPU"
+    assert Tier.parse("disk") is Tier.DISK and Tier.parse("STORAGE") is Tier.DISK and Tier.DISK.medium == "STORAGE"
     with pytest.raises(InvalidArgument, match="unknown"):
-        Tier.parse("disk")
+        Tier.parse("tape")
