@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 from pathlib import Path
 from typing import Protocol
@@ -113,15 +114,32 @@ class FileMedium:
             self._fd = -1
 
 
+def _direct_reads(fd: int) -> bool:
+    """Whether an aligned read works on fd (some filesystems take the
+    O_DIRECT open and refuse the I/O with EINVAL)."""
+    probe = np.frombuffer(mmap.mmap(-1, ALIGN), dtype=np.uint8)
+    try:
+        os.preadv(fd, [probe], 0)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    return True
+
+
 def _open(path: Path) -> tuple[int, bool]:
     """(fd, direct): O_DIRECT where the filesystem takes it, else buffered."""
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:
-            return os.open(path, flags | direct, 0o600), True
+            fd = os.open(path, flags | direct, 0o600)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
+        else:
+            if _direct_reads(fd):
+                return fd, True
+            os.close(fd)
     log.warning("disk tier: %s refuses O_DIRECT; using buffered I/O (reads go through the page cache)", path.parent)
     return os.open(path, flags, 0o600), False
