@@ -218,8 +218,12 @@ class DiskSide:
             for h in wanted:
                 disk.index.pin(h)
             slots = [int(disk.index.get(h).page) for h in wanted]  # type: ignore[union-attr]
+            buffers = [disk.buffer() for _ in wanted]  # recycled: no fresh pages to fault in per read
         try:
-            reads = disk.reader.read(slots)
+            reads = disk.reader.read(slots, buffers)
+        except OSError as exc:  # the drive failed the read: a miss this time (the caller gets NotFound)
+            log.error("disk tier: reading %d records failed: %s", len(slots), exc)
+            return
         finally:
             with self._lock:
                 for h in reversed(wanted):  # tail first back into the LRU (index.py)
@@ -233,7 +237,11 @@ class DiskSide:
                     disk.drop(h)
                     disk.counters.checksum_failures += 1
                     self._disk_evicted([BlockEntry(h, PageId(0))])
-            self._stage_into_host([(h, r) for h, r in good if not self._holds(h) and h in disk.index], hashes)
+            try:
+                self._stage_into_host([(h, r) for h, r in good if not self._holds(h) and h in disk.index], hashes)
+            finally:
+                for buffer in buffers:
+                    disk.give_back(buffer)
 
     def _stage_into_host(self: KVStoreCore, good: list, hashes: Sequence[BlockHash]) -> None:
         """Checked records into new host pages (lock held)."""
