@@ -28,7 +28,7 @@ import numpy as np
 
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.kvstore.disk import records
-from speckv.services.kvstore.disk.medium import FileMedium, _open
+from speckv.services.kvstore.disk.medium import FileMedium, open_direct
 from speckv.services.kvstore.disk.reader import Outcome, RecordReader
 from speckv.services.kvstore.disk.tier import DiskTier, PendingBlock
 
@@ -44,7 +44,7 @@ def disk_reads(geometry: KVGeometry, volume: int, request_bytes: int, depth: int
         tier = _written_tier(Path(where), geometry, slots, request_bytes, depth)
         raw_path = Path(where) / "raw.dat"
         _fill(raw_path, slots * size)
-        raw_fd, raw_direct = _open(raw_path)
+        raw_fd, raw_direct = open_direct(raw_path)
         buffers = [records.aligned_buffer(size) for _ in range(min(BATCH, slots))]  # faulted in by the warm-up
         try:
             disk_runs, raw_runs = [], []

@@ -87,7 +87,7 @@ class FileMedium:
         self.slots, self.record_bytes = slots, record_bytes
         self.path = Path(directory) / FILE_NAME
         size = slots * record_bytes
-        self._fd, self.direct = _open(self.path)
+        self._fd, self.direct = open_direct(self.path)
         try:
             if os.fstat(self._fd).st_size > size:
                 os.ftruncate(self._fd, size)
@@ -127,7 +127,7 @@ def _direct_reads(fd: int) -> bool:
     return True
 
 
-def _open(path: Path) -> tuple[int, bool]:
+def open_direct(path: Path) -> tuple[int, bool]:
     """(fd, direct): O_DIRECT where the filesystem takes it, else buffered."""
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
     direct = getattr(os, "O_DIRECT", 0)
