@@ -9,6 +9,7 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
 from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.common.rpc.tls import Identity
+from speckv.services.kvstore.disk.settings import check_disk
 from speckv.services.kvstore.replication import MAX_CHUNK, MIN_CHUNK
 from speckv.services.kvstore.vllm_encode import Encoding
 from speckv.services.kvstore.vllm_publisher import DEFAULT_REPLAY_BATCHES, PublisherSettings, check_endpoint
@@ -32,6 +33,11 @@ class KVStoreConfig(ServerSettings):
     device_pages: int = field(default=4096, metadata={"help": "blocks the device tier holds (the engine's HBM; the NumPy pool stands in on CPU)"})
     host_pages: int = field(default=0, metadata={"help": "blocks the host tier below it holds (host DRAM, pinned when a GPU is present); 0: no host tier"})
     retain_max_share: float = field(default=0.5, metadata={"help": "at most this share of the last tier's pages (host, else device) is retained by retain orders at once, in [0, 1); 0: retain orders retain nothing"})
+    disk_dir: str = field(default="", metadata={"help": "directory of the disk tier below the host tier (one preallocated file of block records, read with O_DIRECT; docs/disk.md); empty: no disk tier"})
+    disk_bytes: int = field(default=0, metadata={"help": "the disk tier's capacity in bytes, a multiple of one block record (4 KiB header + the block rounded up to 4 KiB); needs disk_dir and host_pages > 0"})
+    disk_request_kib: int = field(default=1024, metadata={"help": "disk reads are cut into requests of this many KiB (a multiple of 4)"})
+    disk_depth: int = field(default=4, metadata={"help": "disk read requests in flight at once (reader threads)"})
+    disk_queue_blocks: int = field(default=256, metadata={"help": "host evictions waiting for the disk writer at most; more are dropped (counted), so the host tier never waits on the disk"})
     shared_memory: bool = field(default=True, metadata={"help": "host-memory pools live in shared memory that same-host processes of this user map (the engine connector's and same-host peers' one-copy path, docs/dataplane.md); false: private memory"})
     scheduler: str = field(default="", metadata={"help": "scheduler address host:port to register with; empty: none"})
     advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
@@ -98,6 +104,7 @@ class KVStoreConfig(ServerSettings):
             raise InvalidArgument(f"host_pages={self.host_pages}: must be >= 0 (0: no host tier)")
         if not 0.0 <= self.retain_max_share < 1.0:
             raise InvalidArgument(f"retain_max_share={self.retain_max_share}: must be in [0, 1)")
+        check_disk(self, geometry.bytes_per_block)
         if not MIN_CHUNK <= self.chunk_kib * KIB <= MAX_CHUNK:
             raise InvalidArgument(f"chunk_kib={self.chunk_kib}: must be {MIN_CHUNK // KIB}..{MAX_CHUNK // KIB}")
         largest = max(self.chunk_kib * KIB, geometry.bytes_per_block) + MESSAGE_OVERHEAD

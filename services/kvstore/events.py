@@ -11,9 +11,10 @@ Invariants:
   behind retention while connected, or it names a sequence from the future,
   e.g. of an earlier run of this node) first gets a SNAPSHOT listing every
   resident block as of sequence S, then the deltas after S;
-- every event names the tier it is about by its medium ("GPU", "CPU"); a
-  SNAPSHOT lists the device tier's blocks in block_hashes and the host
-  tier's in host_block_hashes.
+- every event names the tier it is about by its medium ("GPU", "CPU",
+  "STORAGE": services/common/tiers.py); a SNAPSHOT lists the device tier's
+  blocks in block_hashes, the host tier's in host_block_hashes and the disk
+  tier's in disk_block_hashes.
 """
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ from typing import Callable, Iterator
 from speckv.services.common.clock import Clock
 from speckv.services.common.ids import BlockHash
 
-# Resident hashes of the device tier, the last sequence they reflect and the
-# host tier's hashes, read atomically.
-SnapshotFn = Callable[[], tuple[list[BlockHash], int, list[BlockHash]]]
+# Resident hashes of the device tier, the last sequence they reflect, the
+# host tier's hashes and (optionally) the disk tier's, read atomically.
+SnapshotFn = Callable[[], tuple[list[BlockHash], int, list[BlockHash]] |
+                      tuple[list[BlockHash], int, list[BlockHash], list[BlockHash]]]
 BATCH = 1024  # events handed out per wake-up, so one reader never holds the lock long
 
 
@@ -54,6 +56,7 @@ class KVEvent:
     order_id: str = ""  # COMMITTED only
     medium: str = "GPU"  # the tier: services/common/tiers.py
     host_block_hashes: tuple[BlockHash, ...] = ()  # SNAPSHOT only: the host tier's blocks
+    disk_block_hashes: tuple[BlockHash, ...] = ()  # SNAPSHOT only: the disk tier's blocks
 
 
 class EventLog:
@@ -117,9 +120,9 @@ class EventLog:
                     continue
             first = False
             if stale:
-                hashes, cursor, host = snapshot()
-                if hashes or host or after_sequence != 0:
-                    yield self._snapshot_event(hashes, cursor, host)
+                hashes, cursor, host, *disk = snapshot()
+                if hashes or host or any(disk) or after_sequence != 0:
+                    yield self._snapshot_event(hashes, cursor, host, disk[0] if disk else [])
                 continue
             yield from batch
             cursor = batch[-1].sequence
@@ -132,6 +135,8 @@ class EventLog:
         stop = min(len(self._events), start + BATCH)
         return [self._events[i] for i in range(start, stop)]
 
-    def _snapshot_event(self, hashes: list[BlockHash], sequence: int, host: list[BlockHash]) -> KVEvent:
+    def _snapshot_event(self, hashes: list[BlockHash], sequence: int, host: list[BlockHash],
+                        disk: list[BlockHash]) -> KVEvent:
         return KVEvent(sequence, EventType.SNAPSHOT, tuple(hashes), self._clock.now(),
-                       self._node_id, self._block_size, host_block_hashes=tuple(host))
+                       self._node_id, self._block_size, host_block_hashes=tuple(host),
+                       disk_block_hashes=tuple(disk))

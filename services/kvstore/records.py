@@ -1,10 +1,10 @@
 """The records KVStoreCore (store.py) takes and returns: blocks to put, a
 zero-copy write under way, what a put or lookup found, and the two tiers'
-page counts (TierStats, StoreStats). Plain data, no behaviour beyond the
+page counts (TierStats, StoreStats; the disk tier's slots count as its pages). Plain data, no behaviour beyond the
 device tier's figures answering to their pre-tier names."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import BlockHash
@@ -81,6 +81,8 @@ class StoreStats:
     blocks_dropped_total: int = 0  # left the node: evicted with no copy in the other tier
     retained_blocks: int = 0  # blocks retained now (the retain action)
     retain_max_blocks: int = 0  # the most it retains at once (retain_max_share of its last tier)
+    disk: TierStats | None = None  # the disk tier's record slots (pages), None without one
+    disk_counters: dict[str, int] = field(default_factory=dict)  # disk/tier.py DiskCounters
 
     @property
     def num_pages(self) -> int:

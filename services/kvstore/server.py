@@ -8,6 +8,7 @@ start with the server, so a node registers only once it accepts calls.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Callable, Mapping
 
 import grpc
@@ -22,6 +23,9 @@ from speckv.services.common.rpc.service_metrics import register_gauges
 from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.kvstore.agent import SchedulerAgent
 from speckv.services.kvstore.config import KVStoreConfig
+from speckv.services.kvstore.disk.medium import FileMedium
+from speckv.services.kvstore.disk.records import record_bytes
+from speckv.services.kvstore.disk.settings import check_disk
 from speckv.services.kvstore.dataplane.listener import DataPlaneServer, UnauthLimits
 from speckv.services.kvstore.dataplane.tcp_target import TcpReplicationTarget
 from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_s
@@ -36,6 +40,7 @@ from speckv.services.kvstore.records import StoreStats, TierStats
 from speckv.services.kvstore.shm.backend import SharedMemoryBackend
 from speckv.services.kvstore.shm_target import SharedPoolsCache, ShmReplicationTarget
 from speckv.services.kvstore.store import KVStoreCore
+from speckv.services.kvstore.store_disk import DiskSettings
 from speckv.services.kvstore.vllm_publisher import VllmEventPublisher
 from speckv.services.kvstore.write_gate import WriteGate
 from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
@@ -51,7 +56,18 @@ def build_core(config: KVStoreConfig, clock: Clock) -> KVStoreCore:
                        backend=_pool_backend(config, config.backend, config.node_id),
                        host_pages=config.host_pages,
                        host_backend=_pool_backend(config, "numpy", f"{config.node_id}-host") if config.host_pages else None,
-                       retain_max_share=config.retain_max_share)
+                       retain_max_share=config.retain_max_share, disk=_disk_settings(config))
+
+
+def _disk_settings(config: KVStoreConfig) -> DiskSettings | None:
+    """The disk tier under --disk-dir (its file re-indexed by the core), None without one."""
+    bytes_per_block = config.kv_geometry().bytes_per_block
+    slots = check_disk(config, bytes_per_block)
+    if not slots:
+        return None
+    medium = FileMedium(Path(config.disk_dir), slots, record_bytes(bytes_per_block))
+    return DiskSettings(medium, request_bytes=config.disk_request_kib * 1024, depth=config.disk_depth,
+                        queue_blocks=config.disk_queue_blocks)
 
 
 def _pool_backend(config: KVStoreConfig, choice: str, label: str) -> Backend:
@@ -195,8 +211,9 @@ BLOCK_TOTALS = ("stored", "evicted", "committed", "demoted", "promoted", "droppe
 
 
 def _tiers(stats: StoreStats) -> list[tuple[str, TierStats]]:
-    """(tier name, its stats): the device tier, then the host tier if the node has one."""
-    return [("device", stats.device), *([("host", stats.host)] if stats.host is not None else [])]
+    """(tier name, its stats): the device tier, then the host and disk tiers the node has."""
+    return [("device", stats.device), *([("host", stats.host)] if stats.host is not None else []),
+            *([("disk", stats.disk)] if stats.disk is not None else [])]
 
 
 def tier_pages(stats: StoreStats) -> Observations:

@@ -330,6 +330,11 @@ def stats_to_proto(stats: StoreStats) -> kvstore_pb2.StatsResponse:
         reply.host_pages, reply.host_used_pages, reply.host_free_pages = host.num_pages, host.used_pages, host.free_pages
         reply.host_pinned_pages, reply.host_replica_pages = host.pinned_pages, host.replica_pages
         reply.host_pool_bytes = host.pool_bytes
+    disk = stats.disk
+    if disk is not None:
+        reply.disk_pages, reply.disk_used_pages, reply.disk_free_pages = disk.num_pages, disk.used_pages, disk.free_pages
+        reply.disk_pool_bytes = disk.pool_bytes
+        reply.disk_counters.update(stats.disk_counters)
     return reply
 
 
@@ -338,4 +343,4 @@ def event_to_proto(event: KVEvent) -> kvstore_pb2.KVEvent:
         sequence=event.sequence, type=int(event.type), block_hashes=event.block_hashes,
         parent_hash=event.parent or 0, has_parent=event.parent is not None, block_size=event.block_size,
         family=event.family, node_id=event.node_id, time_s=event.time_s, order_id=event.order_id,
-        medium=event.medium, host_block_hashes=event.host_block_hashes)
+        medium=event.medium, host_block_hashes=event.host_block_hashes, disk_block_hashes=event.disk_block_hashes)

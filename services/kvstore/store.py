@@ -3,8 +3,8 @@ index and a reservation book; tier.py), the event log and the page mover
 behind one lock. Its parts: records.py (what it takes and returns),
 writeback.py (room-making, eviction and demotion between the tiers) and
 store_replicas.py (both ends of replication), store_shared.py (same-host
-peers reading and writing pages in shared memory); eviction order: index.py and
-eviction.py.
+peers reading and writing pages in shared memory), store_disk.py (the disk
+tier below the host tier: disk/); eviction order: index.py and eviction.py.
 
 Tiers: every node has a device tier; with host_pages > 0 it also has a host
 tier below it. A block is in one tier or both. A block the device tier
@@ -16,7 +16,10 @@ wrong guess is given back). The host tier evicts by the same policy
 prefix's host-only blocks up into the device tier (the host copy stays) and
 is what a route's host hit waits for before prefill. Reads (lookups, reads,
 replication sources) see both tiers; a put stores into the device tier; a
-reservation names its tier.
+reservation names its tier (device or host). With a disk tier (disk,
+store_disk.py) host evictions go down to it and the read paths first stage
+what only the disk holds up into the host tier; a lookup counts a disk
+block as a hit.
 
 Invariants:
 - every page of each tier is in exactly one of: its free stack, its index
@@ -27,7 +30,7 @@ Invariants:
   ones, never blocks the request itself names) before anything is written;
 - every state change that readers care about is appended to the event log
   while the lock is held, so event order is state order; events carry their
-  tier's medium ("GPU", "CPU"), and a demotion is STORED(CPU) before
+  tier's medium ("GPU", "CPU", "STORAGE" for the disk), and a demotion is STORED(CPU) before
   REMOVED(GPU), so a reader never sees the block leave the node.
 
 Thread-safe: every public method takes the lock. Byte copies run under it too
@@ -59,23 +62,27 @@ from speckv.services.kvstore.index import BlockEntry, BlockIndex
 from speckv.services.kvstore.pool import Buffer, PageId, PagePool, bytes_view
 from speckv.services.kvstore.records import BlockWrite, LookupResult, PutResult, StoreStats, TierStats
 from speckv.services.kvstore.reservations import ReservationBook
+from speckv.services.kvstore.store_disk import DiskSettings, DiskSide
 from speckv.services.kvstore.store_replicas import ReplicaSides
 from speckv.services.kvstore.store_shared import SharedPages
 from speckv.services.kvstore.tier import PageMover, StoreTier
 from speckv.services.kvstore.writeback import WriteBack
 
 
-class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
+class KVStoreCore(ReplicaSides, SharedPages, WriteBack, DiskSide):
     def __init__(
         self, node_id: str, geometry: KVGeometry, num_pages: int, clock: Clock, *,
         event_retention: int = 100_000, max_hashes_per_request: int = 65_536, backend: Backend | None = None,
         host_pages: int = 0, host_backend: Backend | None = None, retain_max_share: float = 0.0,
+        disk: DiskSettings | None = None,
     ) -> None:
         """num_pages: the device tier's blocks; backend: where they live (None:
         host memory through NumPy). host_pages: the host tier's blocks (0:
         none); host_backend: its memory (None: NumPy, unpinned).
         retain_max_share: at most this share of the last tier's pages (host,
-        else device) is retained at once (0: retain retains nothing)."""
+        else device) is retained at once (0: retain retains nothing).
+        disk: the disk tier below the host tier (store_disk.py; None: none);
+        its records are re-indexed here, before any call."""
         self.node_id = validate.identifier(node_id, "node_id")
         if host_pages < 0:
             raise InvalidArgument(f"host_pages={host_pages}: must be >= 0 (0: no host tier)")
@@ -99,6 +106,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
         # Deadlines of the pins pin() gave, a min-heap per block (inf: no lease);
         # a block's heap is as long as its client pins, which unpin and maintenance end.
         self._pin_leases: dict[BlockHash, list[float]] = {}
+        self._open_disk(disk)
 
     def _make_tier(self, tier: Tier, pages: int, backend: Backend | None, prefix: str) -> StoreTier:
         pool = PagePool(self.geometry, pages, backend)
@@ -120,7 +128,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
         miss serves no prefill, so it is not used."""
         wanted = validate.hash_list(hashes, "lookup", self.max_hashes)
         with self._lock:
-            present = [self._holds(h) for h in wanted]
+            present = [self._holds(h) or self._on_disk(h) for h in wanted]
             prefix = 0
             for hit in present:
                 if not hit:
@@ -130,7 +138,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
             return LookupResult(present, prefix)
 
     def tier_of(self, block_hash: int) -> Tier | None:
-        """The tier a read of block_hash uses (the device tier when both hold it); None: not resident."""
+        """The tier a read of block_hash uses (the highest that holds it); None: not resident."""
         with self._lock:
             return self._read_tier(block_hash)
 
@@ -140,6 +148,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
         is reused: it is valid until the next item is requested. Pins are
         dropped when the generator ends or is closed."""
         wanted = validate.hash_list(hashes, "get_blocks", self.max_hashes)
+        self._stage_from_disk(wanted)
         with self._lock:
             self._require_resident(wanted, "get_blocks")
             pinned = self._pin_all(wanted)
@@ -181,7 +190,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
                 len(self._device.book) + (len(self._host.book) if self._host else 0), self._stored_total,
                 self._evicted_total, self._committed_total,
                 self._tier_stats(self._host) if self._host else None, self._demoted_total, self._promoted_total,
-                self._dropped_total, len(self._retention), self._retention.max_blocks)
+                self._dropped_total, len(self._retention), self._retention.max_blocks, *self._disk_stats())
 
     @staticmethod
     def _tier_stats(tier: StoreTier) -> TierStats:
@@ -195,10 +204,11 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
             raise InvalidArgument(f"after_sequence={after_sequence}: must be >= 0")
         return self._events.subscribe(after_sequence, self._snapshot, keep_going, poll_s)
 
-    def _snapshot(self) -> tuple[list[BlockHash], int, list[BlockHash]]:
+    def _snapshot(self) -> tuple[list[BlockHash], int, list[BlockHash], list[BlockHash]]:
         with self._lock:
             host = self._host.index.hashes() if self._host else []
-            return self._device.index.hashes(), self._events.last_sequence, host
+            disk = self._disk.index.hashes() if self._disk else []
+            return self._device.index.hashes(), self._events.last_sequence, host, disk
 
     # ---- writes -------------------------------------------------------
     def put_blocks(self, blocks: Sequence[BlockWrite]) -> PutResult:
@@ -232,6 +242,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
         hash must be resident (NotFound names the rest). The chain counts as
         a use. Returns how many blocks were copied (0 without a host tier)."""
         wanted = validate.hash_list(hashes, "promote", self.max_hashes)
+        self._stage_from_disk(wanted)
         with self._lock:
             self._require_resident(wanted, "promote")
             host = self._host
@@ -283,6 +294,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
         wanted = validate.hash_list(hashes, "pin", self.max_hashes)
         if lease_s is not None:
             validate.lease(lease_s, "pin lease_s")
+        self._stage_from_disk(wanted)
         with self._lock:
             self._require_resident(wanted, "pin")
             self._pin_all(wanted)
@@ -317,8 +329,9 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
             return self._reap()
 
     def close(self) -> None:
-        """Ends every event subscription."""
+        """Ends every event subscription; writes what the disk writer holds."""
         self._events.close()
+        self._close_disk()
 
     # ---- internals (lock held) ------------------------------------------
     def _tiers(self) -> tuple[StoreTier, ...]:
@@ -327,6 +340,9 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
     def _tier(self, tier: Tier, what: str) -> StoreTier:
         if tier is Tier.DEVICE:
             return self._device
+        if tier is Tier.DISK:
+            raise InvalidArgument(f"{what}: blocks reach the disk tier (STORAGE) only by eviction from the host "
+                                  f"tier; reserve in GPU or CPU")
         if self._host is None:
             raise FailedPrecondition(f"{what}: node {self.node_id} has no host tier (started with host_pages 0)")
         return self._host
@@ -348,7 +364,7 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
             return Tier.DEVICE
         if self._host is not None and block_hash in self._host.index:
             return Tier.HOST
-        return None
+        return Tier.DISK if self._on_disk(block_hash) else None
 
     def _tier_runs(self, hashes: Sequence[BlockHash]) -> list[tuple[StoreTier, list[PageId]]]:
         """hashes (all resident) as runs of consecutive blocks read from one tier."""
@@ -366,6 +382,8 @@ class KVStoreCore(ReplicaSides, SharedPages, WriteBack):
         self._index.touch_chain([h for h in hashes if h in self._index])
         if self._host is not None:
             self._host.index.touch_chain([h for h in hashes if h in self._host.index])
+        if self._disk is not None:
+            self._disk.index.touch_chain([h for h in hashes if h in self._disk.index])
 
     def _pin_all(self, hashes: Sequence[BlockHash]) -> list[tuple[StoreTier, BlockHash]]:
         """Pins each block in every tier holding it; returns what to unpin."""

@@ -131,6 +131,7 @@ class ReplicaSides:
         (FailedPrecondition naming the ones this node lacks), without
         counting as a use."""
         wanted = validate.hash_list(hashes, what, self.max_hashes)
+        self._stage_from_disk(wanted)  # a replica's source on disk is read up into the host tier first
         with self._lock:
             missing = [h for h in wanted if not self._holds(h)]
             if missing:

@@ -77,6 +77,7 @@ class SharedPages:
         NotFound. Nothing is pinned when it raises."""
         wanted = validate.hash_list(hashes, "map_blocks", self.max_hashes)
         validate.lease(lease_s, "map_blocks lease_s")
+        self._stage_from_disk(wanted)  # blocks only the disk holds come up into the host tier's shared pool
         with self._lock:
             if prefix:
                 held = next((i for i, h in enumerate(wanted) if not self._holds(h)), len(wanted))

@@ -120,7 +120,8 @@ def to_vllm_events(event: KVEvent) -> list[VllmEvent]:
     if event.type is EventType.REMOVED:
         return [BlockRemoved(tuple(event.block_hashes), event.medium)]
     if event.type is EventType.SNAPSHOT:
-        tiers = ((Tier.DEVICE, event.block_hashes), (Tier.HOST, event.host_block_hashes))
+        tiers = ((Tier.DEVICE, event.block_hashes), (Tier.HOST, event.host_block_hashes),
+                 (Tier.DISK, event.disk_block_hashes))
         return [AllBlocksCleared(), *(BlockStored((h,), None, event.block_size, tier.medium)
                                       for tier, hashes in tiers for h in hashes)]
     raise ValueError(f"KV event type {event.type!r} has no vLLM form")

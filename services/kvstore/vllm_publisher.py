@@ -238,7 +238,7 @@ class VllmEventPublisher:
                 if event.type is EventType.SNAPSHOT:
                     log.warning("node %s: the vLLM KV event publisher started after blocks were stored, or fell "
                                 "behind the event log's retention: it published a reset and the %d resident blocks",
-                                self._node_id, len(event.block_hashes) + len(event.host_block_hashes))
+                                self._node_id, len(event.block_hashes) + len(event.host_block_hashes) + len(event.disk_block_hashes))
         except Exception:  # a bug must not take the kvstore down: publishing ends, loudly
             log.exception("node %s: the vLLM KV event publisher ended by an unexpected error", self._node_id)
         finally:

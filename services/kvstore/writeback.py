@@ -8,7 +8,9 @@ raises ResourceExhausted, changing nothing, when that is impossible. Device
 victims are demoted (write-back): each one evicted by LRU goes to the host
 tier as its most recent block, in eviction order; a lapsed replica is
 dropped; a block the host tier holds already is only touched there; what
-the host tier cannot make room for is dropped. The last tier's evictions
+the host tier cannot make room for is dropped. Host victims go down to the
+disk tier where the node has one (store_disk.py: queued for its writer),
+else they are dropped. The last memory tier's evictions
 pass over retained blocks, and what a call takes off the node ends its
 retention.
 """
@@ -44,13 +46,16 @@ class WriteBack:
         return self._pool.alloc(count), len(victims)
 
     def _allocate_host(self: KVStoreCore, count: int, protect: Sequence[BlockHash], what: str) -> tuple[list[PageId], int]:
-        """count host pages, evicting (dropping) as few host blocks as needed but none of protect."""
+        """count host pages, evicting as few host blocks as needed but none of
+        protect; the victims go down to the disk tier if the node has one
+        (store_disk.py), else they are dropped."""
         host = self._host
         assert host is not None
         victims = self._evict(host, count, protect, what)
         if victims:
+            kept = self._offer_to_disk(victims)  # store_disk.py: demoted to the disk tier, if there is one
             host.pool.free([v.page for v in victims])
-            self._dropped_total += sum(1 for v in victims if v.block_hash not in self._index)
+            self._dropped_total += sum(1 for v in victims if v.block_hash not in self._index and v.block_hash not in kept)
             self._events.append(EventType.REMOVED, tuple(v.block_hash for v in victims), medium=Tier.HOST.medium)
         return host.pool.alloc(count), len(victims)
 

@@ -17,7 +17,10 @@ block while either tier does, which is what prefix matching needs. Beside
 them, per node with a host tier, `host` is what that tier holds and
 `host_only` what only it holds: the blocks a route there must promote
 before prefill. A node that never reported a host event has neither set, so
-a cluster without host tiers pays nothing for them.
+a cluster without host tiers pays nothing for them. The disk tier (medium
+STORAGE) is kept the same way in `disk`: a block only the disk holds is in
+`host_only` too (below the device tier: a route there stages it up before
+prefill; pricing the disk's slower load apart is issue 44's item 4).
 
 Event semantics (vLLM KV events): STORED and COMMITTED add blocks to the
 event's tier, REMOVED drops them from it, SNAPSHOT replaces the node's whole
@@ -53,6 +56,7 @@ class IndexEvent:
     sequence: int = 0
     tier: Tier = Tier.DEVICE
     host_hashes: list[int] | None = None  # SNAPSHOT only: the host tier's blocks (block_hashes: the device tier's)
+    disk_hashes: list[int] | None = None  # SNAPSHOT only: the disk tier's blocks
 
 
 @dataclass(slots=True)
@@ -62,7 +66,8 @@ class HolderIndex:
     _family_root: dict[Family, int] = field(default_factory=dict)
     _root_families: dict[int, set[Family]] = field(default_factory=dict)
     _host: dict[NodeId, set[int]] = field(default_factory=dict)  # in the node's host tier
-    _host_only: dict[NodeId, set[int]] = field(default_factory=dict)  # in its host tier and not its device tier
+    _host_only: dict[NodeId, set[int]] = field(default_factory=dict)  # below its device tier only (host or disk)
+    _disk: dict[NodeId, set[int]] = field(default_factory=dict)  # in the node's disk tier
 
     def apply(self, node: NodeId, event: IndexEvent) -> None:
         if event.kind is HolderEventKind.SNAPSHOT:
@@ -70,6 +75,8 @@ class HolderIndex:
             self._store(node, event.block_hashes, event.tier)
             if event.host_hashes:
                 self._store(node, event.host_hashes, Tier.HOST)
+            if event.disk_hashes:
+                self._store(node, event.disk_hashes, Tier.DISK)
         elif event.kind in (HolderEventKind.STORED, HolderEventKind.COMMITTED):
             self._store(node, event.block_hashes, event.tier)
             if not event.has_parent and event.block_hashes:
@@ -78,6 +85,8 @@ class HolderIndex:
         elif event.kind is HolderEventKind.REMOVED:
             if event.tier is Tier.HOST:
                 self._remove_host(node, event.block_hashes)
+            elif event.tier is Tier.DISK:
+                self._remove_disk(node, event.block_hashes)
             else:
                 self._remove_device(node, event.block_hashes)
 
@@ -85,6 +94,7 @@ class HolderIndex:
         """Forgets everything node holds (re-registration, snapshot, removal)."""
         self._host.pop(node, None)
         self._host_only.pop(node, None)
+        self._disk.pop(node, None)
         for h in self._inventory.pop(node, set()):
             self._unhold(node, h)
 
@@ -196,7 +206,7 @@ class HolderIndex:
             self._add(node, hashes)
             return
         held = self._inventory.get(node, ())
-        self._host.setdefault(node, set()).update(hashes)
+        (self._disk if tier is Tier.DISK else self._host).setdefault(node, set()).update(hashes)
         fresh = [h for h in hashes if h not in held]  # a demoted block is held already: only its tier changes
         if fresh:
             self._host_only.setdefault(node, set()).update(fresh)
@@ -211,11 +221,12 @@ class HolderIndex:
         if held is None:
             return
         host = self._host.get(node)
+        disk = self._disk.get(node)
         only = self._host_only.get(node)
         for h in hashes:
             if h not in held:
                 continue
-            if host is not None and h in host:
+            if (host is not None and h in host) or (disk is not None and h in disk):
                 only.add(h)  # type: ignore[union-attr]
                 continue
             held.discard(h)
@@ -227,11 +238,27 @@ class HolderIndex:
         if not host:
             return
         only = self._host_only[node]
+        disk = self._disk.get(node, ())
         for h in hashes:
             if h not in host:
                 continue
             host.discard(h)
-            if h in only:
+            if h in only and h not in disk:
+                only.discard(h)
+                self._remove(node, h)
+
+    def _remove_disk(self, node: NodeId, hashes: Sequence[int]) -> None:
+        """Drops hashes from node's disk tier: a block only that tier held leaves the node."""
+        disk = self._disk.get(node)
+        if not disk:
+            return
+        only = self._host_only.setdefault(node, set())
+        host = self._host.get(node, ())
+        for h in hashes:
+            if h not in disk:
+                continue
+            disk.discard(h)
+            if h in only and h not in host:
                 only.discard(h)
                 self._remove(node, h)
 

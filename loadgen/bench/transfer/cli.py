@@ -36,6 +36,11 @@ Order of work:
      flood the target's data port, against idle (transfer/flood.py; target
      >= 0.8x idle, issue 43);
 
+  4c. with `disk` among --transports, the disk tier's checked reads beside
+     raw O_DIRECT reads of the same filesystem, same request size and depth
+     (transfer/disk.py; ratio `disk_read_over_raw`, target >= 0.8; `disk`
+     alone runs only this row);
+
   5. the kvstore's host<->device tier moves (transfer/tiers.py): demote
      and promote of scattered blocks through the store's PageMover, beside
      NumPy memcpy of the same bytes (on a GPU: beside a plain pinned
@@ -57,7 +62,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from speckv.loadgen.bench.transfer import ceilings, flood, nixl_raw
+from speckv.loadgen.bench.transfer import ceilings, disk, flood, nixl_raw
 from speckv.loadgen.bench.transfer import protect
 from speckv.loadgen.bench.transfer import tiers
 from speckv.loadgen.bench.transfer.procs import KVStoreProcess, start_kvstore
@@ -78,7 +83,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=0, help="timed replications per setting (default 5, quick 2)")
     parser.add_argument("--chunks-kib", default="256,1024,4096", help="chunk sizes, KiB, comma-separated")
     parser.add_argument("--transports", default="shm,tcp,grpc",
-                        help="data planes to measure: shm (same-host shared memory), tcp, nixl (if installed), grpc")
+                        help="data planes to measure: shm (same-host shared memory), tcp, nixl (if installed), grpc; "
+                             "disk: the disk tier's reads beside raw reads of the same filesystem (transfer/disk.py; "
+                             "alone, only that row runs)")
+    parser.add_argument("--disk-dir", type=Path, help="where the disk row's files go (default: the temp dir)")
+    parser.add_argument("--disk-request-kib", type=int, default=1024, help="disk row: read request size, KiB")
+    parser.add_argument("--disk-depth", type=int, default=4, help="disk row: requests in flight (threads)")
     parser.add_argument("--no-protection", action="store_true",
                         help="skip the data_plane_auth on/off comparison")
     parser.add_argument("--flood", type=int, default=0,
@@ -105,13 +115,18 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     started = time.perf_counter()
     if args.flood_only:
         return _flood_only(args, geometry, blocks, repeats, results, started, environ)
+    transports = [t for t in args.transports.split(",") if t]
+    if "disk" in transports:
+        results["disk"] = measure_disk(args, geometry, volume, max(3, repeats))
+        transports.remove("disk")
+        if not transports:
+            return _finish(args, results, {"disk_read_over_raw": results["disk"]["disk_read_over_raw"]}, started)
     results.update(measure_ceilings(geometry, quick=args.quick, repeats=max(3, repeats)))
     show_ceilings(results)
     results["tier_moves"] = tiers.tier_moves(geometry, max(1, volume // 2 // geometry.bytes_per_block),
                                              max(3, repeats))
     show_tier_moves(results["tier_moves"])
     chunk_sizes = [int(c) * KIB for c in args.chunks_kib.split(",") if c]
-    transports = [t for t in args.transports.split(",") if t]
     if "nixl" in transports and not nixl_raw.available():
         print("nixl: NIXL is not installed here (make .venv/.installed-nixl); no nixl row")
         transports.remove("nixl")
@@ -123,7 +138,11 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         results["protection"] = measure_protection(geometry, blocks, max(3, repeats), environ)
     if args.flood:
         results["flood"] = measure_flood(args, geometry, blocks, repeats, environ)
-    results["ratios"] = ratios(results)
+    return _finish(args, results, ratios(results), started)
+
+
+def _finish(args: argparse.Namespace, results: dict[str, Any], figures: dict[str, float], started: float) -> int:
+    results["ratios"] = figures
     results["seconds"] = round(time.perf_counter() - started, 1)
     for key, value in results["ratios"].items():
         print(f"  {key:<40} {value:6.2f}")
@@ -132,6 +151,15 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def measure_disk(args: argparse.Namespace, geometry, volume: int, repeats: int) -> dict[str, Any]:
+    row = disk.disk_reads(geometry, volume, args.disk_request_kib * KIB, args.disk_depth, repeats, args.disk_dir)
+    print(f"disk ({row['filesystem']}, {'O_DIRECT' if row['direct'] else 'buffered'}, {row['records']} records of "
+          f"{row['record_bytes']} B, requests {row['request_bytes'] // KIB} KiB x {row['depth']} in flight): "
+          f"disk {row['disk_read_gbps']:6.2f} GB/s, raw {row['raw_read_gbps']:6.2f} GB/s (medians "
+          f"{row['disk_read_median_gbps']:.2f} / {row['raw_read_median_gbps']:.2f})")
+    return row
 
 
 def measure_ceilings(geometry, *, quick: bool, repeats: int) -> dict[str, Any]:
@@ -337,6 +365,8 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
         out[f"{name}_over_socket"] = row["gbps"] / c["socket_gbps"]
         out[f"{name}_over_adjacent_socket"] = row["gbps"] / row["socket_adjacent_gbps"]
     out.update(headline_ratios(results))
+    if "disk" in results:
+        out["disk_read_over_raw"] = results["disk"]["disk_read_over_raw"]
     if "flood" in results:
         out["flooded_over_idle_median"] = results["flood"]["ratio_median"]
     if "protection" in results:

@@ -104,7 +104,14 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total", "host_pages", "host_used_pages", "host_free_pages", "host_pinned_pages", "host_replica_pages", "host_pool_bytes", "blocks_demoted_total", "blocks_promoted_total", "blocks_dropped_total", "retained_blocks", "retain_max_blocks")
+    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total", "host_pages", "host_used_pages", "host_free_pages", "host_pinned_pages", "host_replica_pages", "host_pool_bytes", "blocks_demoted_total", "blocks_promoted_total", "blocks_dropped_total", "retained_blocks", "retain_max_blocks", "disk_pages", "disk_used_pages", "disk_free_pages", "disk_pool_bytes", "disk_counters")
+    class DiskCountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GEOMETRY_FIELD_NUMBER: _ClassVar[int]
     NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +136,11 @@ class StatsResponse(_message.Message):
     BLOCKS_DROPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     RETAINED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     RETAIN_MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DISK_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_COUNTERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     geometry: _common_pb2.KVGeometry
     num_pages: int
@@ -153,7 +165,12 @@ class StatsResponse(_message.Message):
     blocks_dropped_total: int
     retained_blocks: int
     retain_max_blocks: int
-    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_used_pages: _Optional[int] = ..., host_free_pages: _Optional[int] = ..., host_pinned_pages: _Optional[int] = ..., host_replica_pages: _Optional[int] = ..., host_pool_bytes: _Optional[int] = ..., blocks_demoted_total: _Optional[int] = ..., blocks_promoted_total: _Optional[int] = ..., blocks_dropped_total: _Optional[int] = ..., retained_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ...) -> None: ...
+    disk_pages: int
+    disk_used_pages: int
+    disk_free_pages: int
+    disk_pool_bytes: int
+    disk_counters: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_used_pages: _Optional[int] = ..., host_free_pages: _Optional[int] = ..., host_pinned_pages: _Optional[int] = ..., host_replica_pages: _Optional[int] = ..., host_pool_bytes: _Optional[int] = ..., blocks_demoted_total: _Optional[int] = ..., blocks_promoted_total: _Optional[int] = ..., blocks_dropped_total: _Optional[int] = ..., retained_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_used_pages: _Optional[int] = ..., disk_free_pages: _Optional[int] = ..., disk_pool_bytes: _Optional[int] = ..., disk_counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class SubscribeEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)
@@ -162,7 +179,7 @@ class SubscribeEventsRequest(_message.Message):
     def __init__(self, after_sequence: _Optional[int] = ...) -> None: ...
 
 class KVEvent(_message.Message):
-    __slots__ = ("sequence", "type", "block_hashes", "parent_hash", "has_parent", "block_size", "family", "node_id", "time_s", "order_id", "medium", "host_block_hashes")
+    __slots__ = ("sequence", "type", "block_hashes", "parent_hash", "has_parent", "block_size", "family", "node_id", "time_s", "order_id", "medium", "host_block_hashes", "disk_block_hashes")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +192,7 @@ class KVEvent(_message.Message):
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
     HOST_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     type: KVEventType
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -187,7 +205,8 @@ class KVEvent(_message.Message):
     order_id: str
     medium: str
     host_block_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[KVEventType, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., block_size: _Optional[int] = ..., family: _Optional[str] = ..., node_id: _Optional[str] = ..., time_s: _Optional[float] = ..., order_id: _Optional[str] = ..., medium: _Optional[str] = ..., host_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    disk_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[KVEventType, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., block_size: _Optional[int] = ..., family: _Optional[str] = ..., node_id: _Optional[str] = ..., time_s: _Optional[float] = ..., order_id: _Optional[str] = ..., medium: _Optional[str] = ..., host_block_hashes: _Optional[_Iterable[int]] = ..., disk_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
     __slots__ = ("order", "chunk_bytes", "transport")

@@ -80,7 +80,7 @@ def to_index_event(event: kvstore_pb2.KVEvent) -> IndexEvent | None:
                     event.medium)
         return None
     return IndexEvent(kind, list(event.block_hashes), event.has_parent, event.family, event.sequence, tier,
-                      list(event.host_block_hashes) or None)
+                      list(event.host_block_hashes) or None, list(event.disk_block_hashes) or None)
 
 
 class _Connectivity:

@@ -25,6 +25,9 @@ from speckv.services.scheduler.orders import ActionKind, OrderSpec
 def admitted(spec: OrderSpec, target: Node) -> OrderSpec:
     """spec with its defaults filled in; InvalidArgument or
     FailedPrecondition when it does not fit target's tiers."""
+    if spec.tier is Tier.DISK:
+        raise InvalidArgument("an order cannot target the disk tier (STORAGE): blocks reach it only by eviction "
+                              "from the host tier; target_medium must be GPU, CPU or empty")
     if spec.tier is Tier.HOST and not target.sizes.host_pages:
         raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
     if spec.action is ActionKind.PREFETCH and spec.tier is Tier.HOST:

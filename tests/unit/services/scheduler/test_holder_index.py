@@ -217,5 +217,24 @@ def test_dropping_a_node_forgets_its_host_tier():
 def test_medium_strings_parse_to_tiers():
     assert Tier.parse("GPU") is Tier.DEVICE and Tier.parse("") is Tier.DEVICE and Tier.parse("host") is Tier.HOST
     assert Tier.HOST.medium == "CPU"
+    assert Tier.parse("disk") is Tier.DISK and Tier.parse("STORAGE") is Tier.DISK and Tier.DISK.medium == "STORAGE"
     with pytest.raises(InvalidArgument, match="unknown"):
-        Tier.parse("disk")
+        Tier.parse("tape")
+
+
+def test_a_block_on_the_disk_tier_stays_held_below_the_device_until_the_disk_drops_it():
+    idx = HolderIndex()
+    idx.apply(A, stored([1, 2]))
+    idx.apply(A, in_tier(HolderEventKind.STORED, [1, 2], Tier.HOST))
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [1, 2], Tier.DEVICE))
+    idx.apply(A, in_tier(HolderEventKind.STORED, [1, 2], Tier.DISK))  # host eviction: STORED(STORAGE)...
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [1, 2], Tier.HOST))  # ...then REMOVED(CPU): still held
+    assert idx.longest_prefix(A, [1, 2]) == 2 and idx.host_only_count(A, [1, 2], 2) == 2
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [2], Tier.DISK))
+    assert idx.holders(2) == frozenset() and idx.holders(1) == {A}
+
+
+def test_a_snapshot_restores_what_the_disk_holds():
+    idx = HolderIndex()
+    idx.apply(A, IndexEvent(HolderEventKind.SNAPSHOT, [], disk_hashes=[7, 8]))
+    assert idx.holders(7) == {A} and idx.longest_prefix(A, [7, 8]) == 2 and idx.num_device_blocks(A) == 0
