@@ -14,7 +14,7 @@ NIXL := nixl==1.5.1 nixl-cu13==1.5.1
 TRACES ?= $(or $(SPECKV_TRACES),../shared/traces)
 PROTOS := $(wildcard protos/speckv/v1/*.proto)
 
-.PHONY: venv protos check-protos test demo up kernels sim-compiled clean
+.PHONY: venv protos check-protos test demo demo-vllm up kernels sim-compiled clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,11 @@ test: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP) check-protos
 # synthetic default and says how to get the trace.
 demo: $(BASE_STAMP)
 	$(VENV)/bin/speckv demo $(if $(TRACES),--traces $(TRACES))
+
+# The same demo with its live runs on real vLLM servers (two CPU engines with the
+# connector; docs/vllm_connector.md, "Real-engine comparison"): about 12 minutes.
+demo-vllm: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/speckv demo --engine vllm $(if $(TRACES),--traces $(TRACES))
 
 up: $(BASE_STAMP)
 	$(VENV)/bin/speckv up --nodes 3

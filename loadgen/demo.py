@@ -21,6 +21,15 @@ ties `none`'s in the same kind of run is marked (simulated: the interval of
 the difference over the same requests holds 0; live: the intervals overlap).
 The HTML report has the table, the charts and every figure of both runs.
 
+`--engine vllm` runs the same demo on real engines: the live clusters are
+vLLM OpenAI servers with SpeckvConnector (`speckv bench e2e --engine vllm`,
+services/config/e2e_vllm.json), and the simulator runs the same scaled
+requests on that configuration (its engine profile fitted to these engines,
+their geometry), so the table sets the simulator beside the real engines;
+the demo prints, per live policy, the simulated TTFT percentiles over the
+live ones (experiments/sim_agreement.py). Its live policies take about five
+minutes each (the engines start and compute the warm start's KV).
+
 Workload: the Mooncake conversation trace in the traces directory
 (--traces, else SPECKV_TRACES, else ../shared/traces). Without it the demo
 runs on the synthetic workload DEFAULT_SCENARIO of
@@ -40,6 +49,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from speckv.loadgen.bench.e2e import cli as e2e
+from speckv.loadgen.bench.e2e.engines import engine_setup
 from speckv.loadgen.bench.e2e.run import PolicyRun
 from speckv.loadgen.experiments.bootstrap import BootstrapDraws, bootstrap_draws, intervals_of, with_paired_intervals
 from speckv.loadgen.experiments.demo_report import (
@@ -51,6 +61,7 @@ from speckv.loadgen.experiments.demo_report import (
 )
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec, load_e2e_config
 from speckv.loadgen.experiments.metrics import burst_seconds, summarize
+from speckv.loadgen.experiments.sim_agreement import agreement
 from speckv.loadgen.experiments.results import (
     Comparison,
     PolicySummary,
@@ -113,7 +124,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=DEMO_SLICE_S, help="slice length, trace s")
     parser.add_argument("--report", default=None, help="report directory [default: <run dir>/report]")
     parser.add_argument("--json", default=None, help="write the result JSON here")
+    parser.add_argument("--engine", choices=("emulated", "vllm"), default="emulated",
+                        help="vllm: the live runs on real vLLM servers (and the simulator on their profile)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="with --engine vllm: the engines' local model directory (default: the tiny Llama)")
     args = parser.parse_args(list(argv))
+    if args.model is not None and args.engine != "vllm":
+        raise InvalidArgument("--model names the vllm engines' model: give --engine vllm too")
     args.policy_list = _policy_list(args.policies, "--policies")
     args.live_list = _policy_list(args.live, "--live")
     if args.duration_s <= 0:
@@ -252,7 +269,7 @@ def simulate(workload: DemoWorkload, policies: Sequence[str], config: E2EConfig,
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args = parse_args(argv)
     console = wide_console()
-    config = load_e2e_config()
+    config = load_e2e_config(e2e.VLLM_CONFIG if args.engine == "vllm" else None)
     workload = choose_workload(args.traces, args.trace, args.scenario, environ, config)
     if workload.hint:
         console.print(workload.hint, markup=False, highlight=False, soft_wrap=True)
@@ -279,26 +296,40 @@ def _run(args: argparse.Namespace, console, config: E2EConfig, workload: DemoWor
     """Simulates, replays live, prints the table and writes the report; 1 when a run served nothing."""
     console.print(f"speckv demo on {workload.name}, trace seconds [{slice_.start_s:g}, "
                   f"{slice_.start_s + slice_.duration_s:g}), {config.nodes} nodes: {len(args.policy_list)} policies "
-                  f"simulated, {len(args.live_list)} live ({', '.join(args.live_list)})", markup=False, highlight=False)
-    simulated, sim_runs = simulate(workload, args.policy_list, config, slice_, console)
+                  f"simulated, {len(args.live_list)} live ({', '.join(args.live_list)}) on {args.engine} engines",
+                  markup=False, highlight=False)
+    setup = engine_setup(config, args.engine, args.model)
+    sim_workload, sim_config = workload, config
+    if setup.kind == "vllm":  # the simulator runs what the real engines run: the scaled requests, their geometry
+        end = slice_.start_s + slice_.duration_s
+        sim_workload = replace(workload, requests=setup.scale([r for r in workload.requests if r.arrival_s < end]))
+        sim_config = replace(config, real_geometry=setup.geometry, block_tokens=setup.geometry.block_size)
+    simulated, sim_runs = simulate(sim_workload, args.policy_list, sim_config, slice_, console)
     live, live_runs = e2e.compare_requests(workload.name, workload.requests, args.live_list, config, slice_,
-                                           environ, console, quick=True)
+                                           environ, console, quick=True, setup=setup)
+    agreements = [agreement(p, live_runs[p].records, sim_runs[p].records) for p in args.live_list if p in sim_runs]
+    if setup.kind == "vllm":
+        console.print("simulator against the real engines (TTFT):\n" + "\n".join(a.line() for a in agreements),
+                      markup=False, highlight=False)
     in_slice = [r for r in workload.requests if slice_.start_s <= r.arrival_s < slice_.start_s + slice_.duration_s]
     title = (f"speckv demo: {workload.name}, trace seconds [{slice_.start_s:g}, "
              f"{slice_.start_s + slice_.duration_s:g}), {len(in_slice)} requests, {config.nodes} nodes "
-             "(TTFT in ms of the real model)")
+             + ("(TTFT in ms of the real vLLM engines on this CPU; the simulator's on their fitted profile)"
+                if setup.kind == "vllm" else "(TTFT in ms of the real model)"))
     table = demo_table(title, simulated.policies, live.policies, simulated.floor)
     console.print(table)
     console.print(DEMO_LEGEND, markup=False, highlight=False, width=max(80, console.measure(table).maximum))
     extra = {"workload": {"name": workload.name, "synthetic": workload.synthetic, "slice": asdict(slice_)}}
     if args.json:
-        data = {**extra, "simulated": simulated.to_json(), "live": live.to_json()}
+        data = {**extra, "engine": setup.kind, "simulated": simulated.to_json(), "live": live.to_json(),
+                "sim_vs_live": [a.to_json() for a in agreements]}
         Path(args.json).write_text(json.dumps(data, indent=2))
         console.print(f"JSON written to {args.json}", markup=False, highlight=False)
     report = Path(args.report or Path(environ.get("SPECKV_RUN_DIR") or f"/tmp/speckv-{os.getuid()}") / "report")
     index = write_demo_report(report, _heading(workload, slice_, len(in_slice), config, args), simulated, live,
                               _ttfts(sim_runs, live_runs),
-                              _timelines(sim_runs, live_runs, config.real_bytes_per_block, live.real_bytes_per_block),
+                              _timelines(sim_runs, live_runs, sim_config.real_bytes_per_block,
+                                         live.real_bytes_per_block),
                               [(r.arrival_s, r.family) for r in in_slice], extra)
     console.print(f"report: {index}", markup=False, highlight=False, soft_wrap=True)
     served = [m.served for m in (*simulated.policies.values(), *live.policies.values())]

@@ -37,24 +37,14 @@ CONNECTOR_MODULE = "speckv.services.engine.vllm_connector.connector"
 
 def prompt_block_ids(model: Path, spec: TinyLlama, tokens: list[int]) -> list[int]:
     """The speckv ids of the prompt's full blocks as the connector names them
-    in an engine of run_engine's settings (float32, BLOCK_SIZE, sha256),
-    computed without an engine: vLLM's sha256 block chain, then identity.py."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core import kv_cache_utils
+    in an engine of run_engine's settings (float32, BLOCK_SIZE, sha256, the
+    model path as its id), computed without an engine."""
+    from speckv.loadgen.engines.vllm_jobs import chain_block_ids
+    from speckv.services.common.geometry import KVGeometry
 
-    from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
-    from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
-
-    hash_fn = get_hash_fn_by_name("sha256")
-    kv_cache_utils.init_none_hash(hash_fn)
-    parent, hashes = None, []
-    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, tokens[start:start + BLOCK_SIZE], None)
-        hashes.append(parent)
-    layout = KVLayout(model=str(model), dtype="float32", block_size=BLOCK_SIZE, num_layers=spec.num_layers,
-                      num_kv_heads=spec.kv_heads, head_dim=spec.head_dim, tp_rank=0, page_layout=PAGE_LAYOUT,
-                      hash_algo="sha256")
-    return block_ids(layout.digest(), hashes)
+    geometry = KVGeometry(name="", num_layers=spec.num_layers, num_kv_heads=spec.kv_heads, head_dim=spec.head_dim,
+                          dtype="float32", block_size=BLOCK_SIZE)
+    return chain_block_ids(str(model), geometry, tokens)
 
 
 def run_engine(spec: dict[str, Any], workdir: Path, timeout_s: float = 600.0) -> dict[str, Any]:

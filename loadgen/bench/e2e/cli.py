@@ -15,6 +15,9 @@ config says (`model.family`, the conversation for the Mooncake trace).
 `--engine torch` replaces the emulated engines with a small real PyTorch
 decoder on the CPU whose KV (real bytes, scale 1) goes through the kvstores
 (e2e/engines.py says what changes with it, and the result's notes repeat it).
+`--engine vllm` runs real vLLM OpenAI servers, one per node, whose
+SpeckvConnector reads and writes the node's kvstore, with a cluster of its
+own (services/config/e2e_vllm.json; e2e/vllm_engines.py says what changes).
 
 `--events NAME` plays a node event set (services/config/events.json, or
 --events-file) during each policy's replay: kills SIGKILL a node's kvstore
@@ -70,11 +73,13 @@ from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
 from speckv.loadgen.experiments.utilisation import utilisation
 from speckv.loadgen.workload.node_events import get_event_set, resolve
 from speckv.services.cluster.status import wide_console
+from speckv.services.common.config import CONFIG_DIR
 from speckv.services.common.errors import InvalidArgument, NotFound
 from speckv.services.common.traces import TraceRequest, load_mooncake
 from speckv.services.scheduler.replication.outcomes import ActionStats
 
 ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
+VLLM_CONFIG = CONFIG_DIR / "e2e_vllm.json"  # the real engines' cluster (--engine vllm)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -88,7 +93,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
     parser.add_argument("--engine", choices=ENGINES, default="emulated",
                         help="emulated: the profile-driven engine; torch: a small real PyTorch model on the CPU "
-                             "writing real KV (tokens scaled 1/32)")
+                             "writing real KV (tokens scaled 1/32); vllm: real vLLM OpenAI servers with "
+                             "SpeckvConnector (tokens scaled 1/16; its own config, services/config/e2e_vllm.json)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="with --engine vllm: the engines' local model directory (default: the tiny random "
+                             "Llama, written once under ~/.cache/speckv)")
     parser.add_argument("--json", default=None, help="write the result JSON here")
     parser.add_argument("--report", default=None, help="write the HTML report into this directory")
     parser.add_argument("--events", default=None, metavar="NAME",
@@ -184,9 +193,12 @@ def compare_requests(name: str, trace: Sequence[TraceRequest], policies: list[st
                            for policy in policies})
     runs = rounds[0]
     # The floor prices the trace's own tokens with the emulated profile; the
-    # torch engine runs scaled prompts on this CPU, which the profile does not describe.
+    # torch and vllm engines run scaled prompts on this CPU, which it does not describe.
     history = [r for r in trace if r.arrival_s < slice_.start_s]
-    floor = slice_floor(history, in_slice, config.profile) if setup.spec is None else None
+    floor = (slice_floor(history, in_slice, config.profile) if setup.kind == "emulated" else
+             # The real engines' profile is fitted to them, and it prices their (scaled) tokens.
+             slice_floor(setup.scale(history), setup.scale(in_slice), config.profile) if setup.kind == "vllm"
+             else None)
     reusable = floor.by_request_key() if floor is not None else None
     shared = floor.shared_by_request_key() if floor is not None else None
     def summary_of(run: PolicyRun) -> PolicySummary:
@@ -308,7 +320,8 @@ def _run_with_progress(config, policy, trace, slice_, environ, console, model_di
 
 def print_table(console, policies: Mapping[str, PolicySummary], engine: str = "emulated",
                 floor: FloorSummary | None = None) -> None:
-    unit = "trace-time ms of the torch model on this CPU" if engine == "torch" else "real-model ms"
+    unit = {"torch": "trace-time ms of the torch model on this CPU",
+            "vllm": "ms of the real vLLM engines on this CPU, x the replay's speed"}.get(engine, "real-model ms")
     for table in console_tables(f"end-to-end comparison (TTFT in {unit})", policies, floor):
         console.print(table)
 
@@ -337,12 +350,14 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     trace_path = Path(args.trace)
     if not trace_path.exists():
         raise NotFound(f"trace {trace_path} not found")
-    config = load_e2e_config(args.config)
+    if args.model is not None and args.engine != "vllm":
+        raise InvalidArgument("--model names the vllm engines' model: give --engine vllm too")
+    config = load_e2e_config(args.config or (VLLM_CONFIG if args.engine == "vllm" else None))
     console = wide_console()
     events = EventChoice(args.events, args.events_file, args.migration_limit) if args.events else None
-    result, runs = compare(trace_path, args.policy_list, config, choose_slice(config, args), environ, console,
-                           quick=args.quick, setup=engine_setup(config, args.engine), events=events,
-                           repeats=args.repeats)
+    slice_, setup = choose_slice(config, args), engine_setup(config, args.engine, args.model)
+    result, runs = compare(trace_path, args.policy_list, config, slice_, environ, console, quick=args.quick,
+                           setup=setup, events=events, repeats=args.repeats)
     print_table(console, result.policies, args.engine, result.floor)
     for title, table in (("utilisation (utilisation.py)", utilisation_table(result.policies)),
                          ("node events (event_metrics.py; live: affected = the lost node's families)",

@@ -5,6 +5,8 @@ are counted in, how the warm start writes KV, and how bytes are reported.
 - emulated (default): EmulatedEngine on the committed profile; the kvstores
   hold config.store_geometry, the real model's bytes scaled down by
   config.byte_scale; the router stores deterministic synthetic payloads.
+- vllm: real vLLM OpenAI servers with SpeckvConnector (e2e/vllm_engines.py
+  says what changes with them).
 - torch: one TinyGPT (ModelSpec(): seeded random weights, fp32, on the CPU,
   nothing downloaded) behind every node; the kvstores hold the model's own
   geometry at TORCH_BLOCK_TOKENS per block, so every byte stored, pulled or
@@ -24,6 +26,7 @@ this CPU x speed (equal at --speed 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import grpc
@@ -36,9 +39,10 @@ from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.traces import TraceRequest
 
 if TYPE_CHECKING:
+    from speckv.loadgen.bench.e2e.vllm_engines import VllmModel
     from speckv.loadgen.engines.torch_model import ModelSpec
 
-ENGINES = ("emulated", "torch")
+ENGINES = ("emulated", "torch", "vllm")
 TORCH_BLOCK_TOKENS = 16
 TORCH_WARM_KV_BLOCKS = 800
 # Wall seconds for the cluster start plus the warm start (the replay origin
@@ -47,7 +51,7 @@ TORCH_WARM_KV_BLOCKS = 800
 # newest, whose KV is stored, one at a time). The budget is about twice what
 # the quick slice's warm start takes on a quiet machine (docs/performance.md,
 # "Warm start"), so other work on the cores does not make it late.
-START_BUDGET_S = {"emulated": 40.0, "torch": 40.0}
+START_BUDGET_S = {"emulated": 40.0, "torch": 40.0}  # vllm: vllm_engines.START_BUDGET_S
 
 # (node, index in the warm list, request, first block not cached there) -> blocks stored
 StoreKV = Callable[[str, int, TraceRequest, int], int]
@@ -66,6 +70,7 @@ class EngineSetup:
     start_budget_s: float
     warm_kv_blocks: int  # most distinct blocks the warm start stores, cluster-wide
     spec: ModelSpec | None = None  # the torch engine's model
+    vllm: VllmModel | None = None  # the vLLM engines' model and prompts
 
     def cluster_geometry(self) -> tuple[str, int, list[str]]:
         """(kvstore preset, block size, override flags) that make self.geometry."""
@@ -77,6 +82,8 @@ class EngineSetup:
 
     def scale(self, requests: Sequence[TraceRequest]) -> list[TraceRequest]:
         """The requests in the engine's tokens (unchanged when emulated)."""
+        if self.vllm is not None:
+            return self.vllm.prompts.scale(requests)
         if self.spec is None:
             return list(requests)
         from speckv.loadgen.engines.torch_kv import model_scale
@@ -84,7 +91,10 @@ class EngineSetup:
         return [model_scale(r, self.geometry.block_size, self.spec.max_positions) for r in requests]
 
 
-def engine_setup(config: E2EConfig, kind: str = "emulated") -> EngineSetup:
+def engine_setup(config: E2EConfig, kind: str = "emulated", model_dir: Path | None = None,
+                 cache_root: Path | None = None) -> EngineSetup:
+    """model_dir: the vllm engines' model (None: the tiny Llama, written
+    under cache_root)."""
     if kind == "emulated":
         return EngineSetup(kind, config.scaled_geometry, config.byte_scale, config.real_bytes_per_block,
                            START_BUDGET_S[kind],
@@ -96,13 +106,31 @@ def engine_setup(config: E2EConfig, kind: str = "emulated") -> EngineSetup:
         geometry = spec.kv_geometry(TORCH_BLOCK_TOKENS)
         warm = min(TORCH_WARM_KV_BLOCKS, int(config.warm_kv_fraction * config.nodes * config.pool_pages))
         return EngineSetup(kind, geometry, 1, geometry.bytes_per_block, START_BUDGET_S[kind], warm, spec)
+    if kind == "vllm":
+        from speckv.loadgen.bench.e2e import vllm_engines
+
+        model, geometry = vllm_engines.vllm_model(model_dir, cache_root or Path.home() / ".cache" / "speckv")
+        return EngineSetup(kind, geometry, 1, geometry.bytes_per_block, vllm_engines.START_BUDGET_S,
+                           int(config.warm_kv_fraction * config.nodes * config.pool_pages), vllm=model)
     raise InvalidArgument(f"--engine={kind!r}: expected one of {', '.join(ENGINES)}")
 
 
 def build_engines(setup: EngineSetup, config: E2EConfig, kv_channels: Mapping[str, grpc.Channel],
-                  speed: float) -> tuple[dict[str, Engine], JobFactory, StoreKV | None]:
+                  speed: float, addresses: Mapping[str, str] | None = None, run_dir: Path | None = None,
+                  environ: Mapping[str, str] | None = None) -> tuple[dict[str, Engine], JobFactory, StoreKV | None]:
     """Engines per node, the router's job factory, and the warm start's KV
-    writer (None: the warm start's synthetic payloads)."""
+    writer (None: the warm start's synthetic payloads). addresses, run_dir,
+    environ: the kvstores' addresses, the run's folder and environment (the
+    vllm engines' servers need them). Engines with a close() are the
+    caller's to close."""
+    if setup.vllm is not None:
+        from speckv.loadgen.bench.e2e import vllm_engines
+
+        if addresses is None or run_dir is None or environ is None:
+            raise ValueError("vllm engines need the kvstores' addresses, a run folder and an environment")
+        servers = vllm_engines.start_engines(setup.vllm, addresses, run_dir, environ, speed)
+        vllm_jobs = vllm_engines.make_jobs(setup.vllm, config.profile)
+        return dict(servers), vllm_jobs, vllm_engines.warm_prefill(servers, vllm_jobs)
     if setup.spec is None:
         engines: dict[str, Engine] = {n: emulated_engine(config, n) for n in kv_channels}
         return engines, EmulatedJobs(config.profile, config.real_geometry.bytes_per_token), None
@@ -136,6 +164,10 @@ def emulated_engine(config: E2EConfig, node: str) -> EmulatedEngine:
 
 
 def engine_notes(setup: EngineSetup, config: E2EConfig) -> list[str]:
+    if setup.vllm is not None:
+        from speckv.loadgen.bench.e2e import vllm_engines
+
+        return vllm_engines.notes(setup.vllm, setup.geometry, config.profile)
     if setup.spec is None:
         return [
             f"Engines emulate {config.profile.model} on {config.profile.hardware} (profile {config.profile.name}, "

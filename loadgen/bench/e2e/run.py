@@ -32,7 +32,7 @@ from speckv.loadgen.bench.e2e.events import EventPlan, LiveEvents
 from speckv.loadgen.bench.e2e.warm import WarmStats, warm_cluster
 from speckv.loadgen.bench.returns.cli import train_for_replay
 from speckv.loadgen.engines.driver import LiveEngines, TraceClock
-from speckv.loadgen.engines.emulated import EngineJob
+from speckv.loadgen.engines.emulated import Engine, EngineJob
 from speckv.loadgen.experiments.e2e_config import E2EConfig, SliceSpec
 from speckv.loadgen.experiments.event_metrics import EventOutcome
 from speckv.loadgen.experiments.kv_event_follower import EventCollector
@@ -162,7 +162,8 @@ def run_policy(config: E2EConfig, policy: str, trace: Sequence[TraceRequest], sl
         with cluster:
             times = TimeMap(wall0, slice_.start_s, slice_.speed)
             return _run_on(cluster, config, setup, policy, requests, warm, times, unix_times, on_progress,
-                           model_dir, turn_ends=returns is not None, events=events)
+                           model_dir, turn_ends=returns is not None, events=events, run_dir=directory,
+                           environ=environ)
 
 
 def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: SliceSpec) -> None:
@@ -177,17 +178,19 @@ def write_restamped_trace(path: Path, requests: Sequence[TraceRequest], slice_: 
 def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy: str,
             requests: list[TraceRequest], warm: list[TraceRequest], times: TimeMap, unix_times: TimeMap,
             on_progress: Callable[[int, int, RequestRecord | None], None], model_dir: Path | None,
-            turn_ends: bool = False, events: EventPlan | None = None) -> PolicyRun:
+            turn_ends: bool = False, events: EventPlan | None = None, run_dir: Path | None = None,
+            environ: Mapping[str, str] | None = None) -> PolicyRun:
     nodes = cluster.node_addresses()
     scheduler_channel = grpc.insecure_channel(cluster.scheduler_address)
     predictor_channel = grpc.insecure_channel(cluster.predictor_address)
     kv_channels = {n: grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for n, a in nodes.items()}
     scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
+    engine_map: dict[str, Engine] = {}
     try:
         if model_dir is not None:
             predictor_pb2_grpc.PredictorStub(predictor_channel).ReloadModel(
                 predictor_pb2.ReloadModelRequest(name=model_dir.name), timeout=30.0)
-        engine_map, jobs, store_kv = build_engines(setup, config, kv_channels, times.speed)
+        engine_map, jobs, store_kv = build_engines(setup, config, kv_channels, times.speed, nodes, run_dir, environ)
         warmed = warm_cluster(scheduler_channel, kv_channels, warm, unix_times, setup.geometry.bytes_per_block,
                               setup.warm_kv_blocks, store_kv)
         if time.monotonic() > times.origin:
@@ -251,6 +254,10 @@ def _run_on(cluster: LocalCluster, config: E2EConfig, setup: EngineSetup, policy
                          warmed, dict(router.jobs), stores, list(played.outcomes) if played else [],
                          dict(played.lifetimes) if played else {n: (-math.inf, math.inf) for n in nodes}, actions)
     finally:
+        for engine in engine_map.values():
+            close = getattr(engine, "close", None)  # real engines' servers (vllm)
+            if close is not None:
+                close()
         for channel in (scheduler_channel, predictor_channel, *kv_channels.values()):
             channel.close()
 
