@@ -3,25 +3,29 @@
 For each CHUNK frame the receiver first asks the sink whether the handle is a
 live reservation and the range fits (begin_write); only then does it read the
 payload. On a host pool it is received straight into the reserved pages (no
-copy): begin_write registers the write, so the pages cannot be freed or
-reused while the socket fills them even though the store lock is not held,
-and hands out memoryviews of the page segments; they are filled
-PIECE_BYTES at a time with one recvmsg_into (scatter) each, and every
-segment is checksummed right after it lands, while hot in cache; the
-chunk's crc32c is folded from those (checksum.combine) and finish_write
-compares it with the header's and keeps the segment checksums for when this
-node is the source. On a device pool the payload goes through a staging
-buffer (checksummed piece by piece as it lands) and write_chunk copies it
-into the pages (pinned staging + unpack); the buffer is lent from a shared
-pool for that chunk only, so an idle connection holds none.
+copy, no allocation): begin_write registers the write, so the pages cannot be
+freed or reused while the socket fills them even though the store lock is not
+held, and hands out memoryviews of the page segments, filled with one
+recvmsg_into (scatter, MSG_WAITALL) per chunk. The chunk (and its MAC tag,
+read right after it) then goes to the connection's checking thread
+(checker.py), which takes the crc32c of every segment, folds the chunk's
+(checksum.fold), feeds the MAC, and ends the write (finish_write compares the
+crc32c with the header's and keeps the segment checksums for when this node
+is the source) while this thread receives the next chunk. At most one chunk
+is being checked at a time; a chunk that fails is answered as below at the
+next frame, or at once when the sender has paused (sent nothing more). On a
+device pool the payload goes through a staging buffer (checksummed piece by
+piece as it lands) and write_chunk copies it into the pages (pinned staging +
+unpack); the buffer is lent from a shared pool for that chunk only, so an
+idle connection holds none.
 
 With a WriteGate (data_plane_auth on), a connection must present a
 handle's write capability in an AUTH frame before any CHUNK or END of that
 handle, with the proof that it holds the capability's secret over the
 connection's nonce (possession.py); the capability is verified once (its
 MAC), then each chunk is checked against its range and expiry before its
-payload is read, and its GMAC tag (after the payload) is checked as the
-bytes land, before the chunk is recorded: a bad tag is PERMISSION_DENIED
+payload is read, and its GMAC tag (after the payload) is checked by the
+checking thread before the chunk is recorded: a bad tag is PERMISSION_DENIED
 and aborts like a bad crc32c. The
 listener's doorway (doorway.py) reads and verifies a connection's first
 frame before the connection gets a thread; it arrives here as `opening`. A frame
@@ -36,7 +40,8 @@ Failure rules (nothing half-written is ever published):
 - the connection dropping (EOF or reset, inside a frame or before the END of
   a reservation it wrote to), or staying silent past the socket's timeout
   (listener.py sets it) -> those reservations are aborted too.
-An END frame confirms a reservation: it is then left to Commit or its lease.
+An END frame confirms a reservation (once every chunk before it passed its
+check): it is then left to Commit or its lease.
 """
 from __future__ import annotations
 
