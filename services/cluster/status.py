@@ -61,7 +61,20 @@ def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
     orders.add_column("count")
     for o in state.orders:
         orders.add_row(common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_").lower(), str(o.count))
-    return [nodes, orders] + ([actions_table(state.actions)] if state.actions else [])
+    return [nodes, orders] + ([actions_table(state.actions)] if state.actions else []) \
+        + ([transports_table(state.transports)] if state.transports else [])
+
+
+def transports_table(rows: Sequence[scheduler_pb2.TransportStats]) -> Table:
+    """Per source, target and data plane: the copies it carried and their GiB
+    (committed orders since the scheduler started)."""
+    table = Table(title="committed copies by transport")
+    for column in ("source", "target", "transport", "orders", "GiB"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r.source_node, r.target_node, r.transport or "(not reported)", str(r.orders),
+                      f"{r.bytes / 2**30:.2f}")
+    return table
 
 
 def actions_table(actions: Sequence[scheduler_pb2.ActionOutcomeStats]) -> Table:

@@ -175,7 +175,7 @@ class SchedulerAgent:
             result = ReplicationResult(order.order_id, TransferOutcome.FAILED, message=f"internal error: {exc}")
         state = (common_pb2.ORDER_STATE_COMMITTED if result.outcome is TransferOutcome.COMMITTED
                  else common_pb2.ORDER_STATE_FAILED)
-        self._report(order.order_id, state, result.message, result.bytes_sent, result.blocks_sent)
+        self._report(order.order_id, state, result.message, result.bytes_sent, result.blocks_sent, result.transport)
 
     def _prefetch(self, order: common_pb2.ReplicationOrder) -> ReplicationResult:
         """Promotes this node's host-only blocks of the order's prefix (the
@@ -190,11 +190,13 @@ class SchedulerAgent:
         return ReplicationResult(order.order_id, TransferOutcome.COMMITTED, blocks_sent=retained,
                                  message=f"retained {retained} blocks for {order.lease_ms} ms")
 
-    def _report(self, order_id: str, state: int, message: str, bytes_sent: int = 0, blocks_sent: int = 0) -> None:
+    def _report(self, order_id: str, state: int, message: str, bytes_sent: int = 0, blocks_sent: int = 0,
+                transport: str = "") -> None:
+        """transport: the data plane that carried the order (shm, nixl, tcp, grpc; "" if none did)."""
         try:
             self._stub.ReportOrderStatus(scheduler_pb2.OrderStatusReport(
                 order_id=order_id, state=state, message=message[:2000], bytes_sent=bytes_sent,
-                blocks_sent=blocks_sent), timeout=self._timeout_s)
+                blocks_sent=blocks_sent, transport=transport), timeout=self._timeout_s)
         except (grpc.RpcError, ValueError) as exc:
             log.warning("could not report order %s: %s", order_id, _describe(exc))
 

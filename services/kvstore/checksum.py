@@ -18,6 +18,7 @@ a combine costs four lookups and three xors (~0.5 us in Python).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Iterable
 
 import google_crc32c
 import numpy as np
@@ -42,6 +43,19 @@ def combine(crc_a: int, crc_b: int, len_b: int) -> int:
         return crc_a
     t0, t1, t2, t3 = _shift_tables(len_b)
     return t0[crc_a & 0xFF] ^ t1[(crc_a >> 8) & 0xFF] ^ t2[(crc_a >> 16) & 0xFF] ^ t3[crc_a >> 24] ^ crc_b
+
+
+def fold(crc: int, parts: Iterable[int], length: int) -> int:
+    """combine(crc, p, length) for each p of parts in turn: crc32c of a
+    range followed by equal-length ranges with crc32c parts (the loop of
+    combine without its call and table lookup per part: about a third of
+    its cost in Python)."""
+    if length <= 0:
+        return crc
+    t0, t1, t2, t3 = _shift_tables(length)
+    for part in parts:
+        crc = t0[crc & 0xFF] ^ t1[(crc >> 8) & 0xFF] ^ t2[(crc >> 16) & 0xFF] ^ t3[crc >> 24] ^ part
+    return crc
 
 
 def _multmodp(a: int, b: int) -> int:

@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speckv.services.kvstore.checksum import combine, crc32c
+from speckv.services.kvstore.checksum import combine, crc32c, fold
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +169,7 @@ class SegmentCrcs:
         for s in spans:
             if self._missing[s.page]:
                 self.seal(flat, [s.page])
-            for part in self._crc[s.page, s.first:s.last].tolist():
-                crc = combine(crc, part, seg)
+            crc = fold(crc, self._crc[s.page, s.first:s.last].tolist(), seg)
         return crc
 
     def range_crc(self, flat: np.ndarray, pieces: Sequence[Piece]) -> int:

@@ -254,9 +254,10 @@ class SchedulerCore:
             return self._submit_locked(spec, self._clock.now())
 
     def report_order(self, order_id: str, state: OrderState, message: str = "",
-                     bytes_sent: int = 0, blocks_sent: int = 0) -> OrderState:
+                     bytes_sent: int = 0, blocks_sent: int = 0, transport: str = "") -> OrderState:
         with self._lock:
-            order = self._lifecycle.report(order_id, state, self._clock.now(), message, bytes_sent, blocks_sent)
+            order = self._lifecycle.report(order_id, state, self._clock.now(), message, bytes_sent, blocks_sent,
+                                           transport)
             if order.state is OrderState.CANCELLED:
                 self._feed.publish(order.snapshot())  # its source may hold the issued copy
             return order.state
@@ -454,8 +455,9 @@ class SchedulerCore:
             reports = tuple(NodeReport(self._node_view(n, now), max(0.0, now - n.last_heartbeat), n.routes_total)
                             for n in self._cluster.nodes())
             stats = self._lifecycle.ledger.stats
-            return ClusterSnapshot(reports, self._policy.name, self._orders.counts(),
-                                   self._index.num_families(), now, replace(stats), self._lifecycle.retries_issued)
+            return ClusterSnapshot(reports, self._policy.name, self._orders.counts(), self._index.num_families(), now,
+                                   replace(stats), self._lifecycle.retries_issued,
+                                   tuple(self._lifecycle.transports.rows()))
 
     def order_counts(self) -> dict[OrderState, int]:
         with self._lock:

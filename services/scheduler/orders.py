@@ -122,6 +122,7 @@ class Order:
     message: str = ""
     bytes_sent: int = 0
     blocks_sent: int = 0
+    transport: str = ""  # the data plane its source reported it went over ("" until reported; not journaled)
 
     def lease_end(self) -> float:
         return self.last_progress + self.spec.lease_ms / 1000.0
@@ -213,11 +214,13 @@ class OrderTracker:
         return list(self._active.values())
 
     def report(self, order_id: str, state: OrderState, now: float, message: str = "",
-               bytes_sent: int = 0, blocks_sent: int = 0) -> Order:
-        """Moves an order to state; returns it."""
+               bytes_sent: int = 0, blocks_sent: int = 0, transport: str = "") -> Order:
+        """Moves an order to state; returns it. transport: the data plane the
+        source says carried it ("" keeps what was reported before)."""
         order = self.get(order_id)
         self._expire_if_due(order, now)
         if order.state.terminal and state is order.state:
+            order.transport = order.transport or transport  # a late report labels a commit already seen
             return order
         if state not in ALLOWED.get(order.state, frozenset()):
             raise FailedPrecondition(
@@ -225,6 +228,7 @@ class OrderTracker:
         order.message = message or order.message
         order.bytes_sent = max(order.bytes_sent, bytes_sent)
         order.blocks_sent = max(order.blocks_sent, blocks_sent)
+        order.transport = transport or order.transport
         if state is OrderState.IN_FLIGHT:
             order.last_progress = now
         self._move(order, state)

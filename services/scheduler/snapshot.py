@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from speckv.services.scheduler.orders import OrderState
 from speckv.services.scheduler.replication.replicas import ReplicaStats
+from speckv.services.scheduler.replication.transports import Carried
 from speckv.services.scheduler.views import NodeView
 
 
@@ -25,6 +26,7 @@ class ClusterSnapshot:
     now: float
     replicas: ReplicaStats = field(default_factory=ReplicaStats)
     retries: int = 0
+    transports: tuple[Carried, ...] = ()  # committed copies per (source, target, transport)
 
 
 @dataclass(frozen=True, slots=True)

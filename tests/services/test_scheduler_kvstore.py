@@ -3,6 +3,8 @@ Route confirms the cached prefix with the chosen kvstore (one trace across
 both), and an order submitted to the scheduler is executed by the source
 node's agent and lands on the target."""
 
+import re
+
 import grpc
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -196,3 +198,33 @@ def test_tiered_nodes_register_their_host_tier_and_orders_land_there_by_default(
                                                                timeout=TIMEOUT))[0])
             row = next(line for line in console.export_text().splitlines() if "│ n2 " in line)
             assert [cell.strip() for cell in row.split("│")[1:-1]][5] == "3/8"
+
+
+@pytest.mark.parametrize("transport, carried", [("tcp", "tcp"), ("grpc", "grpc"), ("auto", "shm")])
+def test_a_committed_order_says_which_transport_carried_it(transport, carried):
+    """The agent reports the data plane its kvstore used; the scheduler counts
+    the copy under (source, target, transport) and `speckv status` shows it.
+    auto between two kvstores of one process (one host, one user) is shm."""
+    with scheduler() as (server, sched):
+        with shared_kvstore(node_id="n1", geometry="tiny", scheduler=server.address, heartbeat_interval_s=0.2,
+                            transport=transport) as (_, kv1), \
+                kvstore("n2", server.address):
+            assert wait_until(lambda: {k for k, n in nodes(sched).items() if n.alive} == {"n1", "n2"})
+            put_chain(kv1, CHAIN)
+            assert wait_until(lambda: nodes(sched)["n1"].num_blocks == len(CHAIN))
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=common_pb2.ReplicationOrder(
+                family="doc", block_hashes=CHAIN, source_node="n1", target_node="n2", lease_ms=30_000)),
+                timeout=TIMEOUT)
+
+            def carriers():
+                state = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT)
+                return [(t.source_node, t.target_node, t.transport, t.orders, t.bytes) for t in state.transports]
+            # the target's KV events may commit the order first: the source's report then labels it
+            assert wait_until(lambda: carriers() == [("n1", "n2", carried, 1, len(CHAIN) * BLOCK_BYTES)]), carriers()
+            state = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT)
+            console = Console(width=200, record=True)
+            for table in cluster_tables(state):
+                console.print(table)
+            shown = console.export_text()
+            assert "committed copies by transport" in shown
+            assert re.search(rf"│ n1 +│ n2 +│ {carried} +│ 1 +│", shown), shown

@@ -13,6 +13,10 @@ already-touched buffers.
 - pack / unpack: the NumPy reference kernels (kernels/reference.py) between a
   layer-major pool and a staging buffer, for a real geometry.
 - crc32c: google-crc32c over a reused buffer (what each chunk costs twice).
+- gmac: the chunk MAC of data_plane_auth (AES-GMAC), fed 32 KiB pieces.
+- socket + crc32c: the tuned socket whose receiver also checksums every
+  chunk it received, in the same process and thread: what any receiver that
+  checks every byte can reach here, before any bookkeeping of its own.
 """
 from __future__ import annotations
 
@@ -63,7 +67,22 @@ def pack_unpack_gbps(geometry: KVGeometry, blocks: int, repeats: int) -> tuple[f
     return pack, unpack
 
 
-def _receiver(port_queue: "mp.Queue[int]", chunk: int, tuned: bool) -> None:
+def gmac_gbps(nbytes: int, repeats: int, piece: int = 32 * 1024) -> float:
+    """The data plane's chunk MAC (AES-GMAC, dataplane/possession.py) over
+    nbytes fed in piece-sized updates, as the receiver feeds it segments."""
+    from speckv.services.kvstore.dataplane.possession import ChunkMac
+
+    view = memoryview(np.ones(nbytes, dtype=np.uint8))
+
+    def run() -> None:
+        mac = ChunkMac(bytes(32), "bench", 0, nbytes, 0)
+        for lo in range(0, nbytes, piece):
+            mac.update(view[lo:lo + piece])
+        mac.tag()
+    return best_rate(nbytes, run, repeats)
+
+
+def _receiver(port_queue: "mp.Queue[int]", chunk: int, tuned: bool, checksum: bool = False) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port_queue.put(listener.getsockname()[1])
     conn, _ = listener.accept()
@@ -77,9 +96,12 @@ def _receiver(port_queue: "mp.Queue[int]", chunk: int, tuned: bool) -> None:
             return
         remaining = int.from_bytes(header, "little")
         while remaining:
-            n = conn.recv_into(view, min(chunk, remaining))
+            want = min(chunk, remaining)
+            n = conn.recv_into(view, want, socket.MSG_WAITALL if checksum else 0)
             if n == 0:
                 return
+            if checksum:
+                crc32c(view[:n])
             remaining -= n
         conn.sendall(b"k")
 
@@ -91,10 +113,10 @@ class SocketCeiling:
     chunk-sized pieces of one reused buffer, wait for the one-byte ack.
     tuned: both ends get the data plane's socket options."""
 
-    def __init__(self, nbytes: int, chunk: int = MIB, tuned: bool = False) -> None:
+    def __init__(self, nbytes: int, chunk: int = MIB, tuned: bool = False, checksum: bool = False) -> None:
         context = mp.get_context("spawn")
         ports: mp.Queue[int] = context.Queue()
-        self._child = context.Process(target=_receiver, args=(ports, chunk, tuned), daemon=True)
+        self._child = context.Process(target=_receiver, args=(ports, chunk, tuned, checksum), daemon=True)
         self._child.start()
         try:
             self._sock = socket.create_connection(("127.0.0.1", ports.get(timeout=60)))
@@ -123,9 +145,11 @@ class SocketCeiling:
             self._child.kill()
 
 
-def socket_gbps(nbytes: int, repeats: int, chunk: int = MIB, tuned: bool = False) -> float:
-    """One SocketCeiling measurement: best of repeats passes."""
-    link = SocketCeiling(nbytes, chunk, tuned)
+def socket_gbps(nbytes: int, repeats: int, chunk: int = MIB, tuned: bool = False, checksum: bool = False) -> float:
+    """One SocketCeiling measurement: best of repeats passes. checksum: the
+    receiver also takes the crc32c of each chunk it received (what the data
+    plane must do to every byte), right after it lands."""
+    link = SocketCeiling(nbytes, chunk, tuned, checksum)
     try:
         return link.gbps(repeats)
     finally:

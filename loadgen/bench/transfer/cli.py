@@ -4,8 +4,10 @@ the kvstore data plane against the ceilings measured in the same run.
 Order of work:
   1. ceilings (NumPy memcpy, Python loopback socket with default options and
      with the data plane's; the better one is `ceilings.socket_gbps`, the
-     denominator of every tcp ratio) and component rates
-     (NumPy pack / unpack of the reference kernels, crc32c), GB/s = 1e9 B/s;
+     denominator of every tcp ratio; for information the tuned socket whose
+     receiver crc32c's every chunk, `socket_crc32c_gbps`) and component rates
+     (NumPy pack / unpack of the reference kernels, crc32c, the chunk GMAC),
+     GB/s = 1e9 B/s;
      on a machine with a CUDA device also the GPU copy / pack / unpack rates
      from speckv.kernels.bench.measure_gpu;
   2. two kvstore PROCESSES on loopback (`python -m speckv.services.cli
@@ -169,12 +171,14 @@ def measure_ceilings(geometry, *, quick: bool, repeats: int) -> dict[str, Any]:
     default = ceilings.socket_gbps(2 * size, repeats)
     tuned = ceilings.socket_gbps(2 * size, repeats, tuned=True)
     tls = tls_socket_gbps(2 * size, repeats)  # the TLS data plane's ceiling (prototype; docs/security.md)
+    checked = ceilings.socket_gbps(2 * size, repeats, tuned=True, checksum=True)
     out: dict[str, Any] = {
         "ceilings": {"memcpy_gbps": ceilings.memcpy_gbps(pack_blocks * geometry.bytes_per_block, repeats),
                      "socket_gbps": max(default, tuned), "socket_default_gbps": default,
-                     "socket_tuned_gbps": tuned, "tls_socket_gbps": tls},
+                     "socket_tuned_gbps": tuned, "tls_socket_gbps": tls, "socket_crc32c_gbps": checked},
         "pack_gbps": pack, "unpack_gbps": unpack,
         "crc32c_gbps": ceilings.crc32c_gbps(4 * MIB, 20),
+        "gmac_gbps": ceilings.gmac_gbps(4 * MIB, 20),
     }
     out.update(gpu_fields(geometry))
     return out
@@ -202,7 +206,7 @@ def show_ceilings(results: dict[str, Any]) -> None:
         results["ceilings"]["device_copy_gbps"] = device_copy
     for key, value in results["ceilings"].items():
         print(f"ceiling {key:<24} {value:8.2f} GB/s")
-    for key in ("pack_gbps", "unpack_gbps", "crc32c_gbps", "gpu_pack_gbps", "gpu_unpack_gbps"):
+    for key in ("pack_gbps", "unpack_gbps", "crc32c_gbps", "gmac_gbps", "gpu_pack_gbps", "gpu_unpack_gbps"):
         if key in results:
             print(f"        {key:<24} {results[key]:8.2f} GB/s")
 
@@ -352,6 +356,7 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
     c = results["ceilings"]
     out = {"pack_over_memcpy": results["pack_gbps"] / c["memcpy_gbps"],
            "tls_socket_over_socket": c["tls_socket_gbps"] / c["socket_gbps"],
+           "socket_crc32c_over_socket": c["socket_crc32c_gbps"] / c["socket_gbps"],
            "unpack_over_memcpy": results["unpack_gbps"] / c["memcpy_gbps"]}
     for row in results.get("replication", []):
         name = f"{row['transport']}_{row['chunk_bytes'] // KIB}k"

@@ -132,18 +132,20 @@ class SubmitOrderResponse(_message.Message):
     def __init__(self, order_id: _Optional[str] = ...) -> None: ...
 
 class OrderStatusReport(_message.Message):
-    __slots__ = ("order_id", "state", "message", "bytes_sent", "blocks_sent")
+    __slots__ = ("order_id", "state", "message", "bytes_sent", "blocks_sent", "transport")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_SENT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     state: _common_pb2.OrderState
     message: str
     bytes_sent: int
     blocks_sent: int
-    def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., message: _Optional[str] = ..., bytes_sent: _Optional[int] = ..., blocks_sent: _Optional[int] = ...) -> None: ...
+    transport: str
+    def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., message: _Optional[str] = ..., bytes_sent: _Optional[int] = ..., blocks_sent: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class OrderStatusAck(_message.Message):
     __slots__ = ("state",)
@@ -216,7 +218,7 @@ class OrderCount(_message.Message):
     def __init__(self, state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClusterState(_message.Message):
-    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s", "replicas_committed", "replicas_kept", "replicas_released_unused", "bytes_replicated", "bytes_wasted", "order_retries", "actions")
+    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s", "replicas_committed", "replicas_kept", "replicas_released_unused", "bytes_replicated", "bytes_wasted", "order_retries", "actions", "transports")
     NODES_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     ORDERS_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +231,7 @@ class ClusterState(_message.Message):
     BYTES_WASTED_FIELD_NUMBER: _ClassVar[int]
     ORDER_RETRIES_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
     policy: str
     orders: _containers.RepeatedCompositeFieldContainer[OrderCount]
@@ -241,7 +244,22 @@ class ClusterState(_message.Message):
     bytes_wasted: int
     order_retries: int
     actions: _containers.RepeatedCompositeFieldContainer[ActionOutcomeStats]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ..., replicas_committed: _Optional[int] = ..., replicas_kept: _Optional[int] = ..., replicas_released_unused: _Optional[int] = ..., bytes_replicated: _Optional[int] = ..., bytes_wasted: _Optional[int] = ..., order_retries: _Optional[int] = ..., actions: _Optional[_Iterable[_Union[ActionOutcomeStats, _Mapping]]] = ...) -> None: ...
+    transports: _containers.RepeatedCompositeFieldContainer[TransportStats]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ..., replicas_committed: _Optional[int] = ..., replicas_kept: _Optional[int] = ..., replicas_released_unused: _Optional[int] = ..., bytes_replicated: _Optional[int] = ..., bytes_wasted: _Optional[int] = ..., order_retries: _Optional[int] = ..., actions: _Optional[_Iterable[_Union[ActionOutcomeStats, _Mapping]]] = ..., transports: _Optional[_Iterable[_Union[TransportStats, _Mapping]]] = ...) -> None: ...
+
+class TransportStats(_message.Message):
+    __slots__ = ("source_node", "target_node", "transport", "orders", "bytes")
+    SOURCE_NODE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODE_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    ORDERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    source_node: str
+    target_node: str
+    transport: str
+    orders: int
+    bytes: int
+    def __init__(self, source_node: _Optional[str] = ..., target_node: _Optional[str] = ..., transport: _Optional[str] = ..., orders: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ActionOutcomeStats(_message.Message):
     __slots__ = ("policy", "action", "forecast", "orders", "bytes", "expected_ms", "outcomes", "bytes_by_outcome", "expected_ms_by_outcome", "read_after_lease", "bytes_read_after_lease", "by_forecast")

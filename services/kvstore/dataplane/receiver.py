@@ -3,25 +3,29 @@
 For each CHUNK frame the receiver first asks the sink whether the handle is a
 live reservation and the range fits (begin_write); only then does it read the
 payload. On a host pool it is received straight into the reserved pages (no
-copy): begin_write registers the write, so the pages cannot be freed or
-reused while the socket fills them even though the store lock is not held,
-and hands out memoryviews of the page segments; they are filled
-PIECE_BYTES at a time with one recvmsg_into (scatter) each, and every
-segment is checksummed right after it lands, while hot in cache; the
-chunk's crc32c is folded from those (checksum.combine) and finish_write
-compares it with the header's and keeps the segment checksums for when this
-node is the source. On a device pool the payload goes through a staging
-buffer (checksummed piece by piece as it lands) and write_chunk copies it
-into the pages (pinned staging + unpack); the buffer is lent from a shared
-pool for that chunk only, so an idle connection holds none.
+copy, no allocation): begin_write registers the write, so the pages cannot be
+freed or reused while the socket fills them even though the store lock is not
+held, and hands out memoryviews of the page segments, filled with one
+recvmsg_into (scatter, MSG_WAITALL) per chunk. The chunk (and its MAC tag,
+read right after it) then goes to the connection's checking thread
+(checker.py), which takes the crc32c of every segment, folds the chunk's
+(checksum.fold), feeds the MAC, and ends the write (finish_write compares the
+crc32c with the header's and keeps the segment checksums for when this node
+is the source) while this thread receives the next chunk. At most one chunk
+is being checked at a time; a chunk that fails is answered as below at the
+next frame, or at once when the sender has paused (sent nothing more). On a
+device pool the payload goes through a staging buffer (checksummed piece by
+piece as it lands) and write_chunk copies it into the pages (pinned staging +
+unpack); the buffer is lent from a shared pool for that chunk only, so an
+idle connection holds none.
 
 With a WriteGate (data_plane_auth on), a connection must present a
 handle's write capability in an AUTH frame before any CHUNK or END of that
 handle, with the proof that it holds the capability's secret over the
 connection's nonce (possession.py); the capability is verified once (its
 MAC), then each chunk is checked against its range and expiry before its
-payload is read, and its GMAC tag (after the payload) is checked as the
-bytes land, before the chunk is recorded: a bad tag is PERMISSION_DENIED
+payload is read, and its GMAC tag (after the payload) is checked by the
+checking thread before the chunk is recorded: a bad tag is PERMISSION_DENIED
 and aborts like a bad crc32c. The
 listener's doorway (doorway.py) reads and verifies a connection's first
 frame before the connection gets a thread; it arrives here as `opening`. A frame
@@ -36,11 +40,13 @@ Failure rules (nothing half-written is ever published):
 - the connection dropping (EOF or reset, inside a frame or before the END of
   a reservation it wrote to), or staying silent past the socket's timeout
   (listener.py sets it) -> those reservations are aborted too.
-An END frame confirms a reservation: it is then left to Commit or its lease.
+An END frame confirms a reservation (once every chunk before it passed its
+check): it is then left to Commit or its lease.
 """
 from __future__ import annotations
 
 import logging
+import select
 import socket
 from typing import Protocol
 
@@ -49,15 +55,15 @@ import numpy as np
 
 from speckv.services.common import errors
 from speckv.services.common.capability import Capability
-from speckv.services.kvstore.checksum import combine
 from speckv.services.kvstore.dataplane import possession, wire
+from speckv.services.kvstore.dataplane.checker import Checker, Landed
 from speckv.services.kvstore.dataplane.opening import Opening
 from speckv.services.kvstore.pool import Buffer
 from speckv.services.kvstore.records import ZeroCopyWrite
 from speckv.services.kvstore.write_gate import WriteGate
 
 log = logging.getLogger(__name__)
-PIECE = 256 * 1024  # bytes received and checksummed at a time (fits in L2)
+PIECE = 256 * 1024  # bytes received and checksummed at a time into a staging buffer (fits in L2)
 MAX_VIEWS = 512  # segment views per recvmsg_into (the kernel allows IOV_MAX = 1024)
 
 
@@ -123,42 +129,62 @@ def serve_connection(sock: socket.socket, sink: ChunkSink, staging: StagingBuffe
     write capabilities (None: none asked, as without data_plane_auth).
     opening: the connection's first frame when the listener already read it
     off the socket (its AUTH token verified into opening.capability)."""
-    scratch = wire.header_buffer()
-    buffers = staging if isinstance(staging, StagingBuffers) else _OneBuffer(staging)
     written: dict[str, int] = {}  # handle -> bytes covered, not yet confirmed by END
-    allowed: dict[str, Capability] = {}  # handle -> its verified capability, this connection only
-    keys: dict[str, bytes] = {}  # handle -> its chunks' MAC key, this connection only
-    nonce = opening.nonce if opening is not None else b""
+    checker = Checker(sink, written.__setitem__, f"data-check-{peer}")
     try:
-        if opening is not None and opening.frame.kind is wire.Kind.AUTH:
-            if gate is not None:
-                proved = opening if opening.capability is not None else verify_auth(gate, opening)
-                allowed[opening.frame.handle], keys[opening.frame.handle] = proved.capability, proved.key
-        elif opening is not None:
-            _serve_frame(sock, sink, buffers, gate, allowed, written, opening.frame, keys)
-        while True:
-            frame = wire.read_frame(sock, scratch)
-            if frame is None:
-                break
-            if frame.kind is wire.Kind.AUTH:
-                token = bytearray(frame.length)
-                wire.recv_exact(sock, memoryview(token))
-                if gate is not None:
-                    proved = verify_auth(gate, Opening(frame, bytes(token), nonce=nonce))
-                    allowed[frame.handle], keys[frame.handle] = proved.capability, proved.key
-                continue
-            _serve_frame(sock, sink, buffers, gate, allowed, written, frame, keys)
+        _serve_frames(sock, sink, staging, gate, opening, written, checker)
     except wire.ConnectionLost as exc:
+        checker.settle()
         _abort_all(sink, written, f"data plane connection from {peer} dropped: {exc}")
     except (BlockingIOError, TimeoutError):  # SO_RCVTIMEO / SO_SNDTIMEO passed with no byte moved
+        checker.settle()
         _abort_all(sink, written, f"data plane connection from {peer} idle past its read timeout; closed")
     except errors.SpeckvError as exc:
-        _answer_error(sock, exc, written)
-        _abort_all(sink, written, f"data plane from {peer}: {exc}")
+        failure = checker.error_or(exc)  # a chunk that failed its check is the cause of what tripped later
+        _answer_error(sock, failure if isinstance(failure, errors.SpeckvError) else exc, written)
+        _abort_all(sink, written, f"data plane from {peer}: {failure}")
     except OSError as exc:
+        checker.settle()
         _abort_all(sink, written, f"data plane connection from {peer} broke: {exc}")
     else:
         _abort_all(sink, written, f"data plane connection from {peer} closed before END")
+    finally:
+        checker.close()
+
+
+def _serve_frames(sock: socket.socket, sink: ChunkSink, staging: StagingBuffers | np.ndarray,
+                  gate: WriteGate | None, opening: Opening | None, written: dict[str, int],
+                  checker: Checker) -> None:
+    """The frame loop of serve_connection; returns on a clean EOF between
+    frames, with every chunk's check in."""
+    scratch = wire.header_buffer()
+    buffers = staging if isinstance(staging, StagingBuffers) else _OneBuffer(staging)
+    allowed: dict[str, Capability] = {}  # handle -> its verified capability, this connection only
+    keys: dict[str, bytes] = {}  # handle -> its chunks' MAC key, this connection only
+    nonce = opening.nonce if opening is not None else b""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if opening is not None and opening.frame.kind is wire.Kind.AUTH:
+        if gate is not None:
+            proved = opening if opening.capability is not None else verify_auth(gate, opening)
+            allowed[opening.frame.handle], keys[opening.frame.handle] = proved.capability, proved.key
+    elif opening is not None:
+        _serve_frame(sock, sink, buffers, gate, allowed, written, opening.frame, keys, checker)
+    while True:
+        if checker.pending and not poller.poll(0):
+            checker.collect()  # the sender has paused (for a reply, or for good): answer a failed check now
+        frame = wire.read_frame(sock, scratch)
+        if frame is None:
+            checker.collect()
+            return
+        if frame.kind is wire.Kind.AUTH:
+            token = bytearray(frame.length)
+            wire.recv_exact(sock, memoryview(token))
+            if gate is not None:
+                proved = verify_auth(gate, Opening(frame, bytes(token), nonce=nonce))
+                allowed[frame.handle], keys[frame.handle] = proved.capability, proved.key
+            continue
+        _serve_frame(sock, sink, buffers, gate, allowed, written, frame, keys, checker)
 
 
 def verify_auth(gate: WriteGate, opening: Opening) -> Opening:
@@ -178,21 +204,23 @@ def verify_auth(gate: WriteGate, opening: Opening) -> Opening:
 
 def _serve_frame(sock: socket.socket, sink: ChunkSink, buffers: StagingBuffers | _OneBuffer, gate: WriteGate | None,
                  allowed: dict[str, Capability], written: dict[str, int], frame: wire.Frame,
-                 keys: dict[str, bytes]) -> None:
+                 keys: dict[str, bytes], checker: Checker) -> None:
     """One CHUNK (its payload, and its MAC tag where keyed, read here) or END frame."""
     if gate is not None:
         _authorize(gate, allowed, frame)
     if frame.kind is wire.Kind.END:
+        checker.collect()
         received = written.pop(frame.handle, 0)
         wire.send_reply(sock, wire.OK, received, "")
         return
     write = sink.begin_write(frame.handle, frame.offset, frame.length)  # before any payload
     written.setdefault(frame.handle, 0)
     key = keys.get(frame.handle)
-    mac = possession.ChunkMac(key, frame.handle, frame.offset, frame.length, frame.crc32c) if key else None
     if write is not None:
-        written[frame.handle] = _receive_into(sock, sink, write, frame, mac)
+        _receive_into(sock, sink, write, frame, key, checker)
         return
+    checker.collect()
+    mac = possession.ChunkMac(key, frame.handle, frame.offset, frame.length, frame.crc32c) if key else None
     buffer = buffers.get()
     try:
         actual = _receive(sock, memoryview(buffer), buffer, frame.length, mac)
@@ -239,41 +267,27 @@ def _receive(sock: socket.socket, payload: memoryview, staging: np.ndarray, leng
 
 
 def _receive_into(sock: socket.socket, sink: ChunkSink, write: ZeroCopyWrite, frame: wire.Frame,
-                  mac: possession.ChunkMac | None = None) -> int:
-    """Receives the chunk straight into write.views, checksumming (and
-    MACing) each view right after it lands, then its tag if keyed; ends the
-    write (cancelled on any failure)."""
-    crc, piece_crcs = 0, []
+                  key: bytes | None, checker: Checker) -> None:
+    """Receives the chunk straight into write.views (one recvmsg_into per
+    MAX_VIEWS views), then its tag if keyed, and hands it to the checker,
+    which checksums, MACs and ends the write while the next chunk arrives
+    (the write is cancelled on any failure here)."""
+    views = write.views
     try:
-        for group in _groups(write.views):
-            wire.recv_views(sock, group)
-            for view in group:
-                piece = google_crc32c.value(np.frombuffer(view, np.uint8))  # it refuses memoryviews
-                piece_crcs.append(piece)
-                crc = combine(crc, piece, len(view))
-                if mac is not None:
-                    mac.update(view)
-        _check_tag(sock, mac, frame)
+        if len(views) <= MAX_VIEWS:
+            wire.recv_views(sock, views, write.size)
+        else:
+            for lo in range(0, len(views), MAX_VIEWS):
+                wire.recv_views(sock, views[lo:lo + MAX_VIEWS])
+        tag = b""
+        if key is not None:
+            raw = bytearray(possession.TAG_BYTES)
+            wire.recv_exact(sock, memoryview(raw))
+            tag = bytes(raw)
     except BaseException:
         sink.cancel_write(write)
         raise
-    return sink.finish_write(write, frame.crc32c, crc, piece_crcs)
-
-
-def _groups(views: list[memoryview]) -> list[list[memoryview]]:
-    """Consecutive views of about PIECE bytes (at least one view each)."""
-    groups: list[list[memoryview]] = []
-    current: list[memoryview] = []
-    size = 0
-    for view in views:
-        if current and (size + len(view) > PIECE or len(current) >= MAX_VIEWS):
-            groups.append(current)
-            current, size = [], 0
-        current.append(view)
-        size += len(view)
-    if current:
-        groups.append(current)
-    return groups
+    checker.submit(Landed(write, frame.handle, frame.offset, frame.crc32c, key, tag))
 
 
 def _answer_error(sock: socket.socket, exc: errors.SpeckvError, written: dict[str, int]) -> None:

@@ -89,13 +89,14 @@ class TcpReplicationTarget:
                 size = chunk.nbytes
                 self._pace(size)
                 head = wire.encode_header(header, wire.Kind.CHUNK, handle, chunk.offset, size, chunk.crc32c)
-                pieces = list(chunk.pieces or (memoryview(chunk.data).cast("B"),))
+                views = [head, *(chunk.pieces or (memoryview(chunk.data).cast("B"),))]
                 if key:
                     mac = possession.ChunkMac(key, name, chunk.offset, size, chunk.crc32c)
-                    for piece in pieces:
+                    for piece in views[1:]:
                         mac.update(piece)
-                    pieces.append(memoryview(mac.tag()))
-                wire.send_views(sock, [head, *pieces])
+                    views.append(memoryview(mac.tag()))
+                    size += possession.TAG_BYTES
+                wire.send_views(sock, views, len(head) + size)
                 if _readable(poller):
                     break  # the target answered early: an error; read it below
             else:

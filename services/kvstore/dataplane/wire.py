@@ -155,10 +155,12 @@ def recv_exact(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -
     return True
 
 
-def recv_views(sock: socket.socket, views: list[memoryview]) -> None:
-    """Fills views in order: one recvmsg_into (scatter, MSG_WAITALL) in the
-    common case. EOF before all is filled raises ConnectionLost."""
-    total = sum(len(v) for v in views)
+def recv_views(sock: socket.socket, views: list[memoryview], total: int = -1) -> None:
+    """Fills views (total bytes in all, if the caller knows) in order: one
+    recvmsg_into (scatter, MSG_WAITALL) in the common case. EOF before all
+    is filled raises ConnectionLost."""
+    if total < 0:
+        total = sum(len(v) for v in views)
     got = sock.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
     while got < total:
         if got == 0:
@@ -168,10 +170,12 @@ def recv_views(sock: socket.socket, views: list[memoryview]) -> None:
         got = sock.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
 
 
-def send_views(sock: socket.socket, views: list[memoryview]) -> None:
-    """Sends every byte of views in order: one sendmsg (gather) in the
-    common case; a partial send is resumed where it stopped."""
-    total = sum(len(v) for v in views)
+def send_views(sock: socket.socket, views: list[memoryview], total: int = -1) -> None:
+    """Sends every byte of views (total bytes in all, if the caller knows)
+    in order: one sendmsg (gather) in the common case; a partial send is
+    resumed where it stopped."""
+    if total < 0:
+        total = sum(len(v) for v in views)
     sent = sock.sendmsg(views)
     while sent < total:
         views = _advance(views, sent)

@@ -135,7 +135,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             authz.require_node_or_admin(context, self._core.get_order(request.order_id).spec.source,
                                         "ReportOrderStatus")
         new_state = self._core.report_order(request.order_id, state, request.message,
-                                            request.bytes_sent, request.blocks_sent)
+                                            request.bytes_sent, request.blocks_sent, request.transport)
         if new_state is OrderState.FAILED and state is OrderState.FAILED and self._on_failed_order is not None:
             target = self._core.get_order(request.order_id).spec.target
             self._on_failed_order(target, f"order {request.order_id} to it failed ({request.message[:200]})")
@@ -164,7 +164,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             nodes=nodes, policy=snap.policy, orders=orders, num_families=snap.num_families, now_s=snap.now,
             replicas_committed=r.committed, replicas_kept=r.kept, replicas_released_unused=r.released_unused,
             bytes_replicated=r.bytes_committed, bytes_wasted=r.bytes_wasted, order_retries=snap.retries,
-            actions=actions_to_proto(self._core.action_outcomes()))
+            actions=actions_to_proto(self._core.action_outcomes()),
+            transports=[scheduler_pb2.TransportStats(source_node=c.source, target_node=c.target,
+                                                     transport=c.transport, orders=c.orders, bytes=c.bytes)
+                        for c in snap.transports])
 
 
 def _route_response(r: RouteResult) -> scheduler_pb2.RouteResponse:

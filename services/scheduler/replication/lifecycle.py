@@ -13,6 +13,8 @@ liveness.
   new order (new id) of the same spec.
 - A node going down fails the active orders it is the source of (and they
   are retried elsewhere) or the target of (not retried: the target is gone).
+- Transports: each committed copy is counted per (source, target, the data
+  plane its source reported) (transports.py).
 - cancel(): only orders still ISSUED (not started) can be cancelled.
 - Outcomes: every issued order is followed to its outcome (outcomes.py):
   used in time, used late, never used, cancelled or failed.
@@ -32,6 +34,7 @@ from speckv.services.common.ids import NodeId, OrderId
 from speckv.services.scheduler.orders import Order, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import ActionOutcomes
 from speckv.services.scheduler.replication.replicas import LeasedReplicas, Replica
+from speckv.services.scheduler.replication.transports import TransportTally, check_transport
 from speckv.services.scheduler.views import IndexReader
 
 log = logging.getLogger(__name__)
@@ -60,12 +63,15 @@ class OrderLifecycle:
         self._attempts: dict[OrderId, _Attempts] = {}
         self.retries_issued = 0
         self.outcomes = ActionOutcomes()
+        self.transports = TransportTally()  # committed copies per (source, target, transport)
 
     def report(self, order_id: str, state: OrderState, now: float, message: str = "",
-               bytes_sent: int = 0, blocks_sent: int = 0) -> Order:
-        before = self.orders.get(order_id).state
+               bytes_sent: int = 0, blocks_sent: int = 0, transport: str = "") -> Order:
+        current = self.orders.get(order_id)
+        before, labelled = current.state, current.transport
         try:
-            order = self.orders.report(order_id, state, now, message, bytes_sent, blocks_sent)
+            order = self.orders.report(order_id, state, now, message, bytes_sent, blocks_sent,
+                                       check_transport(transport))
         except FailedPrecondition:
             current = self.orders.get(order_id)
             if current.state.terminal:  # it expired on the way in
@@ -74,6 +80,8 @@ class OrderLifecycle:
             raise
         if order.state is not before:
             self._after(order, now)
+        elif order.state is OrderState.COMMITTED and order.spec.action.copies and order.transport != labelled:
+            self.transports.relabel(order.spec.source, order.spec.target, order.transport, self._copy_bytes(order))
         return order
 
     def cancel(self, order_id: str, now: float, reason: str) -> Order:
@@ -119,12 +127,16 @@ class OrderLifecycle:
         if not order.spec.action.copies:
             return  # a prefetch or retain on one node: no replica to lease, no other source to retry from
         if order.state is OrderState.COMMITTED:
-            blocks = len(order.spec.block_hashes)
-            nbytes = order.bytes_sent or blocks * self._bytes_per_block(order.spec.target)
+            blocks, nbytes = len(order.spec.block_hashes), self._copy_bytes(order)
+            self.transports.add(order.spec.source, order.spec.target, order.transport, nbytes)
             self.ledger.add(Replica(order.order_id, order.spec.family, order.spec.target, blocks, nbytes,
                                     now, now + order.spec.lease_ms / 1000.0))
         elif order.state is OrderState.FAILED:
             self._retry(order, attempts, now)
+
+    def _copy_bytes(self, order: Order) -> int:
+        """The bytes a committed copy moved: as reported, else its blocks'."""
+        return order.bytes_sent or len(order.spec.block_hashes) * self._bytes_per_block(order.spec.target)
 
     def _retry(self, order: Order, attempts: _Attempts, now: float) -> None:
         spec = order.spec

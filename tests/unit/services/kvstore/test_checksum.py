@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from speckv.services.common.geometry import KVGeometry
-from speckv.services.kvstore.checksum import combine, crc32c
+from speckv.services.kvstore.checksum import combine, crc32c, fold
 from speckv.services.kvstore.pool import PagePool
 
 # Segments of 3 * 2 * 5 * 2 = 60 bytes: ranges at round offsets cut segments.
@@ -19,6 +19,17 @@ def test_combine_equals_the_checksum_of_the_concatenation(len_a, len_b):
     a = rng.integers(0, 256, len_a, dtype=np.uint8).tobytes()
     b = rng.integers(0, 256, len_b, dtype=np.uint8).tobytes()
     assert combine(crc32c(a), crc32c(b), len_b) == crc32c(a + b)
+
+
+@pytest.mark.parametrize("head, parts, length", [(0, 0, 64), (5, 1, 64), (0, 33, 32768), (7, 4, 1), (3, 2, 0)])
+def test_fold_equals_combining_each_equal_length_part_in_turn(head, parts, length):
+    rng = np.random.default_rng(head + parts + length)
+    first = rng.integers(0, 256, head, dtype=np.uint8).tobytes()
+    pieces = [rng.integers(0, 256, length, dtype=np.uint8).tobytes() for _ in range(parts)]
+    expected = crc32c(first)
+    for piece in pieces:
+        expected = combine(expected, crc32c(piece), length)
+    assert fold(crc32c(first), [crc32c(p) for p in pieces], length) == expected == crc32c(first + b"".join(pieces))
 
 
 def filled_pool(pages: int = 6) -> PagePool:

@@ -36,6 +36,36 @@ def wire_crc(data):
     return crc32c(data)
 
 
+def test_many_chunks_in_a_row_land_while_earlier_ones_are_checked():
+    store = make_store(16)
+    hashes = list(range(1, 13))
+    grant = reserved(store, *hashes)
+    link = serve(store)
+    for i, h in enumerate(hashes):
+        link.chunk(grant.handle, i * BPB, block_bytes(h))
+    reply = link.end(grant.handle)
+    assert (reply.status, reply.bytes_received) == (wire.OK, len(hashes) * BPB)
+    link.close()
+    crcs = {i * BPB: wire_crc(block_bytes(h)) for i, h in enumerate(hashes)}
+    assert store.commit(grant.handle, crcs, 0.0) == len(hashes)
+    assert read(store, *hashes) == [block_bytes(h) for h in hashes]
+
+
+def test_a_bad_checksum_followed_by_good_chunks_is_answered_with_its_own_error():
+    store = make_store(8)
+    grant = reserved(store, 1, 2, 3)
+    link = serve(store)
+    link.chunk(grant.handle, 0, block_bytes(1), crc=12345)
+    link.chunk(grant.handle, BPB, block_bytes(2))  # sent before the first one's check is in
+    link.chunk(grant.handle, 2 * BPB, block_bytes(3))
+    reply = link.reply()
+    assert reply.status == wire.STATUS_OF_ERROR[Aborted] and "crc32c" in reply.message
+    link.close()
+    stats = store.stats()
+    assert stats.reserved_pages == 0 and stats.free_pages == 8 and stats.open_reservations == 0
+    assert store.lookup([1, 2, 3]).present == [False, False, False]
+
+
 def test_unknown_handle_is_refused_before_its_payload_and_changes_nothing():
     store = make_store(8)
     store.put_blocks(writes(5))
