@@ -1,12 +1,16 @@
 """CRC32C (Castagnoli) of replication chunks and served blocks, and the
 combination of checksums of adjacent byte ranges.
 
-google-crc32c's C extension takes `bytes` and NumPy arrays, but refuses
-writable memoryviews and bytearrays; those are viewed as a NumPy array first
-(no copy), so a chunk is checksummed where it lies (staging buffer, pool
-view). Measured here: ~30 GB/s on a 256 KiB piece hot in L2, ~6 GB/s on
-cold pool memory; that gap is why the data plane checksums segments right
-after they land and keeps segment checksums instead of re-reading cold pages.
+The `crc32c` package (ICRAR's, hardware CRC32C instructions) takes any
+contiguous buffer (bytes, memoryviews, NumPy arrays), so a chunk is
+checksummed where it lies (staging buffer, pool view), and it releases the
+GIL on buffers of 32 KiB and more, so checks on several threads (the TCP
+receiver's checking thread, the disk reader's, the engine's saves) run at
+once; google-crc32c, used before, held the GIL throughout and was about
+1.5x slower on cold memory here (docs/journal/dataplane.md, 2026-12-06).
+Cold pool memory still checksums several times slower than a piece hot in
+cache; that gap is why the data plane checksums segments right after they
+land and keeps segment checksums instead of re-reading cold pages.
 
 combine(crc_a, crc_b, len_b) = crc32c(a + b) without reading a or b: the
 zlib crc32_combine algorithm (multiplication by x^(8 len_b) modulo the
@@ -20,21 +24,26 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable
 
-import google_crc32c
+import crc32c as _crc32c
 import numpy as np
 
 POLY = 0x82F63B78  # CRC32C, reflected
 _X0 = 1 << 31  # the polynomial 1 in reflected bit order
 
 
-def crc32c(data: bytes | bytearray | memoryview | np.ndarray) -> int:
-    if isinstance(data, bytes):
-        return google_crc32c.value(data)
-    if isinstance(data, np.ndarray):
-        if not data.flags.c_contiguous:
-            raise ValueError("crc32c needs a C-contiguous array")
-        return google_crc32c.value(data.reshape(-1).view(np.uint8))
-    return google_crc32c.value(np.frombuffer(data, dtype=np.uint8))
+Buffer = bytes | bytearray | memoryview | np.ndarray
+
+
+def crc32c(data: Buffer) -> int:
+    """CRC32C of a contiguous buffer; ValueError for a non-contiguous array."""
+    return extend(0, data)
+
+
+def extend(crc: int, data: Buffer) -> int:
+    """crc32c of (the bytes crc covers) + data, from crc and data alone."""
+    if isinstance(data, np.ndarray) and not data.flags.c_contiguous:
+        raise ValueError("crc32c needs a C-contiguous array")
+    return _crc32c.crc32c(data, crc)
 
 
 def combine(crc_a: int, crc_b: int, len_b: int) -> int:

@@ -12,7 +12,7 @@ already-touched buffers.
   is the better of the two, so tuning the data plane cannot flatter it.
 - pack / unpack: the NumPy reference kernels (kernels/reference.py) between a
   layer-major pool and a staging buffer, for a real geometry.
-- crc32c: google-crc32c over a reused buffer (what each chunk costs twice).
+- crc32c: the crc32c package over a reused buffer (what each chunk costs twice).
 - gmac: the chunk MAC of data_plane_auth (AES-GMAC), fed 32 KiB pieces.
 - socket + crc32c: the tuned socket whose receiver also checksums every
   chunk it received, in the same process and thread: what any receiver that

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Sequence
 
-import google_crc32c
+import crc32c
 import grpc
 
 from speckv.services.common.rpc.tls import TlsMaterial, dial
@@ -121,7 +121,7 @@ class KVStoreClient:
                         self.address, len(ids), len(got))
             return None
         for reply in replies:
-            if google_crc32c.value(reply.data) != reply.crc32c:
+            if crc32c.crc32c(reply.data) != reply.crc32c:
                 self._counters.add(load_failures=1)
                 log.warning("speckv kvstore %s: block %016x failed its crc32c; the engine recomputes",
                             self.address, reply.block_hash)

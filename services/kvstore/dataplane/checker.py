@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
-from google_crc32c import value
-
 from speckv.services.kvstore.checksum import combine, fold
+from speckv.services.kvstore.checksum import crc32c as value
 from speckv.services.kvstore.dataplane import possession
 from speckv.services.kvstore.records import ZeroCopyWrite
 

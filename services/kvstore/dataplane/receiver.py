@@ -50,11 +50,11 @@ import select
 import socket
 from typing import Protocol
 
-import google_crc32c
 import numpy as np
 
 from speckv.services.common import errors
 from speckv.services.common.capability import Capability
+from speckv.services.kvstore import checksum
 from speckv.services.kvstore.dataplane import possession, wire
 from speckv.services.kvstore.dataplane.checker import Checker, Landed
 from speckv.services.kvstore.dataplane.opening import Opening
@@ -260,7 +260,7 @@ def _receive(sock: socket.socket, payload: memoryview, staging: np.ndarray, leng
     for lo in range(0, length, PIECE):
         hi = min(length, lo + PIECE)
         wire.recv_exact(sock, payload[lo:hi])
-        crc = google_crc32c.extend(crc, staging[lo:hi])
+        crc = checksum.extend(crc, staging[lo:hi])
         if mac is not None:
             mac.update(payload[lo:hi])
     return crc

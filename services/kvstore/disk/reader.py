@@ -76,9 +76,10 @@ class RecordReader:
         aligned record-sized buffer per slot to read into (None: new ones).
         At least `depth` records: one task per record (its requests, then
         its check, on one thread), `depth` requests in flight across the
-        2 x depth threads, so the checks (google_crc32c holds the GIL) run
-        beside the next reads instead of in their place. Fewer records:
-        their requests spread over the threads and the caller checks."""
+        2 x depth threads, so the checks run beside the next reads instead of in
+        their place (the crc32c package releases the GIL while it checks).
+        Fewer records: their requests spread over the threads and the caller
+        checks."""
         size = self._medium.record_bytes
         buffers = list(buffers) if buffers is not None else [records.aligned_buffer(size) for _ in slots]
         cuts = self._cuts(size)

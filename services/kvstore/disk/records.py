@@ -30,7 +30,6 @@ import mmap
 import struct
 from dataclasses import dataclass
 
-import google_crc32c
 import numpy as np
 
 from speckv.services.common.geometry import KVGeometry
@@ -111,7 +110,7 @@ def decode_header(page: np.ndarray) -> RecordHeader | None:
     if magic != MAGIC or version != VERSION or family_len > MAX_FAMILY_BYTES:
         return None
     zeroed = raw[:_CRC_AT] + b"\0\0\0\0" + raw[_CRC_AT + 4:]
-    if google_crc32c.value(zeroed) != header_crc:
+    if crc32c(zeroed) != header_crc:
         return None
     family = raw[_FIELDS.size:_FIELDS.size + family_len].decode(errors="replace")
     return RecordHeader(BlockHash(block_hash), digest, sequence, payload_len, payload_crc,
