@@ -16,7 +16,6 @@ from scratch. Nothing about times.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from rich.console import Console
 
@@ -25,19 +24,17 @@ from speckv.loadgen.bench.e2e.engines import TORCH_BLOCK_TOKENS, engine_setup
 from speckv.loadgen.engines.torch_engine import TorchEngine, TorchJob
 from speckv.loadgen.engines.torch_kv import CoreBlockStore
 from speckv.loadgen.engines.torch_model import ModelSpec, TinyGPT
-from speckv.loadgen.experiments.e2e_config import DEFAULT_E2E_PATH, SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.e2e_config import SliceSpec, load_e2e_config
 from speckv.services.common.clock import ManualClock
 from speckv.services.kvstore.store import KVStoreCore
+from tests.support.eager_heat import eager_heat_policies
 
 POLICIES = ["none", "reactive-heat"]
 SLICE = SliceSpec(450.0, 8.0, 2.0)
 
 
 def _config(tmp_path):
-    policies = json.loads((DEFAULT_E2E_PATH.parent / "policies.json").read_text())
-    policies["reactive_heat"].update(heat_threshold=1, heat_per_replica=1)
-    path = tmp_path / "policies.json"
-    path.write_text(json.dumps(policies))
+    path = eager_heat_policies(tmp_path)
     config = load_e2e_config()
     return dataclasses.replace(config, nodes=2, warmup_s=150.0,
                                extra_args={**config.extra_args, "scheduler": ["--policies-path", str(path)]})

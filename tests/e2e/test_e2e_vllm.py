@@ -18,7 +18,6 @@ prompt at a time, where greedy output is deterministic).
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 from rich.console import Console
@@ -27,7 +26,8 @@ from speckv.loadgen.bench.e2e import cli as e2e
 from speckv.loadgen.bench.e2e.engines import engine_setup
 from speckv.loadgen.bench.e2e.vllm_engines import BLOCK_TOKENS, model_geometry
 from speckv.loadgen.engines.vllm_server import VllmJob
-from speckv.loadgen.experiments.e2e_config import DEFAULT_E2E_PATH, SliceSpec, load_e2e_config
+from speckv.loadgen.experiments.e2e_config import SliceSpec, load_e2e_config
+from tests.support.eager_heat import eager_heat_policies
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 POLICIES = ["none", "reactive-heat"]
@@ -35,10 +35,7 @@ SLICE = SliceSpec(450.0, 8.0, 1.0)
 
 
 def _config(tmp_path):
-    policies = json.loads((DEFAULT_E2E_PATH.parent / "policies.json").read_text())
-    policies["reactive_heat"].update(heat_threshold=1, heat_per_replica=1)
-    path = tmp_path / "policies.json"
-    path.write_text(json.dumps(policies))
+    path = eager_heat_policies(tmp_path)
     config = load_e2e_config(e2e.VLLM_CONFIG)
     return dataclasses.replace(config, warmup_s=150.0,
                                extra_args={**config.extra_args, "scheduler": ["--policies-path", str(path)]})
