@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from speckv.services.common.clock import Clock
 from speckv.services.predictor.fitting.returns.config import ReturnConfig
-from speckv.services.predictor.fitting.returns.online import FitOutcome, FitResult, OnlineReturnFitter
+from speckv.services.predictor.fitting.returns.online import FitOutcome, FitRecord, FitResult, OnlineReturnFitter
+from speckv.services.predictor.fitting.returns.turns import TurnRecord
 from speckv.services.predictor.serving.returns.model import ReturnModel
 from speckv.services.predictor.serving.returns.tracker import ReturnTracker
 from speckv.loadgen.sim.returns import TrackerSlot, TrainedReturns
@@ -77,7 +78,8 @@ class SimReturns:
         tracker = ReturnTracker(model, self.config.features, limits.max_open_conversations, limits.max_idle_s,
                                 self.config.recalibration)
         turns, in_flight = self.fitter.replay()
-        events = [(t.arrival_s, 0, t.conversation, t.prompt_tokens, None) for t in turns]
+        events: list[tuple[float, int, str, int, TurnRecord | None]] = [
+            (t.arrival_s, 0, t.conversation, t.prompt_tokens, None) for t in turns]
         events += [(t.end_s, 1, t.conversation, t.prompt_tokens, t) for t in turns]
         events += [(time_s, 0, c, prompt, None) for c, time_s, prompt in in_flight]
         events.sort(key=lambda e: (e[0], e[1], e[2]))
@@ -93,10 +95,11 @@ class SimReturns:
         """What online learning did over the run ("" without it)."""
         if self.fitter is None:
             return ""
-        served = [(at, r) for at, r in self.fits if r.outcome is FitOutcome.SERVED]
+        served: list[tuple[float, FitRecord]] = [(at, r.record) for at, r in self.fits
+                                                 if r.outcome is FitOutcome.SERVED and r.record is not None]
         kept = sum(1 for _, r in self.fits if r.outcome is FitOutcome.KEPT)
-        first = f"first served at {served[0][0]:.0f} s ({served[0][1].record.origin})" if served else "none served"
-        last = served[-1][1].record if served else None
+        first = f"first served at {served[0][0]:.0f} s ({served[0][1].origin})" if served else "none served"
+        last = served[-1][1] if served else None
         window = (f"; last served {last.version} trained on [{last.window_start_s:.0f}, {last.window_end_s:.0f}) s, "
                   f"held-out Brier {last.holdout_score:.4f} vs {last.replaced_score:.4f}") if last else ""
         return (f"online return learning: {len(self.fits)} fits, {len(served)} served, {kept} kept the served "
