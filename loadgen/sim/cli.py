@@ -104,6 +104,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--returns", choices=("on", "off"), default="on",
                    help="forecast-reading policies also plan on session-return forecasts, from a model "
                         "trained on the trace before the slice (default on; off: family bursts alone)")
+    p.add_argument("--online-learning", choices=("on", "off"), default="off",
+                   help="the session-return model fits itself from the slice's arrivals and turn ends in virtual "
+                        "time (services/config/predictor.json, session_return.online), with the --returns model "
+                        "as its warm start where there is one (default off: the committed figures)")
+    p.add_argument("--returns-train-trace", default=None,
+                   help="train the --returns model on the whole of this other trace instead of the replayed "
+                        "trace's time before the slice (a warm start for a replay from the first arrival)")
     p.add_argument("--speed", type=float, default=1.0,
                    help="match a live run replayed this many times faster (its wall-clock intervals, in trace s)")
     p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
@@ -183,7 +190,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         get_scenario(args.synthetic, args.seed_list[0], config.block_tokens, scenarios)
     jobs = [Job(source, seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
                 synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages, cell=cell,
-                events=args.events, load_nodes=args.load_nodes,
+                events=args.events, load_nodes=args.load_nodes, online_learning=args.online_learning == "on",
                 events_path=str(Path(args.events_file).resolve()) if args.events_file else None)
             for seed in args.seed_list for cell in ([c.key for c in cells] or [()]) for n in nodes
             for p in args.policy_list]

@@ -80,6 +80,7 @@ class Job:
     events: str | None = None  # a node event set (workload/node_events.py); None: no events
     events_path: str | None = None  # the file naming it; None: the committed services/config/events.json
     load_nodes: int | None = None  # size the workload (copies) for this many nodes whatever `nodes` is; None: nodes
+    online_learning: bool = False  # the return model learns online from the slice (online_returns.py)
 
     @property
     def label(self) -> str:
@@ -163,8 +164,8 @@ def _run_job(job: Job, progress) -> SimulationResult:
     lo, hi = workload.window(start, end)
     hlo, _ = workload.window(start - config.warmup_s, start)
     history = [workload[i] for i in range(hlo, lo)]
-    settings = SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor,
-                                    host_pages=job.host_pages)
+    settings = replace(SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor,
+                                            host_pages=job.host_pages), online_returns=job.online_learning)
     trained = job.trained
     if job.serves_lightgbm:
         trained = trained or train_on_base(workload, start, config.warmup_s)  # run alone: the same model
@@ -247,6 +248,15 @@ def train_returns_once(args: argparse.Namespace, config: E2EConfig, first: Job, 
     if args.returns != "on" or not FORECAST_POLICIES.intersection(
             parse_variant(p).policy for p in args.policy_list):
         return None
+    other = getattr(args, "returns_train_trace", None)
+    if other:
+        with console.status(f"training the session-return model on {Path(other).name}"):
+            requests = load_base(Path(other), config)
+            end = max((r.arrival_s for r in requests), default=0.0) + 1.0
+            trained = train_returns(requests, end, f"{Path(other).name} (a different trace, whole)")
+        console.print(f"session returns: {trained.description}" if trained else
+                      f"session returns: none (fewer than {MIN_TRAINING_TURNS} turns in {other})")
+        return trained
     with console.status("training the session-return model on the base trace before the slice"):
         base, _ = build_workload(replace(first, nodes=config.nodes), config)
         start = args.start_s if args.start_s is not None else float(base.times[0]) if len(base) else 0.0

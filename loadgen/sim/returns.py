@@ -21,7 +21,7 @@ every refresh_s of simulated time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def train_returns(history: Sequence[TraceRequest], until_s: float, source: str =
                                          f"before {until_s:.0f} s (labels censored there)")
 
 
-def warm(tracker: ReturnTracker, history: Sequence[TraceRequest], until_s: float, config: ReturnConfig) -> None:
+def warm(tracker: "ReturnTracker | TurnSink", history: Sequence[TraceRequest], until_s: float, config: ReturnConfig) -> None:
     """Feeds the tracker the arrivals and modelled turn ends of history
     before until_s, in time order (the slice then feeds it live)."""
     events: list[tuple[float, int, TraceRequest]] = []
@@ -84,6 +84,25 @@ def warm(tracker: ReturnTracker, history: Sequence[TraceRequest], until_s: float
             tracker.turn_end(r.family, t, r.arrival_s, r.prompt_tokens, r.output_tokens, float(r.follow_ups))
 
 
+class TrackerSlot:
+    """The tracker a ReturnForecasts reads; None until a return model is
+    served (online learning's cold start, online_returns.py): no forecasts."""
+
+    __slots__ = ("tracker",)
+
+    def __init__(self, tracker: ReturnTracker | None = None) -> None:
+        self.tracker = tracker
+
+
+class TurnSink(Protocol):
+    """What warm feeds: a ReturnTracker, or online_returns.SimReturns."""
+
+    def arrival(self, conversation: str, now: float, prompt_tokens: int = 0) -> None: ...
+
+    def turn_end(self, conversation: str, now: float, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 follow_ups: float = 0.0) -> bool | None: ...
+
+
 CURVE_POINTS = 10  # P(within t) at t = window x k / 10: the retain step's curve (coarse is conservative)
 
 
@@ -94,10 +113,10 @@ class ReturnForecasts:
     with its survival curve at CURVE_POINTS times (Forecast.curve) when
     curve is set (retain.pricing "curve")."""
 
-    def __init__(self, tracker: ReturnTracker, window_s: float, refresh_s: float = 1.0,
+    def __init__(self, tracker: ReturnTracker | TrackerSlot, window_s: float, refresh_s: float = 1.0,
                  kind: ForecastKind = ForecastKind.RETURN, max_families: int | None = None,
                  curve: bool = False) -> None:
-        self._tracker = tracker
+        self._slot = tracker if isinstance(tracker, TrackerSlot) else TrackerSlot(tracker)
         self._window_s = window_s
         self._refresh_s = refresh_s
         self._kind = kind
@@ -109,12 +128,15 @@ class ReturnForecasts:
     def forecast(self, now: float, horizon_s: float, max_families: int) -> list[Forecast]:
         if self._at is not None and now - self._at < self._refresh_s:
             return self._cached
+        tracker = self._slot.tracker
+        if tracker is None:
+            return []
         limit = self._max_families if self._max_families is not None else max_families
         times = [self._window_s * k / CURVE_POINTS for k in range(1, CURVE_POINTS + 1)]
         if self._with_curve:
-            conversations, grid = self._tracker.p_within_grid(now, times)
+            conversations, grid = tracker.p_within_grid(now, times)
         else:
-            conversations, p_window = self._tracker.p_within(now, self._window_s)
+            conversations, p_window = tracker.p_within(now, self._window_s)
             grid = p_window.reshape(-1, 1)
         p = grid[:, -1]
         top = np.argsort(-p, kind="stable")[:limit] if len(p) else np.zeros(0, dtype=np.int64)

@@ -28,6 +28,8 @@ class SimSettings:
     drain_s: float = 600.0  # virtual time allowed after the last arrival for the engines to finish
     node_timeout_s: float = 6.0  # as the live e2e scheduler is started
     liveness_s: float = 1.0  # an idle, unchanged node still heartbeats this often
+    # The session-return model learns online from the slice (online_returns.py); off keeps every committed figure
+    online_returns: bool = False
 
     @staticmethod
     def from_e2e(config: E2EConfig, nodes: int | None = None, speed: float = 1.0,

@@ -64,7 +64,9 @@ from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
 from speckv.loadgen.sim.membership import Membership
 from speckv.loadgen.sim.network import Network, Transfer
 from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
+from speckv.loadgen.sim.online_returns import FIT_CHECK_S, SimReturns
 from speckv.loadgen.sim.returns import ReturnForecasts, TrainedReturns, warm
+from speckv.services.predictor.fitting.returns.config import load_return_config
 from speckv.loadgen.sim.scheduler_side import HEARTBEAT_PRIORITY, TICK_PRIORITY
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.workload.node_events import ScheduledEvent
@@ -72,7 +74,6 @@ from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
-from speckv.services.predictor.serving.returns.tracker import ReturnTracker
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import (
     CombinedForecasts,
@@ -166,23 +167,26 @@ class Simulation:
         self._forecasts: CoreForecasts | None = None
         source: ForecastSource | None = None
         arrivals: CoreArrivals | None = None
-        self._returns: ReturnTracker | None = None
+        self._returns: SimReturns | None = None
         self.predictor_note = f"not run ({policy} reads no forecasts)"
         if variant.policy in FORECAST_POLICIES:
             predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
             self._forecasts, arrivals = CoreForecasts(predictor), CoreArrivals(predictor)
             source = self._forecasts
-            if returns is not None:
-                self._returns = returns.tracker()
-                warm(self._returns, history, start, returns.config)
+            if returns is not None or settings.online_returns:
+                config_r = returns.config if returns is not None else load_return_config()
+                self._returns = SimReturns.build(config_r, self.queue.clock, returns, settings.online_returns)
+                warm(self._returns, history, start, config_r)
+                slot = self._returns.slot
                 sources: list[ForecastSource] = [self._forecasts,
-                                                 ReturnForecasts(self._returns, policies.leases.replica_lease_ms / 1e3)]
+                                                 ReturnForecasts(slot, policies.leases.replica_lease_ms / 1e3)]
                 if policies.retain.enabled:
-                    sources.append(ReturnForecasts(self._returns, policies.retain.ttl_s, kind=ForecastKind.RETENTION,
+                    sources.append(ReturnForecasts(slot, policies.retain.ttl_s, kind=ForecastKind.RETENTION,
                                                    max_families=policies.retain.max_families,
                                                    curve=policies.retain.pricing == "curve"))
                 source = CombinedForecasts(sources)
-                self.predictor_note += f"; plus {returns.description}"
+                self.predictor_note += (f"; plus {returns.description}" if returns is not None else
+                                        "; plus session returns learned online from the slice (cold start)")
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
         sizes = settings.sizes
         self.kv = {n: SimKVNode(n, sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks or 0)
@@ -260,9 +264,13 @@ class Simulation:
             q.after(self.settings.forecast_poll_s, partial(scheduler_side.poll_forecasts, self), TICK_PRIORITY)
         for event in self._node_events:
             q.at(event.at_s, partial(failover.node_event, self, event), TICK_PRIORITY)
+        if self._returns is not None and self._returns.fitter is not None:
+            q.after(FIT_CHECK_S, self._fit_tick, TICK_PRIORITY)
         deadline = (self._requests[-1].arrival_s if self._requests else q.now()) + self.settings.drain_s
         total = len(self._requests)
         q.run(until_s=deadline, stop=lambda: self._done >= total)
+        if self._returns is not None and self._returns.fitter is not None:
+            self.predictor_note += f"; {self._returns.note()}"
         for record in self.records:
             if not record.served and not record.error:
                 record.error = "not finished before the drain deadline"
@@ -274,6 +282,11 @@ class Simulation:
                       q.now() - (self._requests[0].arrival_s if self._requests else q.now()),
                       self.network.bytes_total, self.predictor_note, time.process_time() - began_cpu, actions,
                       self.membership.outcomes, self.membership.lifetimes)
+
+    def _fit_tick(self) -> None:
+        assert self._returns is not None
+        self._returns.tick(self.queue.now())
+        self.queue.after(FIT_CHECK_S, self._fit_tick, TICK_PRIORITY)
 
     # --- requests -------------------------------------------------------------------
     def _arrive(self) -> None:

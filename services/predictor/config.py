@@ -37,6 +37,9 @@ class PredictorConfig(ServerSettings):
     reload_probe_timeout_s: float = field(default=60.0, metadata={"help": "a ReloadModel candidate must load and predict in a separate probe process within this, seconds"})
     returns_model: str = field(default="", metadata={"help": "session-return model directory (speckv bench returns --save DIR) that ForecastReturns serves; empty: none (ForecastReturns is FAILED_PRECONDITION)"})
     returns_warm: str = field(default="", metadata={"help": "JSONL of past turns (conversation, arrival_s, end_s, prompt_tokens, output_tokens on the predictor's clock) fed to the return tracker at start; needs returns_model"})
+    online_learning: bool = field(default=False, metadata={"help": "the session-return model fits itself from the arrivals and turn ends received (thresholds: session_return.online in services/config/predictor.json), with --returns-model as its warm start where given; a worker thread fits off the forecast locks"})
+    online_check_s: float = field(default=10.0, metadata={"help": "with online_learning: seconds between checks whether a fit is due"})
+    retrain_min_arrivals: int = field(default=0, metadata={"help": "with retrain_interval_s: the count model's first fit also waits for this many arrivals in the window"})
     returns_arrival_match_s: float = field(default=1.0, metadata={"help": "a turn end's arrival_s is matched to the conversation's reported arrival within this, and an arrival this close to one already reported is the same one, seconds"})
 
     def validate(self) -> None:
@@ -55,6 +58,10 @@ class PredictorConfig(ServerSettings):
             raise InvalidArgument("retrain_dir: required when retrain_interval_s > 0")
         if self.returns_warm and not self.returns_model:
             raise InvalidArgument("returns_warm: needs returns_model (nothing to warm without a return model)")
+        if not (math.isfinite(self.online_check_s) and self.online_check_s > 0):
+            raise InvalidArgument(f"online_check_s={self.online_check_s}: must be finite and > 0")
+        if self.retrain_min_arrivals < 0:
+            raise InvalidArgument(f"retrain_min_arrivals={self.retrain_min_arrivals}: must be >= 0")
         if not (math.isfinite(self.returns_arrival_match_s) and self.returns_arrival_match_s >= 0):
             raise InvalidArgument(f"returns_arrival_match_s={self.returns_arrival_match_s}: must be finite and >= 0")
         self.builtin_params().validate()  # names halflife_s, quantile, burst_ratio, ... on error

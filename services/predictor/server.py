@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grpc
 from opentelemetry.metrics import Counter
@@ -18,11 +18,14 @@ from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.predictor.config import PredictorConfig
 from speckv.services.predictor.fitting.retrain import Retrainer, RetrainSettings
 from speckv.services.predictor.fitting.returns.config import load_return_config
+from speckv.services.predictor.fitting.returns.online import OnlineReturnFitter
+from speckv.services.predictor.online_learning import OnlineLearning, served_models
 from speckv.services.predictor.fitting.training import load_config
 from speckv.services.predictor.servicer import PredictorServicer
 from speckv.services.predictor.serving.core import BUILTIN_SOURCE, PredictorCore
 from speckv.services.predictor.serving.manifest import load_model
 from speckv.services.predictor.serving.returns.serving import ReturnsCore
+from speckv.services.predictor.serving.served_models import ServedModelRecord
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 SERVICE = "predictor"
@@ -39,35 +42,51 @@ def build_core(config: PredictorConfig, clock: Clock) -> PredictorCore:
     return PredictorCore(clock, config.builtin_model(), config.core_settings(), source=BUILTIN_SOURCE)
 
 
-def build_returns(config: PredictorConfig, clock: Clock) -> ReturnsCore:
+def build_returns(config: PredictorConfig, clock: Clock) -> tuple[ReturnsCore, OnlineLearning | None]:
     """Session returns: the model of config.returns_model (none: every
-    ForecastReturns is FAILED_PRECONDITION), the tracker's caps from the
-    committed `session_return` section, warmed with config.returns_warm."""
+    ForecastReturns is FAILED_PRECONDITION until online learning serves one),
+    the tracker's caps from the committed `session_return` section, warmed
+    with config.returns_warm; with config.online_learning, the learner that
+    refits it from the traffic (the loaded model its warm start)."""
     section = load_return_config()
     settings = config.returns_settings(section.tracker, section.features.max_conversations)
-    if not config.returns_model:
-        return ReturnsCore(clock, settings)
-    from speckv.services.predictor.serving.returns.store import load_return_model, read_past_turns  # imports LightGBM
+    saved = None
+    if config.returns_model:
+        from speckv.services.predictor.serving.returns.store import load_return_model  # imports LightGBM
 
-    returns = ReturnsCore(clock, settings, load_return_model(config.returns_model))
+        saved = load_return_model(config.returns_model)
+    fitter = None
+    spec = saved.spec if saved is not None else section.features  # refits read the served model's features
+    if config.online_learning:
+        fitter = OnlineReturnFitter(replace(section, features=spec), section.online, clock,
+                                    saved.model if saved is not None else None, saved.version if saved else "")
+    returns = ReturnsCore(clock, settings, saved, sink=fitter)
     if config.returns_warm:
+        from speckv.services.predictor.serving.returns.store import read_past_turns
+
         returns.warm(read_past_turns(config.returns_warm))
-    return returns
+    if fitter is None:
+        return returns, None
+    recalibration = saved.recalibration if saved is not None else section.recalibration
+    return returns, OnlineLearning(fitter, returns, spec, recalibration, config.online_check_s)
 
 
 def build_retrainer(config: PredictorConfig, core: PredictorCore) -> Retrainer:
     training = load_config(quick=config.retrain_quick)
     training = replace(training, spec=replace(training.spec, step_s=config.step_s))
-    settings = RetrainSettings(Path(config.retrain_dir), interval_s=config.retrain_interval_s)
+    settings = RetrainSettings(Path(config.retrain_dir), interval_s=config.retrain_interval_s,
+                               min_arrivals=config.retrain_min_arrivals)
     return Retrainer(core, training, settings)
 
 
 def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | None = None) -> ServiceServer:
     clock = clock or SystemClock()
     core = build_core(config, clock)
-    returns = build_returns(config, clock)
+    returns, learning = build_returns(config, clock)
+    retrainer = build_retrainer(config, core) if config.retrain_interval_s > 0 else None
     stopping = threading.Event()
-    servicer = _CountingServicer(core, stopping, returns, _forecasts_counter(telemetry))
+    servicer = _CountingServicer(core, stopping, returns, _forecasts_counter(telemetry),
+                                 lambda: served_models(core, returns, learning, retrainer))
 
     def register(server: grpc.Server) -> list[str]:
         predictor_pb2_grpc.add_PredictorServicer_to_server(servicer, server)
@@ -75,10 +94,10 @@ def build_server(config: PredictorConfig, telemetry: Telemetry, clock: Clock | N
 
     server = ServiceServer(SERVICE, config, telemetry, register)
     server.on_stop(stopping.set)
-    if config.retrain_interval_s > 0:
-        retrainer = build_retrainer(config, core)
-        server.on_start(retrainer.start)
-        server.on_stop(retrainer.stop)
+    for worker in (retrainer, learning):
+        if worker is not None:
+            server.on_start(worker.start)
+            server.on_stop(worker.stop)
     _register_metrics(telemetry, core, returns)
     return server
 
@@ -87,8 +106,8 @@ class _CountingServicer(PredictorServicer):
     """The servicer, counting the family forecasts each Forecast answer carries."""
 
     def __init__(self, core: PredictorCore, stopping: threading.Event, returns: ReturnsCore,
-                 forecasts: Counter) -> None:
-        super().__init__(core, stopping, returns)
+                 forecasts: Counter, served: Callable[[], list[ServedModelRecord]]) -> None:
+        super().__init__(core, stopping, returns, served)
         self._forecasts = forecasts
 
     def Forecast(self, request: predictor_pb2.ForecastRequest,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import grpc
 
@@ -15,6 +15,7 @@ from speckv.services.predictor.serving.model_root import refuse_path
 from speckv.services.predictor.serving.observations import Arrival, ObserveResult
 from speckv.services.predictor.serving.returns.serving import ReturnsAnswer, ReturnsCore, TurnEndRecord, TurnEndResult
 from speckv.services.predictor.serving.selection import Choice
+from speckv.services.predictor.serving.served_models import ServedModelRecord
 from speckv.v1 import predictor_pb2, predictor_pb2_grpc
 
 if TYPE_CHECKING:
@@ -24,10 +25,17 @@ log = logging.getLogger(__name__)
 
 
 class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
-    def __init__(self, core: PredictorCore, stopping: threading.Event, returns: ReturnsCore) -> None:
+    def __init__(self, core: PredictorCore, stopping: threading.Event, returns: ReturnsCore,
+                 served_models: Callable[[], Sequence[ServedModelRecord]] | None = None) -> None:
         self._core = core
         self._stopping = stopping
         self._returns = returns
+        self._served_models = served_models or (lambda: ())
+
+    def _info(self, info: ModelInfoRecord) -> predictor_pb2.ModelInfo:
+        out = model_info_to_proto(info)
+        out.served_models.extend(served_model_to_proto(r) for r in self._served_models())
+        return out
 
     def ObserveArrivals(self, request_iterator: Iterator[predictor_pb2.Arrival],
                         context: grpc.ServicerContext) -> predictor_pb2.ObserveSummary:
@@ -53,7 +61,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
 
     def GetModelInfo(self, request: predictor_pb2.ModelInfoRequest,
                      context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
-        return model_info_to_proto(self._core.model_info())
+        return self._info(self._core.model_info())
 
     def ReloadModel(self, request: predictor_pb2.ReloadModelRequest,
                     context: grpc.ServicerContext) -> predictor_pb2.ModelInfo:
@@ -66,7 +74,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
             log.warning("ReloadModel %r (model root %s) refused: %s", request.name,
                         self._core.settings.model_root, exc.__cause__ or exc)
             raise
-        return model_info_to_proto(info)
+        return self._info(info)
 
     def ReportTurnEnds(self, request: predictor_pb2.TurnEndBatch,
                        context: grpc.ServicerContext) -> predictor_pb2.TurnEndAck:
@@ -127,6 +135,14 @@ def model_info_to_proto(info: ModelInfoRecord) -> predictor_pb2.ModelInfo:
         burst_definition=info.burst_definition, choices=[choice_to_proto(c) for c in info.choices],
         family_classes=info.family_classes, inference=info.inference,
         burst_choices=[burst_choice_to_proto(b) for b in info.burst_choices])
+
+
+def served_model_to_proto(record: ServedModelRecord) -> predictor_pb2.ServedModel:
+    return predictor_pb2.ServedModel(
+        kind=record.kind, version=record.version, origin=record.origin, window_start_s=record.window_start_s,
+        window_end_s=record.window_end_s, fitted_at_s=record.fitted_at_s, training_rows=record.training_rows,
+        validation_metric=record.validation_metric, validation_score=record.validation_score,
+        replaced_score=record.replaced_score, online_learning=record.online_learning)
 
 
 def burst_choice_to_proto(choice: HorizonBurstChoice) -> predictor_pb2.BurstChoice:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19speckv/v1/predictor.proto\x12\tspeckv.v1\"h\n\x07\x41rrival\x12\x0e\n\x06time_s\x18\x01 \x01(\x01\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\"I\n\x0eObserveSummary\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x10\n\x08rejected\x18\x02 \x01(\x04\x12\x13\n\x0b\x66irst_error\x18\x03 \x01(\t\"\\\n\x0f\x46orecastRequest\x12\x10\n\x08\x66\x61milies\x18\x01 \x03(\t\x12\x12\n\nhorizons_s\x18\x02 \x03(\x01\x12\r\n\x05now_s\x18\x03 \x01(\x01\x12\x14\n\x0cmax_families\x18\x04 \x01(\r\"o\n\x0fHorizonForecast\x12\x11\n\thorizon_s\x18\x01 \x01(\x01\x12\x16\n\x0e\x65xpected_count\x18\x02 \x01(\x01\x12\x16\n\x0eupper_quantile\x18\x03 \x01(\x01\x12\x19\n\x11\x62urst_probability\x18\x04 \x01(\x01\"]\n\x0e\x46\x61milyForecast\x12\x0e\n\x06\x66\x61mily\x18\x01 \x01(\t\x12,\n\x08horizons\x18\x02 \x03(\x0b\x32\x1a.speckv.v1.HorizonForecast\x12\r\n\x05known\x18\x03 \x01(\x08\"f\n\x10\x46orecastResponse\x12,\n\tforecasts\x18\x01 \x03(\x0b\x32\x19.speckv.v1.FamilyForecast\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\r\n\x05now_s\x18\x03 \x01(\x01\"\x12\n\x10ModelInfoRequest\"\xc1\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nhorizons_s\x18\x03 \x03(\x01\x12\x10\n\x08quantile\x18\x04 \x01(\x01\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x03(\t\x12\x32\n\x07metrics\x18\x06 \x03(\x0b\x32!.speckv.v1.ModelInfo.MetricsEntry\x12\x0e\n\x06source\x18\x07 \x01(\t\x12\x13\n\x0bloaded_at_s\x18\x08 \x01(\x01\x12\x18\n\x10\x66\x61milies_tracked\x18\t \x01(\x04\x12\x1a\n\x12observations_total\x18\n \x01(\x04\x12\x18\n\x10\x62urst_definition\x18\x0b \x01(\t\x12*\n\x07\x63hoices\x18\x0c \x03(\x0b\x32\x19.speckv.v1.ForecastChoice\x12\x16\n\x0e\x66\x61mily_classes\x18\r \x01(\t\x12\x11\n\tinference\x18\x0e \x01(\t\x12-\n\rburst_choices\x18\x0f \x03(\x0b\x32\x16.speckv.v1.BurstChoice\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x95\x01\n\x0b\x42urstChoice\x12\x11\n\thorizon_s\x18\x01 \x01(\x01\x12\x0e\n\x06\x63hosen\x18\x02 \x01(\t\x12\x17\n\x0f\x61larm_threshold\x18\x03 \x01(\x01\x12\x19\n\x11validation_bursts\x18\x04 \x01(\x04\x12/\n\ncandidates\x18\x05 \x03(\x0b\x32\x1b.speckv.v1.BurstSourceScore\"t\n\x10\x42urstSourceScore\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\n\n\x02\x66\x31\x18\x02 \x01(\x01\x12\x11\n\tprecision\x18\x03 \x01(\x01\x12\x0e\n\x06recall\x18\x04 \x01(\x01\x12\x0e\n\x06lead_s\x18\x05 \x01(\x01\x12\x11\n\tthreshold\x18\x06 \x01(\x01\"\xd1\x01\n\x0e\x46orecastChoice\x12\x11\n\thorizon_s\x18\x01 \x01(\x01\x12\x14\n\x0c\x66\x61mily_class\x18\x02 \x01(\t\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\t\x12+\n\x07weights\x18\x04 \x03(\x0b\x32\x1a.speckv.v1.CandidateWeight\x12-\n\ncandidates\x18\x05 \x03(\x0b\x32\x19.speckv.v1.CandidateScore\x12\x17\n\x0fvalidation_rows\x18\x06 \x01(\x04\x12\x11\n\tinherited\x18\x07 \x01(\x08\"5\n\x0f\x43\x61ndidateWeight\x12\x12\n\nforecaster\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"<\n\x0e\x43\x61ndidateScore\x12\x12\n\nforecaster\x18\x01 \x01(\t\x12\x16\n\x0evalidation_mae\x18\x02 \x01(\x01\"0\n\x12ReloadModelRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x83\x01\n\x07TurnEnd\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x11\n\tarrival_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x12\n\nfollow_ups\x18\x06 \x01(\r\"5\n\x0cTurnEndBatch\x12%\n\tturn_ends\x18\x01 \x03(\x0b\x32\x12.speckv.v1.TurnEnd\"Y\n\nTurnEndAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x0e\n\x06opened\x18\x02 \x01(\x04\x12\x1a\n\x12open_conversations\x18\x03 \x01(\x04\x12\r\n\x05model\x18\x04 \x01(\t\"m\n\x16\x46orecastReturnsRequest\x12\r\n\x05now_s\x18\x01 \x01(\x01\x12\x10\n\x08within_s\x18\x02 \x01(\x01\x12\x19\n\x11max_conversations\x18\x03 \x01(\r\x12\x17\n\x0fmin_probability\x18\x04 \x01(\x01\"?\n\x12\x43onversationReturn\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\"\x83\x01\n\x17\x46orecastReturnsResponse\x12.\n\x07returns\x18\x01 \x03(\x0b\x32\x1d.speckv.v1.ConversationReturn\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05now_s\x18\x03 \x01(\x01\x12\x1a\n\x12open_conversations\x18\x04 \x01(\x04\x32\xb7\x03\n\tPredictor\x12\x42\n\x0fObserveArrivals\x12\x12.speckv.v1.Arrival\x1a\x19.speckv.v1.ObserveSummary(\x01\x12\x43\n\x08\x46orecast\x12\x1a.speckv.v1.ForecastRequest\x1a\x1b.speckv.v1.ForecastResponse\x12\x41\n\x0cGetModelInfo\x12\x1b.speckv.v1.ModelInfoRequest\x1a\x14.speckv.v1.ModelInfo\x12\x42\n\x0bReloadModel\x12\x1d.speckv.v1.ReloadModelRequest\x1a\x14.speckv.v1.ModelInfo\x12@\n\x0eReportTurnEnds\x12\x17.speckv.v1.TurnEndBatch\x1a\x15.speckv.v1.TurnEndAck\x12X\n\x0f\x46orecastReturns\x12!.speckv.v1.ForecastReturnsRequest\x1a\".speckv.v1.ForecastReturnsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19speckv/v1/predictor.proto\x12\tspeckv.v1\"h\n\x07\x41rrival\x12\x0e\n\x06time_s\x18\x01 \x01(\x01\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\"I\n\x0eObserveSummary\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x10\n\x08rejected\x18\x02 \x01(\x04\x12\x13\n\x0b\x66irst_error\x18\x03 \x01(\t\"\\\n\x0f\x46orecastRequest\x12\x10\n\x08\x66\x61milies\x18\x01 \x03(\t\x12\x12\n\nhorizons_s\x18\x02 \x03(\x01\x12\r\n\x05now_s\x18\x03 \x01(\x01\x12\x14\n\x0cmax_families\x18\x04 \x01(\r\"o\n\x0fHorizonForecast\x12\x11\n\thorizon_s\x18\x01 \x01(\x01\x12\x16\n\x0e\x65xpected_count\x18\x02 \x01(\x01\x12\x16\n\x0eupper_quantile\x18\x03 \x01(\x01\x12\x19\n\x11\x62urst_probability\x18\x04 \x01(\x01\"]\n\x0e\x46\x61milyForecast\x12\x0e\n\x06\x66\x61mily\x18\x01 \x01(\t\x12,\n\x08horizons\x18\x02 \x03(\x0b\x32\x1a.speckv.v1.HorizonForecast\x12\r\n\x05known\x18\x03 \x01(\x08\"f\n\x10\x46orecastResponse\x12,\n\tforecasts\x18\x01 \x03(\x0b\x32\x19.speckv.v1.FamilyForecast\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\r\n\x05now_s\x18\x03 \x01(\x01\"\x12\n\x10ModelInfoRequest\"\xf0\x03\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\nhorizons_s\x18\x03 \x03(\x01\x12\x10\n\x08quantile\x18\x04 \x01(\x01\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x03(\t\x12\x32\n\x07metrics\x18\x06 \x03(\x0b\x32!.speckv.v1.ModelInfo.MetricsEntry\x12\x0e\n\x06source\x18\x07 \x01(\t\x12\x13\n\x0bloaded_at_s\x18\x08 \x01(\x01\x12\x18\n\x10\x66\x61milies_tracked\x18\t \x01(\x04\x12\x1a\n\x12observations_total\x18\n \x01(\x04\x12\x18\n\x10\x62urst_definition\x18\x0b \x01(\t\x12*\n\x07\x63hoices\x18\x0c \x03(\x0b\x32\x19.speckv.v1.ForecastChoice\x12\x16\n\x0e\x66\x61mily_classes\x18\r \x01(\t\x12\x11\n\tinference\x18\x0e \x01(\t\x12-\n\rburst_choices\x18\x0f \x03(\x0b\x32\x16.speckv.v1.BurstChoice\x12-\n\rserved_models\x18\x10 \x03(\x0b\x32\x16.speckv.v1.ServedModel\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xfc\x01\n\x0bServedModel\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x16\n\x0ewindow_start_s\x18\x04 \x01(\x01\x12\x14\n\x0cwindow_end_s\x18\x05 \x01(\x01\x12\x13\n\x0b\x66itted_at_s\x18\x06 \x01(\x01\x12\x15\n\rtraining_rows\x18\x07 \x01(\x04\x12\x19\n\x11validation_metric\x18\x08 \x01(\t\x12\x18\n\x10validation_score\x18\t \x01(\x01\x12\x16\n\x0ereplaced_score\x18\n \x01(\x01\x12\x17\n\x0fonline_learning\x18\x0b \x01(\x08\"\x95\x01\n\x0b\x42urstChoice\x12\x11\n\thorizon_s\x18\x01 \x01(\x01\x12\x0e\n\x06\x63hosen\x18\x02 \x01(\t\x12\x17\n\x0f\x61larm_threshold\x18\x03 \x01(\x01\x12\x19\n\x11validation_bursts\x18\x04 \x01(\x04\x12/\n\ncandidates\x18\x05 \x03(\x0b\x32\x1b.speckv.v1.BurstSourceScore\"t\n\x10\x42urstSourceScore\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\n\n\x02\x66\x31\x18\x02 \x01(\x01\x12\x11\n\tprecision\x18\x03 \x01(\x01\x12\x0e\n\x06recall\x18\x04 \x01(\x01\x12\x0e\n\x06lead_s\x18\x05 \x01(\x01\x12\x11\n\tthreshold\x18\x06 \x01(\x01\"\xd1\x01\n\x0e\x46orecastChoice\x12\x11\n\thorizon_s\x18\x01 \x01(\x01\x12\x14\n\x0c\x66\x61mily_class\x18\x02 \x01(\t\x12\x0e\n\x06\x63hosen\x18\x03 \x01(\t\x12+\n\x07weights\x18\x04 \x03(\x0b\x32\x1a.speckv.v1.CandidateWeight\x12-\n\ncandidates\x18\x05 \x03(\x0b\x32\x19.speckv.v1.CandidateScore\x12\x17\n\x0fvalidation_rows\x18\x06 \x01(\x04\x12\x11\n\tinherited\x18\x07 \x01(\x08\"5\n\x0f\x43\x61ndidateWeight\x12\x12\n\nforecaster\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"<\n\x0e\x43\x61ndidateScore\x12\x12\n\nforecaster\x18\x01 \x01(\t\x12\x16\n\x0evalidation_mae\x18\x02 \x01(\x01\"0\n\x12ReloadModelRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x83\x01\n\x07TurnEnd\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x11\n\tarrival_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\routput_tokens\x18\x05 \x01(\r\x12\x12\n\nfollow_ups\x18\x06 \x01(\r\"5\n\x0cTurnEndBatch\x12%\n\tturn_ends\x18\x01 \x03(\x0b\x32\x12.speckv.v1.TurnEnd\"Y\n\nTurnEndAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x0e\n\x06opened\x18\x02 \x01(\x04\x12\x1a\n\x12open_conversations\x18\x03 \x01(\x04\x12\r\n\x05model\x18\x04 \x01(\t\"m\n\x16\x46orecastReturnsRequest\x12\r\n\x05now_s\x18\x01 \x01(\x01\x12\x10\n\x08within_s\x18\x02 \x01(\x01\x12\x19\n\x11max_conversations\x18\x03 \x01(\r\x12\x17\n\x0fmin_probability\x18\x04 \x01(\x01\"?\n\x12\x43onversationReturn\x12\x14\n\x0c\x63onversation\x18\x01 \x01(\t\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\"\x83\x01\n\x17\x46orecastReturnsResponse\x12.\n\x07returns\x18\x01 \x03(\x0b\x32\x1d.speckv.v1.ConversationReturn\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05now_s\x18\x03 \x01(\x01\x12\x1a\n\x12open_conversations\x18\x04 \x01(\x04\x32\xb7\x03\n\tPredictor\x12\x42\n\x0fObserveArrivals\x12\x12.speckv.v1.Arrival\x1a\x19.speckv.v1.ObserveSummary(\x01\x12\x43\n\x08\x46orecast\x12\x1a.speckv.v1.ForecastRequest\x1a\x1b.speckv.v1.ForecastResponse\x12\x41\n\x0cGetModelInfo\x12\x1b.speckv.v1.ModelInfoRequest\x1a\x14.speckv.v1.ModelInfo\x12\x42\n\x0bReloadModel\x12\x1d.speckv.v1.ReloadModelRequest\x1a\x14.speckv.v1.ModelInfo\x12@\n\x0eReportTurnEnds\x12\x17.speckv.v1.TurnEndBatch\x1a\x15.speckv.v1.TurnEndAck\x12X\n\x0f\x46orecastReturns\x12!.speckv.v1.ForecastReturnsRequest\x1a\".speckv.v1.ForecastReturnsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,33 +48,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELINFOREQUEST']._serialized_start=627
   _globals['_MODELINFOREQUEST']._serialized_end=645
   _globals['_MODELINFO']._serialized_start=648
-  _globals['_MODELINFO']._serialized_end=1097
-  _globals['_MODELINFO_METRICSENTRY']._serialized_start=1051
-  _globals['_MODELINFO_METRICSENTRY']._serialized_end=1097
-  _globals['_BURSTCHOICE']._serialized_start=1100
-  _globals['_BURSTCHOICE']._serialized_end=1249
-  _globals['_BURSTSOURCESCORE']._serialized_start=1251
-  _globals['_BURSTSOURCESCORE']._serialized_end=1367
-  _globals['_FORECASTCHOICE']._serialized_start=1370
-  _globals['_FORECASTCHOICE']._serialized_end=1579
-  _globals['_CANDIDATEWEIGHT']._serialized_start=1581
-  _globals['_CANDIDATEWEIGHT']._serialized_end=1634
-  _globals['_CANDIDATESCORE']._serialized_start=1636
-  _globals['_CANDIDATESCORE']._serialized_end=1696
-  _globals['_RELOADMODELREQUEST']._serialized_start=1698
-  _globals['_RELOADMODELREQUEST']._serialized_end=1746
-  _globals['_TURNEND']._serialized_start=1749
-  _globals['_TURNEND']._serialized_end=1880
-  _globals['_TURNENDBATCH']._serialized_start=1882
-  _globals['_TURNENDBATCH']._serialized_end=1935
-  _globals['_TURNENDACK']._serialized_start=1937
-  _globals['_TURNENDACK']._serialized_end=2026
-  _globals['_FORECASTRETURNSREQUEST']._serialized_start=2028
-  _globals['_FORECASTRETURNSREQUEST']._serialized_end=2137
-  _globals['_CONVERSATIONRETURN']._serialized_start=2139
-  _globals['_CONVERSATIONRETURN']._serialized_end=2202
-  _globals['_FORECASTRETURNSRESPONSE']._serialized_start=2205
-  _globals['_FORECASTRETURNSRESPONSE']._serialized_end=2336
-  _globals['_PREDICTOR']._serialized_start=2339
-  _globals['_PREDICTOR']._serialized_end=2778
+  _globals['_MODELINFO']._serialized_end=1144
+  _globals['_MODELINFO_METRICSENTRY']._serialized_start=1098
+  _globals['_MODELINFO_METRICSENTRY']._serialized_end=1144
+  _globals['_SERVEDMODEL']._serialized_start=1147
+  _globals['_SERVEDMODEL']._serialized_end=1399
+  _globals['_BURSTCHOICE']._serialized_start=1402
+  _globals['_BURSTCHOICE']._serialized_end=1551
+  _globals['_BURSTSOURCESCORE']._serialized_start=1553
+  _globals['_BURSTSOURCESCORE']._serialized_end=1669
+  _globals['_FORECASTCHOICE']._serialized_start=1672
+  _globals['_FORECASTCHOICE']._serialized_end=1881
+  _globals['_CANDIDATEWEIGHT']._serialized_start=1883
+  _globals['_CANDIDATEWEIGHT']._serialized_end=1936
+  _globals['_CANDIDATESCORE']._serialized_start=1938
+  _globals['_CANDIDATESCORE']._serialized_end=1998
+  _globals['_RELOADMODELREQUEST']._serialized_start=2000
+  _globals['_RELOADMODELREQUEST']._serialized_end=2048
+  _globals['_TURNEND']._serialized_start=2051
+  _globals['_TURNEND']._serialized_end=2182
+  _globals['_TURNENDBATCH']._serialized_start=2184
+  _globals['_TURNENDBATCH']._serialized_end=2237
+  _globals['_TURNENDACK']._serialized_start=2239
+  _globals['_TURNENDACK']._serialized_end=2328
+  _globals['_FORECASTRETURNSREQUEST']._serialized_start=2330
+  _globals['_FORECASTRETURNSREQUEST']._serialized_end=2439
+  _globals['_CONVERSATIONRETURN']._serialized_start=2441
+  _globals['_CONVERSATIONRETURN']._serialized_end=2504
+  _globals['_FORECASTRETURNSRESPONSE']._serialized_start=2507
+  _globals['_FORECASTRETURNSRESPONSE']._serialized_end=2638
+  _globals['_PREDICTOR']._serialized_start=2641
+  _globals['_PREDICTOR']._serialized_end=3080
 # @@protoc_insertion_point(module_scope)

@@ -79,7 +79,7 @@ class ModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition", "choices", "family_classes", "inference", "burst_choices")
+    __slots__ = ("name", "version", "horizons_s", "quantile", "features", "metrics", "source", "loaded_at_s", "families_tracked", "observations_total", "burst_definition", "choices", "family_classes", "inference", "burst_choices", "served_models")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class ModelInfo(_message.Message):
     FAMILY_CLASSES_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_FIELD_NUMBER: _ClassVar[int]
     BURST_CHOICES_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     horizons_s: _containers.RepeatedScalarFieldContainer[float]
@@ -117,7 +118,34 @@ class ModelInfo(_message.Message):
     family_classes: str
     inference: str
     burst_choices: _containers.RepeatedCompositeFieldContainer[BurstChoice]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ForecastChoice, _Mapping]]] = ..., family_classes: _Optional[str] = ..., inference: _Optional[str] = ..., burst_choices: _Optional[_Iterable[_Union[BurstChoice, _Mapping]]] = ...) -> None: ...
+    served_models: _containers.RepeatedCompositeFieldContainer[ServedModel]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., horizons_s: _Optional[_Iterable[float]] = ..., quantile: _Optional[float] = ..., features: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., source: _Optional[str] = ..., loaded_at_s: _Optional[float] = ..., families_tracked: _Optional[int] = ..., observations_total: _Optional[int] = ..., burst_definition: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ForecastChoice, _Mapping]]] = ..., family_classes: _Optional[str] = ..., inference: _Optional[str] = ..., burst_choices: _Optional[_Iterable[_Union[BurstChoice, _Mapping]]] = ..., served_models: _Optional[_Iterable[_Union[ServedModel, _Mapping]]] = ...) -> None: ...
+
+class ServedModel(_message.Message):
+    __slots__ = ("kind", "version", "origin", "window_start_s", "window_end_s", "fitted_at_s", "training_rows", "validation_metric", "validation_score", "replaced_score", "online_learning")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_S_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_END_S_FIELD_NUMBER: _ClassVar[int]
+    FITTED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_ROWS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_METRIC_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_SCORE_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_SCORE_FIELD_NUMBER: _ClassVar[int]
+    ONLINE_LEARNING_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    version: str
+    origin: str
+    window_start_s: float
+    window_end_s: float
+    fitted_at_s: float
+    training_rows: int
+    validation_metric: str
+    validation_score: float
+    replaced_score: float
+    online_learning: bool
+    def __init__(self, kind: _Optional[str] = ..., version: _Optional[str] = ..., origin: _Optional[str] = ..., window_start_s: _Optional[float] = ..., window_end_s: _Optional[float] = ..., fitted_at_s: _Optional[float] = ..., training_rows: _Optional[int] = ..., validation_metric: _Optional[str] = ..., validation_score: _Optional[float] = ..., replaced_score: _Optional[float] = ..., online_learning: _Optional[bool] = ...) -> None: ...
 
 class BurstChoice(_message.Message):
     __slots__ = ("horizon_s", "chosen", "alarm_threshold", "validation_bursts", "candidates")

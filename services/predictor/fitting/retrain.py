@@ -35,6 +35,7 @@ from speckv.services.predictor.serving.core import PredictorCore
 from speckv.services.predictor.serving.feature_baselines import EWMA, FeatureBaselines
 from speckv.services.predictor.serving.lgbm_served import LightGbmModel
 from speckv.services.predictor.serving.manifest import load_model
+from speckv.services.predictor.serving.served_models import ServedModelRecord
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class RetrainSettings:
     directory: Path  # model versions are written under it
     interval_s: float = 300.0
     min_history_s: float = 120.0
+    min_arrivals: int = 0  # the first fit waits for this many arrivals in the window too
     tolerance: float = 0.05
     ewma_halflife_s: float = 10.0
 
@@ -71,6 +73,7 @@ class Retrainer:
         self._thread: threading.Thread | None = None
         self._serial = 0
         self.last: RetrainResult | None = None
+        self.served: ServedModelRecord | None = None  # the last candidate swapped in (GetModelInfo)
 
     def retrain_once(self) -> RetrainResult:
         try:
@@ -86,6 +89,9 @@ class Retrainer:
         active = window.sum(axis=0).nonzero()[0]
         if not families or not len(active) or (active[-1] - active[0] + 1) * step_s < self._settings.min_history_s:
             return RetrainResult(RetrainOutcome.SKIPPED, "less than min_history_s of history in the window")
+        if int(window.sum()) < self._settings.min_arrivals:
+            return RetrainResult(RetrainOutcome.SKIPPED, f"fewer than min_arrivals={self._settings.min_arrivals} "
+                                 "arrivals in the window")
         start = int(active[0])  # the window before the first arrival was never observed
         counts = FamilyCounts(families, sparse.csr_matrix(window[:, start:].astype(np.float64)), step_s,
                               (first + start) * step_s)
@@ -116,6 +122,11 @@ class Retrainer:
         directory = self._settings.directory / version
         save_model(directory, LightGbmModel(bundle, version, metrics, trace="online window"))
         self._core.install(load_model(directory), str(directory))
+        window_s = ((first + start) * step_s, (first + int(window.shape[1])) * step_s)
+        self.served = ServedModelRecord("count", version, "online", window_s[0], window_s[1],
+                                        self._core.model_info().loaded_at_s, len(counts.families),
+                                        f"validation MAE at {self._config.horizons_s[ref]:g} s", candidate,
+                                        reference, online_learning=True)
         return RetrainResult(RetrainOutcome.SWAPPED, "validated", version, candidate, reference)
 
     # --- schedule --------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Chaos areas `limits` and `decode`: the cheap abuses of the issue (huge
 names, prompts, leases, blocks; pins and silent connections that would hold
-memory forever) and bytes that do not decode, then a bounded fuzz of every
+memory forever; an empty state file, a flood of family names: cases/bounds.py)
+and bytes that do not decode, then a bounded fuzz of every
 method with mutated requests (docs/limits.md)."""
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from speckv.loadgen.bench.chaos.common import (
     stats,
     wait_until,
 )
+from speckv.loadgen.bench.chaos.cases import bounds
 from speckv.loadgen.bench.chaos.cases.dataplane import RawWriter
 from speckv.loadgen.bench.chaos.report import SERVER_FAULTS, Figure, Verdict, code_of, expect_code
 from speckv.services.kvstore.checksum import crc32c
@@ -43,6 +45,7 @@ MIB = 1 << 20
 
 def run(ctx: "Context") -> None:
     _limits(ctx)
+    bounds.run(ctx)  # issue 43's findings 4 and 5: one-off processes beside the cluster
     _decode(ctx)
     _fuzz(ctx)
 

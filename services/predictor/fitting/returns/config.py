@@ -1,15 +1,18 @@
 """The `session_return` section of services/config/predictor.json: horizons,
 split fractions, the offline service-time model, feature and tracker limits,
 baseline buckets, the fixed LightGBM hyperparameters (`quick` overrides a
-few for a fast run) and the online level recalibration (recalibration.py;
-absent: off). Read from a file the caller names (default: the
+few for a fast run), the online level recalibration (recalibration.py;
+absent: off) and online learning's thresholds (`online`: OnlineSettings,
+fitting/returns/online.py; absent: the defaults, and off unless a caller
+switches it on). Read from a file the caller names (default: the
 committed one); never from the environment.
 """
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,6 +32,49 @@ class TrackerLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class OnlineSettings:
+    """Seconds on the caller's clock. Invariants (validate): counts >= 1,
+    times > 0, holdout_fraction in (0, 1), tolerance >= 0."""
+
+    min_turn_ends: int = 500
+    min_history_s: float = 600.0
+    window_s: float = 3600.0
+    refit_interval_s: float = 300.0
+    holdout_fraction: float = 0.2
+    min_holdout_rows: int = 50
+    tolerance: float = 0.0
+    max_turn_ends: int = 200_000
+
+    def validate(self) -> None:
+        for name in ("min_history_s", "window_s", "refit_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"online.{name}={value}: must be finite and > 0")
+        if not 0.0 < self.holdout_fraction < 1.0:
+            raise ValueError(f"online.holdout_fraction={self.holdout_fraction}: must be in (0, 1)")
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+            raise ValueError(f"online.tolerance={self.tolerance}: must be finite and >= 0")
+        for name in ("min_turn_ends", "min_holdout_rows", "max_turn_ends"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"online.{name}={getattr(self, name)}: must be >= 1")
+        if self.min_history_s > self.window_s:
+            raise ValueError(f"online.min_history_s={self.min_history_s:g} exceeds window_s={self.window_s:g}")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> "OnlineSettings":
+        """The `online` subsection (absent: the defaults); unknown keys are refused."""
+        raw = dict(raw or {})
+        names = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(raw) - set(names) - {"about"})
+        if unknown:
+            raise ValueError(f"{SECTION}.online: unknown keys {unknown}")
+        values = {k: (int(v) if names[k] == "int" else float(v)) for k, v in raw.items() if k in names}
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+
+@dataclass(frozen=True, slots=True)
 class ReturnConfig:
     horizons_s: tuple[float, ...]
     eval_fraction: float  # newest share of the trace's time that is evaluated
@@ -41,6 +87,7 @@ class ReturnConfig:
     prior_rows: float
     lightgbm: Mapping[str, Any]
     recalibration: RecalibrationSpec = RecalibrationSpec()
+    online: OnlineSettings = OnlineSettings()  # online learning (online.py); used only where it is switched on
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "ReturnConfig":
@@ -64,7 +111,8 @@ class ReturnConfig:
                    ReturnFeatureSpec.from_dict(raw.get("features", {}), horizons), limits,
                    tuple(float(e) for e in baselines.get("turn_edges", (1, 2, 3, 5))),
                    tuple(float(e) for e in baselines.get("gap_edges_s", (30, 60, 120, 300, 600))),
-                   float(baselines.get("prior_rows", 10.0)), dict(raw["lightgbm"]), recalibration)
+                   float(baselines.get("prior_rows", 10.0)), dict(raw["lightgbm"]), recalibration,
+                   OnlineSettings.from_dict(raw.get("online")))
 
 
 def load_return_config(path: str | Path | None = None, quick: bool = False) -> ReturnConfig:

@@ -44,13 +44,20 @@ model learns what it is worth, no rule acts on it.
 Without a model (no --returns-model) there is no tracker: turn ends are
 validated and dropped, arrivals ignored, and forecast() is FailedPrecondition,
 which the scheduler reads as "plan on family bursts alone".
+
+Online learning (a TurnSink, fitting/returns/online.py): every valid new
+arrival and every accepted turn end is also handed to the sink, with or
+without a tracker, after the lock is released (the sink has its own).
+serve() puts a model the learner validated in service: with a tracker, one
+O(1) model swap under the lock; without one (a cold start), a tracker is
+built and warmed off the lock, then installed with one assignment.
 """
 from __future__ import annotations
 
 import math
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -97,6 +104,15 @@ class ReturnsSettings:
                 raise InvalidArgument(f"{name}={value}: must be finite and >= 0")
 
 
+class TurnSink(Protocol):
+    """Where online learning takes the traffic (fitting/returns/online.py)."""
+
+    def arrival(self, conversation: str, time_s: float, prompt_tokens: int = 0) -> None: ...
+
+    def turn_end(self, conversation: str, end_s: float, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 follow_ups: float = 0.0) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TurnEndRecord:
     """One completed turn as a router reports it. Seconds, the predictor's clock."""
@@ -140,18 +156,38 @@ class _Counters:
 class ReturnsCore:
     """The served tracker (module docstring). Thread-safe: one lock guards it."""
 
-    def __init__(self, clock: Clock, settings: ReturnsSettings, saved: SavedReturnModel | None = None) -> None:
+    def __init__(self, clock: Clock, settings: ReturnsSettings, saved: SavedReturnModel | None = None,
+                 sink: TurnSink | None = None) -> None:
         settings.validate()
         self._clock = clock
         self._settings = settings
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._saved = saved
+        self._sink = sink
         self._tracker: ReturnTracker | None = None
         if saved is not None:
-            spec = replace(saved.spec, max_conversations=settings.max_conversations_held)
-            self._tracker = ReturnTracker(saved.model, spec, settings.max_open_conversations, settings.max_idle_s,
-                                          saved.recalibration)
+            self._tracker = self._new_tracker(saved)
+
+    def _new_tracker(self, saved: SavedReturnModel) -> ReturnTracker:
+        s = self._settings
+        spec = replace(saved.spec, max_conversations=s.max_conversations_held)
+        return ReturnTracker(saved.model, spec, s.max_open_conversations, s.max_idle_s, saved.recalibration)
+
+    def serve(self, saved: SavedReturnModel, history: Sequence[PastTurn] = ()) -> None:
+        """Puts saved in service (module docstring): history warms a tracker
+        built for a cold start (ignored when a tracker exists). The model's
+        features must be the served spec's (ValueError otherwise)."""
+        tracker = self._tracker
+        if tracker is None:
+            fresh = self._new_tracker(saved)
+            _replay(fresh, history)
+            with self._lock:
+                self._tracker, self._saved = fresh, saved
+            return
+        with self._lock:
+            tracker.set_model(saved.model)
+            self._saved = saved
 
     @property
     def model_version(self) -> str:
@@ -175,24 +211,28 @@ class ReturnsCore:
 
     def observe(self, arrivals: Iterable[Arrival]) -> int:
         """Feeds valid, new arrivals to the tracker; returns how many."""
-        tracker = self._tracker
-        if tracker is None:
+        tracker, sink = self._tracker, self._sink
+        if tracker is None and sink is None:
             return 0
         s = self._settings
         latest = self._clock.now() + s.max_future_s if s.max_future_s > 0 else math.inf
-        fed = 0
+        fed: list[Arrival] = []
         with self._lock:
             for a in arrivals:
                 if (not a.family or len(a.family) > s.max_conversation_len or not math.isfinite(a.time_s)
                         or a.time_s < 0 or a.time_s > latest or a.prompt_tokens < 0):
                     continue
-                if tracker.features.nearest_arrival(a.family, a.time_s, s.arrival_match_s) is not None:
-                    self._counters.repeated_arrivals += 1
-                    continue
-                tracker.arrival(a.family, a.time_s, a.prompt_tokens)
-                fed += 1
-            self._counters.arrivals += fed
-        return fed
+                if tracker is not None:
+                    if tracker.features.nearest_arrival(a.family, a.time_s, s.arrival_match_s) is not None:
+                        self._counters.repeated_arrivals += 1
+                        continue
+                    tracker.arrival(a.family, a.time_s, a.prompt_tokens)
+                fed.append(a)
+            self._counters.arrivals += len(fed)
+        if sink is not None:
+            for a in fed:
+                sink.arrival(a.family, a.time_s, a.prompt_tokens)
+        return len(fed)
 
     def report(self, turn_ends: Sequence[TurnEndRecord]) -> TurnEndResult:
         """Applies a batch of turn ends (all or nothing), in end order."""
@@ -202,6 +242,11 @@ class ReturnsCore:
             with self._lock:
                 self._counters.refused_batches += 1
             raise
+        sink = self._sink
+        if sink is not None:
+            for t in turn_ends:
+                sink.turn_end(t.conversation, t.end_s, t.arrival_s, t.prompt_tokens, t.output_tokens,
+                              float(t.follow_ups))
         tracker = self._tracker
         if tracker is None:
             return TurnEndResult(0, 0, 0, "")
@@ -228,23 +273,8 @@ class ReturnsCore:
         tracker = self._tracker
         if tracker is None:
             raise FailedPrecondition("no session-return model to warm (start with --returns-model)")
-        events: list[tuple[float, int, int]] = []
-        for i, t in enumerate(turns):
-            events.append((t.arrival_s, _ARRIVAL, i))
-            if t.end_s is not None:
-                events.append((t.end_s, _END, i))
-        events.sort()
-        ends = 0
         with self._lock:
-            for time_s, kind, i in events:
-                t = turns[i]
-                if kind == _ARRIVAL:
-                    tracker.arrival(t.conversation, time_s, t.prompt_tokens)
-                else:
-                    tracker.turn_end(t.conversation, time_s, t.arrival_s, t.prompt_tokens, t.output_tokens,
-                                     float(t.follow_ups))
-                    ends += 1
-        return ends
+            return _replay(tracker, turns)
 
     # --- forecasts -----------------------------------------------------------
 
@@ -305,3 +335,24 @@ class ReturnsCore:
                 raise InvalidArgument(f"{where}: token counts must be >= 0")
             if not 0 <= t.follow_ups <= MAX_FOLLOW_UPS:
                 raise InvalidArgument(f"{where}.follow_ups={t.follow_ups}: must be in [0, {MAX_FOLLOW_UPS}]")
+
+
+def _replay(tracker: ReturnTracker, turns: Sequence[PastTurn]) -> int:
+    """Feeds turns' arrivals and ends in time order (an arrival before an end
+    at the same time); returns the turn ends fed."""
+    events: list[tuple[float, int, int]] = []
+    for i, t in enumerate(turns):
+        events.append((t.arrival_s, _ARRIVAL, i))
+        if t.end_s is not None:
+            events.append((t.end_s, _END, i))
+    events.sort()
+    ends = 0
+    for time_s, kind, i in events:
+        t = turns[i]
+        if kind == _ARRIVAL:
+            tracker.arrival(t.conversation, time_s, t.prompt_tokens)
+        else:
+            tracker.turn_end(t.conversation, time_s, t.arrival_s, t.prompt_tokens, t.output_tokens,
+                             float(t.follow_ups))
+            ends += 1
+    return ends

@@ -96,6 +96,7 @@ class _Open:
     end_s: float
     row: np.ndarray
     cdf: np.ndarray | None = None  # the model's own (un-shifted) horizon probabilities
+    model_serial: int = 0  # the tracker's model serial cdf was scored by (a swap makes it stale)
     pending: PendingEnd | None = None  # its entry in the recalibrator, if one runs
 
 
@@ -111,6 +112,7 @@ class ReturnTracker:
         self.max_idle_s = max_idle_s
         self._open: OrderedDict[str, _Open] = OrderedDict()
         self._model = model
+        self._model_serial = 0
         self._check(model)
         self.recalibration = recalibration if recalibration is not None and recalibration.enabled else None
         self._recalibrator = self._new_recalibrator()
@@ -121,11 +123,11 @@ class ReturnTracker:
         return self._model
 
     def set_model(self, model: CdfModel) -> None:
-        """Swaps the model; open conversations are scored again by it."""
+        """Swaps the model in O(1): open conversations are scored again by it
+        at the next forecast (their cdf is stale once the serial moved)."""
         self._check(model)
         self._model = model
-        for entry in self._open.values():
-            entry.cdf = None
+        self._model_serial += 1
         # Not re-entering the open ones: those that already returned are gone, so they would bias it low.
         self._recalibrator = self._new_recalibrator()
         self._unscored = []
@@ -151,7 +153,7 @@ class ReturnTracker:
         if self.features.returned_since(conversation, arrival_s) is not None:
             return False
         self._open.pop(conversation, None)
-        entry = self._open[conversation] = _Open(self.features.now, row)
+        entry = self._open[conversation] = _Open(self.features.now, row, model_serial=self._model_serial)
         while len(self._open) > self.max_open:
             self._open.popitem(last=False)
         if self._recalibrator is not None:
@@ -230,12 +232,13 @@ class ReturnTracker:
     def _score(self, entries: list[_Open]) -> None:
         """Scores, in one batch, the entries without a cdf and every turn end
         the recalibrator waits on; hands the latter their probabilities."""
-        todo = {id(e): e for e in entries if e.cdf is None}
+        serial = self._model_serial
+        todo = {id(e): e for e in entries if e.cdf is None or e.model_serial != serial}
         todo.update((id(e), e) for e in self._unscored if e.cdf is None)
         if todo:
             batch = list(todo.values())
             for entry, cdf in zip(batch, self._model.predict_cdf(np.stack([e.row for e in batch]))):
-                entry.cdf = cdf
+                entry.cdf, entry.model_serial = cdf, serial
         if self._recalibrator is not None:
             for entry in self._unscored:
                 if entry.pending is not None and entry.pending.p is None:
