@@ -147,7 +147,7 @@ def _describe(found: list[int | None] | None) -> str:
         return "no prompt length"
     low, high = int(found[0] or 1), found[1]
     if high is None:
-        return f"prompts of {low:,} tokens and up"
+        return "every prompt length" if low == 1 else f"prompts of {low:,} tokens and up"
     return f"prompts of {low:,} to {high:,} tokens" if high > low else f"prompts of {low:,} token(s) only"
 
 
