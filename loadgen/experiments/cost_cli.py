@@ -1,7 +1,8 @@
 """`speckv cost`: which regime a cluster is in. For an engine profile and a
 link profile, the price per token of recomputing a prompt's KV, promoting it
-from the node's host tier and pulling it from a peer, and the prompt lengths
-where each is cheapest (services/common/cost_table.py has the model).
+from the node's host tier, loading it from the node's disk tier and pulling
+it from a peer, and the prompt lengths where each is cheapest
+(services/common/cost_table.py has the model).
 
     speckv cost --profile llama-3-8b-h100-vidur --link tcp-25g
     speckv cost --profile llama-2-70b-h100-tp4-vidur --link rdma-400g --json out/cost.json
@@ -9,7 +10,9 @@ where each is cheapest (services/common/cost_table.py has the model).
 The link profile is one GPU's (services/config/links.json); an engine of N
 tensor-parallel GPUs gets N of them, and N host links. The host link defaults
 to the committed cluster's (services/config/e2e.json); --host-link-gbps 0
-leaves the host tier out.
+leaves the host tier out. --disk names the disk profile of the cheapest-path
+map (services/config/disks.json, default nvme-gen4; none: no disk tier);
+every disk profile's load is also set against recompute and the pull.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Mapping, Sequence
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
 from speckv.services.common.cost_table import CostTable, TokenRange
+from speckv.services.common.disks import DiskProfile, get_disk, load_disks
 from speckv.services.common.engine_profile import LinkModel, get_profile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.links import LinkProfile, get_link
@@ -36,6 +40,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
                         help="one GPU's host<->device link, Gbit/s (default: e2e.json's; 0: no host tier)")
     parser.add_argument("--host-link-overhead-ms", type=float, default=None,
                         help="per host<->device copy, ms (default: e2e.json's)")
+    parser.add_argument("--disk", default="nvme-gen4",
+                        help="disk profile, one GPU's (services/config/disks.json); none: no disk tier")
+    parser.add_argument("--disks", type=Path, default=None, help="disk profiles JSON (default: the packaged one)")
     parser.add_argument("--max-tokens", type=int, default=131072, help="longest prompt the cheapest-path map covers")
     parser.add_argument("--profiles", type=Path, default=None, help="engine profiles JSON (default: the packaged one)")
     parser.add_argument("--links", type=Path, default=None, help="link profiles JSON (default: the packaged one)")
@@ -49,9 +56,14 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     link = get_link(args.link, args.links)
     host = _host_link(args)
     gpus = profile.tensor_parallel
-    table = CostTable(profile, link.model(gpus),
-                      LinkModel(host.gbps * gpus, host.overhead_ms) if host is not None else None)
+    host_model = LinkModel(host.gbps * gpus, host.overhead_ms) if host is not None else None
+    disk = None if args.disk == "none" or host_model is None else get_disk(args.disk, args.disks)
+    table = CostTable(profile, link.model(gpus), host_model, disk.model(gpus) if disk else None)
     figures = cost_figures(table, link, args.max_tokens)
+    figures["disk"] = disk.name if disk else None
+    if host_model is not None:
+        figures["disk_loads"] = [disk_load_figures(CostTable(profile, table.link, host_model, d.model(gpus)), d)
+                                 for d in load_disks(args.disks).values()]
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
@@ -79,6 +91,17 @@ def _host_link(args: argparse.Namespace) -> LinkModel | None:
     return LinkModel(gbps, overhead)
 
 
+def disk_load_figures(table: CostTable, disk: DiskProfile) -> dict:
+    """Where one disk profile's load beats recompute and the peer pull."""
+    assert table.disk is not None
+    return {"disk": disk.name, "gbytes_s_per_gpu": disk.gbytes_s, "gbps": table.disk.gbps,
+            "overhead_ms": disk.overhead_ms, "load_ms_per_token": table.ms_per_token("load"),
+            "load_fixed_ms": table.fixed_ms("load"),
+            "load_beats_recompute_tokens": _range(table.beats_recompute("load")),
+            "load_beats_pull_tokens": _range(table.beats("load", "pull")),
+            "measured": disk.sources.get("read_gbytes_s", "").startswith("MEASURED")}
+
+
 def _range(found: TokenRange | None) -> list[int | None] | None:
     return None if found is None else [found[0], found[1]]
 
@@ -100,10 +123,15 @@ def cost_figures(table: CostTable, link: LinkProfile, max_tokens: int) -> dict:
         "recompute_beats_pull_tokens": _range(table.beats("recompute", "pull")),
         "recompute_beats_promote_tokens": (_range(table.beats("recompute", "promote"))
                                            if table.host_link is not None else None),
+        "recompute_beats_load_tokens": (_range(table.beats("recompute", "load"))
+                                        if table.disk is not None else None),
         "max_tokens": max_tokens,
         "cheapest": [{"path": s.path, "tokens": [s.low, s.high]} for s in table.cheapest(max_tokens)],
         "cheapest_peer_only": [{"path": s.path, "tokens": [s.low, s.high]}
                                for s in table.cheapest(max_tokens, ("recompute", "pull"))],
+        "cheapest_disk": ([{"path": s.path, "tokens": [s.low, s.high]}
+                           for s in table.cheapest(max_tokens, ("recompute", "load", "pull"))]
+                          if table.disk is not None else None),
         "examples": [],
     }
     for tokens in (t for t in EXAMPLE_TOKENS if t <= max_tokens):
@@ -119,7 +147,7 @@ def _describe(found: list[int | None] | None) -> str:
         return "no prompt length"
     low, high = int(found[0] or 1), found[1]
     if high is None:
-        return f"prompts of {low:,} tokens and up"
+        return "every prompt length" if low == 1 else f"prompts of {low:,} tokens and up"
     return f"prompts of {low:,} to {high:,} tokens" if high > low else f"prompts of {low:,} token(s) only"
 
 
@@ -137,17 +165,24 @@ def render(figures: dict) -> str:
     ]
     notes = {"recompute": f"prefill; + {figures['recompute_ms_per_token_pair']:.3g} ms per (query, key) pair",
              "promote": "host tier -> device over the host link, then prefill the last token",
+             "load": "disk -> host tier, then host -> device as a promote, then prefill the last token",
              "pull": "peer -> this node over the link, then prefill the last token"}
     for path, per_token in figures["ms_per_token"].items():
         lines.append(f"{path:<10} {per_token:>10.5f} {figures['fixed_ms'][path]:>9.3f}   {notes[path]}")
     lines += ["", f"recompute beats pull for {_describe(figures['recompute_beats_pull_tokens'])}"]
     if host:
         lines.append(f"recompute beats promote for {_describe(figures['recompute_beats_promote_tokens'])}")
-    for key, where in (("cheapest_peer_only", "KV on a peer only"), ("cheapest", "KV on a peer and in the host tier")):
-        if key == "cheapest" and not host:
+    if figures.get("recompute_beats_load_tokens") is not None or "load" in figures["ms_per_token"]:
+        lines.append(f"recompute beats load ({figures.get('disk')}) for "
+                     f"{_describe(figures['recompute_beats_load_tokens'])}")
+    for key, where in (("cheapest_peer_only", "KV on a peer only"),
+                       ("cheapest_disk", "KV on a peer and on this node's disk"),
+                       ("cheapest", "KV on a peer and in every tier of this node")):
+        if (key == "cheapest" and not host) or (key == "cheapest_disk" and not figures["cheapest_disk"]):
             continue
         segments = ", ".join(f"{c['path']} {c['tokens'][0]:,}-{c['tokens'][1]:,}" for c in figures[key])
         lines.append(f"cheapest up to {figures['max_tokens']:,} tokens, {where}: {segments}")
+    lines += _render_disks(figures.get("disk_loads") or [])
     lines.append("")
     paths = list(figures["ms_per_token"])
     lines.append(f"{'prompt':>8} " + " ".join(f"{p + ' ms':>13}" for p in paths) + "   cheapest")
@@ -155,6 +190,20 @@ def render(figures: dict) -> str:
         lines.append(f"{row['prompt_tokens']:>8,} " + " ".join(f"{row[p + '_ms']:>13,.1f}" for p in paths)
                      + f"   {row['cheapest']}")
     return "\n".join(lines)
+
+
+def _render_disks(loads: list[dict]) -> list[str]:
+    """One line per disk profile: where its load beats recompute and the pull."""
+    if not loads:
+        return []
+    lines = ["", f"{'disk':<11} {'GB/s/GPU':>8} {'ms/token':>9}   load beats recompute / load beats pull"]
+    for row in loads:
+        name = row["disk"] + (" *" if row["measured"] else "")
+        lines.append(f"{name:<11} {row['gbytes_s_per_gpu']:>8.2f} {row['load_ms_per_token']:>9.5f}   "
+                     f"{_describe(row['load_beats_recompute_tokens'])} / {_describe(row['load_beats_pull_tokens'])}")
+    if any(row["measured"] for row in loads):
+        lines.append("  * measured on this machine (services/config/disks.json names the run)")
+    return lines
 
 
 if __name__ == "__main__":

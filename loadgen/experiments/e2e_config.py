@@ -17,6 +17,7 @@ from pathlib import Path
 
 from speckv.loadgen.engines.emulated import EngineLimits
 from speckv.services.common.config import CONFIG_DIR
+from speckv.services.common.disks import get_disk
 from speckv.services.common.engine_profile import EngineProfile, LinkModel, get_profile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry, preset
@@ -58,6 +59,8 @@ class E2EConfig:
     host_pages: int = 0  # each node's host tier, blocks (0: none)
     host_link: LinkModel | None = None  # each node's host<->device link, real bytes (None: no host tier)
     retain_max_share: float = 0.0  # share of each node's last tier retain orders may hold at once
+    disk_pages: int = 0  # each node's disk tier, blocks (0: none)
+    disk: LinkModel | None = None  # each node's disk reads (cluster.disk, a disks.json profile; nvme-gen4 if unnamed)
     family: str = "prefix"  # how trace requests are keyed into families (loadgen.traces.mooncake.FAMILY_MODES)
 
     def node_sizes(self, host_pages: int | None = None) -> NodeSizes:
@@ -114,7 +117,8 @@ def load_e2e_config(path: Path | str | None = None) -> E2EConfig:
             retain_max_share=float(cluster.get("retain_max_share", 0.0)),
             host_link=(LinkModel(float(cluster["host_link_gbps"]), float(cluster.get("host_link_overhead_ms", 0.0)))
                        if "host_link_gbps" in cluster else None),
-            warm_kv_fraction=float(slices.get("warm_kv_fraction", 0.9)))
+            warm_kv_fraction=float(slices.get("warm_kv_fraction", 0.9)),
+            disk_pages=int(cluster.get("disk_pages", 0)), disk=_disk(cluster, profile, source))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidArgument(f"e2e config {source}: bad or missing field ({exc})") from None
     _validate(config, source)
@@ -135,11 +139,22 @@ def _node_link(cluster: dict, profile: EngineProfile, source: Path) -> LinkModel
         raise InvalidArgument(f"e2e config {source}: cluster.link: {exc}") from None
 
 
+def _disk(cluster: dict, profile: EngineProfile, source: Path) -> LinkModel:
+    """Each node's disk reads: the named disks.json profile (default
+    nvme-gen4) for an engine of profile.tensor_parallel GPUs."""
+    try:
+        return get_disk(str(cluster.get("disk", "nvme-gen4"))).model(profile.tensor_parallel)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"e2e config {source}: cluster.disk: {exc}") from None
+
+
 def _validate(config: E2EConfig, source: Path) -> None:
     if config.nodes <= 0 or config.pool_pages <= 0:
         raise InvalidArgument(f"e2e config {source}: cluster.nodes and cluster.pool_pages must be > 0")
     if config.host_pages < 0:
         raise InvalidArgument(f"e2e config {source}: cluster.host_pages must be >= 0 (0: no host tier)")
+    if config.disk_pages < 0 or (config.disk_pages and not config.host_pages):
+        raise InvalidArgument(f"e2e config {source}: cluster.disk_pages must be >= 0 and needs a host tier")
     if not 0.0 <= config.retain_max_share < 1.0:
         raise InvalidArgument(f"e2e config {source}: cluster.retain_max_share must be in [0, 1)")
     if config.host_pages and (config.host_link is None or config.host_link.gbps <= 0):

@@ -131,6 +131,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--host-pages", type=int, default=None,
                    help="each node's host tier in blocks (default: the config's cluster.host_pages; 0 turns the "
                         "host tier off)")
+    p.add_argument("--disk-blocks", type=int, default=None,
+                   help="each node's disk tier below its host tier, in blocks, read at the config's cluster.disk "
+                        "profile (services/config/disks.json, default nvme-gen4) (default: the config's "
+                        "cluster.disk_pages, 0: none; needs a host tier)")
     p.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.add_argument("--report", default=None, help="write the HTML report(s) into this directory")
@@ -166,6 +170,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.seed_list = _seeds(args)
     if args.host_pages is not None and args.host_pages < 0:
         raise InvalidArgument(f"--host-pages={args.host_pages}: must be >= 0 (0: no host tier)")
+    if args.disk_blocks is not None and (args.disk_blocks < 0 or (args.disk_blocks and args.host_pages == 0)):
+        raise InvalidArgument(f"--disk-blocks={args.disk_blocks}: must be >= 0 (0: no disk tier) and needs a "
+                              "host tier (--host-pages > 0)")
     if args.load_nodes is not None and args.load_nodes < 1:
         raise InvalidArgument(f"--load-nodes={args.load_nodes}: must be >= 1")
     if any(n < 1 for n in args.node_list) or (args.jobs is not None and args.jobs < 1) or args.speed <= 0:
@@ -190,7 +197,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         get_scenario(args.synthetic, args.seed_list[0], config.block_tokens, scenarios)
     jobs = [Job(source, seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
                 synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages, cell=cell,
-                events=args.events, load_nodes=args.load_nodes, online_learning=args.online_learning == "on",
+                 disk_pages=args.disk_blocks,
+                 events=args.events, load_nodes=args.load_nodes, online_learning=args.online_learning == "on",
                 events_path=str(Path(args.events_file).resolve()) if args.events_file else None)
             for seed in args.seed_list for cell in ([c.key for c in cells] or [()]) for n in nodes
             for p in args.policy_list]

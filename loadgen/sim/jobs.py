@@ -75,6 +75,7 @@ class Job:
     synthetic: bool = False
     scenarios_path: str | None = None
     host_pages: int | None = None  # each node's host tier; None: the configuration's
+    disk_pages: int | None = None  # each node's disk tier (blocks); None: the configuration's
     returns: TrainedReturns | None = None  # the session-return model (train_returns_once); None: none
     cell: CellKey = ()  # a --sweep cell's values (sweep.py); (): the configuration as it is
     events: str | None = None  # a node event set (workload/node_events.py); None: no events
@@ -165,7 +166,8 @@ def _run_job(job: Job, progress) -> SimulationResult:
     hlo, _ = workload.window(start - config.warmup_s, start)
     history = [workload[i] for i in range(hlo, lo)]
     settings = replace(SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor,
-                                            host_pages=job.host_pages), online_returns=job.online_learning)
+                                            host_pages=job.host_pages, disk_pages=job.disk_pages),
+                       online_returns=job.online_learning)
     trained = job.trained
     if job.serves_lightgbm:
         trained = trained or train_on_base(workload, start, config.warmup_s)  # run alone: the same model

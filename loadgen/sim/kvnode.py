@@ -24,6 +24,16 @@ put goes to, the write-back between tiers, and the outcome lists the
 simulation turns into events (the live store's KVStoreCore does the same
 steps with pages, a lock and an event log).
 
+Disk (issue 44, docs/disk.md): with `disk_pages` > 0 a third tier below
+the host tier takes what the host tier evicts (not a lapsed replica, not a
+block the device tier holds), as the live store's writer does (its inline
+writer: written within the eviction, no queue to overflow); the disk evicts
+by LRU and what it evicts leaves the node. A disk block is held (lookup,
+prefixes) and is promoted like a host-only block: the device put gives it a
+device copy and the disk copy stays (the live store stages it through a
+host page first; here the host tier is not charged that page). Off (0), the
+node is the two-tier one, event for event.
+
 Retention (services/common/retention.py, the retain action): the node's
 last tier (host, else device) passes over retained blocks with the live
 store's rule, so a retained block is demoted but not dropped before its
@@ -58,13 +68,22 @@ class PutOutcome:
     each list holds only what is still true at the end of the call (a block
     demoted and then evicted from the host tier in one call is not
     "demoted"), so the events built from it leave an index in the node's
-    final state. Without a host tier dropped is evicted."""
+    final state. Without a host tier dropped is evicted. disk_stored:
+    newly on the disk (written back from the host tier); disk_evicted: left
+    the disk."""
 
     stored: list[int]
     evicted: list[int]
     demoted: list[int]
     host_evicted: list[int]
     dropped: list[int]
+    disk_stored: list[int]
+    disk_evicted: list[int]
+    host_lapsed: set[int]  # host victims that went as lapsed replicas: never written back
+
+    @staticmethod
+    def empty() -> PutOutcome:
+        return PutOutcome([], [], [], [], [], [], [], set())
 
 
 class _Tier:
@@ -93,16 +112,20 @@ class _Tier:
 
 
 class SimKVNode:
-    def __init__(self, node_id: str, pages: int, host_pages: int = 0, retain_max_blocks: int = 0) -> None:
+    def __init__(self, node_id: str, pages: int, host_pages: int = 0, retain_max_blocks: int = 0,
+                 disk_pages: int = 0) -> None:
         if pages <= 0:
             raise ValueError(f"pages={pages}: must be > 0")
         if host_pages < 0:
             raise ValueError(f"host_pages={host_pages}: must be >= 0 (0: no host tier)")
+        if disk_pages < 0 or (disk_pages and not host_pages):
+            raise ValueError(f"disk_pages={disk_pages}: must be >= 0, and a disk tier needs a host tier")
         self.node_id = node_id
         self.pages = pages
         self.host_pages = host_pages
         self._device = _Tier(pages)
         self._host: _Tier | None = _Tier(host_pages) if host_pages else None
+        self._disk: _Tier | None = _Tier(disk_pages) if disk_pages else None
         self._retention: Retention | None = Retention(retain_max_blocks) if retain_max_blocks > 0 else None
         (self._host or self._device).retention = self._retention
 
@@ -125,30 +148,37 @@ class SimKVNode:
         host = self._host
         if host is None:
             return len(self._device.index)
+        if self._disk is not None:
+            return len(self.held_blocks())
         dev = self._device.index
         return len(dev) + sum(1 for h in host.index if h not in dev)
 
     def __contains__(self, block_hash: int) -> bool:
-        host = self._host
-        return block_hash in self._device.index or (host is not None and block_hash in host.index)
+        host, disk = self._host, self._disk
+        return (block_hash in self._device.index or (host is not None and block_hash in host.index)
+                or (disk is not None and block_hash in disk.index))
 
     def held_blocks(self) -> set[int]:
-        """Every block on the node, in either tier."""
+        """Every block on the node, in any tier."""
         held: set[int] = set(self._device.index)
         if self._host is not None:
             held.update(self._host.index)
+        if self._disk is not None:
+            held.update(self._disk.index)
         return held
 
     def tier_count(self, tier: Tier) -> int:
         """Blocks the tier holds."""
         if tier is Tier.DEVICE:
             return len(self._device.index)
-        return 0 if self._host is None else len(self._host.index)
+        found = self._disk if tier is Tier.DISK else self._host
+        return 0 if found is None else len(found.index)
 
     def in_tier(self, block_hash: int, tier: Tier) -> bool:
         if tier is Tier.DEVICE:
             return block_hash in self._device.index
-        return self._host is not None and block_hash in self._host.index
+        found = self._disk if tier is Tier.DISK else self._host
+        return found is not None and block_hash in found.index
 
     @property
     def free_pages(self) -> int:
@@ -165,14 +195,26 @@ class SimKVNode:
         dev, hidx = self._device.index, host.index
         self._device.touch_chain([h for h in hashes[:n] if h in dev])
         host.touch_chain([h for h in hashes[:n] if h in hidx])
+        if self._disk is not None:
+            self._disk.touch_chain([h for h in hashes[:n] if h in self._disk.index])
         return n
 
     def host_only(self, hashes: Sequence[int], length: int) -> int:
-        """How many of the first length hashes only the host tier holds."""
+        """How many of the first length hashes only the tiers below the
+        device hold (host or disk: what a promotion copies up)."""
         if self._host is None:
             return 0
         dev = self._device.index
         return sum(1 for h in hashes[:length] if h not in dev)
+
+    def disk_only(self, hashes: Sequence[int], length: int) -> int:
+        """How many of the first length hashes only the disk tier holds
+        (of host_only's: what a promotion reads from the disk first)."""
+        if self._disk is None:
+            return 0
+        dev, didx = self._device.index, self._disk.index
+        hidx = self._host.index if self._host is not None else ()
+        return sum(1 for h in hashes[:length] if h in didx and h not in dev and h not in hidx)
 
     def holds_all(self, hashes: Sequence[int]) -> bool:
         return self._longest_prefix(hashes) == len(hashes)
@@ -190,7 +232,7 @@ class SimKVNode:
         put skips blocks the node holds in either tier."""
         if tier is Tier.HOST:
             return self._put_host(hashes, now, lease_deadline)
-        out = PutOutcome([], [], [], [], [])
+        out = PutOutcome.empty()
         stored, evicted = out.stored, out.evicted
         device = self._device
         lru = device.index
@@ -239,34 +281,35 @@ class SimKVNode:
             self._demote(evicted, set(lapsed), now, out, pinned)
         if lease_deadline is None:
             host.touch_chain([h for h in hashes if h in host.index])  # a use of the host copies too
-        self._settle(out)
+        self._settle(out, now)
         return out
 
     def _put_host(self, hashes: Sequence[int], now: float, lease_deadline: float | None) -> PutOutcome:
         host = self._host
         if host is None:
             raise ValueError(f"node {self.node_id} has no host tier")
-        out = PutOutcome([], [], [], [], [])
+        out = PutOutcome.empty()
         dev, lru = self._device.index, host.index
         if lease_deadline is None:
             host.touch_chain([h for h in hashes if h in lru])
         present = {h for h in hashes if h in lru}  # never evicted to make room for the rest, as live
-        needed = sum(1 for h in dict.fromkeys(hashes) if h not in lru and h not in dev)
+        dlru = self._disk.index if self._disk is not None else ()
+        needed = sum(1 for h in dict.fromkeys(hashes) if h not in lru and h not in dev and h not in dlru)
         if needed > host.pages - len(present):
-            self._settle(out)
+            self._settle(out, now)
             return out  # no room without evicting the chain itself: the live store refuses the reservation
         # All the room first, as the live store reserves it at once (passing
         # over retained blocks must not move them behind what this put inserts).
         for _ in range(max(0, needed - (host.pages - len(lru)))):
-            out.host_evicted.append(host.pop_victim(now, present).block_hash)
+            self._pop_host(now, present, out)
         for h in reversed(hashes) if lease_deadline is not None else hashes:
-            if h in lru or h in dev:
+            if h in lru or h in dev or h in dlru:
                 continue
             host.add(h, lease_deadline)
             out.stored.append(h)
         if lease_deadline is not None:
             out.stored.reverse()
-        self._settle(out)
+        self._settle(out, now)
         return out
 
     def _demote(self, victims: list[int], lapsed: set[int], now: float, out: PutOutcome,
@@ -287,22 +330,56 @@ class SimKVNode:
         host.touch_chain([v for v in reversed(kept) if v in lru])
         shortfall = len(down) - (host.pages - len(lru))
         for _ in range(max(0, shortfall)):
-            out.host_evicted.append(host.pop_victim(now, pinned or frozenset()).block_hash)
+            self._pop_host(now, pinned or frozenset(), out)
         for v in down:
             host.add(v, None)
         out.demoted.extend(down)
 
-    def _settle(self, out: PutOutcome) -> None:
+    def _pop_host(self, now: float, protect: set[int] | frozenset[int], out: PutOutcome) -> None:
+        """Evicts the host tier's next victim into out (a lapsed replica noted: it is not written back)."""
+        assert self._host is not None
+        entry = self._host.pop_victim(now, protect)
+        out.host_evicted.append(entry.block_hash)
+        if entry.lease_deadline is not None and entry.lease_deadline <= now:
+            out.host_lapsed.add(entry.block_hash)
+
+    def _write_back(self, out: PutOutcome, now: float) -> None:
+        """The disk's share of one call: the host tier's victims that left
+        it (not to the device, not lapsed replicas) go onto the disk as its
+        most recent blocks, its LRU blocks making room."""
+        disk, host = self._disk, self._host
+        assert disk is not None and host is not None
+        dev, hlru, dlru = self._device.index, host.index, disk.index
+        down = [h for h in dict.fromkeys(out.host_evicted)
+                if h not in hlru and h not in dev and h not in out.host_lapsed]
+        disk.touch_chain([h for h in reversed(down) if h in dlru])
+        for h in down:
+            if h in dlru:
+                continue
+            if len(dlru) >= disk.pages:
+                out.disk_evicted.append(disk.pop_victim(now).block_hash)
+            disk.add(h, None)
+            out.disk_stored.append(h)
+        out.disk_stored = [h for h in out.disk_stored if h in dlru]
+        out.disk_evicted = [h for h in dict.fromkeys(out.disk_evicted) if h not in dlru]
+
+    def _settle(self, out: PutOutcome, now: float = 0.0) -> None:
         """Keeps in each list only what holds at the end of the call (PutOutcome)."""
         host = self._host
         assert host is not None
+        if self._disk is not None:
+            self._write_back(out, now)
         dev, hlru = self._device.index, host.index
         out.demoted = [h for h in dict.fromkeys(out.demoted) if h in hlru]
         out.evicted = [h for h in dict.fromkeys(out.evicted) if h not in dev]
         out.host_evicted = [h for h in dict.fromkeys(out.host_evicted) if h not in hlru]
         left_device = set(out.evicted)
-        out.dropped = ([h for h in out.evicted if h not in hlru]
-                       + [h for h in out.host_evicted if h not in dev and h not in left_device])
+        dlru = self._disk.index if self._disk is not None else ()
+        out.dropped = ([h for h in out.evicted if h not in hlru and h not in dlru]
+                       + [h for h in out.host_evicted if h not in dev and h not in left_device and h not in dlru])
+        if dlru:
+            gone = set(out.dropped)
+            out.dropped += [h for h in out.disk_evicted if h not in dev and h not in hlru and h not in gone]
         if self._retention and out.dropped:
             self._retention.release(out.dropped)
 
@@ -316,8 +393,9 @@ class SimKVNode:
                 count += 1
             return count
         hlru = host.index
+        dlru = self._disk.index if self._disk is not None else ()
         for h in hashes:
-            if h not in dev and h not in hlru:
+            if h not in dev and h not in hlru and h not in dlru:
                 break
             count += 1
         return count

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from speckv.loadgen.experiments.replica_ledger import KVEventKind
 from speckv.loadgen.sim.network import Transfer
+from speckv.loadgen.sim.staging import stage_up
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
@@ -78,8 +79,8 @@ def prefetch(sim: Simulation, order: Order) -> None:
         report(sim, order, OrderState.COMMITTED, "nothing to promote")
         return
     report(sim, order, OrderState.IN_FLIGHT)
-    sim.host_links.start(f"{node}/host", node, blocks * sim.config.real_bytes_per_block,
-                          partial(prefetched, sim, order, blocks))
+    stage_up(sim, node, blocks, sim.kv[node].disk_only(spec.block_hashes, len(spec.block_hashes)),
+             partial(prefetched, sim, order, blocks))
 
 
 def prefetched(sim: Simulation, order: Order, blocks: int, _transfer: Transfer) -> None:

@@ -60,6 +60,7 @@ from speckv.loadgen.experiments.warm_start import resident_tail
 from speckv.loadgen.sim import failover, scheduler_side
 from speckv.loadgen.sim.ablation import config_without, parse_variant
 from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
+from speckv.loadgen.sim.kv_events import outcome_events
 from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
 from speckv.loadgen.sim.membership import Membership
 from speckv.loadgen.sim.network import Network, Transfer
@@ -69,6 +70,7 @@ from speckv.loadgen.sim.returns import ReturnForecasts, TrainedReturns, warm
 from speckv.services.predictor.fitting.returns.config import load_return_config
 from speckv.loadgen.sim.scheduler_side import HEARTBEAT_PRIORITY, TICK_PRIORITY
 from speckv.loadgen.sim.settings import SimSettings
+from speckv.loadgen.sim.staging import stage_up
 from speckv.loadgen.workload.node_events import ScheduledEvent
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
@@ -82,7 +84,7 @@ from speckv.services.scheduler.forecasts import (
     FutureArrivals,
     TraceFutureArrivals,
 )
-from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.holder_index import HolderEventKind
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.ports import SchedulerSettings
@@ -189,19 +191,20 @@ class Simulation:
                                         "; plus session returns learned online from the slice (cold start)")
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
         sizes = settings.sizes
-        self.kv = {n: SimKVNode(n, sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks or 0)
-                   for n in self.ids}
+        self.kv = {n: self._new_kv(n) for n in self.ids}
         addresses = self._addresses = {n: f"sim-{n}:{i + 1}" for i, n in enumerate(self.ids)}
         self._by_address = {addresses[n]: self.kv[n] for n in self.ids}
         host_link = config.host_link if sizes.host_pages else None
         if sizes.host_pages and host_link is None:
             raise ValueError("a host tier (host_pages > 0) needs the configuration's host link")
+        disk = settings.disk if settings.disk_pages else None
         self.core = SchedulerCore(
             SchedulerSettings(node_timeout_s=settings.node_timeout_s, policy=variant.policy, policy_config=policies,
                               link_gbps=config.link.gbps,
                               link_overhead_ms=config.link.overhead_ms,
                               host_link_gbps=host_link.gbps if host_link else 0.0,
-                              host_link_overhead_ms=host_link.overhead_ms if host_link else 0.0),
+                              host_link_overhead_ms=host_link.overhead_ms if host_link else 0.0,
+                              disk_gbps=disk.gbps if disk else 0.0, disk_overhead_ms=disk.overhead_ms if disk else 0.0),
             self.queue.clock, config.profile, confirmer=_Confirmer(self._by_address),
             arrivals=arrivals, forecasts=source,
             future=future if future is not None else TraceFutureArrivals(list(requests)))
@@ -213,6 +216,7 @@ class Simulation:
                                       config.real_geometry.bytes_per_token) for n in self.ids}
         self.network = Network(self.queue, config.link)
         self.host_links = Network(self.queue, host_link) if host_link is not None else None
+        self.disk_links = Network(self.queue, disk) if disk is not None else None
         self.ledger = ReplicaLedger()
         self.records: list[RequestRecord] = []
         self.forecast_log: list[tuple[float, str, float]] = []
@@ -340,11 +344,10 @@ class Simulation:
         promoted = kv.host_only(prefix, len(prefix))
         if not promoted or self.host_links is None:
             return 0
-        now = self.queue.now()
+        from_disk, now = kv.disk_only(prefix, len(prefix)), self.queue.now()
         self._apply(node, kv.put(prefix, now, promote=True), prefix[0], request.family, now)
         flight.waiting += 1
-        nbytes = promoted * self.config.real_bytes_per_block
-        self.host_links.start(f"{node}/host", node, nbytes, partial(_copy_done, self._copied, flight, "promote"))
+        stage_up(self, node, promoted, from_disk, partial(_copy_done, self._copied, flight, "promote"))
         return promoted
 
     def _copied(self, flight: _Flight, what: str) -> None:
@@ -439,19 +442,9 @@ class Simulation:
                kind: HolderEventKind = HolderEventKind.STORED, tier: Tier = Tier.DEVICE) -> None:
         """The events a put's outcome makes, in the order that leaves the
         index in the node's final state (kvnode.PutOutcome), in one index
-        call: stored, demoted, evicted from the device tier, evicted from the
-        host tier; the blocks that left the node go to the replica ledger. A
-        demotion never starts a chain: its blocks were held already."""
-        events = []
-        if out.stored:
-            events.append(IndexEvent(kind, out.stored, has_parent=out.stored[0] != root, family=family, tier=tier))
-        if out.demoted:
-            events.append(IndexEvent(HolderEventKind.STORED, out.demoted, has_parent=True, family=family,
-                                     tier=Tier.HOST))
-        if out.evicted:
-            events.append(IndexEvent(HolderEventKind.REMOVED, out.evicted, tier=Tier.DEVICE))
-        if out.host_evicted:
-            events.append(IndexEvent(HolderEventKind.REMOVED, out.host_evicted, tier=Tier.HOST))
+        call (kv_events.py); the blocks that left the node go to the replica
+        ledger."""
+        events = outcome_events(out, root, family, kind, tier)
         if events:
             self.core.apply_kv_events(node, self._gen[node], events)
         if out.stored:
@@ -460,6 +453,11 @@ class Simulation:
             self.ledger.apply(node, KVEventKind.REMOVED, out.dropped, now)
 
     # --- node events (failover.py runs kills) ---------------------------------------------
+    def _new_kv(self, node: NodeId) -> SimKVNode:
+        sizes = self.settings.sizes
+        return SimKVNode(node, sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks or 0,
+                         self.settings.disk_pages)
+
     def _alive(self) -> list[NodeId]:
         return [n for n in self.ids if n not in self.membership.dead]
 
@@ -485,7 +483,7 @@ class Simulation:
         settings, config = self.settings, self.config
         self.ids.append(node)
         sizes = settings.sizes
-        self.kv[node] = SimKVNode(node, sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks or 0)
+        self.kv[node] = self._new_kv(node)
         address = self._addresses[node] = f"sim-{node}:{len(self.ids)}"
         self._by_address[address] = self.kv[node]
         self.core.register_node(node, address, sizes, config.real_geometry)

@@ -1,5 +1,6 @@
 """What the KV of a prompt costs by each path: recompute it, promote it from
-the node's host tier, or pull it from a peer. Pure: numbers in, numbers out.
+the node's host tier, load it from the node's disk tier, or pull it from a
+peer. Pure: numbers in, numbers out.
 
 For a prompt of P tokens whose KV for the first P - 1 tokens exists (the
 engine always computes the last token itself, as the router caps cached
@@ -7,9 +8,12 @@ tokens at P - 1), in ms:
 
     recompute(P) = prefill_ms(P, cached=0)
     promote(P)   = host_link.transfer_ms((P - 1) * B) + prefill_ms(1, cached=P - 1)
+    load(P)      = disk_path.transfer_ms((P - 1) * B) + prefill_ms(1, cached=P - 1)
     pull(P)      = link.transfer_ms((P - 1) * B)      + prefill_ms(1, cached=P - 1)
 
-with B the model's KV bytes per token. Each is a quadratic in P; with the
+with B the model's KV bytes per token and disk_path the disk's read and then
+the host link's copy, one after the other (disks.serial: a disk load lands in
+the host tier, then crosses to the device as a host hit does). Each is a quadratic in P; with the
 engine profile's overhead o, ms_per_token a and ms_per_token_pair c, and a
 link's per-transfer overhead L and ms per token k = 8 B / (Gbit/s * 1e9) * 1e3:
 
@@ -29,10 +33,11 @@ from typing import Callable
 
 import numpy as np
 
+from speckv.services.common.disks import serial
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
 from speckv.services.common.errors import InvalidArgument
 
-PATHS = ("recompute", "promote", "pull")
+PATHS = ("recompute", "promote", "load", "pull")
 Quadratic = tuple[float, float, float]  # (q2, q1, q0): q2 P^2 + q1 P + q0, ms
 TokenRange = tuple[int, int | None]  # [low, high] inclusive; high None: unbounded
 
@@ -48,13 +53,20 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class CostTable:
-    """The three paths' costs for one engine profile and its links (each
-    already the whole engine's: per-GPU bandwidth times its GPUs).
-    host_link None: the node has no host tier, so no promote path."""
+    """The paths' costs for one engine profile and its links (each already
+    the whole engine's: per-GPU bandwidth times its GPUs).
+    host_link None: the node has no host tier, so no promote path;
+    disk None: no disk tier, so no load path. A disk tier needs a host
+    tier (its loads land there)."""
 
     profile: EngineProfile
     link: LinkModel
     host_link: LinkModel | None = None
+    disk: LinkModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.disk is not None and self.host_link is None:
+            raise InvalidArgument("a disk tier needs a host tier: its loads land in host memory")
 
     @property
     def bytes_per_token(self) -> int:
@@ -62,13 +74,16 @@ class CostTable:
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return PATHS if self.host_link is not None else ("recompute", "pull")
+        return tuple(path for path in PATHS if (path != "promote" or self.host_link is not None)
+                     and (path != "load" or self.disk is not None))
 
     def link_of(self, path: str) -> LinkModel:
         if path == "pull":
             return self.link
         if path == "promote" and self.host_link is not None:
             return self.host_link
+        if path == "load" and self.disk is not None and self.host_link is not None:
+            return serial(self.disk, self.host_link)
         raise InvalidArgument(f"path {path!r} moves no bytes or is not available here")
 
     def ms_per_token(self, path: str) -> float:
@@ -109,10 +124,27 @@ class CostTable:
             raise InvalidArgument(f"{cheaper} against {dearer} is not one interval; ask the other way round")
         return where_negative(q[0], q[1], q[2])
 
+    def beats_recompute(self, path: str) -> TokenRange | None:
+        """Prompt lengths where the transfer `path` costs strictly less than
+        recomputing: the lengths past recompute's own interval (beats()),
+        ties skipped; None when there are none."""
+        found = self.beats("recompute", path)
+        if found is not None and found[1] is None:
+            return None
+        p = 1 if found is None else found[1] + 1
+        dearer = tuple(x - y for x, y in zip(self.quadratic(path), self.quadratic("recompute")))
+        # Past recompute's interval recompute - path is >= 0 and convex, so
+        # it is 0 (a tie) at two lengths at most, unless it is 0 everywhere.
+        for _ in range(3):
+            if np.polyval(dearer, p) < 0:
+                return (p, None)
+            p += 1
+        return None
+
     def cheapest(self, max_tokens: int, paths: tuple[str, ...] = ()) -> list[Segment]:
         """For every prompt length 1..max_tokens, the cheapest of `paths`
         (default: every path available; ties go to the earlier of PATHS:
-        recompute, promote, pull), as consecutive segments."""
+        recompute, promote, load, pull), as consecutive segments."""
         if max_tokens < 1:
             raise InvalidArgument("max_tokens must be >= 1")
         among = tuple(path for path in self.paths if path in paths) if paths else self.paths

@@ -20,7 +20,8 @@ before prefill. A node that never reported a host event has neither set, so
 a cluster without host tiers pays nothing for them. The disk tier (medium
 STORAGE) is kept the same way in `disk`: a block only the disk holds is in
 `host_only` too (below the device tier: a route there stages it up before
-prefill; pricing the disk's slower load apart is issue 44's item 4).
+prefill), and `disk_only_count` says which of them a route there loads
+from the disk (the router prices those as disk loads).
 
 Event semantics (vLLM KV events): STORED and COMMITTED add blocks to the
 event's tier, REMOVED drops them from it, SNAPSHOT replaces the node's whole
@@ -105,6 +106,16 @@ class HolderIndex:
         if not only or length <= 0:
             return 0
         return sum(1 for h in block_hashes[:length] if h in only)
+
+    def disk_only_count(self, node: NodeId, block_hashes: Sequence[int], length: int) -> int:
+        """How many of the first length hashes node holds in its disk tier
+        alone (of host_only_count's: what a route there loads from disk)."""
+        disk = self._disk.get(node)
+        if not disk or length <= 0:
+            return 0
+        host = self._host.get(node, ())
+        only = self._host_only.get(node, ())
+        return sum(1 for h in block_hashes[:length] if h in disk and h in only and h not in host)
 
     def num_host_blocks(self, node: NodeId) -> int:
         return len(self._host.get(node, ()))

@@ -93,6 +93,8 @@ class SchedulerSettings:
     link_overhead_ms: float = 1.0
     host_link_gbps: float = 0.0  # each node's host<->device link (PCIe), Gbit/s; 0: no host tiers to price
     host_link_overhead_ms: float = 0.0
+    disk_gbps: float = 0.0  # each node's disk-tier reads, Gbit/s (the router's disk loads); 0: priced as host hits
+    disk_overhead_ms: float = 0.0
     router_seed: int = 0
     tie_ms: float = 1.0
     watch_queue: int = 1024

@@ -26,6 +26,8 @@ class SchedulerConfig(ServerSettings):
     link_overhead_ms: float = field(default=1.0, metadata={"help": "fixed cost of one node-to-node transfer, ms"})
     host_link_gbps: float = field(default=0.0, metadata={"help": "each node's host<->device link (PCIe) for promotion-time estimates, Gbit/s; 0: host tiers are not priced"})
     host_link_overhead_ms: float = field(default=0.0, metadata={"help": "fixed cost of one promotion copy, ms"})
+    disk_gbps: float = field(default=0.0, metadata={"help": "each node's disk-tier reads (the whole engine's) for disk-load estimates, Gbit/s (services/config/disks.json: GB/s x 8); 0: disk blocks are priced as host hits"})
+    disk_overhead_ms: float = field(default=0.0, metadata={"help": "fixed cost of one disk load, ms"})
     lookup_timeout_s: float = field(default=0.2, metadata={"help": "deadline of Route's confirming KVStore.Lookup, s"})
     policies_path: str = field(default="", metadata={"help": "policy/planner thresholds JSON; empty = the committed services/config/policies.json"})
     oracle_trace: str = field(default="", metadata={"help": "Mooncake-format trace the oracle policy reads the true future from; empty = no oracle"})
@@ -68,6 +70,12 @@ class SchedulerConfig(ServerSettings):
         if not self.host_link_gbps >= 0 or not self.host_link_overhead_ms >= 0:
             raise InvalidArgument(f"host_link_gbps={self.host_link_gbps}, host_link_overhead_ms="
                                   f"{self.host_link_overhead_ms}: must be >= 0 (host_link_gbps 0: not priced)")
+        if not self.disk_gbps >= 0 or not self.disk_overhead_ms >= 0:
+            raise InvalidArgument(f"disk_gbps={self.disk_gbps}, disk_overhead_ms={self.disk_overhead_ms}: "
+                                  "must be >= 0 (disk_gbps 0: not priced)")
+        if self.disk_gbps > 0 and self.host_link_gbps <= 0:
+            raise InvalidArgument(f"disk_gbps={self.disk_gbps} needs host_link_gbps > 0: a disk load lands in "
+                                  "the host tier and crosses the host link")
         if not self.loss_probe_s >= 0:
             raise InvalidArgument(f"loss_probe_s={self.loss_probe_s}: must be >= 0 (0: off)")
         if self.link_overhead_ms < 0:

@@ -83,6 +83,7 @@ def core_settings(config: SchedulerConfig) -> SchedulerSettings:
     return SchedulerSettings(node_timeout_s=config.node_timeout_s, heartbeat_interval_ms=config.heartbeat_interval_ms,
                         policy=config.policy, link_gbps=config.link_gbps, link_overhead_ms=config.link_overhead_ms,
                         host_link_gbps=config.host_link_gbps, host_link_overhead_ms=config.host_link_overhead_ms,
+                        disk_gbps=config.disk_gbps, disk_overhead_ms=config.disk_overhead_ms,
                         router_seed=config.router_seed, tie_ms=config.tie_ms,
                         policy_config=load_policy_config(config.policies_path or None))
 

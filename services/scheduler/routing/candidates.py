@@ -75,9 +75,11 @@ class CandidateSelector:
             nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, exclude))
         held = lengths.get
         queue_ms, wait_ms, host_only = cluster.queue_ms, self._backlog.wait_ms, self._holders.host_only_count
+        disk_only = self._holders.disk_only_count
         return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
                           n.bytes_per_block, queue_ms(n), wait_ms(n.node_id, now),
-                          host_only(n.node_id, hashes, held(n.node_id, 0))) for n in nodes]
+                          host_only(n.node_id, hashes, held(n.node_id, 0)),
+                          disk_only(n.node_id, hashes, held(n.node_id, 0))) for n in nodes]
 
     def _least_queued_shallow(self, root_holders: Collection[NodeId], deep: Collection[NodeId],
                               now: float) -> list[NodeId]:

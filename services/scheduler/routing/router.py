@@ -7,15 +7,23 @@ request of P prompt tokens whose chain of full blocks is h_1..h_B (block
 size S), and each live node n:
 
   c_n       = longest prefix of h_1..h_B that n holds in either tier, blocks
-  u_n       = how many of those n holds in its host tier alone
+  u_n       = how many of those n holds below its device tier alone (host
+              or disk), and d_n of those the ones only its disk holds
   queue_n   = ms_per_token * (queued tokens reported + routed since the last
               heartbeat) + overhead_ms * (waiting requests + routed since)
   promote_n = host_link.transfer_ms(u_n * bytes_per_block), 0 when u_n = 0:
               host hits are copied into the device tier before prefill
-  local_n   = promote_n + prefill_ms(new = P - c_n*S, cached = c_n*S)
+              + disk.transfer_ms(d_n * bytes_per_block), 0 when d_n = 0:
+              a disk load is read into the host tier first (bytes over the
+              disk's GB/s plus its per-load overhead), then copied up
+  local_n   = promote_n + prefill_ms(new = P - c_n*S, cached = c_n*S), or,
+              when d_n > 0 and it is strictly cheaper, prefill_ms(new = P,
+              cached = 0): the node recomputes rather than load from its disk
+              (the decision then names 0 cached blocks)
   fetch_n   = with H the live node holding the longest prefix c_H > c_n:
               max(wait_H, wait_n) + max(transfer_ms((c_H - c_n) * bytes_per_block),
-                                        host_link.transfer_ms(min(u_H, c_H - c_n) * bytes_per_block))
+                                        host_link.transfer_ms(min(u_H, c_H - c_n) * bytes_per_block)
+                                        + disk.transfer_ms(min(d_H, c_H - c_n) * bytes_per_block))
               where wait_x is how long x's link is already spoken for by
               the pulls and orders the scheduler started (link_backlog.py);
               a pull from H's host tier streams through H's host link and the
@@ -28,7 +36,10 @@ The pull is chosen only when pull_n < local_n (strictly cheaper); the
 response then names H and c_H - c_n blocks. Recomputing is local_n of a node
 with c_n = 0. Cached tokens are capped at P - 1 because the engine always
 computes the last prompt token. With no host link (a cluster without host
-tiers) u_n is 0 everywhere and the figures are the one-tier ones.
+tiers) u_n is 0 everywhere and the figures are the one-tier ones; with no
+disk (or d_n = 0 everywhere) they are the two-tier ones. So each node is
+priced at the cheapest of its device hits, host hits, disk loads, a peer
+pull and (beside the other nodes' recompute) its own recompute.
 
 Spreading: nodes within `tie_ms` (default 1 ms) of the best TTFT tie; among
 them the one with the fewest routes in flight (routed since its last
@@ -66,7 +77,8 @@ class Candidate:
     bytes_per_block: int
     queue_ms: float  # expected wait before its prefill starts (Cluster.queue_ms)
     link_wait_ms: float = 0.0  # until its link has carried the transfers already booked on it (LinkBacklog)
-    host_blocks: int = 0  # of cached_blocks, those only its host tier holds
+    host_blocks: int = 0  # of cached_blocks, those only its host (or disk) tier holds
+    disk_blocks: int = 0  # of host_blocks, those only its disk tier holds
 
 
 @dataclass(slots=True)
@@ -81,11 +93,13 @@ class RouteDecision:
     fetch_blocks: int = 0
     promote_ms: float = 0.0
     promote_blocks: int = 0  # host-tier hits of the chosen node, copied to its device tier before prefill
+    disk_blocks: int = 0  # of promote_blocks, those read from its disk tier first
 
 
-# (prefill ms, ms before prefill: promotion and pull, blocks to pull, promote ms)
-Figures = tuple[float, float, int, float]
-MemoKey = tuple[int, int, int, float, int]
+# (prefill ms, ms before prefill: promotion and pull, blocks to pull, promote ms,
+#  cached blocks used: the node's cached_blocks, or 0 when it recomputes rather than load from disk)
+Figures = tuple[float, float, int, float, int]
+MemoKey = tuple[int, int, int, float, int, int]
 
 
 class RoutingStrategy(Protocol):
@@ -104,11 +118,14 @@ class KvAwareRouter:
     name = "kv-aware"
 
     def __init__(self, profile: EngineProfile, link: LinkModel, seed: int = 0, tie_ms: float = 1.0,
-                 host_link: LinkModel | None = None) -> None:
-        """host_link: the host<->device link of every node (None: no host tiers)."""
+                 host_link: LinkModel | None = None, disk: LinkModel | None = None) -> None:
+        """host_link: the host<->device link of every node (None: no host
+        tiers); disk: every node's disk reads as a link (None: disk blocks
+        are priced as host hits, as before disks were priced)."""
         self._profile = profile
         self._link = link
         self._host_link = host_link
+        self._disk = disk
         self._rng = random.Random(seed)
         self._tie_ms = tie_ms
 
@@ -142,51 +159,66 @@ class KvAwareRouter:
         with the same cached prefix (most non-holders: none)."""
         queue_ms = node.queue_ms
         pulls = holder is not None and holder.node_id != node.node_id and holder.cached_blocks > node.cached_blocks
-        prefill_ms, before_ms, missing, promote_ms = self._memo_figures(query, node, holder if pulls else None, memo)
+        prefill_ms, before_ms, missing, promote_ms, used = self._memo_figures(query, node, holder if pulls else None,
+                                                                             memo)
         promoted = node.host_blocks if promote_ms else 0
+        from_disk = node.disk_blocks if promote_ms else 0
         expected = queue_ms + before_ms + prefill_ms if before_ms else queue_ms + prefill_ms
         if missing:
             assert holder is not None
             fetch_ms = self._fetch_ms(node, holder)
             return RouteDecision(node.node_id, node.cached_blocks, expected, queue_ms, prefill_ms, fetch_ms,
-                                 holder.node_id, missing, promote_ms, promoted)
-        return RouteDecision(node.node_id, node.cached_blocks, expected, queue_ms, prefill_ms,
-                             promote_ms=promote_ms, promote_blocks=promoted)
+                                 holder.node_id, missing, promote_ms, promoted, from_disk)
+        return RouteDecision(node.node_id, used, expected, queue_ms, prefill_ms,
+                             promote_ms=promote_ms, promote_blocks=promoted, disk_blocks=from_disk)
 
     def _memo_figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
                       memo: dict[MemoKey, Figures]) -> Figures:
         pulls = holder is not None
         key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls or node.host_blocks else -1,
-               node.link_wait_ms if pulls else 0.0, node.host_blocks)
+               node.link_wait_ms if pulls else 0.0, node.host_blocks, node.disk_blocks)
         figures = memo.get(key)
         if figures is None:
             figures = memo[key] = self._figures(query, node, holder)
         return figures
 
     def _figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> Figures:
-        """Pull only when strictly cheaper than prefilling from what node holds."""
-        promote_ms = self._promote_ms(node.host_blocks, node.bytes_per_block)
+        """Pull only when strictly cheaper than prefilling from what node
+        holds; recompute rather than load from disk only when strictly cheaper."""
+        promote_ms = self._below_ms(node.host_blocks, node.disk_blocks, node.bytes_per_block)
         local_ms = self._prefill(query, node.cached_blocks, node.block_size)
+        used = node.cached_blocks
+        if node.disk_blocks and self._disk is not None:
+            scratch_ms = self._prefill(query, 0, node.block_size)
+            if scratch_ms < promote_ms + local_ms:
+                local_ms, promote_ms, used = scratch_ms, 0.0, 0
         if holder is None:
-            return local_ms, promote_ms, 0, promote_ms
+            return local_ms, promote_ms, 0, promote_ms, used
         missing = holder.cached_blocks - node.cached_blocks
-        before_ms = max(promote_ms, self._fetch_ms(node, holder))
+        own_ms = self._below_ms(node.host_blocks, node.disk_blocks, node.bytes_per_block)
+        before_ms = max(own_ms, self._fetch_ms(node, holder))
         after_ms = self._prefill(query, holder.cached_blocks, node.block_size)
         if before_ms + after_ms < (promote_ms + local_ms if promote_ms else local_ms):
-            return after_ms, before_ms, missing, promote_ms
-        return local_ms, promote_ms, 0, promote_ms
+            return after_ms, before_ms, missing, own_ms, node.cached_blocks
+        return local_ms, promote_ms, 0, promote_ms, used
 
     def _fetch_ms(self, node: Candidate, holder: Candidate) -> float:
         """Moving holder's blocks beyond node's prefix into node (link backlog included)."""
         missing = holder.cached_blocks - node.cached_blocks
         wire_ms = self._link.transfer_ms(missing * node.bytes_per_block)
-        source_ms = self._promote_ms(min(holder.host_blocks, missing), node.bytes_per_block)
+        source_ms = self._below_ms(min(holder.host_blocks, missing), min(holder.disk_blocks, missing),
+                                   node.bytes_per_block)
         return max(holder.link_wait_ms, node.link_wait_ms) + max(wire_ms, source_ms)
 
-    def _promote_ms(self, blocks: int, bytes_per_block: int) -> float:
+    def _below_ms(self, blocks: int, disk_blocks: int, bytes_per_block: int) -> float:
+        """Bringing blocks held below the device tier up to it, disk_blocks
+        of them read from the disk into the host tier first."""
         if blocks <= 0 or self._host_link is None:
             return 0.0
-        return self._host_link.transfer_ms(blocks * bytes_per_block)
+        ms = self._host_link.transfer_ms(blocks * bytes_per_block)
+        if disk_blocks > 0 and self._disk is not None:
+            ms += self._disk.transfer_ms(disk_blocks * bytes_per_block)
+        return ms
 
     def _prefill(self, query: RouteQuery, cached_blocks: int, block_size: int) -> float:
         cached = min(cached_blocks * block_size, query.prompt_tokens - 1)

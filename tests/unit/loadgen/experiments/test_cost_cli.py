@@ -6,7 +6,8 @@ import pytest
 
 from speckv.loadgen.experiments import cost_cli
 from speckv.services.common.cost_table import CostTable
-from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.disks import get_disk
+from speckv.services.common.engine_profile import LinkModel, get_profile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.links import SOURCED_FIELDS, get_link
 
@@ -46,7 +47,7 @@ def test_the_committed_profile_and_links_print_a_table_and_json(tmp_path, capsys
     out = tmp_path / "cost.json"
     assert cost_cli.main(["--profile", "llama-3-8b-h100-vidur", "--link", "tcp-25g", "--json", str(out)], {}) == 0
     figures = json.loads(out.read_text())
-    assert set(figures["ms_per_token"]) == {"recompute", "promote", "pull"}
+    assert set(figures["ms_per_token"]) == {"recompute", "promote", "load", "pull"}  # --disk: nvme-gen4
     # 128 KiB a token over 25 Gbit/s.
     assert figures["ms_per_token"]["pull"] == pytest.approx(131072 * 8 / 25e9 * 1e3)
     table = CostTable(get_profile("llama-3-8b-h100-vidur"), get_link("tcp-25g").model())
@@ -73,3 +74,36 @@ def test_unknown_names_are_clear_errors():
         cost_cli.main(["--profile", "llama-3-8b-h100-vidur", "--link", "nope"], {})
     with pytest.raises(InvalidArgument, match="engine_profile='nope' is unknown"):
         cost_cli.main(["--profile", "nope", "--link", "tcp-25g"], {})
+
+
+def test_every_disk_profile_says_where_its_load_beats_recompute_and_the_pull(tmp_path, capsys):
+    out = tmp_path / "cost.json"
+    assert cost_cli.main(["--profile", "llama-3-8b-h100-vidur", "--link", "tcp-25g", "--json", str(out)], {}) == 0
+    figures = json.loads(out.read_text())
+    loads = {row["disk"]: row for row in figures["disk_loads"]}
+    assert {"nvme-gen4", "nvme-gen5", "this-vm"} <= set(loads) and loads["this-vm"]["measured"]
+    profile = get_profile("llama-3-8b-h100-vidur")
+    host = LinkModel(figures["host_link"]["gbps"], figures["host_link"]["overhead_ms"])
+    for name, row in loads.items():
+        table = CostTable(profile, get_link("tcp-25g").model(), host, get_disk(name).model())
+        first = row["load_beats_recompute_tokens"][0]
+        assert table.cost_ms("load", first) < table.cost_ms("recompute", first)
+        assert first == 1 or table.cost_ms("load", first - 1) >= table.cost_ms("recompute", first - 1)
+        assert _range(table.beats("load", "pull")) == row["load_beats_pull_tokens"]
+    # A faster drive starts beating recompute at a shorter prompt.
+    assert (loads["nvme-gen5"]["load_beats_recompute_tokens"][0]
+            < loads["nvme-gen4"]["load_beats_recompute_tokens"][0]
+            < loads["this-vm"]["load_beats_recompute_tokens"][0])
+    text = capsys.readouterr().out
+    assert "recompute beats load (nvme-gen4)" in text and "this-vm *" in text and "on this node's disk" in text
+
+
+def test_disk_none_leaves_the_load_path_out(tmp_path):
+    out = tmp_path / "cost.json"
+    cost_cli.main(["--profile", "llama-3-8b-h100-vidur", "--link", "tcp-25g", "--disk", "none", "--json", str(out)], {})
+    figures = json.loads(out.read_text())
+    assert set(figures["ms_per_token"]) == {"recompute", "promote", "pull"} and figures["cheapest_disk"] is None
+
+
+def _range(found):
+    return None if found is None else [found[0], found[1]]

@@ -222,3 +222,46 @@ def test_events_from_outcomes_leave_a_holder_index_in_the_node_s_final_state(see
         assert {h for h in everything if h in node} == {h for h in everything if index.holders(h)}
         for h in everything:
             assert index.host_only_count(NodeId("n"), [h], 1) == (h in node and not node.in_tier(h, Tier.DEVICE))
+
+
+# --- the disk tier (issue 44) ----------------------------------------------------------
+
+def test_a_block_the_host_tier_evicts_goes_to_the_disk_not_lost():
+    node = SimKVNode("n", pages=1, host_pages=1, disk_pages=4)
+    node.put([1], now=0.0)
+    node.put([2], now=1.0)  # 1 demoted to the host tier
+    out = node.put([3], now=2.0)  # 2 demoted, 1 written back to the disk
+    assert out.host_evicted == [1] and out.disk_stored == [1] and out.dropped == []
+    assert 1 in node and node.in_tier(1, Tier.DISK) and node.tier_count(Tier.DISK) == 1
+    assert node.lookup([1]) == 1 and node.host_only([1], 1) == 1 and node.disk_only([1], 1) == 1
+
+
+def test_the_disk_evicts_its_least_recent_block_and_that_block_leaves_the_node():
+    node = SimKVNode("n", pages=1, host_pages=1, disk_pages=2)
+    for step, h in enumerate([1, 2, 3, 4]):
+        node.put([h], now=float(step))  # 1 and 2 reach the disk
+    node.lookup([1])  # 1 is used: 2 is now the disk's least recent
+    out = node.put([5], now=9.0)  # 3 comes down to the disk, evicting 2
+    assert out.disk_stored == [3] and out.disk_evicted == [2] and out.dropped == [2]
+    assert 2 not in node and 1 in node and len(node) == 5 - 1
+
+
+def test_a_promotion_from_the_disk_gives_a_device_copy_and_keeps_the_disk_copy():
+    node = SimKVNode("n", pages=1, host_pages=1, disk_pages=4)
+    for step, h in enumerate([1, 2, 3]):
+        node.put([h], now=float(step))
+    out = node.put([1], now=5.0, promote=True)
+    assert out.stored == [1] and node.in_tier(1, Tier.DEVICE) and node.in_tier(1, Tier.DISK)
+    assert node.disk_only([1], 1) == 0
+
+
+def test_a_lapsed_replica_the_host_tier_evicts_is_not_written_to_the_disk():
+    node = SimKVNode("n", pages=1, host_pages=1, disk_pages=4)
+    node.put([7], now=0.0, lease_deadline=1.0, tier=Tier.HOST)
+    out = node.put([8], now=2.0, tier=Tier.HOST)
+    assert out.host_evicted == [7] and out.disk_stored == [] and out.dropped == [7]
+
+
+def test_a_disk_tier_needs_a_host_tier():
+    with pytest.raises(ValueError, match="needs a host tier"):
+        SimKVNode("n", pages=2, disk_pages=4)

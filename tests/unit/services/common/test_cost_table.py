@@ -117,3 +117,34 @@ def test_a_transfer_against_recompute_is_refused_the_wrong_way_round():
 ])
 def test_where_negative_by_hand(q, expected):
     assert where_negative(*q) == expected
+
+
+# The disk's load: its read, then the host link's copy (disks.serial), then the last token's prefill.
+# a = 2^-5, the two copies 2^-7 each (k = 2^-6), no pair term: recompute - load = 2^-6 (P - 1) - L,
+# with L the two overheads: a tie at P = 65 when L = 1.
+
+def _disk_table(disk_overhead_ms: float) -> CostTable:
+    return CostTable(profile(overhead_ms=2.0, ms_per_token=2 ** -5, pair=0.0), link(0.04, 1.0),
+                     host_link=link(2 ** -7, 0.5), disk=link(2 ** -7, disk_overhead_ms))
+
+
+def test_load_path_is_disk_then_host_link():
+    table = _disk_table(0.5)
+    assert table.paths == ("recompute", "promote", "load", "pull")
+    assert table.ms_per_token("load") == pytest.approx(2 ** -6)
+    assert table.fixed_ms("load") == pytest.approx(1.0)
+    assert table.cost_ms("load", 100) == pytest.approx(1.0 + 99 * 2 ** -6 + table.profile.prefill_ms(1, 99))
+
+
+def test_load_strictly_beats_recompute_one_token_later_when_the_disk_costs_a_hair_more():
+    below, above = _disk_table(0.5 - 1e-9), _disk_table(0.5 + 1e-9)
+    assert below.beats_recompute("load") == (65, None)
+    assert above.beats_recompute("load") == (66, None)
+    assert above.cost_ms("load", 65) > above.cost_ms("recompute", 65)
+    assert above.cost_ms("load", 66) < above.cost_ms("recompute", 66)
+    assert below.cost_ms("load", 65) < below.cost_ms("recompute", 65)
+
+
+def test_a_disk_without_a_host_tier_is_refused():
+    with pytest.raises(InvalidArgument, match="needs a host tier"):
+        CostTable(profile(), link(0.04, 1.0), disk=link(0.01, 0.1))

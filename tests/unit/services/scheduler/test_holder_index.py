@@ -238,3 +238,17 @@ def test_a_snapshot_restores_what_the_disk_holds():
     idx = HolderIndex()
     idx.apply(A, IndexEvent(HolderEventKind.SNAPSHOT, [], disk_hashes=[7, 8]))
     assert idx.holders(7) == {A} and idx.longest_prefix(A, [7, 8]) == 2 and idx.num_device_blocks(A) == 0
+
+
+def test_disk_only_counts_the_blocks_a_route_must_load_from_disk():
+    idx = HolderIndex()
+    idx.apply(A, stored([1, 2, 3]))
+    idx.apply(A, in_tier(HolderEventKind.STORED, [1, 2, 3], Tier.HOST))
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [1, 2, 3], Tier.DEVICE))
+    idx.apply(A, in_tier(HolderEventKind.STORED, [2, 3], Tier.DISK))
+    assert idx.disk_only_count(A, [1, 2, 3], 3) == 0  # all still in host memory
+    idx.apply(A, in_tier(HolderEventKind.REMOVED, [2, 3], Tier.HOST))
+    assert idx.host_only_count(A, [1, 2, 3], 3) == 3 and idx.disk_only_count(A, [1, 2, 3], 3) == 2
+    assert idx.disk_only_count(A, [1, 2, 3], 2) == 1
+    idx.apply(A, stored([3]))  # staged up and promoted: on the device again
+    assert idx.disk_only_count(A, [1, 2, 3], 3) == 1 and idx.disk_only_count(B, [1, 2, 3], 3) == 0

@@ -180,3 +180,45 @@ def test_a_pull_exactly_as_dear_as_prefilling_is_not_taken_and_one_ms_cheaper_is
     assert (tie.fetch_from, tie.fetch_blocks, tie.expected_ttft_ms) == (None, 0, 101.0)  # 50 + 51 == 101: local
     cheaper = KvAwareRouter(exact, LinkModel(25.0, overhead_ms=49.0)).estimate(q, node, holder)
     assert (cheaper.fetch_from, cheaper.fetch_blocks, cheaper.expected_ttft_ms) == ("h", 5, 100.0)
+
+
+# A disk load: 64 blocks only on b's disk. Its local prefill is 10 + 0.8 ms (8 new tokens), recomputing
+# the 1032 tokens 10 + 103.2 ms: loading wins while the host copy plus the disk read stay under 102.4 ms.
+HOST = LinkModel(1e6, overhead_ms=0.0)  # ~1 us for 128 MiB: the disk's overhead decides
+
+
+def disk_router(disk_overhead_ms):
+    return KvAwareRouter(PROFILE, LinkModel(0.001, overhead_ms=1.0), host_link=HOST,
+                         disk=LinkModel(1e6, overhead_ms=disk_overhead_ms))
+
+
+def on_disk(name, blocks=64):
+    c = cand(name, cached=blocks)
+    c.host_blocks = c.disk_blocks = blocks
+    return c
+
+
+def test_a_disk_load_strictly_cheaper_than_recompute_is_taken():
+    gap = 103.2 - 0.8
+    d = disk_router(gap - 0.01).choose(query(), [on_disk("b")])
+    assert d.cached_blocks == 64 and d.promote_blocks == 64 and d.disk_blocks == 64
+    assert d.promote_ms == pytest.approx(gap - 0.01, abs=5e-3)  # + ~2 us of copies
+    assert d.expected_ttft_ms == pytest.approx(10.8 + gap - 0.01, abs=5e-3)
+
+
+def test_a_disk_load_dearer_than_recompute_recomputes_on_the_same_node():
+    gap = 103.2 - 0.8
+    d = disk_router(gap + 0.01).choose(query(), [on_disk("b")])
+    assert d.node_id == "b" and d.cached_blocks == 0 and d.promote_blocks == 0 and d.disk_blocks == 0
+    assert d.promote_ms == 0 and d.prefill_ms == pytest.approx(10 + 103.2)
+
+
+def test_disk_blocks_cost_more_than_host_hits():
+    host_only = cand("h", cached=64)
+    host_only.host_blocks = 64
+    r = disk_router(5.0)
+    assert r.estimate(query(), on_disk("d"), None).promote_ms > r.estimate(query(), host_only, None).promote_ms
+    # Without a disk model, disk blocks are priced as host hits (as before disks were priced).
+    plain = KvAwareRouter(PROFILE, LinkModel(0.001, overhead_ms=1.0), host_link=HOST)
+    assert plain.estimate(query(), on_disk("d"), None).promote_ms == pytest.approx(
+        plain.estimate(query(), host_only, None).promote_ms)

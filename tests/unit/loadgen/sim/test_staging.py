@@ -1,0 +1,50 @@
+"""A returning request whose KV only its node's disk holds: the simulator
+reads it over the node's disk link, then copies it over the host link, in
+virtual time, before its prefill; the router priced it as a disk load."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from speckv.loadgen.experiments.e2e_config import load_e2e_config
+from speckv.loadgen.sim.settings import SimSettings
+from speckv.loadgen.sim.simulation import Simulation
+from speckv.services.common.engine_profile import LinkModel
+from speckv.services.common.node_sizes import NodeSizes
+from speckv.services.common.tiers import Tier
+from speckv.services.common.traces import TraceRequest
+
+CONFIG = load_e2e_config()
+B = 512  # tokens per block
+DISK = LinkModel(41.6, 0.09)  # one Gen4 drive at 0.8 of 6.5 GB/s, as nvme-gen4
+
+
+def req(t: float, first: int, family: str) -> TraceRequest:
+    return TraceRequest(t, 4 * B + 100, 1, tuple(range(first, first + 4)), B, family)
+
+
+def simulate(disk_pages: int):
+    settings = dataclasses.replace(SimSettings.from_e2e(CONFIG, nodes=1), drain_s=60.0, sizes=NodeSizes(4, 4, 0),
+                                   disk_pages=disk_pages, disk=DISK)
+    # a at 0; b pushes a to the host tier; c pushes b there and a down to the disk; a returns.
+    requests = [req(0.0, 1, "a"), req(5.0, 11, "b"), req(10.0, 21, "c"), req(20.0, 1, "a")]
+    sim = Simulation(CONFIG, settings, "none", requests)
+    return sim, sim.run()
+
+
+def test_a_disk_hit_is_read_then_copied_up_before_prefill():
+    sim, run = simulate(16)
+    back = run.records[-1]
+    assert back.served and back.cached_tokens == 4 * B and back.promoted_tokens == 4 * B
+    nbytes = 4 * CONFIG.real_bytes_per_block
+    assert CONFIG.host_link is not None
+    assert back.promote_ms == pytest.approx(DISK.transfer_ms(nbytes) + CONFIG.host_link.transfer_ms(nbytes), rel=1e-6)
+    node = sim.kv[back.node_id]
+    assert all(node.in_tier(h, Tier.DEVICE) and node.in_tier(h, Tier.DISK) for h in range(1, 5))
+
+
+def test_without_the_disk_the_same_request_recomputes():
+    _, run = simulate(0)
+    back = run.records[-1]
+    assert back.served and back.cached_tokens == 0 and back.promoted_tokens == 0
