@@ -20,7 +20,7 @@ import os
 from speckv.services.common.errors import SpeckvError
 from speckv.services.predictor.serving.core import ModelInfoRecord, PredictorCore
 from speckv.services.predictor.serving.manifest import load_model
-from speckv.services.predictor.serving.model_root import resolve_model_name
+from speckv.services.predictor.serving.model_root import resolve_model_name, shown_name
 from speckv.services.predictor.serving.sandbox import probe_model
 
 ROOT_SHOWN = "<model root>"  # what a client reads in place of the root's path
@@ -43,8 +43,8 @@ def reload_model(core: PredictorCore, name: str) -> ModelInfoRecord:
         model = load_model(directory)  # off the lock: file IO and validation
     except SpeckvError as exc:
         shown = without_server_paths(str(exc), root, name)
-        if repr(name) not in shown:  # a manifest's or booster's error names its file within the directory
-            shown = f"model {name!r}: {shown}"
+        if repr(shown_name(name)) not in shown:  # a manifest's or booster's error names its file within the directory
+            shown = f"model {shown_name(name)!r}: {shown}"
         if shown == str(exc):
             raise
         raise type(exc)(shown) from exc

@@ -43,13 +43,23 @@ def refuse_path(path: str) -> None:
                               "under the predictor's model root (--model-root)")
 
 
+SHOWN_NAME_CHARS = 80  # of a caller's name in an error: its status must stay far below gRPC's 8 KiB metadata
+
+
+def shown_name(name: str) -> str:
+    """name as an error shows it: at most SHOWN_NAME_CHARS of it. A whole
+    10 KB name in a status message pushed the trailer past gRPC's 8 KiB
+    soft metadata limit, where the client drops the call at random
+    (RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT)."""
+    return name if len(name) <= SHOWN_NAME_CHARS else name[:SHOWN_NAME_CHARS] + "..."
+
+
 def check_name(name: str) -> None:
     """InvalidArgument unless name is one path component of NAME_PATTERN."""
     if not name:
         raise InvalidArgument("name: empty (name a model directory directly under the model root)")
     if NAME_PATTERN.fullmatch(name) is None:
-        shown = name if len(name) <= 80 else name[:80] + "..."
-        raise InvalidArgument(f"name={shown!r}: must be one directory name under the model root, "
+        raise InvalidArgument(f"name={shown_name(name)!r}: must be one directory name under the model root, "
                               "[A-Za-z0-9][A-Za-z0-9._-]{0,127} (no '/', no '..', no leading dot)")
 
 

@@ -40,3 +40,17 @@ def test_a_reload_error_names_the_model_and_keeps_the_original_as_cause(tmp_path
     with pytest.raises(InvalidArgument) as caught:
         reload_model(core, "../empty")
     assert caught.value.__cause__ is None  # already clean: raised as it was
+
+
+@pytest.mark.parametrize("length", [129, 10_000])
+def test_an_overlong_name_is_cut_in_the_error_so_its_status_fits_grpc_metadata(tmp_path: Path, length: int) -> None:
+    """A whole 10 KB name in the status message went past gRPC's 8 KiB soft
+    metadata limit, where the client drops the call at random
+    (RESOURCE_EXHAUSTED instead of INVALID_ARGUMENT). Names longer than a
+    directory name may be (128) are cut to their first 80 characters."""
+    core = PredictorCore(ManualClock(0.0), EwmaModel(EwmaParams(version="v1")),
+                         PredictorSettings(model_root=str(tmp_path)))
+    with pytest.raises(InvalidArgument) as caught:
+        reload_model(core, "a" * length)
+    message = str(caught.value)
+    assert "a" * 81 not in message and "a" * 80 + "..." in message and len(message) < 400
