@@ -17,13 +17,13 @@ drives_per_gpu >= 1, overhead_ms >= 0, and every figure names its source.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from speckv.services.common.config import CONFIG_DIR
 from speckv.services.common.engine_profile import LinkModel
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.sourced import load_section, sources_of
 
 DEFAULT_DISKS_PATH = CONFIG_DIR / "disks.json"
 SOURCED_FIELDS = ("read_gbytes_s", "effective_fraction", "drives_per_gpu", "overhead_ms")
@@ -62,13 +62,7 @@ def serial(first: LinkModel, then: LinkModel) -> LinkModel:
 
 def load_disks(path: Path | str | None = None) -> dict[str, DiskProfile]:
     source = Path(path) if path else DEFAULT_DISKS_PATH
-    try:
-        raw = json.loads(source.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument(f"disk profiles {source}: {exc}") from None
-    disks = raw.get("disks") if isinstance(raw, dict) else None
-    if not isinstance(disks, dict) or not disks:
-        raise InvalidArgument(f"disk profiles {source}: expected a non-empty 'disks' object")
+    disks = load_section(source, "disks", "disk profiles")
     return {name: _disk(name, spec, source) for name, spec in disks.items()}
 
 
@@ -81,21 +75,13 @@ def get_disk(name: str, path: Path | str | None = None) -> DiskProfile:
 
 def _disk(name: str, spec: object, source: Path) -> DiskProfile:
     where = f"disk {name!r} in {source}"
-    if not isinstance(spec, dict):
-        raise InvalidArgument(f"{where}: expected an object")
-    sources = spec.get("sources")
-    if not isinstance(sources, dict):
-        raise InvalidArgument(f"{where} has no sources: every figure ({', '.join(SOURCED_FIELDS)}) "
-                              "must say where it comes from")
-    missing = [key for key in SOURCED_FIELDS if not str(sources.get(key, "")).strip()]
-    if missing:
-        raise InvalidArgument(f"{where}: no source for {', '.join(missing)}: every figure must say where "
-                              "it comes from (a citation, a measurement, or 'ASSUMPTION: ...')")
+    sources = sources_of(where, spec, SOURCED_FIELDS, "a citation, a measurement, or 'ASSUMPTION: ...'")
+    assert isinstance(spec, dict)  # sources_of refused anything else
     try:
         disk = DiskProfile(name=name, read_gbytes_s=float(spec["read_gbytes_s"]),
                            effective_fraction=float(spec["effective_fraction"]),
                            drives_per_gpu=int(spec["drives_per_gpu"]), overhead_ms=float(spec["overhead_ms"]),
-                           about=str(spec.get("about", "")), sources={str(k): str(v) for k, v in sources.items()})
+                           about=str(spec.get("about", "")), sources=sources)
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidArgument(f"{where}: bad or missing field ({exc})") from None
     if (disk.read_gbytes_s <= 0 or not 0 < disk.effective_fraction <= 1 or disk.drives_per_gpu < 1

@@ -16,13 +16,13 @@ and the figure.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from speckv.services.common.config import CONFIG_DIR
 from speckv.services.common.engine_profile import LinkModel
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.sourced import load_section, sources_of
 
 DEFAULT_LINKS_PATH = CONFIG_DIR / "links.json"
 # The figures a profile states; each needs an entry in its `sources`.
@@ -56,13 +56,7 @@ class LinkProfile:
 
 def load_links(path: Path | str | None = None) -> dict[str, LinkProfile]:
     source = Path(path) if path else DEFAULT_LINKS_PATH
-    try:
-        raw = json.loads(source.read_text())
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument(f"link profiles {source}: {exc}") from None
-    links = raw.get("links") if isinstance(raw, dict) else None
-    if not isinstance(links, dict) or not links:
-        raise InvalidArgument(f"link profiles {source}: expected a non-empty 'links' object")
+    links = load_section(source, "links", "link profiles")
     return {name: _link(name, spec, source) for name, spec in links.items()}
 
 
@@ -75,21 +69,13 @@ def get_link(name: str, path: Path | str | None = None) -> LinkProfile:
 
 def _link(name: str, spec: object, source: Path) -> LinkProfile:
     where = f"link {name!r} in {source}"
-    if not isinstance(spec, dict):
-        raise InvalidArgument(f"{where}: expected an object")
-    sources = spec.get("sources")
-    if not isinstance(sources, dict):
-        raise InvalidArgument(f"{where} has no sources: every figure ({', '.join(SOURCED_FIELDS)}) "
-                              "must say where it comes from")
-    missing = [key for key in SOURCED_FIELDS if not str(sources.get(key, "")).strip()]
-    if missing:
-        raise InvalidArgument(f"{where}: no source for {', '.join(missing)}: every figure must say where "
-                              "it comes from (a citation, or 'ASSUMPTION: ...' with the reasoning)")
+    sources = sources_of(where, spec, SOURCED_FIELDS, "a citation, or 'ASSUMPTION: ...' with the reasoning")
+    assert isinstance(spec, dict)  # sources_of refused anything else
     try:
         link = LinkProfile(name=name, line_gbps=float(spec["line_gbps"]),
                            effective_fraction=float(spec["effective_fraction"]),
                            overhead_ms=float(spec["overhead_ms"]), about=str(spec.get("about", "")),
-                           sources={str(k): str(v) for k, v in sources.items()})
+                           sources=sources)
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidArgument(f"{where}: bad or missing field ({exc})") from None
     if link.line_gbps <= 0 or not 0 < link.effective_fraction <= 1 or link.overhead_ms < 0:
