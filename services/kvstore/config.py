@@ -39,7 +39,9 @@ class KVStoreConfig(ServerSettings):
     disk_depth: int = field(default=4, metadata={"help": "disk read requests in flight at once (reader threads)"})
     disk_queue_blocks: int = field(default=256, metadata={"help": "host evictions waiting for the disk writer at most; more are dropped (counted), so the host tier never waits on the disk"})
     shared_memory: bool = field(default=True, metadata={"help": "host-memory pools live in shared memory that same-host processes of this user map (the engine connector's and same-host peers' one-copy path, docs/dataplane.md); false: private memory"})
-    scheduler: str = field(default="", metadata={"help": "scheduler address host:port to register with; empty: none"})
+    scheduler: str = field(default="", metadata={"help": ("scheduler address host:port to register with, or its "
+                                                            "replicas comma-separated (each is told of this node); "
+                                                            "empty: none")})
     advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
     heartbeat_interval_s: float = field(default=1.0, metadata={"help": "seconds between heartbeats to the scheduler (unless it asks for another)"})
     chunk_kib: int = field(default=1024, metadata={"help": "replication chunk size, KiB (256..4096)"})

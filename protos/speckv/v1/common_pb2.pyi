@@ -43,7 +43,7 @@ class KVGeometry(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., bytes_per_block: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ReplicationOrder(_message.Message):
-    __slots__ = ("order_id", "family", "block_hashes", "source_node", "target_node", "target_address", "lease_ms", "priority", "expected_benefit_ms", "policy", "cancelled", "target_medium", "action")
+    __slots__ = ("order_id", "family", "block_hashes", "source_node", "target_node", "target_address", "lease_ms", "priority", "expected_benefit_ms", "policy", "cancelled", "target_medium", "action", "epoch")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class ReplicationOrder(_message.Message):
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     TARGET_MEDIUM_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     family: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -70,4 +71,5 @@ class ReplicationOrder(_message.Message):
     cancelled: bool
     target_medium: str
     action: str
-    def __init__(self, order_id: _Optional[str] = ..., family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., source_node: _Optional[str] = ..., target_node: _Optional[str] = ..., target_address: _Optional[str] = ..., lease_ms: _Optional[int] = ..., priority: _Optional[int] = ..., expected_benefit_ms: _Optional[float] = ..., policy: _Optional[str] = ..., cancelled: _Optional[bool] = ..., target_medium: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, order_id: _Optional[str] = ..., family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., source_node: _Optional[str] = ..., target_node: _Optional[str] = ..., target_address: _Optional[str] = ..., lease_ms: _Optional[int] = ..., priority: _Optional[int] = ..., expected_benefit_ms: _Optional[float] = ..., policy: _Optional[str] = ..., cancelled: _Optional[bool] = ..., target_medium: _Optional[str] = ..., action: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...

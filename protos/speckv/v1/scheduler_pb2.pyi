@@ -7,6 +7,60 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Leadership(_message.Message):
+    __slots__ = ("epoch", "leader_id", "leader_address", "answering_is_leader")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERING_IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    leader_id: str
+    leader_address: str
+    answering_is_leader: bool
+    def __init__(self, epoch: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., answering_is_leader: _Optional[bool] = ...) -> None: ...
+
+class RouteObservation(_message.Message):
+    __slots__ = ("family", "block_hashes", "prompt_tokens", "node_id", "cached_blocks", "fetch_blocks", "fetch_from", "longer_holder", "prefill_ms", "uncached_tokens", "arrival_time_s", "routed_at_s")
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FROM_FIELD_NUMBER: _ClassVar[int]
+    LONGER_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    UNCACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_AT_S_FIELD_NUMBER: _ClassVar[int]
+    family: str
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    prompt_tokens: int
+    node_id: str
+    cached_blocks: int
+    fetch_blocks: int
+    fetch_from: str
+    longer_holder: str
+    prefill_ms: float
+    uncached_tokens: int
+    arrival_time_s: float
+    routed_at_s: float
+    def __init__(self, family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., node_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., fetch_blocks: _Optional[int] = ..., fetch_from: _Optional[str] = ..., longer_holder: _Optional[str] = ..., prefill_ms: _Optional[float] = ..., uncached_tokens: _Optional[int] = ..., arrival_time_s: _Optional[float] = ..., routed_at_s: _Optional[float] = ...) -> None: ...
+
+class RouteObservations(_message.Message):
+    __slots__ = ("replica_id", "routes")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    routes: _containers.RepeatedCompositeFieldContainer[RouteObservation]
+    def __init__(self, replica_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[RouteObservation, _Mapping]]] = ...) -> None: ...
+
+class ShareRoutesAck(_message.Message):
+    __slots__ = ("applied",)
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    def __init__(self, applied: _Optional[int] = ...) -> None: ...
+
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node_id", "address", "capacity_pages", "geometry", "host_pages", "retain_max_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -24,14 +78,16 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., capacity_pages: _Optional[int] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., host_pages: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("node_id", "heartbeat_interval_ms", "re_registered")
+    __slots__ = ("node_id", "heartbeat_interval_ms", "re_registered", "leadership")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     RE_REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    LEADERSHIP_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     heartbeat_interval_ms: int
     re_registered: bool
-    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., re_registered: _Optional[bool] = ...) -> None: ...
+    leadership: Leadership
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., re_registered: _Optional[bool] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "queued_tokens", "running_tokens", "free_pages", "num_running_requests", "num_waiting_requests", "queued_prefill_ms", "retained_blocks")
@@ -54,10 +110,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., queued_tokens: _Optional[int] = ..., running_tokens: _Optional[int] = ..., free_pages: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., queued_prefill_ms: _Optional[float] = ..., retained_blocks: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known",)
+    __slots__ = ("known", "leadership")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    LEADERSHIP_FIELD_NUMBER: _ClassVar[int]
     known: bool
-    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+    leadership: Leadership
+    def __init__(self, known: _Optional[bool] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ...) -> None: ...
 
 class RouteRequest(_message.Message):
     __slots__ = ("request_id", "block_hashes", "prompt_tokens", "family", "arrival_time_s")
@@ -218,7 +276,7 @@ class OrderCount(_message.Message):
     def __init__(self, state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ClusterState(_message.Message):
-    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s", "replicas_committed", "replicas_kept", "replicas_released_unused", "bytes_replicated", "bytes_wasted", "order_retries", "actions", "transports")
+    __slots__ = ("nodes", "policy", "orders", "num_families", "now_s", "replicas_committed", "replicas_kept", "replicas_released_unused", "bytes_replicated", "bytes_wasted", "order_retries", "actions", "transports", "leadership")
     NODES_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     ORDERS_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +290,7 @@ class ClusterState(_message.Message):
     ORDER_RETRIES_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    LEADERSHIP_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
     policy: str
     orders: _containers.RepeatedCompositeFieldContainer[OrderCount]
@@ -245,7 +304,8 @@ class ClusterState(_message.Message):
     order_retries: int
     actions: _containers.RepeatedCompositeFieldContainer[ActionOutcomeStats]
     transports: _containers.RepeatedCompositeFieldContainer[TransportStats]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ..., replicas_committed: _Optional[int] = ..., replicas_kept: _Optional[int] = ..., replicas_released_unused: _Optional[int] = ..., bytes_replicated: _Optional[int] = ..., bytes_wasted: _Optional[int] = ..., order_retries: _Optional[int] = ..., actions: _Optional[_Iterable[_Union[ActionOutcomeStats, _Mapping]]] = ..., transports: _Optional[_Iterable[_Union[TransportStats, _Mapping]]] = ...) -> None: ...
+    leadership: Leadership
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., policy: _Optional[str] = ..., orders: _Optional[_Iterable[_Union[OrderCount, _Mapping]]] = ..., num_families: _Optional[int] = ..., now_s: _Optional[float] = ..., replicas_committed: _Optional[int] = ..., replicas_kept: _Optional[int] = ..., replicas_released_unused: _Optional[int] = ..., bytes_replicated: _Optional[int] = ..., bytes_wasted: _Optional[int] = ..., order_retries: _Optional[int] = ..., actions: _Optional[_Iterable[_Union[ActionOutcomeStats, _Mapping]]] = ..., transports: _Optional[_Iterable[_Union[TransportStats, _Mapping]]] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ...) -> None: ...
 
 class TransportStats(_message.Message):
     __slots__ = ("source_node", "target_node", "transport", "orders", "bytes")

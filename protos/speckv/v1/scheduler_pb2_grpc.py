@@ -85,6 +85,11 @@ class SchedulerStub:
                 request_serializer=speckv_dot_v1_dot_scheduler__pb2.ClusterStateRequest.SerializeToString,
                 response_deserializer=speckv_dot_v1_dot_scheduler__pb2.ClusterState.FromString,
                 _registered_method=True)
+        self.ShareRoutes = channel.unary_unary(
+                '/speckv.v1.Scheduler/ShareRoutes',
+                request_serializer=speckv_dot_v1_dot_scheduler__pb2.RouteObservations.SerializeToString,
+                response_deserializer=speckv_dot_v1_dot_scheduler__pb2.ShareRoutesAck.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -155,6 +160,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShareRoutes(self, request, context):
+        """Between scheduler replicas: what each routed, so every replica's planner
+        state (families, reuse, pending load) sees every request. Replicas only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +220,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetClusterState,
                     request_deserializer=speckv_dot_v1_dot_scheduler__pb2.ClusterStateRequest.FromString,
                     response_serializer=speckv_dot_v1_dot_scheduler__pb2.ClusterState.SerializeToString,
+            ),
+            'ShareRoutes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareRoutes,
+                    request_deserializer=speckv_dot_v1_dot_scheduler__pb2.RouteObservations.FromString,
+                    response_serializer=speckv_dot_v1_dot_scheduler__pb2.ShareRoutesAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +497,33 @@ class Scheduler:
             '/speckv.v1.Scheduler/GetClusterState',
             speckv_dot_v1_dot_scheduler__pb2.ClusterStateRequest.SerializeToString,
             speckv_dot_v1_dot_scheduler__pb2.ClusterState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareRoutes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speckv.v1.Scheduler/ShareRoutes',
+            speckv_dot_v1_dot_scheduler__pb2.RouteObservations.SerializeToString,
+            speckv_dot_v1_dot_scheduler__pb2.ShareRoutesAck.FromString,
             options,
             channel_credentials,
             insecure,
