@@ -3,7 +3,15 @@
 route() asks the scheduler (Scheduler.Route) within `deadline_s` while the
 circuit breaker (breaker.py) allows it, and otherwise, or when the call
 fails, places the request itself (fallback.py): a request is never failed
-because the scheduler is slow or down. Only a client that knows no node at
+because the scheduler is slow or down.
+
+Scheduler replicas: given several channels (one per replica; every replica
+answers Route), the client spreads requests over them round-robin, one
+breaker each. A replica that fails a call for a scheduler fault (below) is
+passed over and the next one allowed is asked, each within its own
+`deadline_s`; only when none answers does the request fall back. So a dead
+replica costs the requests that meet it at most one extra deadline until its
+breaker opens, and none falls back while another replica is up. Only a client that knows no node at
 all (none seeded, none learned from an answer, or every one marked down)
 raises Unavailable.
 
@@ -115,10 +123,19 @@ class ClientCounters:
     routes_fallback: int = 0
     scheduler_errors: int = 0
     errors_by_code: dict[str, int] = field(default_factory=dict)
-    breaker_opens: int = 0
-    breaker_state: str = BreakerState.CLOSED.value
+    breaker_opens: int = 0  # all replicas' breakers together
+    breaker_state: str = BreakerState.CLOSED.value  # closed while any replica's breaker lets calls through
+    routes_retried: int = 0  # answered by a replica after another one failed them
     arrivals: BatchStats | None = None  # None: no predictor channel
     turn_ends: BatchStats | None = None
+
+
+@dataclass(slots=True)
+class _Replica:
+    """One scheduler replica as the client sees it: its stub and its own breaker."""
+
+    stub: scheduler_pb2_grpc.SchedulerStub
+    breaker: CircuitBreaker
 
 
 class RoutingClient:
@@ -132,13 +149,17 @@ class RoutingClient:
     reported at clock.now(), which must speak the services' clock (the
     default SystemClock does, as the services' own clocks)."""
 
-    def __init__(self, scheduler: grpc.Channel, *, nodes: Mapping[str, str] | None = None,
+    def __init__(self, scheduler: grpc.Channel | Sequence[grpc.Channel], *, nodes: Mapping[str, str] | None = None,
                  predictor: grpc.Channel | None = None, settings: ClientSettings = ClientSettings(),
                  clock: Clock | None = None, to_clock: Callable[[float], float] = lambda s: s) -> None:
-        self._stub = scheduler_pb2_grpc.SchedulerStub(scheduler)
+        """scheduler: its channel, or one channel per replica (module docstring)."""
+        channels = list(scheduler) if isinstance(scheduler, (list, tuple)) else [scheduler]
+        require(bool(channels), "at least one scheduler channel")
         self._settings = settings
         self._clock = clock or SystemClock()
-        self._breaker = CircuitBreaker(settings.breaker, self._clock)
+        self._replicas = [_Replica(scheduler_pb2_grpc.SchedulerStub(channel),
+                                   CircuitBreaker(settings.breaker, self._clock)) for channel in channels]
+        self._next_replica = 0
         self._strategy = FallbackStrategy(settings.fallback)
         self._nodes = KnownNodes(dict(nodes or {}))
         self._lock = threading.Lock()
@@ -154,7 +175,9 @@ class RoutingClient:
 
     @property
     def breaker_state(self) -> BreakerState:
-        return self._breaker.state
+        """CLOSED while any replica's breaker is; else the first one's state."""
+        states = [replica.breaker.state for replica in self._replicas]
+        return BreakerState.CLOSED if BreakerState.CLOSED in states else states[0]
 
     def route(self, request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str = "",
               arrival_s: float = 0.0) -> Routed:
@@ -163,8 +186,8 @@ class RoutingClient:
         scheduler's default (the first block hash); arrival_s: 0 for now."""
         hashes = list(block_hashes)
         request = self._request(request_id, hashes, prompt_tokens, family, arrival_s)
-        if request is not None and self._breaker.allow():
-            reply = self._ask(request)
+        if request is not None:
+            reply = self._ask_replicas(request)
             if reply is not None:
                 return self._placed(request_id, prompt_tokens, Routed(
                     reply.node_id, reply.address, RouteSource.SCHEDULER, reply.family or family, reply))
@@ -199,7 +222,8 @@ class RoutingClient:
         with self._lock:
             c = self._counters
             return ClientCounters(c.routes, c.routes_scheduler, c.routes_fallback, c.scheduler_errors,
-                                  dict(c.errors_by_code), self._breaker.opens, self._breaker.state.value,
+                                  dict(c.errors_by_code), sum(r.breaker.opens for r in self._replicas),
+                                  self.breaker_state.value, c.routes_retried,
                                   self._arrivals.stats() if self._arrivals else None,
                                   self._turn_ends.stats() if self._turn_ends else None)
 
@@ -223,24 +247,47 @@ class RoutingClient:
                     "INVALID_REQUEST", 0) + 1
             return None
 
-    def _ask(self, request: scheduler_pb2.RouteRequest) -> scheduler_pb2.RouteResponse | None:
+    def _ask_replicas(self, request: scheduler_pb2.RouteRequest) -> scheduler_pb2.RouteResponse | None:
+        """The first answer of the replicas, starting at the next in turn (module docstring)."""
+        with self._lock:
+            first = self._next_replica
+            self._next_replica = (first + 1) % len(self._replicas)
+        failed = False
+        for k in range(len(self._replicas)):
+            replica = self._replicas[(first + k) % len(self._replicas)]
+            if not replica.breaker.allow():
+                continue
+            reply, fault = self._ask(replica, request)
+            if reply is not None:
+                if failed:
+                    with self._lock:
+                        self._counters.routes_retried += 1
+                return reply
+            if not fault:
+                return None  # the request's own fault (or no node named): another replica would say the same
+            failed = True
+        return None
+
+    def _ask(self, replica: _Replica, request: scheduler_pb2.RouteRequest
+             ) -> tuple[scheduler_pb2.RouteResponse | None, bool]:
+        """(the answer or None, whether the failure was the scheduler's fault)."""
         try:
-            reply = self._stub.Route(request, timeout=self._settings.deadline_s)
+            reply = replica.stub.Route(request, timeout=self._settings.deadline_s)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
             with self._lock:
                 self._counters.scheduler_errors += 1
                 self._counters.errors_by_code[code.name] = self._counters.errors_by_code.get(code.name, 0) + 1
             if code in SCHEDULER_FAULTS:
-                self._breaker.record_failure()
-            else:
-                self._breaker.record_success()
-            return None
-        self._breaker.record_success()
+                replica.breaker.record_failure()
+                return None, True
+            replica.breaker.record_success()
+            return None, False
+        replica.breaker.record_success()
         if not reply.node_id:  # an answer that names no node is no answer
-            return None
+            return None, False
         self._nodes.learn(reply.node_id, reply.address)
-        return reply
+        return reply, False
 
     def _fallback(self, request_id: str, hashes: list[int], prompt_tokens: int, family: str,
                   arrival_s: float) -> Routed:

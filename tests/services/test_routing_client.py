@@ -160,3 +160,29 @@ def test_a_request_no_proto_can_carry_still_gets_a_node(tmp_path):
         assert counters.errors_by_code == {"INVALID_REQUEST": 4} and client.breaker_state is BreakerState.CLOSED
         assert (counters.arrivals.sent, counters.arrivals.dropped) == (3, 1)
         assert counters.turn_ends.dropped == 1
+
+
+def test_with_two_replicas_a_dead_one_costs_no_fallback(tmp_path):
+    """Two schedulers that both know the nodes (as replicas do): requests are
+    spread over both; with one stopped, every request is still answered by
+    the other (none falls back), and the dead one's breaker opens."""
+    ports = [free_port(), free_port()]
+    settings = ClientSettings(deadline_s=2.0, breaker=BreakerSettings(failures_to_open=2, open_s=60.0))
+    with grpc.insecure_channel(f"127.0.0.1:{ports[0]}", options=SCHEDULER_CHANNEL_OPTIONS) as first, \
+            grpc.insecure_channel(f"127.0.0.1:{ports[1]}", options=SCHEDULER_CHANNEL_OPTIONS) as second:
+        client = RoutingClient([first, second], settings=settings)
+        with scheduler_on(ports[1], str(tmp_path / "b")) as survivor:
+            for node, address in NODES.items():
+                register(survivor, node, address)
+            with scheduler_on(ports[0], str(tmp_path / "a")) as doomed:
+                for node, address in NODES.items():
+                    register(doomed, node, address)
+                assert {route(client, i).source for i in range(4)} == {RouteSource.SCHEDULER}
+                assert client.counters().routes_retried == 0
+            answers = [route(client, 10 + i) for i in range(6)]
+            assert {a.source for a in answers} == {RouteSource.SCHEDULER}
+            counters = client.counters()
+            assert counters.routes_fallback == 0
+            assert counters.routes_retried >= 1  # the requests that met the dead replica first
+            assert counters.errors_by_code.get("UNAVAILABLE", 0) >= 1
+            assert client.breaker_state is BreakerState.CLOSED  # the survivor's breaker
