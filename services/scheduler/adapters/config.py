@@ -56,6 +56,17 @@ class SchedulerConfig(ServerSettings):
         "NODE=tcp://HOST:PORT (vLLM's PUB endpoint) with optional ,replay=tcp://HOST:PORT (its replay ROUTER), "
         ",address=HOST:PORT (what Route answers; default the PUB's), ,pages=N (its KV blocks), ,topic=T; "
         "empty = none")})
+    etcd: str = field(default="", metadata={"help": (
+        "etcd endpoints (http://HOST:PORT, comma-separated) where scheduler replicas elect the one that plans "
+        "and keep the shared control state (docs/replicas.md); empty = a single scheduler (no election)")})
+    replica_id: str = field(default="", metadata={"help": "this replica's name in the election; empty = host:port"})
+    peers: str = field(default="", metadata={"help": (
+        "the other replicas' gRPC addresses, comma-separated: each routed request's planner-facing effects are "
+        "shared with them (ShareRoutes); empty = none")})
+    lease_s: int = field(default=2, metadata={"help": (
+        "the leader's etcd lease, whole seconds (etcd's unit; its floor is 2 s at etcd's default timing): a dead "
+        "leader is replaced within two of these")})
+    cluster_name: str = field(default="speckv", metadata={"help": "the etcd key prefix of this cluster's election and state"})
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -99,5 +110,20 @@ class SchedulerConfig(ServerSettings):
         if self.oracle_family not in FAMILY_MODES:
             raise InvalidArgument(f"oracle_family={self.oracle_family!r}: expected one of {', '.join(FAMILY_MODES)}")
         parse_kv_events(self.kv_events)
+        if self.etcd and self.state_dir:
+            raise InvalidArgument("etcd and state_dir are exclusive: with --etcd the control state lives in etcd, "
+                                  "where every replica can take over")
+        if (self.peers or self.replica_id) and not self.etcd:
+            raise InvalidArgument("peers and replica_id are for scheduler replicas, which need --etcd")
+        for endpoint in filter(None, (e.strip() for e in self.etcd.split(","))):
+            if not endpoint.startswith(("http://", "https://")) or ":" not in endpoint.split("//", 1)[1]:
+                raise InvalidArgument(f"etcd endpoint {endpoint!r}: expected http://HOST:PORT")
+        for peer in filter(None, (p.strip() for p in self.peers.split(","))):
+            if ":" not in peer:
+                raise InvalidArgument(f"peers: {peer!r}: expected host:port")
+        if self.etcd and not 2 <= self.lease_s <= 60:
+            raise InvalidArgument(f"lease_s={self.lease_s}: expected 2..60 whole seconds")
+        if not self.cluster_name or "/" in self.cluster_name:
+            raise InvalidArgument(f"cluster_name={self.cluster_name!r}: a non-empty name without '/'")
         if self.policy == "oracle" and not self.oracle_trace:
             raise InvalidArgument("policy='oracle' needs --oracle-trace (the true future arrivals)")

@@ -16,6 +16,7 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.adapters.outcomes_proto import actions_to_proto
+from speckv.services.scheduler.adapters.replica_role import ReplicaRole
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.orders import ActionKind, Order, OrderSpec, OrderState
@@ -55,11 +56,14 @@ class RequestLimits:
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, core: SchedulerCore, stopping: threading.Event,
                  limits: RequestLimits = RequestLimits(),
-                 on_failed_order: Callable[[NodeId, str], None] | None = None) -> None:
+                 on_failed_order: Callable[[NodeId, str], None] | None = None,
+                 role: ReplicaRole | None = None) -> None:
         """on_failed_order(target, why): told of every order reported FAILED
         (the server has the scheduler check the target itself: a source's
-        word alone never declares another node down)."""
+        word alone never declares another node down). role: this process as
+        a replica (replica_role.py); None: the one scheduler, which leads."""
         self._core = core
+        self._role = role or ReplicaRole()
         self._stopping = stopping
         self._limits = limits
         self._on_failed_order = on_failed_order
@@ -70,12 +74,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                           request.retain_max_blocks if request.HasField("retain_max_blocks") else None)
         again, interval_ms = self._core.register_node(request.node_id, request.address, sizes, _geometry(request))
         return scheduler_pb2.RegisterNodeResponse(
-            node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again)
+            node_id=request.node_id, heartbeat_interval_ms=interval_ms, re_registered=again,
+            leadership=self._role.leadership_proto())
 
     def Heartbeat(self, request, context):
         authz.require_node(context, request.node_id, "Heartbeat")
         load = LoadReport(*(getattr(request, name) if request.HasField(name) else None for name in _LOAD_FIELDS))
-        return scheduler_pb2.HeartbeatResponse(known=self._core.heartbeat(request.node_id, load))
+        return scheduler_pb2.HeartbeatResponse(known=self._core.heartbeat(request.node_id, load),
+                                               leadership=self._role.leadership_proto())
 
     def Route(self, request, context):
         self._limits.check_route(request.prompt_tokens, request.family)
@@ -99,8 +105,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         try:
             while not self._stopping.is_set():
                 order = watcher.next(WATCH_POLL_S)
-                if order is not None:
-                    yield order_to_proto(order)
+                # A replica that does not lead sends nothing (a deposed leader's last orders included).
+                if order is not None and self._role.is_leader():
+                    yield order_to_proto(order, self._role.epoch())
                 elif watcher.closed or not context.is_active():
                     break
             if watcher.overflowed:
@@ -110,6 +117,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def SubmitOrder(self, request, context):
         authz.require_admin(context, "SubmitOrder")
+        self._role.require_leader("SubmitOrder")
         if not request.HasField("order"):
             raise InvalidArgument("order is missing")
         o = request.order
@@ -131,6 +139,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if state is None:
             raise InvalidArgument(f"state={request.state}: report IN_FLIGHT, COMMITTED, FAILED, "
                                   "CANCELLED or EXPIRED")
+        self._role.require_leader("ReportOrderStatus")
         if authz.enforced(context):  # the order's source node runs it and reports it; else an admin
             authz.require_node_or_admin(context, self._core.get_order(request.order_id).spec.source,
                                         "ReportOrderStatus")
@@ -143,6 +152,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def SetPolicy(self, request, context):
         authz.require_admin(context, "SetPolicy")
+        self._role.require_leader("SetPolicy")
         return _policy_info(self._core.set_policy(request.name))
 
     def GetPolicy(self, request, context):
@@ -167,7 +177,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             actions=actions_to_proto(self._core.action_outcomes()),
             transports=[scheduler_pb2.TransportStats(source_node=c.source, target_node=c.target,
                                                      transport=c.transport, orders=c.orders, bytes=c.bytes)
-                        for c in snap.transports])
+                        for c in snap.transports],
+            leadership=self._role.leadership_proto())
 
 
 def _route_response(r: RouteResult) -> scheduler_pb2.RouteResponse:
@@ -178,14 +189,15 @@ def _route_response(r: RouteResult) -> scheduler_pb2.RouteResponse:
         prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms, promote_blocks=r.promote_blocks, promote_ms=r.promote_ms)
 
 
-def order_to_proto(order: Order) -> common_pb2.ReplicationOrder:
+def order_to_proto(order: Order, epoch: int = 0) -> common_pb2.ReplicationOrder:
+    """epoch: the sending leader's fencing token (0: no election)."""
     s = order.spec
     return common_pb2.ReplicationOrder(
         order_id=order.order_id, family=s.family, block_hashes=s.block_hashes, source_node=s.source,
         target_node=s.target, target_address=s.target_address, lease_ms=s.lease_ms, priority=s.priority,
         expected_benefit_ms=s.expected_benefit_ms, policy=s.policy,
         cancelled=order.state is OrderState.CANCELLED, target_medium=s.tier.medium if s.tier else "",
-        action=s.action.value)
+        action=s.action.value, epoch=epoch)
 
 
 def _geometry(request: scheduler_pb2.RegisterNodeRequest) -> KVGeometry | None:
