@@ -63,6 +63,7 @@ class SchedulerAgent:
         self._stop = threading.Event()
         self._cancelled = CancelledOrders()
         self.fence = OrderFence()
+        self._runs = RunLedger()
         self._orders = ThreadPoolExecutor(ORDER_WORKERS, thread_name_prefix=f"{store.node_id}-order")
         self._links = [SchedulerLink(store, address, advertise_address, telemetry, self._received,
                                      self.fence.saw_epoch, self._stop, heartbeat_interval_s=heartbeat_interval_s,
@@ -75,6 +76,13 @@ class SchedulerAgent:
     def registrations(self) -> int:
         """Successful RegisterNode calls, all replicas together (for tests and logs)."""
         return sum(link.registrations for link in self._links)
+
+    def order_counters(self) -> dict[str, int]:
+        """StatsResponse.order_counters (kvstore.proto says each)."""
+        return {"run": self._runs.total, "run_twice": self._runs.twice,
+                "refused_stale": self.fence.refused[Admission.STALE],
+                "refused_duplicate": self.fence.refused[Admission.DUPLICATE],
+                "newest_epoch": self.fence.newest_epoch}
 
     def start(self) -> "SchedulerAgent":
         for link in self._links:
@@ -127,6 +135,7 @@ class SchedulerAgent:
             self._report(link, order.order_id, common_pb2.ORDER_STATE_FAILED,
                          f"unknown order action {order.action!r}")
             return
+        self._runs.ran(order.order_id)
         self._report(link, order.order_id, common_pb2.ORDER_STATE_IN_FLIGHT, "")
         try:
             result = (self._prefetch(order) if order.action == "prefetch"
@@ -197,3 +206,26 @@ class CancelledOrders:
         with self._lock:
             return order_id in self._ids
 
+
+class RunLedger:
+    """How many orders this node executed, and how many ids it executed more
+    than once among the last `capacity` (counted where orders run, apart
+    from the fence that should make it 0: the check of that fence)."""
+
+    def __init__(self, capacity: int = 16_384) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self.total = 0
+        self.twice = 0
+
+    def ran(self, order_id: str) -> None:
+        with self._lock:
+            self.total += 1
+            if order_id in self._ids:
+                self.twice += 1
+                self._ids.move_to_end(order_id)
+                return
+            self._ids[order_id] = None
+            while len(self._ids) > self._capacity:
+                self._ids.popitem(last=False)

@@ -104,7 +104,8 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     limits = RequestLimits(config.max_reservation_lease_s, config.pin_lease_s, config.max_family_chars)
     servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s,
                                data_address=_data_address(config, data_plane), limits=limits, gate=gate,
-                               nixl=lambda: nixl.agent)
+                               nixl=lambda: nixl.agent,
+                               order_counters=lambda: agent.order_counters() if agent is not None else {})
 
     def register(server: grpc.Server) -> list[str]:
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)

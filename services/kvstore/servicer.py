@@ -25,7 +25,7 @@ import hmac
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import grpc
 
@@ -64,9 +64,12 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
     def __init__(self, store: KVStoreCore, replicator: Replicator, stopping: threading.Event,
                  default_reservation_lease_s: float, data_address: str = "",
                  limits: RequestLimits = RequestLimits(), gate: WriteGate | None = None,
-                 nixl: Callable[[], NixlAgent | None] = lambda: None) -> None:
-        """nixl: this kvstore's NIXL agent once started (None: none)."""
+                 nixl: Callable[[], NixlAgent | None] = lambda: None,
+                 order_counters: Callable[[], Mapping[str, int]] = dict) -> None:
+        """nixl: this kvstore's NIXL agent once started (None: none); order_counters: the scheduler
+        agent's (StatsResponse.order_counters; empty without one)."""
         self._store = store
+        self._order_counters = order_counters
         self._nixl = nixl
         self._gate = gate
         self._data_address = data_address
@@ -120,7 +123,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.PromoteResponse(promoted=self._store.promote(list(request.block_hashes)))
 
     def GetStats(self, request: kvstore_pb2.StatsRequest, context: grpc.ServicerContext) -> kvstore_pb2.StatsResponse:
-        return stats_to_proto(self._store.stats())
+        reply = stats_to_proto(self._store.stats())
+        reply.order_counters.update(self._order_counters())
+        return reply
 
     def SubscribeEvents(self, request: kvstore_pb2.SubscribeEventsRequest,
                         context: grpc.ServicerContext) -> Iterator[kvstore_pb2.KVEvent]:

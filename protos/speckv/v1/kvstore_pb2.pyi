@@ -104,8 +104,15 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total", "host_pages", "host_used_pages", "host_free_pages", "host_pinned_pages", "host_replica_pages", "host_pool_bytes", "blocks_demoted_total", "blocks_promoted_total", "blocks_dropped_total", "retained_blocks", "retain_max_blocks", "disk_pages", "disk_used_pages", "disk_free_pages", "disk_pool_bytes", "disk_counters")
+    __slots__ = ("node_id", "geometry", "num_pages", "used_pages", "free_pages", "pinned_pages", "reserved_pages", "replica_pages", "pool_bytes", "last_event_sequence", "blocks_stored_total", "blocks_evicted_total", "blocks_committed_total", "host_pages", "host_used_pages", "host_free_pages", "host_pinned_pages", "host_replica_pages", "host_pool_bytes", "blocks_demoted_total", "blocks_promoted_total", "blocks_dropped_total", "retained_blocks", "retain_max_blocks", "disk_pages", "disk_used_pages", "disk_free_pages", "disk_pool_bytes", "disk_counters", "order_counters")
     class DiskCountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class OrderCountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +148,7 @@ class StatsResponse(_message.Message):
     DISK_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
     DISK_POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    ORDER_COUNTERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     geometry: _common_pb2.KVGeometry
     num_pages: int
@@ -170,7 +178,8 @@ class StatsResponse(_message.Message):
     disk_free_pages: int
     disk_pool_bytes: int
     disk_counters: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_used_pages: _Optional[int] = ..., host_free_pages: _Optional[int] = ..., host_pinned_pages: _Optional[int] = ..., host_replica_pages: _Optional[int] = ..., host_pool_bytes: _Optional[int] = ..., blocks_demoted_total: _Optional[int] = ..., blocks_promoted_total: _Optional[int] = ..., blocks_dropped_total: _Optional[int] = ..., retained_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_used_pages: _Optional[int] = ..., disk_free_pages: _Optional[int] = ..., disk_pool_bytes: _Optional[int] = ..., disk_counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    order_counters: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., pinned_pages: _Optional[int] = ..., reserved_pages: _Optional[int] = ..., replica_pages: _Optional[int] = ..., pool_bytes: _Optional[int] = ..., last_event_sequence: _Optional[int] = ..., blocks_stored_total: _Optional[int] = ..., blocks_evicted_total: _Optional[int] = ..., blocks_committed_total: _Optional[int] = ..., host_pages: _Optional[int] = ..., host_used_pages: _Optional[int] = ..., host_free_pages: _Optional[int] = ..., host_pinned_pages: _Optional[int] = ..., host_replica_pages: _Optional[int] = ..., host_pool_bytes: _Optional[int] = ..., blocks_demoted_total: _Optional[int] = ..., blocks_promoted_total: _Optional[int] = ..., blocks_dropped_total: _Optional[int] = ..., retained_blocks: _Optional[int] = ..., retain_max_blocks: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_used_pages: _Optional[int] = ..., disk_free_pages: _Optional[int] = ..., disk_pool_bytes: _Optional[int] = ..., disk_counters: _Optional[_Mapping[str, int]] = ..., order_counters: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class SubscribeEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)

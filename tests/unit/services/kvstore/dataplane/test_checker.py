@@ -44,9 +44,10 @@ def test_a_bad_checksum_is_raised_at_the_next_submit_and_both_writes_end():
     grant = store.reserve("o1", [1, 2], 30.0, family="f")
     checker = Checker(store, lambda handle, covered: None)
     checker.submit(landed(store, grant.handle, 0, block_bytes(1), crc=12345))
-    second = landed(store, grant.handle, BPB, block_bytes(2))
     with pytest.raises(Aborted, match="crc32c"):
-        checker.submit(second)  # the first chunk's failure; the second's write is cancelled
+        # The first chunk's failure: raised here by submit (the second's write is then cancelled), or, when
+        # the checking thread already aborted the reservation, by the second chunk's landing itself.
+        checker.submit(landed(store, grant.handle, BPB, block_bytes(2)))
     checker.close()
     stats = store.stats()
     assert stats.reserved_pages == 0 and stats.free_pages == 8 and stats.open_reservations == 0
