@@ -42,6 +42,7 @@ TOOLS = {
     "up": ("speckv.services.cluster.up", "start predictor, scheduler and N kvstore nodes as processes"),
     "status": ("speckv.services.cluster.status", "print the scheduler's cluster state"),
     "node": ("speckv.services.cluster.node_cli", "add or remove a node of a running `speckv up`"),
+    "etcd": ("speckv.services.cluster.etcd_process", "run a one-member etcd for scheduler replicas (docs/replicas.md)"),
     "certs": ("speckv.services.cluster.certs", "make a local CA and mutual-TLS certificates (docs/security.md)"),
     "health": ("speckv.services.cluster.health", "probe a service with the standard gRPC health protocol"),
     "bench": ("speckv.loadgen.bench.run", "run a benchmark: speckv bench NAME --help"),

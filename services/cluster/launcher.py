@@ -42,6 +42,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.services.cluster.certs import CertBundle, issue_node, make_bundle
+from speckv.services.cluster.etcd_process import free_ports, wait_healthy
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.cluster.parent_death import child_environ
@@ -80,6 +81,9 @@ class ClusterSpec:
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)  # per kind
     metrics_port_base: int = 0  # 0: no /metrics endpoints; else see metrics_ports
     tls: bool = False  # mutual TLS everywhere, with certificates made at start (module docstring)
+    # Scheduler replicas (docs/replicas.md): >1 starts a one-member etcd (`speckv etcd`) and that many
+    # schedulers, scheduler-0.., electing their leader on it; every node is told of every replica.
+    replicas: int = 1
 
 
 def metrics_ports(base: int, nodes: int) -> dict[str, int]:
@@ -113,6 +117,16 @@ class LocalCluster:
     def scheduler_address(self) -> str:
         return self._by_kind("scheduler")[0].address
 
+    def scheduler_addresses(self) -> dict[str, str]:
+        """Each scheduler replica's address by name (one entry without replicas)."""
+        return {s.name: s.address for s in self._by_kind("scheduler")}
+
+    @property
+    def etcd_endpoint(self) -> str:
+        """http://HOST:PORT of the cluster's etcd; empty without replicas."""
+        found = self._by_kind("etcd")
+        return f"http://{found[0].address}" if found else ""
+
     @property
     def predictor_address(self) -> str:
         return self._by_kind("predictor")[0].address
@@ -135,14 +149,15 @@ class LocalCluster:
         admin = self.admin_tls
         try:
             predictor = self._spawn("predictor", "predictor", [], deadline)
-            scheduler = self._spawn("scheduler", "scheduler",
-                                    ["--predictor", predictor.address, "--policy", self.spec.policy], deadline)
+            self._spawn_schedulers(["--predictor", predictor.address, "--policy", self.spec.policy], deadline)
             for i in range(self.spec.nodes):
                 self._spawn(f"node-{i}", "kvstore", self._node_args(f"node-{i}"), deadline)
             self._nodes_started = self.spec.nodes
             for service in self.services:
-                wait_serving(service.address, deadline, admin)
-            wait_nodes_registered(scheduler.address, self.spec.nodes, deadline, admin)
+                if service.kind != "etcd":
+                    wait_serving(service.address, deadline, admin)
+            for address in self.scheduler_addresses().values():
+                wait_nodes_registered(address, self.spec.nodes, deadline, admin)
         except BaseException:
             self.stop()
             raise
@@ -150,8 +165,34 @@ class LocalCluster:
         self._write_state()
         return self.services
 
+    def _spawn_schedulers(self, args: list[str], deadline: float) -> None:
+        """One scheduler, or spec.replicas of them on an etcd of their own (module docstring)."""
+        if self.spec.replicas <= 1:
+            self._spawn("scheduler", "scheduler", args, deadline)
+            return
+        etcd = self._spawn("etcd", "etcd", ["--data-dir", str(self.run_dir / "etcd-data")], deadline)
+        wait_healthy(f"http://{etcd.address}", deadline)
+        names = [f"scheduler-{i}" for i in range(self.spec.replicas)]
+        ports = dict(zip(names, free_ports(len(names), self.spec.host)))
+        for name in names:
+            peers = ",".join(f"{self.spec.host}:{ports[other]}" for other in names if other != name)
+            self._spawn(name, "scheduler", [*args, "--etcd", f"http://{etcd.address}", "--replica-id", name,
+                                            "--peers", peers], deadline, port=ports[name])
+
+    def kill_scheduler(self, name: str) -> ServiceProcess:
+        """SIGKILL to one scheduler replica (a crash, for failover drills); returns what it was."""
+        found = [s for s in self._by_kind("scheduler") if s.name == name]
+        if not found or name not in self._popens:
+            raise NotFound(f"no running scheduler {name!r}; running: {', '.join(self.scheduler_addresses())}")
+        popen = self._popens[name]
+        popen.kill()
+        popen.wait()
+        self._forget(name)
+        return found[0]
+
     def _node_args(self, name: str) -> list[str]:
-        args = ["--node-id", name, "--scheduler", self.scheduler_address, "--geometry", self.spec.geometry,
+        schedulers = ",".join(self.scheduler_addresses().values())
+        args = ["--node-id", name, "--scheduler", schedulers, "--geometry", self.spec.geometry,
                 "--device-pages", str(self.spec.sizes.device_pages), "--host-pages", str(self.spec.sizes.host_pages)]
         if self.spec.block_size:
             args += ["--block-size", str(self.spec.block_size)]
@@ -208,16 +249,16 @@ class LocalCluster:
         self.services = [s for s in self.services if s.name != name]
         self._write_state()
 
-    def _spawn(self, name: str, kind: str, args: list[str], deadline: float) -> ServiceProcess:
+    def _spawn(self, name: str, kind: str, args: list[str], deadline: float, port: int = 0) -> ServiceProcess:
         log_path = self.run_dir / f"{name}.log"
         # Always explicit: a SPECKV_METRICS_PORT in the launcher's environment
         # would give every child the same port.
         metrics_port = self._metrics_ports.get(name, 0)
-        command = [sys.executable, "-m", "speckv.services.cli", kind, "--host", self.spec.host, "--port", "0",
+        command = [sys.executable, "-m", "speckv.services.cli", kind, "--host", self.spec.host, "--port", str(port),
                    "--metrics-port", str(metrics_port), *args, *self.spec.extra_args.get(kind, ())]
         env = child_environ({k: v for k, v in self._environ.items() if k not in _TLS_VARIABLES}
                             | {"PYTHONUNBUFFERED": "1"})
-        if self.certs is not None:
+        if self.certs is not None and kind != "etcd":
             files = self.certs.node(name) if kind == "kvstore" else self.certs.service(kind)
             command += _tls_flags(files)
         with open(log_path, "wb") as log:
@@ -231,8 +272,9 @@ class LocalCluster:
         return service
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM to all (nodes first), wait up to grace_s, then SIGKILL."""
-        order = sorted(self._popens.items(), key=lambda item: item[0].startswith("node-"), reverse=True)
+        """SIGTERM to all (nodes first, etcd last: the replicas' leases outlive them), wait up to grace_s,
+        then SIGKILL."""
+        order = sorted(self._popens.items(), key=lambda item: (not item[0].startswith("node-"), item[0] == "etcd"))
         for _, popen in order:
             if popen.poll() is None:
                 popen.send_signal(signal.SIGTERM)
@@ -250,7 +292,8 @@ class LocalCluster:
         (self.run_dir / "cluster.json").unlink(missing_ok=True)
 
     def _write_state(self) -> None:
-        state = {"scheduler": self.scheduler_address, "services": [asdict(s) for s in self.services]}
+        state = {"scheduler": self.scheduler_address, "schedulers": list(self.scheduler_addresses().values()),
+                 "services": [asdict(s) for s in self.services]}
         if self.certs is not None:
             state["admin_tls"] = asdict(self.certs.admin)
         (self.run_dir / "cluster.json").write_text(json.dumps(state, indent=2))

@@ -42,6 +42,9 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     parser.add_argument("--device-pages", type=int, default=4096, help="device-tier blocks per node")
     parser.add_argument("--host-pages", type=int, default=0, help="host-tier blocks per node (0: no host tier)")
     parser.add_argument("--policy", default="none", help="replication policy of the scheduler")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="scheduler replicas: >1 also starts a one-member etcd where they elect the one that "
+                             "plans (docs/replicas.md); every replica answers Route")
     parser.add_argument("--run-dir", default=None, help="logs and cluster.json [env SPECKV_RUN_DIR]")
     parser.add_argument("--metrics-port-base", type=int, default=0,
                         help="serve Prometheus /metrics per service: predictor on this port, scheduler +1, "
@@ -57,6 +60,8 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
     args = parser.parse_args(list(argv))
     if not 1 <= args.nodes <= 64:
         raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
+    if not 1 <= args.replicas <= 7:
+        raise InvalidArgument(f"--replicas={args.replicas}: must be 1..7")
     extra: dict[str, list[str]] = {}
     if args.engine == "vllm":
         if args.model is None:
@@ -64,7 +69,8 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
         extra["kvstore"] = kvstore_geometry_args(args.model, "float32", args.block_size or 32)
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
                        sizes=NodeSizes(args.device_pages, args.host_pages), policy=args.policy,
-                       metrics_port_base=args.metrics_port_base, tls=args.tls, extra_args=extra)
+                       metrics_port_base=args.metrics_port_base, tls=args.tls, extra_args=extra,
+                       replicas=args.replicas)
     return spec, args
 
 
@@ -94,7 +100,10 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         services = cluster.start()
         control = ControlServer(cluster).start()
         console.print(services_table(services))
-        console.print(f"scheduler: {cluster.scheduler_address}   (speckv status --run-dir {run_dir})")
+        console.print(f"scheduler: {', '.join(cluster.scheduler_addresses().values())}   "
+                      f"(speckv status --run-dir {run_dir})")
+        if cluster.etcd_endpoint:
+            console.print(f"etcd: {cluster.etcd_endpoint} (the replicas' election and shared state)")
         if cluster.certs is not None:
             admin = cluster.certs.admin
             console.print(f"mutual TLS; admin identity: --tls-cert {admin.cert} --tls-key {admin.key} "
