@@ -11,14 +11,15 @@ least-queued other live nodes); route records live in routing/route_records.py,
 and the half of a route that runs outside the lock (confirming the prefix,
 reporting the arrival) in routing/confirmation.py. Each routed
 request feeds the family catalog (chain, prompt length, heat) and marks a
-replica of its family on the chosen node as used. Order transitions go
+replica of its family on the chosen node as used: the route's
+RouteObservation (routing/observation.py), which a peer replica applies
+through observe_routes as if it had routed the request. Order transitions go
 through OrderLifecycle (retries, replicas, commits seen in KV events); what
 an order must satisfy against its nodes is replication/admission.py.
 """
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from dataclasses import replace
 from typing import Sequence
@@ -46,6 +47,7 @@ from speckv.services.scheduler.ports import (
     SchedulerSettings,
     StateJournal,
 )
+from speckv.services.scheduler.restore import restore_nodes_and_orders, saved_policy
 from speckv.services.scheduler.replication.admission import admitted
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
 from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
@@ -64,9 +66,11 @@ from speckv.services.scheduler.routing.candidates import CandidateSelector
 from speckv.services.scheduler.routing.confirmation import RouteConfirmation
 from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
+from speckv.services.scheduler.routing.observation import RouteObservation, RouteObserver
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
-from speckv.services.scheduler.routing.router import KvAwareRouter, RouteQuery, longer_holder, uncached_tokens
+from speckv.services.scheduler.routing.router import KvAwareRouter, RouteQuery, uncached_tokens
 from speckv.services.scheduler.snapshot import ClusterSnapshot, NodeReport, PolicyInfo
+from speckv.services.scheduler.view_builder import cluster_view, node_view
 from speckv.services.scheduler.views import ClusterView, NodeView, Plan
 
 log = logging.getLogger(__name__)
@@ -107,6 +111,8 @@ class SchedulerCore:
         self._ramp = JoinRamp(self._pcfg.router.join_ramp_s)
         self._selector = CandidateSelector(self._cluster, self._index, self._backlog,
                                            self._pcfg.router.spread_candidates, self._ramp)
+        self._observer = RouteObserver(self._cluster, self._backlog, self._reuse, self._index, self._families,
+                                       self._lifecycle)
         self._lock = threading.Lock()
 
     # --- nodes -----------------------------------------------------------
@@ -218,6 +224,16 @@ class SchedulerCore:
         return [self._confirmation.finish(q, p, r.arrival_time_s or now)
                 for q, p, r in zip(queries, picked, requests)]
 
+    def observe_routes(self, observations: Sequence[RouteObservation]) -> None:
+        """Applies routes decided elsewhere (a peer replica's, from their
+        RouteResult.observation) to this core's planner state, as if it had
+        routed them: routing/observation.py. Decides nothing; an observation
+        of a node this core does not know is skipped."""
+        with self._lock:
+            now = self._clock.now()
+            for observation in observations:
+                self._observe_routed_locked(observation, now)
+
     def _route_locked(self, query: RouteQuery, now: float, arrival_s: float) -> PickedRoute:
         """arrival_s (<= now): when the request came; a pull it is routed to
         is booked on the links from then, so the warm start's history,
@@ -232,22 +248,13 @@ class SchedulerCore:
             raise Unavailable("no live node to route to")
         decision = self._router.choose(query, candidates)
         node = self._cluster.get(decision.node_id)
-        self._cluster.add_pending(node.node_id, uncached_tokens(decision, query, node.geometry.block_size),
-                                  decision.prefill_ms, now)
-        if decision.fetch_from is not None:
-            self._backlog.add(decision.fetch_from, node.node_id, decision.fetch_blocks * node.bytes_per_block,
-                              arrival_s)
-        holder = decision.fetch_from or longer_holder(candidates, decision)
-        if holder is not None:
-            self._backlog.note_pull(holder, node.node_id, arrival_s)
-        if hashes:
-            self._reuse.wanted(hashes, now, decision.cached_blocks + decision.fetch_blocks, node.node_id)
-            self._index.note_family(query.family, hashes[0])
-            self._families.observe(query.family, hashes, query.prompt_tokens, node.node_id, now, arrival_s)
-            if decision.cached_blocks or decision.fetch_blocks:
-                self._lifecycle.ledger.mark_used(query.family, node.node_id)
-            self._lifecycle.outcomes.routed(query.family, node.node_id, decision.cached_blocks > 0, now)
-        return PickedRoute(decision, candidates, node.address, node.geometry.block_size)
+        observation = RouteObservation.of(query, decision, candidates,
+                                          uncached_tokens(decision, query, node.geometry.block_size), arrival_s)
+        self._observe_routed_locked(observation, now)
+        return PickedRoute(decision, candidates, node.address, node.geometry.block_size, observation)
+
+    def _observe_routed_locked(self, observation: RouteObservation, now: float) -> bool:
+        return self._observer.apply(observation, now)
 
     # --- orders ----------------------------------------------------------
     def submit_order(self, spec: OrderSpec) -> Order:
@@ -400,45 +407,13 @@ class SchedulerCore:
 
     # --- durable state ---------------------------------------------------
     def restore(self, saved: SavedState) -> None:
-        """Resumes from what a previous run saved; once, on a core with no
-        nodes and no orders, before serving (the server calls it after wiring
-        the listener). Writes nothing back.
-        - Policy: the one SetPolicy last chose, unless it cannot run with this
-          run's settings (e.g. oracle without a trace): then the configured one
-          stays, with a warning.
-        - Nodes: each is known (heartbeats answer known=True, orders may name
-          it) but not alive until its next heartbeat: no routes, no orders to
-          or from it before then. The listener hears of it as a new
-          registration, so its block index is rebuilt from its KV event
-          stream from sequence 0.
-        - Orders: ISSUED and IN_FLIGHT ones come back as they were, their
-          leases running from now, so their agents' reports still find them
-          and WatchOrders sends the ISSUED ones again; terminal ones stay
-          reportable up to the tracker's retention; generated ids continue at
-          saved.next_order_id, so none is ever reused.
-        Not restored: replica leases, outcome statistics and link bookings of
-        the orders before the restart (they start empty, as in a new run)."""
-        policy: Policy | None = None
-        if saved.policy and saved.policy != self._policy.name:
-            try:
-                policy = self._registry.create(saved.policy)
-            except SpeckvError as exc:
-                log.warning("the saved policy %s cannot run here (%s); keeping %s", saved.policy, exc,
-                            self._policy.name)
-        registered: list[tuple[NodeId, str, int]] = []
+        """Resumes from what a previous run saved (restore.py says what comes
+        back and what does not); once, on a core with no nodes and no orders,
+        before serving (the server calls it after wiring the listener)."""
+        policy = saved_policy(saved, self._policy, self._registry)
         with self._lock:
-            if self._cluster.num_nodes() or any(self._orders.counts().values()):
-                raise FailedPrecondition("restore needs a scheduler with no nodes and no orders")
-            now = self._clock.now()
-            for n in saved.nodes:
-                # Registered as last heard at -inf: not alive (for the cluster and its load
-                # board alike) until a heartbeat, and RESTORED, not UP, so staying silent is no
-                # UP -> DOWN transition that would fail the orders it is part of.
-                node, _ = self._cluster.register(n.node_id, n.address, n.sizes, n.geometry, -math.inf)
-                node.status = NodeStatus.RESTORED
-                registered.append((node.node_id, node.address, node.generation))
-            for order in self._orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
-                self._lifecycle.issued(order)
+            registered = restore_nodes_and_orders(saved, self._cluster, self._orders, self._lifecycle,
+                                                  self._clock.now())
             if policy is not None:
                 self._policy = policy
         if policy is not None:
@@ -480,19 +455,8 @@ class SchedulerCore:
         self._feed.close_all()
 
     def _view(self, now: float) -> ClusterView:
-        ledger = self._lifecycle.ledger
-        nodes = self._cluster.nodes()
-        return ClusterView(now, tuple(self._node_view(n, now) for n in nodes),
-                           self._index, tuple(o.snapshot() for o in self._orders.active()),
-                           self._families, {n.node_id: ledger.blocks_on(n.node_id) for n in nodes},
-                           self._link_bytes_per_s, self._backlog.waits(now), self._backlog.rates(now), self._reuse,
-                           frozenset(self._ramp.ramping(now)))
+        return cluster_view(now, self._cluster, self._index, self._orders, self._families, self._lifecycle.ledger,
+                            self._link_bytes_per_s, self._backlog, self._reuse, self._ramp)
 
     def _node_view(self, n: Node, now: float) -> NodeView:
-        return NodeView(n.node_id, n.address, self._cluster.is_alive(n, now), n.sizes,
-                        n.load.free_pages, n.queued_tokens, n.load.running_tokens, n.waiting_requests,
-                        n.geometry.block_size, n.bytes_per_block, self._index.num_blocks(n.node_id),
-                        self._cluster.queue_ms(n), self._index.num_host_blocks(n.node_id),
-                        self._index.num_device_blocks(n.node_id), n.load.retained_blocks,
-                        n.retained_reported_at, n.generation)
-
+        return node_view(self._cluster, self._index, n, now)

@@ -42,7 +42,7 @@ class RouteConfirmation:
         result = RouteResult(decision.node_id, picked.address, decision.cached_blocks, decision.expected_ttft_ms,
                              decision.queue_ms, decision.prefill_ms, decision.fetch_ms, decision.fetch_from,
                              decision.fetch_blocks, query.family, confirmed is not None, decision.promote_ms,
-                             decision.promote_blocks)
+                             decision.promote_blocks, picked.observation)
         if self._arrivals is not None:
             cached_tokens = min(result.cached_blocks * picked.block_size, query.prompt_tokens)
             self._arrivals.offer(ArrivalRecord(arrival_s, query.family, result.node_id,

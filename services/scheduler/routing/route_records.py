@@ -12,6 +12,7 @@ from typing import Sequence
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import UINT64_MAX, Family, NodeId, default_family
+from speckv.services.scheduler.routing.observation import RouteObservation
 from speckv.services.scheduler.routing.router import Candidate, RouteDecision, RouteQuery
 
 
@@ -41,6 +42,9 @@ class RouteResult:
     confirmed: bool
     promote_ms: float = 0.0
     promote_blocks: int = 0  # host-tier hits on node_id, promoted to its device tier before prefill
+    # What this route changed in the planner's picture (applied under the lock, before
+    # confirmation), for a peer replica's SchedulerCore.observe_routes; None: not a local route.
+    observation: RouteObservation | None = None
 
 
 @dataclass(slots=True)
@@ -52,6 +56,7 @@ class PickedRoute:
     candidates: list[Candidate]
     address: str
     block_size: int
+    observation: RouteObservation | None = None
 
 
 def route_query(request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str,

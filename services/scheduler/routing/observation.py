@@ -1,0 +1,96 @@
+"""What a routed request changes in the planner's picture, apart from the
+decision itself: RouteObservation records it and RouteObserver applies it.
+
+A Route decides (routing/router.py) and then observes its own decision; a
+scheduler replica that did not answer the Route can observe the same record
+(SchedulerCore.observe_routes) and end with the same planner-facing state
+(pending load, link bookings and pull rates, reuse history, the family
+catalog and its root in the block index, replica use, action outcomes) as if
+it had routed the request itself. Applying an observation decides nothing
+and reads no candidates: every figure it needs travels in the record.
+
+Applied at clock time `now` (s) to the chosen node, which must be known to
+this core (an observation of a node it does not know is skipped: a replica
+that has not seen the node's registration yet has no pending load to add
+to). Times are seconds on the applying core's clock; `arrival_s` is capped
+at `now` so a peer whose clock runs behind books nothing in its future.
+Not thread-safe: SchedulerCore applies observations under its lock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from speckv.services.common.ids import Family, NodeId
+from speckv.services.scheduler.cluster import Cluster
+from speckv.services.scheduler.families import FamilyCatalog
+from speckv.services.scheduler.holder_index import HolderIndex
+from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
+from speckv.services.scheduler.reuse_history import ReuseHistory
+from speckv.services.scheduler.routing.link_backlog import LinkBacklog
+from speckv.services.scheduler.routing.router import Candidate, RouteDecision, RouteQuery, longer_holder
+
+
+@dataclass(frozen=True, slots=True)
+class RouteObservation:
+    """One routed request as the planner sees it.
+
+    block_hashes is the request's chain (the query's own list: never mutated
+    after the route). uncached_tokens >= 1 are the tokens node_id must
+    prefill (its pending load until its next queue report), prefill_ms their
+    expected prefill time. fetch_from/fetch_blocks: the pull the route chose
+    (None/0: none). pull_holder: the node whose link the route wanted, the
+    pull's source or a node holding a longer prefix than node_id (it could
+    have pulled from it, whether it did or not; link_backlog.py counts both).
+    arrival_s: when the request arrived (<= the routing clock's now)."""
+
+    family: Family
+    block_hashes: Sequence[int]
+    prompt_tokens: int
+    node_id: NodeId
+    cached_blocks: int
+    fetch_blocks: int
+    fetch_from: NodeId | None
+    pull_holder: NodeId | None
+    prefill_ms: float
+    uncached_tokens: int
+    arrival_s: float
+
+    @classmethod
+    def of(cls, query: RouteQuery, decision: RouteDecision, candidates: Sequence[Candidate], uncached: int,
+           arrival_s: float) -> RouteObservation:
+        """The observation of routing query to decision among candidates."""
+        holder = decision.fetch_from or longer_holder(candidates, decision)
+        return cls(query.family, query.block_hashes, query.prompt_tokens, decision.node_id, decision.cached_blocks,
+                   decision.fetch_blocks, decision.fetch_from, holder, decision.prefill_ms, uncached, arrival_s)
+
+
+class RouteObserver:
+    """Applies observations to the core's planner state (it holds no state of its own)."""
+
+    def __init__(self, cluster: Cluster, backlog: LinkBacklog, reuse: ReuseHistory, index: HolderIndex,
+                 families: FamilyCatalog, lifecycle: OrderLifecycle) -> None:
+        self._cluster, self._backlog, self._reuse = cluster, backlog, reuse
+        self._index, self._families, self._lifecycle = index, families, lifecycle
+
+    def apply(self, o: RouteObservation, now: float) -> bool:
+        """Applies o at now; False (nothing changed) when its node is unknown here."""
+        node = self._cluster.find(o.node_id)
+        if node is None:
+            return False
+        arrival_s = min(o.arrival_s, now)
+        node_id = node.node_id
+        self._cluster.add_pending(node_id, o.uncached_tokens, o.prefill_ms, now)
+        if o.fetch_from is not None:
+            self._backlog.add(o.fetch_from, node_id, o.fetch_blocks * node.bytes_per_block, arrival_s)
+        if o.pull_holder is not None:
+            self._backlog.note_pull(o.pull_holder, node_id, arrival_s)
+        hashes = o.block_hashes
+        if hashes:
+            self._reuse.wanted(hashes, now, o.cached_blocks + o.fetch_blocks, node_id)
+            self._index.note_family(o.family, hashes[0])
+            self._families.observe(o.family, hashes, o.prompt_tokens, node_id, now, arrival_s)
+            if o.cached_blocks or o.fetch_blocks:
+                self._lifecycle.ledger.mark_used(o.family, node_id)
+            self._lifecycle.outcomes.routed(o.family, node_id, o.cached_blocks > 0, now)
+        return True
