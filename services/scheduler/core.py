@@ -47,7 +47,7 @@ from speckv.services.scheduler.ports import (
     SchedulerSettings,
     StateJournal,
 )
-from speckv.services.scheduler.restore import restore_nodes_and_orders, saved_policy
+from speckv.services.scheduler.restore import adopt_state, restore_nodes_and_orders, saved_policy
 from speckv.services.scheduler.replication.admission import admitted
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
 from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
@@ -335,11 +335,16 @@ class SchedulerCore:
             policy = self._policy
         return PolicyInfo(policy.name, tuple(self._registry.available()), policy.description)
 
-    def tick(self) -> list[Order]:
+    def tick(self, plan: bool = True) -> list[Order]:
         """Sweeps liveness, orders and replica leases, then applies what the
         policy plans: cancellations first, then new orders. A policy with
         `needs_view = False` (its plan reads no view, e.g. `none`) gets None,
-        sparing the O(nodes + active orders) view every tick."""
+        sparing the O(nodes + active orders) view every tick. plan=False:
+        sweeps only (a scheduler replica that does not lead)."""
+        if not plan:
+            with self._lock:
+                self._sweep_locked(self._clock.now())
+            return []
         with self._lock:
             policy = self._policy
         policy.prepare(self._clock.now())
@@ -423,6 +428,26 @@ class SchedulerCore:
         if self._listener is not None:
             for node_id, address, generation in registered:
                 self._listener.node_registered(node_id, address, generation, None)
+
+    def take_over(self, saved: SavedState) -> None:
+        """This scheduler replica now leads: it adopts the shared state's
+        orders and policy (restore.py's adopt_state) on its live core."""
+        policy = saved_policy(saved, self._policy, self._registry)
+        with self._lock:
+            registered = adopt_state(saved, self._cluster, self._orders, self._lifecycle, self._clock.now())
+            if policy is not None:
+                self._policy = policy
+        log.info("leading: adopted %d orders%s", len(saved.orders),
+                 f" and policy {policy.name}" if policy is not None else "")
+        if self._listener is not None:
+            for node_id, address, generation in registered:
+                self._listener.node_registered(node_id, address, generation, None)
+
+    def step_down(self) -> None:
+        """This replica no longer leads: it forgets its orders (the leader has
+        them from the shared state, where this one journaled them)."""
+        with self._lock:
+            self._orders.clear()
 
     # --- state -------------------------------------------------------------
     def cluster_state(self) -> ClusterSnapshot:

@@ -213,6 +213,14 @@ class OrderTracker:
         self._next_id = max(self._next_id, next_id)
         return list(self._active.values())
 
+    def clear(self) -> None:
+        """Forgets every order, active and terminal, without a word to the journal: a scheduler replica that
+        stops leading hands them to the next leader through the shared state. Generated ids keep their
+        place (a later restore never goes below it)."""
+        self._active.clear()
+        self._done.clear()
+        self._totals = {s: 0 for s in OrderState}
+
     def report(self, order_id: str, state: OrderState, now: float, message: str = "",
                bytes_sent: int = 0, blocks_sent: int = 0, transport: str = "") -> Order:
         """Moves an order to state; returns it. transport: the data plane the

@@ -16,6 +16,9 @@ once, on a core with no nodes and no orders, before serving.
 Not restored: replica leases, outcome statistics and link bookings of the
 orders before the restart (they start empty, as in a new run). Nothing is
 written back.
+
+adopt_state is the same for a scheduler replica that has just been elected,
+on a live core (docs/replicas.md).
 """
 from __future__ import annotations
 
@@ -61,6 +64,28 @@ def restore_nodes_and_orders(saved: SavedState, cluster: Cluster, orders: OrderT
         node, _ = cluster.register(n.node_id, n.address, n.sizes, n.geometry, -math.inf)
         node.status = NodeStatus.RESTORED
         registered.append((node.node_id, node.address, node.generation))
+    for order in orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
+        lifecycle.issued(order)
+    return registered
+
+
+def adopt_state(saved: SavedState, cluster: Cluster, orders: OrderTracker, lifecycle: OrderLifecycle,
+                now: float) -> list[tuple[NodeId, str, int]]:
+    """A replica that now leads takes the shared state over (under the
+    core's lock): the saved orders replace whatever its tracker held (a
+    replica that does not lead holds none; one deposed and elected again
+    holds what it had, older than the shared log), generated ids continue at
+    saved.next_order_id, and the ISSUED ones reach WatchOrders again (the
+    kvstores' fences drop those they already ran). Saved nodes this replica
+    has not heard from come in as after a restart (known, not alive until a
+    heartbeat); returns those for the listener. Live nodes stay as they are."""
+    registered: list[tuple[NodeId, str, int]] = []
+    for n in saved.nodes:
+        if cluster.find(n.node_id) is None:
+            node, _ = cluster.register(n.node_id, n.address, n.sizes, n.geometry, -math.inf)
+            node.status = NodeStatus.RESTORED
+            registered.append((node.node_id, node.address, node.generation))
+    orders.clear()
     for order in orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
         lifecycle.issued(order)
     return registered

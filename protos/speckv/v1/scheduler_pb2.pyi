@@ -20,7 +20,7 @@ class Leadership(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., answering_is_leader: _Optional[bool] = ...) -> None: ...
 
 class RouteObservation(_message.Message):
-    __slots__ = ("family", "block_hashes", "prompt_tokens", "node_id", "cached_blocks", "fetch_blocks", "fetch_from", "longer_holder", "prefill_ms", "uncached_tokens", "arrival_time_s", "routed_at_s")
+    __slots__ = ("family", "block_hashes", "prompt_tokens", "node_id", "cached_blocks", "fetch_blocks", "fetch_from", "pull_holder", "prefill_ms", "uncached_tokens", "arrival_time_s")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -28,11 +28,10 @@ class RouteObservation(_message.Message):
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FETCH_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FETCH_FROM_FIELD_NUMBER: _ClassVar[int]
-    LONGER_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    PULL_HOLDER_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     UNCACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_TIME_S_FIELD_NUMBER: _ClassVar[int]
-    ROUTED_AT_S_FIELD_NUMBER: _ClassVar[int]
     family: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     prompt_tokens: int
@@ -40,12 +39,11 @@ class RouteObservation(_message.Message):
     cached_blocks: int
     fetch_blocks: int
     fetch_from: str
-    longer_holder: str
+    pull_holder: str
     prefill_ms: float
     uncached_tokens: int
     arrival_time_s: float
-    routed_at_s: float
-    def __init__(self, family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., node_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., fetch_blocks: _Optional[int] = ..., fetch_from: _Optional[str] = ..., longer_holder: _Optional[str] = ..., prefill_ms: _Optional[float] = ..., uncached_tokens: _Optional[int] = ..., arrival_time_s: _Optional[float] = ..., routed_at_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., node_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., fetch_blocks: _Optional[int] = ..., fetch_from: _Optional[str] = ..., pull_holder: _Optional[str] = ..., prefill_ms: _Optional[float] = ..., uncached_tokens: _Optional[int] = ..., arrival_time_s: _Optional[float] = ...) -> None: ...
 
 class RouteObservations(_message.Message):
     __slots__ = ("replica_id", "routes")
