@@ -11,6 +11,9 @@ NIXL_STAMP := $(VENV)/.installed-nixl
 # NIXL (services/kvstore/nixl, docs/dataplane.md), the lean set: the API package and its CUDA 13 build
 # (UCX inside; it runs on a CPU-only machine), about 330 MB.
 NIXL := nixl==1.5.1 nixl-cu13==1.5.1
+# etcd (the scheduler replicas' election and shared state: services/scheduler/leadership, docs/replicas.md):
+# Debian's etcd-server package (/usr/bin/etcd), installed once when no `etcd` is on PATH.
+ETCD_STAMP := $(VENV)/.installed-etcd
 TRACES ?= $(or $(SPECKV_TRACES),../shared/traces)
 PROTOS := $(wildcard protos/speckv/v1/*.proto)
 
@@ -62,7 +65,21 @@ $(NIXL_STAMP): $(STAMP)
 	$(PY) -c "from nixl._api import nixl_agent; import nixl; print('nixl', '$(NIXL)')"
 	touch $(NIXL_STAMP)
 
-venv: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP)
+# etcd from Debian's package, for the tests that start one (tests/support/etcd.py) and `speckv up
+# --replicas`. An etcd already on PATH is used as it is. apt-get update runs only when the install
+# fails (a fresh image has no package lists). Needs root (CI runs as root): the error says what to do.
+$(ETCD_STAMP): | $(PY)
+	@if command -v etcd >/dev/null; then echo "etcd found: $$(command -v etcd)"; else \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends etcd-server >/dev/null; } || \
+	  { echo "could not install etcd: 'apt-get install etcd-server' failed (run as root on Debian/Ubuntu, or put an etcd v3.4+ binary on PATH)" >&2; exit 1; }; \
+	  command -v etcd >/dev/null || { echo "etcd-server installed but no etcd on PATH" >&2; exit 1; }; \
+	fi
+	etcd --version | head -1
+	touch $(ETCD_STAMP)
+
+venv: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP) $(ETCD_STAMP)
 
 # Stubs are generated next to the protos so they import as speckv.v1.*_pb2.
 protos: $(STAMP)
@@ -86,12 +103,12 @@ kernels:
 sim-compiled: $(STAMP)
 	$(PY) -m speckv.loadgen.sim.compiled build
 
-test: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP) check-protos
+test: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP) $(ETCD_STAMP) check-protos
 	$(PY) -m pytest -q
 
 # Without the trace in $(TRACES) (or with TRACES empty) the demo runs on its
 # synthetic default and says how to get the trace.
-demo: $(BASE_STAMP)
+demo: $(BASE_STAMP) $(ETCD_STAMP)
 	$(VENV)/bin/speckv demo $(if $(TRACES),--traces $(TRACES))
 
 # The same demo with its live runs on real vLLM servers (two CPU engines with the
@@ -99,7 +116,7 @@ demo: $(BASE_STAMP)
 demo-vllm: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/speckv demo --engine vllm $(if $(TRACES),--traces $(TRACES))
 
-up: $(BASE_STAMP)
+up: $(BASE_STAMP) $(ETCD_STAMP)
 	$(VENV)/bin/speckv up --nodes 3
 
 clean:

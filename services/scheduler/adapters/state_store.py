@@ -39,12 +39,10 @@ from pathlib import Path
 from typing import Sequence
 
 from speckv.services.common.errors import FailedPrecondition, SpeckvError, Unavailable
-from speckv.services.common.geometry import KVGeometry
-from speckv.services.common.ids import Family, NodeId, OrderId
-from speckv.services.common.node_sizes import NodeSizes
-from speckv.services.common.tiers import Tier
+from speckv.services.common.ids import OrderId
+from speckv.services.scheduler.orders import Order, OrderState
 from speckv.services.scheduler.ports import SavedNode, SavedState
-from speckv.services.scheduler.orders import ActionKind, Order, OrderSpec, OrderState
+from speckv.services.scheduler.state_rows import node_from_row, node_row, order_from_row, order_row
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +122,8 @@ class StateStore:
         meta = dict(self._read("SELECT key, value FROM meta"))
         try:
             next_id = int(meta.get("next_order_id", "1"))
-            nodes = [_node(row) for row in self._read(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id")]
-            orders = [_order(row) for row in self._read(
+            nodes = [node_from_row(row) for row in self._read(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id")]
+            orders = [order_from_row(row) for row in self._read(
                 f"SELECT {_ORDER_COLUMNS} FROM orders ORDER BY finished IS NOT NULL, finished, created_at, order_id")]
             totals = {OrderState(state): int(count) for state, count in self._read(
                 "SELECT state, count FROM order_totals")}
@@ -139,21 +137,19 @@ class StateStore:
         self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES ('policy', ?)", (name,))])
 
     def node_registered(self, node: SavedNode) -> None:
-        g, sizes = node.geometry, node.sizes
         self._write([(f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({', '.join('?' * 11)})",
-                      (node.node_id, node.address, sizes.device_pages, sizes.host_pages, g.num_layers,
-                       g.num_kv_heads, g.head_dim, g.dtype, g.block_size, g.name, sizes.retain_max_blocks))])
+                      node_row(node))])
 
     def order_issued(self, order: Order, next_id: int) -> None:
         self._write([(f"INSERT OR REPLACE INTO orders ({_ORDER_COLUMNS}) VALUES ({', '.join('?' * 19)})",
-                      _order_row(order, None)),
+                      order_row(order, None)),
                      ("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_order_id', ?)", (str(next_id),))])
 
     def order_changed(self, order: Order, evicted: Sequence[OrderId]) -> None:
         with self._lock:
             finished = self._finished + 1 if order.state.terminal else None
             statements = [(f"INSERT OR REPLACE INTO orders ({_ORDER_COLUMNS}) VALUES ({', '.join('?' * 19)})",
-                           _order_row(order, finished))]
+                           order_row(order, finished))]
             if finished is not None:
                 statements.append(("INSERT INTO order_totals (state, count) VALUES (?, 1) "
                                    "ON CONFLICT (state) DO UPDATE SET count = count + 1", (order.state.value,)))
@@ -283,38 +279,3 @@ def _migrate(db: sqlite3.Connection, path: Path, version: int) -> None:
         raise FailedPrecondition(f"state database {path}: cannot migrate schema {version} -> "
                                  f"{SCHEMA_VERSION}: {exc}") from None
     log.info("state database %s migrated from schema %d to %d", path, version, SCHEMA_VERSION)
-
-
-def _hashes_blob(hashes: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(hashes)}Q", *hashes)
-
-
-def _hashes(blob: bytes) -> list[int]:
-    if len(blob) % 8:
-        raise ValueError(f"block_hashes of {len(blob)} bytes: not whole 8-byte words")
-    return list(struct.unpack(f"<{len(blob) // 8}Q", blob))
-
-
-def _order_row(order: Order, finished: int | None) -> tuple[object, ...]:
-    s = order.spec
-    return (order.order_id, s.family, _hashes_blob(s.block_hashes), s.source, s.target, s.target_address,
-            s.lease_ms, s.priority, s.expected_benefit_ms, s.policy, s.tier.value if s.tier else None,
-            s.action.value, order.state.value, order.created_at, order.last_progress, order.message,
-            order.bytes_sent, order.blocks_sent, finished)
-
-
-def _order(row: tuple) -> Order:
-    (order_id, family, blob, source, target, target_address, lease_ms, priority, benefit, policy, tier, action,
-     state, created_at, last_progress, message, bytes_sent, blocks_sent, _finished) = row
-    spec = OrderSpec(Family(family), _hashes(blob), NodeId(source), NodeId(target), int(lease_ms), int(priority),
-                     float(benefit), policy, target_address, order_id, Tier(tier) if tier is not None else None,
-                     ActionKind(action))
-    return Order(OrderId(order_id), spec, OrderState(state), float(created_at), float(last_progress), message,
-                 int(bytes_sent), int(blocks_sent))
-
-
-def _node(row: tuple) -> SavedNode:
-    node_id, address, capacity, host, layers, heads, head_dim, dtype, block_size, name, retain_max = row
-    sizes = NodeSizes(int(capacity), int(host), None if retain_max is None else int(retain_max))
-    return SavedNode(NodeId(node_id), address, sizes,
-                     KVGeometry(int(layers), int(heads), int(head_dim), dtype, int(block_size), name))

@@ -1,0 +1,1 @@
+"""The leadership package's edge: etcd over HTTP (etcd3gw)."""
