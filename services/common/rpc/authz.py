@@ -11,6 +11,9 @@ behaves as before. The rules (docs/security.md):
   ReportOrderStatus from anyone but the order's source node).
 - require_admin: an operator (SetPolicy, SubmitOrder, ReloadModel,
   KVStore.Replicate).
+- require_service_or_admin: another process of one service (a scheduler
+  replica's ShareRoutes: only scheduler replicas, spiffe://speckv/service/
+  scheduler) or an admin.
 - require_engine_or_admin: the node's own engine (the connector's
   certificate, spiffe://speckv/engine/<node>) or an admin: a node's blocks
   are written and read only by them (PutBlocks, GetBlocks, MapBlocks); peers
@@ -57,3 +60,10 @@ def require_engine_or_admin(context: grpc.ServicerContext, node_id: str, call: s
     if caller is not None and caller not in (ADMIN, Identity(Role.ENGINE, node_id)):
         raise PermissionDenied(f"{call} on node {node_id!r}: {caller} may not; only that node's engine "
                                f"({Identity(Role.ENGINE, node_id).uri}) or the admin may")
+
+
+def require_service_or_admin(context: grpc.ServicerContext, service: str, call: str) -> None:
+    caller = peer_identity(context)
+    if caller is not None and caller not in (ADMIN, Identity(Role.SERVICE, service)):
+        raise PermissionDenied(f"{call}: {caller} may not; only the {service} service "
+                               f"({Identity(Role.SERVICE, service).uri}) or the admin may")

@@ -9,6 +9,7 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.common.traces.mooncake import FAMILY_MODES
 from speckv.services.scheduler.adapters.vllm_subscriber import parse_kv_events
+from speckv.services.scheduler.leadership.adapters.etcd_keys import parse_endpoint
 from speckv.services.scheduler.policies.registry import default_registry
 from speckv.services.scheduler.policy_config import load_policy_config
 
@@ -57,8 +58,8 @@ class SchedulerConfig(ServerSettings):
         ",address=HOST:PORT (what Route answers; default the PUB's), ,pages=N (its KV blocks), ,topic=T; "
         "empty = none")})
     etcd: str = field(default="", metadata={"help": (
-        "etcd endpoints (http://HOST:PORT, comma-separated) where scheduler replicas elect the one that plans "
-        "and keep the shared control state (docs/replicas.md); empty = a single scheduler (no election)")})
+        "the etcd endpoint (http://HOST:PORT) where scheduler replicas elect the one that plans and keep the "
+        "shared control state (docs/replicas.md); empty = a single scheduler (no election)")})
     replica_id: str = field(default="", metadata={"help": "this replica's name in the election; empty = host:port"})
     peers: str = field(default="", metadata={"help": (
         "the other replicas' gRPC addresses, comma-separated: each routed request's planner-facing effects are "
@@ -115,9 +116,8 @@ class SchedulerConfig(ServerSettings):
                                   "where every replica can take over")
         if (self.peers or self.replica_id) and not self.etcd:
             raise InvalidArgument("peers and replica_id are for scheduler replicas, which need --etcd")
-        for endpoint in filter(None, (e.strip() for e in self.etcd.split(","))):
-            if not endpoint.startswith(("http://", "https://")) or ":" not in endpoint.split("//", 1)[1]:
-                raise InvalidArgument(f"etcd endpoint {endpoint!r}: expected http://HOST:PORT")
+        if self.etcd:
+            parse_endpoint(self.etcd)
         for peer in filter(None, (p.strip() for p in self.peers.split(","))):
             if ":" not in peer:
                 raise InvalidArgument(f"peers: {peer!r}: expected host:port")

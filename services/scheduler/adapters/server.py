@@ -17,6 +17,8 @@ from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.common.traces.mooncake import load_mooncake
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.event_sync import EventSync
+from speckv.services.scheduler.adapters.replica_role import ReplicaRole
+from speckv.services.scheduler.adapters.replica_setup import ReplicaSetup
 from speckv.services.scheduler.adapters.remote import KVStoreConfirmer, PredictorForecastSources, PredictorSender
 from speckv.services.scheduler.adapters.servicer import RequestLimits, SchedulerServicer
 from speckv.services.scheduler.adapters.state_store import StateStore
@@ -106,10 +108,11 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     --state-dir the core journals its control state there and resumes from
     it; an unusable database fails here (FailedPrecondition), before serving."""
     clock = clock or SystemClock()
+    tls = config.tls()  # the scheduler's own certificate on its calls to kvstores and the predictor too
+    replicas = ReplicaSetup(config, telemetry, tls) if config.etcd else None
     store = StateStore.open(config.state_dir) if config.state_dir else None
     saved = store.load() if store is not None else None
     profile = get_profile(config.engine_profile, config.engine_profiles_path or None)
-    tls = config.tls()  # the scheduler's own certificate on its calls to kvstores and the predictor too
     confirmer = KVStoreConfirmer(telemetry, config.lookup_timeout_s, tls)
     sender = (PredictorSender(config.predictor, telemetry, config.predictor_timeout_s, tls)
               if config.predictor else None)
@@ -122,7 +125,8 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
     confirm = _SkipVllmConfirm(confirmer, [s.route_address for s in vllm_specs]) if vllm_specs else confirmer
     core = SchedulerCore(settings, clock, profile,
                          confirmer=confirm if config.confirm_routes else None, arrivals=reporter,
-                         listener=wiring, forecasts=forecasts, future=future_arrivals(config), state=store)
+                         listener=wiring, forecasts=forecasts, future=future_arrivals(config),
+                         state=replicas.journal if replicas is not None else store)
     lost = _LossRule(core)
     event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry, tls=tls,
                            lost=lost.node_lost if config.loss_probe_s > 0 else None,
@@ -140,18 +144,25 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
             store.close()
             raise FailedPrecondition(f"state database {store.path}: cannot resume from it: {exc}") from None
     stopping = threading.Event()
+    role = replicas.role if replicas is not None else ReplicaRole()
     servicer = SchedulerServicer(core, stopping, RequestLimits(config.max_prompt_tokens, config.max_family_chars),
-                                 on_failed_order=event_sync.suspect if config.loss_probe_s > 0 else None)
+                                 on_failed_order=event_sync.suspect if config.loss_probe_s > 0 else None,
+                                 role=role, on_routed=replicas.share if replicas is not None else None)
 
     def register(server) -> list[str]:
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
         return [SERVICE_NAME]
 
     server = ServiceServer("scheduler", config, telemetry, register)
-    ticker = Ticker(config.tick_s, core.tick)
+    if replicas is not None:
+        replicas.attach(core, server.address)
+    # A replica that does not lead sweeps liveness and leases but plans nothing.
+    ticker = Ticker(config.tick_s, lambda: core.tick(plan=role.is_leader()))
 
     def start() -> None:
         ticker.start()
+        if replicas is not None:
+            replicas.start()
         if reporter is not None:
             reporter.start()
         if vllm_feeds is not None:
@@ -159,6 +170,8 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
 
     def stop() -> None:
         stopping.set()
+        if replicas is not None:
+            replicas.stop()  # resigns first: another replica leads at once
         core.close()
         ticker.stop()
         event_sync.stop_all()
@@ -180,6 +193,7 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         "speckv.scheduler.orders": lambda: [(float(n), {"state": s.name.lower()})
                                             for s, n in core.order_counts().items()],
         "speckv.scheduler.live_nodes": lambda: [(float(core.live_node_count()), {})],
+        "speckv.scheduler.leading": lambda: [(1.0 if role.is_leader() else 0.0, {"epoch": str(role.epoch())})],
         "speckv.scheduler.replicas": lambda: _replica_gauges(core),
         "speckv.scheduler.replica_bytes": lambda: replica_bytes(core.cluster_state().replicas),
         "speckv.scheduler.action.orders": lambda: action_orders(core.action_outcomes()),

@@ -16,10 +16,12 @@ from speckv.services.common.ids import Family, NodeId
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.adapters.outcomes_proto import actions_to_proto
+from speckv.services.scheduler.adapters.observation_proto import observation_from_proto
 from speckv.services.scheduler.adapters.replica_role import ReplicaRole
 from speckv.services.scheduler.cluster import LoadReport
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.orders import ActionKind, Order, OrderSpec, OrderState
+from speckv.services.scheduler.routing.observation import RouteObservation
 from speckv.services.scheduler.routing.route_records import RouteRequestItem, RouteResult
 from speckv.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -57,12 +59,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, core: SchedulerCore, stopping: threading.Event,
                  limits: RequestLimits = RequestLimits(),
                  on_failed_order: Callable[[NodeId, str], None] | None = None,
-                 role: ReplicaRole | None = None) -> None:
+                 role: ReplicaRole | None = None,
+                 on_routed: Callable[[list[RouteObservation]], None] | None = None) -> None:
         """on_failed_order(target, why): told of every order reported FAILED
         (the server has the scheduler check the target itself: a source's
         word alone never declares another node down). role: this process as
-        a replica (replica_role.py); None: the one scheduler, which leads."""
+        a replica (replica_role.py); None: the one scheduler, which leads.
+        on_routed: told what each Route here applied (a replica shares it
+        with its peers: route_sharing.py); it must not block."""
         self._core = core
+        self._on_routed = on_routed
         self._role = role or ReplicaRole()
         self._stopping = stopping
         self._limits = limits
@@ -85,8 +91,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def Route(self, request, context):
         self._limits.check_route(request.prompt_tokens, request.family)
-        return _route_response(self._core.route(request.request_id, request.block_hashes, request.prompt_tokens,
-                                                request.family, request.arrival_time_s))
+        result = self._core.route(request.request_id, request.block_hashes, request.prompt_tokens,
+                                  request.family, request.arrival_time_s)
+        if self._on_routed is not None and result.observation is not None:
+            self._on_routed([result.observation])
+        return _route_response(result)
 
     def RouteBatch(self, request, context):
         for i, r in enumerate(request.requests):
@@ -96,7 +105,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise InvalidArgument(f"requests[{i}]: {exc}") from None
         items = [RouteRequestItem(r.request_id, r.block_hashes, r.prompt_tokens, r.family, r.arrival_time_s)
                  for r in request.requests]
-        return scheduler_pb2.RouteBatchResponse(responses=[_route_response(r) for r in self._core.route_batch(items)])
+        results = self._core.route_batch(items)
+        if self._on_routed is not None:
+            self._on_routed([r.observation for r in results if r.observation is not None])
+        return scheduler_pb2.RouteBatchResponse(responses=[_route_response(r) for r in results])
+
+    def ShareRoutes(self, request, context):
+        authz.require_service_or_admin(context, "scheduler", "ShareRoutes")
+        observations = []
+        for i, m in enumerate(request.routes):
+            try:
+                self._limits.check_route(m.prompt_tokens, m.family)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"routes[{i}]: {exc}") from None
+            observations.append(observation_from_proto(m, f"routes[{i}]"))
+        self._core.observe_routes(observations)
+        return scheduler_pb2.ShareRoutesAck(applied=len(observations))
 
     def WatchOrders(self, request, context) -> Iterator[common_pb2.ReplicationOrder]:
         authz.require_node_or_admin(context, request.node_id, "WatchOrders")  # node_id "": every node's, admin only
