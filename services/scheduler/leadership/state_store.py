@@ -41,11 +41,12 @@ from typing import Any, Sequence
 
 from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import OrderId
+from speckv.services.scheduler.leadership.elector import Leadership
 from speckv.services.scheduler.leadership.keys import FencedKeyStore, leader_key, state_prefix
 from speckv.services.scheduler.orders import Order, OrderState
 from speckv.services.scheduler.ports import SavedNode, SavedState
 from speckv.services.scheduler.state_rows import (
-    NODE_FIELDS, ORDER_FIELDS, node_from_row, node_row, order_from_row, order_row, row_finished)
+    NODE_FIELDS, ORDER_FIELDS, hashes_blob, node_from_row, node_row, order_from_row, order_row, row_finished)
 
 SCHEMA_VERSION = 1
 _BLOB = 2  # the block hashes' place in an order row
@@ -69,6 +70,12 @@ class EtcdStateStore:
         with self._lock:
             self._epoch = epoch
             self._counters = None
+
+    def fence_from(self, leadership: Leadership) -> None:
+        """fence() from an Elector's Leadership: its epoch while it leads, 0
+        otherwise. A leadership listener: `elector.on_change(store.fence_from)`,
+        registered before the listeners that start planning."""
+        self.fence(leadership.epoch if leadership.is_leader else 0)
 
     @property
     def epoch(self) -> int:
@@ -197,5 +204,5 @@ def _json_row(value: bytes, fields: int) -> list[Any]:
 
 def _order_value(order: Order, finished: int | None) -> bytes:
     row = list(order_row(order, finished))
-    row[_BLOB] = base64.b64encode(row[_BLOB]).decode()
+    row[_BLOB] = base64.b64encode(hashes_blob(order.spec.block_hashes)).decode()  # JSON has no bytes
     return _json(row)

@@ -19,6 +19,7 @@ from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.adapters.state_store import StateStore
 from speckv.services.scheduler.core import SchedulerCore
+from speckv.services.scheduler.leadership.elector import Leadership
 from speckv.services.scheduler.leadership.keys import leader_key, state_prefix
 from speckv.services.scheduler.leadership.memory_keys import MemoryKeys
 from speckv.services.scheduler.leadership.state_store import EtcdStateStore
@@ -220,6 +221,17 @@ def test_a_core_resumes_from_what_another_replicas_core_journaled(store, keys, c
     with pytest.raises(FailedPrecondition, match="no longer leads"):
         core.set_policy("none")  # the deposed core's change is refused
     assert resumed.get_policy().name == "reactive-heat"
+
+
+def test_fence_from_a_leadership_writes_only_while_it_leads(keys):
+    store = EtcdStateStore(keys, CLUSTER)
+    epoch = lead(keys)
+    store.fence_from(Leadership(True, epoch, "r1", "h:1"))
+    store.policy_set("reactive-heat")
+    store.fence_from(Leadership(False, epoch, "r1", "h:1"))
+    with pytest.raises(FailedPrecondition, match="does not lead"):
+        store.policy_set("none")
+    assert store.load().policy == "reactive-heat"
 
 
 def test_fence_takes_no_negative_epoch(store):
