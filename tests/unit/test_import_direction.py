@@ -38,6 +38,7 @@ ADAPTERS = {
     "speckv.services.engine.vllm_connector.kvstore_client",
     "speckv.services.engine.vllm_connector.shared_client",
     "speckv.services.kvstore.agent",
+    "speckv.services.kvstore.scheduler_link",
     "speckv.services.kvstore.config",
     "speckv.services.kvstore.grpc_target",
     "speckv.services.kvstore.nixl.target",
