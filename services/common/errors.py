@@ -49,3 +49,8 @@ def require(condition: bool, message: str) -> None:
     """Raise InvalidArgument(message) unless condition holds."""
     if not condition:
         raise InvalidArgument(message)
+
+
+# The words a scheduler replica that does not lead puts in its FAILED_PRECONDITION (replica_role.py), so a
+# caller (a kvstore's agent) tells "ask another replica" from "this report is wrong" without parsing more.
+NOT_LEADING = "this scheduler replica does not lead"

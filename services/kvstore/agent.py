@@ -23,24 +23,28 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import grpc
 
-from speckv.services.common.errors import SpeckvError, Unavailable
+from speckv.services.common.errors import NOT_LEADING, SpeckvError, Unavailable
 from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.services.kvstore.order_fence import Admission, OrderFence
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOutcome
-from speckv.services.kvstore.scheduler_link import SchedulerLink, describe
+from speckv.services.kvstore.scheduler_link import Backoff, SchedulerLink, describe
 from speckv.services.kvstore.servicer import order_from_proto
 from speckv.services.kvstore.store import KVStoreCore
 from speckv.v1 import common_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
 ORDER_WORKERS = 2
+# How long an order's report is retried while no replica takes it (a failover elects a new leader within two
+# leases, 4 s at the default): past this it is logged and dropped (the order expires at the scheduler).
+REPORT_RETRY_S = 10.0
 
 
 def scheduler_addresses(spec: str | Sequence[str]) -> list[str]:
@@ -172,19 +176,47 @@ class SchedulerAgent:
         report = scheduler_pb2.OrderStatusReport(order_id=order_id, state=state, message=message[:2000],
                                                  bytes_sent=bytes_sent, blocks_sent=blocks_sent,
                                                  transport=transport)
-        failures = []
+        deadline = time.monotonic() + REPORT_RETRY_S
+        backoff = Backoff()
+        while True:
+            failures, leaderless = self._report_once(via, report)
+            if not failures:
+                return
+            if not leaderless:
+                break  # a leading replica refused the report itself: asking again would not change that
+            if self._stop.is_set() or time.monotonic() >= deadline:
+                break
+            # No replica took it: a failover under way (no leader yet) or the scheduler restarting.
+            self._stop.wait(backoff.next())
+        log.warning("could not report order %s: %s", order_id, "; ".join(failures))
+
+    def _report_once(self, via: SchedulerLink, report: scheduler_pb2.OrderStatusReport) -> tuple[list[str], bool]:
+        """Tries each replica in turn: (the failures, [] when one took it; whether every failure was a replica
+        gone or not leading, i.e. no leader answered and a later try may find one)."""
+        failures: list[str] = []
+        leaderless = True
         # The replica that says it leads first (after a failover, the one that adopted the order), then the
         # sender, then the rest.
         order = sorted(self._links, key=lambda link: (not link.is_leader, link is not via))
         for link in order:
             try:
                 link.stub.ReportOrderStatus(report, timeout=self._timeout_s)
-                return
+                return [], False
             except (grpc.RpcError, ValueError) as exc:
                 failures.append(f"{link.address}: {describe(exc)}")
+                leaderless = leaderless and _no_leader_answered(exc)
                 if self._stop.is_set():
                     break
-        log.warning("could not report order %s: %s", order_id, "; ".join(failures))
+        return failures, leaderless
+
+
+def _no_leader_answered(exc: Exception) -> bool:
+    """The replica is gone (or the channel closed), or said it does not lead."""
+    code = exc.code() if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else None
+    if code is None or code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return True
+    details = exc.details() if hasattr(exc, "details") else ""
+    return code is grpc.StatusCode.FAILED_PRECONDITION and NOT_LEADING in (details or "")
 
 
 class CancelledOrders:

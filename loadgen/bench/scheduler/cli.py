@@ -47,6 +47,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from speckv.loadgen.bench.scheduler.failover import FailoverSettings, run_failover
 from speckv.loadgen.bench.scheduler.synth import PROFILE, SyntheticCluster, SyntheticForecasts, SynthShape
 from speckv.services.cluster.certs import make_bundle
 from speckv.services.common.clock import ManualClock
@@ -69,7 +70,12 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tls", action="store_true",
                         help="also compare Route with and without mutual TLS (two 16-node scheduler processes)")
+    parser.add_argument("--replicas", type=int, default=0,
+                        help="instead: the failover drill of N scheduler replicas on etcd, the leader killed -9 "
+                             "under load (loadgen/bench/scheduler/failover.py)")
     args = parser.parse_args(argv)
+    if args.replicas:
+        return failover_main(args.replicas, args.quick, args.json, environ)
     logging.getLogger("speckv.services.scheduler").setLevel(logging.WARNING)  # 1,000 registrations
     shape = SynthShape(args.nodes, args.blocks, args.families, seed=args.seed)
     n_routes, n_ticks, n_calls, seconds = (5_000, 20, 1_000, 3.0) if args.quick else (50_000, 100, 5_000, 10.0)
@@ -98,6 +104,29 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
                 _show(f"{rpc} ({mode})", p, "ms", target)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
+            json.dump(results, out, indent=2)
+    return 0
+
+
+def failover_main(replicas: int, quick: bool, json_path: str | None, environ: Mapping[str, str]) -> int:
+    if replicas < 2:
+        raise SystemExit(f"--replicas {replicas}: a failover needs at least 2")
+    settings = FailoverSettings(replicas=replicas, seconds=8.0 if quick else 12.0)
+    print(f"failover drill: {replicas} scheduler replicas on etcd, 3 kvstores; the leader gets SIGKILL "
+          f"{settings.kill_at_s:.0f} s into {settings.seconds:.0f} s of routes and orders", flush=True)
+    results = run_failover(settings, environ)
+    failover = results["failover_s"]
+    print(f"failover: {'none (no replica took over)' if failover is None else f'{failover:.2f} s'} "
+          f"(bound: two leases, {results['failover_bound_s']} s; target <= 5 s)")
+    print(f"orders: {results['orders_accepted']} accepted, {results['orders_committed']} committed, "
+          f"lost {results['orders_lost']}, duplicated {results['orders_duplicated']}, "
+          f"stuck {results['orders_stuck']} (targets: 0 lost, 0 duplicated)")
+    gap = results["max_route_gap_s"]
+    print(f"routes: {results['routes']}, unanswered {results['route_unanswered']} (target 0), "
+          f"retried on another replica {results['routes_retried']}, longest gap between answers "
+          f"{'-' if gap is None else f'{gap * 1e3:.0f} ms'}")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as out:
             json.dump(results, out, indent=2)
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from speckv.services.common.errors import FailedPrecondition
+from speckv.services.common.errors import NOT_LEADING, FailedPrecondition
 from speckv.v1 import scheduler_pb2
 
 
@@ -58,4 +58,4 @@ class ReplicaRole:
         now = self._elector.current()
         if not now.is_leader:
             where = f"{now.leader_id} at {now.leader_address}" if now.leader_id else "not known now (an election runs)"
-            raise FailedPrecondition(f"{what}: this scheduler replica does not lead; the leader is {where}")
+            raise FailedPrecondition(f"{what}: {NOT_LEADING}; the leader is {where}")
