@@ -55,6 +55,8 @@ def etcd_command(binary: str, name: str, data_dir: Path, host: str, client_port:
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new",
+            # Every order transition is a revision: keep the last 10,000 (docs/replicas.md).
+            "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
             "--logger", "zap", "--log-level", "warn"]
 
 
