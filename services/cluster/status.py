@@ -45,7 +45,7 @@ def client_tls(args: argparse.Namespace, environ: Mapping[str, str]) -> TlsMater
 
 
 def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
-    nodes = Table(title=f"nodes (policy: {state.policy}, families: {state.num_families})")
+    nodes = Table(title=f"nodes (policy: {state.policy}, families: {state.num_families}{_leadership(state)})")
     for column in ("node", "address", "alive", "device pages avail/cap", "host blocks/cap", "retained/cap",
                    "queued tok", "running tok", "blocks", "heartbeat age s", "routes"):
         nodes.add_column(column)
@@ -63,6 +63,15 @@ def cluster_tables(state: scheduler_pb2.ClusterState) -> list[Table]:
         orders.add_row(common_pb2.OrderState.Name(o.state).removeprefix("ORDER_STATE_").lower(), str(o.count))
     return [nodes, orders] + ([actions_table(state.actions)] if state.actions else []) \
         + ([transports_table(state.transports)] if state.transports else [])
+
+
+def _leadership(state: scheduler_pb2.ClusterState) -> str:
+    """', leader: ID (epoch E; this replica)' with replicas; '' for a single scheduler (no leader id)."""
+    lead = state.leadership
+    if not lead.leader_id:
+        return "" if lead.answering_is_leader or not state.HasField("leadership") else ", leader: none now"
+    who = "this replica" if lead.answering_is_leader else f"at {lead.leader_address}"
+    return f", leader: {lead.leader_id} (epoch {lead.epoch}; {who})"
 
 
 def transports_table(rows: Sequence[scheduler_pb2.TransportStats]) -> Table:
