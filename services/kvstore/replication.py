@@ -34,6 +34,7 @@ chunk size; otherwise the node's defaults apply.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
@@ -145,6 +146,14 @@ class Replicator:
         self._peers = peers
         self.chunk_bytes = chunk_bytes
         self.reservation_lease_s = reservation_lease_s
+        # (transport, outcome) -> [copies, bytes sent], since start: what each data plane carried (metrics).
+        self._carried: dict[tuple[str, str], list[int]] = {}
+        self._carried_lock = threading.Lock()
+
+    def carried(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(transport, outcome) -> (copies, bytes sent) since start; outcome is the TransferOutcome's value."""
+        with self._carried_lock:
+            return {key: (n, b) for key, (n, b) in self._carried.items()}
 
     def replicate(self, order: TransferOrder, *, chunk_bytes: int = 0, transport: str = "") -> ReplicationResult:
         """Runs the handshake. Input errors and missing source blocks raise;
@@ -177,6 +186,10 @@ class Replicator:
                 result.transport = target.transport
                 target.close()
         result.seconds = self._clock.now() - started
+        with self._carried_lock:
+            tally = self._carried.setdefault((result.transport, result.outcome.value), [0, 0])
+            tally[0] += 1
+            tally[1] += result.bytes_sent
         return result
 
     def _run(self, order: TransferOrder, target: ReplicationTarget, result: ReplicationResult, chunk_bytes: int) -> None:

@@ -112,7 +112,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
         return [SERVICE_NAME]
 
     server = ServiceServer(SERVICE, config, telemetry, register)
-    _register_metrics(telemetry, store, data_plane)
+    _register_metrics(telemetry, store, data_plane, replicator)
     maintenance = threading.Thread(target=_maintain, args=(store, stopping), name=f"{config.node_id}-maintenance",
                                    daemon=True)
     if config.scheduler:
@@ -252,8 +252,16 @@ def data_plane_connections(node_id: str, data_plane: DataPlaneServer) -> Observa
             (float(data_plane.held_connections), {"node": node_id, "state": "held"})]
 
 
-def _register_metrics(telemetry: Telemetry, store: KVStoreCore, data_plane: DataPlaneServer | None) -> None:
+def _register_metrics(telemetry: Telemetry, store: KVStoreCore, data_plane: DataPlaneServer | None,
+                      replicator: Replicator) -> None:
     gauges = {
+        # Copies this node sent as a source, and their bytes, per data plane and outcome (cumulative).
+        "speckv.kvstore.replications": lambda: [
+            (float(n), {"node": store.node_id, "transport": t or "none", "outcome": o})
+            for (t, o), (n, _) in sorted(replicator.carried().items())],
+        "speckv.kvstore.replication_bytes": lambda: [
+            (float(b), {"node": store.node_id, "transport": t or "none", "outcome": o})
+            for (t, o), (_, b) in sorted(replicator.carried().items())],
         "speckv.kvstore.pages": lambda: tier_pages(store.stats()),
         "speckv.kvstore.pool.occupancy": lambda: tier_occupancy(store.stats()),
         "speckv.kvstore.blocks": lambda: block_totals(store.stats()),

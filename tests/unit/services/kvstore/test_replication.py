@@ -124,3 +124,15 @@ def test_invalid_orders(bad, match):
 def test_chunk_size_bounds(chunk_bytes):
     with pytest.raises(InvalidArgument, match="chunk_bytes"):
         pair(chunk_bytes=chunk_bytes)
+
+
+def test_what_each_transport_carried_is_counted_by_outcome():
+    source, target, replicator, _ = pair(target_pages=2)
+    source.put_blocks(writes(1, 2, 3, 4))
+    assert replicator.replicate(order(1)).outcome is TransferOutcome.COMMITTED
+    failed = replicator.replicate(dataclasses.replace(order(2, 3, 4), order_id="o2"))  # more than the target holds
+    assert failed.outcome is TransferOutcome.FAILED
+    carried = replicator.carried()
+    transport = failed.transport
+    assert carried[(transport, "committed")] == (1, TINY.bytes_per_block)
+    assert carried[(transport, "failed")][0] == 1
