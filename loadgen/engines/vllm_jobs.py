@@ -43,8 +43,7 @@ def chain_block_ids(model_id: str, geometry: KVGeometry, tokens: Sequence[int]) 
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
 
-    from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
-    from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+    from speckv.services.engine.vllm_connector.identity import block_ids
 
     size = geometry.block_size
     hash_fn = get_hash_fn_by_name(HASH_ALGO)
@@ -53,10 +52,18 @@ def chain_block_ids(model_id: str, geometry: KVGeometry, tokens: Sequence[int]) 
     for start in range(0, len(tokens) - size + 1, size):
         parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, list(tokens[start:start + size]), None)
         hashes.append(parent)
-    layout = KVLayout(model=model_id, dtype=geometry.dtype, block_size=size, num_layers=geometry.num_layers,
-                      num_kv_heads=geometry.num_kv_heads, head_dim=geometry.head_dim, tp_rank=0,
-                      page_layout=PAGE_LAYOUT, hash_algo=HASH_ALGO)
-    return block_ids(layout.digest(), hashes)
+    return block_ids(layout_digest(model_id, geometry), hashes)
+
+
+def layout_digest(model_id: str, geometry: KVGeometry) -> bytes:
+    """The layout digest of the connector in an engine of this geometry (CPU page layout, rank 0, sha256):
+    what the scheduler's --kv-events digest= takes to index that engine's own events under the same ids."""
+    from speckv.services.engine.vllm_connector.identity import KVLayout
+    from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+
+    return KVLayout(model=model_id, dtype=geometry.dtype, block_size=geometry.block_size,
+                    num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads, head_dim=geometry.head_dim,
+                    tp_rank=0, page_layout=PAGE_LAYOUT, hash_algo=HASH_ALGO).digest()
 
 
 # tokens of whole blocks -> the connector's id of each block

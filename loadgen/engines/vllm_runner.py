@@ -40,11 +40,22 @@ def prompt_block_ids(model: Path, spec: TinyLlama, tokens: list[int]) -> list[in
     in an engine of run_engine's settings (float32, BLOCK_SIZE, sha256, the
     model path as its id), computed without an engine."""
     from speckv.loadgen.engines.vllm_jobs import chain_block_ids
+
+    return chain_block_ids(str(model), _geometry(spec), tokens)
+
+
+def engine_layout_digest(model: Path, spec: TinyLlama) -> bytes:
+    """The layout digest of the connector in an engine of run_engine's settings."""
+    from speckv.loadgen.engines.vllm_jobs import layout_digest
+
+    return layout_digest(str(model), _geometry(spec))
+
+
+def _geometry(spec: TinyLlama):
     from speckv.services.common.geometry import KVGeometry
 
-    geometry = KVGeometry(name="", num_layers=spec.num_layers, num_kv_heads=spec.kv_heads, head_dim=spec.head_dim,
-                          dtype="float32", block_size=BLOCK_SIZE)
-    return chain_block_ids(str(model), geometry, tokens)
+    return KVGeometry(name="", num_layers=spec.num_layers, num_kv_heads=spec.kv_heads, head_dim=spec.head_dim,
+                      dtype="float32", block_size=BLOCK_SIZE)
 
 
 def run_engine(spec: dict[str, Any], workdir: Path, timeout_s: float = 600.0) -> dict[str, Any]:
@@ -75,9 +86,14 @@ def main(spec_path: str, out_path: str) -> None:
     max_len = spec.get("max_model_len", 4096)
     transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+    events = spec.get("kv_events_port")  # also publish vLLM's own KV events there, and collect them
+    # vLLM's PUB connects to a host:port endpoint (it binds only wildcard ones): the collector binds first.
+    collector = EventCollector(f"tcp://127.0.0.1:{events}") if events else None
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, block_size=BLOCK_SIZE,
               dtype="float32", max_model_len=max_len, seed=0, max_num_batched_tokens=max_len,
-              kv_transfer_config=transfer if connected else None)
+              kv_transfer_config=transfer if connected else None,
+              **({"kv_events_config": {"enable_kv_cache_events": True, "publisher": "zmq",
+                                       "endpoint": f"tcp://127.0.0.1:{events}"}} if events else {}))
     keep = spec.get("keep_cache") or [False] * len(spec["prompts"])
     each = spec.get("max_tokens_each") or [spec.get("max_tokens", 8)] * len(spec["prompts"])
     outputs, seconds = [], []
@@ -95,7 +111,52 @@ def main(spec_path: str, out_path: str) -> None:
     for counters in ALL_COUNTERS:
         for name, value in counters.snapshot().items():
             totals[name] = totals.get(name, 0) + value
-    Path(out_path).write_text(json.dumps({"outputs": outputs, "seconds": seconds, "counters": totals}))
+    out = {"outputs": outputs, "seconds": seconds, "counters": totals}
+    if collector is not None:
+        out["vllm_stored"] = collector.stop()
+    Path(out_path).write_text(json.dumps(out))
+
+
+class EventCollector:
+    """Subscribes to the engine's own KV events (vLLM's ZMQ publisher) and
+    keeps the block ids of every BlockStored, as the scheduler decodes them
+    (vllm_decode.py, no digest: vLLM's own event ids). It binds; the engine's
+    publisher connects to it while starting, long before the first prompt."""
+
+    def __init__(self, endpoint: str) -> None:
+        import threading
+
+        import zmq
+
+        self._socket = zmq.Context.instance().socket(zmq.SUB)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._socket.bind(endpoint)
+        self._stored: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        from speckv.services.scheduler.adapters.vllm_decode import VllmBatchDecoder, split_frames
+        from speckv.services.scheduler.holder_index import HolderEventKind
+
+        decoder = VllmBatchDecoder(BLOCK_SIZE)
+        while not self._stop.is_set():
+            if not self._socket.poll(100, zmq.POLLIN):
+                continue
+            sequence, payload = split_frames(self._socket.recv_multipart())
+            for event in decoder.decode(sequence, payload).events:
+                if event.kind is HolderEventKind.STORED:
+                    self._stored.extend(event.block_hashes)
+
+    def stop(self) -> list[int]:
+        time.sleep(1.0)  # the publisher sends from its own thread
+        self._stop.set()
+        self._thread.join()
+        self._socket.close(linger=0)
+        return list(self._stored)
 
 
 if __name__ == "__main__":

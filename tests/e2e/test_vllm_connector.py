@@ -34,7 +34,8 @@ from tests.support.kvstore_service import kvstore
 from tests.support.scheduler_service import scheduler
 from tests.support.waiting import wait_until
 from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
-from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, prompt_block_ids, run_engine
+from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, engine_layout_digest, prompt_block_ids, run_engine
+from speckv.services.common.vllm_block_ids import speckv_block_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -218,3 +219,23 @@ def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, t
     assert corrupt["counters"]["blocks_matched"] == PROMPT_BLOCKS
     assert corrupt["counters"]["load_failures"] >= 1 and corrupt["counters"]["blocks_loaded"] == 0
     assert corrupt["outputs"] == first["outputs"]
+
+
+def test_vllms_own_events_name_the_kvstores_blocks_under_the_layout_digest(first, store, model, tmp_path):
+    """The engine's own KV events (vLLM's ZMQ publisher, decoded as the
+    scheduler's --kv-events does) carry vLLM's ids; mapped through the
+    engine's layout digest they are exactly the ids its connector saved in
+    the kvstore, which a router computes without an engine."""
+    _, stub = store
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = run_engine({"model": str(model), "kvstore": store[0].address, "prompts": [PROMPT], "max_tokens": 4,
+                      "kv_events_port": port}, tmp_path)
+    digest = engine_layout_digest(model, SPEC)
+    mapped = [speckv_block_id(digest, h) for h in out["vllm_stored"]]
+    ids = vllm_chain_ids(model, PROMPT)
+    assert mapped[:PROMPT_BLOCKS] == ids
+    assert set(out["vllm_stored"]).isdisjoint(ids)  # unmapped, vLLM's ids are not the kvstore's
+    held = stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=mapped[:PROMPT_BLOCKS]), timeout=30)
+    assert held.prefix_blocks == PROMPT_BLOCKS

@@ -71,6 +71,10 @@ class SpeckvConnector(KVConnectorBase_V1):
             log.warning("SpeckvConnector off (%s): the engine runs without the kvstore", why_not)
             layout = None
         self.layout = layout
+        if layout is not None and role == KVConnectorRole.SCHEDULER:
+            # What the scheduler needs to index this engine's own KV events under these ids (--kv-events).
+            log.info("SpeckvConnector on kvstore %s; layout digest %s (the scheduler's --kv-events digest=)",
+                     settings.kvstore, layout.digest().hex())
         if layout is not None and getattr(self._kv_transfer_config, "kv_load_failure_policy", "") != "recompute":
             # vLLM's default, "fail", ends a request whose load failed: speckv's loads must fail open.
             log.warning("SpeckvConnector: kv_load_failure_policy is %r; set \"recompute\" so that a failed load "

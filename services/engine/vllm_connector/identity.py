@@ -14,23 +14,11 @@ never a wrong block).
 
 The chain names tokens, not KV bytes: the same prefix under another model,
 dtype, block size, layer count, KV head count, head dim, tensor-parallel rank
-or page layout has other bytes. speckv's id is therefore
-
-    id = big-endian uint64 of the first 8 bytes of
-         sha256(b"speckv-vllm-block/1" || layout digest || vLLM block hash)
-
-where the layout digest is sha256 over every field of KVLayout. Two blocks
-share an id only if their layouts and vLLM hashes are equal, or by a 64-bit
-collision: among n distinct resident blocks the chance of any collision is
-about n^2 / 2^65 (1e6 blocks: ~3e-8), the same bound the kvstore's uint64
-ids have everywhere; a block of another layout is never a candidate except
-through such a collision. Id 0 is mapped to 1 (0 means "no parent" in the
-kvstore protocol).
-
-The ids are not vLLM's event ids (the low 64 bits of vLLM's hash): the
-kvstore's own events carry these ids; an index joining vLLM's KV events with
-the kvstore's must map vLLM's hashes through `block_id` with the engine's
-digest.
+or page layout has other bytes. speckv's id therefore covers a digest of the
+layout (sha256 over every field of KVLayout) and is computed from the id
+vLLM's own KV events give the block (services/common/vllm_block_ids.py), so
+the scheduler maps an engine's events onto the same ids given its digest
+(--kv-events ...,digest=HEX; the connector logs its digest at start).
 """
 from __future__ import annotations
 
@@ -38,7 +26,7 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-DOMAIN = b"speckv-vllm-block/1"
+from speckv.services.common.vllm_block_ids import event_id, speckv_block_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +53,7 @@ class KVLayout:
 
 def block_id(digest: bytes, vllm_hash: bytes) -> int:
     """speckv's uint64 id of one vLLM block hash under a layout digest (never 0)."""
-    h = hashlib.sha256(DOMAIN + digest + bytes(vllm_hash)).digest()
-    return int.from_bytes(h[:8], "big") or 1
+    return speckv_block_id(digest, event_id(vllm_hash))
 
 
 def block_ids(digest: bytes, vllm_hashes: Iterable[bytes]) -> list[int]:

@@ -55,7 +55,9 @@ class SchedulerConfig(ServerSettings):
     kv_events: str = field(default="", metadata={"help": (
         "vLLM engines to index from their ZMQ KV events, no kvstore beside them: entries separated by ';', each "
         "NODE=tcp://HOST:PORT (vLLM's PUB endpoint) with optional ,replay=tcp://HOST:PORT (its replay ROUTER), "
-        ",address=HOST:PORT (what Route answers; default the PUB's), ,pages=N (its KV blocks), ,topic=T; "
+        ",address=HOST:PORT (what Route answers; default the PUB's), ,pages=N (its KV blocks), ,topic=T, "
+        ",digest=HEX (its layout digest, which SpeckvConnector logs: its blocks are then indexed under the "
+        "ids routers send; else under vLLM's own); "
         "empty = none")})
     etcd: str = field(default="", metadata={"help": (
         "the etcd endpoint (http://HOST:PORT) where scheduler replicas elect the one that plans and keep the "

@@ -14,7 +14,9 @@ releases lack `medium`) take their defaults (medium None = the device tier).
 Fields after the ones named here (newer releases) are ignored.
 
 Mapping (invariants the index relies on):
-- Block hashes become speckv's uint64 block hashes: an int is taken modulo
+- Block hashes become speckv's uint64 block hashes (under the engine's layout
+  digest, when the decoder is given one, they are then mapped to the ids the
+  connector names the same blocks by: services/common/vllm_block_ids.py): an int is taken modulo
   2**64 (older releases publish signed 64-bit ints), bytes as the low 64 bits
   of their big-endian value, which is exactly what vLLM itself publishes when
   VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES is on, so one block has one id whichever
@@ -45,6 +47,7 @@ import msgpack
 
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.tiers import Tier
+from speckv.services.common.vllm_block_ids import speckv_block_id
 from speckv.services.common.vllm_wire import BATCH_FIELDS, EVENT_FIELDS, SEQUENCE_BYTES, TAG_FIELD, UINT64_MASK
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 
@@ -125,9 +128,13 @@ def replay_request(start: int) -> list[bytes]:
 @dataclass(slots=True)
 class VllmBatchDecoder:
     """Decodes EventBatch payloads for a scheduler whose blocks hold
-    `block_size` tokens. Stateless apart from its setting: safe to share."""
+    `block_size` tokens. Stateless apart from its settings: safe to share.
+    digest: the engine's layout digest (32 bytes) when its blocks are to be
+    indexed under speckv's ids (vllm_block_ids.py: the connector's names,
+    which routers send); None: under vLLM's event ids as they come."""
 
     block_size: int
+    digest: bytes | None = None
 
     def decode(self, sequence: int, payload: bytes) -> DecodedBatch:
         try:
@@ -161,6 +168,8 @@ class VllmBatchDecoder:
         parent: object = None
         try:
             hashes = [normalise_hash(h) for h in _list(fields.get("block_hashes"), "block_hashes")]
+            if self.digest is not None:
+                hashes = [speckv_block_id(self.digest, h) for h in hashes]
             tier = _tier(fields.get("medium"))
             if tag == "BlockStored":
                 size = fields.get("block_size")

@@ -38,6 +38,7 @@ from speckv.services.common.errors import InvalidArgument, SpeckvError
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
+from speckv.services.common.vllm_block_ids import parse_digest
 from speckv.services.scheduler.adapters.vllm_decode import (
     BadInput,
     SequenceTracker,
@@ -57,6 +58,7 @@ DEFAULT_PAGES = 65536  # a placeholder capacity when pages= is not given (only p
 POLL_MS = 100  # how often an idle thread checks for stop and heartbeats
 RECEIVE_HWM = 100_000  # as vLLM's PUB: live batches queue here while a replay runs
 MAX_REPLAY_BATCHES = 1_000_000  # bounds a runaway replay (vLLM buffers 10,000 by default)
+OPTIONS = ("replay", "address", "pages", "topic", "digest")
 
 
 # --- configuration -----------------------------------------------------------
@@ -71,6 +73,9 @@ class VllmNodeSpec:
     address: str = ""  # what Route answers for this node (the engine's serving host:port)
     pages: int = DEFAULT_PAGES  # the engine's KV blocks (vLLM's num_gpu_blocks)
     topic: str = ""  # topic prefix subscribed to (vLLM's default topic is "")
+    # The engine's layout digest (the connector logs it): its blocks are indexed under the connector's ids,
+    # which routers send (services/common/vllm_block_ids.py); None: under vLLM's own event ids.
+    digest: bytes | None = None
 
     @property
     def route_address(self) -> str:
@@ -80,7 +85,7 @@ class VllmNodeSpec:
 
 def parse_kv_events(text: str) -> list[VllmNodeSpec]:
     """Parses --kv-events: entries separated by ';', each
-    `NODE=PUB_ENDPOINT[,replay=ENDPOINT][,address=HOST:PORT][,pages=N][,topic=T]`.
+    `NODE=PUB_ENDPOINT[,replay=ENDPOINT][,address=HOST:PORT][,pages=N][,topic=T][,digest=HEX]`.
     InvalidArgument names the entry and what is wrong."""
     specs: list[VllmNodeSpec] = []
     for entry in (e.strip() for e in text.split(";")):
@@ -93,17 +98,27 @@ def parse_kv_events(text: str) -> list[VllmNodeSpec]:
         values: dict[str, str] = {}
         for option in options:
             key, sep, value = option.partition("=")
-            if not sep or key.strip() not in ("replay", "address", "pages", "topic") or key.strip() in values:
+            if not sep or key.strip() not in OPTIONS or key.strip() in values:
                 raise InvalidArgument(f"kv_events entry {entry!r}: option {option!r} is not one of "
-                                      "replay=, address=, pages=, topic= (each at most once)")
+                                      "replay=, address=, pages=, topic=, digest= (each at most once)")
             values[key.strip()] = value.strip()
         spec = VllmNodeSpec(node_id.strip(), endpoint.strip(), values.get("replay", ""), values.get("address", ""),
-                            _pages(entry, values.get("pages")), values.get("topic", ""))
+                            _pages(entry, values.get("pages")), values.get("topic", ""),
+                            _digest(entry, values.get("digest")))
         _check_spec(entry, spec)
         if any(s.node_id == spec.node_id for s in specs):
             raise InvalidArgument(f"kv_events: node {spec.node_id!r} is named twice")
         specs.append(spec)
     return specs
+
+
+def _digest(entry: str, text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        return parse_digest(text)
+    except ValueError as exc:
+        raise InvalidArgument(f"kv_events entry {entry!r}: digest={text[:80]!r}: {exc}") from None
 
 
 def _pages(entry: str, text: str | None) -> int:
@@ -170,7 +185,7 @@ class VllmNodeFeed:
                  heartbeat_interval_s: float, replay_timeout_s: float = 2.0) -> None:
         self.spec, self.node_id = spec, NodeId(spec.node_id)
         self._sink, self._context = sink, context
-        self._decoder = VllmBatchDecoder(block_size)
+        self._decoder = VllmBatchDecoder(block_size, spec.digest)
         self._tracker = SequenceTracker()
         self._heartbeat_s, self._replay_timeout_s = heartbeat_interval_s, replay_timeout_s
         self._generation: int | None = None

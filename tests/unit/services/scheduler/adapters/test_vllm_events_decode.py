@@ -239,3 +239,31 @@ def test_kv_events_spec():
 def test_kv_events_spec_rejects(text):
     with pytest.raises(InvalidArgument):
         parse_kv_events(text)
+
+
+# --- the connector's ids ------------------------------------------------------
+
+def test_with_the_engines_digest_its_blocks_take_the_connectors_ids():
+    """An engine's events, int or bytes hashes alike, map onto the ids the
+    connector names the same blocks by (identity.block_id of the full hash)."""
+    from speckv.services.engine.vllm_connector.identity import KVLayout, block_id
+
+    layout = KVLayout("m", "float32", 16, 2, 2, 8, 0, "cpu:H,2,N,C", "sha256")
+    decoder = VllmBatchDecoder(block_size=16, digest=layout.digest())
+    full = [sha(1), sha(2)]
+    as_ints = [int.from_bytes(h, "big") & ((1 << 64) - 1) for h in full]  # vLLM's default event ids
+    for hashes in (full, as_ints):
+        events = decoder.decode(0, array_batch(stored_array(hashes))).events
+        assert events[0].block_hashes == [block_id(layout.digest(), h) for h in full]
+    other = VllmBatchDecoder(16, KVLayout("other", "float32", 16, 2, 2, 8, 0, "cpu:H,2,N,C", "sha256").digest())
+    assert not set(other.decode(0, array_batch(stored_array(full))).events[0].block_hashes) & set(
+        block_id(layout.digest(), h) for h in full)  # another layout never shares an id
+
+
+def test_a_digest_in_the_spec_is_32_bytes_of_hex():
+    digest = "ab" * 32
+    (spec,) = parse_kv_events(f"n1=tcp://127.0.0.1:5557,address=127.0.0.1:8000,digest={digest}")
+    assert spec.digest == bytes.fromhex(digest)
+    for bad in ("ab" * 31, "zz" * 32, ""):
+        with pytest.raises(InvalidArgument, match="digest"):
+            parse_kv_events(f"n1=tcp://127.0.0.1:5557,address=127.0.0.1:8000,digest={bad}")
