@@ -108,7 +108,7 @@ test: $(STAMP) $(VLLM_STAMP) $(NIXL_STAMP) $(ETCD_STAMP) check-protos
 
 # Without the trace in $(TRACES) (or with TRACES empty) the demo runs on its
 # synthetic default and says how to get the trace.
-demo: $(BASE_STAMP) $(ETCD_STAMP)
+demo: $(BASE_STAMP)
 	$(VENV)/bin/speckv demo $(if $(TRACES),--traces $(TRACES))
 
 # The same demo with its live runs on real vLLM servers (two CPU engines with the
