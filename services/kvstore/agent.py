@@ -1,7 +1,13 @@
 """The node's link to the scheduler, one replica or several (gRPC; not core).
 
 - one SchedulerLink per scheduler address (scheduler_link.py): each
-  registers, heartbeats and watches WatchOrders with its replica;
+  registers, heartbeats and watches WatchOrders with its replica. A
+  `dns:NAME:PORT` entry of --scheduler (common/discovery.py) is every
+  address NAME resolves to, re-resolved every few seconds: a link is added
+  for each address that appears and closed once its address has been gone
+  for the grace period (common/discovery_watch.py). The links are a tuple
+  replaced whole under a lock, so the report and registry paths read a
+  consistent snapshot without locking;
 - every order, from whichever link, passes the OrderFence (order_fence.py):
   an older epoch than the newest seen (a deposed leader's) or an id already
   run (a new leader re-sending what it adopted) is dropped unreported;
@@ -30,6 +36,8 @@ from typing import Sequence
 
 import grpc
 
+from speckv.services.common.discovery import Changes, parse_targets
+from speckv.services.common.discovery_watch import GRACE_S, INTERVAL_S, Resolve, TargetWatcher, resolve_dns
 from speckv.services.common.errors import NOT_LEADING, SpeckvError, Unavailable
 from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.rpc.tls import TlsMaterial
@@ -48,19 +56,16 @@ REPORT_RETRY_S = 10.0
 
 
 def scheduler_addresses(spec: str | Sequence[str]) -> list[str]:
-    """--scheduler's replicas: a comma-separated list (or a list), in order, without blanks or repeats."""
-    parts = spec.split(",") if isinstance(spec, str) else list(spec)
-    addresses: list[str] = []
-    for part in (p.strip() for p in parts):
-        if part and part not in addresses:
-            addresses.append(part)
-    return addresses
+    """--scheduler's static replicas: a comma-separated list (or a list), in order, without blanks or repeats
+    (dns: entries are not addresses: SchedulerAgent resolves them)."""
+    return list(parse_targets(spec, "scheduler").static)
 
 
 class SchedulerAgent:
     def __init__(self, store: KVStoreCore, replicator: Replicator, scheduler_address: str | Sequence[str],
                  advertise_address: str, telemetry: Telemetry | None, *, heartbeat_interval_s: float = 1.0,
-                 timeout_s: float = 10.0, tls: TlsMaterial | None = None) -> None:
+                 timeout_s: float = 10.0, tls: TlsMaterial | None = None, discovery_interval_s: float = INTERVAL_S,
+                 discovery_grace_s: float = GRACE_S, resolve: Resolve = resolve_dns) -> None:
         self._store = store
         self._replicator = replicator
         self._timeout_s = timeout_s
@@ -69,12 +74,23 @@ class SchedulerAgent:
         self.fence = OrderFence()
         self._runs = RunLedger()
         self._orders = ThreadPoolExecutor(ORDER_WORKERS, thread_name_prefix=f"{store.node_id}-order")
-        self._links = [SchedulerLink(store, address, advertise_address, telemetry, self._received,
-                                     self.fence.saw_epoch, self._stop, heartbeat_interval_s=heartbeat_interval_s,
-                                     timeout_s=timeout_s, tls=tls)
-                       for address in scheduler_addresses(scheduler_address)]
-        if not self._links:
+        targets = parse_targets(scheduler_address, "scheduler")
+        if targets.empty:
             raise ValueError("no scheduler address")
+        self._link_args = (advertise_address, telemetry, heartbeat_interval_s, tls)
+        self._links_lock = threading.Lock()  # held by writers only; readers take self._links as it is
+        self._watcher = TargetWatcher(targets, self._replicas_changed, name=f"{store.node_id}-discovery",
+                                      interval_s=discovery_interval_s, grace_s=discovery_grace_s, resolve=resolve)
+        self._links: tuple[SchedulerLink, ...] = tuple(self._link(a) for a in self._watcher.initial())
+
+    def _link(self, address: str) -> SchedulerLink:
+        advertise, telemetry, heartbeat_interval_s, tls = self._link_args
+        return SchedulerLink(self._store, address, advertise, telemetry, self._received, self.fence.saw_epoch,
+                             heartbeat_interval_s=heartbeat_interval_s, timeout_s=self._timeout_s, tls=tls)
+
+    def scheduler_links(self) -> tuple[SchedulerLink, ...]:
+        """The links now, one per known replica (a snapshot)."""
+        return self._links
 
     @property
     def registrations(self) -> int:
@@ -91,22 +107,42 @@ class SchedulerAgent:
     def start(self) -> "SchedulerAgent":
         for link in self._links:
             link.start()
+        self._watcher.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        for link in self._links:
+        self._watcher.stop()  # no link is added or closed after this
+        with self._links_lock:
+            links = self._links
+        for link in links:
             link.close()
         self._orders.shutdown(wait=False, cancel_futures=True)
-        for link in self._links:
+        for link in links:
+            link.join()
+
+    def _replicas_changed(self, changes: Changes) -> None:
+        """On the discovery thread: links for the replicas that appeared, the gone ones' closed."""
+        with self._links_lock:
+            if self._stop.is_set():
+                return
+            gone = [link for link in self._links if link.address in changes.removed]
+            new = [self._link(address) for address in changes.added]
+            self._links = tuple(link for link in self._links if link not in gone) + tuple(new)
+            for link in new:
+                link.start()
+        for link in gone:
+            log.info("scheduler replica %s is gone from DNS: link closed", link.address)
+            link.close()
             link.join()
 
     def registered_nodes(self) -> dict[str, str]:
         """The scheduler's registry, node id -> registered address (peers.py
         caches it), from the first replica that answers; Unavailable when
         none can be asked."""
-        failures = []
-        for link in self._links:
+        links = self._links
+        failures = [] if links else ["no scheduler replica known yet (its dns: name resolved to none)"]
+        for link in links:
             try:
                 state = link.stub.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=self._timeout_s)
             except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed by stop()
@@ -193,11 +229,14 @@ class SchedulerAgent:
     def _report_once(self, via: SchedulerLink, report: scheduler_pb2.OrderStatusReport) -> tuple[list[str], bool]:
         """Tries each replica in turn: (the failures, [] when one took it; whether every failure was a replica
         gone or not leading, i.e. no leader answered and a later try may find one)."""
+        links = self._links
+        if not links:
+            return ["no scheduler replica known yet (its dns: name resolved to none)"], True
         failures: list[str] = []
         leaderless = True
         # The replica that says it leads first (after a failover, the one that adopted the order), then the
         # sender, then the rest.
-        order = sorted(self._links, key=lambda link: (not link.is_leader, link is not via))
+        order = sorted(links, key=lambda link: (not link.is_leader, link is not via))
         for link in order:
             try:
                 link.stub.ReportOrderStatus(report, timeout=self._timeout_s)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, replace
 
 from speckv.kernels.backend import CHOICES as BACKEND_CHOICES
 from speckv.services.common.config import check_port, check_positive
+from speckv.services.common.discovery import parse_targets
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import PRESETS, KVGeometry, preset
 from speckv.services.common.rpc.server import ServerSettings
@@ -39,9 +40,10 @@ class KVStoreConfig(ServerSettings):
     disk_depth: int = field(default=4, metadata={"help": "disk read requests in flight at once (reader threads)"})
     disk_queue_blocks: int = field(default=256, metadata={"help": "host evictions waiting for the disk writer at most; more are dropped (counted), so the host tier never waits on the disk"})
     shared_memory: bool = field(default=True, metadata={"help": "host-memory pools live in shared memory that same-host processes of this user map (the engine connector's and same-host peers' one-copy path, docs/dataplane.md); false: private memory"})
-    scheduler: str = field(default="", metadata={"help": ("scheduler address host:port to register with, or its "
-                                                            "replicas comma-separated (each is told of this node); "
-                                                            "empty: none")})
+    scheduler: str = field(default="", metadata={"help": (
+        "scheduler address host:port to register with, or its replicas comma-separated (each is told of this "
+        "node); an entry dns:NAME:PORT is every address NAME resolves to, re-resolved every 5 s (a Kubernetes "
+        "headless Service: docs/replicas.md); empty: none")})
     advertise_address: str = field(default="", metadata={"help": "address peers reach this node at; empty: host:port"})
     heartbeat_interval_s: float = field(default=1.0, metadata={"help": "seconds between heartbeats to the scheduler (unless it asks for another)"})
     chunk_kib: int = field(default=1024, metadata={"help": "replication chunk size, KiB (256..4096)"})
@@ -94,6 +96,7 @@ class KVStoreConfig(ServerSettings):
         ServerSettings.validate(self)
         if not self.node_id.strip():
             raise InvalidArgument("node_id is empty")
+        parse_targets(self.scheduler, "scheduler")  # names the bad entry
         tls = self.tls()
         if tls is not None and tls.identity != Identity.node(self.node_id):
             # The scheduler would refuse every RegisterNode; say so at start, naming the file.

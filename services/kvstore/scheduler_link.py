@@ -13,7 +13,9 @@ agent's OrderFence.
   known=false;
 - a failed call or a broken stream is retried after a capped exponential
   backoff (0.2 s doubling to 5 s, reset by the next success);
-- close() ends both loops (the order stream is cancelled, the channel closed).
+- close() ends both loops (the order stream is cancelled, the channel
+  closed): the agent closes one link when its replica's address leaves DNS
+  discovery, or every link when it stops.
 """
 from __future__ import annotations
 
@@ -52,13 +54,13 @@ class Backoff:
 
 class SchedulerLink:
     def __init__(self, store: KVStoreCore, address: str, advertise_address: str, telemetry: Telemetry | None,
-                 on_order: OrderSink, on_epoch: EpochSink, stop: threading.Event, *,
+                 on_order: OrderSink, on_epoch: EpochSink, *,
                  heartbeat_interval_s: float, timeout_s: float, tls: TlsMaterial | None) -> None:
         self.address = address
         self._store = store
         self._advertise = advertise_address
         self._on_order, self._on_epoch = on_order, on_epoch
-        self._stop = stop
+        self._stop = threading.Event()  # this link's own: one link may close while the others run on
         self._interval_s, self._timeout_s = heartbeat_interval_s, timeout_s
         self._channel = open_channel(address, telemetry, tls=tls, peer_role="scheduler")
         self.stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
@@ -75,7 +77,8 @@ class SchedulerLink:
             thread.start()
 
     def close(self) -> None:
-        """After the shared stop event is set: ends the stream and the channel."""
+        """Ends both loops, the stream and the channel."""
+        self._stop.set()
         with self._lock:
             cancel = getattr(self._watch_call, "cancel", None)  # instrumented streams may lack it
         if cancel is not None:

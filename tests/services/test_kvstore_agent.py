@@ -1,13 +1,21 @@
 """Two kvstore nodes with their scheduler agents against the real scheduler."""
 from __future__ import annotations
 
+import socket
 import threading
 
 import grpc
 import pytest
 
+from speckv.services.common.clock import SystemClock
+from speckv.services.common.errors import Unavailable
+from speckv.services.common.rpc.telemetry import build_telemetry
+from speckv.services.kvstore.agent import SchedulerAgent
+from speckv.services.kvstore.config import KVStoreConfig
+from speckv.services.kvstore.replication import Replicator
+from speckv.services.kvstore.server import build_transports
 from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
-from tests.support.kvstore_service import block_bytes, get, kvstore, put
+from tests.support.kvstore_service import block_bytes, get, kvstore, make_store, put
 from tests.support.scheduler_service import scheduler
 from tests.support.waiting import TIMEOUT, wait_until
 
@@ -126,3 +134,56 @@ def test_a_retain_order_keeps_the_prefix_on_the_node_past_lru_pressure():
             with pytest.raises(grpc.RpcError) as err:  # a node with a host tier retains there
                 sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=wrong_tier), timeout=TIMEOUT)
             assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_dns_entry_links_to_every_scheduler_its_name_resolves_to():
+    """dns:localhost:PORT: the system resolver's 127.0.0.1, dialled at PORT."""
+    with scheduler(policy="none") as (sched_server, sched):
+        with kvstore(node_id="a", scheduler=f"dns:localhost:{sched_server.port}", heartbeat_interval_s=0.1):
+            assert wait_until(lambda: "a" in alive(sched))
+
+
+class Zone:
+    """A DNS zone the test edits: name -> the addresses it resolves to (whole host:port, so two schedulers on
+    127.0.0.1 with their own ports can stand for two pods); a name not in it fails to resolve."""
+
+    def __init__(self):
+        self.records: dict[str, list[str]] = {}
+        self.lock = threading.Lock()
+
+    def set(self, name: str, addresses: list[str]) -> None:
+        with self.lock:
+            self.records[name] = list(addresses)
+
+    def __call__(self, name: str, port: int) -> list[str]:
+        with self.lock:
+            if name not in self.records:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return list(self.records[name])
+
+
+def test_replicas_that_join_dns_get_a_link_and_gone_ones_lose_it():
+    zone = Zone()
+    store = make_store(num_pages=16, node_id="d")
+    transports = build_transports(KVStoreConfig(transport="grpc"), build_telemetry("kvstore", {}), SystemClock())
+    replicator = Replicator(store, transports["grpc"], SystemClock())
+    timing = dict(policy="none", heartbeat_interval_ms=100, node_timeout_s=1.0)
+    with scheduler(**timing) as (first_server, first), scheduler(**timing) as (second_server, second):
+        agent = SchedulerAgent(store, replicator, "dns:schedulers:50052", "127.0.0.1:1", None, timeout_s=2.0,
+                               discovery_interval_s=0.05, discovery_grace_s=0.3, resolve=zone).start()
+        try:
+            assert agent.scheduler_links() == ()  # the name resolves to nothing yet: no link, no error
+            with pytest.raises(Unavailable, match="no scheduler replica known"):
+                agent.registered_nodes()
+            zone.set("schedulers", [first_server.address])
+            assert wait_until(lambda: "d" in alive(first))
+            zone.set("schedulers", [first_server.address, second_server.address])
+            assert wait_until(lambda: "d" in alive(second))
+            assert agent.registered_nodes() == {"d": "127.0.0.1:1"}
+            zone.set("schedulers", [second_server.address])  # the first replica's pod is gone
+            assert wait_until(lambda: [link.address for link in agent.scheduler_links()] == [second_server.address])
+            assert wait_until(lambda: "d" not in alive(first), timeout=3 * TIMEOUT)  # no heartbeat reaches it now
+            assert "d" in alive(second)
+        finally:
+            agent.stop()
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("d-")])

@@ -1,8 +1,8 @@
 """A small Kustomize of its own for exactly the features deploy/k8s uses
 (resources, components, namespace, a configMapGenerator with its content
 hash, images, replicas, strategic-merge patches: the overlays' of container
-resources only, the components' of what `_strategic_merge` implements); it
-refuses anything else. Neither kustomize nor kubectl installs from Debian or
+resources only, the components' of what `_strategic_merge` implements, and
+components' own resources); it refuses anything else. Neither kustomize nor kubectl installs from Debian or
 PyPI, so the manifest tests (tests/unit/test_k8s_manifests.py,
 test_k8s_tls.py) render with this; where kubectl is on PATH, its built-in
 kustomize must agree object for object.
@@ -34,12 +34,16 @@ CLUSTER_SCOPED = {"Namespace"}
 BASE_KEYS = {"apiVersion", "kind", "namespace", "resources", "configMapGenerator"}
 # Overlays stay to images, replicas, resource patches and components (deploy/k8s/README.md).
 OVERLAY_KEYS = {"apiVersion", "kind", "resources", "components", "images", "replicas", "patches"}
-# A component (deploy/k8s/components/*) is patches of the pod templates only.
-COMPONENT_KEYS = {"apiVersion", "kind", "patches"}
+# A component (deploy/k8s/components/*) is resources of its own and patches of
+# the workloads' pod templates and rollout strategy.
+COMPONENT_KEYS = {"apiVersion", "kind", "resources", "patches"}
+COMPONENT_PATCH_SPEC = {"template", "strategy"}
 COMPONENT_API = "kustomize.config.k8s.io/v1alpha1"
 # The list fields the patches merge, with the key Kubernetes' strategic merge
 # matches their items by (patchMergeKey in the API types).
 MERGE_KEYS = {"containers": "name", "env": "name", "volumes": "name", "volumeMounts": "mountPath"}
+# The maps whose patchStrategy is retainKeys (a Deployment's strategy: a Recreate has no rollingUpdate).
+RETAIN_KEYS = {"strategy"}
 
 
 def render(root: Path) -> list[dict]:
@@ -131,20 +135,27 @@ def kustomize_hash(data: dict[str, str]) -> str:
 
 
 def _apply_component(root: Path, objects: list[dict]) -> list[dict]:
-    """objects with the Component at root applied: its patches, merged into the workloads they name."""
+    """objects with the Component at root applied: its resources added, then its patches merged into the
+    workloads they name (kustomize's order: a component's transformers see its own resources too)."""
     k = yaml.safe_load((root / "kustomization.yaml").read_text())
     if k.get("kind") != "Component" or k.get("apiVersion") != COMPONENT_API:
         raise Unsupported(f"{root}: {k.get('apiVersion')} {k.get('kind')} (a component is {COMPONENT_API} Component)")
     if set(k) - COMPONENT_KEYS:
         raise Unsupported(f"{root}: {sorted(set(k) - COMPONENT_KEYS)}")
     objects = list(objects)
+    for entry in k.get("resources", []):
+        path = (root / entry).resolve()
+        if path.is_dir() or not path.is_relative_to(root):
+            raise Unsupported(f"{root}: component resource {entry} (only files of its own)")
+        objects += [d for d in yaml.safe_load_all(path.read_text()) if d]
     for patch_entry in k.get("patches", []):
         if set(patch_entry) != {"path"}:
             raise Unsupported(f"{root}: patch {patch_entry} (only path: FILE)")
         for patch in yaml.safe_load_all((root / patch_entry["path"]).read_text()):
             if patch.get("kind") not in WORKLOAD_KINDS or set(patch) != {"apiVersion", "kind", "metadata", "spec"} \
-                    or set(patch["metadata"]) != {"name"} or set(patch["spec"]) != {"template"}:
-                raise Unsupported(f"{root}: patch of {patch.get('kind')}: only a workload's spec.template")
+                    or set(patch["metadata"]) != {"name"} or not set(patch["spec"]) <= COMPONENT_PATCH_SPEC:
+                raise Unsupported(f"{root}: patch of {patch.get('kind')}: only a workload's spec.template "
+                                  "and spec.strategy")
             target = _find(objects, patch["kind"], patch["metadata"]["name"])
             objects[objects.index(target)] = _strategic_merge(target, patch)
     return objects
@@ -184,6 +195,8 @@ def _merge_map(dest: dict, patch: dict, where: str) -> dict:
         elif isinstance(value, dict):
             current = dest.get(key)
             dest[key] = _merge_map(current if isinstance(current, dict) else {}, value, here)
+            if key in RETAIN_KEYS:  # patchStrategy retainKeys: the target's keys the patch leaves out go
+                dest[key] = {k: v for k, v in dest[key].items() if k in value}
         elif isinstance(value, list):
             if key not in MERGE_KEYS:
                 raise Unsupported(f"{here}: a list without a merge key (it would replace, not merge)")

@@ -27,9 +27,12 @@ import pytest
 import yaml
 
 from speckv.services import cli
+from speckv.services.cluster.etcd_process import etcd_command
+from speckv.services.common.discovery import parse_targets
 from speckv.services.common.config import config_from
 from speckv.services.common.rpc import server as server_module
 from speckv.services.common.rpc.metrics_http import HEALTHZ_PATH, READYZ_PATH
+from speckv.services.scheduler.leadership.adapters.etcd_keys import parse_endpoint
 from speckv.v1 import kvstore_pb2, predictor_pb2, scheduler_pb2
 from tests.support.k8s_objects import (
     CSI_DRIVER,
@@ -61,6 +64,11 @@ from tests.support.kustomize import (
 )
 from tests.support.repo import REPO_ROOT
 
+# The roots with components/replicas: the scheduler as replicas on etcd.
+REPLICA_ROOTS = [name for name in ROOT_NAMES
+                 if "components/replicas" in " ".join(yaml.safe_load((ROOTS[name] / "kustomization.yaml").read_text())
+                                                      .get("components", []))]
+
 # The oldest Kubernetes the manifests claim (native gRPC probes are GA since
 # 1.27; everything used is GA by 1.32, the kubectl release of CI's image) and
 # the newest release the pinned kubernetes-validate bundles.
@@ -78,6 +86,7 @@ HTTP_PROBE_PATHS = {"startupProbe": READYZ_PATH, "readinessProbe": READYZ_PATH, 
 
 def test_there_are_overlays():
     assert "base" in ROOTS and len(ROOTS) >= 3, sorted(ROOTS)
+    assert REPLICA_ROOTS == ["replicas"]
 
 
 def test_config_copies_equal_services_config():
@@ -134,7 +143,8 @@ def test_the_tls_component_renders_nothing_the_schema_cannot_check():
     assert not any(path.startswith("examples") for path in listed)
     kinds = {d["kind"] for f in (component / "examples").glob("*.yaml") for d in yaml.safe_load_all(f.read_text()) if d}
     assert {"Issuer", "Certificate"} <= kinds
-    assert {len(rendered(root)) for root in ROOT_NAMES} == {len(rendered("base"))}
+    plain = [root for root in ROOT_NAMES if root not in REPLICA_ROOTS]
+    assert {len(rendered(root)) for root in plain} == {len(rendered("base"))}
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -154,7 +164,8 @@ def test_topology(root):
     for workload, container in speckv_containers(root):
         by_service.setdefault(service_of(container), []).append(workload)
     assert set(by_service) == set(cli.SERVICES)
-    for service in ("scheduler", "predictor"):  # in-memory state, no sharing: one replica, never two at once
+    # In-memory state, no sharing: one replica, never two at once; the scheduler's replicas: test_scheduler_replicas_*.
+    for service in ("predictor",) if root in REPLICA_ROOTS else ("scheduler", "predictor"):
         (workload,) = by_service[service]
         assert workload["kind"] == "Deployment" and workload["spec"]["replicas"] == 1, service
         assert workload["spec"]["strategy"] == {"type": "Recreate"}, service
@@ -312,12 +323,71 @@ def test_services_select_workloads_and_their_ports(root):
     for workload in workloads(root):
         if workload["kind"] == "StatefulSet":
             assert services[workload["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
-    # Addresses the services dial name a Service and one of its ports.
+    # Addresses the services dial name a Service and one of its ports; a dns: entry a headless one (its name
+    # resolves to every pod's IP) of the scheduler's pods.
+    scheduler_labels = next(w for w, c in speckv_containers(root) if service_of(c) == "scheduler")[
+        "spec"]["template"]["metadata"]["labels"]
     for _, container in speckv_containers(root):
-        for variable in ("SPECKV_SCHEDULER", "SPECKV_PREDICTOR"):
-            if variable in literal_env(container):
-                host, port = literal_env(container)[variable].rsplit(":", 1)
+        for variable in ("SPECKV_SCHEDULER", "SPECKV_PREDICTOR", "SPECKV_PEERS"):
+            targets = parse_targets(literal_env(container).get(variable, ""), variable)
+            for host, port in [address.rsplit(":", 1) for address in targets.static] + \
+                    [(name.name, name.port) for name in targets.names]:
                 assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}, variable
+            for name in targets.names:
+                service = services[name.name]["spec"]
+                assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True, variable
+                assert service["selector"].items() <= scheduler_labels.items(), variable
+        if "SPECKV_ETCD" in literal_env(container):
+            host, port = parse_endpoint(literal_env(container)["SPECKV_ETCD"])
+            assert port in {p["port"] for p in services[host]["spec"]["ports"]}, "SPECKV_ETCD"
+
+
+@pytest.mark.parametrize("root", REPLICA_ROOTS)
+def test_scheduler_replicas_on_etcd_find_each_other_through_dns(root):
+    """components/replicas: the scheduler as a Deployment of several
+    replicas rolled one at a time, each elected on the etcd the component
+    runs (no SQLite state beside it: the config refuses both), named by its
+    pod, advertising its pod IP; peers and kvstores name every replica
+    through one dns: entry (checked against the Services above)."""
+    (workload, container), = [(w, c) for w, c in speckv_containers(root) if service_of(c) == "scheduler"]
+    assert workload["kind"] == "Deployment" and workload["spec"]["replicas"] >= 2
+    assert workload["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert workload["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # Route never loses a replica
+    env = literal_env(container)
+    assert "SPECKV_STATE_DIR" not in env
+    assert "/state" not in {m["mountPath"] for m in container.get("volumeMounts", [])}
+    assert "state" not in {v["name"] for v in workload["spec"]["template"]["spec"].get("volumes", [])}
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    names = [e["name"] for e in container["env"]]
+    (pod_name,) = re.fullmatch(r"\$\((\w+)\)", env["SPECKV_REPLICA_ID"]).groups()
+    pod_ip, port = re.fullmatch(r"\$\((\w+)\):(\d+)", env["SPECKV_ADVERTISE_ADDRESS"]).groups()
+    assert refs[pod_name] == "metadata.name" and refs[pod_ip] == "status.podIP"
+    assert names.index(pod_name) < names.index("SPECKV_REPLICA_ID")  # the kubelet expands earlier ones only
+    assert names.index(pod_ip) < names.index("SPECKV_ADVERTISE_ADDRESS")
+    assert int(port) == int(env["SPECKV_PORT"])
+    peers = parse_targets(env["SPECKV_PEERS"], "peers")
+    assert peers.names and not peers.static
+    (kvstore,) = [c for _, c in speckv_containers(root) if service_of(c) == "kvstore"]
+    assert parse_targets(literal_env(kvstore)["SPECKV_SCHEDULER"]) == peers  # every replica, as the peers
+
+    (etcd_set,) = [w for w in workloads(root) if w["metadata"]["name"] == "speckv-etcd"]
+    assert etcd_set["kind"] == "StatefulSet" and etcd_set["spec"]["replicas"] == 1  # one member: its flags name one
+    (etcd,) = etcd_set["spec"]["template"]["spec"]["containers"]
+    image, _, tag = etcd["image"].rpartition(":")
+    assert image.endswith("/etcd") and re.fullmatch(r"v3\.\d+\.\d+", tag), "a pinned etcd release"
+    args = etcd["args"]
+    # The auto-compaction `speckv etcd` runs with (every order transition is a revision).
+    ours = etcd_command("etcd", "n", Path("/d"), "h", 1, 2)
+    for flag in ("--auto-compaction-mode", "--auto-compaction-retention"):
+        assert f"{flag}={ours[ours.index(flag) + 1]}" in args, flag
+    data_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--data-dir="))
+    mounts = {m["name"]: m["mountPath"] for m in etcd["volumeMounts"]}
+    claims = {c["metadata"]["name"] for c in etcd_set["spec"].get("volumeClaimTemplates", [])}
+    volumes = {v["name"] for v in etcd_set["spec"]["template"]["spec"].get("volumes", [])}
+    assert any(data_dir.startswith(path) and name in claims | volumes for name, path in mounts.items())
+    client = next(a.split("=", 1)[1] for a in args if a.startswith("--listen-client-urls="))
+    assert parse_endpoint(client)[1] == port_named(etcd, "client")
+    assert parse_endpoint(literal_env(container)["SPECKV_ETCD"])[1] == port_named(etcd, "client")
 
 
 @pytest.mark.parametrize("root", ROOT_NAMES)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from speckv.services.common.config import check_positive
 from speckv.services.common.engine_profile import get_profile
+from speckv.services.common.discovery import parse_targets, split_host_port
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.common.traces.mooncake import FAMILY_MODES
@@ -63,9 +64,13 @@ class SchedulerConfig(ServerSettings):
         "the etcd endpoint (http://HOST:PORT) where scheduler replicas elect the one that plans and keep the "
         "shared control state (docs/replicas.md); empty = a single scheduler (no election)")})
     replica_id: str = field(default="", metadata={"help": "this replica's name in the election; empty = host:port"})
+    advertise_address: str = field(default="", metadata={"help": (
+        "host:port the other replicas and tools reach this replica at (the leader key names it; a dns: peer "
+        "equal to it is this replica itself); empty = host:port bound")})
     peers: str = field(default="", metadata={"help": (
         "the other replicas' gRPC addresses, comma-separated: each routed request's planner-facing effects are "
-        "shared with them (ShareRoutes); empty = none")})
+        "shared with them (ShareRoutes); an entry dns:NAME:PORT is every address NAME resolves to but this "
+        "replica's own, re-resolved every 5 s (a Kubernetes headless Service: docs/replicas.md); empty = none")})
     lease_s: int = field(default=2, metadata={"help": (
         "the leader's etcd lease, whole seconds (etcd's unit; its floor is 2 s at etcd's default timing): a dead "
         "leader is replaced within two of these")})
@@ -116,13 +121,14 @@ class SchedulerConfig(ServerSettings):
         if self.etcd and self.state_dir:
             raise InvalidArgument("etcd and state_dir are exclusive: with --etcd the control state lives in etcd, "
                                   "where every replica can take over")
-        if (self.peers or self.replica_id) and not self.etcd:
-            raise InvalidArgument("peers and replica_id are for scheduler replicas, which need --etcd")
+        if (self.peers or self.replica_id or self.advertise_address) and not self.etcd:
+            raise InvalidArgument("peers, replica_id and advertise_address are for scheduler replicas, which "
+                                  "need --etcd")
         if self.etcd:
             parse_endpoint(self.etcd)
-        for peer in filter(None, (p.strip() for p in self.peers.split(","))):
-            if ":" not in peer:
-                raise InvalidArgument(f"peers: {peer!r}: expected host:port")
+        parse_targets(self.peers, "peers")  # names the bad entry
+        if self.advertise_address:
+            split_host_port(self.advertise_address, "advertise_address")
         if self.etcd and not 2 <= self.lease_s <= 60:
             raise InvalidArgument(f"lease_s={self.lease_s}: expected 2..60 whole seconds")
         if not self.cluster_name or "/" in self.cluster_name:

@@ -10,12 +10,16 @@ server wires together (docs/replicas.md).
   servicer and the ticker;
 - the elector itself (EtcdElector), made once the server is bound, since it
   names this replica's address;
-- RouteSharing to the --peers (route_sharing.py).
+- RouteSharing to the --peers (route_sharing.py), leaving out this
+  replica's own addresses (--advertise-address, the bound address, and what
+  they resolve to), which a dns: peer entry lists too.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
+from speckv.services.common.discovery import Targets, parse_targets
+from speckv.services.common.discovery_watch import own_addresses
 from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.services.scheduler.adapters.config import SchedulerConfig
@@ -38,19 +42,22 @@ class ReplicaSetup:
         self.duties = LeaderDuties(self.store)
         self.journal = ReplicaJournal(self.store, self.duties)
         self.role = ReplicaRole(self.duties)
-        self._peers = [p.strip() for p in config.peers.split(",") if p.strip()]
+        self._peers: Targets = parse_targets(config.peers, "peers")
         self._telemetry, self._tls = telemetry, tls
         self.sharing: RouteSharing | None = None
         self.elector: EtcdElector | None = None
 
     def attach(self, core: SchedulerCore, address: str) -> None:
         """Once the server is bound at address: the elector and the route sharing."""
-        replica_id = self._config.replica_id or address
-        self.elector = EtcdElector(self._keys, self._config.cluster_name, replica_id, address,
+        advertised = self._config.advertise_address or address
+        replica_id = self._config.replica_id or advertised
+        self.elector = EtcdElector(self._keys, self._config.cluster_name, replica_id, advertised,
                                    lease_s=self._config.lease_s)
         self.duties.attach(core, self.elector)
-        if self._peers:
-            self.sharing = RouteSharing(replica_id, self._peers, self._telemetry, self._tls)
+        if not self._peers.empty:
+            # Resolved only for dns: peers (a static list is taken as given, as before).
+            own = own_addresses({advertised, address}) if self._peers.names else {advertised, address}
+            self.sharing = RouteSharing(replica_id, self._peers, self._telemetry, self._tls, exclude=own)
 
     def share(self, observations: Sequence[RouteObservation]) -> None:
         if self.sharing is not None and observations:

@@ -12,6 +12,12 @@ applies it to its own core without routing (SchedulerCore.observe_routes).
   `flush_s`) with ShareRoutes. A full queue or a failed send drops the batch
   and counts it: a replica's planner state is a forecast input, never worth
   slowing a Route, and a peer that was down learns again from new requests.
+- Peers are --peers' addresses: static ones, and every address a
+  `dns:NAME:PORT` entry resolves to (common/discovery.py), re-resolved every
+  few seconds, minus this replica's own addresses (a headless Service names
+  it too): a sender is added for a peer that appears and stopped once its
+  address has been gone for the grace period. The senders are a tuple
+  replaced whole under a lock, so share() reads it without locking.
 - Peers' states converge within flush_s plus one call; they are not a
   consensus: two replicas may route the same moment from slightly different
   load boards, as two routers of the field do (llm-d, Dynamo).
@@ -22,10 +28,12 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import grpc
 
+from speckv.services.common.discovery import Changes, Targets, parse_targets
+from speckv.services.common.discovery_watch import GRACE_S, INTERVAL_S, Resolve, TargetWatcher, resolve_dns
 from speckv.services.common.rpc.server import open_channel
 from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.rpc.tls import TlsMaterial
@@ -103,16 +111,33 @@ class _PeerSender:
 class RouteSharing:
     """The module docstring's sender: one _PeerSender per peer address."""
 
-    def __init__(self, replica_id: str, peers: Sequence[str], telemetry: Telemetry | None,
-                 tls: TlsMaterial | None = None, *, capacity: int = 10_000, batch_max: int = 256,
-                 flush_s: float = 0.05, timeout_s: float = 2.0) -> None:
-        self._senders = [_PeerSender(replica_id, address, telemetry, tls, capacity, batch_max, flush_s, timeout_s)
-                         for address in peers]
+    def __init__(self, replica_id: str, peers: str | Sequence[str] | Targets, telemetry: Telemetry | None,
+                 tls: TlsMaterial | None = None, *, exclude: Iterable[str] = (), capacity: int = 10_000,
+                 batch_max: int = 256, flush_s: float = 0.05, timeout_s: float = 2.0,
+                 discovery_interval_s: float = INTERVAL_S, discovery_grace_s: float = GRACE_S,
+                 resolve: Resolve = resolve_dns) -> None:
+        targets = peers if isinstance(peers, Targets) else parse_targets(peers, "peers")
+        self._sender_args = (replica_id, telemetry, tls, capacity, batch_max, flush_s, timeout_s)
+        self._lock = threading.Lock()  # held by writers only; share() takes self._senders as it is
+        self._stopped = False
+        self._watcher = TargetWatcher(targets, self._peers_changed, name=f"peers-{replica_id}",
+                                      interval_s=discovery_interval_s, grace_s=discovery_grace_s,
+                                      resolve=resolve, exclude=exclude)
+        self._senders: tuple[_PeerSender, ...] = tuple(self._sender(a) for a in self._watcher.initial())
+
+    def _sender(self, address: str) -> _PeerSender:
+        replica_id, telemetry, tls, capacity, batch_max, flush_s, timeout_s = self._sender_args
+        return _PeerSender(replica_id, address, telemetry, tls, capacity, batch_max, flush_s, timeout_s)
 
     def start(self) -> "RouteSharing":
         for sender in self._senders:
             sender.start()
+        self._watcher.start()
         return self
+
+    def peers(self) -> tuple[str, ...]:
+        """The addresses shared with now."""
+        return tuple(sender.address for sender in self._senders)
 
     def share(self, observations: Sequence[scheduler_pb2.RouteObservation]) -> None:
         """Never blocks (module docstring)."""
@@ -124,5 +149,23 @@ class RouteSharing:
         return {sender.address: sender.stats for sender in self._senders}
 
     def stop(self) -> None:
-        for sender in self._senders:
+        self._watcher.stop()  # no sender is added or stopped after this
+        with self._lock:
+            self._stopped = True
+            senders = self._senders
+        for sender in senders:
+            sender.stop()
+
+    def _peers_changed(self, changes: Changes) -> None:
+        """On the discovery thread: senders for the peers that appeared, the gone ones' stopped."""
+        with self._lock:
+            if self._stopped:
+                return
+            gone = [sender for sender in self._senders if sender.address in changes.removed]
+            new = [self._sender(address) for address in changes.added]
+            self._senders = tuple(s for s in self._senders if s not in gone) + tuple(new)
+            for sender in new:
+                sender.start()
+        for sender in gone:
+            log.info("peer replica %s is gone from DNS: no longer sharing routes with it", sender.address)
             sender.stop()

@@ -57,3 +57,11 @@ def test_geometry_overrides_make_a_custom_shape():
 def test_bad_geometry_overrides_are_named(argv, fragment):
     with pytest.raises(InvalidArgument, match=fragment):
         parse_config(KVStoreConfig, argv, {}, prog="t")
+
+
+def test_scheduler_takes_replicas_static_and_through_dns():
+    config = parse(["--scheduler", "a:50052,dns:speckv-scheduler-replicas:50052"])
+    assert config.scheduler == "a:50052,dns:speckv-scheduler-replicas:50052"
+    for bad, message in (("dns:svc", "expected dns:NAME:PORT"), ("sched", "scheduler: 'sched'")):
+        with pytest.raises(InvalidArgument, match=message):
+            parse(["--scheduler", bad])
