@@ -12,7 +12,11 @@ Measured, in this order:
   empty unary call: the floor of Python gRPC on this machine), p50/p99 ms;
 - route_grpc_per_s: Route calls/s from 4 client threads, next to the same for
   the empty call (empty_grpc_per_s), and routes/s through RouteBatch of 64
-  (route_batch_per_s);
+  (route_batch_per_s); beside each rate, the scheduler process's CPU time per
+  call over it (route_grpc_server_cpu_us, empty_grpc_server_cpu_us, us of
+  user + system time from /proc): what one call costs the server whatever
+  else the machine runs, so 1e6 / route_grpc_server_cpu_us is the Routes/s
+  one replica with a core of its own could answer;
 - state_dir: what the durable control state costs (docs/state.md). Two
   `speckv scheduler` processes of 16 nodes, one in memory and one with
   --state-dir (SQLite), called in turn call by call: Route (writes nothing)
@@ -85,6 +89,9 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     _show("gRPC empty call", results["empty_grpc_ms"], "ms", None)
     print(f"gRPC route throughput: {results['route_grpc_per_s']:.0f}/s (target >= 1500; empty call "
           f"{results['empty_grpc_per_s']:.0f}/s); RouteBatch(64): {results['route_batch_per_s']:.0f} routes/s")
+    print(f"scheduler CPU per call: route {results['route_grpc_server_cpu_us']:.0f} us, empty call "
+          f"{results['empty_grpc_server_cpu_us']:.0f} us (1e6 / route = "
+          f"{1e6 / results['route_grpc_server_cpu_us']:.0f} routes/s on a core of its own)")
     results["state_dir"] = _state_dir(n_calls)
     for rpc, by_mode in results["state_dir"].items():
         for mode, p in by_mode.items():
@@ -149,8 +156,9 @@ def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
             empty = health_pb2.HealthCheckRequest()
             route_ms, empty_ms = _alternate(lambda i: route(requests[i % len(requests)], timeout=10),
                                             lambda i: check(empty, timeout=10), n_calls)
-            route_rate = _rate(lambda i: route(requests[i % len(requests)], timeout=10), seconds)
-            empty_rate = _rate(lambda i: check(empty, timeout=10), seconds)
+            route_rate, route_cpu_us = _rate_and_cpu(lambda i: route(requests[i % len(requests)], timeout=10),
+                                                     seconds, server.pid)
+            empty_rate, empty_cpu_us = _rate_and_cpu(lambda i: check(empty, timeout=10), seconds, server.pid)
             batches = [scheduler_pb2.RouteBatchRequest(requests=requests[j:j + 64])
                        for j in range(0, len(requests) - 64, 64)]
             batch_rate = 64 * _rate(lambda i: batch(batches[i % len(batches)], timeout=10), seconds)
@@ -161,7 +169,8 @@ def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
         except subprocess.TimeoutExpired:
             server.kill()
     return {"route_grpc_ms": _pcts(route_ms), "empty_grpc_ms": _pcts(empty_ms), "route_grpc_per_s": route_rate,
-            "empty_grpc_per_s": empty_rate, "route_batch_per_s": batch_rate}
+            "empty_grpc_per_s": empty_rate, "route_batch_per_s": batch_rate,
+            "route_grpc_server_cpu_us": route_cpu_us, "empty_grpc_server_cpu_us": empty_cpu_us}
 
 
 STATE_NODES = 16
@@ -302,6 +311,21 @@ def _rate(fn: Callable[[int], object], seconds: float, threads: int = 4) -> floa
     for w in workers:
         w.join()
     return sum(counts) / (time.perf_counter() - start)
+
+
+def _rate_and_cpu(fn: Callable[[int], object], seconds: float, pid: int) -> tuple[float, float]:
+    """_rate, and the CPU time (us) process pid spent per call meanwhile."""
+    before, started = _cpu_s(pid), time.perf_counter()
+    rate = _rate(fn, seconds)
+    calls = rate * (time.perf_counter() - started)
+    return rate, (_cpu_s(pid) - before) * 1e6 / max(calls, 1.0)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process pid so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _proto(r: RouteRequestItem) -> scheduler_pb2.RouteRequest:
