@@ -136,6 +136,9 @@ class Node:
     routes_total: int = 0
     bytes_per_block: int = 0  # geometry.bytes_per_block, cached: the router reads it per candidate
     retained_reported_at: float | None = None  # clock s of the heartbeat that last reported load.retained_blocks
+    # Cluster.queue_ms(self) as of the last change to its inputs (heartbeat, route, loss), kept
+    # by Cluster where it updates the load board: the router reads it per candidate of every route.
+    queue_ms_now: float = 0.0
 
     def __post_init__(self) -> None:
         self.bytes_per_block = self.geometry.bytes_per_block
@@ -231,7 +234,8 @@ class Cluster:
             node.queue_reported_at = node.drained_to = max(node.queue_reported_at, now)
         else:
             self._drain(node, now)
-        self._board.upsert(node_id, self.queue_ms(node), node.last_heartbeat)
+        node.queue_ms_now = self.queue_ms(node)
+        self._board.upsert(node_id, node.queue_ms_now, node.last_heartbeat)
         return True
 
     def get(self, node_id: NodeId) -> Node:
@@ -275,7 +279,8 @@ class Cluster:
             return False
         node.status = NodeStatus.DOWN
         node.last_heartbeat = -math.inf
-        self._board.upsert(node_id, self.queue_ms(node), -math.inf)  # parked at the board's next query
+        node.queue_ms_now = self.queue_ms(node)
+        self._board.upsert(node_id, node.queue_ms_now, -math.inf)  # parked at the board's next query
         return True
 
     def sweep(self, now: float) -> list[NodeId]:
@@ -308,7 +313,8 @@ class Cluster:
             node.pending_tokens, node.pending_requests, node.pending_ms)
         node.routes_total += 1
         self.routes_total += 1
-        self._board.set_load(node_id, self.queue_ms(node))
+        node.queue_ms_now = self.queue_ms(node)
+        self._board.set_load(node_id, node.queue_ms_now)
 
     def _drain(self, node: Node, now: float) -> None:
         """Works off the node's pending work at one ms of prefill per ms of

@@ -99,6 +99,11 @@ class HolderIndex:
         for h in self._inventory.pop(node, set()):
             self._unhold(node, h)
 
+    def has_lower_tiers(self) -> bool:
+        """False when no node has reported a block below its device tier
+        (host_only_count and disk_only_count are then 0 for every node)."""
+        return bool(self._host_only)
+
     def host_only_count(self, node: NodeId, block_hashes: Sequence[int], length: int) -> int:
         """How many of the first length hashes node holds in its host tier
         alone (what a route there promotes before prefill)."""
@@ -168,37 +173,48 @@ class HolderIndex:
         """longest_prefix for every node holding at least the first
         min_length blocks (>= 1); nodes with shorter prefixes are left out.
 
-        One walk down the chain, intersecting holder sets: the cost is the sum
-        of holders over the prefix, not nodes x blocks. With min_length > 1 the
-        walk starts at the holders of block min_length - 1, so a first block
-        every node holds (a shared system prompt) costs nothing."""
+        Only the holders of block min_length - 1 walk the chain, each down its
+        own inventory: the cost is the sum of their prefixes, not nodes x
+        blocks, and with min_length > 1 a first block every node holds (a
+        shared system prompt) costs nothing. Listed shortest prefix first
+        (ties: the holder set's order), as one shared walk would drop them."""
         start = max(1, min_length) - 1
         if start >= len(block_hashes):
             return {}
         inventory, holders = self._inventory, self._holders
-        alive = {n for n in self.holder_set(block_hashes[start])
-                 if all(h in inventory[n] for h in block_hashes[:start])}
-        lengths: dict[NodeId, int] = {}
-        for i in range(start + 1, len(block_hashes)):
-            if not alive:
-                break
-            holding = holders.get(block_hashes[i])
-            if holding is None:
-                dropped = list(alive)
-            elif isinstance(holding, str):
-                if len(alive) == 1 and holding in alive:
-                    continue  # the one node still in the walk holds this block too (the usual case)
-                dropped = [n for n in alive if n != holding]
-            else:
-                if alive <= holding:
-                    continue
-                dropped = [n for n in alive if n not in holding]
-            for node in dropped:
-                lengths[node] = i
-                alive.discard(node)
+        first = holders.get(block_hashes[start])
+        if first is None:
+            return {}
+        if isinstance(first, str):
+            # One node holds the walk's first block (most chains): its prefix is
+            # what its inventory holds in a row, holders and inventory being in step.
+            held = inventory[first]
+            if start and any(h not in held for h in block_hashes[:start]):
+                return {}
+            length = start + 1
+            for h in block_hashes[length:]:
+                if h not in held:
+                    break
+                length += 1
+            return {first: length}
+        if start:
+            alive = {n for n in first if all(h in inventory[n] for h in block_hashes[:start])}
+        else:
+            alive = {n for n in first}  # a new set, built as above: the same order
+        # Each node walks its own inventory (a set lookup per block, no holder set to
+        # compare); listed by length, ties in the set's order: the order in which one
+        # shared walk down the chain would drop them.
+        rest = block_hashes[start + 1:]
+        found: list[tuple[int, NodeId]] = []
         for node in alive:
-            lengths[node] = len(block_hashes)
-        return lengths
+            held, length = inventory[node], start + 1
+            for h in rest:
+                if h not in held:
+                    break
+                length += 1
+            found.append((length, node))
+        found.sort(key=_first)
+        return {node: length for length, node in found}
 
     def num_blocks(self, node: NodeId) -> int:
         return len(self._inventory.get(node, ()))
@@ -316,3 +332,7 @@ class HolderIndex:
             families.discard(family)
             if not families:
                 del self._root_families[root]
+
+
+def _first(item: tuple[int, NodeId]) -> int:
+    return item[0]

@@ -3,8 +3,13 @@ scheduler routes and plans on a synthetic cluster of 1,000 nodes, 1,000,000
 indexed blocks and 100,000 prefix families (see scheduler/synth.py).
 
 Measured, in this order:
-- route_inproc_us: SchedulerCore.route in this process (p50/p99, us);
-- plan_tick_ms: SchedulerCore.tick with the `predictive` policy fed by a
+- route_inproc_us: SchedulerCore.route in this process (p50/p99, us of wall
+  time), and route_inproc_cpu_us: the same calls' CPU time (this thread's),
+  which leaves out the time the machine's other work held the core (on 2
+  shared cores a preempted call waits a scheduler slice, ~4 ms, and that, not
+  the code, is then the wall p99);
+- plan_tick_ms (and plan_tick_cpu_ms, its CPU time): SchedulerCore.tick with
+  the `predictive` policy (the heaviest planner) fed by a
   synthetic forecast of the 256 most popular families, a tenth of them
   bursting (p50/p99, ms; issued orders are reported committed between ticks);
 - route_grpc_ms next to empty_grpc_ms: Route against a real scheduler process
@@ -12,7 +17,11 @@ Measured, in this order:
   empty unary call: the floor of Python gRPC on this machine), p50/p99 ms;
 - route_grpc_per_s: Route calls/s from 4 client threads, next to the same for
   the empty call (empty_grpc_per_s), and routes/s through RouteBatch of 64
-  (route_batch_per_s);
+  (route_batch_per_s); beside each rate, the scheduler process's CPU time per
+  call over it (route_grpc_server_cpu_us, empty_grpc_server_cpu_us, us of
+  user + system time from /proc): what one call costs the server whatever
+  else the machine runs, so 1e6 / route_grpc_server_cpu_us is the Routes/s
+  one replica with a core of its own could answer;
 - state_dir: what the durable control state costs (docs/state.md). Two
   `speckv scheduler` processes of 16 nodes, one in memory and one with
   --state-dir (SQLite), called in turn call by call: Route (writes nothing)
@@ -85,12 +94,17 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
                                             "families": shape.families}, "quick": args.quick}
     results.update(_inproc(shape, n_routes, n_ticks))
     _show("in-process route", results["route_inproc_us"], "us", 100.0)
+    _show("in-process route, CPU time", results["route_inproc_cpu_us"], "us", None)
     _show("planner tick", results["plan_tick_ms"], "ms", 100.0)
+    _show("planner tick, CPU time", results["plan_tick_cpu_ms"], "ms", None)
     results.update(_grpc(shape, n_calls, seconds))
     _show("gRPC route", results["route_grpc_ms"], "ms", 1.5 * results["empty_grpc_ms"]["p99"])
     _show("gRPC empty call", results["empty_grpc_ms"], "ms", None)
     print(f"gRPC route throughput: {results['route_grpc_per_s']:.0f}/s (target >= 1500; empty call "
           f"{results['empty_grpc_per_s']:.0f}/s); RouteBatch(64): {results['route_batch_per_s']:.0f} routes/s")
+    print(f"scheduler CPU per call: route {results['route_grpc_server_cpu_us']:.0f} us, empty call "
+          f"{results['empty_grpc_server_cpu_us']:.0f} us (1e6 / route = "
+          f"{1e6 / results['route_grpc_server_cpu_us']:.0f} routes/s on a core of its own)")
     results["state_dir"] = _state_dir(n_calls)
     for rpc, by_mode in results["state_dir"].items():
         for mode, p in by_mode.items():
@@ -139,26 +153,31 @@ def _inproc(shape: SynthShape, n_routes: int, n_ticks: int) -> dict[str, object]
     cluster.populate(core)
     gc.freeze()
     requests = cluster.requests(n_routes + 2_000)
-    route_us = []
+    route_us, route_cpu_us = [], []
     for i, r in enumerate(requests):
         if i % 20 == 0:
             cluster.heartbeat(core, cluster.node_ids[i % len(cluster.node_ids)])
         start = time.perf_counter_ns()
+        cpu_start = time.thread_time_ns()
         core.route(r.request_id, r.block_hashes, r.prompt_tokens, r.family)
+        cpu = time.thread_time_ns() - cpu_start
         elapsed = time.perf_counter_ns() - start
         if i >= 2_000:  # the first 2,000 warm up
             route_us.append(elapsed / 1e3)
-    tick_ms, issued = [], 0
+            route_cpu_us.append(cpu / 1e3)
+    tick_ms, tick_cpu_ms, issued = [], [], 0
     for _ in range(n_ticks):
         clock.advance(0.25)
-        start = time.perf_counter_ns()
+        start, cpu_start = time.perf_counter_ns(), time.thread_time_ns()
         orders = core.tick()
+        tick_cpu_ms.append((time.thread_time_ns() - cpu_start) / 1e6)
         tick_ms.append((time.perf_counter_ns() - start) / 1e6)
         issued += len(orders)
         for order in orders:
             core.report_order(order.order_id, OrderState.COMMITTED)
     print(f"planner: {issued} orders over {n_ticks} ticks", flush=True)
-    return {"route_inproc_us": _pcts(route_us), "plan_tick_ms": _pcts(tick_ms), "plan_orders": issued}
+    return {"route_inproc_us": _pcts(route_us), "route_inproc_cpu_us": _pcts(route_cpu_us),
+            "plan_tick_ms": _pcts(tick_ms), "plan_tick_cpu_ms": _pcts(tick_cpu_ms), "plan_orders": issued}
 
 
 def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
@@ -178,8 +197,9 @@ def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
             empty = health_pb2.HealthCheckRequest()
             route_ms, empty_ms = _alternate(lambda i: route(requests[i % len(requests)], timeout=10),
                                             lambda i: check(empty, timeout=10), n_calls)
-            route_rate = _rate(lambda i: route(requests[i % len(requests)], timeout=10), seconds)
-            empty_rate = _rate(lambda i: check(empty, timeout=10), seconds)
+            route_rate, route_cpu_us = _rate_and_cpu(lambda i: route(requests[i % len(requests)], timeout=10),
+                                                     seconds, server.pid)
+            empty_rate, empty_cpu_us = _rate_and_cpu(lambda i: check(empty, timeout=10), seconds, server.pid)
             batches = [scheduler_pb2.RouteBatchRequest(requests=requests[j:j + 64])
                        for j in range(0, len(requests) - 64, 64)]
             batch_rate = 64 * _rate(lambda i: batch(batches[i % len(batches)], timeout=10), seconds)
@@ -190,7 +210,8 @@ def _grpc(shape: SynthShape, n_calls: int, seconds: float) -> dict[str, object]:
         except subprocess.TimeoutExpired:
             server.kill()
     return {"route_grpc_ms": _pcts(route_ms), "empty_grpc_ms": _pcts(empty_ms), "route_grpc_per_s": route_rate,
-            "empty_grpc_per_s": empty_rate, "route_batch_per_s": batch_rate}
+            "empty_grpc_per_s": empty_rate, "route_batch_per_s": batch_rate,
+            "route_grpc_server_cpu_us": route_cpu_us, "empty_grpc_server_cpu_us": empty_cpu_us}
 
 
 STATE_NODES = 16
@@ -331,6 +352,21 @@ def _rate(fn: Callable[[int], object], seconds: float, threads: int = 4) -> floa
     for w in workers:
         w.join()
     return sum(counts) / (time.perf_counter() - start)
+
+
+def _rate_and_cpu(fn: Callable[[int], object], seconds: float, pid: int) -> tuple[float, float]:
+    """_rate, and the CPU time (us) process pid spent per call meanwhile."""
+    before, started = _cpu_s(pid), time.perf_counter()
+    rate = _rate(fn, seconds)
+    calls = rate * (time.perf_counter() - started)
+    return rate, (_cpu_s(pid) - before) * 1e6 / max(calls, 1.0)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process pid so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _proto(r: RouteRequestItem) -> scheduler_pb2.RouteRequest:

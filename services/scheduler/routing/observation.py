@@ -31,9 +31,10 @@ from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.router import Candidate, RouteDecision, RouteQuery, longer_holder
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RouteObservation:
-    """One routed request as the planner sees it.
+    """One routed request as the planner sees it; never changed once made
+    (not frozen only because a frozen record costs a Route 2 us to build).
 
     block_hashes is the request's chain (the query's own list: never mutated
     after the route). uncached_tokens >= 1 are the tokens node_id must

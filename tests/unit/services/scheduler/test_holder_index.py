@@ -71,6 +71,19 @@ def test_prefix_lengths_matches_longest_prefix():
         assert idx.prefix_lengths(chain).get(node, 0) == idx.longest_prefix(node, chain)
 
 
+def test_prefix_lengths_lists_the_shortest_prefix_first_and_walks_a_lone_holder_alone():
+    idx = HolderIndex()
+    idx.apply(A, stored(range(1, 9)))
+    idx.apply(B, stored(range(1, 3)))
+    idx.apply(C, stored(range(1, 6)))
+    chain = list(range(1, 12))
+    assert list(idx.prefix_lengths(chain).items()) == [(B, 2), (C, 5), (A, 8)]  # the planner reads this order
+    assert idx.prefix_lengths(chain, 6) == {A: 8}  # block 6: A alone
+    assert idx.prefix_lengths([50, 1]) == {} and idx.prefix_lengths([7, 8, 50]) == {A: 2}
+    idx.apply(A, IndexEvent(HolderEventKind.REMOVED, [3]))
+    assert idx.prefix_lengths(chain, 6) == {}  # A's prefix now ends before block 6
+
+
 @pytest.mark.parametrize("min_length", [0, 1, 2, 3, 4, 5])
 def test_prefix_lengths_from_a_minimum_length_keeps_only_the_deeper_holders(min_length):
     idx = HolderIndex()
