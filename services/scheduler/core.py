@@ -354,14 +354,14 @@ class SchedulerCore:
             self._sweep_locked(now)
             if self._policy is not policy:
                 return []  # SetPolicy raced with prepare(); the next tick plans with the new one
-            plan = policy.plan(now, self._view(now) if getattr(policy, "needs_view", True) else None)
-            plan = plan if isinstance(plan, Plan) else Plan(list(plan))
-            for order_id in plan.cancel:
+            planned = policy.plan(now, self._view(now) if getattr(policy, "needs_view", True) else None)
+            planned = planned if isinstance(planned, Plan) else Plan(list(planned))
+            for order_id in planned.cancel:
                 try:
                     self._cancel_locked(order_id, now, f"{policy.name}: burst no longer forecast")
                 except SpeckvError as exc:
                     log.debug("policy %s could not cancel %s: %s", policy.name, order_id, exc)
-            for spec in plan.orders:
+            for spec in planned.orders:
                 try:
                     issued.append(self._submit_locked(replace(spec, policy=spec.policy or policy.name), now))
                 except SpeckvError as exc:
