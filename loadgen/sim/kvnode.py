@@ -216,6 +216,34 @@ class SimKVNode:
         hidx = self._host.index if self._host is not None else ()
         return sum(1 for h in hashes[:length] if h in didx and h not in dev and h not in hidx)
 
+    def stage(self, hashes: Sequence[int], now: float) -> PutOutcome:
+        """A stage order's landing (issue 44): the blocks of the prefix held
+        that only the disk holds go into the host tier head first, as the
+        live store's _stage_from_disk inserts them, the host tier evicting
+        what they need (never the chain's own host copies; what it evicts
+        is written back to the disk); the disk keeps its copies, touched
+        first (the live store's read pins them, then gives them back as the
+        most recent). stored: what went into the host tier."""
+        out = PutOutcome.empty()
+        host, disk = self._host, self._disk
+        if host is None or disk is None:
+            return out
+        prefix = hashes[:self._longest_prefix(hashes)]
+        dev, hlru, dlru = self._device.index, host.index, disk.index
+        up = [h for h in dict.fromkeys(prefix) if h in dlru and h not in dev and h not in hlru]
+        if not up:
+            return out
+        disk.touch_chain(up)
+        present = {h for h in prefix if h in hlru}
+        up = up[:max(0, host.pages - len(present))]
+        for _ in range(max(0, len(up) - (host.pages - len(hlru)))):
+            self._pop_host(now, present, out)
+        for h in up:
+            host.add(h, None)
+            out.stored.append(h)
+        self._settle(out, now)
+        return out
+
     def holds_all(self, hashes: Sequence[int]) -> bool:
         return self._longest_prefix(hashes) == len(hashes)
 
