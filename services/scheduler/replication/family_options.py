@@ -27,15 +27,15 @@ Actions (each an `ActionCandidate` with its new option):
 - stage a holder's disk-only blocks into its host tier (issue 44): usable
   once read off the disk, then with only the host link's promotion before
   prefill. It lands in the host tier, so what it pushes out goes down to the
-  disk, not out of the node; priced like any host-tier eviction (P(reuse)
-  of the host tier counts a removed block's reuse only when it cost a
-  recompute, which the disk below makes rare; the disk read such a reuse
-  then takes is not priced).
+  disk, not out of the node: each such block x P(reuse) of the host tier
+  (reuse_history.py: a reuse that loaded it off the disk counts) x one
+  block's disk read.
 What an action pushes out of its tier: the blocks beyond that tier's free
 pages (capacity minus what the index shows there, minus what this tick
 already planned there). Their reuse costs a promotion when the device tier
-demotes them to a host tier below, a recompute (the family's mean cost per
-block) otherwise. Pure: reads the view, never changes it.
+demotes them to a host tier below, a disk load (one block's read) when the
+host tier writes them down to a disk (with a disk model), a recompute (the
+family's mean cost per block) otherwise. Pure: reads the view, never changes it.
 """
 from __future__ import annotations
 
@@ -187,9 +187,14 @@ class OptionPricer:
         return ActionCandidate(ActionKind.STAGE, index, node, Tier.HOST, blocks, blocks * bpb, option, 0.0)
 
     def miss_ms_per_block(self, fam: FamilyState, node: NodeView, tier: Tier) -> float:
-        """What reusing a block this action pushes out of node's tier costs."""
+        """What reusing a block this action pushes out of node's tier costs:
+        a promotion when it drops to the host tier, a disk load when it drops
+        from the host tier to a disk (priced: every host tier has one then),
+        else a recompute."""
         if tier is Tier.DEVICE and node.sizes.host_pages > 0 and self._host_link is not None:
             return self.promote_ms(1, node.bytes_per_block)
+        if tier is Tier.HOST and self.prices_disk:
+            return self.disk_ms(1, node.bytes_per_block)
         return fam.recompute_ms_per_block
 
 

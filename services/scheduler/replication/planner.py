@@ -342,7 +342,8 @@ class _Tick:
             # Its demotions land in a host tier that may be full: what they push
             # out of it leaves the node.
             dropped = max(0, evicted - self._room(c.node, Tier.HOST))
-            loss += eviction_ms(dropped, self._p_reuse(c.node, Tier.HOST), fam.recompute_ms_per_block)
+            loss += eviction_ms(dropped, self._p_reuse(c.node, Tier.HOST),
+                                self.pricer.miss_ms_per_block(fam, node, Tier.HOST))
         return loss
 
     def _link_ms(self, c: ActionCandidate, fam: FamilyState) -> float:

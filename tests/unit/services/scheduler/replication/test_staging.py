@@ -69,9 +69,10 @@ def test_without_a_disk_model_disk_blocks_are_host_hits_and_nothing_is_staged():
 
 @pytest.mark.parametrize("p_reuse, staged", [(1.0, False), (0.01, True)])
 def test_a_stage_that_pushes_out_host_blocks_wanted_again_costs_more_than_it_saves(p_reuse, staged):
-    """A full host tier: the stage pushes 128 host blocks out, each priced
-    at P(reuse) (of the host tier: what it costs a recompute) x the family's
-    recompute per block; wanted again for sure, that is more than the read.
+    """A full host tier: the stage pushes 128 host blocks down to the disk,
+    each priced at P(reuse) of the host tier x one block's disk read (0.49
+    ms, its 0.09 ms overhead paid per block); wanted again for sure, that is
+    more than the chain's read in one load.
     (Prefetch off: with P(reuse) low it would be worth more still.)"""
     orders = disk_holder(host_full=True, p_reuse=p_reuse, prefetch=False).tick()
     assert any(o.spec.action is ActionKind.STAGE for o in orders) is staged
