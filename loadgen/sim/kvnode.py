@@ -441,9 +441,9 @@ class SimKVNode:
         if self._retention:
             # What left both memory tiers, to the disk or off the node (the
             # live store's _settle_retention: retention is a memory tier's rule).
-            gone = [h for h in dict.fromkeys(out.evicted + out.host_evicted) if h not in dev and h not in hlru]
-            if gone:
-                self._retention.release(gone)
+            left = [h for h in dict.fromkeys(out.evicted + out.host_evicted) if h not in dev and h not in hlru]
+            if left:
+                self._retention.release(left)
 
     def _longest_prefix(self, hashes: Sequence[int]) -> int:
         dev, count = self._device.index, 0
