@@ -11,6 +11,7 @@ from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
 from speckv.services.scheduler.orders import ActionKind, OrderSpec
+from speckv.services.scheduler.policy_config import load_policy_config
 from tests.support.scheduler_scenarios import CHAIN, FAMILY, ScriptedForecasts, heartbeat_all, make_core, \
     route_family, store
 
@@ -26,8 +27,9 @@ def disk_holder(device_full: bool = True, host_full: bool = False, disk_gbps: fl
     it (DISK_MS), copy it up (HOST_MS), then prefill. A block pushed out of a
     tier is wanted again with P(reuse) = p_reuse."""
     forecasts = ScriptedForecasts()
+    planner = {"horizon_s": 2.0, "stage": True, **planner}  # off as committed (policies.json says why)
     core, clock = make_core(1, "predictive", forecasts, capacity=512, host_pages=1024, disk_gbps=disk_gbps,
-                            planner={"horizon_s": 2.0, **planner}, reuse={"prior_p": p_reuse, "prior_weight": 1e6})
+                            planner=planner, reuse={"prior_p": p_reuse, "prior_weight": 1e6})
     assert core.apply_kv_event(NodeId("n0"), core.generation("n0"),
                                IndexEvent(HolderEventKind.STORED, CHAIN, False, FAMILY, tier=Tier.DISK))
     route_family(core, 2)
@@ -59,6 +61,10 @@ def test_a_prefetch_of_disk_blocks_is_priced_with_their_read():
     assert [o.spec.action for o in orders] == [ActionKind.PREFETCH]
     demotions = 128 * (BLOCK * 8 / 400e9 * 1e3 + 0.05)
     assert orders[0].spec.expected_benefit_ms == pytest.approx(DISK_MS + HOST_MS - demotions)
+
+
+def test_the_committed_planner_stages_nothing():
+    assert disk_holder(stage=load_policy_config().planner.stage).tick()[0].spec.action is ActionKind.PREFETCH
 
 
 def test_without_a_disk_model_disk_blocks_are_host_hits_and_nothing_is_staged():
