@@ -61,6 +61,7 @@ class RequestRecord:
     cached_tokens: int = 0  # on the serving node at dispatch, in either tier
     fetched_tokens: int = 0  # pulled from fetch_from before prefill
     promoted_tokens: int = 0  # of cached_tokens, those only its host tier held (promoted before prefill)
+    disk_tokens: int = 0  # of promoted_tokens, those only its disk tier held (read off the disk first)
     promote_ms: float = 0.0  # host-to-device copy before prefill (real-model ms)
     fetch_ms: float = 0.0  # pull from fetch_from before prefill (real-model ms)
     fetch_from: str = ""
@@ -179,15 +180,18 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
     Per request, of its R reusable tokens the first S are the shared prefix;
     the node's cache covers the first c = min(cached, R) tokens and a pull
     extends that to u = min(cached + fetched, R). Beyond S the node's hits are
-    max(0, c - S), of which the host tier's are min(promoted, max(0, c - S))
-    (the shared prefix is in every node's device tier: it is used by every
-    request) and the rest the device tier's; peer pulls are
-    max(0, u - max(c, S)); the rest is recomputed. Promotion and pull times
-    are means over the requests that waited for one and whose wait was timed."""
+    max(0, c - S), of which the tiers below the device's are
+    b = min(promoted, max(0, c - S)) (the shared prefix is in every node's
+    device tier: it is used by every request), min(disk, b) of those loaded
+    off its disk and the rest its host tier's hits, and the rest the device
+    tier's; peer pulls are
+    max(0, u - max(c, S)); the rest is recomputed. Promotion, disk-load and
+    pull times are means over the requests that waited for one and whose wait
+    was timed (a promotion with any disk block is a disk load's)."""
     if reusable_tokens is None or shared_tokens is None:
         return {}
     returning, first_seen = [], []
-    beyond = device = host = peer = 0
+    beyond = device = host = disk = peer = 0
     for r in served:
         total = reusable_tokens.get(r.request_id, 0)
         shared = min(shared_tokens.get(r.request_id, 0), total)
@@ -197,18 +201,23 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
         beyond += total - shared
         hits = max(0, cached - shared)
         from_host = min(r.promoted_tokens, hits)
-        host += from_host
+        from_disk = min(r.disk_tokens, from_host)
+        host += from_host - from_disk
+        disk += from_disk
         device += hits - from_host
         peer += max(0, used - max(cached, shared))
     # Only runs that time the waits fill these (the simulator; the live replay does not yet): none timed is None.
-    promotes = [r.promote_ms for r in served if r.promoted_tokens and r.promote_ms > 0]
+    promotes = [r.promote_ms for r in served if r.promoted_tokens and not r.disk_tokens and r.promote_ms > 0]
+    loads = [r.promote_ms for r in served if r.disk_tokens and r.promote_ms > 0]
     pulls = [r.fetch_ms for r in served if r.fetched_tokens and r.fetch_ms > 0]
     return {"returning_requests": len(returning), "returning_ttft_p50_ms": percentile(returning, 50),
             "returning_ttft_p99_ms": percentile(returning, 99), "first_seen_ttft_p99_ms": percentile(first_seen, 99),
-            "reuse_recovered_ratio": _ratio(device + host + peer, beyond), "device_hit_ratio": _ratio(device, beyond),
-            "host_hit_ratio": _ratio(host, beyond), "peer_pull_ratio": _ratio(peer, beyond),
-            "recompute_ratio": _ratio(beyond - device - host - peer, beyond),
+            "reuse_recovered_ratio": _ratio(device + host + disk + peer, beyond),
+            "device_hit_ratio": _ratio(device, beyond), "host_hit_ratio": _ratio(host, beyond),
+            "disk_load_ratio": _ratio(disk, beyond), "peer_pull_ratio": _ratio(peer, beyond),
+            "recompute_ratio": _ratio(beyond - device - host - disk - peer, beyond),
             "promotion_ms_mean": float(np.mean(promotes)) if promotes else None,
+            "disk_load_ms_mean": float(np.mean(loads)) if loads else None,
             "pull_ms_mean": float(np.mean(pulls)) if pulls else None}
 
 

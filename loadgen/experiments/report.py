@@ -39,8 +39,9 @@ from speckv.loadgen.experiments.results import Comparison, FloorSummary, PolicyS
 # replication. The Markdown table has both; the console prints one table each.
 LEAD_COLUMNS = [("returning_ttft_p99_ms", "returning p99"), ("first_seen_ttft_p99_ms", "first-seen p99"),
                 ("reuse_recovered_ratio", "reuse recovered"), ("device_hit_ratio", "device"),
-                ("host_hit_ratio", "host"), ("peer_pull_ratio", "peer"), ("recompute_ratio", "recompute"),
-                ("promotion_ms_mean", "promote ms"), ("pull_ms_mean", "pull ms"),
+                ("host_hit_ratio", "host"), ("disk_load_ratio", "disk"), ("peer_pull_ratio", "peer"),
+                ("recompute_ratio", "recompute"), ("promotion_ms_mean", "promote ms"),
+                ("disk_load_ms_mean", "disk load ms"), ("pull_ms_mean", "pull ms"),
                 ("avoidable_closed", "avoidable closed")]
 HEADLINE_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "p99"), ("burst_ttft_p99_ms", "burst p99"),
                     ("slo_attainment", "SLO"), ("bytes_replicated", "GiB replicated"),

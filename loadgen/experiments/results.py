@@ -93,14 +93,18 @@ class PolicySummary:
     returning_ttft_p99_ms: float | None = None
     first_seen_ttft_p99_ms: float | None = None
     # Of the reusable tokens beyond the shared prefix: found on the serving
-    # node's device tier, its host tier, pulled from a peer, recomputed.
+    # node's device tier, its host tier, loaded off its disk tier, pulled
+    # from a peer, recomputed.
     reuse_recovered_ratio: float | None = None
     device_hit_ratio: float | None = None
     host_hit_ratio: float | None = None
+    disk_load_ratio: float | None = None
     peer_pull_ratio: float | None = None
     recompute_ratio: float | None = None
-    # Mean ms a request waited for its host-tier hits to be promoted / for its pull.
+    # Mean ms a request waited for its host-tier hits to be promoted (no disk
+    # block among them) / for a promotion that read disk blocks first / for its pull.
     promotion_ms_mean: float | None = None
+    disk_load_ms_mean: float | None = None
     pull_ms_mean: float | None = None
     # (none - policy) / (none - floor) on the returning p99; set by the comparison.
     avoidable_closed: float | None = None

@@ -2,9 +2,9 @@
 that action turned off.
 
 A policy named `<policy>-without-<action>` (policy: predictive or oracle;
-action: replicate, redundant, prefetch or retain) runs `<policy>` with that
-action's switch off in its policy configuration (`planner.replicate`,
-`planner.redundancy`, `planner.prefetch`, `retain.enabled`), everything
+action: replicate, redundant, prefetch, stage or retain) runs `<policy>` with
+that action's switch off in its policy configuration (`planner.replicate`,
+`planner.redundancy`, `planner.prefetch`, `planner.stage`, `retain.enabled`), everything
 else the same. The simulator is deterministic, so against `<policy>` on the
 same slice and node count the difference is the action's effect, not noise:
 
@@ -33,7 +33,7 @@ SEPARATOR = "-without-"
 PLANNING_POLICIES = ("predictive", "oracle")
 # The planner's switch of each action it prices (retain's is retain.enabled).
 PLANNER_SWITCHES: dict[ActionKind, str] = {ActionKind.REPLICATE: "replicate", ActionKind.REDUNDANT: "redundancy",
-                                           ActionKind.PREFETCH: "prefetch"}
+                                           ActionKind.PREFETCH: "prefetch", ActionKind.STAGE: "stage"}
 
 
 @dataclass(frozen=True, slots=True)

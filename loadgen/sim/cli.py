@@ -40,7 +40,7 @@ cartesian product, each on the base configuration with that cell's values
 and writes the regime map (regime.py): per cell and policy the figures
 placement can change, and a heat map in the report.
 
-A policy named `predictive-without-retain` (or -replicate, -prefetch; oracle
+A policy named `predictive-without-retain` (or -replicate, -prefetch, -stage; oracle
 too) runs that policy with the action turned off (ablation.py); beside its
 policy it measures what the action saved, printed and written under
 "ablation" in the JSON.

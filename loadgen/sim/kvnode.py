@@ -32,7 +32,14 @@ by LRU and what it evicts leaves the node. A disk block is held (lookup,
 prefixes) and is promoted like a host-only block: the device put gives it a
 device copy and the disk copy stays (the live store stages it through a
 host page first; here the host tier is not charged that page). Off (0), the
-node is the two-tier one, event for event.
+node is the two-tier one, event for event. As the live store with its
+inline writer: host victims go down in eviction order, each touched there
+if the disk has it or written as its most recent block, unless the device
+tier held it before the call; a chain's use touches its disk copies after
+that write-back; a host put (a replica) writes a block only the disk holds
+into the host tier; retention ends for what leaves both memory tiers. A
+stage order (`stage`) reads a prefix's disk-only blocks into the host tier
+(tests/unit/loadgen/sim/test_tiers_agree.py checks all of it step by step).
 
 Retention (services/common/retention.py, the retain action): the node's
 last tier (host, else device) passes over retained blocks with the live
@@ -134,7 +141,18 @@ class SimKVNode:
         cap allowing); returns the blocks retained. 0 without retention."""
         if self._retention is None:
             return 0
-        return self._retention.retain(hashes[:self._longest_prefix(hashes)], until, now)
+        return self._retention.retain(hashes[:self._memory_prefix(hashes)], until, now)
+
+    def _memory_prefix(self, hashes: Sequence[int]) -> int:
+        """The prefix held in the device or host tier (the live store's
+        retain stops at a block only its disk holds: retention is the last
+        memory tier's rule)."""
+        dev, host, count = self._device.index, self._host, 0
+        for h in hashes:
+            if h not in dev and (host is None or h not in host.index):
+                break
+            count += 1
+        return count
 
     def retained_blocks(self, now: float) -> int:
         """Blocks retained at now (what the kvstore's heartbeat reports)."""
@@ -216,6 +234,36 @@ class SimKVNode:
         hidx = self._host.index if self._host is not None else ()
         return sum(1 for h in hashes[:length] if h in didx and h not in dev and h not in hidx)
 
+    def stage(self, hashes: Sequence[int], now: float) -> PutOutcome:
+        """A stage order's landing (issue 44): the blocks of the prefix held
+        that only the disk holds go into the host tier head first, as the
+        live store's _stage_from_disk inserts them, the host tier evicting
+        what they need (never the chain's own host copies; what it evicts
+        is written back to the disk); the disk keeps its copies, touched
+        before the write-back (the live store's read pins them, then gives
+        them back as the most recent) and after it (the live store's touch
+        once staged). stored: what went into the host tier."""
+        out = PutOutcome.empty()
+        host, disk = self._host, self._disk
+        if host is None or disk is None:
+            return out
+        prefix = hashes[:self._longest_prefix(hashes)]
+        dev, hlru, dlru = self._device.index, host.index, disk.index
+        up = [h for h in dict.fromkeys(prefix) if h in dlru and h not in dev and h not in hlru]
+        if not up:
+            return out
+        disk.touch_chain(up)
+        present = {h for h in prefix if h in hlru}
+        up = up[:max(0, host.pages - len(present))]
+        for _ in range(max(0, len(up) - (host.pages - len(hlru)))):
+            self._pop_host(now, present, out)
+        for h in up:
+            host.add(h, None)
+            out.stored.append(h)
+        self._settle(out, now)
+        disk.touch_chain([h for h in up if h in dlru])  # after the write-back, as the live store touches them
+        return out
+
     def holds_all(self, hashes: Sequence[int]) -> bool:
         return self._longest_prefix(hashes) == len(hashes)
 
@@ -229,7 +277,7 @@ class SimKVNode:
         them a device copy; promote says it is their promotion (the live
         store's promote, which pins their host copies meanwhile: the
         demotions it causes do not push them out of the host tier). A host
-        put skips blocks the node holds in either tier."""
+        put skips blocks the node holds in either memory tier."""
         if tier is Tier.HOST:
             return self._put_host(hashes, now, lease_deadline)
         out = PutOutcome.empty()
@@ -282,6 +330,9 @@ class SimKVNode:
         if lease_deadline is None:
             host.touch_chain([h for h in hashes if h in host.index])  # a use of the host copies too
         self._settle(out, now)
+        if lease_deadline is None and self._disk is not None:
+            # and of the disk copies, after the write-back, as the live store's _touch
+            self._disk.touch_chain([h for h in hashes if h in self._disk.index])
         return out
 
     def _put_host(self, hashes: Sequence[int], now: float, lease_deadline: float | None) -> PutOutcome:
@@ -293,8 +344,10 @@ class SimKVNode:
         if lease_deadline is None:
             host.touch_chain([h for h in hashes if h in lru])
         present = {h for h in hashes if h in lru}  # never evicted to make room for the rest, as live
-        dlru = self._disk.index if self._disk is not None else ()
-        needed = sum(1 for h in dict.fromkeys(hashes) if h not in lru and h not in dev and h not in dlru)
+        # A block only the disk holds is written into the host tier like a
+        # new one (the live store's reserve needs what neither memory tier
+        # holds); its disk copy stays.
+        needed = sum(1 for h in dict.fromkeys(hashes) if h not in lru and h not in dev)
         if needed > host.pages - len(present):
             self._settle(out, now)
             return out  # no room without evicting the chain itself: the live store refuses the reservation
@@ -303,7 +356,7 @@ class SimKVNode:
         for _ in range(max(0, needed - (host.pages - len(lru)))):
             self._pop_host(now, present, out)
         for h in reversed(hashes) if lease_deadline is not None else hashes:
-            if h in lru or h in dev or h in dlru:
+            if h in lru or h in dev:
                 continue
             host.add(h, lease_deadline)
             out.stored.append(h)
@@ -350,11 +403,16 @@ class SimKVNode:
         disk, host = self._disk, self._host
         assert disk is not None and host is not None
         dev, hlru, dlru = self._device.index, host.index, disk.index
+        # The live store offers a host victim to the disk unless the device
+        # tier holds it at that moment: a block this call stored in the
+        # device tier was not there yet (the live store allocates, evicting,
+        # before it writes), so it goes down too.
+        fresh = set(out.stored)
         down = [h for h in dict.fromkeys(out.host_evicted)
-                if h not in hlru and h not in dev and h not in out.host_lapsed]
-        disk.touch_chain([h for h in reversed(down) if h in dlru])
-        for h in down:
+                if h not in hlru and (h not in dev or h in fresh) and h not in out.host_lapsed]
+        for h in down:  # in eviction order, each touched or written as it comes (the live inline writer)
             if h in dlru:
+                dlru.touch(cast(BlockHash, h))
                 continue
             if len(dlru) >= disk.pages:
                 out.disk_evicted.append(disk.pop_victim(now).block_hash)
@@ -380,8 +438,12 @@ class SimKVNode:
         if dlru:
             gone = set(out.dropped)
             out.dropped += [h for h in out.disk_evicted if h not in dev and h not in hlru and h not in gone]
-        if self._retention and out.dropped:
-            self._retention.release(out.dropped)
+        if self._retention:
+            # What left both memory tiers, to the disk or off the node (the
+            # live store's _settle_retention: retention is a memory tier's rule).
+            left = [h for h in dict.fromkeys(out.evicted + out.host_evicted) if h not in dev and h not in hlru]
+            if left:
+                self._retention.release(left)
 
     def _longest_prefix(self, hashes: Sequence[int]) -> int:
         dev, count = self._device.index, 0

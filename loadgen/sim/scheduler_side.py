@@ -1,7 +1,7 @@
 """The scheduler's side of a simulation (simulation.py): its tick, which
 issues orders, each order carried out on the simulated nodes (a replica
 copied over the network and committed, a prefetch over the host link, a
-retain) and reported back as the live kvstore agents report theirs, the
+stage over the disk link, a retain) and reported back as the live kvstore agents report theirs, the
 heartbeat rounds that carry each node's load, and the predictor's forecast
 polls. Each reschedules itself on the event queue; ticks and polls run after
 arrivals and engine events at the same instant, heartbeats after ticks.
@@ -43,6 +43,9 @@ def replicate(sim: Simulation, order: Order) -> None:
         return
     if spec.action is ActionKind.PREFETCH:
         prefetch(sim, order)
+        return
+    if spec.action is ActionKind.STAGE:
+        stage(sim, order)
         return
     if spec.action is ActionKind.RETAIN:
         now = sim.queue.now()
@@ -91,6 +94,31 @@ def prefetched(sim: Simulation, order: Order, blocks: int, _transfer: Transfer) 
         return
     sim._apply(node, kv.put(spec.block_hashes, now, promote=True), spec.block_hashes[0], spec.family, now)
     report(sim, order, OrderState.COMMITTED, "prefetched", 0, blocks)
+
+
+def stage(sim: Simulation, order: Order) -> None:
+    """Reads the node's disk-only blocks of the prefix over its disk link;
+    they enter its host tier when the read lands (SimKVNode.stage), if the
+    node still holds the whole prefix then."""
+    spec, node = order.spec, NodeId(order.spec.target)
+    blocks = sim.kv[node].disk_only(spec.block_hashes, len(spec.block_hashes))
+    if not blocks or sim.disk_links is None:
+        report(sim, order, OrderState.COMMITTED, "nothing to stage")
+        return
+    report(sim, order, OrderState.IN_FLIGHT)
+    sim.disk_links.start(f"{node}/disk", node, blocks * sim.config.real_bytes_per_block,
+                         partial(staged, sim, order))
+
+
+def staged(sim: Simulation, order: Order, _transfer: Transfer) -> None:
+    spec, node, now = order.spec, NodeId(order.spec.target), sim.queue.now()
+    kv = sim.kv[node]
+    if node in sim.membership.dead or not kv.holds_all(spec.block_hashes):
+        report(sim, order, OrderState.FAILED, "the prefix left the node before the stage landed")
+        return
+    out = kv.stage(spec.block_hashes, now)
+    sim._apply(node, out, spec.block_hashes[0], spec.family, now, tier=Tier.HOST)
+    report(sim, order, OrderState.COMMITTED, "staged", 0, len(out.stored))
 
 
 def report(sim: Simulation, order: Order, state: OrderState, message: str = "", nbytes: int = 0, blocks: int = 0) -> None:

@@ -345,6 +345,7 @@ class Simulation:
         if not promoted or self.host_links is None:
             return 0
         from_disk, now = kv.disk_only(prefix, len(prefix)), self.queue.now()
+        flight.record.disk_tokens = from_disk * request.block_tokens
         self._apply(node, kv.put(prefix, now, promote=True), prefix[0], request.family, now)
         flight.waiting += 1
         stage_up(self, node, promoted, from_disk, partial(_copy_done, self._copied, flight, "promote"))

@@ -12,7 +12,7 @@
   an older epoch than the newest seen (a deposed leader's) or an id already
   run (a new leader re-sending what it adopted) is dropped unreported;
 - an admitted order runs on a small pool: report IN_FLIGHT, replicate to
-  order.target_address (or promote, or retain), report COMMITTED or FAILED
+  order.target_address (or promote, retain, or stage from disk), report COMMITTED or FAILED
   with the message, bytes and blocks. A report goes first to the replica
   that last said it leads, then to the one that sent the order, then to each
   other in turn while one refuses it (gone: UNAVAILABLE; no longer leading:
@@ -170,7 +170,7 @@ class SchedulerAgent:
         # the scheduler already counts it cancelled. One already sending runs on.
         if self._stop.is_set() or self._cancelled.contains(order.order_id):
             return
-        if order.action not in ("", "replicate", "redundant", "prefetch", "retain"):
+        if order.action not in ("", "replicate", "redundant", "prefetch", "retain", "stage"):
             # A newer scheduler's action this node cannot run: refuse it rather than copy.
             self._report(link, order.order_id, common_pb2.ORDER_STATE_FAILED,
                          f"unknown order action {order.action!r}")
@@ -180,6 +180,7 @@ class SchedulerAgent:
         try:
             result = (self._prefetch(order) if order.action == "prefetch"
                       else self._retain(order) if order.action == "retain"
+                      else self._stage(order) if order.action == "stage"
                       # "replicate" and "redundant" copy alike: they differ only in why the planner chose them.
                       else self._replicator.replicate(order_from_proto(order)))
         except SpeckvError as exc:
@@ -198,6 +199,12 @@ class SchedulerAgent:
         promoted = self._store.promote(list(order.block_hashes))
         return ReplicationResult(order.order_id, TransferOutcome.COMMITTED, blocks_sent=promoted,
                                  message=f"prefetched {promoted} blocks into the device tier")
+
+    def _stage(self, order: common_pb2.ReplicationOrder) -> ReplicationResult:
+        """Reads this node's disk-only blocks of the order's prefix into its host tier (issue 44)."""
+        staged = self._store.stage(list(order.block_hashes))
+        return ReplicationResult(order.order_id, TransferOutcome.COMMITTED, blocks_sent=staged,
+                                 message=f"staged {staged} blocks from the disk into the host tier")
 
     def _retain(self, order: common_pb2.ReplicationOrder) -> ReplicationResult:
         """Keeps the order's prefix on this node for its lease (nothing moves)."""

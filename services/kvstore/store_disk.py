@@ -11,7 +11,7 @@ queue refuses is dropped and counted (disk counters' queue_dropped). A block
 is invisible while queued: it left the host tier (REMOVED(CPU)) and is not
 on the disk yet, so a lookup then misses it.
 
-Staging (a disk hit): the read paths (get_blocks, pin, promote, map_blocks,
+Staging (a disk hit, or a stage order: `stage`): the read paths (get_blocks, pin, promote, map_blocks,
 hold) first bring the blocks only the disk holds up into the host tier: the
 disk entries are pinned, their records read without the lock (disk/reader.py:
 parallel, checked), then each valid one gets a host page (STORED(CPU); its
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.ids import BlockHash
 from speckv.services.common.tiers import Tier
+from speckv.services.kvstore import validate
 from speckv.services.kvstore.disk import records
 from speckv.services.kvstore.disk.medium import RecordMedium
 from speckv.services.kvstore.disk.reader import DEFAULT_DEPTH, DEFAULT_REQUEST_BYTES, Outcome, RecordReader
@@ -203,18 +204,28 @@ class DiskSide:
             self._dropped_total += sum(1 for v in victims if not self._holds(v.block_hash))
             self._events.append(EventType.REMOVED, tuple(v.block_hash for v in victims), medium=Tier.DISK.medium)
 
-    def _stage_from_disk(self: KVStoreCore, hashes: Sequence[BlockHash]) -> None:
+    def stage(self: KVStoreCore, hashes: Sequence[int]) -> int:
+        """A stage order (issue 44): reads the blocks of hashes' leading run
+        held here that only the disk tier holds into the host tier, exactly
+        as a disk hit stages them before use (_stage_from_disk), and nothing
+        further: no device copy, no use of the chain. Returns how many blocks
+        it brought up (0 without a disk tier, or when the host or device
+        tier holds them all already). InvalidArgument for a bad hash list."""
+        wanted = validate.hash_list(hashes, "stage", self.max_hashes)
+        return self._stage_from_disk(wanted)
+
+    def _stage_from_disk(self: KVStoreCore, hashes: Sequence[BlockHash]) -> int:
         """Brings the blocks of hashes only the disk holds up into the host
-        tier (module docstring). Call without the lock."""
+        tier (module docstring); returns how many. Call without the lock."""
         disk = self._disk
         if disk is None:
-            return
+            return 0
         with self._lock:
             held = next((i for i, h in enumerate(hashes) if not (self._holds(h) or h in disk.index)), len(hashes))
             # past the first block held nowhere nothing is served: the read would be wasted
             wanted = [h for h in dict.fromkeys(hashes[:held]) if h in disk.index and not self._holds(h)]
             if not wanted:
-                return
+                return 0
             for h in wanted:
                 disk.index.pin(h)
             slots = [int(disk.index.get(h).page) for h in wanted]  # type: ignore[union-attr]
@@ -223,7 +234,7 @@ class DiskSide:
             reads = disk.reader.read(slots, buffers)
         except OSError as exc:  # the drive failed the read: a miss this time (the caller gets NotFound)
             log.error("disk tier: reading %d records failed: %s", len(slots), exc)
-            return
+            return 0
         finally:
             with self._lock:
                 for h in reversed(wanted):  # tail first back into the LRU (index.py)
@@ -238,17 +249,18 @@ class DiskSide:
                     disk.counters.checksum_failures += 1
                     self._disk_evicted([BlockEntry(h, PageId(0))])
             try:
-                self._stage_into_host([(h, r) for h, r in good if not self._holds(h) and h in disk.index], hashes)
+                return self._stage_into_host([(h, r) for h, r in good if not self._holds(h) and h in disk.index],
+                                             hashes)
             finally:
                 for buffer in buffers:
                     disk.give_back(buffer)
 
-    def _stage_into_host(self: KVStoreCore, good: list, hashes: Sequence[BlockHash]) -> None:
-        """Checked records into new host pages (lock held)."""
+    def _stage_into_host(self: KVStoreCore, good: list, hashes: Sequence[BlockHash]) -> int:
+        """Checked records into new host pages (lock held); returns how many."""
         host, disk = self._host, self._disk
         assert host is not None and disk is not None
         if not good:
-            return
+            return 0
         protect = [h for h in dict.fromkeys(hashes) if h in host.index]
         pages, _ = self._allocate_host(len(good), protect=protect, what="stage from disk")
         entries = []
@@ -262,3 +274,4 @@ class DiskSide:
         disk.counters.read += len(entries)
         self._emit_runs(EventType.STORED, Tier.HOST, entries)
         self._settle_retention()
+        return len(entries)

@@ -90,8 +90,9 @@ class SchedulerCore:
         self._link_bytes_per_s = settings.link_gbps * 1e9 / 8
         host_link = (LinkModel(settings.host_link_gbps, settings.host_link_overhead_ms)
                      if settings.host_link_gbps > 0 else None)
+        disk = LinkModel(settings.disk_gbps, settings.disk_overhead_ms) if settings.disk_gbps > 0 else None
         self.context = PolicyContext(self._pcfg, profile, link, host_link=host_link, forecasts=forecasts,
-                                     future=future)
+                                     future=future, disk=disk)
         self._registry = registry or default_registry(self.context)
         self._policy: Policy = self._registry.create(settings.policy)
         self._listener = listener
@@ -104,7 +105,6 @@ class SchedulerCore:
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
         self._reuse = ReuseHistory(self._pcfg.reuse)
-        disk = LinkModel(settings.disk_gbps, settings.disk_overhead_ms) if settings.disk_gbps > 0 else None
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link, disk)
         self._confirmation = RouteConfirmation(self._router, confirmer, arrivals)
         self._backlog = LinkBacklog(link)

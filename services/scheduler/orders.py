@@ -44,14 +44,26 @@ class ActionKind(enum.Enum):
     executed exactly like REPLICATE; PREFETCH promotes the blocks of a
     prefix that a holder keeps only in its host tier into its device tier;
     RETAIN keeps the prefix a holder has from leaving it until the order's
-    lease ends (services/common/retention.py). REPLICATE and REDUNDANT copy
-    to a peer (source != target); PREFETCH and RETAIN act on one node
-    (source == target)."""
+    lease ends (services/common/retention.py); STAGE reads the blocks of a
+    prefix that a holder keeps only on its disk tier into its host tier
+    (issue 44: ahead of a forecast return, so the return's promotion crosses
+    the host link only). REPLICATE and REDUNDANT copy to a peer (source !=
+    target); PREFETCH, RETAIN and STAGE act on one node (source == target).
+
+    STAGE is an action of its own rather than a PREFETCH naming the host
+    tier: it lands somewhere else (the host tier, so it displaces host
+    blocks down to the disk rather than device blocks down to the host),
+    it is priced on another term (the disk read it takes off the return's
+    critical path, not the host copy), the outcome table and the
+    simulator's ablation (`predictive-without-stage`) measure it apart, and
+    a kvstore that predates it refuses the unknown action by name instead
+    of promoting into its device tier as it would a prefetch."""
 
     REPLICATE = "replicate"
     REDUNDANT = "redundant"
     PREFETCH = "prefetch"
     RETAIN = "retain"
+    STAGE = "stage"
 
     @property
     def copies(self) -> bool:
@@ -62,11 +74,12 @@ class ActionKind(enum.Enum):
 
     @staticmethod
     def parse(text: str) -> "ActionKind":
-        """The wire form: "replicate" (or empty), "redundant", "prefetch" or "retain"."""
+        """The wire form: "replicate" (or empty), "redundant", "prefetch", "retain" or "stage"."""
         try:
             return ActionKind(text or "replicate")
         except ValueError:
-            raise InvalidArgument(f"order action {text!r}: expected replicate, redundant, prefetch or retain") from None
+            raise InvalidArgument(f"order action {text!r}: expected replicate, redundant, prefetch, retain "
+                                  "or stage") from None
 
 
 class OrderState(enum.Enum):

@@ -71,6 +71,7 @@ class PlannerSettings:
     replicate: bool  # price replicas at all (off: prefetch and retain only; the simulator's ablation)
     replicate_to_device: bool  # also price replicas into a target's device tier (host tier always)
     prefetch: bool  # price host -> device promotions at holders ahead of forecast requests
+    stage: bool  # price disk -> host staging at holders ahead of forecast requests (issue 44)
     queue_externality: bool  # charge an action the queueing the work it draws to a node adds to others routed there
     redundancy: bool  # price a second copy of a prefix with one holder against that holder failing
     failure_rate_per_node_hour: float  # unexpected failures per node (one engine) per hour; redundancy's P(fail)

@@ -8,7 +8,10 @@ A route whose chain names a ghost within its window is a ghost hit when
 the eviction cost that request: a host-tier ghost (the block left the
 node) at a position the routed node computes again (past what it had
 cached or pulled), a device-tier ghost (the block was demoted) when the
-request went to that node, which then promotes it, or computes it again.
+request went to that node, which then promotes it, or computes it again,
+and a host-tier ghost also when the request went to that node and found
+it cached: it went down to the disk tier below, which it is loaded from
+(issue 44; without a disk, only a replica could have brought it back).
 A ghost served from a cache anyway is forgotten without a hit. P(reuse) of (node, tier) = (ghost hits + prior_hits) /
 (removals + prior_hits / prior_p) over exponentially decayed counts
 (half-life `halflife_s`), so one quiet minute does not erase an hour of
@@ -88,7 +91,7 @@ class ReuseHistory:
                 continue
             del ghosts[h]
             node, tier, when = ghost
-            lost = i >= recomputed_from or (tier is Tier.DEVICE and node == routed_to)
+            lost = i >= recomputed_from or (node == routed_to and tier is not Tier.DISK)
             if lost and now - when <= self._s.window_s:
                 self._at(node, tier, now).hits += 1
                 hits += 1

@@ -12,10 +12,11 @@ from speckv.services.common.errors import Unavailable
 from speckv.services.common.rpc.telemetry import build_telemetry
 from speckv.services.kvstore.agent import SchedulerAgent
 from speckv.services.kvstore.config import KVStoreConfig
+from speckv.services.kvstore.disk import records
 from speckv.services.kvstore.replication import Replicator
 from speckv.services.kvstore.server import build_transports
 from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
-from tests.support.kvstore_service import block_bytes, get, kvstore, make_store, put
+from tests.support.kvstore_service import TINY, block_bytes, get, kvstore, make_store, put
 from tests.support.scheduler_service import scheduler
 from tests.support.waiting import TIMEOUT, wait_until
 
@@ -112,6 +113,35 @@ def test_a_prefetch_order_promotes_the_nodes_host_only_blocks_and_moves_nothing_
             with pytest.raises(grpc.RpcError) as err:
                 sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=unknown), timeout=TIMEOUT)
             assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "evict" in err.value.details()
+
+
+def test_a_stage_order_reads_the_nodes_disk_only_blocks_into_its_host_tier(tmp_path):
+    """Issue 44's staging ahead of a return, on a real kvstore with a disk
+    tier: the order's disk-only blocks come up into the host tier, checked;
+    nothing reaches the device tier and nothing crosses the network."""
+    record = records.record_bytes(TINY.bytes_per_block)
+    with scheduler(policy="none") as (sched_server, sched):
+        agents = dict(scheduler=sched_server.address, heartbeat_interval_s=0.1, device_pages=2, host_pages=2,
+                      disk_dir=str(tmp_path), disk_bytes=8 * record)
+        with kvstore(node_id="a", **agents) as (_, a):
+            assert wait_until(lambda: "a" in alive(sched))
+            for chain in ((11, 12), (13, 14), (15, 16)):  # 2 device, 2 host pages: 11 and 12 go down to the disk
+                put(a, *chain)
+            assert wait_until(lambda: a.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
+                              .disk_counters["written"] == 2)
+            order = common_pb2.ReplicationOrder(block_hashes=[11, 12], source_node="a", target_node="a",
+                                                lease_ms=60_000, family="fam", action="stage")
+            sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=order), timeout=TIMEOUT)
+            assert wait_until(lambda: order_counts(sched).get(common_pb2.ORDER_STATE_COMMITTED) == 1)
+            stats = a.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT)
+            assert stats.disk_counters["read"] == 2 and stats.blocks_promoted_total == 0
+            assert stats.blocks_dropped_total == 0  # 13 and 14 went down to the disk to make room
+            assert [x.data for x in get(a, 11, 12)] == [block_bytes(h) for h in (11, 12)]
+            device = common_pb2.ReplicationOrder(block_hashes=[11], source_node="a", target_node="a",
+                                                 lease_ms=1000, action="stage", target_medium="GPU")
+            with pytest.raises(grpc.RpcError) as err:
+                sched.SubmitOrder(scheduler_pb2.SubmitOrderRequest(order=device), timeout=TIMEOUT)
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_a_retain_order_keeps_the_prefix_on_the_node_past_lru_pressure():

@@ -38,10 +38,11 @@ class ScriptedForecasts:
 
 
 def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None, capacity: int = 4096,
-              host_pages: int = 0, retain_max_blocks: int | None = None,
+              host_pages: int = 0, retain_max_blocks: int | None = None, disk_gbps: float = 0.0,
               **overrides) -> tuple[SchedulerCore, ManualClock]:
     """A core with nodes n0..n{nodes-1} (host tiers of host_pages blocks
-    behind a 400 Gbit/s host link when > 0; each reporting retain_max_blocks,
+    behind a 400 Gbit/s host link when > 0; disk tiers read at disk_gbps
+    with 0.09 ms per load when > 0; each reporting retain_max_blocks,
     None: no retention cap reported); overrides patch policy config
     sections, e.g. planner={"horizon_s": 5.0}."""
     config = load_policy_config()
@@ -50,7 +51,8 @@ def make_core(nodes: int = 4, policy: str = "none", forecasts=None, future=None,
     clock = ManualClock(100.0)
     settings = SchedulerSettings(node_timeout_s=5.0, policy=policy, policy_config=config,
                                  host_link_gbps=400.0 if host_pages else 0.0,
-                                 host_link_overhead_ms=0.05 if host_pages else 0.0)
+                                 host_link_overhead_ms=0.05 if host_pages else 0.0,
+                                 disk_gbps=disk_gbps, disk_overhead_ms=0.09 if disk_gbps else 0.0)
     core = SchedulerCore(settings, clock, get_profile("llama-3-8b-h100"), forecasts=forecasts, future=future)
     for i in range(nodes):
         core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", NodeSizes(capacity, host_pages, retain_max_blocks), None)

@@ -18,5 +18,6 @@ class PolicyContext:
     profile: EngineProfile
     link: LinkModel
     host_link: LinkModel | None = None  # every node's host<->device link (None: no host tiers)
+    disk: LinkModel | None = None  # every node's disk-tier reads (None: disk blocks priced as host hits)
     forecasts: ForecastSource | None = None  # predictive: the predictor (or an in-process one)
     future: FutureArrivals | None = None  # oracle: the true arrivals, from a trace

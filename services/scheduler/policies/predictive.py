@@ -41,7 +41,7 @@ class PlanningPolicy:
     nowcast = False  # add nowcast.py's forecasts of the bursts the cluster is in
 
     def __init__(self, context: PolicyContext, source: ForecastSource) -> None:
-        self._planner = Planner(context.config, context.profile, context.link, context.host_link)
+        self._planner = Planner(context.config, context.profile, context.link, context.host_link, context.disk)
         self._source = source
         self._horizon_s = context.config.planner.horizon_s
         self._max_families = context.config.planner.max_families_per_tick

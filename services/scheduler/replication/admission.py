@@ -5,11 +5,16 @@ this after validate_spec and the liveness of both nodes).
 - The host tier is named only on a node that has one.
 - A prefetch promotes host-tier blocks into the device tier: its target has
   a host tier and the order names the device tier or none.
+- A stage reads disk-only blocks into the host tier: its target has a
+  host tier and the order names the host tier or none.
 - A retain protects the target's last tier (host if it has one, else
   device): the order names that tier or none.
 Defaults: the target's address, the family of the chain's first block, the
 policy "manual", and the tier the action lands in (the target's host tier
 when it has one, except for a prefetch, which lands in the device tier).
+A stage's target must have a disk tier too, which the scheduler does not
+know from the registration: a node without one finds nothing to stage and
+commits 0 blocks.
 """
 from __future__ import annotations
 
@@ -32,6 +37,10 @@ def admitted(spec: OrderSpec, target: Node) -> OrderSpec:
         raise FailedPrecondition(f"order names the host tier of node {target.node_id!r}, which has none")
     if spec.action is ActionKind.PREFETCH and spec.tier is Tier.HOST:
         raise InvalidArgument("a prefetch promotes into the device tier: its target_medium must be GPU or empty")
+    if spec.action is ActionKind.STAGE and spec.tier is Tier.DEVICE:
+        raise InvalidArgument("a stage reads disk blocks into the host tier: its target_medium must be CPU or empty")
+    if spec.action is ActionKind.STAGE and not target.sizes.host_pages:
+        raise FailedPrecondition(f"a stage reads disk blocks into the host tier; node {target.node_id!r} has none")
     host = target.sizes.host_pages
     if spec.action is ActionKind.RETAIN and spec.tier is not None and spec.tier is not (
             Tier.HOST if host else Tier.DEVICE):

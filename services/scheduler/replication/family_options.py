@@ -2,9 +2,11 @@
 speculative action would add: the planner's inputs, priced in ms (value.py).
 
 Options without any action (`serve_options`):
-- every live holder n of the family's prefix (L_n blocks, u_n of them in its
-  host tier alone): wait queue_n, promotion of u_n blocks over the host link
-  before prefill, prefill with L_n blocks cached;
+- every live holder n of the family's prefix (L_n blocks, u_n of them below
+  its device tier, d_n of those on its disk tier alone): wait queue_n, the
+  disk read of d_n blocks (with a disk model) and the promotion of u_n
+  blocks over the host link before prefill, as the router prices a disk
+  load, prefill with L_n blocks cached;
 - the `spill` least-queued live non-holders, twice each: recomputing the
   whole prompt, and pulling the longest held prefix L* from its best holder
   (the router's pull: link backlog of both ends, then the slower of the wire
@@ -20,12 +22,20 @@ Actions (each an `ActionCandidate` with its new option):
 - redundant: the same copy, to the host tier (device tier when the target
   has none), of a prefix with one holder (redundancy.py prices it);
 - prefetch a holder's host-only blocks into its device tier: usable once
-  promoted (host link), then with nothing before prefill.
+  promoted (its disk blocks read first, then the host link), then with
+  nothing before prefill;
+- stage a holder's disk-only blocks into its host tier (issue 44): usable
+  once read off the disk, then with only the host link's promotion before
+  prefill. It lands in the host tier, so what it pushes out goes down to the
+  disk, not out of the node: each such block x P(reuse) of the host tier
+  (reuse_history.py: a reuse that loaded it off the disk counts) x one
+  block's disk read.
 What an action pushes out of its tier: the blocks beyond that tier's free
 pages (capacity minus what the index shows there, minus what this tick
 already planned there). Their reuse costs a promotion when the device tier
-demotes them to a host tier below, a recompute (the family's mean cost per
-block) otherwise. Pure: reads the view, never changes it.
+demotes them to a host tier below, a disk load (one block's read) when the
+host tier writes them down to a disk (with a disk model), a recompute (the
+family's mean cost per block) otherwise. Pure: reads the view, never changes it.
 """
 from __future__ import annotations
 
@@ -50,12 +60,14 @@ class FamilyState:
     source: NodeId  # the holder a copy of L* comes from
     source_host_only: int  # of L*, blocks the source holds in its host tier alone
     held: dict[NodeId, int]  # holders (and nodes already given the family this tick) -> blocks
-    host_only: dict[NodeId, int]  # holders -> blocks of their prefix only in their host tier
+    host_only: dict[NodeId, int]  # holders -> blocks of their prefix only below their device tier (host or disk)
     options: list[ServeOption]
     full_ms: float  # prefill without any cache
     hit_ms: float  # prefill with L* cached
     recompute_ms_per_block: float
     chosen: set[tuple[ActionKind, NodeId]] = field(default_factory=set)
+    disk_only: dict[NodeId, int] = field(default_factory=dict)  # holders -> of host_only, those only on their disk
+    source_disk_only: int = 0  # of source_host_only, blocks the source holds on its disk alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +83,20 @@ class ActionCandidate:
 
 
 class OptionPricer:
-    """The engine, link and host-link cost models the options are priced with."""
+    """The engine, link, host-link and disk cost models the options are
+    priced with (disk None: disk blocks priced as host hits, as the router
+    prices them without a disk model)."""
 
-    def __init__(self, profile: EngineProfile, link: LinkModel, host_link: LinkModel | None) -> None:
+    def __init__(self, profile: EngineProfile, link: LinkModel, host_link: LinkModel | None,
+                 disk: LinkModel | None = None) -> None:
         self._profile = profile
         self._link = link
         self._host_link = host_link
+        self._disk = disk
+
+    @property
+    def prices_disk(self) -> bool:
+        return self._disk is not None and self._host_link is not None
 
     @property
     def profile(self) -> EngineProfile:
@@ -91,10 +111,24 @@ class OptionPricer:
             return 0.0
         return self._host_link.transfer_ms(blocks * bytes_per_block)
 
-    def copy_ms(self, blocks: int, bytes_per_block: int, source_host_only: int) -> float:
-        """A copy of blocks off a source holding source_host_only of them in host memory alone."""
+    def disk_ms(self, blocks: int, bytes_per_block: int) -> float:
+        """Reading blocks off a node's disk tier into its host tier (0 without a disk model)."""
+        if blocks <= 0 or not self.prices_disk:
+            return 0.0
+        return self._disk.transfer_ms(blocks * bytes_per_block)  # type: ignore[union-attr]
+
+    def below_ms(self, blocks: int, disk_blocks: int, bytes_per_block: int) -> float:
+        """Bringing blocks held below the device tier up to it, disk_blocks of
+        them read off the disk first (the router's _below_ms)."""
+        if blocks <= 0:
+            return 0.0
+        return self.promote_ms(blocks, bytes_per_block) + self.disk_ms(disk_blocks, bytes_per_block)
+
+    def copy_ms(self, blocks: int, bytes_per_block: int, source_host_only: int, source_disk_only: int = 0) -> float:
+        """A copy of blocks off a source holding source_host_only of them
+        below its device tier, source_disk_only of those on its disk alone."""
         return max(self._link.transfer_ms(blocks * bytes_per_block),
-                   self.promote_ms(min(source_host_only, blocks), bytes_per_block))
+                   self.below_ms(min(source_host_only, blocks), min(source_disk_only, blocks), bytes_per_block))
 
     def serve_options(self, fam: FamilyState, live: dict[NodeId, NodeView], queue: dict[NodeId, float],
                       spill: list[NodeId], link_wait: dict[NodeId, float]) -> list[ServeOption]:
@@ -103,13 +137,14 @@ class OptionPricer:
         for node, length in fam.held.items():
             view = live[node]
             options.append(ServeOption(node, queue[node],
-                                       self.promote_ms(fam.host_only.get(node, 0), view.bytes_per_block),
+                                       self.below_ms(fam.host_only.get(node, 0), fam.disk_only.get(node, 0),
+                                                     view.bytes_per_block),
                                        self.prefill_ms(fam.prompt_tokens, length, block_size)))
         for node in spill:
             view = live[node]
             options.append(ServeOption(node, queue[node], 0.0, fam.full_ms))
             wait = max(link_wait.get(fam.source, 0.0), link_wait.get(node, 0.0))
-            pull = self.copy_ms(len(fam.chain), view.bytes_per_block, fam.source_host_only)
+            pull = self.copy_ms(len(fam.chain), view.bytes_per_block, fam.source_host_only, fam.source_disk_only)
             options.append(ServeOption(node, queue[node], wait, fam.hit_ms, pull_ms=pull, pull_link=fam.source))
         return options
 
@@ -119,7 +154,7 @@ class OptionPricer:
         same copy, priced on another term: planner.py)."""
         blocks = len(fam.chain)
         nbytes = blocks * target.bytes_per_block
-        transfer = self.copy_ms(blocks, target.bytes_per_block, fam.source_host_only)
+        transfer = self.copy_ms(blocks, target.bytes_per_block, fam.source_host_only, fam.source_disk_only)
         ready = max(link_wait.get(fam.source, 0.0), link_wait.get(target.node_id, 0.0)) + transfer
         before = self.promote_ms(blocks, target.bytes_per_block) if tier is Tier.HOST else 0.0
         option = ServeOption(target.node_id, queue_ms, before, fam.hit_ms, ready_ms=ready)
@@ -130,16 +165,36 @@ class OptionPricer:
         if blocks <= 0 or self._host_link is None:
             return None
         length = fam.held[holder.node_id]
-        promote = self.promote_ms(blocks, holder.bytes_per_block)
+        promote = self.below_ms(blocks, fam.disk_only.get(holder.node_id, 0), holder.bytes_per_block)
         option = ServeOption(holder.node_id, queue_ms, 0.0,
                              self.prefill_ms(fam.prompt_tokens, length, holder.block_size), ready_ms=promote)
         return ActionCandidate(ActionKind.PREFETCH, index, holder.node_id, Tier.DEVICE, blocks,
                                blocks * holder.bytes_per_block, option, 0.0)
 
+    def stage(self, fam: FamilyState, index: int, holder: NodeView, queue_ms: float) -> ActionCandidate | None:
+        """Reading holder's disk-only blocks of its prefix into its host tier:
+        ready once the disk read lands; then the request promotes every block
+        below the device tier over the host link alone. None when the holder
+        has no disk-only block or no disk is priced."""
+        node = holder.node_id
+        blocks = fam.disk_only.get(node, 0)
+        if blocks <= 0 or not self.prices_disk:
+            return None
+        bpb = holder.bytes_per_block
+        option = ServeOption(node, queue_ms, self.promote_ms(fam.host_only.get(node, 0), bpb),
+                             self.prefill_ms(fam.prompt_tokens, fam.held[node], holder.block_size),
+                             ready_ms=self.disk_ms(blocks, bpb))
+        return ActionCandidate(ActionKind.STAGE, index, node, Tier.HOST, blocks, blocks * bpb, option, 0.0)
+
     def miss_ms_per_block(self, fam: FamilyState, node: NodeView, tier: Tier) -> float:
-        """What reusing a block this action pushes out of node's tier costs."""
+        """What reusing a block this action pushes out of node's tier costs:
+        a promotion when it drops to the host tier, a disk load when it drops
+        from the host tier to a disk (priced: every host tier has one then),
+        else a recompute."""
         if tier is Tier.DEVICE and node.sizes.host_pages > 0 and self._host_link is not None:
             return self.promote_ms(1, node.bytes_per_block)
+        if tier is Tier.HOST and self.prices_disk:
+            return self.disk_ms(1, node.bytes_per_block)
         return fam.recompute_ms_per_block
 
 

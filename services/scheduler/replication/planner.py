@@ -24,6 +24,10 @@ queueing depends on, else its larger figure; at most
    its device tier. With `redundancy`, when the longest held prefix has
    exactly one live holder, also a redundant copy of it to each of those
    non-holders, into their host tier (device tier when they have none).
+   With `stage` and a disk model (the scheduler's --disk-gbps), stage the
+   blocks of each holder's prefix that only its disk holds into its host
+   tier, read ahead of the forecast requests (issue 44; a holder's disk
+   blocks are priced as disk reads in its option and in a prefetch too).
 3. Value (value.py), for families whose expected TTFT now exceeds what
    every request hitting the whole prefix on an idle node would take by
    more than `min_net_ms` (no load action can save more than that gap;
@@ -61,9 +65,9 @@ queueing depends on, else its larger figure; at most
    outside the top `max_families_per_tick`) are cancelled (not yet
    started, so nothing is lost).
 
-Replicas carry `leases.replica_lease_ms`; a prefetch carries the same
-lease as its deadline (its promoted blocks become the device tier's most
-recently used, nothing more). The third action, retain (keep a holder's
+Replicas carry `leases.replica_lease_ms`; a prefetch or a stage carries
+the same lease as its deadline (its blocks become the most recently used of
+the tier it brought them to, nothing more). The third action, retain (keep a holder's
 prefix from leaving it for `retain.ttl_s`), is priced apart on the
 RETENTION forecasts (retention_plan.py) and its orders join the plan; they
 are never cancelled here (they run as soon as a node takes them). Pure: no
@@ -105,9 +109,9 @@ from speckv.services.scheduler.views import ClusterView, NodeView, Plan, holders
 
 class Planner:
     def __init__(self, config: PolicyConfig, profile: EngineProfile, link: LinkModel,
-                 host_link: LinkModel | None = None) -> None:
+                 host_link: LinkModel | None = None, disk: LinkModel | None = None) -> None:
         self._cfg = config
-        self._pricer = OptionPricer(profile, link, host_link)
+        self._pricer = OptionPricer(profile, link, host_link, disk)
         self._retention = RetentionPlanner(config, self._pricer)
 
     def plan(self, now: float, view: ClusterView, forecasts: Sequence[Forecast], policy: str) -> Plan:
@@ -223,6 +227,8 @@ class _Tick:
         source = min((n for n, k in held.items() if k == longest), key=lambda n: (self.queue[n], n))
         block_size = self.live[source].block_size
         host_only = {n: view.index.host_only_count(n, profile.chain, k) for n, k in held.items()}
+        disk_only = ({n: view.index.disk_only_count(n, profile.chain, held[n]) for n, k in host_only.items() if k}
+                     if self.pricer.prices_disk else {})
         for node in self.landing.get(name, ()):
             if node in self.live and node not in held:
                 held[node] = longest  # a copy landing there serves like a holder
@@ -230,7 +236,8 @@ class _Tick:
         fam = FamilyState(name, demand, list(profile.chain[:longest]), prompt,
                           source, host_only[source], held, host_only, [], full_ms,
                           self.pricer.prefill_ms(prompt, longest, block_size),
-                          full_ms / max(1.0, prompt / block_size))
+                          full_ms / max(1.0, prompt / block_size), disk_only=disk_only,
+                          source_disk_only=disk_only.get(source, 0))
         fam.options = self.pricer.serve_options(fam, self.live, self.queue, self._spill(fam), self.link_wait)
         return fam
 
@@ -263,6 +270,12 @@ class _Tick:
             for node in fam.held:
                 if node in self.live:
                     candidate = self.pricer.prefetch(fam, index, self.live[node], self.queue[node])
+                    if candidate is not None:
+                        out.append(candidate)
+        if p.stage:
+            for node, blocks in fam.disk_only.items():
+                if blocks and node in self.live:
+                    candidate = self.pricer.stage(fam, index, self.live[node], self.queue[node])
                     if candidate is not None:
                         out.append(candidate)
         return out
@@ -316,7 +329,7 @@ class _Tick:
                            insured)
 
     def _bytes_ms(self, c: ActionCandidate) -> float:
-        """The price of the bytes c sends over the network (ms; 0 for a prefetch)."""
+        """The price of the bytes c sends over the network (ms; 0 for a prefetch or a stage)."""
         return self.cfg.planner.copy_ms_per_gib * _network_bytes(c) / 2**30
 
     def _eviction_ms(self, c: ActionCandidate, fam: FamilyState) -> float:
@@ -329,7 +342,8 @@ class _Tick:
             # Its demotions land in a host tier that may be full: what they push
             # out of it leaves the node.
             dropped = max(0, evicted - self._room(c.node, Tier.HOST))
-            loss += eviction_ms(dropped, self._p_reuse(c.node, Tier.HOST), fam.recompute_ms_per_block)
+            loss += eviction_ms(dropped, self._p_reuse(c.node, Tier.HOST),
+                                self.pricer.miss_ms_per_block(fam, node, Tier.HOST))
         return loss
 
     def _link_ms(self, c: ActionCandidate, fam: FamilyState) -> float:

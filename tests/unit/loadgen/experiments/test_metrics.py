@@ -131,3 +131,19 @@ def test_avoidable_latency_closed_is_measured_from_none_to_the_floor():
     assert with_avoidable_closed({"oracle": policies["oracle"]}, floor)["oracle"].avoidable_closed is None
     at_floor = FloorSummary(None, None, None, None, returning_ttft_p99_ms=1000.0)
     assert with_avoidable_closed(policies, at_floor)["oracle"].avoidable_closed is None
+
+
+def test_disk_loads_are_counted_apart_from_host_hits():
+    """Of the tokens promoted before prefill, those read off the disk first
+    are the disk's share (and their wait a disk load's), the rest the host's."""
+    records = [
+        # 400 reusable, 100 shared: 300 cached beyond it, 200 of them promoted, 120 of those off the disk.
+        RequestRecord("a", 1.0, "f", 1000, 1, cached_tokens=400, promoted_tokens=200, disk_tokens=120,
+                      promote_ms=30.0, ttft_ms=500.0),
+        RequestRecord("b", 2.0, "f", 1000, 1, cached_tokens=400, promoted_tokens=100, promote_ms=2.0, ttft_ms=300.0),
+    ]
+    reusable, shared = {"a": 400, "b": 400}, {"a": 100, "b": 100}
+    s = summarize(records, frozenset(), 2000.0, ReplicaLedger().totals(), 64, {}, reusable, None, shared)
+    assert s.disk_load_ratio == pytest.approx(120 / 600) and s.host_hit_ratio == pytest.approx((80 + 100) / 600)
+    assert s.device_hit_ratio == pytest.approx((100 + 200) / 600) and s.reuse_recovered_ratio == pytest.approx(1.0)
+    assert s.disk_load_ms_mean == pytest.approx(30.0) and s.promotion_ms_mean == pytest.approx(2.0)

@@ -265,3 +265,22 @@ def test_a_lapsed_replica_the_host_tier_evicts_is_not_written_to_the_disk():
 def test_a_disk_tier_needs_a_host_tier():
     with pytest.raises(ValueError, match="needs a host tier"):
         SimKVNode("n", pages=2, disk_pages=4)
+
+
+def test_a_stage_reads_disk_blocks_into_the_host_tier_as_the_live_store_does():
+    node = SimKVNode("n", pages=1, host_pages=2, disk_pages=8)
+    for step, h in enumerate([1, 2, 3, 4, 5]):
+        node.put([h], now=float(step))  # 1, 2 on the disk; 3, 4 host; 5 device
+    out = node.stage([1, 2, 9], now=9.0)
+    assert out.stored == [1, 2] and sorted(out.host_evicted) == [3, 4] and sorted(out.disk_stored) == [3, 4]
+    assert out.dropped == [] and all(node.in_tier(h, Tier.HOST) and node.in_tier(h, Tier.DISK) for h in (1, 2))
+    assert node.disk_only([1, 2], 2) == 0 and node.host_only([1, 2], 2) == 2
+    assert node.stage([1, 5], now=10.0).stored == []  # nothing only the disk holds
+
+
+def test_a_stage_never_pushes_out_the_chain_s_own_host_copies():
+    node = SimKVNode("n", pages=1, host_pages=2, disk_pages=8)
+    for step, h in enumerate([1, 2, 3, 4]):
+        node.put([h], now=float(step))  # 1 on the disk; 2, 3 host; 4 device
+    out = node.stage([3, 1], now=9.0)  # 3 is the chain's host copy: 2 goes down instead
+    assert out.stored == [1] and out.host_evicted == [2] and node.in_tier(3, Tier.HOST)

@@ -48,3 +48,10 @@ def test_without_the_disk_the_same_request_recomputes():
     _, run = simulate(0)
     back = run.records[-1]
     assert back.served and back.cached_tokens == 0 and back.promoted_tokens == 0
+
+
+def test_the_record_tells_a_disk_load_from_a_host_hit():
+    _, run = simulate(16)
+    back = run.records[-1]
+    assert back.disk_tokens == 4 * B and back.promoted_tokens == 4 * B
+    assert all(r.disk_tokens == 0 for r in run.records[:-1])

@@ -181,3 +181,25 @@ def test_a_record_torn_at_any_point_is_never_indexed(tmp_path: Path, cut: int):
         assert again.disk_counters()["checksum_failures"] == 1
     finally:
         again.close()
+
+
+def test_a_stage_order_reads_disk_blocks_into_the_host_tier_only():
+    """stage (issue 44's staging ahead of a return): the leading run's
+    disk-only blocks come up into the host tier, checked, as a disk hit's
+    do; the device tier is untouched; what the host pushes out goes down."""
+    store = core(MemoryMedium(4, RECORD))
+    put(store, 1, 2, 3, 4, 5, 6)  # 1, 2 on the disk; 3, 4 host; 5, 6 device
+    assert store.stage([1, 2, 99]) == 2
+    assert tiers(store, 1, 2, 3, 4, 5, 6) == [Tier.HOST] * 2 + [Tier.DISK] * 2 + [Tier.DEVICE] * 2
+    assert store.disk_counters()["read"] == 2 and store.stats().blocks_dropped_total == 0
+    assert read(store, 1) == data(1).tobytes()
+    assert store.stage([1, 5]) == 0  # held above the disk already: nothing to read
+    assert store.stage([99]) == 0
+    with pytest.raises(InvalidArgument):
+        store.stage([])
+
+
+def test_without_a_disk_tier_a_stage_brings_up_nothing():
+    store = KVStoreCore("n0", TINY, 2, ManualClock(), host_pages=2)
+    put(store, 1, 2, 3)
+    assert store.stage([1, 2, 3]) == 0

@@ -91,3 +91,12 @@ def test_removal_rate_reads_a_steady_rate_however_recently_counting_began(elapse
     rate = history.removal_rate(A, Tier.HOST, elapsed_s - step)
     assert rate == pytest.approx(10.0, rel=0.06)  # the first batch lands at t = 0: a half-step's excess
     assert history.removal_rate(A, Tier.DEVICE, elapsed_s) == 0.0
+
+
+def test_a_host_ghost_found_on_its_node_again_is_a_hit_it_paid_a_disk_load_for():
+    """Issue 44: a block the host tier wrote down to the disk, wanted on the
+    same node and found cached there, came off the disk: its eviction cost."""
+    history = ReuseHistory(ReuseSettings(window_s=60.0, halflife_s=1e9, prior_p=0.5, prior_weight=4.0))
+    history.removed(A, Tier.HOST, [10, 11], now=0.0)
+    history.removed(B, Tier.HOST, [12], now=0.0)
+    assert history.wanted([10, 11, 12], now=5.0, recomputed_from=3, routed_to=A) == 2

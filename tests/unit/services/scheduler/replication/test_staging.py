@@ -1,0 +1,101 @@
+"""Staging ahead of the return (issue 44, item 5): the planner prices a
+holder's disk-only blocks as disk reads, and orders them read into its host
+tier (ActionKind.STAGE) when the forecast requests save more than the host
+blocks they push down cost."""
+import dataclasses
+
+import pytest
+
+from speckv.services.common.errors import FailedPrecondition, InvalidArgument
+from speckv.services.common.ids import NodeId
+from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.orders import ActionKind, OrderSpec
+from speckv.services.scheduler.policy_config import load_policy_config
+from tests.support.scheduler_scenarios import CHAIN, FAMILY, ScriptedForecasts, heartbeat_all, make_core, \
+    route_family, store
+
+DISK_GBPS = 41.6  # nvme-gen4: 5.2 GB/s
+BLOCK = 2 * 2**20  # llama-3-8b, 16-token blocks
+HOST_MS = 128 * BLOCK * 8 / 400e9 * 1e3 + 0.05  # the host link's copy of the chain
+DISK_MS = 128 * BLOCK * 8 / DISK_GBPS / 1e9 * 1e3 + 0.09  # its read off the disk
+
+
+def disk_holder(device_full: bool = True, host_full: bool = False, disk_gbps: float = DISK_GBPS,
+                p_reuse: float = 1.0, **planner):
+    """One node holding CHAIN on its disk alone; a request there would read
+    it (DISK_MS), copy it up (HOST_MS), then prefill. A block pushed out of a
+    tier is wanted again with P(reuse) = p_reuse."""
+    forecasts = ScriptedForecasts()
+    planner = {"horizon_s": 2.0, "stage": True, **planner}  # off as committed (policies.json says why)
+    core, clock = make_core(1, "predictive", forecasts, capacity=512, host_pages=1024, disk_gbps=disk_gbps,
+                            planner=planner, reuse={"prior_p": p_reuse, "prior_weight": 1e6})
+    assert core.apply_kv_event(NodeId("n0"), core.generation("n0"),
+                               IndexEvent(HolderEventKind.STORED, CHAIN, False, FAMILY, tier=Tier.DISK))
+    route_family(core, 2)
+    if device_full:
+        store(core, "n0", list(range(900_000, 900_512)), family="filler")
+    if host_full:
+        assert core.apply_kv_event(NodeId("n0"), core.generation("n0"), IndexEvent(
+            HolderEventKind.STORED, list(range(800_000, 801_024)), False, "host-filler", tier=Tier.HOST))
+    heartbeat_all(core, 1)
+    forecasts.counts = {FAMILY: 1.0}
+    return core
+
+
+def test_a_stage_takes_the_disk_read_off_the_critical_path():
+    """The device tier is full (a prefetch would demote 128 blocks wanted
+    again), the host tier empty: reading the chain into the host tier saves
+    the disk read and pushes nothing out."""
+    orders = disk_holder().tick()
+    assert [(o.spec.action, o.spec.source, o.spec.target, o.spec.tier) for o in orders] == [
+        (ActionKind.STAGE, "n0", "n0", Tier.HOST)]
+    assert orders[0].spec.block_hashes == CHAIN and orders[0].spec.lease_ms == 15000
+    assert orders[0].spec.expected_benefit_ms == pytest.approx(DISK_MS)
+
+
+def test_a_prefetch_of_disk_blocks_is_priced_with_their_read():
+    """With staging off the prefetch is worth the read and the copy, less
+    its 128 demotions at one promotion (2 MiB over the host link) each."""
+    orders = disk_holder(stage=False).tick()
+    assert [o.spec.action for o in orders] == [ActionKind.PREFETCH]
+    demotions = 128 * (BLOCK * 8 / 400e9 * 1e3 + 0.05)
+    assert orders[0].spec.expected_benefit_ms == pytest.approx(DISK_MS + HOST_MS - demotions)
+
+
+def test_the_committed_planner_stages_nothing():
+    assert disk_holder(stage=load_policy_config().planner.stage).tick()[0].spec.action is ActionKind.PREFETCH
+
+
+def test_without_a_disk_model_disk_blocks_are_host_hits_and_nothing_is_staged():
+    """No --disk-gbps: priced as before disks (the prefetch saves 5.4 ms and
+    demotes 11.8 ms of blocks wanted again): no order at all."""
+    assert disk_holder(disk_gbps=0.0).tick() == []
+
+
+@pytest.mark.parametrize("p_reuse, staged", [(1.0, False), (0.01, True)])
+def test_a_stage_that_pushes_out_host_blocks_wanted_again_costs_more_than_it_saves(p_reuse, staged):
+    """A full host tier: the stage pushes 128 host blocks down to the disk,
+    each priced at P(reuse) of the host tier x one block's disk read (0.49
+    ms, its 0.09 ms overhead paid per block); wanted again for sure, that is
+    more than the chain's read in one load.
+    (Prefetch off: with P(reuse) low it would be worth more still.)"""
+    orders = disk_holder(host_full=True, p_reuse=p_reuse, prefetch=False).tick()
+    assert any(o.spec.action is ActionKind.STAGE for o in orders) is staged
+    if staged:
+        assert 0 < orders[0].spec.expected_benefit_ms < DISK_MS
+
+
+def test_a_stage_lands_in_the_host_tier_of_a_node_that_has_one():
+    core, _ = make_core(2, host_pages=0)
+    spec = OrderSpec(FAMILY, CHAIN, "n0", "n0", 15000, action=ActionKind.STAGE)
+    with pytest.raises(FailedPrecondition, match="host tier"):
+        core.submit_order(spec)
+    core, _ = make_core(2, host_pages=64)
+    with pytest.raises(InvalidArgument, match="host tier"):
+        core.submit_order(dataclasses.replace(spec, tier=Tier.DEVICE))
+    with pytest.raises(InvalidArgument, match="one node"):
+        core.submit_order(dataclasses.replace(spec, target="n1"))
+    order = core.submit_order(spec)
+    assert order.spec.tier is Tier.HOST and order.spec.action is ActionKind.STAGE
+    assert ActionKind.parse("stage") is ActionKind.STAGE and not ActionKind.STAGE.copies
