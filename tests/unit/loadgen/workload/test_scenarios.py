@@ -10,7 +10,14 @@ import pytest
 
 from speckv.loadgen.sim import cli, pool
 from speckv.loadgen.workload.fanout import FanoutParams
-from speckv.loadgen.workload.scenarios import DEFAULT_SCENARIOS_PATH, GENERATORS, get_scenario, load_scenarios
+from speckv.loadgen.workload.scenarios import (
+    DEFAULT_SCENARIOS_PATH,
+    GENERATORS,
+    get_scenario,
+    load_scenarios,
+    parse_seeds,
+    seed_sets,
+)
 from speckv.loadgen.workload.synthetic import HawkesParams
 from speckv.services.common.errors import InvalidArgument
 
@@ -122,3 +129,27 @@ def test_the_largest_node_counts_are_submitted_first_and_the_predictor_policies_
 @pytest.mark.parametrize("cores,expected", [(1, 2), (2, 3), (16, 17), (0, 2)])
 def test_one_more_simulation_than_cores_runs_at_once_by_default(cores, expected):
     assert pool.default_jobs(cores) == expected
+
+
+def test_the_committed_seed_sets_keep_evaluation_and_tuning_apart():
+    sets = seed_sets()
+    assert sets["evaluation"] == [7, 11, 13]
+    assert not set(sets["evaluation"]) & set(sets["tuning"])
+
+
+def test_a_users_file_with_its_own_seed_sets_is_read_and_one_without_falls_back(tmp_path):
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps({"seeds": {"mine": [3, 5]}, "scenarios": {"x": {"generator": "mmpp"}}}))
+    assert parse_seeds("mine", own) == [3, 5]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"scenarios": {"x": {"generator": "mmpp"}}}))
+    assert parse_seeds("evaluation", bare) == [7, 11, 13]
+    assert parse_seeds("5,3", bare) == [5, 3]
+
+
+@pytest.mark.parametrize("seeds", [[], [1, 1], ["7"], 7])
+def test_a_bad_seed_set_is_refused_naming_it(tmp_path, seeds):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"seeds": {"broken": seeds}, "scenarios": {"x": {"generator": "mmpp"}}}))
+    with pytest.raises(InvalidArgument, match="'broken'"):
+        seed_sets(bad)
