@@ -153,3 +153,19 @@ def test_a_bad_seed_set_is_refused_naming_it(tmp_path, seeds):
     bad.write_text(json.dumps({"seeds": {"broken": seeds}, "scenarios": {"x": {"generator": "mmpp"}}}))
     with pytest.raises(InvalidArgument, match="'broken'"):
         seed_sets(bad)
+
+
+def test_api_bursts_shares_little_prefix_and_bursts_one_prompt_past_what_one_node_computes():
+    """The compute-bound regime of issue 45 (item 5): the system prompts are
+    under a fifth of the prompt tokens, and a burst puts several requests a
+    second on one prompt, each ~0.2 s of prefill alone (the profile's figure)."""
+    requests = get_scenario("api-bursts", 7, 512).requests()
+    shared = sum(min(r.prompt_tokens, 2 * 512) for r in requests) / sum(r.prompt_tokens for r in requests)
+    assert shared < 0.2
+    per_second: dict[tuple[int, str], int] = {}
+    for r in requests:
+        key = (int(r.arrival_s), r.family)
+        per_second[key] = per_second.get(key, 0) + 1
+    hottest = sorted(per_second.values())[-20:]  # the burst seconds: one prompt, many requests
+    prefill_s = 0.2
+    assert min(hottest) * prefill_s > 1.0  # more prefill a second than one node has
