@@ -329,7 +329,7 @@ def _run(args: argparse.Namespace, console, config: E2EConfig, workload: DemoWor
     index = write_demo_report(report, _heading(workload, slice_, len(in_slice), config, args), simulated, live,
                               _ttfts(sim_runs, live_runs),
                               _timelines(sim_runs, live_runs, sim_config.real_bytes_per_block,
-                                         live.real_bytes_per_block),
+                                         live.real_bytes_per_block, config.forecast_horizon_s * slice_.speed),
                               [(r.arrival_s, r.family) for r in in_slice], extra)
     console.print(f"report: {index}", markup=False, highlight=False, soft_wrap=True)
     served = [m.served for m in (*simulated.policies.values(), *live.policies.values())]
@@ -353,11 +353,14 @@ def _ttfts(sim: Mapping[str, SimRun], live: Mapping[str, PolicyRun]) -> dict[str
 
 
 def _timelines(sim: Mapping[str, SimRun], live: Mapping[str, PolicyRun], sim_bytes_per_block: int,
-               live_bytes_per_block: int) -> dict[str, dict[str, dict[str, object]]]:
-    """Per run and policy: forecasts (trace s, family, count) and commits
-    (trace s, real bytes, family), as write_report draws them."""
+               live_bytes_per_block: int, horizon_s: float) -> dict[str, dict[str, dict[str, object]]]:
+    """Per run and policy: forecasts (trace s, family, count within
+    horizon_s trace s: the predictor's horizon at the replay's speed, in
+    both runs) and commits (trace s, real bytes, family), as write_report
+    draws them."""
     def line(forecasts, commits, per_block: int) -> dict[str, object]:
-        return {"forecasts": forecasts, "commits": [(t, blocks * per_block, f) for t, blocks, f in commits]}
+        return {"forecasts": forecasts, "forecast_horizon_s": horizon_s,
+                "commits": [(t, blocks * per_block, f) for t, blocks, f in commits]}
 
     return {SIMULATED_RUN: {p: line(run.forecasts, run.replicas.commits, sim_bytes_per_block)
                             for p, run in sim.items()},

@@ -171,9 +171,10 @@ def write_demo_report(out_dir: Path, heading: str, simulated: Comparison, live: 
                          "colour per policy. Further left is faster."),
         "timeline.png": (timeline_figure(timelines.get(LIVE_RUN, {}), arrivals),
                          "Live: arrivals per second of up to three of the slice's busiest families (grey), the "
-                         "predictor's forecast of each (lines: requests expected within its horizon; every live "
-                         "cluster runs the predictor, only predictive acts on it) and the replicas committed for "
-                         "it (ticks), per policy."),
+                         "predictor's forecast of each in the same unit (lines: the requests it expects within "
+                         "its horizon, named in the legend, divided by that horizon; every live cluster runs the "
+                         "predictor, only predictive acts on it) and the replicas committed for it (ticks), "
+                         "per policy."),
         "bytes_over_time.png": (_demo_bytes(timelines, simulated.slice.start_s,
                                             simulated.slice.start_s + simulated.slice.duration_s),
                                 "Bytes copied by replication so far, in bytes of the real model: simulated (solid) "

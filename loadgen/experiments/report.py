@@ -109,7 +109,8 @@ def write_report(out_dir: Path, result: Comparison, ttfts: Mapping[str, Sequence
                  ablation: str = "") -> Path:
     """Writes result.json, table.md, the PNGs and index.html; returns index.html's path.
 
-    timelines[policy] = {"commits": [(trace s, real bytes, family)], "forecasts": [(trace s, family, count)]};
+    timelines[policy] = {"commits": [(trace s, real bytes, family)], "forecasts": [(trace s, family, count)],
+    "forecast_horizon_s": the forecasts' horizon, trace s (forecast_rates)};
     arrivals = (trace s, family) of the replayed slice; ablation: the Markdown
     table of what each action measurably saved (loadgen/sim/ablation.py), if run."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +205,19 @@ def timeline_families(timelines: Mapping[str, Mapping[str, object]], arrivals: S
     return sorted(candidates, key=lambda f: (-arrived[f], -commits[f], -forecast.get(f, 0.0), f))[:count]
 
 
+def forecast_rates(line: Mapping[str, object], family: str) -> list[tuple[float, float]]:
+    """(trace s, requests / s) of line's forecasts of family: each count of
+    requests expected within the forecast's horizon (line["forecast_horizon_s"],
+    trace s) over that horizon, so it reads in the unit of arrivals per second."""
+    points = [(t, c) for t, f, c in line.get("forecasts", []) if f == family]  # type: ignore[attr-defined]
+    if not points:
+        return []
+    horizon_s = line.get("forecast_horizon_s")
+    if not isinstance(horizon_s, (int, float)) or horizon_s <= 0:
+        raise ValueError("a time line with forecasts needs its forecast_horizon_s (trace s, > 0)")
+    return [(t, c / horizon_s) for t, c in points]
+
+
 def timeline_figure(timelines: Mapping[str, Mapping[str, object]], arrivals: Sequence[tuple[float, str]]):
     hottest = timeline_families(timelines, arrivals)
     figure, axes = plt.subplots(len(hottest) or 1, 1, figsize=(8, 2.6 * len(hottest) if hottest else 0.8),
@@ -219,9 +233,10 @@ def timeline_figure(timelines: Mapping[str, Mapping[str, object]], arrivals: Seq
             ax.hist(times, bins=np.arange(span[0], span[1] + 1), color="lightgrey", label="arrivals / s")
         for i, (name, line) in enumerate(timelines.items()):
             color = f"C{i % 10}"
-            points = [(t, c) for t, f, c in line.get("forecasts", []) if f == family]
+            points = forecast_rates(line, family)
             if points:
-                ax.plot(*zip(*points), color=color, label=f"{name}: forecast")
+                ax.plot(*zip(*points), color=color,
+                        label=f"{name}: forecast / s over the next {line['forecast_horizon_s']:g} s")
             commits = [t for t, _, f in line.get("commits", []) if f == family]
             if commits:
                 # On the axis, drawn over it (clip_on=False), thick enough to see among the bars.
@@ -229,6 +244,7 @@ def timeline_figure(timelines: Mapping[str, Mapping[str, object]], arrivals: Seq
                         clip_on=False, label=f"{name}: replica committed")
         ax.set_title(f"family {family}")
         ax.set_xlabel("trace time (s)")
+        ax.set_ylabel("requests / s")
         if span is not None:
             ax.set_xlim(*span)
         ax.set_ylim(0, max(1.0, ax.get_ylim()[1]))  # counts: never below 0, and a lone tick still gets a scale

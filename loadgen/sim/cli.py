@@ -73,7 +73,7 @@ from speckv.loadgen.sim.ray_pool import LOCAL, RayTarget, preflight, run_on_ray
 from speckv.loadgen.sim.regime import finish_sweep
 from speckv.loadgen.sim.sweep import parse_sweeps, resolve_cells
 from speckv.loadgen.workload.node_events import get_event_set, load_event_sets
-from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios
+from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios, parse_seeds
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
 
@@ -114,8 +114,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--speed", type=float, default=1.0,
                    help="match a live run replayed this many times faster (its wall-clock intervals, in trace s)")
     p.add_argument("--seed", type=int, default=7, help="synthetic workload seed")
-    p.add_argument("--seeds", default=None, metavar="S1,S2,...",
-                   help="with --synthetic: run every policy on each of these realizations (the first is the one "
+    p.add_argument("--seeds", default=None, metavar="S1,S2,...|SET",
+                   help="with --synthetic: run every policy on each of these realizations, or on a named set of "
+                        "the scenarios file (evaluation: the seeds verdicts read; tuning: where choices are made) "
+                        "(the first is the one "
                         "the tables, report and ablation show) and give each figure's difference from none a 95 %% "
                         "interval between seeds (repeats.py)")
     p.add_argument("--jobs", type=int, default=None,
@@ -247,13 +249,7 @@ def _seeds(args: argparse.Namespace) -> list[int]:
         raise InvalidArgument("--seeds picks realizations of a --synthetic scenario: a trace has one")
     if args.sweeps:
         raise InvalidArgument("--seeds and --sweep do not combine: run the sweep per seed")
-    try:
-        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    except ValueError:
-        raise InvalidArgument(f"--seeds={args.seeds!r}: expected integers, e.g. 11,13,17") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise InvalidArgument(f"--seeds={args.seeds!r}: name each seed once")
-    return seeds
+    return parse_seeds(args.seeds, args.scenarios)
 
 
 def _with_models(args: argparse.Namespace, config: E2EConfig, jobs: list[Job], console) -> list[Job]:

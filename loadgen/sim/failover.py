@@ -1,5 +1,5 @@
 """Node events in a simulation (simulation.py; services/config/events.json
-names them): an add brings a cold node (Simulation._add_node); a kill takes
+names them): an add brings a cold node (add_node); a kill takes
 the node a name picks (victim) down at once: the scheduler hears (its event
 stream closes), its KV is gone, and what it was serving, or a pull from it
 was feeding, is re-sent by the reference router's rule (Simulation._resend,
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from speckv.loadgen.engines.fast import FastEngine
 from speckv.loadgen.experiments.event_metrics import WINDOW_S as EVENT_WINDOW_S
 from speckv.loadgen.experiments.metrics import request_key
 from speckv.loadgen.experiments.replica_ledger import KVEventKind
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 def node_event(sim: Simulation, event: ScheduledEvent) -> None:
     """Runs one scheduled node event now."""
     if event.kind is EventKind.ADD:
-        sim._add_node()
+        add_node(sim)
     else:
         kill(sim, victim(sim, event.node))
 
@@ -67,3 +68,22 @@ def kill(sim: Simulation, node: NodeId) -> None:
                if f.record.node_id == node or (f.waiting and f.record.fetch_from == node)]
     for flight in touched:
         sim._resend(flight, outcome)
+
+
+def add_node(sim: Simulation) -> None:
+    """One cold node joins and registers with the running scheduler."""
+    now = sim.queue.now()
+    node = NodeId(f"node-{len(sim.ids)}")
+    settings, config = sim.settings, sim.config
+    sim.ids.append(node)
+    sizes = settings.sizes
+    sim.kv[node] = sim._new_kv(node)
+    address = sim._addresses[node] = f"sim-{node}:{len(sim.ids)}"
+    sim._by_address[address] = sim.kv[node]
+    sim.core.register_node(node, address, sizes, config.real_geometry)
+    sim._gen[node] = sim.core.generation(node)
+    sim.engines[node] = FastEngine(node, config.profile, config.engine, config.link,
+                                   config.real_geometry.bytes_per_token)
+    sim._wakes[node] = None
+    sim._last_beat[node] = now
+    sim.membership.added(node, now, len(sim._alive()))

@@ -112,7 +112,8 @@ class SimulationResult:
     slice: SliceSpec
     ttfts: list[float]
     arrivals: list[tuple[float, str]]  # (trace s, family); empty for a slice of more than 50,000 requests
-    timeline: dict[str, list]  # "forecasts": (trace s, family, count), "commits": (trace s, real bytes, family)
+    # "forecasts": (trace s, family, count within forecast_horizon_s trace s), "commits": (trace s, real bytes, family)
+    timeline: dict[str, object]
     cell: CellKey = ()  # the Job's
     seed: int = 7  # the Job's (a synthetic workload's realization)
     draws: BootstrapDraws | None = None  # each interval figure per bootstrap draw, for paired differences
@@ -208,7 +209,7 @@ def _run_job(job: Job, progress) -> SimulationResult:
         slice=SliceSpec(start, (float(workload.times[hi - 1]) - start) if hi > lo else 0.0, job.speed),
         ttfts=[r.ttft_ms for r in run.records if r.served],
         arrivals=[(r.arrival_s, r.family) for r in run.records] if hi - lo <= 50_000 else [],
-        timeline={"forecasts": run.forecasts,
+        timeline={"forecasts": run.forecasts, "forecast_horizon_s": settings.forecast_horizon_s,
                   "commits": [(t, b * config.real_bytes_per_block, f) for t, b, f in run.replicas.commits],
                   **({"node_load": _load_around_events(run)} if run.node_events else {})},
         cell=job.cell, draws=draws)

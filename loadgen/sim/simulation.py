@@ -57,17 +57,16 @@ from speckv.loadgen.experiments.metrics import RequestRecord, request_key
 from speckv.loadgen.experiments.migration import DEFAULT_MIGRATION_LIMIT, resend
 from speckv.loadgen.experiments.replica_ledger import KVEventKind, ReplicaLedger, ReplicaTotals
 from speckv.loadgen.experiments.warm_start import resident_tail
-from speckv.loadgen.sim import failover, scheduler_side
+from speckv.loadgen.sim import failover, forecast_wiring, scheduler_side
 from speckv.loadgen.sim.ablation import config_without, parse_variant
 from speckv.loadgen.sim.event_loop import EventHandle, EventQueue, VirtualClock
 from speckv.loadgen.sim.kv_events import outcome_events
 from speckv.loadgen.sim.kvnode import PutOutcome, SimKVNode
 from speckv.loadgen.sim.membership import Membership
 from speckv.loadgen.sim.network import Network, Transfer
-from speckv.loadgen.sim.predictor import CoreArrivals, CoreForecasts, TrainedPredictor, build_predictor
+from speckv.loadgen.sim.predictor import CoreForecasts, TrainedPredictor
 from speckv.loadgen.sim.online_returns import FIT_CHECK_S, SimReturns
-from speckv.loadgen.sim.returns import ReturnForecasts, TrainedReturns, warm
-from speckv.services.predictor.fitting.returns.config import load_return_config
+from speckv.loadgen.sim.returns import TrainedReturns
 from speckv.loadgen.sim.scheduler_side import HEARTBEAT_PRIORITY, TICK_PRIORITY
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.staging import stage_up
@@ -77,15 +76,8 @@ from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
 from speckv.services.scheduler.core import SchedulerCore
-from speckv.services.scheduler.forecasts import (
-    CombinedForecasts,
-    ForecastKind,
-    ForecastSource,
-    FutureArrivals,
-    TraceFutureArrivals,
-)
+from speckv.services.scheduler.forecasts import FutureArrivals, TraceFutureArrivals
 from speckv.services.scheduler.holder_index import HolderEventKind
-from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.ports import SchedulerSettings
 
@@ -166,29 +158,10 @@ class Simulation:
         start = requests[0].arrival_s if len(requests) else 0.0
         self.queue = EventQueue(VirtualClock(start))
         self._on_progress = on_progress or (lambda total, done, record: None)
-        self._forecasts: CoreForecasts | None = None
-        source: ForecastSource | None = None
-        arrivals: CoreArrivals | None = None
-        self._returns: SimReturns | None = None
-        self.predictor_note = f"not run ({policy} reads no forecasts)"
-        if variant.policy in FORECAST_POLICIES:
-            predictor, self.predictor_note = build_predictor(settings.predictor, self.queue.clock, trained)
-            self._forecasts, arrivals = CoreForecasts(predictor), CoreArrivals(predictor)
-            source = self._forecasts
-            if returns is not None or settings.online_returns:
-                config_r = returns.config if returns is not None else load_return_config()
-                self._returns = SimReturns.build(config_r, self.queue.clock, returns, settings.online_returns)
-                warm(self._returns, history, start, config_r)
-                slot = self._returns.slot
-                sources: list[ForecastSource] = [self._forecasts,
-                                                 ReturnForecasts(slot, policies.leases.replica_lease_ms / 1e3)]
-                if policies.retain.enabled:
-                    sources.append(ReturnForecasts(slot, policies.retain.ttl_s, kind=ForecastKind.RETENTION,
-                                                   max_families=policies.retain.max_families,
-                                                   curve=policies.retain.pricing == "curve"))
-                source = CombinedForecasts(sources)
-                self.predictor_note += (f"; plus {returns.description}" if returns is not None else
-                                        "; plus session returns learned online from the slice (cold start)")
+        wiring = forecast_wiring.wire(variant.policy, settings, policies, self.queue.clock, trained, returns,
+                                      history, start)
+        self._forecasts, self._returns, self.predictor_note = wiring.forecasts, wiring.returns, wiring.note
+        arrivals, source = wiring.arrivals, wiring.source
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
         sizes = settings.sizes
         self.kv = {n: self._new_kv(n) for n in self.ids}
@@ -453,7 +426,7 @@ class Simulation:
         if out.dropped:
             self.ledger.apply(node, KVEventKind.REMOVED, out.dropped, now)
 
-    # --- node events (failover.py runs kills) ---------------------------------------------
+    # --- node events (failover.py runs kills and adds) ------------------------------------
     def _new_kv(self, node: NodeId) -> SimKVNode:
         sizes = self.settings.sizes
         return SimKVNode(node, sizes.device_pages, sizes.host_pages, sizes.retain_max_blocks or 0,
@@ -476,22 +449,3 @@ class Simulation:
             return
         outcome.requests_resent += 1
         self._dispatch(_Flight(record, again, attempt=flight.attempt + 1, first_token_s=flight.first_token_s))
-
-    def _add_node(self) -> None:
-        """One cold node joins and registers with the running scheduler."""
-        now = self.queue.now()
-        node = NodeId(f"node-{len(self.ids)}")
-        settings, config = self.settings, self.config
-        self.ids.append(node)
-        sizes = settings.sizes
-        self.kv[node] = self._new_kv(node)
-        address = self._addresses[node] = f"sim-{node}:{len(self.ids)}"
-        self._by_address[address] = self.kv[node]
-        self.core.register_node(node, address, sizes, config.real_geometry)
-        self._gen[node] = self.core.generation(node)
-        self.engines[node] = FastEngine(node, config.profile, config.engine, config.link,
-                                        config.real_geometry.bytes_per_token)
-        self._wakes[node] = None
-        self._last_beat[node] = now
-        self.membership.added(node, now, len(self._alive()))
-

@@ -94,3 +94,42 @@ def _build(name: str, section: str, cls: type, values: Mapping[str, object]):
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"scenario {name!r} {section}: {exc}") from None
+
+
+def seed_sets(path: Path | str | None = None) -> dict[str, list[int]]:
+    """The named seed sets of the file's "seeds" object (name -> seeds in
+    order; "about" is its prose); a file without one has none."""
+    source = Path(path) if path else DEFAULT_SCENARIOS_PATH
+    try:
+        raw = json.loads(source.read_text()).get("seeds", {})
+    except (OSError, ValueError, AttributeError) as exc:
+        raise InvalidArgument(f"scenarios file {source}: unreadable ({exc})") from None
+    if not isinstance(raw, dict):
+        raise InvalidArgument(f"scenarios file {source}: 'seeds' must be an object of named lists")
+    sets: dict[str, list[int]] = {}
+    for name, seeds in raw.items():
+        if name == "about":
+            continue
+        if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds) \
+                or len(set(seeds)) != len(seeds):
+            raise InvalidArgument(f"scenarios file {source}: seed set {name!r} must list distinct integers")
+        sets[name] = list(seeds)
+    return sets
+
+
+def parse_seeds(text: str, path: Path | str | None = None) -> list[int]:
+    """`--seeds`: comma-separated integers, each once, or the name of a seed
+    set (seed_sets) of the scenarios file at `path`, else of the committed one."""
+    if "," not in text and text.strip() and not text.strip().lstrip("-").isdigit():
+        sets = seed_sets(path) or (seed_sets() if path else {})
+        if text.strip() not in sets:
+            raise InvalidArgument(f"--seeds={text!r}: no such seed set; expected one of "
+                                  f"{', '.join(sorted(sets)) or '(none in the file)'} or integers, e.g. 11,13,17")
+        return sets[text.strip()]
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidArgument(f"--seeds={text!r}: expected integers, e.g. 11,13,17, or a seed set's name") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise InvalidArgument(f"--seeds={text!r}: name each seed once")
+    return seeds

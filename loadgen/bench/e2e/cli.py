@@ -327,7 +327,8 @@ def print_table(console, policies: Mapping[str, PolicySummary], engine: str = "e
 
 
 def write_outputs(result: Comparison, runs: Mapping[str, PolicyRun], args_json: str | None, report: str | None,
-                  console) -> Path | None:
+                  console, forecast_horizon_s: float) -> Path | None:
+    """forecast_horizon_s: the horizon the predictor was polled at, in trace s (the report's time line)."""
     if args_json:
         Path(args_json).write_text(json.dumps(result.to_json(), indent=2))
         console.print(f"JSON written to {args_json}")
@@ -335,7 +336,7 @@ def write_outputs(result: Comparison, runs: Mapping[str, PolicyRun], args_json: 
         return None
     any_run = next(iter(runs.values()))
     arrivals = [(r.arrival_s, r.family) for r in any_run.records]
-    timelines = {name: {"forecasts": run.forecasts,
+    timelines = {name: {"forecasts": run.forecasts, "forecast_horizon_s": forecast_horizon_s,
                         "commits": [(t, blocks * result.real_bytes_per_block, f)
                                     for t, blocks, f in run.replicas.commits]}
                  for name, run in runs.items()}
@@ -373,5 +374,6 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     if between:
         console.print(f"between {args.repeats} runs of each policy (repeats.py: mean, difference from none's "
                       f"mean, 95 % Welch interval; a tie holds 0):\n{between}", markup=False)
-    write_outputs(result, runs, args.json, args.report, console)
+    # The predictor is polled at forecast_horizon_s of its own (wall) time: speed times as many trace s.
+    write_outputs(result, runs, args.json, args.report, console, config.forecast_horizon_s * slice_.speed)
     return 1 if any(m.served == 0 for m in result.policies.values()) else 0

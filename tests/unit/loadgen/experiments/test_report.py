@@ -18,7 +18,14 @@ from speckv.loadgen.experiments.demo_report import (
 from speckv.loadgen.experiments.e2e_config import SliceSpec
 from speckv.loadgen.experiments.metrics import RequestRecord, summarize
 from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
-from speckv.loadgen.experiments.report import is_tie, timeline_families, versus, write_report
+from speckv.loadgen.experiments.report import (
+    forecast_rates,
+    is_tie,
+    timeline_families,
+    timeline_figure,
+    versus,
+    write_report,
+)
 from speckv.loadgen.experiments.results import Comparison, FloorSummary, LiveSetup, PolicySummary
 
 
@@ -101,7 +108,8 @@ def page(tmp_path_factory):
                             byte_scale_factor=1, nodes=4, engine_profile="p", link_gbps=25.0,
                             real_bytes_per_block=64, burst_seconds_in_trace=1, policies=simulated,
                             floor=FloorSummary(80.0, 100.0, 120.0, 130.0), notes=["a note"])
-    timeline = {"forecasts": [(11.0, "f", 3.0), (12.0, "f", 5.0)], "commits": [(12.5, 2**30, "f")]}
+    timeline = {"forecasts": [(11.0, "f", 3.0), (12.0, "f", 5.0)], "forecast_horizon_s": 10.0,
+                "commits": [(12.5, 2**30, "f")]}
     index = write_demo_report(tmp_path_factory.mktemp("report"), "what ran", comparison,
                               replace(comparison, policies=live),
                               {SIMULATED_RUN: {p: [100.0, 200.0] for p in simulated},
@@ -141,3 +149,21 @@ def test_the_plain_report_calls_a_simulated_burst_p99_but_only_shows_a_live_one(
                    policies={**policies, "predictive": FASTER})  # a live run is never paired
     text = write_report(tmp_path / "live", live, ttfts, timelines, [(10.5, "f")]).read_text()
     assert "(-50%)" in text and "better" not in text.split("<h2>JSON")[0]
+
+
+def test_forecasts_are_drawn_per_second_of_their_named_horizon_beside_arrivals_per_second():
+    """A 10 s forecast of 4 requests is 0.4 requests/s: the unit of the arrival bars."""
+    line = {"forecasts": [(1.0, "f", 4.0), (2.0, "g", 9.0), (3.0, "f", 2.0)], "forecast_horizon_s": 10.0,
+            "commits": []}
+    assert forecast_rates(line, "f") == [(1.0, 0.4), (3.0, 0.2)]
+    assert forecast_rates(line, "h") == []
+    figure = timeline_figure({"predictive": line}, [(1.2, "f"), (1.5, "f"), (2.5, "f")])
+    ax = figure.axes[0]
+    assert ax.get_ylabel() == "requests / s"
+    (drawn,) = [ln for ln in ax.get_lines() if "forecast" in str(ln.get_label())]
+    assert list(drawn.get_ydata()) == [0.4, 0.2] and "next 10 s" in str(drawn.get_label())
+
+
+def test_a_time_line_with_forecasts_but_no_horizon_is_refused():
+    with pytest.raises(ValueError, match="forecast_horizon_s"):
+        forecast_rates({"forecasts": [(1.0, "f", 4.0)], "commits": []}, "f")

@@ -39,3 +39,14 @@ def test_each_seed_runs_and_the_first_is_the_one_the_tables_show(tmp_path, capsy
 def test_bad_seeds_fail_before_any_simulation(argv, message):
     with pytest.raises(InvalidArgument, match=message):
         cli.parse_args(argv)
+
+
+def test_a_seed_set_of_the_committed_file_names_its_seeds():
+    args = cli.parse_args(["--synthetic", "document-bursts", "--seeds", "evaluation"])
+    assert args.seed_list == [7, 11, 13]
+    assert cli.parse_args(["--synthetic", "document-bursts", "--seeds", "tuning"]).seed_list == [17, 19, 23, 29]
+
+
+def test_an_unknown_seed_set_names_the_sets_there_are():
+    with pytest.raises(InvalidArgument, match="evaluation, tuning"):
+        cli.parse_args(["--synthetic", "document-bursts", "--seeds", "evaluaton"])

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
-from speckv.loadgen.sim import cli, jobs, simulation
+from speckv.loadgen.sim import cli, forecast_wiring, jobs
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.services.cluster.status import wide_console
@@ -47,7 +47,7 @@ def test_only_the_predictive_policy_reads_forecasts():
 def test_a_policy_that_reads_no_forecasts_gets_the_same_run_without_the_predictor(trace, policy, monkeypatch):
     without = simulate(policy, trace)
     assert without.forecasts == [] and without.predictor.startswith("not run")
-    monkeypatch.setattr(simulation, "FORECAST_POLICIES", FORECAST_POLICIES | {policy})
+    monkeypatch.setattr(forecast_wiring, "FORECAST_POLICIES", FORECAST_POLICIES | {policy})
     with_predictor = simulate(policy, trace)
     assert with_predictor.forecasts and with_predictor.predictor == "builtin EWMA"  # it really ran this time
     assert all(r.served for r in without.records)
@@ -57,7 +57,7 @@ def test_a_policy_that_reads_no_forecasts_gets_the_same_run_without_the_predicto
 def test_the_predictive_policy_runs_the_predictor_and_cannot_run_without_it(trace, monkeypatch):
     run = simulate("predictive", trace)
     assert run.forecasts and run.predictor == "builtin EWMA"
-    monkeypatch.setattr(simulation, "FORECAST_POLICIES", frozenset())
+    monkeypatch.setattr(forecast_wiring, "FORECAST_POLICIES", frozenset())
     with pytest.raises(FailedPrecondition, match="needs forecasts"):
         simulate("predictive", trace)
 

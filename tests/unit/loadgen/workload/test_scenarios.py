@@ -10,7 +10,14 @@ import pytest
 
 from speckv.loadgen.sim import cli, pool
 from speckv.loadgen.workload.fanout import FanoutParams
-from speckv.loadgen.workload.scenarios import DEFAULT_SCENARIOS_PATH, GENERATORS, get_scenario, load_scenarios
+from speckv.loadgen.workload.scenarios import (
+    DEFAULT_SCENARIOS_PATH,
+    GENERATORS,
+    get_scenario,
+    load_scenarios,
+    parse_seeds,
+    seed_sets,
+)
 from speckv.loadgen.workload.synthetic import HawkesParams
 from speckv.services.common.errors import InvalidArgument
 
@@ -122,3 +129,43 @@ def test_the_largest_node_counts_are_submitted_first_and_the_predictor_policies_
 @pytest.mark.parametrize("cores,expected", [(1, 2), (2, 3), (16, 17), (0, 2)])
 def test_one_more_simulation_than_cores_runs_at_once_by_default(cores, expected):
     assert pool.default_jobs(cores) == expected
+
+
+def test_the_committed_seed_sets_keep_evaluation_and_tuning_apart():
+    sets = seed_sets()
+    assert sets["evaluation"] == [7, 11, 13]
+    assert not set(sets["evaluation"]) & set(sets["tuning"])
+
+
+def test_a_users_file_with_its_own_seed_sets_is_read_and_one_without_falls_back(tmp_path):
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps({"seeds": {"mine": [3, 5]}, "scenarios": {"x": {"generator": "mmpp"}}}))
+    assert parse_seeds("mine", own) == [3, 5]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"scenarios": {"x": {"generator": "mmpp"}}}))
+    assert parse_seeds("evaluation", bare) == [7, 11, 13]
+    assert parse_seeds("5,3", bare) == [5, 3]
+
+
+@pytest.mark.parametrize("seeds", [[], [1, 1], ["7"], 7])
+def test_a_bad_seed_set_is_refused_naming_it(tmp_path, seeds):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"seeds": {"broken": seeds}, "scenarios": {"x": {"generator": "mmpp"}}}))
+    with pytest.raises(InvalidArgument, match="'broken'"):
+        seed_sets(bad)
+
+
+def test_api_bursts_shares_little_prefix_and_bursts_one_prompt_past_what_one_node_computes():
+    """The compute-bound regime of issue 45 (item 5): the system prompts are
+    under a fifth of the prompt tokens, and a burst puts several requests a
+    second on one prompt, each ~0.2 s of prefill alone (the profile's figure)."""
+    requests = get_scenario("api-bursts", 7, 512).requests()
+    shared = sum(min(r.prompt_tokens, 2 * 512) for r in requests) / sum(r.prompt_tokens for r in requests)
+    assert shared < 0.2
+    per_second: dict[tuple[int, str], int] = {}
+    for r in requests:
+        key = (int(r.arrival_s), r.family)
+        per_second[key] = per_second.get(key, 0) + 1
+    hottest = sorted(per_second.values())[-20:]  # the burst seconds: one prompt, many requests
+    prefill_s = 0.2
+    assert min(hottest) * prefill_s > 1.0  # more prefill a second than one node has
