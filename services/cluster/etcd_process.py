@@ -54,7 +54,7 @@ def etcd_command(binary: str, name: str, data_dir: Path, host: str, client_port:
     return [binary, "--name", name, "--data-dir", str(data_dir),
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new",
+            "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new", "--initial-cluster-token", name,
             # Every order transition is a revision: keep the last 10,000 (docs/replicas.md).
             "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
             "--logger", "zap", "--log-level", "warn"]

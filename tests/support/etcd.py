@@ -11,18 +11,17 @@ etcd_server`. Without the binary they skip, saying so; nothing else skips.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
-import socket
 import subprocess
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from speckv.services.cluster.etcd_process import etcd_command, free_ports, healthy
 
 START_TIMEOUT_S = 30.0  # generous: two shared cores; etcd needs well under a second when idle
 MISSING = ("the etcd binary is not on PATH: `make test` installs Debian's etcd-server "
@@ -46,46 +45,23 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
-def _free_ports(count: int) -> list[int]:
-    """count distinct free loopback ports (bound together, so none repeats)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _healthy(endpoint: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{endpoint}/health", timeout=1.0) as reply:
-            return json.loads(reply.read()).get("health") == "true"
-    except (OSError, ValueError):
-        return False
-
-
 @contextlib.contextmanager
 def running_etcd(data_dir: Path) -> Iterator[EtcdServer]:
     binary = etcd_binary()
     if binary is None:
         pytest.skip(MISSING)
-    client_port, peer_port = _free_ports(2)
-    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    client_port, peer_port = free_ports(2)
+    client = f"http://127.0.0.1:{client_port}"
     name = f"speckv-test-{uuid.uuid4().hex[:8]}"
     data_dir.mkdir(parents=True, exist_ok=True)
     log = (data_dir / "etcd.log").open("wb")
-    args = [binary, "--name", name, "--data-dir", str(data_dir / "member-data"),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new",
-            "--initial-cluster-token", name, "--logger", "zap", "--log-level", "warn"]
+    # The command `speckv etcd` runs (auto-compaction included), on this test's own ports and name.
+    args = etcd_command(binary, name, data_dir / "member-data", "127.0.0.1", client_port, peer_port)
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     server = EtcdServer(client, process, data_dir)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(client):
+        while not healthy(client):
             if process.poll() is not None:
                 raise RuntimeError(f"etcd exited with {process.returncode} at start: "
                                    f"{(data_dir / 'etcd.log').read_text()[-2000:]}")
