@@ -14,7 +14,7 @@ import collections
 import grpc
 
 from speckv.services.client.routing import SCHEDULER_CHANNEL_OPTIONS, RoutingClient
-from speckv.services.cluster.etcd_process import free_ports
+from speckv.services.cluster.ports import free_ports
 from tests.support.scheduler_service import register, scheduler
 
 

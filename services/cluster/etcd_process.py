@@ -16,13 +16,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from speckv.services.cluster.ports import free_ports
 from speckv.services.common.errors import FailedPrecondition, Unavailable
 
 MISSING = ("the etcd binary is not on PATH: `make` installs Debian's etcd-server "
@@ -34,18 +34,6 @@ def etcd_binary() -> str:
     if binary is None:
         raise FailedPrecondition(MISSING)
     return binary
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """count distinct free ports on host (bound together, so none repeats)."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def etcd_command(binary: str, name: str, data_dir: Path, host: str, client_port: int, peer_port: int) -> list[str]:

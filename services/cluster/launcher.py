@@ -42,7 +42,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.services.cluster.certs import CertBundle, issue_node, make_bundle
-from speckv.services.cluster.etcd_process import free_ports, wait_healthy
+from speckv.services.cluster.etcd_process import wait_healthy
+from speckv.services.cluster.ports import free_ports
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.cluster.parent_death import child_environ

@@ -17,7 +17,6 @@ fixed seed in every engine, so the connector's block ids agree across them.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -116,15 +115,6 @@ def wait_healthy(spec: VllmServerSpec, popen: subprocess.Popen, log_path: Path, 
             pass
         time.sleep(1.0)
     raise Unavailable(f"vLLM server {spec.name} not healthy after {timeout_s:.0f} s:\n{_tail(log_path)}")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the OS's pick for a socket bound to
-    port 0); another process may take it before the server binds, which the
-    server's start then reports."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def start_servers(specs: list[VllmServerSpec], run_dir: Path,

@@ -10,14 +10,11 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-import grpc
-
-from speckv.services.cluster.etcd_process import free_ports
+from speckv.services.cluster.ports import free_ports
 from speckv.services.common.discovery_watch import own_addresses
-from speckv.services.common.rpc.telemetry import build_telemetry
+from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.adapters.route_sharing import RouteSharing
-from speckv.services.scheduler.adapters.config import SchedulerConfig
-from speckv.services.scheduler.adapters.server import build_server
+from speckv.services.scheduler.routing.observation import RouteObservation
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.support.etcd import fresh_etcd  # noqa: F401 - a fixture
 from tests.support.kvstore_service import kvstore
@@ -27,16 +24,9 @@ from tests.support.waiting import TIMEOUT, wait_until
 
 @contextlib.contextmanager
 def replica(endpoint: str, name: str, port: int, peers: str) -> Iterator[scheduler_pb2_grpc.SchedulerStub]:
-    config = SchedulerConfig(engine_profile="tiny", tick_s=0.05, port=port, etcd=endpoint, replica_id=name,
-                             peers=peers, cluster_name="dns", node_timeout_s=30.0,
-                             advertise_address=f"localhost:{port}")
-    server = build_server(config, build_telemetry("scheduler", {})).start()
-    channel = grpc.insecure_channel(server.address)
-    try:
-        yield scheduler_pb2_grpc.SchedulerStub(channel)
-    finally:
-        channel.close()
-        server.stop(grace_s=0.5)
+    with scheduler(port=port, etcd=endpoint, replica_id=name, peers=peers, cluster_name="dns", node_timeout_s=30.0,
+                   advertise_address=f"localhost:{port}") as (_, stub):
+        yield stub
 
 
 def state(stub) -> scheduler_pb2.ClusterState:
@@ -82,7 +72,7 @@ def test_a_replica_shares_with_every_resolved_peer_but_itself():
                                exclude=own_addresses({f"localhost:{me}", f"127.0.0.1:{me}"}), flush_s=0.01).start()
         try:
             assert wait_until(lambda: sharing.peers() == (f"127.0.0.1:{peer_server.port}",))
-            sharing.share([scheduler_pb2.RouteObservation(family="f", node_id="n9", block_hashes=[1, 2], prompt_tokens=32)])
+            sharing.share([RouteObservation(Family("f"), [1, 2], 32, NodeId("n9"), 0, 0, None, None, 0.0, 32, 0.0)])
             peer_address = f"127.0.0.1:{peer_server.port}"
             assert wait_until(lambda: sharing.stats()[peer_address].sent == 1), sharing.stats()
             assert state(peer).leadership.answering_is_leader  # a single scheduler took it

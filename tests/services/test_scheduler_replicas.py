@@ -6,36 +6,24 @@ the other takes the order log over at a larger epoch and the kvstores fence
 the old one."""
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import grpc
 import pytest
 
-from speckv.services.cluster.etcd_process import free_ports
-from speckv.services.common.rpc.telemetry import build_telemetry
-from speckv.services.scheduler.adapters.config import SchedulerConfig
-from speckv.services.scheduler.adapters.server import build_server
-from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2, scheduler_pb2_grpc
+from speckv.services.cluster.ports import free_ports
+from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
 from tests.support.etcd import fresh_etcd  # noqa: F401 - a fixture
 from tests.support.kvstore_service import kvstore
+from tests.support.scheduler_service import scheduler
 from tests.support.waiting import TIMEOUT, wait_until
 
 CHAIN = [3001, 3002, 3003, 3004]
 BLOCK_BYTES = 512  # the "tiny" geometry's block
 
 
-@contextlib.contextmanager
-def replica(endpoint: str, name: str, port: int, peer: int, cluster: str) -> Iterator[tuple[object, object]]:
-    config = SchedulerConfig(engine_profile="tiny", tick_s=0.05, port=port, etcd=endpoint, replica_id=name,
-                             peers=f"127.0.0.1:{peer}", cluster_name=cluster, node_timeout_s=30.0)
-    server = build_server(config, build_telemetry("scheduler", {})).start()
-    channel = grpc.insecure_channel(server.address)
-    try:
-        yield server, scheduler_pb2_grpc.SchedulerStub(channel)
-    finally:
-        channel.close()
-        server.stop(grace_s=0.5)
+def replica(endpoint: str, name: str, port: int, peer: int, cluster: str):
+    """A scheduler replica on loopback: (server, stub) while open."""
+    return scheduler(port=port, etcd=endpoint, replica_id=name, peers=f"127.0.0.1:{peer}", cluster_name=cluster,
+                     node_timeout_s=30.0)
 
 
 def state(stub) -> scheduler_pb2.ClusterState:

@@ -21,7 +21,8 @@ from typing import Iterator
 
 import pytest
 
-from speckv.services.cluster.etcd_process import etcd_command, free_ports, healthy
+from speckv.services.cluster.etcd_process import etcd_command, healthy
+from speckv.services.cluster.ports import free_ports
 
 START_TIMEOUT_S = 30.0  # generous: two shared cores; etcd needs well under a second when idle
 MISSING = ("the etcd binary is not on PATH: `make test` installs Debian's etcd-server "

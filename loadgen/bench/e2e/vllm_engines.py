@@ -35,7 +35,8 @@ from typing import Callable, Mapping
 from speckv.loadgen.engines.openai_stream import stream_completion
 from speckv.loadgen.engines.vllm_jobs import VllmJobs, VllmPrompts
 from speckv.loadgen.engines.vllm_server import VllmServerEngine
-from speckv.services.cluster.vllm_servers import VllmServerSpec, free_port, start_servers, stop_server
+from speckv.services.cluster.ports import free_port
+from speckv.services.cluster.vllm_servers import VllmServerSpec, start_servers, stop_server
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry

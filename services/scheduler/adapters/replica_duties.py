@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Sequence
 
 from speckv.services.common.errors import SpeckvError
@@ -57,8 +58,7 @@ class LeaderDuties:
         now = self._elector.current()
         with self._lock:
             leading = now.is_leader and self._leading_epoch == now.epoch
-        return now if leading == now.is_leader else Leadership(leading, now.epoch, now.leader_id,
-                                                                now.leader_address)
+        return replace(now, is_leader=leading)
 
     def leading(self) -> bool:
         with self._lock:

@@ -15,18 +15,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from speckv.services.common.errors import NOT_LEADING, FailedPrecondition
+from speckv.services.scheduler.leadership.elector import Leadership
 from speckv.v1 import scheduler_pb2
 
 
-class LeadershipView(Protocol):
-    is_leader: bool
-    epoch: int
-    leader_id: str
-    leader_address: str
-
-
 class LeadershipSource(Protocol):
-    def current(self) -> LeadershipView: ...
+    def current(self) -> Leadership: ...
 
 
 class ReplicaRole:

@@ -23,7 +23,6 @@ from speckv.services.common.discovery_watch import own_addresses
 from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.rpc.tls import TlsMaterial
 from speckv.services.scheduler.adapters.config import SchedulerConfig
-from speckv.services.scheduler.adapters.observation_proto import observation_to_proto
 from speckv.services.scheduler.adapters.replica_duties import LeaderDuties, ReplicaJournal
 from speckv.services.scheduler.adapters.replica_role import ReplicaRole
 from speckv.services.scheduler.adapters.route_sharing import RouteSharing
@@ -61,7 +60,7 @@ class ReplicaSetup:
 
     def share(self, observations: Sequence[RouteObservation]) -> None:
         if self.sharing is not None and observations:
-            self.sharing.share([observation_to_proto(o) for o in observations])
+            self.sharing.share(observations)
 
     def start(self) -> None:
         if self.sharing is not None:

@@ -37,6 +37,8 @@ from speckv.services.common.discovery_watch import GRACE_S, INTERVAL_S, Resolve,
 from speckv.services.common.rpc.server import open_channel
 from speckv.services.common.rpc.telemetry import Telemetry
 from speckv.services.common.rpc.tls import TlsMaterial
+from speckv.services.scheduler.adapters.observation_proto import observation_to_proto
+from speckv.services.scheduler.routing.observation import RouteObservation
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ class _PeerSender:
                  capacity: int, batch_max: int, flush_s: float, timeout_s: float) -> None:
         self.address = address
         self._replica_id = replica_id
-        self._queue: queue.Queue[scheduler_pb2.RouteObservation | None] = queue.Queue(capacity)
+        self._queue: queue.Queue[RouteObservation | None] = queue.Queue(capacity)
         self._batch_max, self._flush_s, self._timeout_s = batch_max, flush_s, timeout_s
         self._channel = open_channel(address, telemetry, tls=tls, peer_role="scheduler")
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
@@ -64,7 +66,7 @@ class _PeerSender:
     def start(self) -> None:
         self._thread.start()
 
-    def offer(self, observation: scheduler_pb2.RouteObservation) -> None:
+    def offer(self, observation: RouteObservation) -> None:
         try:
             self._queue.put_nowait(observation)
         except queue.Full:
@@ -98,9 +100,11 @@ class _PeerSender:
             if stopping:
                 return
 
-    def _send(self, batch: list[scheduler_pb2.RouteObservation]) -> None:
+    def _send(self, batch: list[RouteObservation]) -> None:
+        # Packed here, on the sender's thread: a Route only queues its record.
+        routes = [observation_to_proto(o) for o in batch]
         try:
-            self._stub.ShareRoutes(scheduler_pb2.RouteObservations(replica_id=self._replica_id, routes=batch),
+            self._stub.ShareRoutes(scheduler_pb2.RouteObservations(replica_id=self._replica_id, routes=routes),
                                    timeout=self._timeout_s)
             self.stats.sent += len(batch)
         except (grpc.RpcError, ValueError) as exc:  # ValueError: channel closed by stop()
@@ -139,7 +143,7 @@ class RouteSharing:
         """The addresses shared with now."""
         return tuple(sender.address for sender in self._senders)
 
-    def share(self, observations: Sequence[scheduler_pb2.RouteObservation]) -> None:
+    def share(self, observations: Sequence[RouteObservation]) -> None:
         """Never blocks (module docstring)."""
         for sender in self._senders:
             for observation in observations:
