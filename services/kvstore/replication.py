@@ -155,6 +155,11 @@ class Replicator:
         with self._carried_lock:
             return {key: (n, b) for key, (n, b) in self._carried.items()}
 
+    @property
+    def checks_targets(self) -> bool:
+        """Whether every target is checked against the registry (data_plane_auth)."""
+        return self._peers is not None
+
     def replicate(self, order: TransferOrder, *, chunk_bytes: int = 0, transport: str = "") -> ReplicationResult:
         """Runs the handshake. Input errors and missing source blocks raise;
         failures after that are returned as a FAILED result (with the error).

@@ -137,9 +137,17 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Replicate(self, request: kvstore_pb2.ReplicateRequest,
                   context: grpc.ServicerContext) -> kvstore_pb2.ReplicateResponse:
-        # An operator's call (the scheduler's orders reach the agent over WatchOrders, never here):
-        # it makes this node connect to any address the request names.
-        authz.require_admin(context, "Replicate")
+        # An operator's call (the scheduler's orders reach the agent over WatchOrders, never here), or a
+        # pull: the target node's engine asking for a copy into its own kvstore (the connector's
+        # kv_transfer_params). A pull goes only to the target's registered address, so it needs the
+        # registry check (data_plane_auth) that an operator's call may go without.
+        if not authz.require_admin_or_target(context, request.order.target_node, "Replicate"):
+            if request.order.source_node not in ("", self._store.node_id):
+                raise PermissionDenied(f"a pull names source node {request.order.source_node!r}; "
+                                       f"this is {self._store.node_id!r}")
+            if not self._replicator.checks_targets:
+                raise PermissionDenied("a pull needs data_plane_auth on this kvstore (so that the target's "
+                                       "address is checked against the registry); only the admin may replicate")
         validate.family(request.order.family, "replicate: order.family", self._limits.max_family_chars)
         result = self._replicator.replicate(order_from_proto(request.order), chunk_bytes=request.chunk_bytes,
                                             transport=request.transport)

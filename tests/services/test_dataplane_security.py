@@ -325,3 +325,58 @@ def test_a_sniffed_auth_frame_proves_nothing_and_written_bytes_cannot_be_rewritt
                                            capability_secret=grant.capability_secret)
         assert dst.Commit(commit, timeout=TIMEOUT).blocks_committed == 3
         assert [b.data for b in get(dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
+
+
+def test_over_tls_a_node_may_pull_into_itself_and_only_to_its_registered_address(tmp_path):
+    """A pull (the vLLM connector's kv_transfer_params): the target node's
+    engine asks the source to Replicate into the target. Allowed for the
+    target itself, to its registered address only; another node's engine, an
+    address of its choosing, or another source are PERMISSION_DENIED."""
+    from speckv.services.common.rpc.telemetry import build_telemetry
+    from speckv.services.scheduler.adapters.config import SchedulerConfig
+    from speckv.services.scheduler.adapters.server import build_server as build_scheduler
+
+    certs = make_bundle(tmp_path, ["src", "dst", "other"])
+
+    def flags(files) -> dict[str, str]:
+        return {"tls_cert": files.cert, "tls_key": files.key, "tls_ca": files.ca}
+
+    sched_server = build_scheduler(SchedulerConfig(engine_profile="tiny", tick_s=0.05,
+                                                   **flags(certs.service("scheduler"))),
+                                   build_telemetry("scheduler", {})).start()
+    try:
+        common = {"scheduler": sched_server.address, "heartbeat_interval_s": 0.2}
+        with kvstore(node_id="src", **common, **flags(certs.node("src"))) as (src_server, _), \
+                kvstore(node_id="dst", **common, **flags(certs.node("dst"))) as (dst_server, _), \
+                contextlib.ExitStack() as stack:
+            def stub(address: str, files) -> kvstore_pb2_grpc.KVStoreStub:
+                channel = stack.enter_context(open_channel(address, None, tls=files.load(), peer_role="kvstore"))
+                return kvstore_pb2_grpc.KVStoreStub(channel)
+
+            admin_src, admin_dst = stub(src_server.address, certs.admin), stub(dst_server.address, certs.admin)
+            put(admin_src, *CHAIN)
+            assert wait_until(lambda: _pull(admin_src, "dst", dst_server.address, CHAIN[:1]) is None)
+
+            dst_engine, other_engine = stub(src_server.address, certs.engine("dst")), \
+                stub(src_server.address, certs.engine("other"))
+            assert _pull(other_engine, "dst", dst_server.address, CHAIN) == grpc.StatusCode.PERMISSION_DENIED
+            assert _pull(dst_engine, "dst", "127.0.0.1:1", CHAIN) == grpc.StatusCode.PERMISSION_DENIED
+            assert _pull(dst_engine, "dst", dst_server.address, CHAIN, source="other") \
+                == grpc.StatusCode.PERMISSION_DENIED
+            assert admin_dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=CHAIN), timeout=TIMEOUT).prefix_blocks == 1
+            assert _pull(dst_engine, "dst", dst_server.address, CHAIN) is None
+            assert [b.data for b in get(admin_dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
+    finally:
+        sched_server.stop(grace_s=1.0)
+
+
+def _pull(source_stub, target: str, address: str, hashes: list[int], source: str = "") -> grpc.StatusCode | None:
+    """A pull's Replicate: None when it committed, else the status it raised."""
+    order = common_pb2.ReplicationOrder(order_id=f"pull-{target}-{len(hashes)}", family="f", block_hashes=hashes,
+                                        source_node=source, target_node=target, target_address=address)
+    try:
+        reply = source_stub.Replicate(kvstore_pb2.ReplicateRequest(order=order), timeout=TIMEOUT)
+    except grpc.RpcError as error:
+        return error.code()
+    assert reply.state == common_pb2.ORDER_STATE_COMMITTED, reply
+    return None

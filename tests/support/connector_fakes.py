@@ -37,6 +37,25 @@ class FakeStore:
         self.released.append(lease)
 
 
+class FakePeer(FakeStore):
+    """Another node's dict kvstore: replicate_to copies into `targets[node]`
+    (whose ids it holds), or fails when `refuse` is set."""
+
+    def __init__(self, targets: dict) -> None:
+        super().__init__()
+        self.targets = targets
+        self.refuse = False
+        self.orders: list = []
+
+    def replicate_to(self, target_node, target_address, ids, family, order_id):
+        self.orders.append((target_node, target_address, tuple(ids), family, order_id))
+        if self.refuse or any(i not in self.blocks for i in ids) or target_node not in self.targets:
+            return False
+        for i in ids:
+            self.targets[target_node].blocks.setdefault(i, self.blocks[i])
+        return True
+
+
 class CoreShared:
     """A port.SharedPort over a real KVStoreCore in this process, its pools in
     shared memory and mapped a second time as the connector maps them (what

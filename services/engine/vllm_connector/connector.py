@@ -29,6 +29,7 @@ from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS, Counters
 from speckv.services.engine.vllm_connector.kvstore_client import KVStoreClient
 from speckv.services.engine.vllm_connector.plan import StepPlan
+from speckv.services.engine.vllm_connector.port import PullTarget
 from speckv.services.engine.vllm_connector.scheduler_side import SchedulerSide
 from speckv.services.engine.vllm_connector.settings import ConnectorSettings, layout_of
 from speckv.services.engine.vllm_connector.shared_client import SharedKVStore
@@ -63,6 +64,10 @@ class SpeckvConnector(KVConnectorBase_V1):
         self._client = KVStoreClient(settings.kvstore, self.counters, settings.lookup_timeout_s,
                                      settings.transfer_timeout_s, settings.max_message_mb,
                                      pin_at_lookup=settings.shared_memory, tls=tls)
+        # The peers' kvstores a request may pull from; dialled lazily by gRPC, so a peer down costs nothing here.
+        self._peers = {node: KVStoreClient(address, self.counters, settings.lookup_timeout_s,
+                                           settings.transfer_timeout_s, settings.max_message_mb, tls=tls)
+                       for node, address in settings.peers.items()}
         layout, why_not = layout_of(vllm_config, settings)
         why_not = tls_error or why_not
         if layout is not None and role == KVConnectorRole.SCHEDULER:
@@ -80,11 +85,12 @@ class SpeckvConnector(KVConnectorBase_V1):
             log.warning("SpeckvConnector: kv_load_failure_policy is %r; set \"recompute\" so that a failed load "
                         "costs a recompute, not the request", getattr(self._kv_transfer_config,
                                                                      "kv_load_failure_policy", None))
-        self._scheduler = SchedulerSide(layout, self._client, self.counters) \
+        self._scheduler = SchedulerSide(layout, self._client, self.counters, self._peers) \
             if layout is not None and role == KVConnectorRole.SCHEDULER else None
         self._shared = _open_shared(self._client, layout, settings, self.counters) \
             if layout is not None and role == KVConnectorRole.WORKER and settings.shared_memory else None
-        self._worker = WorkerSide(layout, self._client, self.counters, self._shared) \
+        self._worker = WorkerSide(layout, self._client, self.counters, self._shared, self._peers,
+                                  _pull_target(self._client, settings)) \
             if layout is not None and role == KVConnectorRole.WORKER else None
 
     # Scheduler side
@@ -144,6 +150,8 @@ class SpeckvConnector(KVConnectorBase_V1):
             self._worker.shutdown()
         if self._shared is not None:
             self._shared.close()
+        for peer in self._peers.values():
+            peer.close()
         self._client.close()
 
 
@@ -155,6 +163,19 @@ def _tls(settings: ConnectorSettings) -> tuple[TlsMaterial | None, str]:
         return (files.load() if files is not None else None), ""
     except (SpeckvError, OSError, ValueError) as error:
         return None, f"its TLS files cannot be used: {error}"
+
+
+def _pull_target(client: KVStoreClient, settings: ConnectorSettings) -> PullTarget | None:
+    """This node as its pulls name it; None without peers, or when the
+    kvstore cannot say its node id now (then pulls fail open)."""
+    if not settings.peers:
+        return None
+    node_id = settings.node_id or client.node_id()
+    if not node_id:
+        log.warning("SpeckvConnector: kvstore %s did not say its node id; pulls from peers are off "
+                    "(set node_id in kv_connector_extra_config)", settings.kvstore)
+        return None
+    return PullTarget(node_id, settings.kvstore)
 
 
 def _open_shared(client: KVStoreClient, layout: KVLayout, settings: ConnectorSettings,

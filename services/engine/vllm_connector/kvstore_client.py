@@ -21,7 +21,7 @@ import grpc
 from speckv.services.common.rpc.tls import TlsMaterial, dial
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.port import ReadLease
-from speckv.v1 import kvstore_pb2, kvstore_pb2_grpc
+from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 
 log = logging.getLogger("speckv.vllm_connector")
 MIB = 1 << 20
@@ -127,6 +127,33 @@ class KVStoreClient:
                             self.address, reply.block_hash)
                 return None
         return [r.data for r in replies]
+
+    def replicate_to(self, target_node: str, target_address: str, ids: Sequence[int], family: str,
+                     order_id: str) -> bool:
+        """Asks this (a peer's) kvstore to copy the blocks into target's
+        kvstore over its data plane (Replicate: a pull into target, which
+        target's engine may ask for); whether every block is there now."""
+        order = common_pb2.ReplicationOrder(order_id=order_id, family=family, block_hashes=list(ids),
+                                            source_node="", target_node=target_node,
+                                            target_address=target_address, policy="pull")
+        try:
+            reply = self.stub.Replicate(kvstore_pb2.ReplicateRequest(order=order), timeout=self._transfer_timeout_s)
+        except grpc.RpcError as error:
+            log.warning("speckv kvstore %s: pull of %d blocks into %s failed (%s); the engine recomputes them",
+                        self.address, len(ids), target_node, _code(error))
+            return False
+        if reply.state != common_pb2.ORDER_STATE_COMMITTED:
+            log.warning("speckv kvstore %s: pull of %d blocks into %s ended %s (%s); the engine recomputes them",
+                        self.address, len(ids), target_node, common_pb2.OrderState.Name(reply.state), reply.message)
+            return False
+        return True
+
+    def node_id(self) -> str:
+        """The kvstore's node id ("" when it cannot be asked now)."""
+        try:
+            return self.stub.GetStats(kvstore_pb2.StatsRequest(), timeout=self._lookup_timeout_s * 4).node_id
+        except grpc.RpcError:
+            return ""
 
     def put(self, ids: Sequence[int], parents: Sequence[int | None], family: str,
             data: Sequence[bytes]) -> None:

@@ -8,7 +8,8 @@ Invariants:
   of a prompt are ever loaded;
 - a block is saved once per request, when all of its tokens' KV is computed
   (num_computed_tokens after the step covers it) and its hash is known;
-  blocks the engine had (its prefix cache) or loaded are not saved again.
+  blocks the engine had (its prefix cache) or loaded are not saved again
+  (a pull from a peer lands in the node's kvstore before it is loaded).
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ class LoadSpec:
     # lease position lease_start + i; the worker releases the whole lease.
     lease: ReadLease | None = None
     lease_start: int = 0
+    # "": the node's own kvstore holds them; else the peer (a node id of the
+    # connector's `peers`) whose kvstore is asked to copy them into the
+    # node's (Replicate) before they are loaded from there.
+    source: str = ""
+    family: str = ""  # the chain's family (its first block id in decimal), for the pull's order
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +58,7 @@ class RequestTrack:
     req_id: str
     page_ids: list[int] = field(default_factory=list)
     saved_upto: int = 0  # blocks [0, saved_upto) need no save (engine-cached, loaded or saved)
-    pending_load: LoadSpec | None = None
+    pending_loads: list[LoadSpec] = field(default_factory=list)
 
 
 def loadable_blocks(prompt_tokens: int, block_size: int, known_hashes: int) -> int:

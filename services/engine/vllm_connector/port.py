@@ -30,6 +30,23 @@ class KVStorePort(Protocol):
         """Ends a lease's pins (its lapse would end them anyway)."""
 
 
+class PeerPort(KVStorePort, Protocol):
+    """Another node's kvstore, which pulls name (kvstore_client.KVStoreClient)."""
+
+    def replicate_to(self, target_node: str, target_address: str, ids: Sequence[int], family: str,
+                     order_id: str) -> bool:
+        """Copies the blocks into the target's kvstore; whether all are there now."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullTarget:
+    """This node as a pull names it: its id and its kvstore's address (the
+    one it registered: a protected peer sends nowhere else)."""
+
+    node_id: str
+    address: str
+
+
 @dataclass(frozen=True, slots=True)
 class ReadLease:
     """Blocks pinned for reading: ids[i] lies in page pages[i] of the pool

@@ -9,6 +9,16 @@ worker, which copies from the pinned pages without a call and then releases
 it; a lookup no load takes (nothing to load after all, or the request
 finished) is released here.
 
+Pulls at request time: a router whose Route chose to fetch a prefix from
+another node names it in the request's kv_transfer_params,
+`{"speckv": {"pull_from": NODE}}`. When NODE is one of the connector's
+`peers` and its kvstore holds more of the prompt than this node's, the
+blocks past this node's own prefix load from the peer's kvstore (one Lookup
+there per request). The worker asks that kvstore to copy them into this
+node's (Replicate, a pull into itself, over the kvstores' data plane) and
+loads them from there, so the pull leaves them here as an order would. A
+peer that is unknown, down or slow costs the pull, never the request.
+
 Loads are synchronous (get_num_new_matched_tokens answers load_async False):
 the worker fills the pages in start_load_kv before the step's forward.
 """
@@ -16,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
 from speckv.services.engine.vllm_connector.counters import Counters
@@ -31,11 +41,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("speckv.vllm_connector")
 LEASE_MARGIN_S = 1.0  # a lookup's pins this close to lapsing are renewed before a load relies on them
+PARAMS_KEY = "speckv"  # speckv's entry in a request's kv_transfer_params
+
+
+def pull_source(params: Any) -> str:
+    """The node a request's kv_transfer_params asks to pull from ("" none)."""
+    if not isinstance(params, Mapping):
+        return ""
+    ours = params.get(PARAMS_KEY)
+    source = ours.get("pull_from") if isinstance(ours, Mapping) else None
+    return source if isinstance(source, str) else ""
 
 
 class SchedulerSide:
-    def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters) -> None:
+    def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters,
+                 peers: Mapping[str, KVStorePort] | None = None) -> None:
+        """peers: the kvstores a request may name to pull from, by node id."""
         self._layout = layout
+        self._peers = dict(peers or {})
         self._digest = layout.digest()
         self._client = client
         self._counters = counters
@@ -46,6 +69,8 @@ class SchedulerSide:
         self._ids: dict[str, list[int]] = {}  # req_id -> speckv ids of its hashed blocks so far
         self._local: dict[str, int] = {}  # req_id -> tokens of the engine's own prefix-cache hit
         self._leases: dict[str, ReadLease] = {}  # req_id -> its lookup's pinned blocks, until a load takes them
+        self._pulls: dict[str, tuple[str, int]] = {}  # req_id -> (peer, blocks it holds from the start)
+        self._unknown_peers: set[str] = set()  # named by a request but not in `peers` (logged once each)
 
     def _block_ids(self, request: "Request") -> list[int]:
         ids = self._ids.setdefault(request.request_id, [])
@@ -69,9 +94,29 @@ class SchedulerSide:
                 self._leases[request.request_id] = lease
             self._matched[request.request_id] = len(lease.ids) if lease is not None else \
                 self._client.prefix_blocks(ids)
-        blocks = new_matched_blocks(num_computed_tokens, self._block_size,
-                                    min(self._matched[request.request_id], limit))
+            self._look_at_peer(request, ids)
+        held = max(self._matched[request.request_id], self._pulls.get(request.request_id, ("", 0))[1])
+        blocks = new_matched_blocks(num_computed_tokens, self._block_size, min(held, limit))
         return blocks * self._block_size, False
+
+    def _look_at_peer(self, request: "Request", ids: list[int]) -> None:
+        """Asks the peer the request names how much of it it holds; kept
+        only when that is more than this node's kvstore holds."""
+        source = pull_source(getattr(request, "kv_transfer_params", None))
+        if not source:
+            return
+        peer = self._peers.get(source)
+        if peer is None:
+            self._counters.add(pulls_refused=1)
+            if source not in self._unknown_peers:
+                self._unknown_peers.add(source)
+                log.warning("speckv: a request asks to pull from %r, not among the connector's peers %s; "
+                            "it is not pulled", source, sorted(self._peers))
+            return
+        own = self._matched[request.request_id]
+        held = peer.prefix_blocks(ids)
+        if held > own:
+            self._pulls[request.request_id] = (source, held)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
@@ -83,12 +128,22 @@ class SchedulerSide:
         pages = blocks.get_block_ids()[0]
         ids = self._block_ids(request)
         start = self._local.get(request.request_id, 0) // self._block_size  # the engine's own hit
-        count = num_external_tokens // self._block_size
+        end = start + num_external_tokens // self._block_size
         lease = self._leases.pop(request.request_id, None)
-        self._matched.pop(request.request_id, None)  # the lease goes with this load: a later ask looks again
-        track.pending_load = LoadSpec(request.request_id, tuple(pages[start:start + count]),
-                                      tuple(ids[start:start + count]), lease, start)
-        self._counters.add(blocks_matched=count)
+        # The lookups go with this load: a later ask looks again.
+        own = min(self._matched.pop(request.request_id, 0), end)
+        source, _ = self._pulls.pop(request.request_id, ("", 0))
+        track.pending_loads = []
+        if own > start:
+            track.pending_loads.append(LoadSpec(request.request_id, tuple(pages[start:own]), tuple(ids[start:own]),
+                                                lease, start))
+        elif lease is not None:
+            self._client.release(lease)
+        pulled_from = max(start, own)
+        if source and end > pulled_from:
+            track.pending_loads.append(LoadSpec(request.request_id, tuple(pages[pulled_from:end]),
+                                                tuple(ids[pulled_from:end]), source=source, family=str(ids[0])))
+        self._counters.add(blocks_matched=end - start)
 
     def build_step(self, output: "SchedulerOutput") -> StepPlan:
         plan = StepPlan()
@@ -97,9 +152,7 @@ class SchedulerSide:
             track.page_ids = list(new.block_ids[0])
             # Blocks the engine had or loads now are not saved again.
             track.saved_upto = new.num_computed_tokens // self._block_size
-            if track.pending_load is not None:
-                plan.loads.append(track.pending_load)
-                track.pending_load = None
+            self._take_loads(plan, track)
             self._plan_save(plan, track, new.num_computed_tokens + output.num_scheduled_tokens.get(new.req_id, 0))
         cached = output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -110,13 +163,16 @@ class SchedulerSide:
             if req_id in cached.resumed_req_ids:  # preempted and resumed: the whole page list anew
                 track.page_ids = list(new_pages[0]) if new_pages is not None else []
                 track.saved_upto = min(track.saved_upto, cached.num_computed_tokens[i] // self._block_size)
-                if track.pending_load is not None:  # it was matched again when it went back to waiting
-                    plan.loads.append(track.pending_load)
-                    track.pending_load = None
+                self._take_loads(plan, track)  # it was matched again when it went back to waiting
             elif new_pages is not None:
                 track.page_ids.extend(new_pages[0])
             self._plan_save(plan, track, cached.num_computed_tokens[i] + output.num_scheduled_tokens.get(req_id, 0))
         return plan
+
+    @staticmethod
+    def _take_loads(plan: StepPlan, track: RequestTrack) -> None:
+        plan.loads.extend(track.pending_loads)
+        track.pending_loads = []
 
     def _plan_save(self, plan: StepPlan, track: RequestTrack, computed_after: int) -> None:
         request = self._requests.get(track.req_id)
@@ -128,7 +184,7 @@ class SchedulerSide:
 
     def request_finished(self, request: "Request") -> None:
         self._drop_lease(request.request_id)
-        for table in (self._matched, self._tracks, self._requests, self._ids, self._local):
+        for table in (self._matched, self._tracks, self._requests, self._ids, self._local, self._pulls):
             table.pop(request.request_id, None)
 
     def _drop_lease(self, req_id: str) -> None:
@@ -136,4 +192,5 @@ class SchedulerSide:
         lease = self._leases.pop(req_id, None)
         if lease is not None:
             self._matched.pop(req_id, None)
+            self._pulls.pop(req_id, None)
             self._client.release(lease)

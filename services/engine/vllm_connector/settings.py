@@ -8,10 +8,17 @@ layout it reads from vLLM's config.
         "kv_load_failure_policy": "recompute",   # a failed load is recomputed, never a failed request
         "kv_connector_extra_config": {"kvstore": "127.0.0.1:50051", ...},
     }
+
+`peers` ({node id: "host:port"}) names the other nodes' kvstores that a
+request may ask to pull from (kv_transfer_params {"speckv": {"pull_from":
+NODE}}); a request cannot make the engine dial anything else. A pull asks
+that peer's kvstore to copy the blocks to `kvstore`, so `kvstore` should be
+the address the node's kvstore registered with the scheduler (a protected
+peer sends nowhere else).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from speckv.services.engine.vllm_connector.identity import KVLayout
@@ -31,18 +38,24 @@ class ConnectorSettings:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    peers: Mapping[str, str] = field(default_factory=dict)  # node id -> host:port of its kvstore (pulls)
+    node_id: str = ""  # this node's id, as pulls name it; empty: asked of the kvstore (GetStats) at start
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any]) -> "ConnectorSettings":
         if not extra.get("kvstore"):
             raise ValueError("SpeckvConnector: kv_connector_extra_config needs 'kvstore' (host:port)")
         known = {k: extra[k] for k in ("kvstore", "model_id", "lookup_timeout_s", "transfer_timeout_s",
-                                       "max_message_mb", "shared_memory", "tls_cert", "tls_key", "tls_ca") if k in extra}
+                                       "max_message_mb", "shared_memory", "tls_cert", "tls_key", "tls_ca", "peers", "node_id") if k in extra}
         settings = cls(**known)
         if not isinstance(settings.shared_memory, bool):
             raise ValueError(f"SpeckvConnector: shared_memory={settings.shared_memory!r}: true or false")
         if len({bool(settings.tls_cert), bool(settings.tls_key), bool(settings.tls_ca)}) != 1:
             raise ValueError("SpeckvConnector: tls_cert, tls_key and tls_ca go together (all three or none)")
+        peers = settings.peers
+        if not isinstance(peers, Mapping) or not all(isinstance(k, str) and k and isinstance(v, str) and v
+                                                     for k, v in peers.items()):
+            raise ValueError(f"SpeckvConnector: peers={peers!r}: a map of node id to its kvstore's host:port")
         if settings.lookup_timeout_s <= 0 or settings.transfer_timeout_s <= 0:
             raise ValueError("SpeckvConnector: lookup_timeout_s and transfer_timeout_s must be > 0")
         return settings

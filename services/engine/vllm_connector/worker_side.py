@@ -18,6 +18,9 @@ kv_load_failure_policy "recompute" vLLM then recomputes them.
   and leaves the checksums and Commit to the sender thread.
 - gRPC: GetBlocks (crc32c checked) then a scatter; a save copies the pages
   into canonical blocks in wait_for_save and the sender thread PutBlocks them.
+- A pull (LoadSpec.source, a peer's node id): that peer's kvstore is asked
+  to copy the blocks into this node's (Replicate, over the kvstores' data
+  plane), then they load from this node's kvstore as above.
 
 The sender thread runs queued calls in order, so the step never waits on a
 commit or a put; shutdown (or flush) drains it.
@@ -29,14 +32,14 @@ import queue
 import re
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import Counters
-from speckv.services.engine.vllm_connector.port import KVStorePort, ReadLease, SharedPort
+from speckv.services.engine.vllm_connector.port import KVStorePort, PeerPort, PullTarget, ReadLease, SharedPort
 from speckv.services.engine.vllm_connector.pages import (
     gather_blocks, page_views, pages_to_pool, pool_tensor, pool_to_pages, scatter_blocks)
 from speckv.services.engine.vllm_connector.plan import LoadSpec, SaveSpec, StepPlan
@@ -56,9 +59,15 @@ def layer_order(names: Sequence[str]) -> list[str]:
 
 class WorkerSide:
     def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters,
-                 shared: SharedPort | None = None) -> None:
+                 shared: SharedPort | None = None, peers: Mapping[str, PeerPort] | None = None,
+                 pull_target: PullTarget | None = None) -> None:
+        """peers: the peers' kvstores by node id; pull_target: this node as
+        pulls name it (None: pulls fail open)."""
         self._layout = layout
         self._client = client
+        self._peers = dict(peers or {})
+        self._pull_target = pull_target
+        self._pulls = 0  # order ids of this worker's pulls
         self._shared = shared
         self._counters = counters
         self._views: list[torch.Tensor] = []
@@ -91,21 +100,29 @@ class WorkerSide:
         for spec in plan.loads:
             started = time.perf_counter()
             if not self._views:
-                self._load_errors.update(spec.page_ids)
+                self._fail(spec)
                 if spec.lease is not None:
                     self._submit(lambda lease=spec.lease: self._client.release(lease))
                 continue
-            if spec.lease is not None:
+            if spec.source:
+                path = self._pull(spec)
+            elif spec.lease is not None:
                 path = self._load_leased(spec, spec.lease)
             else:
                 path = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
             if path is None:
-                self._load_errors.update(spec.page_ids)
+                self._fail(spec)
                 continue
             self._counters.add(blocks_loaded=len(spec.block_ids),
+                               blocks_pulled=len(spec.block_ids) if path == "pull" else 0,
                                blocks_loaded_shared=len(spec.block_ids) if path == "shm" else 0,
                                bytes_loaded=len(spec.block_ids) * self._block_bytes,
                                load_seconds=time.perf_counter() - started)
+
+    def _fail(self, spec: LoadSpec) -> None:
+        self._load_errors.update(spec.page_ids)
+        if spec.source:
+            self._counters.add(pull_failures=1)
 
     def _load_grpc(self, spec: LoadSpec) -> str | None:
         data = self._client.get(spec.block_ids)
@@ -113,6 +130,20 @@ class WorkerSide:
             return None
         scatter_blocks(self._views, spec.page_ids, self._staged(data))
         return "grpc"
+
+    def _pull(self, spec: LoadSpec) -> str | None:
+        """The peer copies the blocks into this node's kvstore; then they load from it."""
+        peer, target = self._peers.get(spec.source), self._pull_target
+        if peer is None or target is None:  # the scheduler side plans pulls only from known peers
+            log.warning("speckv: a pull from %r that this worker cannot make (peer known: %s, own node known: "
+                        "%s); the engine recomputes", spec.source, peer is not None, target is not None)
+            return None
+        self._pulls += 1
+        order_id = f"pull-{target.node_id}-{spec.req_id}-{self._pulls}"
+        if not peer.replicate_to(target.node_id, target.address, spec.block_ids, spec.family, order_id):
+            return None
+        path = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
+        return "pull" if path is not None else None
 
     def _load_shared(self, spec: LoadSpec) -> str | None:
         shared = self._shared

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.identity import block_ids
-from speckv.services.engine.vllm_connector.scheduler_side import SchedulerSide
-from tests.support.connector_fakes import LAYOUT, FakeStore
+from speckv.services.engine.vllm_connector.scheduler_side import SchedulerSide, pull_source
+from tests.support.connector_fakes import LAYOUT, FakePeer, FakeStore
 
 HASHES = [bytes([i]) * 32 for i in range(1, 6)]  # 5 full blocks of 32 tokens
 
@@ -128,3 +128,47 @@ def test_a_lookup_no_load_takes_is_released():
     side.get_num_new_matched_tokens(req, 0)
     side.request_finished(req)
     assert shared.store.stats().pinned_pages == 0
+
+
+def pulling(held_here: int, held_there: int, names: str = "n2"):
+    side, ids, counters = make(held_blocks=held_here)
+    peer = FakePeer({})
+    for i in ids[:held_there]:
+        peer.blocks[i] = b""
+    side = SchedulerSide(LAYOUT, side._client, counters, {"n2": peer})
+    req = request()
+    req.kv_transfer_params = {"speckv": {"pull_from": names}}
+    return side, req, ids, counters
+
+
+def test_a_request_naming_a_peer_that_holds_more_loads_the_rest_from_it():
+    side, req, ids, counters = pulling(held_here=2, held_there=4)
+    assert side.get_num_new_matched_tokens(req, 32) == (3 * 32, False)  # blocks 1..3: two here, then 4 there
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([10, 11, 12, 13, 14, 15],)), 96)
+    new = SimpleNamespace(req_id="r", block_ids=([10, 11, 12, 13, 14, 15],), num_computed_tokens=128)
+    plan = side.build_step(step(new=[new], scheduled={"r": 35}))
+    assert [(l.page_ids, l.block_ids, l.source) for l in plan.loads] == [
+        ((11,), (ids[1],), ""), ((12, 13), tuple(ids[2:4]), "n2")]
+    assert plan.loads[1].family == str(ids[0])
+    assert [s.block_ids for s in plan.saves] == [(ids[4],)]  # pulled blocks land in the kvstore by the pull
+    assert counters.blocks_matched == 3
+
+
+def test_a_peer_holding_no_more_than_the_node_is_not_pulled_from():
+    side, req, ids, _ = pulling(held_here=3, held_there=3)
+    assert side.get_num_new_matched_tokens(req, 0) == (3 * 32, False)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 96)
+    new = SimpleNamespace(req_id="r", block_ids=([1, 2, 3, 4, 5, 6],), num_computed_tokens=96)
+    assert [l.source for l in side.build_step(step(new=[new], scheduled={"r": 67})).loads] == [""]
+
+
+def test_a_peer_the_connector_does_not_know_is_refused_and_counted():
+    side, req, _, counters = pulling(held_here=1, held_there=4, names="elsewhere:50051")
+    assert side.get_num_new_matched_tokens(req, 0) == (32, False)
+    assert counters.pulls_refused == 1
+
+
+def test_malformed_transfer_params_pull_nothing():
+    for params in (None, "n2", {"speckv": "n2"}, {"speckv": {"pull_from": 7}}, {"other": {"pull_from": "n2"}}):
+        assert pull_source(params) == ""
+    assert pull_source({"speckv": {"pull_from": "n2"}}) == "n2"

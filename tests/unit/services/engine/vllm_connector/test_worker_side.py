@@ -4,8 +4,9 @@ import torch
 
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.plan import LoadSpec, SaveSpec, StepPlan
+from speckv.services.engine.vllm_connector.port import PullTarget
 from speckv.services.engine.vllm_connector.worker_side import WorkerSide, layer_order
-from tests.support.connector_fakes import LAYOUT, CoreShared, FakeStore
+from tests.support.connector_fakes import LAYOUT, CoreShared, FakePeer, FakeStore
 
 def caches(seed: int | None):
     make = (lambda: torch.randn(8, 2, 32, 32)) if seed is not None else (lambda: torch.zeros(8, 2, 32, 32))
@@ -157,4 +158,29 @@ def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released():
     loader.flush()
     assert loader.take_load_errors() == set() and store.released == [lease]
     saver.shutdown()
+    loader.shutdown()
+
+
+def test_a_pull_copies_into_the_nodes_kvstore_then_loads_from_it_bit_for_bit():
+    store, counters = FakeStore(), Counters()
+    peer = FakePeer({"n1": store})
+    saver = WorkerSide(LAYOUT, peer, Counters())
+    source = caches(seed=3)
+    saver.register_kv_caches(source)
+    saver.save(StepPlan(saves=[SaveSpec("r", (4, 6), (21, 22), (None, 21), "21")]))
+    saver.shutdown()
+    loader = WorkerSide(LAYOUT, store, counters, peers={"n2": peer}, pull_target=PullTarget("n1", "h:1"))
+    target = caches(seed=None)
+    loader.register_kv_caches(target)
+    loader.load(StepPlan(loads=[LoadSpec("r", (1, 2), (21, 22), source="n2", family="21")]))
+    assert peer.orders[0][:4] == ("n1", "h:1", (21, 22), "21")
+    assert sorted(store.blocks) == [21, 22]  # the pull left them on this node
+    for name in source:
+        assert torch.equal(target[name][1], source[name][4]) and torch.equal(target[name][2], source[name][6])
+    assert loader.take_load_errors() == set() and counters.blocks_pulled == 2
+    peer.refuse = True
+    loader.load(StepPlan(loads=[LoadSpec("r2", (3,), (23,), source="n2", family="23")]))
+    assert loader.take_load_errors() == {3} and counters.pull_failures == 1
+    loader.load(StepPlan(loads=[LoadSpec("r3", (5,), (21,), source="n9", family="21")]))  # a peer it lacks
+    assert loader.take_load_errors() == {5} and counters.pull_failures == 2
     loader.shutdown()
