@@ -15,7 +15,7 @@ import http.client
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 
@@ -33,15 +33,18 @@ class Completion:
 
 
 def stream_completion(base_url: str, model: str, prompt: Sequence[int], max_tokens: int,
-                      timeout_s: float = 600.0, on_first_token: Callable[[], None] | None = None) -> Completion:
+                      timeout_s: float = 600.0, on_first_token: Callable[[], None] | None = None,
+                      kv_transfer_params: Mapping[str, Any] | None = None) -> Completion:
     """Greedy, EOS ignored (exactly max_tokens tokens); RuntimeError on an
     HTTP error or a stream without tokens. on_first_token: called once, on
-    the reading thread, when the first token arrives."""
+    the reading thread, when the first token arrives. kv_transfer_params:
+    handed to the engine's KV connector (vLLM's request field)."""
     parts = urlsplit(base_url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
     body = json.dumps({"model": model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0.0,
                        "stream": True, "ignore_eos": True, "return_token_ids": True,
-                       "stream_options": {"include_usage": True}})
+                       "stream_options": {"include_usage": True},
+                       **({"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else {})})
     started = time.perf_counter()
     try:
         connection.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})

@@ -129,7 +129,8 @@ class VllmJobs:
 
     def make_job(self, request_id: str, request: TraceRequest, output_tokens: int, placement: Placement) -> VllmJob:
         tokens = self._prompts.tokens(request)
-        return VllmJob(request_id, len(tokens), output_tokens, tokens=tokens)
+        pull_from = placement.fetch_from if placement is not None and placement.fetched_tokens > 0 else ""
+        return VllmJob(request_id, len(tokens), output_tokens, tokens=tokens, pull_from=pull_from)
 
     def solo_prefill_ms(self, job: VllmJob) -> float:
         return self._profile.prefill_ms(job.prompt_tokens - job.cached_tokens, job.cached_tokens)

@@ -2,8 +2,9 @@
 for the real-engine tests and `speckv bench vllm`:
 `python -m speckv.loadgen.engines.vllm_runner SPEC OUT`.
 
-SPEC (JSON): model, kvstore (host:port; absent or empty: no connector), model_id and shared_memory (optional: the
-connector's settings of those names), prompts (lists
+SPEC (JSON): model, kvstore (host:port; absent or empty: no connector), model_id, shared_memory, node_id and
+peers (optional: the connector's settings of those names), pull_from_each (optional, one node id per prompt
+that its kv_transfer_params name to pull from, "" none), prompts (lists
 of token ids), max_tokens (or max_tokens_each, one per prompt; generation
 ignores EOS, so a prompt yields exactly that many), keep_cache (optional, one bool per prompt: keep
 the engine's own prefix cache instead of emptying it first), max_model_len.
@@ -77,12 +78,14 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm.distributed.kv_transfer import get_kv_transfer_group
     from vllm.inputs import TokensPrompt
 
+    from speckv.loadgen.engines.vllm_server import pull_params
     from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS
 
     spec = json.loads(Path(spec_path).read_text())
     connected = bool(spec.get("kvstore"))  # no kvstore: the engine alone, without the connector
     extra = {"kvstore": spec.get("kvstore"), **({"model_id": spec["model_id"]} if spec.get("model_id") else {}),
-             **({"shared_memory": spec["shared_memory"]} if "shared_memory" in spec else {})}
+             **({"shared_memory": spec["shared_memory"]} if "shared_memory" in spec else {}),
+             **{key: spec[key] for key in ("node_id", "peers") if key in spec}}
     max_len = spec.get("max_model_len", 4096)
     transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
@@ -96,9 +99,12 @@ def main(spec_path: str, out_path: str) -> None:
                                        "endpoint": f"tcp://127.0.0.1:{events}"}} if events else {}))
     keep = spec.get("keep_cache") or [False] * len(spec["prompts"])
     each = spec.get("max_tokens_each") or [spec.get("max_tokens", 8)] * len(spec["prompts"])
+    pulls = spec.get("pull_from_each") or [""] * len(spec["prompts"])  # the peer each prompt names ("" none)
     outputs, seconds = [], []
-    for prompt, keep_cache, max_tokens in zip(spec["prompts"], keep, each):
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, ignore_eos=True)
+    for prompt, keep_cache, max_tokens, pull_from in zip(spec["prompts"], keep, each, pulls):
+        transfer_params = pull_params(pull_from)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, ignore_eos=True,
+                                extra_args={"kv_transfer_params": transfer_params} if transfer_params else None)
         if not keep_cache:
             llm.reset_prefix_cache()
         started = time.perf_counter()

@@ -33,7 +33,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from speckv.loadgen.engines.emulated import EngineEvent, EngineEventKind, EngineJob, EngineLoad, Phase
 from speckv.loadgen.engines.openai_stream import stream_completion
@@ -52,6 +52,13 @@ class VllmJob(EngineJob):
     tokens: tuple[int, ...] = ()
     output_ids: tuple[int, ...] = ()
     error: str = ""
+    pull_from: str = ""  # the node Route chose to fetch the prefix from: the connector pulls it ("" none)
+
+
+def pull_params(node: str) -> dict[str, Any] | None:
+    """A request's kv_transfer_params asking its engine's SpeckvConnector to
+    pull the prefix from node's kvstore (None: no pull)."""
+    return {"speckv": {"pull_from": node}} if node else None
 
 
 class VllmServerEngine:
@@ -111,7 +118,8 @@ class VllmServerEngine:
     def _run(self, job: VllmJob, submitted_at: float) -> None:
         try:
             done = stream_completion(self.url, self.model_name, job.tokens, job.output_tokens, STREAM_TIMEOUT_S,
-                                     on_first_token=lambda: self._first_token(job))
+                                     on_first_token=lambda: self._first_token(job),
+                                     kv_transfer_params=pull_params(job.pull_from))
         except Exception as exc:  # noqa: BLE001 - any failure of the server is the request's, never the driver's
             log.warning("%s: request %s failed: %s", self.node_id, job.request_id, exc)
             self._fail(job, f"{self.node_id}: {exc}")

@@ -79,10 +79,12 @@ def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path
     """One vLLM server per node, each bound to its own core, healthy before this returns."""
     cores = os.cpu_count() or 1
     specs = []
-    for i, (node, address) in enumerate(sorted(cluster.node_addresses().items())):
+    addresses = sorted(cluster.node_addresses().items())
+    for i, (node, address) in enumerate(addresses):
         tls = cluster.certs.engine(node) if cluster.certs is not None else None
         specs.append(VllmServerSpec(f"vllm-{node}", str(args.model), args.vllm_port_base + i, address,
-                                    host=args.host, block_size=args.block_size or 32, core=i % cores, tls=tls))
+                                    host=args.host, block_size=args.block_size or 32, core=i % cores, tls=tls,
+                                    node_id=node, peers=tuple((n, a) for n, a in addresses if n != node)))
     return start_servers(specs, run_dir, environ)
 
 

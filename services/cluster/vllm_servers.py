@@ -52,6 +52,8 @@ class VllmServerSpec:
     tls: TlsFiles | None = None  # the node's engine certificate, for a kvstore serving mutual TLS
     model_id: str = ""  # the model's name in the connector's block ids; "": the model path as vLLM has it
     num_blocks: int = 0  # the engine's own KV cache in blocks (vLLM's num_gpu_blocks_override); 0: kv_cache_gib
+    node_id: str = ""  # its node's id, as pulls name it ("": the connector asks its kvstore)
+    peers: tuple[tuple[str, str], ...] = ()  # (node id, kvstore host:port) of the nodes its requests may pull from
 
     @property
     def url(self) -> str:
@@ -70,7 +72,9 @@ def server_command(spec: VllmServerSpec) -> list[str]:
         transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                     "kv_connector_extra_config": {"kvstore": spec.kvstore, **_tls_config(spec.tls),
-                                                  **({"model_id": spec.model_id} if spec.model_id else {})}}
+                                                  **({"model_id": spec.model_id} if spec.model_id else {}),
+                                                  **({"node_id": spec.node_id} if spec.node_id else {}),
+                                                  **({"peers": dict(spec.peers)} if spec.peers else {})}}
         command += ["--kv-transfer-config", json.dumps(transfer)]
     if spec.kv_events_endpoint:
         events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": spec.kv_events_endpoint,

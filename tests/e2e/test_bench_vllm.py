@@ -1,6 +1,7 @@
 """`speckv bench vllm`'s measurement on a short prompt (16 blocks): the
 loaded, recomputed and prefix-cached answers agree over both connector paths
-(shared memory and gRPC) and on a peer the prefix was replicated to, every
+(shared memory and gRPC), on a peer the prefix was replicated to and on one
+that pulled it at request time, every
 block of the prefix is loaded over the path asked, and the figures are there. Nothing about times."""
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ def test_the_bench_loads_the_whole_prefix_over_both_paths_and_agrees_with_the_re
             assert row[key] > 0, (path, key)
     assert result["shm"]["blocks_loaded_shared"] == 16 and result["grpc"]["blocks_loaded_shared"] == 0
     assert result["shm"]["peer_blocks_loaded"] == 16 and result["shm"]["peer_transport"] == "shm"
-    for key in ("load_over_recompute_513", "peer_load_over_recompute_513", "connector_load_over_memcpy",
+    assert result["shm"]["pull_blocks"] == 16  # pulled at request time from the first kvstore
+    for key in ("load_over_recompute_513", "peer_load_over_recompute_513", "pull_load_over_recompute_513",
+                "connector_load_over_memcpy",
                 "grpc_connector_load_over_memcpy"):
         assert result["ratios"][key] > 0, key
     assert result["memcpy_gbps"] > 0 and result["connector_load_gbps"] == result["shm"]["connector_load_gbps"]

@@ -7,7 +7,9 @@ Asserted: a fresh engine that loads a prefix the first engine saved
 generates exactly the greedy tokens of the recompute, through the kvstore's
 shared memory (the default on one host) and over gRPC, and both paths save
 the same bytes; a prefix replicated to a peer kvstore by an order (shared
-memory or TCP) loads there with the same tokens; the scheduler, fed by the
+memory or TCP) loads there with the same tokens; a request naming a peer in
+its kv_transfer_params pulls the prefix into its own node's kvstore and
+answers the same (a peer that is down costs a recompute); the scheduler, fed by the
 kvstores' events, routes the prompt (its ids computed without an engine) to
 the node holding it; the ids the kvstore
 holds are vLLM's sha256 chain under the layout digest, computed here
@@ -180,9 +182,7 @@ def test_blocks_of_another_model_digest_are_never_loaded(first, store, model, tm
 
 
 def test_a_kvstore_that_is_down_costs_a_recompute_not_a_request(first, model, tmp_path):
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    address = f"127.0.0.1:{_closed_port()}"
     down = run_engine({"model": str(model), "kvstore": address, "prompts": [PROMPT], "max_tokens": 16}, tmp_path)
     assert down["outputs"] == first["outputs"]
     assert down["counters"]["lookup_failures"] >= 1 and down["counters"]["blocks_loaded"] == 0
@@ -239,3 +239,36 @@ def test_vllms_own_events_name_the_kvstores_blocks_under_the_layout_digest(first
     assert set(out["vllm_stored"]).isdisjoint(ids)  # unmapped, vLLM's ids are not the kvstore's
     held = stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=mapped[:PROMPT_BLOCKS]), timeout=30)
     assert held.prefix_blocks == PROMPT_BLOCKS
+
+
+def test_a_request_naming_a_peer_pulls_the_prefix_into_its_node_and_generates_the_same_tokens(first, store, model,
+                                                                                               tmp_path):
+    """A pull at request time (Route chose to fetch from a peer): the
+    request's kv_transfer_params name the node holding the prefix; the
+    connector has that peer's kvstore copy the blocks into its own node's
+    kvstore and loads them from there, with the recompute's tokens. A
+    second prompt naming a peer that is down costs a recompute, not the
+    request."""
+    source_server, _ = store
+    ids = vllm_chain_ids(model, PROMPT)
+    other = [int(t) for t in np.random.default_rng(8).integers(3, SPEC.vocab, 4 * BLOCK_SIZE + 3)]
+    with kvstore(**KVSTORE, node_id="node-1") as (here, here_stub):
+        assert here_stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == 0
+        run = run_engine({"model": str(model), "kvstore": here.address, "node_id": "node-1",
+                          "peers": {"node-0": source_server.address, "node-9": f"127.0.0.1:{_closed_port()}"},
+                          "prompts": [PROMPT, other], "pull_from_each": ["node-0", "node-9"],
+                          "max_tokens_each": [16, 4]}, tmp_path)
+        held = here_stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks
+    counters = run["counters"]
+    assert counters["blocks_pulled"] == PROMPT_BLOCKS and counters["pull_failures"] == 0
+    assert counters["load_failures"] == 0
+    assert held == PROMPT_BLOCKS  # the pull left the prefix on this node
+    assert run["outputs"][0] == first["outputs"][0]
+    assert len(run["outputs"][1]) == 4 and counters["lookup_failures"] >= 1  # node-9 down: recomputed
+
+
+def _closed_port() -> int:
+    """A port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -4,8 +4,9 @@ it: streamed token-id completions. Asserted: the first completion's full
 blocks reach the kvstore under the ids computed without an engine; after
 the engine's own prefix cache is emptied, the same prompt is answered with
 the same tokens and its prefix is read from the kvstore's shared memory
-(MapBlocks is called); a time to first token is measured for each. Nothing
-about times."""
+(MapBlocks is called); a time to first token is measured for each. A
+completion whose kv_transfer_params name a peer pulls the prefix from that
+peer's kvstore with the same tokens. Nothing about times."""
 from __future__ import annotations
 
 import os
@@ -19,10 +20,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from speckv.loadgen.engines.openai_stream import stream_completion
 from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
 from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, prompt_block_ids
+from speckv.loadgen.engines.vllm_server import pull_params
 from speckv.services.cluster.vllm_servers import (
     VllmServerSpec, reset_prefix_cache, start_server, stop_server, wait_healthy)
 from speckv.services.common.rpc.telemetry import build_telemetry
-from speckv.v1 import kvstore_pb2
+from speckv.v1 import common_pb2, kvstore_pb2
 from tests.support.kvstore_service import kvstore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -61,3 +63,48 @@ def test_a_server_streams_saves_and_answers_a_returning_prompt_from_the_kvstore(
     assert len(first.token_ids) == 16 and again.token_ids == first.token_ids
     assert 0 < first.ttft_s <= first.total_s and 0 < again.ttft_s <= again.total_s
     assert any(s.name.endswith("KVStore/MapBlocks") for s in spans.get_finished_spans())
+
+
+def test_a_request_naming_a_peer_in_kv_transfer_params_pulls_the_prefix_through_the_api(tmp_path):
+    """Route chose to fetch from another node: the router names it in the
+    completion's kv_transfer_params. The server's kvstore (node-1) has lost
+    the prefix (evicted by other blocks) while node-0's kvstore holds it; the
+    answer is the recompute's, and the pull left the prefix on node-1."""
+    model = tiny_llama(tmp_path / "models", SPEC)
+    with kvstore(**{**KVSTORE, "device_pages": 64}, node_id="node-1") as (here, here_stub), \
+            kvstore(**KVSTORE, node_id="node-0") as (there, there_stub):
+        spec = VllmServerSpec("vllm-1", str(model), free_port(), here.address, max_model_len=2048,
+                              node_id="node-1", peers=(("node-0", there.address),))
+        log = tmp_path / "vllm-1.log"
+        server = start_server(spec, log, os.environ)
+        try:
+            wait_healthy(spec, server, log)
+            first = stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
+            ids = prompt_block_ids(model, SPEC, PROMPT)
+            order = common_pb2.ReplicationOrder(order_id="to-node-0", block_hashes=ids, source_node="node-1",
+                                                target_node="node-0", target_address=there.address,
+                                                family=str(ids[0]))
+            assert here_stub.Replicate(kvstore_pb2.ReplicateRequest(order=order), timeout=60).state \
+                == common_pb2.ORDER_STATE_COMMITTED
+            _evict_with_other_blocks(here_stub, pages=64)
+            assert here_stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == 0
+            reset_prefix_cache(spec)
+            pulled = stream_completion(spec.url, spec.served_model_name, PROMPT, 16,
+                                       kv_transfer_params=pull_params("node-0"))
+            held = here_stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks
+        finally:
+            stop_server(server)
+    assert pulled.token_ids == first.token_ids
+    assert held == PROMPT_BLOCKS  # copied here by the pull (the engine's own saves skip what it loaded)
+    assert pulled.cached_tokens == PROMPT_BLOCKS * BLOCK_SIZE  # vLLM computed only the tail
+
+
+def _evict_with_other_blocks(stub, pages: int) -> None:
+    """Fills the kvstore's pages with unrelated blocks (their bytes of the
+    right size), so the least recently used, the prompt's, are evicted."""
+    stats = stub.GetStats(kvstore_pb2.StatsRequest(), timeout=30)
+    size = stats.geometry.bytes_per_block if stats.geometry.bytes_per_block else None
+    assert size, stats.geometry
+    messages = (kvstore_pb2.PutBlockRequest(block_hash=900_000 + i, data=bytes([i % 251]) * size, family="filler")
+                for i in range(pages))
+    stub.PutBlocks(messages, timeout=60)

@@ -90,7 +90,8 @@ def start_engines(model: VllmModel, addresses: Mapping[str, str], run_dir: Path,
     engine whose close() also stops its server."""
     cores = os.cpu_count() or 1
     specs = [VllmServerSpec(f"vllm-{node}", str(model.directory), free_port(), address, core=i % cores,
-                            max_model_len=MAX_MODEL_LEN, model_id=model.model_id, num_blocks=ENGINE_KV_BLOCKS)
+                            max_model_len=MAX_MODEL_LEN, model_id=model.model_id, num_blocks=ENGINE_KV_BLOCKS,
+                            node_id=node, peers=tuple((n, a) for n, a in sorted(addresses.items()) if n != node))
              for i, (node, address) in enumerate(sorted(addresses.items()))]
     servers = start_servers(specs, run_dir, environ)
     engines: dict[str, VllmServerEngine] = {}
@@ -128,7 +129,8 @@ def notes(model: VllmModel, geometry: KVGeometry, profile: EngineProfile) -> lis
         f"KV bytes are real (scale 1): {geometry.num_layers} layers x {geometry.num_kv_heads} KV heads x "
         f"{geometry.head_dim} dim x {geometry.dtype} = {geometry.bytes_per_block} B per block.",
         "TTFT is wall time of the real engine to its first streamed token (x the replay's speed), with the "
-        "services on the same cores; a route's pull is not made (the connector reads its own node's kvstore), "
-        "so only replication orders move KV between nodes.",
+        "services on the same cores; a route's pull is made by the node's connector (the request names the peer "
+        "in kv_transfer_params; the peer's kvstore copies the blocks into the node's, then they load), and the "
+        "pulled tokens count among the cached ones (vLLM reports one figure for everything it did not compute).",
         f"The scheduler prices with {profile.name} (fitted to this engine's prefill: {profile.source})",
     ]

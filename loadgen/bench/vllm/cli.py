@@ -16,8 +16,12 @@ connector saves its blocks); P again with the engine's own prefix cache
 emptied (its prefix loaded from the kvstore); P again keeping that cache
 (vLLM's own prefix cache). Then an order replicates P's blocks to a second
 kvstore (the node's default transport: shared memory on one host) and a
-second engine there loads P (`peer_load_over_recompute`). Seconds are the
-wall time of each generate call.
+second engine there loads P (`peer_load_over_recompute`); and a third
+engine, on an empty kvstore, pulls P at request time: its request names the
+first kvstore's node in kv_transfer_params, the connector has that kvstore
+copy P's blocks into its own (Replicate, the node's default transport) and
+loads them (`pull_load_over_recompute`: the copy is inside the TTFT).
+Seconds are the wall time of each generate call.
 `tokens_identical`: the three answers to P agree (tests/e2e checks 16 tokens).
 `save_throughput_ratio` (unless --no-save-ratio): the median prefill time
 of three distinct prompts in an engine alone over the same in an engine
@@ -121,6 +125,7 @@ def measure(prompt_blocks: int, model_dir: Path) -> dict[str, Any]:
         f"grpc_load_over_recompute_{label}": grpc["loaded_s"] / grpc["recompute_s"],
         f"prefix_cache_over_recompute_{label}": shm["prefix_cache_s"] / shm["recompute_s"],
         f"peer_load_over_recompute_{label}": shm["peer_loaded_s"] / shm["recompute_s"],
+        f"pull_load_over_recompute_{label}": shm["pull_loaded_s"] / shm["recompute_s"],
         "connector_load_over_memcpy": shm["connector_load_gbps"] / memcpy,
         "connector_copy_over_memcpy": (shm["connector_copy_gbps"] or 0.0) / memcpy,
         "grpc_connector_load_over_memcpy": grpc["connector_load_gbps"] / memcpy,
@@ -143,7 +148,7 @@ def measure_path(prompt_blocks: int, model_dir: Path, shared_memory: bool, peer:
     warm = [int(t) for t in rng.integers(3, spec.vocab, 8 * BLOCK_SIZE + 1)]
     args = _kvstore_args(spec, prompt_blocks)
     store = start_kvstore("bench-vllm", args)
-    peer_out = None
+    peer_out = pull_out = None
     try:
         with tempfile.TemporaryDirectory(prefix="speckv-bench-vllm-") as workdir:
             engine = {"model": str(model), "max_tokens": 1, "max_model_len": len(prompt) + 64,
@@ -152,6 +157,7 @@ def measure_path(prompt_blocks: int, model_dir: Path, shared_memory: bool, peer:
                               "keep_cache": [False, False, False, True]}, Path(workdir), timeout_s=1200.0)
             if peer:
                 peer_out = _peer_load(store, args, {**engine, "prompts": [warm, prompt]}, Path(workdir))
+                pull_out = _pull_load(store, args, {**engine, "prompts": [warm, prompt]}, Path(workdir))
     finally:
         store.stop()
     _, recompute_s, loaded_s, cached_s = out["seconds"]
@@ -177,6 +183,10 @@ def measure_path(prompt_blocks: int, model_dir: Path, shared_memory: bool, peer:
         row["peer_transport"] = peer_out["transport"]
         row["peer_blocks_loaded"] = peer_out["counters"]["blocks_loaded"]
         row["tokens_identical"] = row["tokens_identical"] and peer_out["outputs"][1] == out["outputs"][1]
+    if pull_out is not None:
+        row["pull_loaded_s"] = pull_out["seconds"][1]
+        row["pull_blocks"] = pull_out["counters"]["blocks_pulled"]
+        row["tokens_identical"] = row["tokens_identical"] and pull_out["outputs"][1] == out["outputs"][1]
     took = "shm" if counters["blocks_loaded_shared"] else "grpc"
     if took != path:
         raise RuntimeError(f"asked the connector for {path}, it loaded over {took} (see the engine's log)")
@@ -202,6 +212,19 @@ def _peer_load(source: KVStoreProcess, args: list[str], engine: dict[str, Any], 
         peer.stop()
 
 
+def _pull_load(source: KVStoreProcess, args: list[str], engine: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """An engine on a fresh, empty kvstore whose request for the prompt names
+    source's node to pull from (kv_transfer_params); its OUT."""
+    here = start_kvstore("bench-vllm-pull", args)
+    try:
+        pulls = ["" for _ in engine["prompts"][:-1]] + [source.node_id]
+        return run_engine({**engine, "kvstore": here.address, "node_id": here.node_id,
+                           "peers": {source.node_id: source.address}, "pull_from_each": pulls}, workdir,
+                          timeout_s=1200.0)
+    finally:
+        here.stop()
+
+
 def show(result: dict[str, Any]) -> None:
     for path in ("shm", "grpc"):
         row = result[path]
@@ -213,6 +236,7 @@ def show(result: dict[str, Any]) -> None:
     shm = result["shm"]
     print(f"peer  loaded {shm['peer_loaded_s']:.3f} s after an order replicated the prefix over "
           f"{shm['peer_transport']} ({shm['peer_blocks_loaded']} blocks)")
+    print(f"pull  loaded {shm['pull_loaded_s']:.3f} s pulling the prefix at request time ({shm['pull_blocks']} blocks)")
     print(f"memcpy {result['memcpy_gbps']:.2f} GB/s (same bytes, same run); tokens identical: {result['tokens_identical']}")
     if "save" in result:
         save = result["save"]

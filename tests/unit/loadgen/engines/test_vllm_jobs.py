@@ -95,3 +95,15 @@ def test_jobs_carry_the_prompt_and_price_their_own_prefill_with_the_fitted_profi
     assert jobs.owns_kv
     job.cached_tokens = 64
     assert jobs.solo_prefill_ms(job) == pytest.approx(profile.prefill_ms(job.prompt_tokens - 64, 64))
+
+
+def test_a_job_whose_route_chose_a_pull_names_the_peer_for_its_connector():
+    from speckv.loadgen.engines.vllm_server import pull_params
+    from speckv.loadgen.experiments.reference_router import Placement
+
+    p = prompts()
+    scaled = p.scale([request([1, 2, 3, 4], 4 * 512 + 64)])[0]
+    jobs = VllmJobs(p, get_profile("tiny-llama-vllm-cpu"))
+    assert jobs.make_job("r1", scaled, 5, Placement("n1", 32, 64, "n2")).pull_from == "n2"
+    assert jobs.make_job("r2", scaled, 5, Placement("n1", 32, 0, "")).pull_from == ""
+    assert pull_params("n2") == {"speckv": {"pull_from": "n2"}} and pull_params("") is None
