@@ -205,7 +205,11 @@ class CorruptKVStore(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.PutBlocksResponse(stored=sum(1 for _ in request_iterator))
 
 
-def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, tmp_path):
+@pytest.mark.parametrize("load_async", [False, True])
+def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, tmp_path, load_async):
+    """Loaded before the forward, a failed block is a load error (vLLM
+    recomputes it); loaded in the background, the request is reported failed
+    (vLLM recomputes it from the start). Either way the engine answers."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.max_send_message_length", 64 << 20)])
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(CorruptKVStore(), server)
@@ -213,12 +217,29 @@ def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, t
     server.start()
     try:
         corrupt = run_engine({"model": str(model), "kvstore": f"127.0.0.1:{port}", "prompts": [PROMPT],
-                              "max_tokens": 16}, tmp_path)
+                              "max_tokens": 16, "load_async": load_async}, tmp_path)
     finally:
         server.stop(grace=None)
     assert corrupt["counters"]["blocks_matched"] == PROMPT_BLOCKS
     assert corrupt["counters"]["load_failures"] >= 1 and corrupt["counters"]["blocks_loaded"] == 0
+    assert corrupt["counters"]["async_load_failures"] == (1 if load_async else 0)
     assert corrupt["outputs"] == first["outputs"]
+
+
+def test_background_loads_give_the_same_tokens_locally_and_from_a_peer(first, store, model, tmp_path):
+    """load_async: the engine parks the request while the connector loads
+    its prefix beside the steps (from the node's kvstore, then for a second
+    prompt pulled from a peer), and answers exactly as the recompute."""
+    source_server, _ = store
+    with kvstore(**KVSTORE, node_id="node-2") as (here, _):
+        run = run_engine({"model": str(model), "kvstore": source_server.address, "prompts": [PROMPT],
+                          "max_tokens": 16, "load_async": True}, tmp_path)
+        pulled = run_engine({"model": str(model), "kvstore": here.address, "node_id": "node-2",
+                             "peers": {"node-0": source_server.address}, "prompts": [PROMPT],
+                             "pull_from_each": ["node-0"], "max_tokens": 16, "load_async": True}, tmp_path)
+    assert run["counters"]["blocks_loaded"] == PROMPT_BLOCKS and run["counters"]["async_load_failures"] == 0
+    assert pulled["counters"]["blocks_pulled"] == PROMPT_BLOCKS and pulled["counters"]["async_load_failures"] == 0
+    assert run["outputs"] == pulled["outputs"] == first["outputs"]
 
 
 def test_vllms_own_events_name_the_kvstores_blocks_under_the_layout_digest(first, store, model, tmp_path):

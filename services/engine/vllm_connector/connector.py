@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorTransferResults)
 
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.rpc.tls import TlsFiles, TlsMaterial
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 log = logging.getLogger("speckv.vllm_connector")
@@ -85,7 +86,7 @@ class SpeckvConnector(KVConnectorBase_V1):
             log.warning("SpeckvConnector: kv_load_failure_policy is %r; set \"recompute\" so that a failed load "
                         "costs a recompute, not the request", getattr(self._kv_transfer_config,
                                                                      "kv_load_failure_policy", None))
-        self._scheduler = SchedulerSide(layout, self._client, self.counters, self._peers) \
+        self._scheduler = SchedulerSide(layout, self._client, self.counters, self._peers, settings.load_async) \
             if layout is not None and role == KVConnectorRole.SCHEDULER else None
         self._shared = _open_shared(self._client, layout, settings, self.counters) \
             if layout is not None and role == KVConnectorRole.WORKER and settings.shared_memory else None
@@ -109,10 +110,15 @@ class SpeckvConnector(KVConnectorBase_V1):
         plan = self._scheduler.build_step(scheduler_output) if self._scheduler is not None else StepPlan()
         return SpeckvMetadata(plan)
 
-    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         if self._scheduler is not None:
-            self._scheduler.request_finished(request)
-        return False, None  # saves copy the pages at the step's end: nothing holds the blocks
+            self._scheduler.loads_ended(set(connector_output.finished_recving or ()),
+                                        set(connector_output.failed_recving or ()))
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        # Saves copy the pages at the step's end, so only a background load still writing them holds them.
+        delay = self._scheduler.request_finished(request) if self._scheduler is not None else False
+        return delay, None
 
     # Worker side
 
@@ -136,6 +142,13 @@ class SpeckvConnector(KVConnectorBase_V1):
             metadata = self._get_connector_metadata()
             if isinstance(metadata, SpeckvMetadata):
                 self._worker.save(metadata.plan)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Background loads that ended (load_async); a failed one is also finished, as vLLM asks."""
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        finished, failed = self._worker.take_finished_loads()
+        return KVConnectorTransferResults(finished_recving=finished, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors() if self._worker is not None else set()

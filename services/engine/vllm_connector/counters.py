@@ -19,6 +19,7 @@ class Counters:
     blocks_pulled: int = 0  # of blocks_loaded, those read from a peer's kvstore (kv_transfer_params' pull_from)
     pull_failures: int = 0  # pulls whose peer load failed (a recompute)
     pulls_refused: int = 0  # requests naming a peer the connector does not know
+    async_load_failures: int = 0  # requests whose background load failed (recomputed from their start)
     blocks_saved: int = 0  # newly stored by the kvstore
     blocks_saved_shared: int = 0  # of blocks_saved, those written into the kvstore's mapped pool
     blocks_already_present: int = 0

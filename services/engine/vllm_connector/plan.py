@@ -47,7 +47,9 @@ class SaveSpec:
 class StepPlan:
     """The worker's orders for one engine step."""
 
-    loads: list[LoadSpec] = field(default_factory=list)
+    loads: list[LoadSpec] = field(default_factory=list)  # before this step's forward
+    # Beside the steps: their requests wait (WAITING_FOR_REMOTE_KVS) until reported finished.
+    async_loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
 
 

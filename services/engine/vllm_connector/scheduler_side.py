@@ -19,8 +19,14 @@ node's (Replicate, a pull into itself, over the kvstores' data plane) and
 loads them from there, so the pull leaves them here as an order would. A
 peer that is unknown, down or slow costs the pull, never the request.
 
-Loads are synchronous (get_num_new_matched_tokens answers load_async False):
-the worker fills the pages in start_load_kv before the step's forward.
+Loads are synchronous by default (get_num_new_matched_tokens answers
+load_async False): the worker fills the pages in start_load_kv before the
+step's forward. With `load_async` it answers True: vLLM parks the request
+with its pages allocated, the worker loads them beside the steps
+(background_loads.py) and reports the request finished (or failed: then it
+is recomputed from its start, and never offered a load again). A request
+that ends while its load runs keeps its pages until the load is reported
+(request_finished answers delay).
 """
 from __future__ import annotations
 
@@ -55,9 +61,14 @@ def pull_source(params: Any) -> str:
 
 class SchedulerSide:
     def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters,
-                 peers: Mapping[str, KVStorePort] | None = None) -> None:
-        """peers: the kvstores a request may name to pull from, by node id."""
+                 peers: Mapping[str, KVStorePort] | None = None, load_async: bool = False) -> None:
+        """peers: the kvstores a request may name to pull from, by node id;
+        load_async: load beside the steps (module docstring)."""
         self._layout = layout
+        self._async = load_async
+        self._to_start: list[LoadSpec] = []  # async loads planned, for the next step's metadata
+        self._loading: set[str] = set()  # requests whose async loads have not been reported ended
+        self._load_failed: set[str] = set()  # an async load failed: recomputed, never offered a load again
         self._peers = dict(peers or {})
         self._digest = layout.digest()
         self._client = client
@@ -81,6 +92,8 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
         self._local[request.request_id] = num_computed_tokens
+        if request.request_id in self._load_failed:
+            return 0, False
         limit = loadable_blocks(request.num_prompt_tokens, self._block_size, len(request.block_hashes))
         if num_computed_tokens // self._block_size >= limit:
             return 0, False
@@ -97,7 +110,7 @@ class SchedulerSide:
             self._look_at_peer(request, ids)
         held = max(self._matched[request.request_id], self._pulls.get(request.request_id, ("", 0))[1])
         blocks = new_matched_blocks(num_computed_tokens, self._block_size, min(held, limit))
-        return blocks * self._block_size, False
+        return blocks * self._block_size, self._async and blocks > 0
 
     def _look_at_peer(self, request: "Request", ids: list[int]) -> None:
         """Asks the peer the request names how much of it it holds; kept
@@ -144,9 +157,15 @@ class SchedulerSide:
             track.pending_loads.append(LoadSpec(request.request_id, tuple(pages[pulled_from:end]),
                                                 tuple(ids[pulled_from:end]), source=source, family=str(ids[0])))
         self._counters.add(blocks_matched=end - start)
+        if self._async and track.pending_loads:
+            # The request waits for these, unscheduled: they go out with the next step's metadata.
+            self._to_start.extend(track.pending_loads)
+            track.pending_loads = []
+            self._loading.add(request.request_id)
 
     def build_step(self, output: "SchedulerOutput") -> StepPlan:
-        plan = StepPlan()
+        plan = StepPlan(async_loads=self._to_start)
+        self._to_start = []
         for new in output.scheduled_new_reqs:
             track = self._tracks.setdefault(new.req_id, RequestTrack(new.req_id))
             track.page_ids = list(new.block_ids[0])
@@ -182,10 +201,21 @@ class SchedulerSide:
         if spec is not None:
             plan.saves.append(spec)
 
-    def request_finished(self, request: "Request") -> None:
+    def loads_ended(self, finished: set[str], failed: set[str]) -> None:
+        """The worker's report (vLLM's finished_recving / failed_recving)."""
+        self._loading -= finished
+        self._load_failed |= failed
+        if failed:
+            self._counters.add(async_load_failures=len(failed))
+
+    def request_finished(self, request: "Request") -> bool:
+        """Forgets the request; whether vLLM must keep its pages until its
+        async load is reported (it then frees them)."""
         self._drop_lease(request.request_id)
         for table in (self._matched, self._tracks, self._requests, self._ids, self._local, self._pulls):
             table.pop(request.request_id, None)
+        self._load_failed.discard(request.request_id)
+        return request.request_id in self._loading
 
     def _drop_lease(self, req_id: str) -> None:
         """Ends the pins of a lookup no load will use, and forgets its answer."""

@@ -40,16 +40,18 @@ class ConnectorSettings:
     tls_ca: str = ""
     peers: Mapping[str, str] = field(default_factory=dict)  # node id -> host:port of its kvstore (pulls)
     node_id: str = ""  # this node's id, as pulls name it; empty: asked of the kvstore (GetStats) at start
+    load_async: bool = False  # load beside the engine's steps (vLLM's async loads) instead of before the forward
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any]) -> "ConnectorSettings":
         if not extra.get("kvstore"):
             raise ValueError("SpeckvConnector: kv_connector_extra_config needs 'kvstore' (host:port)")
         known = {k: extra[k] for k in ("kvstore", "model_id", "lookup_timeout_s", "transfer_timeout_s",
-                                       "max_message_mb", "shared_memory", "tls_cert", "tls_key", "tls_ca", "peers", "node_id") if k in extra}
+                                       "max_message_mb", "shared_memory", "tls_cert", "tls_key", "tls_ca", "peers", "node_id", "load_async") if k in extra}
         settings = cls(**known)
-        if not isinstance(settings.shared_memory, bool):
-            raise ValueError(f"SpeckvConnector: shared_memory={settings.shared_memory!r}: true or false")
+        for flag in ("shared_memory", "load_async"):
+            if not isinstance(getattr(settings, flag), bool):
+                raise ValueError(f"SpeckvConnector: {flag}={getattr(settings, flag)!r}: true or false")
         if len({bool(settings.tls_cert), bool(settings.tls_key), bool(settings.tls_ca)}) != 1:
             raise ValueError("SpeckvConnector: tls_cert, tls_key and tls_ca go together (all three or none)")
         peers = settings.peers

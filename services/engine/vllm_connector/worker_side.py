@@ -4,11 +4,13 @@ full blocks after it (wait_for_save).
 
 Two paths, chosen once when the connector starts: the same-host one when
 the kvstore's pools are mapped here (a SharedPort, shared_client.py), else
-gRPC. Loads are synchronous on both: all of a step's blocks are copied into
-every layer's pages in start_load_kv, so wait_for_layer_load has nothing to
-wait for. A load that fails reports its pages through
+gRPC. Loads are synchronous by default: all of a step's blocks are copied
+into every layer's pages in start_load_kv, so wait_for_layer_load has
+nothing to wait for. A load that fails reports its pages through
 get_block_ids_with_load_errors in the same step; with
-kv_load_failure_policy "recompute" vLLM then recomputes them.
+kv_load_failure_policy "recompute" vLLM then recomputes them. With
+`load_async` the same loads run on a background thread instead
+(background_loads.py) and end as finished (or failed) receives.
 
 - Same host: MapBlocks pins the blocks and names their pool pages, one
   strided copy per layer and run moves them into the engine's pages
@@ -37,6 +39,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from speckv.services.engine.vllm_connector.background_loads import BackgroundLoads
 from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.port import KVStorePort, PeerPort, PullTarget, ReadLease, SharedPort
@@ -76,6 +79,7 @@ class WorkerSide:
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue(MAX_QUEUED_SAVES)
         self._sender = threading.Thread(target=self._send_loop, name="speckv-save", daemon=True)
         self._sender.start()
+        self._background = BackgroundLoads(self._load_one)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = layer_order(list(kv_caches))
@@ -97,32 +101,41 @@ class WorkerSide:
         return self._shared is not None
 
     def load(self, plan: StepPlan) -> None:
+        """The step's loads: plan.loads now (a failure reports its pages as
+        load errors), plan.async_loads on the background thread."""
         for spec in plan.loads:
-            started = time.perf_counter()
-            if not self._views:
-                self._fail(spec)
-                if spec.lease is not None:
-                    self._submit(lambda lease=spec.lease: self._client.release(lease))
-                continue
-            if spec.source:
-                path = self._pull(spec)
-            elif spec.lease is not None:
-                path = self._load_leased(spec, spec.lease)
-            else:
-                path = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
-            if path is None:
-                self._fail(spec)
-                continue
-            self._counters.add(blocks_loaded=len(spec.block_ids),
-                               blocks_pulled=len(spec.block_ids) if path == "pull" else 0,
-                               blocks_loaded_shared=len(spec.block_ids) if path == "shm" else 0,
-                               bytes_loaded=len(spec.block_ids) * self._block_bytes,
-                               load_seconds=time.perf_counter() - started)
+            if not self._load_one(spec):
+                self._load_errors.update(spec.page_ids)
+        if plan.async_loads:
+            self._background.start(plan.async_loads)
 
-    def _fail(self, spec: LoadSpec) -> None:
-        self._load_errors.update(spec.page_ids)
+    def _load_one(self, spec: LoadSpec) -> bool:
+        """One load into the engine's pages, counted; whether it succeeded."""
+        started = time.perf_counter()
+        if not self._views:
+            if spec.lease is not None:
+                self._submit(lambda lease=spec.lease: self._client.release(lease))
+            return False
         if spec.source:
-            self._counters.add(pull_failures=1)
+            path = self._pull(spec)
+        elif spec.lease is not None:
+            path = self._load_leased(spec, spec.lease)
+        else:
+            path = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
+        if path is None:
+            if spec.source:
+                self._counters.add(pull_failures=1)
+            return False
+        self._counters.add(blocks_loaded=len(spec.block_ids),
+                           blocks_pulled=len(spec.block_ids) if path == "pull" else 0,
+                           blocks_loaded_shared=len(spec.block_ids) if path == "shm" else 0,
+                           bytes_loaded=len(spec.block_ids) * self._block_bytes,
+                           load_seconds=time.perf_counter() - started)
+        return True
+
+    def take_finished_loads(self) -> tuple[set[str], set[str]]:
+        """Requests whose background loads ended since the last call, and of those the failed."""
+        return self._background.take_finished()
 
     def _load_grpc(self, spec: LoadSpec) -> str | None:
         data = self._client.get(spec.block_ids)
@@ -259,6 +272,7 @@ class WorkerSide:
         return errors
 
     def shutdown(self) -> None:
+        self._background.shutdown()
         self.flush()
         self._queue.put(None)
         self._sender.join(timeout=5.0)

@@ -172,3 +172,29 @@ def test_malformed_transfer_params_pull_nothing():
     for params in (None, "n2", {"speckv": "n2"}, {"speckv": {"pull_from": 7}}, {"other": {"pull_from": "n2"}}):
         assert pull_source(params) == ""
     assert pull_source({"speckv": {"pull_from": "n2"}}) == "n2"
+
+
+def test_async_loads_go_out_with_the_next_step_and_hold_the_pages_until_reported():
+    side, ids, counters = make(held_blocks=4)
+    side = SchedulerSide(LAYOUT, side._client, counters, load_async=True)
+    req = request()
+    assert side.get_num_new_matched_tokens(req, 0) == (4 * 32, True)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 128)
+    plan = side.build_step(step())  # the request waits, unscheduled: its load goes out anyway
+    assert [(l.page_ids, l.block_ids) for l in plan.async_loads] == [((1, 2, 3, 4), tuple(ids[:4]))]
+    assert plan.loads == [] and side.build_step(step()).async_loads == []
+    assert side.request_finished(req) is True  # ended while loading: vLLM keeps its pages
+    side.loads_ended({"r"}, set())
+    assert side.request_finished(req) is False
+
+
+def test_a_request_whose_async_load_failed_is_never_offered_a_load_again():
+    side, _, counters = make(held_blocks=4)
+    side = SchedulerSide(LAYOUT, side._client, counters, load_async=True)
+    req = request()
+    side.get_num_new_matched_tokens(req, 0)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 128)
+    side.build_step(step())
+    side.loads_ended({"r"}, {"r"})
+    assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # recomputed from its start
+    assert counters.async_load_failures == 1
