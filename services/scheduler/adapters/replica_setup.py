@@ -36,7 +36,7 @@ from speckv.services.scheduler.routing.observation import RouteObservation
 class ReplicaSetup:
     def __init__(self, config: SchedulerConfig, telemetry: Telemetry, tls: TlsMaterial | None) -> None:
         self._config = config
-        self._keys = EtcdKeys(config.etcd)
+        self._keys = EtcdKeys(config.etcd, tls=config.etcd_tls)
         self.store = EtcdStateStore(self._keys, config.cluster_name)
         self.duties = LeaderDuties(self.store)
         self.journal = ReplicaJournal(self.store, self.duties)

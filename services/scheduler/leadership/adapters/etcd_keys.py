@@ -1,17 +1,34 @@
 """EtcdKeys: keys.py's LeaderKeyStore and FencedKeyStore on a real etcd v3
 (3.4+), through its gRPC gateway's JSON API with etcd3gw.
 
-- Every failure to get an answer from etcd (connection refused or reset, a
-  timeout, an error status such as "no leader") raises Unavailable naming
-  the endpoint; the election and the state store treat all of those as
-  "etcd unreachable now".
-- Calls time out after `timeout_s` (keep it under a lease round, TTL/3, so a
-  round never blocks past the lead's valid-until for long); `read_prefix`,
-  which may carry the whole order log, after `read_timeout_s`.
+- Several members (etcd_endpoints.py): each call goes to the member that
+  answered last and, when that one fails (refused, reset, timed out, TLS
+  refused, or an etcd-side unavailability: 5xx, such as "no leader" on a
+  member cut off from the quorum), to the next, each within `timeout_s`,
+  until one answers. Any member is as good as another: etcd forwards writes
+  and lease calls to its raft leader and serves linearizable reads, so the
+  election's and the store's semantics do not depend on the member asked.
+  Every call is safe to repeat on another member: grant (a lease granted
+  twice leaves one unused, which expires with its TTL), keep-alive, revoke,
+  range, and the two txns, whose outcome a repeat reports (a campaign
+  repeated finds its own key; a fenced write repeated puts the same values).
+- An answer that says the request itself is wrong (4xx, such as "lease not
+  found") is the cluster's, not a member's: no other member is asked.
+- When no member answers, Unavailable names each member's failure; the
+  election and the state store treat it as "etcd unreachable now". A fenced
+  write that a later member refused after an earlier member failed may have
+  been applied by that earlier one: Unavailable too (outcome unknown), never
+  "not applied".
+- Calls time out after `timeout_s` per member (keep it under a lease round,
+  TTL/3, so a round never blocks past the lead's valid-until for long);
+  `read_prefix`, which may carry the whole order log, after `read_timeout_s`.
 - read_prefix reads in pages of READ_PAGE keys, every page at the revision
   of the first, so the result is one consistent snapshot however large.
-- One HTTP session per thread (the elector's and the scheduler's threads
-  call concurrently; requests' sessions are not documented thread-safe).
+- One HTTP session per thread and member (the elector's and the scheduler's
+  threads call concurrently; requests' sessions are not documented
+  thread-safe).
+- TLS: https members with `tls` (etcd_endpoints.EtcdTls): the CA checks the
+  member's certificate, the client certificate proves this client.
 - The gateway's JSON: int64 fields are strings, fields at their default
   (0, false, empty) are omitted, keys and values are base64.
 """
@@ -19,13 +36,14 @@ from __future__ import annotations
 
 import threading
 from typing import Any, Mapping, Sequence
-from urllib.parse import urlsplit
 
 from etcd3gw.client import Etcd3Client
-from etcd3gw.exceptions import Etcd3Exception
+from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception, InternalServerError
 from etcd3gw.utils import _decode, _encode as _b64
 
-from speckv.services.common.errors import InvalidArgument, Unavailable
+from speckv.services.common.errors import Unavailable
+from speckv.services.scheduler.leadership.adapters.etcd_endpoints import (
+    Endpoint, EtcdTls, parse_endpoint, parse_endpoints)
 from speckv.services.scheduler.leadership.keys import CampaignResult, KeyRecord, LeaseId
 
 API_PATH = "/v3/"  # etcd >= 3.4 (no discovery round trip)
@@ -34,26 +52,25 @@ DEFAULT_TIMEOUT_S = 0.5
 DEFAULT_READ_TIMEOUT_S = 10.0
 
 
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """host and port of "http://host:port" or "host:port"."""
-    text = endpoint if "://" in endpoint else f"http://{endpoint}"
-    parts = urlsplit(text)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
-        raise InvalidArgument(f"etcd endpoint {endpoint!r}: expected http://HOST:PORT or HOST:PORT")
-    return parts.hostname, port
+# A member that fails this way may be alone in it: ask the next. (etcd3gw raises ConnectionFailedError for
+# a refused, reset or TLS-refused connection and for HTTP 503, ConnectionTimeoutError for a timeout and for
+# 408/504, InternalServerError for 500; a plain Etcd3Exception is any other answer that is not 200.)
+MEMBER_FAILURES = (ConnectionFailedError, ConnectionTimeoutError, InternalServerError)
+
+__all__ = ["EtcdKeys", "Endpoint", "EtcdTls", "parse_endpoint", "parse_endpoints"]
 
 
 class EtcdKeys:
-    def __init__(self, endpoint: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
-        self.endpoint = endpoint
-        self._host, self._port = parse_endpoint(endpoint)
+    """endpoints: one etcd cluster's members, comma-separated or a list (etcd_endpoints.py)."""
+
+    def __init__(self, endpoints: str | Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, tls: EtcdTls | None = None) -> None:
+        self.members = parse_endpoints(endpoints, tls)
+        self.endpoint = ",".join(m.url for m in self.members)
+        self._tls = tls or EtcdTls()
         self._timeout_s, self._read_timeout_s = timeout_s, read_timeout_s
         self._local = threading.local()
+        self._preferred = 0  # the member that answered last (an index; a plain int is swapped atomically)
 
     # --- LeaderKeyStore ------------------------------------------------------
     def grant(self, ttl_s: int) -> tuple[LeaseId, int]:
@@ -90,10 +107,14 @@ class EtcdKeys:
     def write_fenced(self, fence_key: str, epoch: int, puts: Mapping[str, bytes], deletes: Sequence[str]) -> bool:
         ops: list[dict[str, Any]] = [{"request_put": {"key": _encode(k), "value": _encode(v)}} for k, v in puts.items()]
         ops += [{"request_delete_range": {"key": _encode(k)}} for k in deletes]
-        reply = self._post("kv/txn", {
+        reply, failed_before = self._send("kv/txn", {
             "compare": [{"key": _encode(fence_key), "result": "EQUAL", "target": "CREATE", "create_revision": epoch}],
             "success": ops, "failure": []})
-        return bool(reply.get("succeeded", False))
+        applied = bool(reply.get("succeeded", False))
+        if not applied and failed_before:
+            raise Unavailable(f"etcd at {self.endpoint}: a fenced write failed on one member and was refused "
+                              f"by the next: {', '.join(failed_before)}; whether the first applied it is unknown")
+        return applied
 
     def read_prefix(self, prefix: str) -> list[tuple[str, bytes]]:
         end = _encode(_next_prefix(prefix))
@@ -112,23 +133,48 @@ class EtcdKeys:
 
     # --- plumbing ------------------------------------------------------------
     def _post(self, path: str, payload: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        client = self._client(timeout_s or self._timeout_s)
-        try:
-            reply = client.post(client.get_url(path), json=payload)
-        except Etcd3Exception as exc:
-            detail = exc.detail_text or type(exc).__name__
-            raise Unavailable(f"etcd at {self.endpoint}: {path}: {' '.join(str(detail).split())[:300]}") from None
-        except ValueError as exc:  # a reply that is not JSON
-            raise Unavailable(f"etcd at {self.endpoint}: {path}: unreadable reply ({exc})") from None
-        return reply if isinstance(reply, dict) else {}
+        return self._send(path, payload, timeout_s)[0]
 
-    def _client(self, timeout_s: float) -> Etcd3Client:
-        clients: dict[float, Etcd3Client] | None = getattr(self._local, "clients", None)
+    def _send(self, path: str, payload: dict[str, Any], timeout_s: float | None = None
+              ) -> tuple[dict[str, Any], list[str]]:
+        """The first member's answer (module docstring), and the members that failed before it."""
+        count = len(self.members)
+        first = self._preferred
+        failures: list[str] = []
+        for k in range(count):
+            index = (first + k) % count
+            member = self.members[index]
+            client = self._client(index, timeout_s or self._timeout_s)
+            try:
+                reply = client.post(client.get_url(path), json=payload)
+            except MEMBER_FAILURES as exc:
+                failures.append(f"{member}: {_detail(exc)}")
+                continue
+            except Etcd3Exception as exc:  # the cluster's answer: another member would say the same
+                raise Unavailable(f"etcd at {member}: {path}: {_detail(exc)}") from None
+            except ValueError as exc:  # a reply that is not JSON: this member is not well
+                failures.append(f"{member}: unreadable reply ({exc})")
+                continue
+            self._preferred = index
+            return (reply if isinstance(reply, dict) else {}), [f.split(": ", 1)[0] for f in failures]
+        raise Unavailable(f"etcd at {self.endpoint}: {path}: no member answered: {'; '.join(failures)}")
+
+    def _client(self, index: int, timeout_s: float) -> Etcd3Client:
+        clients: dict[tuple[int, float], Etcd3Client] | None = getattr(self._local, "clients", None)
         if clients is None:
             clients = self._local.clients = {}
-        if timeout_s not in clients:
-            clients[timeout_s] = Etcd3Client(self._host, self._port, timeout=timeout_s, api_path=API_PATH)
-        return clients[timeout_s]
+        if (index, timeout_s) not in clients:
+            member = self.members[index]
+            tls = self._tls if member.scheme == "https" else EtcdTls()
+            clients[(index, timeout_s)] = Etcd3Client(
+                member.host, member.port, protocol=member.scheme, timeout=timeout_s, api_path=API_PATH,
+                ca_cert=tls.ca or None, cert_cert=tls.cert or None, cert_key=tls.key or None)
+        return clients[(index, timeout_s)]
+
+
+def _detail(exc: Etcd3Exception) -> str:
+    detail = exc.detail_text or type(exc).__name__
+    return " ".join(str(detail).split())[:300]
 
 
 def _encode(data: str | bytes) -> str:
