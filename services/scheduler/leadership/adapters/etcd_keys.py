@@ -165,11 +165,24 @@ class EtcdKeys:
             clients = self._local.clients = {}
         if (index, timeout_s) not in clients:
             member = self.members[index]
-            tls = self._tls if member.scheme == "https" else EtcdTls()
-            clients[(index, timeout_s)] = Etcd3Client(
-                member.host, member.port, protocol=member.scheme, timeout=timeout_s, api_path=API_PATH,
-                ca_cert=tls.ca or None, cert_cert=tls.cert or None, cert_key=tls.key or None)
+            client = Etcd3Client(member.host, member.port, protocol=member.scheme, timeout=timeout_s,
+                                 api_path=API_PATH)
+            if member.scheme == "https":
+                _present(client, self._tls)
+            clients[(index, timeout_s)] = client
         return clients[(index, timeout_s)]
+
+
+def _present(client: Etcd3Client, tls: EtcdTls) -> None:
+    """client's HTTP session (requests) presents tls. A CA given is the only one trusted: requests would
+    otherwise let REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE from the environment replace a session's CA (its
+    documented precedence), so the session does not read the environment (no proxies from it either:
+    etcd is dialled directly)."""
+    if tls.ca:
+        client.session.verify = tls.ca
+        client.session.trust_env = False
+    if tls.cert:
+        client.session.cert = (tls.cert, tls.key)
 
 
 def _detail(exc: Etcd3Exception) -> str:
