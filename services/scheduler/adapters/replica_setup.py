@@ -51,7 +51,7 @@ class ReplicaSetup:
         advertised = self._config.advertise_address or address
         replica_id = self._config.replica_id or advertised
         self.elector = EtcdElector(self._keys, self._config.cluster_name, replica_id, advertised,
-                                   lease_s=self._config.lease_s)
+                                   lease_s=self._config.lease_s, watch=self._keys)
         self.duties.attach(core, self.elector)
         if not self._peers.empty:
             # Resolved only for dns: peers (a static list is taken as given, as before).

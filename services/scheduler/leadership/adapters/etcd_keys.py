@@ -29,13 +29,23 @@
   thread-safe).
 - TLS: https members with `tls` (etcd_endpoints.EtcdTls): the CA checks the
   member's certificate, the client certificate proves this client.
+- watch (keys.LeaderKeyWatch): one streaming /v3/watch request at a time
+  on the calling thread, on the member that answered last, reopened every
+  `WATCH_IDLE_S` without news (an idle stream says nothing, so that bounds
+  how long a stopped watch lingers) and on any failure, on the next member
+  after WATCH_RETRY_S. A stream reopened resumes at the revision after the
+  last one it saw (etcd replays what happened between), so nothing is
+  missed across members; a fresh start or a resume etcd refuses (compacted)
+  reports a change, since one may have been missed.
 - The gateway's JSON: int64 fields are strings, fields at their default
   (0, false, empty) are omitted, keys and values are base64.
 """
 from __future__ import annotations
 
+import json
+import logging
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception, InternalServerError
@@ -46,10 +56,14 @@ from speckv.services.scheduler.leadership.adapters.etcd_endpoints import (
     Endpoint, EtcdTls, parse_endpoint, parse_endpoints)
 from speckv.services.scheduler.leadership.keys import CampaignResult, KeyRecord, LeaseId
 
+log = logging.getLogger(__name__)
+
 API_PATH = "/v3/"  # etcd >= 3.4 (no discovery round trip)
 READ_PAGE = 1000
 DEFAULT_TIMEOUT_S = 0.5
 DEFAULT_READ_TIMEOUT_S = 10.0
+WATCH_IDLE_S = 5.0
+WATCH_RETRY_S = 0.2
 
 
 # A member that fails this way may be alone in it: ask the next. (etcd3gw raises ConnectionFailedError for
@@ -102,6 +116,50 @@ class EtcdKeys:
             "failure": [read]})
         kvs = reply.get("responses", [{}])[-1].get("response_range", {}).get("kvs", [])
         return CampaignResult(bool(reply.get("succeeded", False)), _record(kvs[0]) if kvs else None)
+
+    # --- LeaderKeyWatch ------------------------------------------------------
+    def watch(self, key: str, on_change: Callable[[], None], stop: threading.Event) -> None:
+        index, resume = self._preferred, 0
+        while not stop.is_set():
+            try:
+                resume = self._watch_stream(index, _encode(key), resume, on_change, stop)
+            except (OSError, ValueError, KeyError, TypeError) as exc:  # requests' errors are OSErrors
+                log.debug("watch of %s on %s: %s", key, self.members[index], exc)
+                index = (index + 1) % len(self.members)
+                stop.wait(WATCH_RETRY_S)
+
+    def _watch_stream(self, index: int, key: str, resume: int, on_change: Callable[[], None],
+                      stop: threading.Event) -> int:
+        """One watch stream on members[index] from revision resume (0: now); the revision to resume at."""
+        client = self._client(index, self._timeout_s)
+        create: dict[str, Any] = {"key": key, **({"start_revision": resume} if resume else {})}
+        with client.session.post(client.get_url("watch"), json={"create_request": create}, stream=True,
+                                 timeout=(self._timeout_s, WATCH_IDLE_S)) as reply:
+            if reply.status_code != 200:
+                raise ValueError(f"watch refused: HTTP {reply.status_code}")
+            try:
+                # chunk_size None: each message as it arrives (requests takes it; its stubs say int)
+                for line in reply.iter_lines(chunk_size=None):  # type: ignore[call-overload]
+                    if stop.is_set():
+                        return resume
+                    if not line.strip():
+                        continue
+                    result = json.loads(line).get("result", {})
+                    revision = int(result.get("header", {}).get("revision", 0))
+                    if result.get("canceled"):  # e.g. resume compacted away: start afresh
+                        on_change()
+                        return 0
+                    if result.get("created"):
+                        if not resume:  # a fresh watch: a change before it would be unseen
+                            on_change()
+                            resume = revision + 1
+                        continue  # a resumed one: etcd replays from resume next (not yet seen)
+                    if result.get("events"):
+                        on_change()
+                    resume = max(resume, revision + 1)
+            except OSError:  # idle for WATCH_IDLE_S (a read timeout) or the stream broke: reopen from resume
+                return resume
+        return resume
 
     # --- FencedKeyStore ------------------------------------------------------
     def write_fenced(self, fence_key: str, epoch: int, puts: Mapping[str, bytes], deletes: Sequence[str]) -> bool:
