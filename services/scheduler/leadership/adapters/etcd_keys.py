@@ -32,8 +32,8 @@
 - watch (keys.LeaderKeyWatch): one streaming /v3/watch request at a time
   on the calling thread, on the member that answered last, reopened every
   `WATCH_IDLE_S` without news (an idle stream says nothing, so that bounds
-  how long a stopped watch lingers) and on any failure, on the next member
-  after WATCH_RETRY_S. A stream reopened resumes at the revision after the
+  how long a stopped watch lingers) and after a failure, on the next member,
+  WATCH_RETRY_S after the last stream ended either way. A stream reopened resumes at the revision after the
   last one it saw (etcd replays what happened between), so nothing is
   missed across members; a fresh start or a resume etcd refuses (compacted)
   reports a change, since one may have been missed.
@@ -126,7 +126,7 @@ class EtcdKeys:
             except (OSError, ValueError, KeyError, TypeError) as exc:  # requests' errors are OSErrors
                 log.debug("watch of %s on %s: %s", key, self.members[index], exc)
                 index = (index + 1) % len(self.members)
-                stop.wait(WATCH_RETRY_S)
+            stop.wait(WATCH_RETRY_S)  # between streams, so a member that ends each at once costs no spin
 
     def _watch_stream(self, index: int, key: str, resume: int, on_change: Callable[[], None],
                       stop: threading.Event) -> int:
