@@ -6,8 +6,10 @@ fails, places the request itself (fallback.py): a request is never failed
 because the scheduler is slow or down.
 
 Scheduler replicas: given several channels (one per replica; every replica
-answers Route), the client spreads requests over them round-robin, one
-breaker each. A replica that fails a call for a scheduler fault (below) is
+answers Route), or a target list it dials itself (`"HOST:PORT,dns:NAME:PORT"`:
+a `dns:` entry is every address NAME resolves to, re-resolved every 5 s, so
+replicas that come and go are followed: replica_set.py), the client spreads
+requests over them round-robin, one breaker each. A replica that fails a call for a scheduler fault (below) is
 passed over and the next one allowed is asked, each within its own
 `deadline_s`; only when none answers does the request fall back. So a dead
 replica costs the requests that meet it at most one extra deadline until its
@@ -37,26 +39,22 @@ from typing import Callable, Mapping, Sequence
 import grpc
 
 from speckv.services.client.batches import BatchSettings, BatchStats
-from speckv.services.client.breaker import BreakerSettings, BreakerState, CircuitBreaker
+from speckv.services.client.breaker import BreakerSettings, BreakerState
 from speckv.services.client.fallback import FallbackSettings, FallbackStrategy, KnownNodes
+from speckv.services.client.replica_set import SCHEDULER_CHANNEL_OPTIONS, Dial, Discovery, Replica, ReplicaSet
 from speckv.services.client.reports import ArrivalReporter, TurnEndReporter
 from speckv.services.common.clock import Clock, SystemClock
 from speckv.services.common.errors import Unavailable, require
 from speckv.services.common.ids import default_family
-from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
+from speckv.v1 import scheduler_pb2
 
 # Codes that say the scheduler is unwell, rather than that the request was wrong.
 SCHEDULER_FAULTS = frozenset({
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED})
 
-
-# Channel options for the scheduler channel a router gives the client: gRPC's default reconnect backoff
-# grows to 120 s while a server is down, so a channel could still be waiting out its backoff long after the
-# scheduler is back; capped at 1 s, the breaker's probe finds it within about open_s + 1 s.
-SCHEDULER_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 1000))
+__all__ = ["SCHEDULER_CHANNEL_OPTIONS", "SCHEDULER_FAULTS", "ClientSettings", "Dial", "Discovery", "RouteSource",
+           "Routed", "RoutingClient"]
 
 
 class RouteSource(enum.Enum):
@@ -130,14 +128,6 @@ class ClientCounters:
     turn_ends: BatchStats | None = None
 
 
-@dataclass(slots=True)
-class _Replica:
-    """One scheduler replica as the client sees it: its stub and its own breaker."""
-
-    stub: scheduler_pb2_grpc.SchedulerStub
-    breaker: CircuitBreaker
-
-
 class RoutingClient:
     """The module docstring's client. nodes: node id -> address the router
     knows up front (may be empty: nodes are also learned from the scheduler's
@@ -149,16 +139,22 @@ class RoutingClient:
     reported at clock.now(), which must speak the services' clock (the
     default SystemClock does, as the services' own clocks)."""
 
-    def __init__(self, scheduler: grpc.Channel | Sequence[grpc.Channel], *, nodes: Mapping[str, str] | None = None,
-                 predictor: grpc.Channel | None = None, settings: ClientSettings = ClientSettings(),
-                 clock: Clock | None = None, to_clock: Callable[[float], float] = lambda s: s) -> None:
-        """scheduler: its channel, or one channel per replica (module docstring)."""
-        channels = list(scheduler) if isinstance(scheduler, (list, tuple)) else [scheduler]
-        require(bool(channels), "at least one scheduler channel")
+    def __init__(self, scheduler: grpc.Channel | Sequence[grpc.Channel] | str, *,
+                 nodes: Mapping[str, str] | None = None, predictor: grpc.Channel | None = None,
+                 settings: ClientSettings = ClientSettings(), clock: Clock | None = None,
+                 to_clock: Callable[[float], float] = lambda s: s, dial: Dial | None = None,
+                 discovery: Discovery = Discovery()) -> None:
+        """scheduler: its channel, one channel per replica, or a target list
+        ("HOST:PORT,dns:NAME:PORT": the client dials each address with dial,
+        plaintext by default, follows the dns: names as `discovery` says, and
+        closes those channels on close()). InvalidArgument for a bad list."""
         self._settings = settings
         self._clock = clock or SystemClock()
-        self._replicas = [_Replica(scheduler_pb2_grpc.SchedulerStub(channel),
-                                   CircuitBreaker(settings.breaker, self._clock)) for channel in channels]
+        if isinstance(scheduler, str):
+            self._replicas = ReplicaSet.of_targets(scheduler, settings.breaker, self._clock, dial, discovery)
+        else:
+            channels = list(scheduler) if isinstance(scheduler, (list, tuple)) else [scheduler]
+            self._replicas = ReplicaSet.of_channels(channels, settings.breaker, self._clock)
         self._next_replica = 0
         self._strategy = FallbackStrategy(settings.fallback)
         self._nodes = KnownNodes(dict(nodes or {}))
@@ -175,9 +171,13 @@ class RoutingClient:
 
     @property
     def breaker_state(self) -> BreakerState:
-        """CLOSED while any replica's breaker is; else the first one's state."""
-        states = [replica.breaker.state for replica in self._replicas]
-        return BreakerState.CLOSED if BreakerState.CLOSED in states else states[0]
+        """CLOSED while any replica's breaker is; else the first one's state (OPEN: no replica known)."""
+        states = [replica.breaker.state for replica in self._replicas.members()]
+        return BreakerState.CLOSED if BreakerState.CLOSED in states else (states[0] if states else BreakerState.OPEN)
+
+    def replica_addresses(self) -> tuple[str, ...]:
+        """The replicas asked now, by address (a target list's; "" for each channel given)."""
+        return self._replicas.addresses()
 
     def route(self, request_id: str, block_hashes: Sequence[int], prompt_tokens: int, family: str = "",
               arrival_s: float = 0.0) -> Routed:
@@ -222,16 +222,18 @@ class RoutingClient:
         with self._lock:
             c = self._counters
             return ClientCounters(c.routes, c.routes_scheduler, c.routes_fallback, c.scheduler_errors,
-                                  dict(c.errors_by_code), sum(r.breaker.opens for r in self._replicas),
+                                  dict(c.errors_by_code), self._replicas.breaker_opens(),
                                   self.breaker_state.value, c.routes_retried,
                                   self._arrivals.stats() if self._arrivals else None,
                                   self._turn_ends.stats() if self._turn_ends else None)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Sends the queued reports, then stops their threads. The channels stay the caller's."""
+        """Sends the queued reports, then stops their threads; closes the channels the client dialled
+        from a target list (the channels given stay the caller's)."""
         for reporter in (self._arrivals, self._turn_ends):
             if reporter is not None:
                 reporter.close(timeout_s)
+        self._replicas.close()
 
     def _request(self, request_id: str, hashes: list[int], prompt_tokens: int, family: str,
                  arrival_s: float) -> scheduler_pb2.RouteRequest | None:
@@ -249,12 +251,15 @@ class RoutingClient:
 
     def _ask_replicas(self, request: scheduler_pb2.RouteRequest) -> scheduler_pb2.RouteResponse | None:
         """The first answer of the replicas, starting at the next in turn (module docstring)."""
+        replicas = self._replicas.members()  # one snapshot: discovery may replace the set meanwhile
+        if not replicas:
+            return None
         with self._lock:
-            first = self._next_replica
-            self._next_replica = (first + 1) % len(self._replicas)
+            first = self._next_replica % len(replicas)
+            self._next_replica = first + 1
         failed = False
-        for k in range(len(self._replicas)):
-            replica = self._replicas[(first + k) % len(self._replicas)]
+        for k in range(len(replicas)):
+            replica = replicas[(first + k) % len(replicas)]
             if not replica.breaker.allow():
                 continue
             reply, fault = self._ask(replica, request)
@@ -268,7 +273,7 @@ class RoutingClient:
             failed = True
         return None
 
-    def _ask(self, replica: _Replica, request: scheduler_pb2.RouteRequest
+    def _ask(self, replica: Replica, request: scheduler_pb2.RouteRequest
              ) -> tuple[scheduler_pb2.RouteResponse | None, bool]:
         """(the answer or None, whether the failure was the scheduler's fault)."""
         try:

@@ -12,6 +12,9 @@ Layout under the output folder (every key file mode 0600):
     scheduler/{cert,key}.pem        spiffe://speckv/service/scheduler
     predictor/{cert,key}.pem        spiffe://speckv/service/predictor
     node/<id>/{cert,key}.pem        spiffe://speckv/node/<id>
+    etcd/{cert,key}.pem             the scheduler replicas' etcd (`speckv etcd --tls-*`): DNS etcd.speckv
+                                    and loopback, server and client auth (etcd's gateway dials etcd
+                                    with it); no speckv identity, so no speckv service accepts it
 
 The CA's private key lives only in memory while the bundle is made, so no
 one can mint another identity later: adding a node means a new bundle (or
@@ -41,6 +44,8 @@ DEFAULT_DAYS = 30
 # Every server certificate also answers to loopback, so a client that dials
 # 127.0.0.1 without naming the role it expects still verifies (speckv health).
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+ETCD_DIR = "etcd"
+ETCD_SERVER_NAME = "etcd.speckv"
 _CLOCK_SKEW = dt.timedelta(minutes=5)  # backdated so a peer whose clock lags a little accepts it
 
 
@@ -77,6 +82,11 @@ class CertBundle:
     def admin(self) -> TlsFiles:
         return self.of(ADMIN)
 
+    @property
+    def etcd(self) -> TlsFiles:
+        """etcd's server certificate (module docstring)."""
+        return TlsFiles(str(self.root / ETCD_DIR / "cert.pem"), str(self.root / ETCD_DIR / "key.pem"), str(self.ca))
+
 
 def identity_dir(root: Path, identity: Identity) -> Path:
     if identity.role.value in ("node", "engine"):
@@ -111,6 +121,7 @@ def make_bundle(out: Path, nodes: Sequence[str], hosts: Sequence[str] = (), days
     ca_path = out / "ca.pem"
     _write(ca_path, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     files = {identity: _issue(out, identity, ca_key, ca_cert, hosts, now, days) for identity in identities}
+    _issue_etcd(out, ca_key, ca_cert, hosts, now, days)
     return CertBundle(out, files, (ca_key, ca_cert, days))
 
 
@@ -136,19 +147,33 @@ def _issue(out: Path, identity: Identity, ca_key: ec.EllipticCurvePrivateKey, ca
     key = ec.generate_private_key(ec.SECP256R1())
     cert = _leaf(identity, key, ca_key, ca_cert, hosts, now, days)
     folder = identity_dir(out, identity)
+    _write_pair(folder, cert, key)
+    return TlsFiles(str(folder / "cert.pem"), str(folder / "key.pem"), str(out / "ca.pem"))
+
+
+def _write_pair(folder: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     _write(folder / "cert.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
     _write(folder / "key.pem", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                  serialization.NoEncryption()), 0o600)
-    return TlsFiles(str(folder / "cert.pem"), str(folder / "key.pem"), str(out / "ca.pem"))
+
+
+def _issue_etcd(out: Path, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, hosts: Sequence[str],
+                now: dt.datetime, days: int) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [_general_name(h) for h in dict.fromkeys([ETCD_SERVER_NAME, *LOOPBACK_NAMES, *hosts])]
+    cert = _sign("speckv etcd", names, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], key,
+                 ca_key, ca_cert, now, days)
+    _write_pair(out / ETCD_DIR, cert, key)
 
 
 def bundle_complete(out: Path, nodes: Sequence[str]) -> bool:
     """out holds the CA and a certificate and key for each identity make_bundle would write."""
     identities = [ADMIN, *(Identity.service(s) for s in SERVICES), *(Identity.node(n) for n in nodes),
                   *(Identity.engine(n) for n in nodes)]
+    folders = [identity_dir(out, i) for i in identities] + [out / ETCD_DIR]
     return (out / "ca.pem").is_file() and all(
-        (identity_dir(out, i) / name).is_file() for i in identities for name in ("cert.pem", "key.pem"))
+        (folder / name).is_file() for folder in folders for name in ("cert.pem", "key.pem"))
 
 
 def _leaf(identity: Identity, key: ec.EllipticCurvePrivateKey, ca_key: ec.EllipticCurvePrivateKey,
@@ -158,7 +183,13 @@ def _leaf(identity: Identity, key: ec.EllipticCurvePrivateKey, ca_key: ec.Ellipt
     if identity.server_name:  # the admin is a client only
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         names += [_general_name(h) for h in dict.fromkeys([identity.server_name, *LOOPBACK_NAMES, *hosts])]
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity.uri[:64]),
+    return _sign(identity.uri[:64], names, usages, key, ca_key, ca_cert, now, days)
+
+
+def _sign(common_name: str, names: list[x509.GeneralName], usages: list[x509.ObjectIdentifier],
+          key: ec.EllipticCurvePrivateKey, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
+          now: dt.datetime, days: int) -> x509.Certificate:
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
                          x509.NameAttribute(NameOID.ORGANIZATION_NAME, "speckv")])
     return (_builder(subject, ca_cert.subject, key.public_key(), now, days)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -213,5 +244,6 @@ def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     bundle = make_bundle(out, nodes, args.host, args.days)
     for identity, files in bundle.files.items():
         print(f"{identity.uri}: {files.cert}")
+    print(f"etcd (server): {bundle.etcd.cert}")
     print(f"CA: {bundle.ca} (its key was not kept)", flush=True)
     return 0

@@ -42,12 +42,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speckv.services.cluster.certs import CertBundle, issue_node, make_bundle
-from speckv.services.cluster.etcd_process import wait_healthy
+from speckv.services.cluster.etcd_process import client_context, wait_healthy
 from speckv.services.cluster.ports import free_ports
 from speckv.services.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.cluster.parent_death import child_environ
 from speckv.services.common.rpc.tls import TlsFiles, TlsMaterial, dial
+from speckv.services.scheduler.leadership.adapters.etcd_endpoints import EtcdTls
 from speckv.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
@@ -124,9 +125,16 @@ class LocalCluster:
 
     @property
     def etcd_endpoint(self) -> str:
-        """http://HOST:PORT of the cluster's etcd; empty without replicas."""
+        """http://HOST:PORT of the cluster's etcd (https:// with TLS); empty without replicas."""
         found = self._by_kind("etcd")
-        return f"http://{found[0].address}" if found else ""
+        return f"{'https' if self.certs is not None else 'http'}://{found[0].address}" if found else ""
+
+    @property
+    def etcd_tls(self) -> EtcdTls | None:
+        """What a client of this cluster's etcd presents (None: plaintext): the admin's certificate."""
+        if self.certs is None:
+            return None
+        return EtcdTls(self.certs.ca.as_posix(), self.certs.admin.cert, self.certs.admin.key)
 
     @property
     def predictor_address(self) -> str:
@@ -171,13 +179,19 @@ class LocalCluster:
         if self.spec.replicas <= 1:
             self._spawn("scheduler", "scheduler", args, deadline)
             return
-        etcd = self._spawn("etcd", "etcd", ["--data-dir", str(self.run_dir / "etcd-data")], deadline)
-        wait_healthy(f"http://{etcd.address}", deadline)
+        etcd_args, etcd_flags, context = ["--data-dir", str(self.run_dir / "etcd-data")], [], None
+        if self.certs is not None:  # etcd serves https to schedulers with the cluster's certificates only
+            etcd_args += _tls_flags(self.certs.etcd)
+            scheduler = self.certs.service("scheduler")
+            etcd_flags = ["--etcd-ca", scheduler.ca, "--etcd-cert", scheduler.cert, "--etcd-key", scheduler.key]
+            context = client_context(self.certs.admin.ca, self.certs.admin.cert, self.certs.admin.key)
+        self._spawn("etcd", "etcd", etcd_args, deadline)
+        wait_healthy(self.etcd_endpoint, deadline, context)
         names = [f"scheduler-{i}" for i in range(self.spec.replicas)]
         ports = dict(zip(names, free_ports(len(names), self.spec.host)))
         for name in names:
             peers = ",".join(f"{self.spec.host}:{ports[other]}" for other in names if other != name)
-            self._spawn(name, "scheduler", [*args, "--etcd", f"http://{etcd.address}", "--replica-id", name,
+            self._spawn(name, "scheduler", [*args, "--etcd", self.etcd_endpoint, *etcd_flags, "--replica-id", name,
                                             "--peers", peers], deadline, port=ports[name])
 
     def kill_scheduler(self, name: str) -> ServiceProcess:

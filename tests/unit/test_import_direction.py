@@ -28,6 +28,7 @@ PROTOBUF = ("grpc", "speckv.v1", "google.protobuf")
 ADAPTERS = {
     "speckv.services.cli",
     # The routing client a router embeds: its Route caller and its predictor reports (its core: breaker, fallback).
+    "speckv.services.client.replica_set",
     "speckv.services.client.reports",
     "speckv.services.client.routing",
     "speckv.services.cluster.*",

@@ -99,7 +99,7 @@ def _drill(cluster: LocalCluster, settings: FailoverSettings) -> dict[str, objec
     for thread in threads:
         thread.join()
     time.sleep(settings.settle_s)
-    saved = EtcdStateStore(EtcdKeys(cluster.etcd_endpoint, timeout_s=2.0), CLUSTER_NAME).load()
+    saved = EtcdStateStore(EtcdKeys(cluster.etcd_endpoint, timeout_s=2.0, tls=cluster.etcd_tls), CLUSTER_NAME).load()
     states = {o.order_id: o.state for o in saved.orders}
     run_twice = sum(_order_counters(a).get("run_twice", 0) for a in cluster.node_addresses().values())
     counters = client.counters()

@@ -10,7 +10,7 @@ from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.common.traces.mooncake import FAMILY_MODES
 from speckv.services.scheduler.adapters.vllm_subscriber import parse_kv_events
-from speckv.services.scheduler.leadership.adapters.etcd_keys import parse_endpoint
+from speckv.services.scheduler.leadership.adapters.etcd_endpoints import EtcdTls, parse_endpoints
 from speckv.services.scheduler.policies.registry import default_registry
 from speckv.services.scheduler.policy_config import load_policy_config
 
@@ -61,8 +61,14 @@ class SchedulerConfig(ServerSettings):
         "ids routers send; else under vLLM's own); "
         "empty = none")})
     etcd: str = field(default="", metadata={"help": (
-        "the etcd endpoint (http://HOST:PORT) where scheduler replicas elect the one that plans and keep the "
-        "shared control state (docs/replicas.md); empty = a single scheduler (no election)")})
+        "the etcd cluster where scheduler replicas elect the one that plans and keep the shared control state "
+        "(docs/replicas.md): its members' client URLs, comma-separated, each http://HOST:PORT or "
+        "https://HOST:PORT (a dead member is passed over for the next); empty = a single scheduler (no election)")})
+    etcd_ca: str = field(default="", metadata={"help": (
+        "https etcd: the CA certificate (PEM) that signed the members' certificates; empty = the system's CAs")})
+    etcd_cert: str = field(default="", metadata={"help": (
+        "https etcd: this scheduler's client certificate (PEM), for an etcd run with --client-cert-auth")})
+    etcd_key: str = field(default="", metadata={"help": "the private key of etcd_cert (PEM)"})
     replica_id: str = field(default="", metadata={"help": "this replica's name in the election; empty = host:port"})
     advertise_address: str = field(default="", metadata={"help": (
         "host:port the other replicas and tools reach this replica at (the leader key names it; a dns: peer "
@@ -75,6 +81,10 @@ class SchedulerConfig(ServerSettings):
         "the leader's etcd lease, whole seconds (etcd's unit; its floor is 2 s at etcd's default timing): a dead "
         "leader is replaced within two of these")})
     cluster_name: str = field(default="speckv", metadata={"help": "the etcd key prefix of this cluster's election and state"})
+
+    @property
+    def etcd_tls(self) -> EtcdTls:
+        return EtcdTls(self.etcd_ca, self.etcd_cert, self.etcd_key)
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -125,7 +135,10 @@ class SchedulerConfig(ServerSettings):
             raise InvalidArgument("peers, replica_id and advertise_address are for scheduler replicas, which "
                                   "need --etcd")
         if self.etcd:
-            parse_endpoint(self.etcd)
+            parse_endpoints(self.etcd, self.etcd_tls)
+            self.etcd_tls.check()
+        elif not self.etcd_tls.empty:
+            raise InvalidArgument("etcd_ca, etcd_cert and etcd_key are for --etcd (an https etcd)")
         parse_targets(self.peers, "peers")  # names the bad entry
         if self.advertise_address:
             split_host_port(self.advertise_address, "advertise_address")

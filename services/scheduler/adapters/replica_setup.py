@@ -36,7 +36,7 @@ from speckv.services.scheduler.routing.observation import RouteObservation
 class ReplicaSetup:
     def __init__(self, config: SchedulerConfig, telemetry: Telemetry, tls: TlsMaterial | None) -> None:
         self._config = config
-        self._keys = EtcdKeys(config.etcd)
+        self._keys = EtcdKeys(config.etcd, tls=config.etcd_tls)
         self.store = EtcdStateStore(self._keys, config.cluster_name)
         self.duties = LeaderDuties(self.store)
         self.journal = ReplicaJournal(self.store, self.duties)
@@ -51,7 +51,7 @@ class ReplicaSetup:
         advertised = self._config.advertise_address or address
         replica_id = self._config.replica_id or advertised
         self.elector = EtcdElector(self._keys, self._config.cluster_name, replica_id, advertised,
-                                   lease_s=self._config.lease_s)
+                                   lease_s=self._config.lease_s, watch=self._keys)
         self.duties.attach(core, self.elector)
         if not self._peers.empty:
             # Resolved only for dns: peers (a static list is taken as given, as before).

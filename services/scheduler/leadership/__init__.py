@@ -29,5 +29,6 @@ campaign.py (the election's state machine, pure, on an injected clock),
 etcd_elector.py (EtcdElector: that machine on a thread), memory_keys.py
 (etcd's semantics in memory, for the simulator and the unit tests),
 state_store.py (EtcdStateStore: the StateJournal in etcd, fenced);
-adapters/etcd_keys.py (the interfaces over etcd3gw).
+adapters/etcd_keys.py (the interfaces over etcd3gw, failing over between
+etcd's members), adapters/etcd_endpoints.py (the member list and TLS files).
 """

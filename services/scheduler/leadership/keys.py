@@ -20,7 +20,8 @@ the leader's replica id and address, on the leader's lease) and `state/...`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+import threading
+from typing import Callable, Mapping, Protocol, Sequence
 
 from speckv.services.common.errors import InvalidArgument
 
@@ -69,6 +70,18 @@ class LeaderKeyStore(Protocol):
     def campaign(self, key: str, value: bytes, lease: LeaseId) -> CampaignResult:
         """One txn: if key is absent (create_revision == 0) put value on
         lease; either way read key back."""
+        ...
+
+
+class LeaderKeyWatch(Protocol):
+    """Being told when the leader key changes, rather than looking each round."""
+
+    def watch(self, key: str, on_change: Callable[[], None], stop: threading.Event) -> None:
+        """Blocks until stop is set, calling on_change (on the caller's
+        thread) each time key is put or deleted, and also whenever a change
+        may have been missed (the watch starting, or restarting after a gap it
+        cannot resume across). Never raises for etcd being unreachable: it
+        retries until stop; returns within a bounded time of stop being set."""
         ...
 
 

@@ -45,7 +45,8 @@ def test_bundle_has_one_identity_per_process_and_private_keys(bundle):
         assert certificate_identities(_cert(files)) == [identity]
         assert stat.S_IMODE(Path(files.key).stat().st_mode) == 0o600
     keys = [p for p in bundle.root.rglob("*") if p.is_file() and b"PRIVATE KEY" in p.read_bytes()]
-    assert sorted(keys) == sorted(Path(f.key) for f in bundle.files.values())  # the CA's key is not kept
+    # the CA's key is not kept; etcd's is the one key outside the speckv identities
+    assert sorted(keys) == sorted([*(Path(f.key) for f in bundle.files.values()), Path(bundle.etcd.key)])
 
 
 def test_server_certificates_name_their_role_and_loopback_and_the_admin_is_a_client_only(bundle):
@@ -170,3 +171,17 @@ def test_an_engine_certificate_names_its_node_and_is_a_client_only(bundle):
     assert engine.load().identity == Identity.engine(NODES[0]) == Identity.parse(f"spiffe://speckv/engine/{NODES[0]}")
     assert Identity.engine(NODES[0]).server_name == ""
     assert Identity.parse("spiffe://speckv/engine/../x") is None
+
+
+def test_etcds_certificate_serves_and_dials_etcd_and_is_no_speckv_identity(bundle):
+    cert = _cert(bundle.etcd)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["etcd.speckv", "localhost"]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1", "::1"]
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    # both: etcd's gRPC gateway dials etcd itself with it when etcd runs --client-cert-auth
+    assert set(usage) == {x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH}
+    assert certificate_identities(cert) == []  # no speckv service takes it as anyone
+    with pytest.raises(InvalidArgument, match="names 0 speckv identities"):
+        bundle.etcd.load()
+    assert stat.S_IMODE(Path(bundle.etcd.key).stat().st_mode) == 0o600

@@ -35,3 +35,25 @@ def test_replicas_take_static_and_dns_peers_and_an_advertised_address():
 def test_bad_replica_flags_are_refused_naming_the_flag(argv, message):
     with pytest.raises(InvalidArgument, match=message):
         parse(argv)
+
+
+def test_etcd_takes_several_members_and_https_with_tls_files(tmp_path):
+    config = parse(["--etcd", "http://10.0.0.1:2379,http://10.0.0.2:2379,10.0.0.3:2379"])
+    assert config.etcd_tls.empty
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+    env = parse([], {"SPECKV_ETCD": "https://e-0:2379,https://e-1:2379", "SPECKV_ETCD_CA": str(ca),
+                     "SPECKV_ETCD_CERT": str(ca), "SPECKV_ETCD_KEY": str(ca)})
+    assert env.etcd_tls.ca == env.etcd_tls.cert == env.etcd_tls.key == str(ca)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--etcd", "http://a:1,https://b:2"], "mix http and https"),
+    (["--etcd", "http://a:1", "--etcd-ca", "/ca.pem"], "are http"),
+    (["--etcd", "https://a:1", "--etcd-ca", "/nonexistent/ca.pem"], "etcd_ca=/nonexistent/ca.pem: no such file"),
+    (["--etcd", "https://a:1", "--etcd-cert", "/c.pem"], "give both"),
+    (["--etcd-ca", "/ca.pem"], "are for --etcd"),
+])
+def test_bad_etcd_flags_are_refused_saying_why(argv, message):
+    with pytest.raises(InvalidArgument, match=message):
+        parse(argv)
