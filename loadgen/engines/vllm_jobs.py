@@ -129,8 +129,11 @@ class VllmJobs:
 
     def make_job(self, request_id: str, request: TraceRequest, output_tokens: int, placement: Placement) -> VllmJob:
         tokens = self._prompts.tokens(request)
-        pull_from = placement.fetch_from if placement is not None and placement.fetched_tokens > 0 else ""
-        return VllmJob(request_id, len(tokens), output_tokens, tokens=tokens, pull_from=pull_from)
+        if placement is None or placement.fetched_tokens <= 0:
+            return VllmJob(request_id, len(tokens), output_tokens, tokens=tokens)
+        return VllmJob(request_id, len(tokens), output_tokens, tokens=tokens, pull_from=placement.fetch_from,
+                       route_cached_tokens=placement.cached_tokens, route_fetch_tokens=placement.fetched_tokens)
 
     def solo_prefill_ms(self, job: VllmJob) -> float:
-        return self._profile.prefill_ms(job.prompt_tokens - job.cached_tokens, job.cached_tokens)
+        skipped = job.cached_tokens + job.fetch_tokens  # a pull's tokens were not computed either
+        return self._profile.prefill_ms(job.prompt_tokens - skipped, skipped)

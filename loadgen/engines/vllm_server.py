@@ -53,6 +53,18 @@ class VllmJob(EngineJob):
     output_ids: tuple[int, ...] = ()
     error: str = ""
     pull_from: str = ""  # the node Route chose to fetch the prefix from: the connector pulls it ("" none)
+    route_cached_tokens: int = 0  # what Route said the node holds itself (to attribute a pull's tokens)
+    route_fetch_tokens: int = 0  # what Route said the pull brings
+
+
+def attributed_pull(job: VllmJob, skipped: int) -> int:
+    """The tokens a pull brought, attributed: vLLM reports one figure, the
+    prompt tokens it did not compute (its own cache, the node's kvstore and
+    the pull together); what exceeds Route's figure for the node itself,
+    up to what Route said the pull brings, is counted as pulled."""
+    if not job.pull_from:
+        return 0
+    return max(0, min(skipped - job.route_cached_tokens, job.route_fetch_tokens))
 
 
 def pull_params(node: str) -> dict[str, Any] | None:
@@ -129,7 +141,9 @@ class VllmServerEngine:
         with self._lock:
             job.first_token_s, job.finished_s = first, end
             job.tokens_out, job.output_ids = len(done.token_ids), done.token_ids
-            job.cached_tokens = min(done.cached_tokens or 0, job.prompt_tokens - 1)
+            skipped = min(done.cached_tokens or 0, job.prompt_tokens - 1)
+            job.fetch_tokens = attributed_pull(job, skipped)
+            job.cached_tokens = skipped - job.fetch_tokens
             job.phase = Phase.DONE
             self._waiting.pop(id(job), None)
             self._running.pop(id(job), None)

@@ -130,7 +130,8 @@ def notes(model: VllmModel, geometry: KVGeometry, profile: EngineProfile) -> lis
         f"{geometry.head_dim} dim x {geometry.dtype} = {geometry.bytes_per_block} B per block.",
         "TTFT is wall time of the real engine to its first streamed token (x the replay's speed), with the "
         "services on the same cores; a route's pull is made by the node's connector (the request names the peer "
-        "in kv_transfer_params; the peer's kvstore copies the blocks into the node's, then they load), and the "
-        "pulled tokens count among the cached ones (vLLM reports one figure for everything it did not compute).",
+        "in kv_transfer_params; the peer's kvstore copies the blocks into the node's, then they load); vLLM reports "
+        "one figure for the prompt tokens it did not compute, so a pull's tokens are attributed: those beyond "
+        "what Route said the node held, up to what it said the pull brings.",
         f"The scheduler prices with {profile.name} (fitted to this engine's prefill: {profile.source})",
     ]

@@ -107,3 +107,13 @@ def test_a_job_whose_route_chose_a_pull_names_the_peer_for_its_connector():
     assert jobs.make_job("r1", scaled, 5, Placement("n1", 32, 64, "n2")).pull_from == "n2"
     assert jobs.make_job("r2", scaled, 5, Placement("n1", 32, 0, "")).pull_from == ""
     assert pull_params("n2") == {"speckv": {"pull_from": "n2"}} and pull_params("") is None
+
+
+def test_a_pulls_tokens_are_attributed_from_vllms_one_figure():
+    from speckv.loadgen.engines.vllm_server import attributed_pull
+
+    job = VllmJob("r", 300, 4, tokens=(1,) * 300, pull_from="n2", route_cached_tokens=64, route_fetch_tokens=128)
+    assert attributed_pull(job, 192) == 128  # all Route said, beyond the node's own 64
+    assert attributed_pull(job, 100) == 36  # the pull brought less (evicted meanwhile, or a failure)
+    assert attributed_pull(job, 32) == 0  # the engine found less than Route thought, and nothing came
+    assert attributed_pull(VllmJob("s", 300, 4, tokens=(1,) * 300), 192) == 0  # no pull asked
