@@ -29,6 +29,9 @@ def test_the_command_loads_the_connector_onto_the_nodes_kvstore():
     extra = json.loads(server_command(secured)[server_command(secured).index("--kv-transfer-config") + 1])
     assert extra["kv_connector_extra_config"] == {"kvstore": "a:1", "tls_cert": "/t/c.pem", "tls_key": "/t/k.pem",
                                                   "tls_ca": "/t/ca.pem"}
+    pulling = VllmServerSpec("e", "/m", 1, "a:1", node_id="node-0", peers=(("node-1", "b:2"),))
+    extra = json.loads(server_command(pulling)[server_command(pulling).index("--kv-transfer-config") + 1])
+    assert extra["kv_connector_extra_config"] == {"kvstore": "a:1", "node_id": "node-0", "peers": {"node-1": "b:2"}}
 
 
 def test_the_environment_binds_a_core_and_drops_the_hash_seed():
