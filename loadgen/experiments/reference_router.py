@@ -231,10 +231,11 @@ class ReferenceRouter:
                 self._finish_error(record, "no healthy engine")
                 return
             self.client.moved(record.request_id, node, request.prompt_tokens)
-            cached_blocks, fetch_blocks, fetch_from, promote_blocks = 0, 0, "", 0
+            cached_blocks, fetch_blocks, fetch_from, promote_blocks, disk_blocks = 0, 0, "", 0, 0
         else:
             cached_blocks, fetch_blocks, fetch_from = route.cached_blocks, route.fetch_blocks, route.fetch_from_node
             promote_blocks = self._promote(record, request, node, cached_blocks) if route.promote_blocks else 0
+            disk_blocks = min(route.disk_blocks, promote_blocks)  # the scheduler's count: read off the disk first
             if route.source is RouteSource.FALLBACK:
                 cached_blocks = self._held_prefix(record, request, node)
         if not self._jobs.owns_kv:
@@ -244,6 +245,7 @@ class ReferenceRouter:
         fetched = min(fetch_blocks * block, request.prompt_tokens - 1 - cached) if fetch_from else 0
         record.node_id, record.cached_tokens, record.fetched_tokens, record.fetch_from = node, cached, fetched, fetch_from
         record.promoted_tokens = min(promote_blocks * block, cached)
+        record.disk_tokens = min(disk_blocks * block, record.promoted_tokens)
         job = self._jobs.make_job(record.request_id, request, max(1, request.output_tokens),
                                   Placement(node, cached, fetched, fetch_from, record.promoted_tokens))
         with self._lock:

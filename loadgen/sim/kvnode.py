@@ -228,11 +228,15 @@ class SimKVNode:
     def disk_only(self, hashes: Sequence[int], length: int) -> int:
         """How many of the first length hashes only the disk tier holds
         (of host_only's: what a promotion reads from the disk first)."""
+        return len(self.disk_only_hashes(hashes, length)) if self._disk is not None else 0
+
+    def disk_only_hashes(self, hashes: Sequence[int], length: int) -> list[int]:
+        """The first length hashes that only the disk tier holds, in order."""
         if self._disk is None:
-            return 0
+            return []
         dev, didx = self._device.index, self._disk.index
         hidx = self._host.index if self._host is not None else ()
-        return sum(1 for h in hashes[:length] if h in didx and h not in dev and h not in hidx)
+        return [h for h in hashes[:length] if h in didx and h not in dev and h not in hidx]
 
     def stage(self, hashes: Sequence[int], now: float) -> PutOutcome:
         """A stage order's landing (issue 44): the blocks of the prefix held

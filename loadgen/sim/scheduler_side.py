@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from speckv.loadgen.experiments.replica_ledger import KVEventKind
 from speckv.loadgen.sim.network import Transfer
-from speckv.loadgen.sim.staging import stage_up
+from speckv.loadgen.sim.staging import StageRead, after_disk, stage_up
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
 from speckv.services.common.tiers import Tier
@@ -82,7 +82,7 @@ def prefetch(sim: Simulation, order: Order) -> None:
         report(sim, order, OrderState.COMMITTED, "nothing to promote")
         return
     report(sim, order, OrderState.IN_FLIGHT)
-    stage_up(sim, node, blocks, sim.kv[node].disk_only(spec.block_hashes, len(spec.block_hashes)),
+    stage_up(sim, node, blocks, sim.kv[node].disk_only_hashes(spec.block_hashes, len(spec.block_hashes)),
              partial(prefetched, sim, order, blocks))
 
 
@@ -97,28 +97,34 @@ def prefetched(sim: Simulation, order: Order, blocks: int, _transfer: Transfer) 
 
 
 def stage(sim: Simulation, order: Order) -> None:
-    """Reads the node's disk-only blocks of the prefix over its disk link;
+    """Reads the node's disk-only blocks of the prefix over its disk link
+    (joining a stage in flight for those it reads: staging.after_disk);
     they enter its host tier when the read lands (SimKVNode.stage), if the
-    node still holds the whole prefix then."""
+    node still holds the whole prefix then. Until then a request needing
+    them joins this read."""
     spec, node = order.spec, NodeId(order.spec.target)
-    blocks = sim.kv[node].disk_only(spec.block_hashes, len(spec.block_hashes))
-    if not blocks or sim.disk_links is None:
+    hashes = sim.kv[node].disk_only_hashes(spec.block_hashes, len(spec.block_hashes))
+    if not hashes or sim.disk_links is None:
         report(sim, order, OrderState.COMMITTED, "nothing to stage")
         return
     report(sim, order, OrderState.IN_FLIGHT)
-    sim.disk_links.start(f"{node}/disk", node, blocks * sim.config.real_bytes_per_block,
-                         partial(staged, sim, order))
+    box: list[StageRead | None] = [None]
+    box[0] = after_disk(sim, node, hashes, partial(staged, sim, order, box), stage=True)
 
 
-def staged(sim: Simulation, order: Order, _transfer: Transfer) -> None:
+def staged(sim: Simulation, order: Order, box: list[StageRead | None]) -> None:
     spec, node, now = order.spec, NodeId(order.spec.target), sim.queue.now()
     kv = sim.kv[node]
-    if node in sim.membership.dead or not kv.holds_all(spec.block_hashes):
-        report(sim, order, OrderState.FAILED, "the prefix left the node before the stage landed")
-        return
-    out = kv.stage(spec.block_hashes, now)
-    sim._apply(node, out, spec.block_hashes[0], spec.family, now, tier=Tier.HOST)
-    report(sim, order, OrderState.COMMITTED, "staged", 0, len(out.stored))
+    try:
+        if node in sim.membership.dead or not kv.holds_all(spec.block_hashes):
+            report(sim, order, OrderState.FAILED, "the prefix left the node before the stage landed")
+            return
+        out = kv.stage(spec.block_hashes, now)
+        sim._apply(node, out, spec.block_hashes[0], spec.family, now, tier=Tier.HOST)
+        report(sim, order, OrderState.COMMITTED, "staged", 0, len(out.stored))
+    finally:
+        if box[0] is not None:
+            sim.stage_reads.end(node, box[0])  # its joiners go on to their host copies
 
 
 def report(sim: Simulation, order: Order, state: OrderState, message: str = "", nbytes: int = 0, blocks: int = 0) -> None:

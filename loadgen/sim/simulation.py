@@ -69,7 +69,7 @@ from speckv.loadgen.sim.online_returns import FIT_CHECK_S, SimReturns
 from speckv.loadgen.sim.returns import TrainedReturns
 from speckv.loadgen.sim.scheduler_side import HEARTBEAT_PRIORITY, TICK_PRIORITY
 from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.staging import stage_up
+from speckv.loadgen.sim.staging import StageReads, stage_up
 from speckv.loadgen.workload.node_events import ScheduledEvent
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
@@ -190,6 +190,7 @@ class Simulation:
         self.network = Network(self.queue, config.link)
         self.host_links = Network(self.queue, host_link) if host_link is not None else None
         self.disk_links = Network(self.queue, disk) if disk is not None else None
+        self.stage_reads = StageReads()  # the stage orders' reads in flight, joined by what needs their blocks
         self.ledger = ReplicaLedger()
         self.records: list[RequestRecord] = []
         self.forecast_log: list[tuple[float, str, float]] = []
@@ -317,8 +318,8 @@ class Simulation:
         promoted = kv.host_only(prefix, len(prefix))
         if not promoted or self.host_links is None:
             return 0
-        from_disk, now = kv.disk_only(prefix, len(prefix)), self.queue.now()
-        flight.record.disk_tokens = from_disk * request.block_tokens
+        from_disk, now = kv.disk_only_hashes(prefix, len(prefix)), self.queue.now()
+        flight.record.disk_tokens = len(from_disk) * request.block_tokens
         self._apply(node, kv.put(prefix, now, promote=True), prefix[0], request.family, now)
         flight.waiting += 1
         stage_up(self, node, promoted, from_disk, partial(_copy_done, self._copied, flight, "promote"))

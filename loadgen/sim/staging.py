@@ -5,10 +5,17 @@ services/config/disks.json as a Network link, one per node), then every
 block crosses the host link as a host hit does (the live store stages a
 disk block into a host page, then promotes it). Without a disk (or with no
 disk-only block) it is the host link's copy alone, as before disks.
+
+A stage order's read in flight (StageReads) is joined, not repeated: a
+request (or another stage) needing some of the blocks it reads waits for
+that read to land instead of reading them again behind it, as the live
+store's readers wait for a read of the same block already in flight
+(store_disk.py); only the blocks no stage is reading are read on its own.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from speckv.loadgen.sim.network import Transfer
 from speckv.services.common.ids import NodeId
@@ -17,19 +24,93 @@ if TYPE_CHECKING:
     from speckv.loadgen.sim.simulation import Simulation
 
 
-def stage_up(sim: Simulation, node: NodeId, blocks: int, disk_blocks: int,
+@dataclass(slots=True)
+class StageRead:
+    """One stage order's read in flight: who waits for it to land."""
+
+    hashes: list[int]
+    waiters: list[Callable[[], None]] = field(default_factory=list)
+
+
+class StageReads:
+    """The stage reads in flight on each node of one simulation, by block."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[NodeId, dict[int, StageRead]] = {}
+        self.joined_blocks = 0  # blocks a request or stage took from a stage in flight instead of reading them
+        self.joined_reads = 0  # reads that joined one
+
+    def split(self, node: NodeId, hashes: Sequence[int]) -> tuple[list[int], list[StageRead]]:
+        """(the hashes no stage on node is reading, the reads that read the others)."""
+        flight = self._by_node.get(node)
+        if not flight:
+            return list(hashes), []
+        own, joined = [], {}
+        for h in hashes:
+            read = flight.get(h)
+            if read is None:
+                own.append(h)
+            else:
+                joined[id(read)] = read
+        if joined:
+            self.joined_blocks += len(hashes) - len(own)
+            self.joined_reads += 1
+        return own, list(joined.values())
+
+    def begin(self, node: NodeId, hashes: Sequence[int]) -> StageRead:
+        read = StageRead(list(hashes))
+        flight = self._by_node.setdefault(node, {})
+        for h in hashes:
+            flight[h] = read
+        return read
+
+    def end(self, node: NodeId, read: StageRead) -> None:
+        """read landed: it is no longer joinable; its waiters go on."""
+        flight = self._by_node.get(node, {})
+        for h in read.hashes:
+            if flight.get(h) is read:
+                del flight[h]
+        for waiter in read.waiters:
+            waiter()
+        read.waiters.clear()
+
+
+def after_disk(sim: Simulation, node: NodeId, disk_hashes: Sequence[int], then: Callable[[], None],
+               stage: bool = False) -> StageRead | None:
+    """Reads disk_hashes (blocks only node's disk holds) off its disk,
+    joining the stage reads in flight for those they read, then runs then().
+    stage: this is a stage order's read, joinable by others until it lands
+    (returned; the caller ends it with sim.stage_reads.end)."""
+    disk_links = sim.disk_links
+    if not disk_hashes or disk_links is None:
+        then()
+        return None
+    own, joined = sim.stage_reads.split(node, disk_hashes)
+    mine = sim.stage_reads.begin(node, own) if stage and own else None
+    left = [len(joined) + (1 if own else 0)]
+
+    def one_done(_read: Transfer | None = None) -> None:
+        left[0] -= 1
+        if not left[0]:
+            then()
+
+    for read in joined:
+        read.waiters.append(one_done)
+    if own:
+        disk_links.start(f"{node}/disk", node, len(own) * sim.config.real_bytes_per_block, one_done)
+    return mine
+
+
+def stage_up(sim: Simulation, node: NodeId, blocks: int, disk_hashes: Sequence[int],
              on_done: Callable[[Transfer], None]) -> None:
-    """Starts moving blocks (below node's device tier; disk_blocks of them
+    """Starts moving blocks (below node's device tier; disk_hashes the ones
     on its disk alone) up to its device tier; on_done runs when the host
     link's copy lands. sim.host_links is not None."""
     nbytes = sim.config.real_bytes_per_block
     host_links = sim.host_links
     assert host_links is not None
 
-    def copy(_read: Transfer | None = None) -> None:
+    def copy() -> None:
         host_links.start(f"{node}/host", node, blocks * nbytes, on_done)
 
-    if disk_blocks > 0 and sim.disk_links is not None:
-        sim.disk_links.start(f"{node}/disk", node, disk_blocks * nbytes, copy)
-    else:
-        copy()
+    after_disk(sim, node, disk_hashes, copy)

@@ -107,6 +107,11 @@ class Routed:
         return self.reply.promote_blocks if self.reply else 0
 
     @property
+    def disk_blocks(self) -> int:
+        """Of promote_blocks, those the node reads off its disk tier first (0 from the fallback)."""
+        return self.reply.disk_blocks if self.reply else 0
+
+    @property
     def expected_ttft_ms(self) -> float:
         """The scheduler's estimate; 0.0 from the fallback (no estimate)."""
         return self.reply.expected_ttft_ms if self.reply else 0.0

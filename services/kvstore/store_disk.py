@@ -15,13 +15,17 @@ Staging (a disk hit, or a stage order: `stage`): the read paths (get_blocks, pin
 hold) first bring the blocks only the disk holds up into the host tier: the
 disk entries are pinned, their records read without the lock (disk/reader.py:
 parallel, checked), then each valid one gets a host page (STORED(CPU); its
-disk copy stays, touched). A record that fails its check is taken off the
+disk copy stays, touched). A block already being read up by another call
+(a stage order in flight, another request) is not read twice: the second
+call waits for that read to land (issue 44: a request arriving during a
+stage of its blocks joins it rather than queue a read of its own behind it). A record that fails its check is taken off the
 disk (REMOVED(STORAGE), checksum_failures) and is a miss: the caller gets
 NotFound for it, as for any block the node does not hold, and recomputes.
 """
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -68,6 +72,7 @@ class DiskSide:
     def _open_disk(self: KVStoreCore, settings: DiskSettings | None) -> None:
         self._disk = None
         self._disk_writer = None
+        self._disk_reads: dict[BlockHash, threading.Event] = {}  # blocks being read up, and when they land
         if settings is None:
             return
         if self._host is None:
@@ -216,7 +221,10 @@ class DiskSide:
 
     def _stage_from_disk(self: KVStoreCore, hashes: Sequence[BlockHash]) -> int:
         """Brings the blocks of hashes only the disk holds up into the host
-        tier (module docstring); returns how many. Call without the lock."""
+        tier (module docstring); returns how many this call read. A block
+        another call is reading already (a stage order's, another request's)
+        is not read again: this call waits for that read to land. Call
+        without the lock."""
         disk = self._disk
         if disk is None:
             return 0
@@ -224,6 +232,33 @@ class DiskSide:
             held = next((i for i, h in enumerate(hashes) if not (self._holds(h) or h in disk.index)), len(hashes))
             # past the first block held nowhere nothing is served: the read would be wasted
             wanted = [h for h in dict.fromkeys(hashes[:held]) if h in disk.index and not self._holds(h)]
+            if not wanted:
+                return 0
+            flight = self._disk_reads
+            joined = {id(e): e for e in (flight.get(h) for h in wanted) if e is not None}
+            mine = [h for h in wanted if h not in flight]
+            done = threading.Event()
+            for h in mine:
+                flight[h] = done
+        try:
+            staged = self._read_into_host(mine, hashes) if mine else 0
+        finally:
+            with self._lock:
+                for h in mine:
+                    if flight.get(h) is done:
+                        del flight[h]
+            done.set()
+        for event in joined.values():
+            event.wait()  # the other read lands its blocks in the host tier (or drops them: a miss)
+        return staged
+
+    def _read_into_host(self: KVStoreCore, wanted: list[BlockHash], hashes: Sequence[BlockHash]) -> int:
+        """Reads wanted (held on the disk alone, registered as in flight)
+        and stages the valid ones into the host tier; returns how many."""
+        disk = self._disk
+        assert disk is not None
+        with self._lock:
+            wanted = [h for h in wanted if h in disk.index]  # the writer may have evicted some meanwhile
             if not wanted:
                 return 0
             for h in wanted:

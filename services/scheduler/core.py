@@ -65,6 +65,7 @@ from speckv.services.scheduler.reuse_history import ReuseHistory
 from speckv.services.scheduler.routing.candidates import CandidateSelector
 from speckv.services.scheduler.routing.confirmation import RouteConfirmation
 from speckv.services.scheduler.routing.join_ramp import JoinRamp
+from speckv.services.scheduler.routing.disk_backlog import DiskBacklog
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.observation import RouteObservation, RouteObserver
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
@@ -107,12 +108,12 @@ class SchedulerCore:
         self._reuse = ReuseHistory(self._pcfg.reuse)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link, disk)
         self._confirmation = RouteConfirmation(self._router, confirmer, arrivals)
-        self._backlog = LinkBacklog(link)
+        self._backlog, self._disks = LinkBacklog(link), DiskBacklog(disk)
         self._ramp = JoinRamp(self._pcfg.router.join_ramp_s)
         self._selector = CandidateSelector(self._cluster, self._index, self._backlog,
-                                           self._pcfg.router.spread_candidates, self._ramp)
+                                           self._pcfg.router.spread_candidates, self._ramp, self._disks)
         self._observer = RouteObserver(self._cluster, self._backlog, self._reuse, self._index, self._families,
-                                       self._lifecycle)
+                                       self._lifecycle, self._disks)
         self._lock = threading.Lock()
 
     # --- nodes -----------------------------------------------------------
@@ -128,6 +129,7 @@ class SchedulerCore:
             self._index.drop_node(node.node_id)
             self._lifecycle.ledger.drop_node(node.node_id)
             self._backlog.forget(node.node_id)
+            self._disks.forget(node.node_id)
             self._reuse.forget(node.node_id)
             now = self._clock.now()
             self._ramp.joined(node.node_id, now, self._cluster.routes_total, node.routes_total,
@@ -309,6 +311,10 @@ class SchedulerCore:
         if spec.action.copies:
             # Booked when issued; a cancelled order's booking lapses on its own.
             self._backlog.add(spec.source, spec.target, len(spec.block_hashes) * source.bytes_per_block, now)
+        elif spec.action is ActionKind.STAGE:  # its read holds the target's disk (disk_backlog.py)
+            chain = spec.block_hashes
+            self._disks.add_stage(target.node_id, chain, self._index.disk_only_count(target.node_id, chain, len(chain)),
+                                  target.bytes_per_block, now)
         self._feed.publish(order.snapshot())
         return order.snapshot()
 
@@ -395,12 +401,14 @@ class SchedulerCore:
         self._index.drop_node(node_id)
         self._lifecycle.ledger.drop_node(node_id)
         self._backlog.forget(node_id)
+        self._disks.forget(node_id)
         self._reuse.forget(node_id)
         self._ramp.forget(node_id)
         self._lifecycle.node_down(node_id, now)
 
     def _sweep_locked(self, now: float) -> None:
         self._backlog.prune(now)
+        self._disks.prune(now)
         for node_id in self._cluster.sweep(now):
             log.warning("node %s missed heartbeats for %.1f s: down", node_id, self._cluster.node_timeout_s)
             self._forget_locked(node_id, now)
@@ -481,7 +489,7 @@ class SchedulerCore:
 
     def _view(self, now: float) -> ClusterView:
         return cluster_view(now, self._cluster, self._index, self._orders, self._families, self._lifecycle.ledger,
-                            self._link_bytes_per_s, self._backlog, self._reuse, self._ramp)
+                            self._link_bytes_per_s, self._backlog, self._reuse, self._ramp, self._disks)
 
     def _node_view(self, n: Node, now: float) -> NodeView:
         return node_view(self._cluster, self._index, n, now)

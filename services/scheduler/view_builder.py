@@ -10,6 +10,7 @@ from speckv.services.scheduler.holder_index import HolderIndex
 from speckv.services.scheduler.orders import OrderTracker
 from speckv.services.scheduler.replication.replicas import LeasedReplicas
 from speckv.services.scheduler.reuse_history import ReuseHistory
+from speckv.services.scheduler.routing.disk_backlog import DiskBacklog
 from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.views import ClusterView, NodeView
@@ -26,11 +27,12 @@ def node_view(cluster: Cluster, index: HolderIndex, n: Node, now: float) -> Node
 
 def cluster_view(now: float, cluster: Cluster, index: HolderIndex, orders: OrderTracker, families: FamilyCatalog,
                  ledger: LeasedReplicas, link_bytes_per_s: float, backlog: LinkBacklog, reuse: ReuseHistory,
-                 ramp: JoinRamp) -> ClusterView:
+                 ramp: JoinRamp, disks: DiskBacklog | None = None) -> ClusterView:
     """The whole cluster at now: O(nodes + active orders)."""
     nodes = cluster.nodes()
     return ClusterView(now, tuple(node_view(cluster, index, n, now) for n in nodes),
                        index, tuple(o.snapshot() for o in orders.active()),
                        families, {n.node_id: ledger.blocks_on(n.node_id) for n in nodes},
                        link_bytes_per_s, backlog.waits(now), backlog.rates(now), reuse,
-                       frozenset(ramp.ramping(now)))
+                       frozenset(ramp.ramping(now)),
+                       disks.waits(now) if disks else {}, disks.rates(now) if disks else {})

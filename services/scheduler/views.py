@@ -84,6 +84,8 @@ class ClusterView:
     pulls_per_s: Mapping[NodeId, float] = field(default_factory=dict)  # recent rate of pulls on its link
     reuse: ReuseReader | None = None
     joining: frozenset[NodeId] = frozenset()  # nodes still ramping after joining a serving cluster (join_ramp.py)
+    disk_wait_ms: Mapping[NodeId, float] = field(default_factory=dict)  # until its disk is free (disk_backlog.py)
+    disk_loads_per_s: Mapping[NodeId, float] = field(default_factory=dict)  # recent rate of routed disk loads
 
     def live_nodes(self) -> list[NodeView]:
         return [n for n in self.nodes if n.alive]

@@ -20,7 +20,7 @@ class Leadership(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., answering_is_leader: _Optional[bool] = ...) -> None: ...
 
 class RouteObservation(_message.Message):
-    __slots__ = ("family", "block_hashes", "prompt_tokens", "node_id", "cached_blocks", "fetch_blocks", "fetch_from", "pull_holder", "prefill_ms", "uncached_tokens", "arrival_time_s")
+    __slots__ = ("family", "block_hashes", "prompt_tokens", "node_id", "cached_blocks", "fetch_blocks", "fetch_from", "pull_holder", "prefill_ms", "uncached_tokens", "arrival_time_s", "disk_blocks")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class RouteObservation(_message.Message):
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     UNCACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    DISK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     family: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     prompt_tokens: int
@@ -43,7 +44,8 @@ class RouteObservation(_message.Message):
     prefill_ms: float
     uncached_tokens: int
     arrival_time_s: float
-    def __init__(self, family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., node_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., fetch_blocks: _Optional[int] = ..., fetch_from: _Optional[str] = ..., pull_holder: _Optional[str] = ..., prefill_ms: _Optional[float] = ..., uncached_tokens: _Optional[int] = ..., arrival_time_s: _Optional[float] = ...) -> None: ...
+    disk_blocks: int
+    def __init__(self, family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., node_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., fetch_blocks: _Optional[int] = ..., fetch_from: _Optional[str] = ..., pull_holder: _Optional[str] = ..., prefill_ms: _Optional[float] = ..., uncached_tokens: _Optional[int] = ..., arrival_time_s: _Optional[float] = ..., disk_blocks: _Optional[int] = ...) -> None: ...
 
 class RouteObservations(_message.Message):
     __slots__ = ("replica_id", "routes")
@@ -130,7 +132,7 @@ class RouteRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., family: _Optional[str] = ..., arrival_time_s: _Optional[float] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("node_id", "address", "cached_blocks", "expected_ttft_ms", "fetch_from_node", "fetch_blocks", "family", "queue_ms", "prefill_ms", "fetch_ms", "promote_blocks", "promote_ms")
+    __slots__ = ("node_id", "address", "cached_blocks", "expected_ttft_ms", "fetch_from_node", "fetch_blocks", "family", "queue_ms", "prefill_ms", "fetch_ms", "promote_blocks", "promote_ms", "disk_blocks")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +145,7 @@ class RouteResponse(_message.Message):
     FETCH_MS_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_MS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     cached_blocks: int
@@ -155,7 +158,8 @@ class RouteResponse(_message.Message):
     fetch_ms: float
     promote_blocks: int
     promote_ms: float
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., expected_ttft_ms: _Optional[float] = ..., fetch_from_node: _Optional[str] = ..., fetch_blocks: _Optional[int] = ..., family: _Optional[str] = ..., queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ..., promote_blocks: _Optional[int] = ..., promote_ms: _Optional[float] = ...) -> None: ...
+    disk_blocks: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., expected_ttft_ms: _Optional[float] = ..., fetch_from_node: _Optional[str] = ..., fetch_blocks: _Optional[int] = ..., family: _Optional[str] = ..., queue_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., fetch_ms: _Optional[float] = ..., promote_blocks: _Optional[int] = ..., promote_ms: _Optional[float] = ..., disk_blocks: _Optional[int] = ...) -> None: ...
 
 class RouteBatchRequest(_message.Message):
     __slots__ = ("requests",)

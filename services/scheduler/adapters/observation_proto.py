@@ -13,7 +13,7 @@ def observation_to_proto(o: RouteObservation) -> scheduler_pb2.RouteObservation:
         family=o.family, block_hashes=o.block_hashes, prompt_tokens=o.prompt_tokens, node_id=o.node_id,
         cached_blocks=o.cached_blocks, fetch_blocks=o.fetch_blocks, fetch_from=o.fetch_from or "",
         pull_holder=o.pull_holder or "", prefill_ms=o.prefill_ms, uncached_tokens=o.uncached_tokens,
-        arrival_time_s=o.arrival_s)
+        arrival_time_s=o.arrival_s, disk_blocks=o.disk_blocks)
 
 
 def observation_from_proto(m: scheduler_pb2.RouteObservation, where: str) -> RouteObservation:
@@ -26,7 +26,9 @@ def observation_from_proto(m: scheduler_pb2.RouteObservation, where: str) -> Rou
     if not (m.prefill_ms >= 0 and m.arrival_time_s >= 0) or m.uncached_tokens > m.prompt_tokens:
         raise InvalidArgument(f"{where}: prefill_ms and arrival_time_s must be >= 0, uncached_tokens <= "
                               "prompt_tokens")
+    if m.disk_blocks > m.cached_blocks:
+        raise InvalidArgument(f"{where}: {m.disk_blocks} disk blocks of {m.cached_blocks} cached blocks")
     return RouteObservation(Family(m.family), list(m.block_hashes), m.prompt_tokens, NodeId(m.node_id),
                             m.cached_blocks, m.fetch_blocks, NodeId(m.fetch_from) if m.fetch_from else None,
                             NodeId(m.pull_holder) if m.pull_holder else None, m.prefill_ms, m.uncached_tokens,
-                            m.arrival_time_s)
+                            m.arrival_time_s, m.disk_blocks)

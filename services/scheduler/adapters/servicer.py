@@ -210,7 +210,8 @@ def _route_response(r: RouteResult) -> scheduler_pb2.RouteResponse:
         node_id=r.node_id, address=r.address, cached_blocks=r.cached_blocks,
         expected_ttft_ms=r.expected_ttft_ms, fetch_from_node=r.fetch_from or "",
         fetch_blocks=r.fetch_blocks, family=r.family, queue_ms=r.queue_ms,
-        prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms, promote_blocks=r.promote_blocks, promote_ms=r.promote_ms)
+        prefill_ms=r.prefill_ms, fetch_ms=r.fetch_ms, promote_blocks=r.promote_blocks, promote_ms=r.promote_ms,
+        disk_blocks=r.disk_blocks)
 
 
 def order_to_proto(order: Order, epoch: int = 0) -> common_pb2.ReplicationOrder:

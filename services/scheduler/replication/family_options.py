@@ -25,8 +25,13 @@ Actions (each an `ActionCandidate` with its new option):
   promoted (its disk blocks read first, then the host link), then with
   nothing before prefill;
 - stage a holder's disk-only blocks into its host tier (issue 44): usable
-  once read off the disk, then with only the host link's promotion before
-  prefill. It lands in the host tier, so what it pushes out goes down to the
+  once read off the disk (behind the reads already booked on it: the disk
+  backlog), a request arriving while it reads waiting for it (joining the
+  read, as the kvstore and the simulator do), then with only the host
+  link's promotion before prefill; its read delays the disk loads routed to
+  that node meanwhile (planner._link_ms). A holder's disk read in every
+  option waits for its disk's backlog, or, while a stage of the family is
+  in flight there, is that stage. It lands in the host tier, so what it pushes out goes down to the
   disk, not out of the node: each such block x P(reuse) of the host tier
   (reuse_history.py: a reuse that loaded it off the disk counts) x one
   block's disk read.
@@ -68,6 +73,8 @@ class FamilyState:
     chosen: set[tuple[ActionKind, NodeId]] = field(default_factory=set)
     disk_only: dict[NodeId, int] = field(default_factory=dict)  # holders -> of host_only, those only on their disk
     source_disk_only: int = 0  # of source_host_only, blocks the source holds on its disk alone
+    disk_wait: dict[NodeId, float] = field(default_factory=dict)  # holders -> ms before a read off their disk starts
+    staging: set[NodeId] = field(default_factory=set)  # holders where a stage of this family is in flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +86,7 @@ class ActionCandidate:
     blocks: int
     nbytes: int
     option: ServeOption
-    transfer_ms: float  # on the network link (0: none)
+    transfer_ms: float  # on the network link; a stage's: its read on the node's disk (0: none)
 
 
 class OptionPricer:
@@ -124,6 +131,21 @@ class OptionPricer:
             return 0.0
         return self.promote_ms(blocks, bytes_per_block) + self.disk_ms(disk_blocks, bytes_per_block)
 
+    def holder_below_ms(self, fam: FamilyState, node: NodeId, bytes_per_block: int) -> tuple[float, float]:
+        """(wait, ms) of bringing holder node's blocks of the prefix below its
+        device tier up: with a disk model its disk read starts once the
+        reads booked on its disk are done (wait: fam.disk_wait, ms from
+        now), or, while a stage of this family is in flight there, it is
+        that stage (wait: at most the same) and ms is the host link's copy
+        alone. Without disk blocks or a disk model, wait is 0."""
+        up, down = fam.host_only.get(node, 0), fam.disk_only.get(node, 0)
+        if not down or not self.prices_disk:
+            return 0.0, self.below_ms(up, down, bytes_per_block)
+        wait = fam.disk_wait.get(node, 0.0)
+        if node in fam.staging:
+            return wait, self.promote_ms(up, bytes_per_block)
+        return wait, self.below_ms(up, down, bytes_per_block)
+
     def copy_ms(self, blocks: int, bytes_per_block: int, source_host_only: int, source_disk_only: int = 0) -> float:
         """A copy of blocks off a source holding source_host_only of them
         below its device tier, source_disk_only of those on its disk alone."""
@@ -136,10 +158,10 @@ class OptionPricer:
         options = []
         for node, length in fam.held.items():
             view = live[node]
-            options.append(ServeOption(node, queue[node],
-                                       self.below_ms(fam.host_only.get(node, 0), fam.disk_only.get(node, 0),
-                                                     view.bytes_per_block),
-                                       self.prefill_ms(fam.prompt_tokens, length, block_size)))
+            wait, below = self.holder_below_ms(fam, node, view.bytes_per_block)
+            # A request arriving before its disk is free waits for it: ready at wait, joined.
+            options.append(ServeOption(node, queue[node], below, self.prefill_ms(fam.prompt_tokens, length, block_size),
+                                       ready_ms=wait, joins=wait > 0))
         for node in spill:
             view = live[node]
             options.append(ServeOption(node, queue[node], 0.0, fam.full_ms))
@@ -165,26 +187,33 @@ class OptionPricer:
         if blocks <= 0 or self._host_link is None:
             return None
         length = fam.held[holder.node_id]
-        promote = self.below_ms(blocks, fam.disk_only.get(holder.node_id, 0), holder.bytes_per_block)
+        wait, below = self.holder_below_ms(fam, holder.node_id, holder.bytes_per_block)
+        promote = wait + below
         option = ServeOption(holder.node_id, queue_ms, 0.0,
                              self.prefill_ms(fam.prompt_tokens, length, holder.block_size), ready_ms=promote)
         return ActionCandidate(ActionKind.PREFETCH, index, holder.node_id, Tier.DEVICE, blocks,
                                blocks * holder.bytes_per_block, option, 0.0)
 
-    def stage(self, fam: FamilyState, index: int, holder: NodeView, queue_ms: float) -> ActionCandidate | None:
+    def stage(self, fam: FamilyState, index: int, holder: NodeView, queue_ms: float,
+              disk_wait_ms: float = 0.0) -> ActionCandidate | None:
         """Reading holder's disk-only blocks of its prefix into its host tier:
-        ready once the disk read lands; then the request promotes every block
-        below the device tier over the host link alone. None when the holder
-        has no disk-only block or no disk is priced."""
+        ready once the disk read lands, behind the reads already booked on
+        the disk (disk_wait_ms); a request arriving before that joins the
+        read (waits for it); then it promotes every block below the device
+        tier over the host link alone. Its transfer_ms is the read (what it
+        holds the disk for: planner._link_ms prices that delay). None when
+        the holder has no disk-only block, no disk is priced, or a stage of
+        the family is in flight there already."""
         node = holder.node_id
         blocks = fam.disk_only.get(node, 0)
-        if blocks <= 0 or not self.prices_disk:
+        if blocks <= 0 or not self.prices_disk or node in fam.staging:
             return None
         bpb = holder.bytes_per_block
+        read = self.disk_ms(blocks, bpb)
         option = ServeOption(node, queue_ms, self.promote_ms(fam.host_only.get(node, 0), bpb),
                              self.prefill_ms(fam.prompt_tokens, fam.held[node], holder.block_size),
-                             ready_ms=self.disk_ms(blocks, bpb))
-        return ActionCandidate(ActionKind.STAGE, index, node, Tier.HOST, blocks, blocks * bpb, option, 0.0)
+                             ready_ms=disk_wait_ms + read, joins=True)
+        return ActionCandidate(ActionKind.STAGE, index, node, Tier.HOST, blocks, blocks * bpb, option, read)
 
     def miss_ms_per_block(self, fam: FamilyState, node: NodeView, tier: Tier) -> float:
         """What reusing a block this action pushes out of node's tier costs:

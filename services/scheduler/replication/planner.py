@@ -26,8 +26,9 @@ queueing depends on, else its larger figure; at most
    non-holders, into their host tier (device tier when they have none).
    With `stage` and a disk model (the scheduler's --disk-gbps), stage the
    blocks of each holder's prefix that only its disk holds into its host
-   tier, read ahead of the forecast requests (issue 44; a holder's disk
-   blocks are priced as disk reads in its option and in a prefetch too).
+   tier, read ahead of the forecast requests, unless a stage of the family
+   is in flight there (issue 44; a holder's disk blocks are priced as disk
+   reads behind its disk's backlog in its option and in a prefetch too).
 3. Value (value.py), for families whose expected TTFT now exceeds what
    every request hitting the whole prefix on an idle node would take by
    more than `min_net_ms` (no load action can save more than that gap;
@@ -38,7 +39,7 @@ queueing depends on, else its larger figure; at most
    causes (blocks beyond the tier's free pages x P(reuse) from the reuse
    history x the cost of that reuse; for the device tier, also the blocks
    its demotions push out of a full host tier, at their recompute) minus the delay its transfer adds to
-   pulls on its links, and, with `queue_externality`, minus the queueing
+   pulls on its links (a stage's read: to the disk loads routed to its node), and, with `queue_externality`, minus the queueing
    the work it moves onto a node adds to the others routed there
    (value.queue_externality_ms; off in the committed configuration), and,
    for a copy, `copy_ms_per_gib` for each GiB it sends over the network
@@ -163,8 +164,12 @@ class _Tick:
         self.planned: dict[tuple[NodeId, Tier], int] = {}  # blocks this tick put in a tier
         self.forecast: dict[Family, ForecastKind] = {}  # the kind of forecast each family's demand came from
         self.landing: dict[Family, set[NodeId]] = {}
+        self.staging: dict[Family, set[NodeId]] = {}  # stages in flight (a request there joins their read)
         for order in view.active_orders:
             self.landing.setdefault(order.spec.family, set()).add(order.spec.target)
+            if order.spec.action is ActionKind.STAGE:
+                self.staging.setdefault(order.spec.family, set()).add(order.spec.target)
+        self.disk_wait = dict(view.disk_wait_ms)  # until each disk is free (disk_backlog.py), with this tick's stages
         self.families: list[FamilyState] = []
         self.baseline: list[float] = []  # each family's expected TTFT (ms) with its current options
         self.base_work: list[dict[str, float]] = []  # and the prefill work (ms) it gives each node
@@ -237,7 +242,9 @@ class _Tick:
                           source, host_only[source], held, host_only, [], full_ms,
                           self.pricer.prefill_ms(prompt, longest, block_size),
                           full_ms / max(1.0, prompt / block_size), disk_only=disk_only,
-                          source_disk_only=disk_only.get(source, 0))
+                          source_disk_only=disk_only.get(source, 0),
+                          disk_wait={n: self.disk_wait.get(n, 0.0) for n, d in disk_only.items() if d},
+                          staging=set(self.staging.get(name, ())))
         fam.options = self.pricer.serve_options(fam, self.live, self.queue, self._spill(fam), self.link_wait)
         return fam
 
@@ -275,7 +282,8 @@ class _Tick:
         if p.stage:
             for node, blocks in fam.disk_only.items():
                 if blocks and node in self.live:
-                    candidate = self.pricer.stage(fam, index, self.live[node], self.queue[node])
+                    candidate = self.pricer.stage(fam, index, self.live[node], self.queue[node],
+                                                  self.disk_wait.get(node, 0.0))
                     if candidate is not None:
                         out.append(candidate)
         return out
@@ -304,6 +312,9 @@ class _Tick:
         if c.kind.copies:
             wait = max(self.link_wait.get(fam.source, 0.0), self.link_wait.get(c.node, 0.0))
             return replace(c.option, queue_ms=self.queue[c.node], ready_ms=wait + c.transfer_ms)
+        if c.kind is ActionKind.STAGE:  # behind the reads on its disk, this tick's stages included
+            ready = self.disk_wait.get(c.node, 0.0) + c.transfer_ms
+            return replace(c.option, queue_ms=self.queue[c.node], ready_ms=ready)
         return replace(c.option, queue_ms=self.queue[c.node])
 
     def value(self, c: ActionCandidate) -> ActionValue:
@@ -347,9 +358,12 @@ class _Tick:
         return loss
 
     def _link_ms(self, c: ActionCandidate, fam: FamilyState) -> float:
-        """The delay c's transfer adds to the pulls on both its links (ms)."""
+        """The delay c's transfer adds to the pulls on both its links (ms);
+        a stage's, the delay its read adds to the disk loads on its node."""
         if not c.transfer_ms:
             return 0.0
+        if c.kind is ActionKind.STAGE:
+            return link_delay_ms(c.transfer_ms, [self.view.disk_loads_per_s.get(c.node, 0.0)])
         rates = self.view.pulls_per_s
         return link_delay_ms(c.transfer_ms, [rates.get(fam.source, 0.0), rates.get(c.node, 0.0)])
 
@@ -395,6 +409,8 @@ class _Tick:
         self.queue[c.node] += work.get(c.node, 0.0)  # what its requests will keep the node busy with
         if c.kind.copies:
             self.link_wait[fam.source] = self.link_wait[c.node] = option.ready_ms
+        elif c.kind is ActionKind.STAGE:
+            self.disk_wait[c.node] = option.ready_ms
         source = fam.source if c.kind.copies else c.node
         chain = fam.chain if c.kind.copies else fam.chain[:fam.held[c.node]]
         lease_ms = self.cfg.leases.replica_lease_ms

@@ -20,6 +20,8 @@ when net_ms > 0 (planner.py). Each term:
 - link_ms: the delay the action's transfer adds to other transfers on the
   same links: pulls arriving at rate r per second on an end during the
   T ms transfer wait T/2 ms on average (FIFO), so r * T/1000 * T/2 per end.
+  A stage's is the same on its node's disk: its read of T ms delays the
+  disk loads routed there at rate r (disk_backlog.py) by r * T/1000 * T/2.
 
 Demand: `count` requests expected within `horizon_ms` of now, the forecasts
 saying how many but not exactly when: n points placed evenly (the k-th at
@@ -50,6 +52,7 @@ class ServeOption:
     ready_ms: float = 0.0  # from now until the option exists (a replica landing)
     pull_ms: float = 0.0  # a pull on the critical path, occupying pull_link for this long
     pull_link: str = ""  # the link the pull occupies (its source's), shared by every pull from it
+    joins: bool = False  # a request arriving before ready_ms waits for it (a stage's read in flight) rather than not use it
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +103,17 @@ def walk(options: Sequence[ServeOption], demand: Demand) -> tuple[float, dict[st
       with a pull:    pulled = max(a + before, link_free(pull_link)) + pull_ms
                       start  = max(pulled, busy_until(node))
     (a pull's before is the link backlog it waits out first, as the router
-    adds it).
+    adds it). An option not ready by a is skipped, unless it `joins`: then
+    the request waits for it, a = its ready_ms in the formulas (a request
+    finding its blocks being staged waits for that read).
     busy_until starts at queue_ms and moves to start + weight x prefill (a
     fractional request books its expected share); link_free starts at now and
     moves to the pull's start + weight x pull_ms: pulls from one source take
     turns on its link, so a burst cannot all pull at once for free. Options
     on one node share its busy time. At least one option must be ready at
-    once (recomputing somewhere always is): ValueError otherwise.
+    once or joinable (recomputing somewhere always is): ValueError otherwise.
     """
-    if not any(o.ready_ms <= 0.0 for o in options):
+    if not any(o.ready_ms <= 0.0 or o.joins for o in options):
         raise ValueError("no option is ready now: include the recompute option")
     busy: dict[str, float] = {o.node: o.queue_ms for o in options}
     work: dict[str, float] = {}
@@ -117,14 +122,17 @@ def walk(options: Sequence[ServeOption], demand: Demand) -> tuple[float, dict[st
     for arrival, weight in demand.arrivals():
         best_ttft, best_start, best_pull, best = math.inf, 0.0, 0.0, options[0]
         for o in options:
+            at = arrival
             if o.ready_ms > arrival:
-                continue
+                if not o.joins:
+                    continue
+                at = o.ready_ms
             if o.pull_ms:
-                pull_start = max(arrival + o.before_ms, link_free[o.pull_link])
+                pull_start = max(at + o.before_ms, link_free[o.pull_link])
                 start = max(pull_start + o.pull_ms, busy[o.node])
             else:
-                pull_start = arrival
-                start = max(arrival + o.before_ms, busy[o.node])
+                pull_start = at
+                start = max(at + o.before_ms, busy[o.node])
             ttft = start - arrival + o.prefill_ms
             if ttft < best_ttft:
                 best_ttft, best_start, best_pull, best = ttft, start, pull_start, o

@@ -20,17 +20,19 @@ from typing import Collection
 from speckv.services.common.ids import NodeId
 from speckv.services.scheduler.cluster import Cluster
 from speckv.services.scheduler.holder_index import HolderIndex
+from speckv.services.scheduler.routing.disk_backlog import DiskBacklog
 from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.router import Candidate
 
 
 class CandidateSelector:
-    """Reads the cluster, the holder index and the link backlog; owns none of them."""
+    """Reads the cluster, the holder index and the link and disk backlogs; owns none of them."""
 
     def __init__(self, cluster: Cluster, holders: HolderIndex, backlog: LinkBacklog, spread: int,
-                 ramp: JoinRamp | None = None) -> None:
+                 ramp: JoinRamp | None = None, disks: DiskBacklog | None = None) -> None:
         self._cluster = cluster
+        self._disks = disks
         self._holders = holders
         self._backlog = backlog
         self._spread = spread
@@ -80,10 +82,26 @@ class CandidateSelector:
             return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
                               n.bytes_per_block, n.queue_ms_now, wait_ms(n.node_id, now)) for n in nodes]
         host_only, disk_only = self._holders.host_only_count, self._holders.disk_only_count
-        return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
-                          n.bytes_per_block, n.queue_ms_now, wait_ms(n.node_id, now),
-                          host_only(n.node_id, hashes, held(n.node_id, 0)),
-                          disk_only(n.node_id, hashes, held(n.node_id, 0))) for n in nodes]
+        out = [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
+                         n.bytes_per_block, n.queue_ms_now, wait_ms(n.node_id, now),
+                         host_only(n.node_id, hashes, held(n.node_id, 0)),
+                         disk_only(n.node_id, hashes, held(n.node_id, 0))) for n in nodes]
+        if self._disks is not None:
+            for c in out:
+                if c.disk_blocks:
+                    self._disk_wait(c, hashes, now)
+        return out
+
+    def _disk_wait(self, c: Candidate, hashes: list[int], now: float) -> None:
+        """c's wait for its disk (disk_backlog.py): a stage in flight there
+        that reads its prefix (joined), else the reads booked before it."""
+        disks = self._disks
+        assert disks is not None
+        joined = disks.joined_ms(c.node_id, hashes[c.cached_blocks - 1], now)
+        if joined is not None:
+            c.disk_wait_ms, c.disk_joined = joined, True
+        else:
+            c.disk_wait_ms = disks.wait_ms(c.node_id, now)
 
     def _least_queued_shallow(self, root_holders: Collection[NodeId], deep: Collection[NodeId],
                               now: float) -> list[NodeId]:

@@ -37,12 +37,13 @@ class RouteConfirmation:
             # The kvstore confirms the prefix over both tiers, not which tier:
             # the index's host-only count stands, capped by the prefix.
             decision = self._router.estimate(
-                query, replace(chosen, cached_blocks=confirmed, host_blocks=min(chosen.host_blocks, confirmed)),
+                query, replace(chosen, cached_blocks=confirmed, host_blocks=min(chosen.host_blocks, confirmed),
+                               disk_blocks=min(chosen.disk_blocks, confirmed)),
                 best_holder(others))
         result = RouteResult(decision.node_id, picked.address, decision.cached_blocks, decision.expected_ttft_ms,
                              decision.queue_ms, decision.prefill_ms, decision.fetch_ms, decision.fetch_from,
                              decision.fetch_blocks, query.family, confirmed is not None, decision.promote_ms,
-                             decision.promote_blocks, picked.observation)
+                             decision.promote_blocks, picked.observation, decision.disk_blocks)
         if self._arrivals is not None:
             cached_tokens = min(result.cached_blocks * picked.block_size, query.prompt_tokens)
             self._arrivals.offer(ArrivalRecord(arrival_s, query.family, result.node_id,

@@ -4,7 +4,7 @@ decision itself: RouteObservation records it and RouteObserver applies it.
 A Route decides (routing/router.py) and then observes its own decision; a
 scheduler replica that did not answer the Route can observe the same record
 (SchedulerCore.observe_routes) and end with the same planner-facing state
-(pending load, link bookings and pull rates, reuse history, the family
+(pending load, link and disk bookings, pull and disk-load rates, reuse history, the family
 catalog and its root in the block index, replica use, action outcomes) as if
 it had routed the request itself. Applying an observation decides nothing
 and reads no candidates: every figure it needs travels in the record.
@@ -27,6 +27,7 @@ from speckv.services.scheduler.families import FamilyCatalog
 from speckv.services.scheduler.holder_index import HolderIndex
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
 from speckv.services.scheduler.reuse_history import ReuseHistory
+from speckv.services.scheduler.routing.disk_backlog import DiskBacklog
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.router import Candidate, RouteDecision, RouteQuery, longer_holder
 
@@ -43,7 +44,10 @@ class RouteObservation:
     (None/0: none). pull_holder: the node whose link the route wanted, the
     pull's source or a node holding a longer prefix than node_id (it could
     have pulled from it, whether it did or not; link_backlog.py counts both).
-    arrival_s: when the request arrived (<= the routing clock's now)."""
+    arrival_s: when the request arrived (<= the routing clock's now).
+    disk_blocks: of cached_blocks, those node_id reads off its own disk
+    (disk_backlog.py books that read; 0 when none, or when they come with a
+    stage in flight there that the request joins)."""
 
     family: Family
     block_hashes: Sequence[int]
@@ -56,6 +60,7 @@ class RouteObservation:
     prefill_ms: float
     uncached_tokens: int
     arrival_s: float
+    disk_blocks: int = 0
 
     @classmethod
     def of(cls, query: RouteQuery, decision: RouteDecision, candidates: Sequence[Candidate], uncached: int,
@@ -63,15 +68,16 @@ class RouteObservation:
         """The observation of routing query to decision among candidates."""
         holder = decision.fetch_from or longer_holder(candidates, decision)
         return cls(query.family, query.block_hashes, query.prompt_tokens, decision.node_id, decision.cached_blocks,
-                   decision.fetch_blocks, decision.fetch_from, holder, decision.prefill_ms, uncached, arrival_s)
+                   decision.fetch_blocks, decision.fetch_from, holder, decision.prefill_ms, uncached, arrival_s,
+                   0 if decision.disk_joined else decision.disk_blocks)
 
 
 class RouteObserver:
     """Applies observations to the core's planner state (it holds no state of its own)."""
 
     def __init__(self, cluster: Cluster, backlog: LinkBacklog, reuse: ReuseHistory, index: HolderIndex,
-                 families: FamilyCatalog, lifecycle: OrderLifecycle) -> None:
-        self._cluster, self._backlog, self._reuse = cluster, backlog, reuse
+                 families: FamilyCatalog, lifecycle: OrderLifecycle, disks: DiskBacklog | None = None) -> None:
+        self._cluster, self._backlog, self._reuse, self._disks = cluster, backlog, reuse, disks
         self._index, self._families, self._lifecycle = index, families, lifecycle
 
     def apply(self, o: RouteObservation, now: float) -> bool:
@@ -86,6 +92,9 @@ class RouteObserver:
             self._backlog.add(o.fetch_from, node_id, o.fetch_blocks * node.bytes_per_block, arrival_s)
         if o.pull_holder is not None:
             self._backlog.note_pull(o.pull_holder, node_id, arrival_s)
+        if o.disk_blocks and self._disks is not None:
+            self._disks.add(node_id, o.disk_blocks * node.bytes_per_block, arrival_s)
+            self._disks.note_load(node_id, arrival_s)
         hashes = o.block_hashes
         if hashes:
             self._reuse.wanted(hashes, now, o.cached_blocks + o.fetch_blocks, node_id)

@@ -45,6 +45,7 @@ class RouteResult:
     # What this route changed in the planner's picture (applied under the lock, before
     # confirmation), for a peer replica's SchedulerCore.observe_routes; None: not a local route.
     observation: RouteObservation | None = None
+    disk_blocks: int = 0  # of promote_blocks, those node_id reads off its disk tier first
 
 
 @dataclass(slots=True)

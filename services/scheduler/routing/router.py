@@ -15,7 +15,11 @@ size S), and each live node n:
               host hits are copied into the device tier before prefill
               + disk.transfer_ms(d_n * bytes_per_block), 0 when d_n = 0:
               a disk load is read into the host tier first (bytes over the
-              disk's GB/s plus its per-load overhead), then copied up
+              disk's GB/s plus its per-load overhead), then copied up,
+              + diskwait_n when d_n > 0: the reads already booked on n's
+              disk (disk_backlog.py), FIFO before this one; or, when a
+              stage in flight on n reads this very prefix, the read is that
+              stage's: the disk term is its remaining time alone
   local_n   = promote_n + prefill_ms(new = P - c_n*S, cached = c_n*S), or,
               when d_n > 0 and it is strictly cheaper, prefill_ms(new = P,
               cached = 0): the node recomputes rather than load from its disk
@@ -79,6 +83,10 @@ class Candidate:
     link_wait_ms: float = 0.0  # until its link has carried the transfers already booked on it (LinkBacklog)
     host_blocks: int = 0  # of cached_blocks, those only its host (or disk) tier holds
     disk_blocks: int = 0  # of host_blocks, those only its disk tier holds
+    # Before its disk read starts (DiskBacklog): the reads already booked on its disk, or, when
+    # disk_joined, until a stage in flight that reads these very blocks lands (the read is then that one).
+    disk_wait_ms: float = 0.0
+    disk_joined: bool = False
 
 
 @dataclass(slots=True)
@@ -94,12 +102,13 @@ class RouteDecision:
     promote_ms: float = 0.0
     promote_blocks: int = 0  # host-tier hits of the chosen node, copied to its device tier before prefill
     disk_blocks: int = 0  # of promote_blocks, those read from its disk tier first
+    disk_joined: bool = False  # those come with a stage in flight there, not a read of their own
 
 
 # (prefill ms, ms before prefill: promotion and pull, blocks to pull, promote ms,
 #  cached blocks used: the node's cached_blocks, or 0 when it recomputes rather than load from disk)
 Figures = tuple[float, float, int, float, int]
-MemoKey = tuple[int, int, int, float, int, int]
+MemoKey = tuple[int, int, int, float, int, int, float, bool]
 
 
 class RoutingStrategy(Protocol):
@@ -144,7 +153,7 @@ class KvAwareRouter:
             pulls = holder_id is not None and holder_id != c.node_id and holder_blocks > c.cached_blocks
             # _memo_figures, inlined (the same key and figures): one call less per candidate
             key = (c.cached_blocks, c.block_size, c.bytes_per_block if pulls or c.host_blocks else -1,
-                   c.link_wait_ms if pulls else 0.0, c.host_blocks, c.disk_blocks)
+                   c.link_wait_ms if pulls else 0.0, c.host_blocks, c.disk_blocks, c.disk_wait_ms, c.disk_joined)
             figures = memo.get(key)
             if figures is None:
                 figures = memo[key] = self._figures(query, c, holder if pulls else None)
@@ -174,15 +183,18 @@ class KvAwareRouter:
             assert holder is not None
             fetch_ms = self._fetch_ms(node, holder)
             return RouteDecision(node.node_id, node.cached_blocks, expected, queue_ms, prefill_ms, fetch_ms,
-                                 holder.node_id, missing, promote_ms, promoted, from_disk)
+                                 holder.node_id, missing, promote_ms, promoted, from_disk,
+                                 bool(from_disk) and node.disk_joined)
         return RouteDecision(node.node_id, used, expected, queue_ms, prefill_ms,
-                             promote_ms=promote_ms, promote_blocks=promoted, disk_blocks=from_disk)
+                             promote_ms=promote_ms, promote_blocks=promoted, disk_blocks=from_disk,
+                             disk_joined=bool(from_disk) and node.disk_joined)
 
     def _memo_figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
                       memo: dict[MemoKey, Figures]) -> Figures:
         pulls = holder is not None
         key = (node.cached_blocks, node.block_size, node.bytes_per_block if pulls or node.host_blocks else -1,
-               node.link_wait_ms if pulls else 0.0, node.host_blocks, node.disk_blocks)
+               node.link_wait_ms if pulls else 0.0, node.host_blocks, node.disk_blocks, node.disk_wait_ms,
+               node.disk_joined)
         figures = memo.get(key)
         if figures is None:
             figures = memo[key] = self._figures(query, node, holder)
@@ -191,7 +203,7 @@ class KvAwareRouter:
     def _figures(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> Figures:
         """Pull only when strictly cheaper than prefilling from what node
         holds; recompute rather than load from disk only when strictly cheaper."""
-        promote_ms = self._below_ms(node.host_blocks, node.disk_blocks, node.bytes_per_block)
+        promote_ms = self._own_below_ms(node)
         local_ms = self._prefill(query, node.cached_blocks, node.block_size)
         used = node.cached_blocks
         if node.disk_blocks and self._disk is not None:
@@ -201,7 +213,7 @@ class KvAwareRouter:
         if holder is None:
             return local_ms, promote_ms, 0, promote_ms, used
         missing = holder.cached_blocks - node.cached_blocks
-        own_ms = self._below_ms(node.host_blocks, node.disk_blocks, node.bytes_per_block)
+        own_ms = self._own_below_ms(node)
         before_ms = max(own_ms, self._fetch_ms(node, holder))
         after_ms = self._prefill(query, holder.cached_blocks, node.block_size)
         if before_ms + after_ms < (promote_ms + local_ms if promote_ms else local_ms):
@@ -215,6 +227,16 @@ class KvAwareRouter:
         source_ms = self._below_ms(min(holder.host_blocks, missing), min(holder.disk_blocks, missing),
                                    node.bytes_per_block)
         return max(holder.link_wait_ms, node.link_wait_ms) + max(wire_ms, source_ms)
+
+    def _own_below_ms(self, node: Candidate) -> float:
+        """Bringing node's own blocks below its device tier up: its disk
+        read waits for the reads booked on its disk first, or, joining a
+        stage in flight that reads them, is that stage's remaining time."""
+        if not node.disk_blocks or self._disk is None or self._host_link is None or node.host_blocks <= 0:
+            return self._below_ms(node.host_blocks, node.disk_blocks, node.bytes_per_block)
+        if node.disk_joined:
+            return self._host_link.transfer_ms(node.host_blocks * node.bytes_per_block) + node.disk_wait_ms
+        return self._below_ms(node.host_blocks, node.disk_blocks, node.bytes_per_block) + node.disk_wait_ms
 
     def _below_ms(self, blocks: int, disk_blocks: int, bytes_per_block: int) -> float:
         """Bringing blocks held below the device tier up to it, disk_blocks

@@ -8,12 +8,15 @@ import dataclasses
 import pytest
 
 from speckv.loadgen.experiments.e2e_config import load_e2e_config
+from speckv.loadgen.sim import scheduler_side
 from speckv.loadgen.sim.settings import SimSettings
 from speckv.loadgen.sim.simulation import Simulation
 from speckv.services.common.engine_profile import LinkModel
+from speckv.services.common.ids import Family
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.common.traces import TraceRequest
+from speckv.services.scheduler.orders import ActionKind, OrderSpec
 
 CONFIG = load_e2e_config()
 B = 512  # tokens per block
@@ -55,3 +58,25 @@ def test_the_record_tells_a_disk_load_from_a_host_hit():
     back = run.records[-1]
     assert back.disk_tokens == 4 * B and back.promoted_tokens == 4 * B
     assert all(r.disk_tokens == 0 for r in run.records[:-1])
+
+
+def test_a_request_arriving_while_a_stage_reads_its_blocks_waits_for_that_read():
+    """Issue 44 (b): a stage order for a's blocks starts 20 ms before a
+    returns; a's request joins that read (it ends at 19.98 s + one read)
+    instead of reading the blocks again beside it, then copies them up."""
+    settings = dataclasses.replace(SimSettings.from_e2e(CONFIG, nodes=1), drain_s=60.0, sizes=NodeSizes(4, 4, 0),
+                                   disk_pages=16, disk=DISK)
+    requests = [req(0.0, 1, "a"), req(5.0, 11, "b"), req(10.0, 21, "c"), req(20.0, 1, "a")]
+    sim = Simulation(CONFIG, settings, "none", requests)
+    node = sim.ids[0]
+    spec = OrderSpec(Family("a"), [1, 2, 3, 4], node, node, 15000, tier=Tier.HOST, action=ActionKind.STAGE)
+    sim.queue.at(19.98, lambda: scheduler_side.replicate(sim, sim.core.submit_order(spec)))
+    run = sim.run()
+    back = run.records[-1]
+    nbytes = 4 * CONFIG.real_bytes_per_block
+    assert CONFIG.host_link is not None
+    landed_s = 19.98 + DISK.transfer_ms(nbytes) / 1e3
+    assert back.served and back.disk_tokens == 4 * B and back.cached_tokens == 4 * B
+    assert back.promote_ms == pytest.approx((landed_s - 20.0) * 1e3 + CONFIG.host_link.transfer_ms(nbytes), rel=1e-6)
+    assert (sim.stage_reads.joined_reads, sim.stage_reads.joined_blocks) == (1, 4)
+    assert sim.disk_links is not None and sim.disk_links.stats[f"{node}/disk"].bytes == nbytes  # read once

@@ -4,6 +4,7 @@ damaged record or another model's is never served, and capacity and
 eviction order hold in all three tiers."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -203,3 +204,79 @@ def test_without_a_disk_tier_a_stage_brings_up_nothing():
     store = KVStoreCore("n0", TINY, 2, ManualClock(), host_pages=2)
     put(store, 1, 2, 3)
     assert store.stage([1, 2, 3]) == 0
+
+
+class GatedMedium(MemoryMedium):
+    """A MemoryMedium whose reads hold until `gate` opens (a slow drive),
+    counting the bytes read."""
+
+    def __init__(self, slots: int, record_bytes: int) -> None:
+        super().__init__(slots, record_bytes)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.reading = threading.Event()
+        self.bytes_read = 0
+
+    def read(self, offset: int, into: np.ndarray) -> int:
+        self.reading.set()
+        assert self.gate.wait(10), "the gate never opened"
+        n = super().read(offset, into)
+        self.bytes_read += n
+        return n
+
+
+def test_a_request_arriving_while_a_stage_reads_its_blocks_joins_that_read():
+    """Issue 44 (b): a get of blocks a stage order is reading off the disk
+    waits for that read rather than reading them again behind it: the
+    blocks are read once, and the get returns them whole once it lands."""
+    medium = GatedMedium(4, RECORD)
+    store = core(medium)
+    put(store, 1, 2, 3, 4, 5, 6)  # 1, 2 on the disk
+    medium.gate.clear()
+    medium.reading.clear()
+    medium.bytes_read = 0
+    staging = threading.Thread(target=store.stage, args=([1, 2],))
+    staging.start()
+    assert medium.reading.wait(10)  # the stage's read is in flight, held at the gate
+    got: dict[int, bytes] = {}
+    getter = threading.Thread(target=lambda: got.update((h, a.tobytes()) for h, a in store.get_blocks([1, 2])))
+    getter.start()
+    getter.join(0.2)
+    assert getter.is_alive() and not got  # waiting for the stage, not served early
+    medium.gate.set()
+    staging.join(10)
+    getter.join(10)
+    assert got == {1: data(1).tobytes(), 2: data(2).tobytes()}
+    assert medium.bytes_read == 2 * RECORD  # each record read once
+    assert store.disk_counters()["read"] == 2
+
+
+def test_a_failed_read_releases_the_calls_that_joined_it():
+    """A stage whose read finds a damaged record lets the call that joined
+    it go on: the block is a miss (NotFound, the engine recomputes), never
+    a hang."""
+    medium = GatedMedium(4, RECORD)
+    store = core(medium)
+    put(store, 1, 2, 3, 4, 5, 6)
+    slot = store._disk.index.get(1).page
+    medium._data[slot * RECORD + records.HEADER_BYTES + 3] ^= 0xFF  # block 1's record is damaged
+    medium.gate.clear()
+    medium.reading.clear()
+    staging = threading.Thread(target=store.stage, args=([1, 2],))
+    staging.start()
+    assert medium.reading.wait(10)
+    outcome: list[object] = []
+
+    def get() -> None:
+        try:
+            outcome.append(len(list(store.get_blocks([1, 2]))))
+        except NotFound as exc:
+            outcome.append(exc)
+
+    getter = threading.Thread(target=get)
+    getter.start()
+    medium.gate.set()
+    staging.join(10)
+    getter.join(10)
+    assert not getter.is_alive() and len(outcome) == 1 and isinstance(outcome[0], NotFound)
+    assert store.disk_counters()["checksum_failures"] == 1 and store.tier_of(1) is None

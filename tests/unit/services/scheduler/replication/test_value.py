@@ -68,6 +68,17 @@ def test_an_option_not_ready_serves_only_later_arrivals():
     assert served_ttft_ms([recompute, replica], Demand(4, 400.0)) == pytest.approx(210.0)
 
 
+def test_a_joinable_option_makes_earlier_arrivals_wait_for_it():
+    """A stage's read landing at 200 ms (joins): the requests at 50 and 150
+    wait for it (200 - 50 + 15; the second also behind the first's 15 ms
+    prefill: 215 - 150 + 15) rather than skip it, those at 250 and 350 take
+    it at once; a lone joinable option is enough."""
+    stage = ServeOption("c", 0.0, 0.0, 15.0, ready_ms=200.0, joins=True)
+    assert served_ttft_ms([stage], Demand(4, 400.0)) == pytest.approx(165.0 + 80.0 + 15.0 + 15.0)
+    recompute = ServeOption("b", 0.0, 0.0, 90.0)
+    assert served_ttft_ms([recompute, stage], Demand(4, 400.0)) == pytest.approx(90.0 + 65.0 + 15.0 + 15.0)
+
+
 def test_some_option_must_be_ready_at_once():
     with pytest.raises(ValueError):
         served_ttft_ms([ServeOption("c", 0.0, 0.0, 15.0, ready_ms=1.0)], Demand(1, 100.0))

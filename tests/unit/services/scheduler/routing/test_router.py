@@ -222,3 +222,28 @@ def test_disk_blocks_cost_more_than_host_hits():
     plain = KvAwareRouter(PROFILE, LinkModel(0.001, overhead_ms=1.0), host_link=HOST)
     assert plain.estimate(query(), on_disk("d"), None).promote_ms == pytest.approx(
         plain.estimate(query(), host_only, None).promote_ms)
+
+
+def test_a_disk_load_waits_for_the_reads_booked_on_its_disk():
+    """disk_wait_ms (disk_backlog.py) is on the load's critical path: with a
+    50 ms read, a 40 ms wait still loads (90 < 102.4), a 60 ms wait makes
+    the node recompute instead (110 > 102.4)."""
+    r = disk_router(50.0)
+    short, long_ = on_disk("b"), on_disk("b")
+    short.disk_wait_ms, long_.disk_wait_ms = 40.0, 60.0
+    loads = r.choose(query(), [short])
+    assert loads.cached_blocks == 64 and loads.promote_ms == pytest.approx(90.0, abs=5e-3)
+    assert not loads.disk_joined
+    assert r.choose(query(), [long_]).cached_blocks == 0
+
+
+def test_a_load_joining_a_stage_in_flight_waits_for_its_end_and_reads_nothing_itself():
+    """When a stage in flight reads the very prefix (disk_joined), the disk
+    term is that stage's remaining time alone: 60 ms left of it loads, where
+    60 ms of other reads plus a 50 ms read of its own recompute."""
+    r = disk_router(50.0)
+    c = on_disk("b")
+    c.disk_wait_ms, c.disk_joined = 60.0, True
+    d = r.choose(query(), [c])
+    assert d.cached_blocks == 64 and d.disk_blocks == 64 and d.disk_joined
+    assert d.promote_ms == pytest.approx(60.0, abs=5e-3)
