@@ -233,11 +233,53 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
     """auto = on with TLS: the admin's Replicate copies byte for byte; a
     node's Reserve names itself as the source, and another node's
     certificate may not commit with that capability."""
+    with tls_cluster(tmp_path, ["src", "dst"]) as (certs, sched_server, src_server, dst_server):
+        with contextlib.ExitStack() as stack:
+            def stub(address: str, files) -> kvstore_pb2_grpc.KVStoreStub:
+                channel = stack.enter_context(open_channel(address, None, tls=files.load(),
+                                                           peer_role="kvstore"))
+                return kvstore_pb2_grpc.KVStoreStub(channel)
+
+            src, dst = stub(src_server.address, certs.admin), stub(dst_server.address, certs.admin)
+            as_src = stub(dst_server.address, certs.node("src"))
+            as_dst = stub(dst_server.address, certs.node("dst"))
+
+            def registered() -> bool:
+                try:
+                    return replicate_ok(src, dst_server.address)
+                except grpc.RpcError:
+                    return False
+            put(src, *CHAIN)
+            assert wait_until(registered)
+            assert [b.data for b in get(dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
+            assert denied(lambda: as_dst.Reserve(kvstore_pb2.ReserveRequest(
+                order_id="o-x", block_hashes=[1], source_node="src"), timeout=TIMEOUT)) \
+                == grpc.StatusCode.PERMISSION_DENIED  # a node reserves only as itself
+            grant = as_src.Reserve(kvstore_pb2.ReserveRequest(order_id="o-y", block_hashes=[2], lease_ms=30_000),
+                                   timeout=TIMEOUT)
+            abort = kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
+                                             capability_secret=grant.capability_secret)
+            assert denied(lambda: as_dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
+            assert as_src.Abort(abort, timeout=TIMEOUT).pages_freed == 1
+            channel = stack.enter_context(open_channel(sched_server.address, None, tls=certs.admin.load(),
+                                                       peer_role="scheduler"))
+            order = common_pb2.ReplicationOrder(family="f", block_hashes=CHAIN, source_node="src",
+                                                target_node="dst", lease_ms=30_000, target_address="127.0.0.1:1")
+            submit = scheduler_pb2_grpc.SchedulerStub(channel).SubmitOrder
+            assert denied(lambda: submit(scheduler_pb2.SubmitOrderRequest(order=order), timeout=TIMEOUT)) \
+                == grpc.StatusCode.PERMISSION_DENIED  # over TLS an order goes only where its target registered
+
+
+@contextlib.contextmanager
+def tls_cluster(tmp_path, nodes: list[str]) -> Iterator[tuple]:
+    """A TLS scheduler and kvstores named src and dst registered with it (auto
+    data_plane_auth: on); yields the cert bundle (for `nodes`), the scheduler,
+    src's and dst's servers."""
     from speckv.services.common.rpc.telemetry import build_telemetry
     from speckv.services.scheduler.adapters.config import SchedulerConfig
     from speckv.services.scheduler.adapters.server import build_server as build_scheduler
 
-    certs = make_bundle(tmp_path, ["src", "dst"])
+    certs = make_bundle(tmp_path, nodes)
 
     def flags(files) -> dict[str, str]:
         return {"tls_cert": files.cert, "tls_key": files.key, "tls_ca": files.ca}
@@ -249,40 +291,7 @@ def test_over_tls_protection_is_on_and_only_the_source_node_may_write(tmp_path):
         common = {"scheduler": sched_server.address, "heartbeat_interval_s": 0.2}
         with kvstore(node_id="src", **common, **flags(certs.node("src"))) as (src_server, _), \
                 kvstore(node_id="dst", **common, **flags(certs.node("dst"))) as (dst_server, _):
-            with contextlib.ExitStack() as stack:
-                def stub(address: str, files) -> kvstore_pb2_grpc.KVStoreStub:
-                    channel = stack.enter_context(open_channel(address, None, tls=files.load(),
-                                                               peer_role="kvstore"))
-                    return kvstore_pb2_grpc.KVStoreStub(channel)
-
-                src, dst = stub(src_server.address, certs.admin), stub(dst_server.address, certs.admin)
-                as_src = stub(dst_server.address, certs.node("src"))
-                as_dst = stub(dst_server.address, certs.node("dst"))
-
-                def registered() -> bool:
-                    try:
-                        return replicate_ok(src, dst_server.address)
-                    except grpc.RpcError:
-                        return False
-                put(src, *CHAIN)
-                assert wait_until(registered)
-                assert [b.data for b in get(dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
-                assert denied(lambda: as_dst.Reserve(kvstore_pb2.ReserveRequest(
-                    order_id="o-x", block_hashes=[1], source_node="src"), timeout=TIMEOUT)) \
-                    == grpc.StatusCode.PERMISSION_DENIED  # a node reserves only as itself
-                grant = as_src.Reserve(kvstore_pb2.ReserveRequest(order_id="o-y", block_hashes=[2], lease_ms=30_000),
-                                       timeout=TIMEOUT)
-                abort = kvstore_pb2.AbortRequest(handle=grant.handle, capability=grant.capability,
-                                                 capability_secret=grant.capability_secret)
-                assert denied(lambda: as_dst.Abort(abort, timeout=TIMEOUT)) == grpc.StatusCode.PERMISSION_DENIED
-                assert as_src.Abort(abort, timeout=TIMEOUT).pages_freed == 1
-                channel = stack.enter_context(open_channel(sched_server.address, None, tls=certs.admin.load(),
-                                                           peer_role="scheduler"))
-                order = common_pb2.ReplicationOrder(family="f", block_hashes=CHAIN, source_node="src",
-                                                    target_node="dst", lease_ms=30_000, target_address="127.0.0.1:1")
-                submit = scheduler_pb2_grpc.SchedulerStub(channel).SubmitOrder
-                assert denied(lambda: submit(scheduler_pb2.SubmitOrderRequest(order=order), timeout=TIMEOUT)) \
-                    == grpc.StatusCode.PERMISSION_DENIED  # over TLS an order goes only where its target registered
+            yield certs, sched_server, src_server, dst_server
     finally:
         sched_server.stop(grace_s=1.0)
 
@@ -332,42 +341,25 @@ def test_over_tls_a_node_may_pull_into_itself_and_only_to_its_registered_address
     engine asks the source to Replicate into the target. Allowed for the
     target itself, to its registered address only; another node's engine, an
     address of its choosing, or another source are PERMISSION_DENIED."""
-    from speckv.services.common.rpc.telemetry import build_telemetry
-    from speckv.services.scheduler.adapters.config import SchedulerConfig
-    from speckv.services.scheduler.adapters.server import build_server as build_scheduler
+    with tls_cluster(tmp_path, ["src", "dst", "other"]) as (certs, _, src_server, dst_server), \
+            contextlib.ExitStack() as stack:
+        def stub(address: str, files) -> kvstore_pb2_grpc.KVStoreStub:
+            channel = stack.enter_context(open_channel(address, None, tls=files.load(), peer_role="kvstore"))
+            return kvstore_pb2_grpc.KVStoreStub(channel)
 
-    certs = make_bundle(tmp_path, ["src", "dst", "other"])
+        admin_src, admin_dst = stub(src_server.address, certs.admin), stub(dst_server.address, certs.admin)
+        put(admin_src, *CHAIN)
+        assert wait_until(lambda: _pull(admin_src, "dst", dst_server.address, CHAIN[:1]) is None)
 
-    def flags(files) -> dict[str, str]:
-        return {"tls_cert": files.cert, "tls_key": files.key, "tls_ca": files.ca}
-
-    sched_server = build_scheduler(SchedulerConfig(engine_profile="tiny", tick_s=0.05,
-                                                   **flags(certs.service("scheduler"))),
-                                   build_telemetry("scheduler", {})).start()
-    try:
-        common = {"scheduler": sched_server.address, "heartbeat_interval_s": 0.2}
-        with kvstore(node_id="src", **common, **flags(certs.node("src"))) as (src_server, _), \
-                kvstore(node_id="dst", **common, **flags(certs.node("dst"))) as (dst_server, _), \
-                contextlib.ExitStack() as stack:
-            def stub(address: str, files) -> kvstore_pb2_grpc.KVStoreStub:
-                channel = stack.enter_context(open_channel(address, None, tls=files.load(), peer_role="kvstore"))
-                return kvstore_pb2_grpc.KVStoreStub(channel)
-
-            admin_src, admin_dst = stub(src_server.address, certs.admin), stub(dst_server.address, certs.admin)
-            put(admin_src, *CHAIN)
-            assert wait_until(lambda: _pull(admin_src, "dst", dst_server.address, CHAIN[:1]) is None)
-
-            dst_engine, other_engine = stub(src_server.address, certs.engine("dst")), \
-                stub(src_server.address, certs.engine("other"))
-            assert _pull(other_engine, "dst", dst_server.address, CHAIN) == grpc.StatusCode.PERMISSION_DENIED
-            assert _pull(dst_engine, "dst", "127.0.0.1:1", CHAIN) == grpc.StatusCode.PERMISSION_DENIED
-            assert _pull(dst_engine, "dst", dst_server.address, CHAIN, source="other") \
-                == grpc.StatusCode.PERMISSION_DENIED
-            assert admin_dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=CHAIN), timeout=TIMEOUT).prefix_blocks == 1
-            assert _pull(dst_engine, "dst", dst_server.address, CHAIN) is None
-            assert [b.data for b in get(admin_dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
-    finally:
-        sched_server.stop(grace_s=1.0)
+        dst_engine, other_engine = stub(src_server.address, certs.engine("dst")), \
+            stub(src_server.address, certs.engine("other"))
+        assert _pull(other_engine, "dst", dst_server.address, CHAIN) == grpc.StatusCode.PERMISSION_DENIED
+        assert _pull(dst_engine, "dst", "127.0.0.1:1", CHAIN) == grpc.StatusCode.PERMISSION_DENIED
+        assert _pull(dst_engine, "dst", dst_server.address, CHAIN, source="other") \
+            == grpc.StatusCode.PERMISSION_DENIED
+        assert admin_dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=CHAIN), timeout=TIMEOUT).prefix_blocks == 1
+        assert _pull(dst_engine, "dst", dst_server.address, CHAIN) is None
+        assert [b.data for b in get(admin_dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
 
 
 def _pull(source_stub, target: str, address: str, hashes: list[int], source: str = "") -> grpc.StatusCode | None:
