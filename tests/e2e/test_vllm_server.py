@@ -9,8 +9,11 @@ completion whose kv_transfer_params name a peer pulls the prefix from that
 peer's kvstore with the same tokens. Nothing about times."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -42,24 +45,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serving(spec: VllmServerSpec, log_dir: Path) -> Iterator[None]:
+    """The server running and healthy for the block; stopped after it."""
+    log = log_dir / f"{spec.name}.log"
+    server = start_server(spec, log, os.environ)
+    try:
+        wait_healthy(spec, server, log)
+        yield
+    finally:
+        stop_server(server)
+
+
 def test_a_server_streams_saves_and_answers_a_returning_prompt_from_the_kvstore(tmp_path):
     model = tiny_llama(tmp_path / "models", SPEC)
     spans = InMemorySpanExporter()
     telemetry = build_telemetry("kvstore", {}, span_processors=(SimpleSpanProcessor(spans),))
     with kvstore(telemetry=telemetry, **KVSTORE) as (store, stub):
         spec = VllmServerSpec("vllm-0", str(model), free_port(), store.address, max_model_len=2048)
-        log = tmp_path / "vllm-0.log"
-        server = start_server(spec, log, os.environ)
-        try:
-            wait_healthy(spec, server, log)
+        with serving(spec, tmp_path):
             first = stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
             ids = prompt_block_ids(model, SPEC, PROMPT)
             assert stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == PROMPT_BLOCKS
             spans.clear()
             reset_prefix_cache(spec)
             again = stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
-        finally:
-            stop_server(server)
     assert len(first.token_ids) == 16 and again.token_ids == first.token_ids
     assert 0 < first.ttft_s <= first.total_s and 0 < again.ttft_s <= again.total_s
     assert any(s.name.endswith("KVStore/MapBlocks") for s in spans.get_finished_spans())
@@ -75,10 +85,7 @@ def test_a_request_naming_a_peer_in_kv_transfer_params_pulls_the_prefix_through_
             kvstore(**KVSTORE, node_id="node-0") as (there, there_stub):
         spec = VllmServerSpec("vllm-1", str(model), free_port(), here.address, max_model_len=2048,
                               node_id="node-1", peers=(("node-0", there.address),))
-        log = tmp_path / "vllm-1.log"
-        server = start_server(spec, log, os.environ)
-        try:
-            wait_healthy(spec, server, log)
+        with serving(spec, tmp_path):
             first = stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
             ids = prompt_block_ids(model, SPEC, PROMPT)
             order = common_pb2.ReplicationOrder(order_id="to-node-0", block_hashes=ids, source_node="node-1",
@@ -92,8 +99,6 @@ def test_a_request_naming_a_peer_in_kv_transfer_params_pulls_the_prefix_through_
             pulled = stream_completion(spec.url, spec.served_model_name, PROMPT, 16,
                                        kv_transfer_params=pull_params("node-0"))
             held = here_stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks
-        finally:
-            stop_server(server)
     assert pulled.token_ids == first.token_ids
     assert held == PROMPT_BLOCKS  # copied here by the pull (the engine's own saves skip what it loaded)
     assert pulled.cached_tokens == PROMPT_BLOCKS * BLOCK_SIZE  # vLLM computed only the tail
