@@ -16,6 +16,11 @@ import pytest
 
 from speckv.loadgen.sim.compiled import copy_package
 from speckv.services.common.compiled_code import STAMP_FILE, PackageRoots, choose, source_digest
+from speckv.services.scheduler.adapters.compiled_start import compiled_index
+
+# The first three start a scheduler on the source: not when these tests themselves run on a build
+# (PYTHONPATH=build/sim-compiled), which the child inherits.
+on_source = pytest.mark.skipif(compiled_index() is not None, reason="the tests run on a compiled build")
 
 
 def _start(*args: str) -> tuple[subprocess.Popen, list[str]]:
@@ -40,12 +45,14 @@ def _stop(process: subprocess.Popen) -> None:
     assert process.wait(timeout=60) == 0
 
 
+@on_source
 def test_on_without_a_build_refuses_to_start(tmp_path):
     process, lines = _start("--compiled", "on", "--compiled-dir", str(tmp_path / "none"))
     assert process.wait(timeout=60) == 2
     assert "--compiled on: no compiled build in" in "".join(lines)
 
 
+@on_source
 def test_a_current_build_re_starts_the_same_process_on_it_once(tmp_path: Path):
     """A stamped copy of the source without extensions: the process re-starts
     on it (its pid and arguments kept, the marker in its environment), finds
@@ -67,6 +74,7 @@ def test_a_current_build_re_starts_the_same_process_on_it_once(tmp_path: Path):
         _stop(process)
 
 
+@on_source
 def test_off_stays_on_the_source(tmp_path):
     process, lines = _start("--compiled", "off")
     try:
