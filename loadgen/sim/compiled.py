@@ -23,21 +23,29 @@ copied hot modules (record_inits.py says the rule); the source keeps plain
 dataclasses.
 
 Building needs mypy (the `sim` extra) and a C compiler; it takes a few
-minutes of CPU. Nothing here is imported by the live services.
+minutes of CPU. Nothing here is imported by the live services (the stamp's
+rules are services/common/compiled_code.py, which the scheduler reads too).
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Iterator
 
 from speckv.loadgen.sim.record_inits import add_record_inits
+from speckv.services.common.compiled_code import (  # the stamp's rules, shared with the scheduler's --compiled
+    STAMP_FILE,
+    PackageRoots,
+    current,
+    default_dir,
+    is_compiled,
+    mypy_version,
+    source_digest,
+    why_not_current,
+)
 from speckv.services.common.errors import FailedPrecondition
 
 # Relative to the package root (speckv/). Every one is mypy-clean (mypyc
@@ -96,73 +104,12 @@ HOT_MODULES: tuple[str, ...] = (
 # numpy, grpc and the like become Any: mypyc keeps them as Python objects, and
 # the build takes seconds instead of the minutes of reading their stubs.
 MYPY_FLAGS: tuple[str, ...] = ("--no-site-packages", "--ignore-missing-imports", "--follow-imports=silent")
-STAMP_FILE = "STAMP.json"
-_SKIPPED_DIRS = {"__pycache__"}
-_SKIPPED_SUFFIXES = {".pyc", ".so", ".pyd", ".c", ".o"}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PackageRoots:
-    """Where each part of the speckv package lives on disk (the package-dir
-    mapping of pyproject.toml): relative folder in the package -> source folder."""
-
-    folders: dict[str, Path]
-
-    @classmethod
-    def of_installed(cls) -> PackageRoots:
-        import speckv
-        import speckv.kernels
-        import speckv.loadgen
-        import speckv.services
-        return cls({"": Path(speckv.__path__[0]), "services": Path(speckv.services.__path__[0]),
-                    "loadgen": Path(speckv.loadgen.__path__[0]), "kernels": Path(speckv.kernels.__path__[0])})
-
-    def files(self) -> Iterator[tuple[str, Path]]:
-        """(path inside the package, source file), sorted, sources and data alike."""
-        for folder, root in sorted(self.folders.items()):
-            for path in sorted(root.rglob("*")):
-                rel = path.relative_to(root)
-                if not path.is_file() or _SKIPPED_DIRS & set(rel.parts) or path.suffix in _SKIPPED_SUFFIXES:
-                    continue
-                yield (f"{folder}/{rel.as_posix()}" if folder else rel.as_posix()), path
-
-
-def default_dir(roots: PackageRoots) -> Path:
-    """build/sim-compiled beside the loadgen folder: the project root in a checkout."""
-    return roots.folders["loadgen"].parent / "build" / "sim-compiled"
-
-
-def source_digest(roots: PackageRoots) -> str:
-    h = hashlib.sha256()
-    h.update(f"python {sys.version_info[:3]} mypy {_mypy_version()}\n".encode())
-    for rel, path in roots.files():
-        h.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
-
-
-def current(tree: Path, roots: PackageRoots) -> Path | None:
-    """tree, when it holds a build of exactly the present source; else None."""
-    return tree if why_not_current(tree, roots) is None else None
-
-
-def why_not_current(tree: Path, roots: PackageRoots) -> str | None:
-    """None when tree is a current build; else why it cannot be used."""
-    stamp = tree / STAMP_FILE
-    if not stamp.is_file():
-        return f"no compiled build in {tree} (make sim-compiled)"
-    try:
-        recorded = json.loads(stamp.read_text())["digest"]
-    except (ValueError, KeyError, TypeError):
-        return f"{stamp} is unreadable: rebuild it (make sim-compiled)"
-    if recorded != source_digest(roots):
-        return f"the compiled build in {tree} is older than the source (make sim-compiled)"
-    return None
 
 
 def build(tree: Path, roots: PackageRoots, opt_level: str = "3", log=print) -> Path:
     """Copies the package into tree/speckv, compiles HOT_MODULES there and
     stamps it. The old build stays in place until the new one is complete."""
-    if _mypy_version() is None:
+    if mypy_version() is None:
         raise FailedPrecondition("mypy is not installed: pip install -e '.[sim]' (make sim-compiled does)")
     digest = source_digest(roots)
     staging = tree.with_name(tree.name + ".staging")
@@ -187,7 +134,7 @@ def build(tree: Path, roots: PackageRoots, opt_level: str = "3", log=print) -> P
         raise FailedPrecondition(f"mypyc failed (log: {staging / 'build.log'}):\n{(done.stdout + done.stderr)[-3000:]}")
     shutil.rmtree(staging / "build", ignore_errors=True)  # generated C and objects: hundreds of MB
     (staging / STAMP_FILE).write_text(json.dumps({"digest": digest, "modules": list(HOT_MODULES),
-                                                   "python": sys.version, "mypy": _mypy_version(),
+                                                   "python": sys.version, "mypy": mypy_version(),
                                                    "opt_level": opt_level}, indent=2))
     shutil.rmtree(tree, ignore_errors=True)
     staging.rename(tree)
@@ -205,15 +152,7 @@ def copy_package(roots: PackageRoots, folder: Path) -> None:
 def running_compiled() -> bool:
     """Whether this process imported the simulation from a compiled build."""
     from speckv.loadgen.sim import simulation
-    return not str(simulation.__file__).endswith(".py")
-
-
-def _mypy_version() -> str | None:
-    try:
-        from mypy.version import __version__
-    except ImportError:
-        return None
-    return str(__version__)
+    return is_compiled(simulation.__file__)
 
 
 def main(argv: list[str]) -> int:

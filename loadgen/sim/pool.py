@@ -22,10 +22,10 @@ from typing import Mapping, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from speckv.loadgen.sim.compiled import PackageRoots, default_dir, why_not_current
 from speckv.loadgen.sim.jobs import Job, SimulationResult, run_job
 from speckv.loadgen.sim.parent_watch import exit_with_parent
-from speckv.services.common.errors import FailedPrecondition, ResourceExhausted
+from speckv.services.common.compiled_code import choose
+from speckv.services.common.errors import ResourceExhausted
 from speckv.services.scheduler.policies.registry import FORECAST_POLICIES
 
 # Each worker's BLAS pool: numpy's OpenBLAS starts one thread per core in every
@@ -61,16 +61,7 @@ def worker_environment(code_path: Path | None, blas_threads: int, environ: Mappi
 
 def compiled_build(mode: str, folder: str | None) -> tuple[Path | None, str]:
     """The compiled build to run on (None: the source), and a line saying which and why."""
-    roots = PackageRoots.of_installed()
-    tree = Path(folder) if folder else default_dir(roots)
-    if mode == "off":
-        return None, "code: python source (--compiled off)"
-    why = why_not_current(tree, roots)
-    if why is None:
-        return tree, f"code: mypyc-compiled modules from {tree}"
-    if mode == "on":
-        raise FailedPrecondition(f"--compiled on: {why}")
-    return None, f"code: python source; {why}"
+    return choose(mode, folder)
 
 
 def default_jobs(cores: int) -> int:

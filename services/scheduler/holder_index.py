@@ -293,10 +293,10 @@ class HolderIndex:
         held = self._inventory.setdefault(node, set())
         holders = self._holders
         for h in hashes:
-            nodes = holders.get(h)
-            if nodes is None:
-                holders[h] = node
-            elif isinstance(nodes, str):
+            nodes = holders.setdefault(h, node)  # a fresh block (most): one lookup, held by node alone
+            if nodes is node:
+                continue
+            if isinstance(nodes, str):
                 if nodes != node:
                     holders[h] = {nodes, node}
             else:

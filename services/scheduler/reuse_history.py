@@ -69,10 +69,11 @@ class ReuseHistory:
             return
         counts = self._at(node, tier, now)
         counts.removed += len(block_hashes)
-        ghosts = self._ghosts
+        ghosts, ghost = self._ghosts, (node, tier, now)  # one record shared by the event's blocks
         for h in block_hashes:
-            ghosts[h] = (node, tier, now)
-            ghosts.move_to_end(h)
+            if h in ghosts:  # a new key goes in last; an old one must be moved there
+                ghosts.move_to_end(h)
+            ghosts[h] = ghost
         while len(ghosts) > self._s.max_ghosts:
             ghosts.popitem(last=False)
 

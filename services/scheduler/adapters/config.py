@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from speckv.services.common.compiled_code import MODES as COMPILED_MODES
 from speckv.services.common.config import check_positive
 from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.discovery import parse_targets, split_host_port
@@ -81,6 +82,11 @@ class SchedulerConfig(ServerSettings):
         "the leader's etcd lease, whole seconds (etcd's unit; its floor is 2 s at etcd's default timing): a dead "
         "leader is replaced within two of these")})
     cluster_name: str = field(default="speckv", metadata={"help": "the etcd key prefix of this cluster's election and state"})
+    compiled: str = field(default="auto", metadata={"help": (
+        "run on the mypyc-compiled build of the hot modules (the holder index, the router, the core; `make "
+        "sim-compiled` builds it): auto = when it matches this source, on = or refuse to start, off = the "
+        "source (docs/scale.md)")})
+    compiled_dir: str = field(default="", metadata={"help": "where the compiled build is; empty = build/sim-compiled at the project root"})
 
     @property
     def etcd_tls(self) -> EtcdTls:
@@ -128,6 +134,8 @@ class SchedulerConfig(ServerSettings):
         if self.oracle_family not in FAMILY_MODES:
             raise InvalidArgument(f"oracle_family={self.oracle_family!r}: expected one of {', '.join(FAMILY_MODES)}")
         parse_kv_events(self.kv_events)
+        if self.compiled not in COMPILED_MODES:
+            raise InvalidArgument(f"compiled={self.compiled!r}: expected one of {', '.join(COMPILED_MODES)}")
         if self.etcd and self.state_dir:
             raise InvalidArgument("etcd and state_dir are exclusive: with --etcd the control state lives in etcd, "
                                   "where every replica can take over")

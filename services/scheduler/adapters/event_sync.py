@@ -68,17 +68,25 @@ KIND_OF_EVENT = {
     kvstore_pb2.KV_EVENT_TYPE_SNAPSHOT: HolderEventKind.SNAPSHOT,
 }
 
+# The media kvstores send, spelled as they send them: one lookup, no parse (Tier.parse takes the rest).
+TIER_OF_MEDIUM = {tier.medium: tier for tier in Tier} | {"": Tier.DEVICE}
+
 
 def to_index_event(event: kvstore_pb2.KVEvent) -> IndexEvent | None:
     kind = KIND_OF_EVENT.get(event.type)
     if kind is None:
         return None
-    try:
-        tier = Tier.parse(event.medium)
-    except InvalidArgument:
-        log.warning("kv event %d from %s names an unknown medium %r; skipped", event.sequence, event.node_id,
-                    event.medium)
-        return None
+    medium = event.medium
+    tier = TIER_OF_MEDIUM.get(medium)
+    if tier is None:
+        try:
+            tier = Tier.parse(medium)
+        except InvalidArgument:
+            log.warning("kv event %d from %s names an unknown medium %r; skipped", event.sequence, event.node_id,
+                        medium)
+            return None
+    if kind is not HolderEventKind.SNAPSHOT:  # only a snapshot lists the lower tiers apart
+        return IndexEvent(kind, list(event.block_hashes), event.has_parent, event.family, event.sequence, tier)
     return IndexEvent(kind, list(event.block_hashes), event.has_parent, event.family, event.sequence, tier,
                       list(event.host_block_hashes) or None, list(event.disk_block_hashes) or None)
 

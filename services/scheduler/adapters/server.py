@@ -15,6 +15,7 @@ from speckv.services.common.rpc.server import ServiceServer, serve_until_signal
 from speckv.services.common.rpc.service_metrics import register_gauges
 from speckv.services.common.rpc.telemetry import Telemetry, build_telemetry
 from speckv.services.common.traces.mooncake import load_mooncake
+from speckv.services.scheduler.adapters.compiled_start import restart_compiled
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.event_sync import EventSync
 from speckv.services.scheduler.adapters.replica_role import ReplicaRole
@@ -277,5 +278,6 @@ def _outcome_rows(labels: dict[str, str], total: int, decided: Mapping[str, int]
 
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
     config = parse_config(SchedulerConfig, argv, environ, prog="speckv scheduler")
+    restart_compiled(config.compiled, config.compiled_dir, argv, environ)  # may replace this process
     telemetry = build_telemetry("scheduler", environ)
     return serve_until_signal(build_server(config, telemetry))

@@ -100,3 +100,13 @@ def test_a_host_ghost_found_on_its_node_again_is_a_hit_it_paid_a_disk_load_for()
     history.removed(A, Tier.HOST, [10, 11], now=0.0)
     history.removed(B, Tier.HOST, [12], now=0.0)
     assert history.wanted([10, 11, 12], now=5.0, recomputed_from=3, routed_to=A) == 2
+
+
+def test_a_block_removed_again_is_the_newest_ghost_of_its_latest_node():
+    history = ReuseHistory(ReuseSettings(max_ghosts=3))
+    history.removed(A, Tier.DEVICE, [1, 2, 3], now=0.0)
+    history.removed(B, Tier.HOST, [1], now=1.0)  # 1 again: now the newest ghost, B's
+    history.removed(A, Tier.DEVICE, [4], now=2.0)  # pushes out the oldest: 2, not 1
+    assert history.wanted([2], now=3.0) == 0
+    assert history.wanted([1, 3, 4], now=3.0) == 3
+    assert history.p_reuse(B, Tier.HOST, 3.0) > history.p_reuse(B, Tier.DEVICE, 3.0)
