@@ -52,7 +52,7 @@ from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.v1 import kvstore_pb2
 
 MIN_RATE_BYTES_S = 20 * 1024 * 1024  # a transfer's deadline: peer timeout + its bytes at this rate
-BATCH_BYTES = 8 * 1024 * 1024  # one NIXL transfer (and target check): 4 MiB-16 MiB ran alike here (journal)
+BATCH_BYTES = 8 * 1024 * 1024  # one NIXL transfer (and target check): 8-16 MiB, 2-8 in flight, ran alike (journal)
 
 
 @dataclass(frozen=True, slots=True)
