@@ -18,6 +18,7 @@ from speckv.services.kvstore.vllm_publisher import DEFAULT_REPLAY_BATCHES, Publi
 KIB = 1024
 MAX_LEASE_S = 24 * 3600.0  # what the store itself accepts (validate.lease)
 MESSAGE_OVERHEAD = 64 * KIB  # room for the non-data fields of a chunk or block message
+MAX_NIXL_BATCH = 64 * 1024 * KIB
 TRANSPORTS = ("auto", "nixl", "tcp", "grpc")
 DATA_PLANE_AUTH = ("auto", "on", "off")
 
@@ -52,6 +53,7 @@ class KVStoreConfig(ServerSettings):
     peer_timeout_s: float = field(default=10.0, metadata={"help": "deadline of unary calls to peers and the scheduler, seconds"})
     transport: str = field(default="auto", metadata={"help": "replication data plane: auto (shared memory to a peer that shares its pools on this host, else nixl where both ends have it, else tcp), nixl (NIXL writes; tcp where an end lacks it), tcp (bulk TCP), grpc (WriteChunks only); all but grpc listen on data_port (docs/dataplane.md)"})
     nixl: bool = field(default=False, metadata={"help": "start a NIXL agent (NIXL installed), its host pools registered, so peers may write replicas with NIXL (docs/dataplane.md); off by default: registering the pools takes seconds per GiB here (a 4 GB pool: 4.4 s to start instead of 0.7)"})
+    nixl_batch_kib: int = field(default=8192, metadata={"help": "bytes of one NIXL transfer into a peer, KiB (256..65536, rounded down to whole blocks, at least one): each is paced by the link cap and checked by the target as it lands (docs/dataplane.md)"})
     data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is auto or tcp; 0 picks a free one"})
     backend: str = field(default="numpy", metadata={"help": f"pool memory: {' | '.join(BACKEND_CHOICES)} (auto: CuPy when a CUDA device is present)"})
     link_gbps: float = field(default=0.0, metadata={"help": "cap on replication bytes this node sends, Gbit/s (emulates a network link); 0: no cap"})
@@ -112,6 +114,9 @@ class KVStoreConfig(ServerSettings):
         check_disk(self, geometry.bytes_per_block)
         if not MIN_CHUNK <= self.chunk_kib * KIB <= MAX_CHUNK:
             raise InvalidArgument(f"chunk_kib={self.chunk_kib}: must be {MIN_CHUNK // KIB}..{MAX_CHUNK // KIB}")
+        if not MIN_CHUNK <= self.nixl_batch_kib * KIB <= MAX_NIXL_BATCH:
+            raise InvalidArgument(f"nixl_batch_kib={self.nixl_batch_kib}: must be {MIN_CHUNK // KIB}.."
+                                  f"{MAX_NIXL_BATCH // KIB}")
         largest = max(self.chunk_kib * KIB, geometry.bytes_per_block) + MESSAGE_OVERHEAD
         if largest > self.max_message_bytes:
             raise InvalidArgument(
@@ -193,3 +198,7 @@ class KVStoreConfig(ServerSettings):
     @property
     def chunk_bytes(self) -> int:
         return self.chunk_kib * KIB
+
+    @property
+    def nixl_batch_bytes(self) -> int:
+        return self.nixl_batch_kib * KIB

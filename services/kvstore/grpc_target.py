@@ -106,11 +106,13 @@ class GrpcReplicationTarget:
             raise domain_error(exc, self.address, f"WriteChunks to {handle}") from None
 
     def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float,
-               shared_memory: bool = False, segment_crcs: Sequence[int] = ()) -> int:
+               shared_memory: bool = False, segment_crcs: Sequence[int] = (), nixl_batches: bool = False) -> int:
+        """nixl_batches: each chunk was a NIXL transfer that notified the
+        target as it landed (nixl/target.py)."""
         request = kvstore_pb2.CommitRequest(
             handle=handle, chunk_crc32c=dict(chunk_crcs), replica_lease_ms=round(replica_lease_s * 1000),
             capability=self.capability, capability_secret=self.secret, shared_memory=shared_memory,
-            segment_crc32c=segment_crcs)
+            segment_crc32c=segment_crcs, nixl_batches=nixl_batches)
         try:
             return self._stub.Commit(request, timeout=self._timeout_s).blocks_committed
         except grpc.RpcError as exc:

@@ -266,13 +266,18 @@ class ReservationBook:
         """The open reservation of handle; Aborted or NotFound otherwise."""
         return self._live(handle)
 
-    def accept_shared(self, handle: Handle, chunk_crcs: dict[int, int], crc_of: RangeCrc) -> None:
+    def accept_shared(self, handle: Handle, chunk_crcs: dict[int, int], crc_of: RangeCrc,
+                      landed: bool = False) -> None:
         """Records chunks a same-host peer wrote straight into the pages
         (shared memory): chunk_crcs' offsets must cut the reservation into
         contiguous chunks from 0 to its end, and crc_of(pages, offset, size)
-        of each must equal the peer's; otherwise the reservation is aborted."""
+        of each must equal the peer's; otherwise the reservation is aborted.
+        landed: some chunks were already checked as they landed (a NIXL
+        writer's batches, nixl/landing.py): those are skipped here (commit
+        compares their checksums), only the others are read; a chunk that
+        overlaps checked bytes without being one is refused."""
         reservation = self._live(handle)
-        if reservation.writers or reservation.chunk_crcs:
+        if reservation.writers or (reservation.chunk_crcs and not landed):
             raise FailedPrecondition(f"reservation {handle} was written over another data plane; commit it there")
         offsets = sorted(chunk_crcs)
         total = reservation.total_bytes
@@ -281,6 +286,11 @@ class ReservationBook:
         if not total and offsets:
             raise InvalidArgument(f"reservation {handle} holds no bytes; send no chunk checksums")
         for lo, hi in zip(offsets, [*offsets[1:], total]):
+            if lo in reservation.chunk_crcs:
+                continue  # checked as it landed; commit compares the checksums and finds any bytes left out
+            if reservation.received.overlaps(lo, hi):
+                self._close(reservation, ReservationState.ABORTED, f"chunk at offset {lo} cuts checked bytes")
+                raise Aborted(f"chunk {lo}..{hi} of {handle} overlaps bytes checked as another chunk; aborted")
             actual = crc_of(reservation.pages, lo, hi - lo)
             if actual != chunk_crcs[lo]:
                 self._close(reservation, ReservationState.ABORTED, f"chunk at offset {lo} failed its crc32c")

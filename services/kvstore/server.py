@@ -32,6 +32,7 @@ from speckv.services.kvstore.token_bucket import TokenBucket, gbit_to_bytes_per_
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.nixl.agent import NixlAgent
 from speckv.services.kvstore.nixl.endpoint import NixlEndpoint
+from speckv.services.kvstore.nixl.landing import NixlLanding
 from speckv.services.kvstore.nixl.target import NixlPeers, NixlReplicationTarget
 from speckv.services.kvstore.peers import RegisteredPeers, RegistryFetch
 from speckv.services.kvstore.replication import Replicator, TargetFactory
@@ -104,7 +105,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
     limits = RequestLimits(config.max_reservation_lease_s, config.pin_lease_s, config.max_family_chars)
     servicer = KVStoreServicer(store, replicator, stopping, config.reservation_lease_s,
                                data_address=_data_address(config, data_plane), limits=limits, gate=gate,
-                               nixl=lambda: nixl.agent,
+                               nixl=lambda: nixl.agent, landing=lambda: nixl.landing,
                                order_counters=lambda: agent.order_counters() if agent is not None else {})
 
     def register(server: grpc.Server) -> list[str]:
@@ -112,7 +113,7 @@ def build_server(config: KVStoreConfig, telemetry: Telemetry, clock: Clock | Non
         return [SERVICE_NAME]
 
     server = ServiceServer(SERVICE, config, telemetry, register)
-    _register_metrics(telemetry, store, data_plane, replicator)
+    _register_metrics(telemetry, store, data_plane, replicator, lambda: nixl.landing)
     maintenance = threading.Thread(target=_maintain, args=(store, stopping), name=f"{config.node_id}-maintenance",
                                    daemon=True)
     if config.scheduler:
@@ -169,7 +170,7 @@ def build_transports(config: KVStoreConfig, telemetry: Telemetry, clock: Clock,
 
     def over_nixl(control: GrpcReplicationTarget) -> NixlReplicationTarget:
         fallback = TcpReplicationTarget(control, timeout_s=config.peer_timeout_s, bucket=bucket)
-        return NixlReplicationTarget(control, fallback, nixl_peers, nixl, bucket, batch_bytes=config.chunk_bytes)
+        return NixlReplicationTarget(control, fallback, nixl_peers, nixl, bucket, batch_bytes=config.nixl_batch_bytes)
 
     def nixl_target(address: str) -> NixlReplicationTarget:
         """NIXL when both ends have an agent, else TCP."""
@@ -244,6 +245,15 @@ def data_plane_refusals(node_id: str, data_plane: DataPlaneServer) -> Observatio
     return [(float(count), {"node": node_id, "cause": cause}) for cause, count in data_plane.counts().as_dict().items()]
 
 
+def nixl_batches(node_id: str, landing: NixlLanding | None) -> Observations:
+    """NIXL batches this node checked as they landed, passed or refused, since
+    its agent started (none without one)."""
+    if landing is None:
+        return []
+    return [(float(landing.checked), {"node": node_id, "outcome": "checked"}),
+            (float(landing.refused), {"node": node_id, "outcome": "refused"})]
+
+
 def data_plane_connections(node_id: str, data_plane: DataPlaneServer) -> Observations:
     """Data plane connections now: served (verified), waiting (not yet) and
     held (refused, kept open until their deadline)."""
@@ -253,7 +263,7 @@ def data_plane_connections(node_id: str, data_plane: DataPlaneServer) -> Observa
 
 
 def _register_metrics(telemetry: Telemetry, store: KVStoreCore, data_plane: DataPlaneServer | None,
-                      replicator: Replicator) -> None:
+                      replicator: Replicator, landing: Callable[[], NixlLanding | None] = lambda: None) -> None:
     gauges = {
         # Copies this node sent as a source, and their bytes, per data plane and outcome (cumulative).
         "speckv.kvstore.replications": lambda: [
@@ -267,6 +277,8 @@ def _register_metrics(telemetry: Telemetry, store: KVStoreCore, data_plane: Data
         "speckv.kvstore.blocks": lambda: block_totals(store.stats()),
         "speckv.kvstore.events.last_sequence": lambda: [(float(store.stats().last_event_sequence),
                                                          {"node": store.node_id})],
+        # NIXL batches written into this node, checked as they landed: passed or refused (cumulative).
+        "speckv.kvstore.nixl.batches": lambda: nixl_batches(store.node_id, landing()),
     }
     if data_plane is not None:
         gauges["speckv.kvstore.dataplane.refused"] = lambda: data_plane_refusals(store.node_id, data_plane)

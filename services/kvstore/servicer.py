@@ -15,8 +15,9 @@ commit or abort with it.
 Shared memory (OpenSharedPools, MapBlocks, Reserve and Commit with
 shared_memory): store_shared.py; who may map the pools: shm/arena.py.
 
-NIXL (NixlMetadata, Reserve with nixl, then Commit with shared_memory):
-nixl/agent.py; the metadata goes only to a node or the admin over TLS, and
+NIXL (NixlMetadata, Reserve with nixl, then Commit with shared_memory and
+nixl_batches): nixl/agent.py, each batch checked as it lands by
+nixl/landing.py; the metadata goes only to a node or the admin over TLS, and
 the grant names only the reservation's pages (docs/dataplane.md says what
 that bounds and what it does not)."""
 from __future__ import annotations
@@ -40,6 +41,7 @@ from speckv.services.kvstore import validate
 from speckv.services.kvstore.checksum import crc32c
 from speckv.services.kvstore.events import KVEvent
 from speckv.services.kvstore.nixl.agent import NixlAgent
+from speckv.services.kvstore.nixl.landing import NixlLanding
 from speckv.services.kvstore.replication import ReplicationResult, Replicator, TransferOrder, TransferOutcome
 from speckv.services.kvstore.records import BlockWrite, StoreStats
 from speckv.services.kvstore.shm.arena import HostIdentity
@@ -65,12 +67,15 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                  default_reservation_lease_s: float, data_address: str = "",
                  limits: RequestLimits = RequestLimits(), gate: WriteGate | None = None,
                  nixl: Callable[[], NixlAgent | None] = lambda: None,
-                 order_counters: Callable[[], Mapping[str, int]] = dict) -> None:
-        """nixl: this kvstore's NIXL agent once started (None: none); order_counters: the scheduler
-        agent's (StatsResponse.order_counters; empty without one)."""
+                 order_counters: Callable[[], Mapping[str, int]] = dict,
+                 landing: Callable[[], NixlLanding | None] = lambda: None) -> None:
+        """nixl: this kvstore's NIXL agent once started (None: none); landing: its landing thread
+        (each NIXL batch checked as it lands); order_counters: the scheduler agent's
+        (StatsResponse.order_counters; empty without one)."""
         self._store = store
         self._order_counters = order_counters
         self._nixl = nixl
+        self._landing = landing
         self._gate = gate
         self._data_address = data_address
         self._replicator = replicator
@@ -186,6 +191,9 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
             reply.pages_token = self._store.shared_arenas()[tier].token
         elif request.nixl:
             self._nixl_pages(grant.handle, reply)
+            landing = self._landing()
+            if landing is not None:
+                landing.expect(grant.handle, lease_s)
         return reply
 
     def _nixl_pages(self, handle: str, reply: kvstore_pb2.ReserveResponse) -> None:
@@ -217,7 +225,7 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.NixlMetadataResponse(
             agent_name=agent.name, metadata=agent.metadata(), geometry=geometry_to_proto(self._store.geometry),
             pools=[kvstore_pb2.NixlPool(medium=medium, address=r.address, size=r.size, num_pages=r.num_pages)
-                   for medium, r in agent.regions.items()])
+                   for medium, r in agent.regions.items()], batch_notes=self._landing() is not None)
 
     def WriteChunks(self, request_iterator: Iterator[kvstore_pb2.WriteChunkRequest],
                     context: grpc.ServicerContext) -> kvstore_pb2.WriteChunksResponse:
@@ -237,9 +245,13 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Commit(self, request: kvstore_pb2.CommitRequest, context: grpc.ServicerContext) -> kvstore_pb2.CommitResponse:
         self._writer(context, request.capability, request.handle, request.capability_secret)
+        landing = self._landing() if request.nixl_batches else None
+        if landing is not None:  # each batch was checked as it landed: wait for the last ones
+            landing.settle(request.handle, request.chunk_crc32c.keys())
         if request.shared_memory:
             committed = self._store.commit_shared(request.handle, dict(request.chunk_crc32c),
-                                                  request.replica_lease_ms / MS, list(request.segment_crc32c))
+                                                  request.replica_lease_ms / MS, list(request.segment_crc32c),
+                                                  landed=request.nixl_batches)
         else:
             committed = self._store.commit(request.handle, dict(request.chunk_crc32c), request.replica_lease_ms / MS)
         return kvstore_pb2.CommitResponse(blocks_committed=committed)
@@ -270,7 +282,11 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
 
     def Abort(self, request: kvstore_pb2.AbortRequest, context: grpc.ServicerContext) -> kvstore_pb2.AbortResponse:
         self._writer(context, request.capability, request.handle, request.capability_secret)
-        return kvstore_pb2.AbortResponse(pages_freed=self._store.abort(request.handle, request.reason))
+        freed = self._store.abort(request.handle, request.reason)
+        landing = self._landing()
+        if landing is not None:
+            landing.forget(request.handle)
+        return kvstore_pb2.AbortResponse(pages_freed=freed)
 
 
     def _writer(self, context: grpc.ServicerContext, token: bytes, handle: str, secret: bytes) -> Capability | None:

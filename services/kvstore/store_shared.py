@@ -131,14 +131,16 @@ class SharedPages:
             return pool.data, pool.pages_crcs(pages)
 
     def commit_shared(self: KVStoreCore, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float,
-                      segment_crcs: Sequence[int] = ()) -> int:
+                      segment_crcs: Sequence[int] = (), landed: bool = False) -> int:
         """Commits a reservation written through shared memory: chunk_crcs
         (offset -> crc32c) must cut the whole reservation into chunks (each
         ends where the next offset starts, the last at its end) and match the
         bytes now in its pages; otherwise Aborted, nothing published.
         segment_crcs: the writer's checksum of every segment it wrote (2 *
         num_layers per block, in order); kept as the pages' checksums, so the
-        match is folded from them instead of read from the pages."""
+        match is folded from them instead of read from the pages. landed:
+        chunks already checked as they landed (a NIXL writer's batches,
+        nixl/landing.py) are not read again; the others are."""
         validate.identifier(handle, "handle")
         if replica_lease_s < 0 or not math.isfinite(replica_lease_s):
             raise InvalidArgument(f"replica_lease_s={replica_lease_s}: must be >= 0")
@@ -153,7 +155,7 @@ class SharedPages:
                                           f"{len(pages)} blocks of {per_block} segments")
                 tier.pool.crcs.record_pages(pages, np.asarray(segment_crcs, dtype=np.uint32).reshape(-1, per_block))
             tier.book.accept_shared(Handle(handle), dict(chunk_crcs), lambda pages, lo, size: _range_crc(
-                tier, pages, lo, size))
+                tier, pages, lo, size), landed=landed)
             return tier.book.commit(Handle(handle), dict(chunk_crcs), replica_lease_s)
 
 

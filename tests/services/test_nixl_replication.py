@@ -32,8 +32,9 @@ from tests.support.kvstore_procs import (
 
 pytestmark = pytest.mark.skipif(NixlLoader().api() is None, reason="NIXL is not installed (make .venv/.installed-nixl)")
 
-PER_CHUNK = 8  # 32 KiB blocks in the 256 KiB chunks asked below: one paced NIXL transfer
-WITH_NIXL = ["--nixl"]  # an agent is off by default (config.py: registering the pools is slow)
+PER_CHUNK = 8  # 32 KiB blocks in a 256 KiB NIXL batch: one transfer, noted and checked as it lands
+# An agent is off by default (config.py: registering the pools is slow); batches of PER_CHUNK blocks.
+WITH_NIXL = ["--nixl", "--nixl-batch-kib", "256"]
 HASHES = list(range(1, 301))
 NIXL = "nixl"
 

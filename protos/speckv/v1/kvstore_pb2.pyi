@@ -320,7 +320,7 @@ class WriteChunksResponse(_message.Message):
     def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability", "capability_secret", "shared_memory", "segment_crc32c")
+    __slots__ = ("handle", "chunk_crc32c", "replica_lease_ms", "capability", "capability_secret", "shared_memory", "segment_crc32c", "nixl_batches")
     class ChunkCrc32cEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +335,7 @@ class CommitRequest(_message.Message):
     CAPABILITY_SECRET_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_CRC32C_FIELD_NUMBER: _ClassVar[int]
+    NIXL_BATCHES_FIELD_NUMBER: _ClassVar[int]
     handle: str
     chunk_crc32c: _containers.ScalarMap[int, int]
     replica_lease_ms: int
@@ -342,7 +343,8 @@ class CommitRequest(_message.Message):
     capability_secret: bytes
     shared_memory: bool
     segment_crc32c: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ..., shared_memory: _Optional[bool] = ..., segment_crc32c: _Optional[_Iterable[int]] = ...) -> None: ...
+    nixl_batches: bool
+    def __init__(self, handle: _Optional[str] = ..., chunk_crc32c: _Optional[_Mapping[int, int]] = ..., replica_lease_ms: _Optional[int] = ..., capability: _Optional[bytes] = ..., capability_secret: _Optional[bytes] = ..., shared_memory: _Optional[bool] = ..., segment_crc32c: _Optional[_Iterable[int]] = ..., nixl_batches: _Optional[bool] = ...) -> None: ...
 
 class CommitResponse(_message.Message):
     __slots__ = ("blocks_committed",)
@@ -446,13 +448,15 @@ class NixlPool(_message.Message):
     def __init__(self, medium: _Optional[str] = ..., address: _Optional[int] = ..., size: _Optional[int] = ..., num_pages: _Optional[int] = ...) -> None: ...
 
 class NixlMetadataResponse(_message.Message):
-    __slots__ = ("agent_name", "metadata", "pools", "geometry")
+    __slots__ = ("agent_name", "metadata", "pools", "geometry", "batch_notes")
     AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     POOLS_FIELD_NUMBER: _ClassVar[int]
     GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_NOTES_FIELD_NUMBER: _ClassVar[int]
     agent_name: str
     metadata: bytes
     pools: _containers.RepeatedCompositeFieldContainer[NixlPool]
     geometry: _common_pb2.KVGeometry
-    def __init__(self, agent_name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., pools: _Optional[_Iterable[_Union[NixlPool, _Mapping]]] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ...) -> None: ...
+    batch_notes: bool
+    def __init__(self, agent_name: _Optional[str] = ..., metadata: _Optional[bytes] = ..., pools: _Optional[_Iterable[_Union[NixlPool, _Mapping]]] = ..., geometry: _Optional[_Union[_common_pb2.KVGeometry, _Mapping]] = ..., batch_notes: _Optional[bool] = ...) -> None: ...

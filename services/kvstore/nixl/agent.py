@@ -8,8 +8,10 @@ metadata is exchanged over speckv's gRPC (KVStore.NixlMetadata), never
 NIXL's own listener or etcd: the agent runs no listen thread.
 
 A source writes with `write`: each Batch (layout.py) is one NIXL WRITE from
-its registered pages to the remote's, polled to completion under a
-deadline. The agent name carries a random token, so a restarted kvstore is a
+its registered pages to the remote's, a few in flight at once, polled to
+completion under a deadline; each may carry a note NIXL delivers to the
+remote once its bytes have landed (batch_note.py), which the target reads
+with `notifications` (landing.py checks each batch as it lands). The agent name carries a random token, so a restarted kvstore is a
 different remote agent and a peer holding the old metadata is told apart by
 the name its Reserve answers.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections import deque
 from types import ModuleType
 from typing import Callable, Mapping, Sequence
 
@@ -33,6 +36,7 @@ from speckv.services.kvstore.nixl.layout import Batch, PoolRegion
 log = logging.getLogger(__name__)
 MEMORY = "DRAM"
 POLL_S = 50e-6  # between completion checks of a transfer in progress: well under a MiB's time on any link
+WINDOW = 4  # transfers in flight per order: the next batch is posted while earlier ones complete
 
 
 class NixlAgent:
@@ -85,40 +89,78 @@ class NixlAgent:
             log.debug("NIXL: removing remote agent %s failed", name, exc_info=True)
 
     def write(self, remote: str, batches: Sequence[Batch], deadline_s: float,
-              pace: Callable[[int], None] = lambda nbytes: None) -> int:
-        """NIXL WRITEs of every batch to agent remote, one after another,
-        each paced first; returns the bytes written. Unavailable when a
-        transfer fails or the deadline (time.monotonic) passes; a transfer
-        that has not completed is released (NIXL cancels it) before raising."""
+              pace: Callable[[int], None] = lambda nbytes: None, notes: Sequence[bytes] = (),
+              window: int = WINDOW) -> int:
+        """NIXL WRITEs of every batch to agent remote, in order, each paced
+        before it is posted, at most window in flight; notes[i] (if given) is
+        the notification NIXL delivers to remote once batch i has landed.
+        Returns the bytes written. Unavailable when a transfer fails or the
+        deadline (time.monotonic) passes; every transfer not yet completed is
+        released (NIXL cancels it) before raising."""
+        if notes and len(notes) != len(batches):
+            raise ValueError(f"{len(notes)} notes for {len(batches)} batches")
+        flying: deque[tuple[object, int]] = deque()  # (handle, bytes), oldest first
         written = 0
-        for batch in batches:
-            pace(batch.nbytes)
-            local = self._agent.get_xfer_descs(batch.local, MEMORY)
-            target = self._agent.get_xfer_descs(batch.remote, MEMORY)
-            try:
-                handle = self._agent.initialize_xfer("WRITE", local, target, remote)
-            except Exception as exc:  # noqa: BLE001
-                raise Unavailable(f"NIXL: cannot start a write to {remote}: {exc}") from None
-            try:
-                self._complete(handle, remote, deadline_s)
-            except Unavailable:
-                raise
-            except Exception as exc:  # noqa: BLE001 - NIXL's errors (nixlRemoteDisconnectError: the peer died)
-                raise Unavailable(f"NIXL: write to {remote} failed: {type(exc).__name__}: {exc}") from None
-            finally:
+        try:
+            for i, batch in enumerate(batches):
+                while len(flying) >= max(1, window):
+                    written += self._complete(flying, remote, deadline_s)
+                pace(batch.nbytes)
+                flying.append((self._post(remote, batch, notes[i] if notes else b""), batch.nbytes))
+            while flying:
+                written += self._complete(flying, remote, deadline_s)
+        finally:
+            for handle, _ in flying:
                 _release(handle)
-            written += batch.nbytes
         return written
 
-    def _complete(self, handle: object, remote: str, deadline_s: float) -> None:
-        state = self._agent.transfer(handle)
-        while state == "PROC":
-            if time.monotonic() > deadline_s:
-                raise Unavailable(f"NIXL: write to {remote} not done by its deadline")
-            time.sleep(POLL_S)
+    def _post(self, remote: str, batch: Batch, note: bytes) -> object:
+        local = self._agent.get_xfer_descs(batch.local, MEMORY)
+        target = self._agent.get_xfer_descs(batch.remote, MEMORY)
+        try:
+            handle = self._agent.initialize_xfer("WRITE", local, target, remote, note)
+        except Exception as exc:  # noqa: BLE001
+            raise Unavailable(f"NIXL: cannot start a write to {remote}: {exc}") from None
+        try:
+            state = self._agent.transfer(handle)
+        except Exception as exc:  # noqa: BLE001 - NIXL's errors (nixlRemoteDisconnectError: the peer died)
+            _release(handle)
+            raise Unavailable(f"NIXL: write to {remote} failed: {type(exc).__name__}: {exc}") from None
+        if state not in ("PROC", "DONE"):
+            _release(handle)
+            raise Unavailable(f"NIXL: write to {remote} failed ({state})")
+        return handle
+
+    def _complete(self, flying: deque[tuple[object, int]], remote: str, deadline_s: float) -> int:
+        """Waits for the oldest transfer in flying, removes and releases it;
+        its bytes. On failure it stays in flying (the caller releases it)."""
+        handle, nbytes = flying[0]
+        try:
             state = self._agent.check_xfer_state(handle)
+            while state == "PROC":
+                if time.monotonic() > deadline_s:
+                    raise Unavailable(f"NIXL: write to {remote} not done by its deadline")
+                time.sleep(POLL_S)
+                state = self._agent.check_xfer_state(handle)
+        except Unavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - NIXL's errors (nixlRemoteDisconnectError: the peer died)
+            raise Unavailable(f"NIXL: write to {remote} failed: {type(exc).__name__}: {exc}") from None
         if state != "DONE":
             raise Unavailable(f"NIXL: write to {remote} failed ({state})")
+        flying.popleft()
+        _release(handle)
+        return nbytes
+
+    def notifications(self) -> list[bytes]:
+        """The notifications that arrived since the last call, from any
+        remote agent (the sender's name is its own claim: not used)."""
+        try:
+            arrived = self._agent.get_new_notifs()
+        except Exception:  # noqa: BLE001 - a closing agent: nothing arrived
+            log.debug("NIXL: reading notifications failed", exc_info=True)
+            return []
+        return [message for messages in arrived.values() for message in messages]
 
     def close(self) -> None:
         for descs in self._registered:

@@ -1,14 +1,17 @@
 """The kvstore process's NIXL agent over its life: started with the server
-when NIXL imports and --nixl is on, its host pools registered; closed at
-stop. Until it starts (or when it cannot), `agent` is None: peers are told
-this kvstore has none (NixlMetadata FAILED_PRECONDITION) and its own
-replications use tcp where they would have used nixl.
+when NIXL imports and --nixl is on, its host pools registered, with its
+landing thread (landing.py: each transfer into a reservation checked as it
+lands); both closed at stop. Until it starts (or when it cannot), `agent`
+and `landing` are None: peers are told this kvstore has none (NixlMetadata
+FAILED_PRECONDITION) and its own replications use tcp where they would
+have used nixl.
 """
 from __future__ import annotations
 
 import logging
 
 from speckv.services.kvstore.nixl.agent import NixlAgent
+from speckv.services.kvstore.nixl.landing import NixlLanding
 from speckv.services.kvstore.nixl.loader import LOADER, NixlLoader
 from speckv.services.kvstore.store import KVStoreCore
 
@@ -21,6 +24,7 @@ class NixlEndpoint:
         self._enabled = enabled
         self._loader = loader
         self.agent: NixlAgent | None = None
+        self.landing: NixlLanding | None = None
         self._every_pool = False  # every tier's pool is registered (none is on a GPU)
 
     @property
@@ -42,11 +46,15 @@ class NixlEndpoint:
             log.warning("NIXL agent did not start (%s: %s): --transport auto uses tcp where nixl would carry a "
                         "replication", type(exc).__name__, exc)
             return
+        self.landing = NixlLanding(self.agent.notifications, self._store).start()
         self._every_pool = len(pools) == (1 if self._store.stats().host is None else 2)
         log.info("NIXL agent %s: pools %s registered%s", self.agent.name, ", ".join(pools),
                  "" if self._every_pool else "; a pool on the GPU is not, so replicas from here go by tcp")
 
     def stop(self) -> None:
         agent, self.agent, self._every_pool = self.agent, None, False
+        landing, self.landing = self.landing, None
+        if landing is not None:
+            landing.stop()
         if agent is not None:
             agent.close()

@@ -8,8 +8,11 @@ descriptor pair per (layer, K/V) and run of pages consecutive on both sides
 (shm/runs.py), the same cut as the shared-memory copy.
 
 Batches: the descriptors are cut into batches of at most batch_pages pages
-(0: one batch), one NIXL transfer each, so a link cap can pace them; a run
-longer than a batch is split. Descriptor rows are (address, length, device
+(0: one batch), one NIXL transfer each, so a link cap can pace them and the
+target can check each batch as it lands; a run longer than a batch is
+split. A batch holds the pairs at positions [first, first + pages) of the
+lists given (runs come in list order), so it is bytes [first *
+bytes_per_block, (first + pages) * bytes_per_block) of the reservation. Descriptor rows are (address, length, device
 id 0), uint64, as NIXL's get_xfer_descs takes an Nx3 array. Pure: no NIXL here.
 """
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Batch:
     local: np.ndarray  # [n, 3] uint64: address, length, 0
     remote: np.ndarray
     pages: int
+    first: int = 0  # position of its first page pair in the lists given
 
     @property
     def nbytes(self) -> int:
@@ -72,6 +76,7 @@ def write_batches(source: PoolRegion, target: PoolRegion, source_pages: Sequence
     batches: list[Batch] = []
     pending: list[tuple[int, int, int]] = []  # (source page, target page, count) in the batch being filled
     room = batch_pages or len(source_pages)
+    first = 0
     for run in paired_runs(source_pages, target_pages):
         src, dst, left = run.src, run.dst, run.count
         while left:
@@ -79,14 +84,15 @@ def write_batches(source: PoolRegion, target: PoolRegion, source_pages: Sequence
             pending.append((src, dst, take))
             src, dst, left = src + take, dst + take, left - take
             if sum(c for _, _, c in pending) == room:
-                batches.append(_batch(source, target, pending))
+                batches.append(_batch(source, target, pending, first))
+                first += room
                 pending = []
     if pending:
-        batches.append(_batch(source, target, pending))
+        batches.append(_batch(source, target, pending, first))
     return batches
 
 
-def _batch(source: PoolRegion, target: PoolRegion, runs: list[tuple[int, int, int]]) -> Batch:
+def _batch(source: PoolRegion, target: PoolRegion, runs: list[tuple[int, int, int]], first: int) -> Batch:
     rows = 2 * source.num_layers * len(runs)
     local = np.zeros((rows, 3), dtype=np.uint64)
     remote = np.zeros((rows, 3), dtype=np.uint64)
@@ -98,4 +104,4 @@ def _batch(source: PoolRegion, target: PoolRegion, runs: list[tuple[int, int, in
                 local[i, 0], local[i, 1] = source.segment_address(layer, kv, src), length
                 remote[i, 0], remote[i, 1] = target.segment_address(layer, kv, dst), length
                 i += 1
-    return Batch(local, remote, sum(c for _, _, c in runs))
+    return Batch(local, remote, sum(c for _, _, c in runs), first)

@@ -14,12 +14,19 @@ reservation is aborted, the old agent dropped, the order fails UNAVAILABLE
 and its retry loads the new one) or a commit fails UNAVAILABLE. Without
 NIXL the order goes to the fallback (TCP), and the result names it.
 
-Checking: Commit carries the crc32c of every block, folded from the source's
-segment checksums; the target reads its pages and compares them
-(store_shared.commit_shared, without the writer's segment checksums: the
-target does not take a remote writer's word for what landed). Nothing is
-visible before that commit; an abort or the reservation's lease frees the
-pages. The node's link cap paces the transfers, batch by batch.
+Checking: the copy is cut into batches of batch_bytes (whole blocks), one
+NIXL transfer each, WINDOW in flight. Where the target says it takes batch
+notes (NixlMetadataResponse.batch_notes), each transfer carries one
+(batch_note.py: the batch's range and crc32c, folded from the source's
+cached segment checksums), which NIXL delivers once its bytes have landed;
+the target checksums them then (landing.py), while the next batches land,
+and Commit (with nixl_batches) carries each batch's crc32c and waits only
+for the last checks. An older target gets no notes and the crc32c of every
+block; it reads its pages at commit. Either way the target compares the
+bytes it holds with the writer's checksums (it does not take a remote
+writer's word for what landed). Nothing is visible before that commit; an
+abort or the reservation's lease frees the pages. The node's link cap
+paces the transfers, batch by batch.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.rpc.geometry_proto import geometry_from_proto
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget, domain_error
 from speckv.services.kvstore.nixl.agent import NixlAgent
+from speckv.services.kvstore.nixl.batch_note import batch_crcs, notes_for
 from speckv.services.kvstore.nixl.layout import PoolRegion, write_batches
 from speckv.services.kvstore.replication import Chunk, ReplicationTarget, TransferOrder
 from speckv.services.kvstore.reservations import Grant
@@ -44,6 +52,7 @@ from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.v1 import kvstore_pb2
 
 MIN_RATE_BYTES_S = 20 * 1024 * 1024  # a transfer's deadline: peer timeout + its bytes at this rate
+BATCH_BYTES = 8 * 1024 * 1024  # one NIXL transfer (and target check): 8-16 MiB, 2-8 in flight, ran alike (journal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,7 @@ class RemoteAgent:
     name: str
     pools: dict[str, PoolRegion]  # medium -> its registered pool
     geometry: KVGeometry
+    batch_notes: bool = False  # it checks each batch as it lands (landing.py)
 
 
 class NixlPeers:
@@ -82,7 +92,7 @@ class NixlPeers:
                                                 f"answered as {reply.agent_name!r}")
             pools = {p.medium: PoolRegion(p.address, p.num_pages, geometry.num_layers, geometry.segment_bytes)
                      for p in reply.pools}
-            known = self._known[control.address] = RemoteAgent(name, pools, geometry)
+            known = self._known[control.address] = RemoteAgent(name, pools, geometry, reply.batch_notes)
             return known
 
     def forget(self, address: str, agent: NixlAgent) -> None:
@@ -95,11 +105,11 @@ class NixlPeers:
 class NixlReplicationTarget:
     def __init__(self, control: GrpcReplicationTarget, fallback: ReplicationTarget, peers: NixlPeers,
                  agent: Callable[[], NixlAgent | None], bucket: TokenBucket | None = None,
-                 batch_bytes: int = 1024 * 1024) -> None:
+                 batch_bytes: int = BATCH_BYTES) -> None:
         """agent: this kvstore's agent (None: no NIXL here); fallback: the
         transport when either end lacks NIXL, over the same control channel
-        (closing it closes both); batch_bytes: the size of one NIXL transfer
-        when a link cap paces them (uncapped: one transfer per order)."""
+        (closing it closes both); batch_bytes: the bytes of one NIXL
+        transfer, rounded down to whole blocks (at least one)."""
         self._control = control
         self._fallback = fallback
         self._peers = peers
@@ -110,6 +120,7 @@ class NixlReplicationTarget:
         self._remote: RemoteAgent | None = None
         self._grant: Grant | None = None
         self._crcs: dict[int, int] = {}
+        self._noted = False  # the batches carried notes: commit with nixl_batches
         self.transport = "nixl"
 
     @property
@@ -163,22 +174,29 @@ class NixlReplicationTarget:
         if target is None:
             raise errors.FailedPrecondition(f"target {self._control.address}: no {grant.pages_medium} pool in its "
                                             "NIXL metadata")
-        block_bytes = agent.geometry.bytes_per_block
-        batch_pages = max(1, self._batch_bytes // block_bytes) if self._bucket is not None else 0
-        batches = write_batches(agent.region_of(source), target, source_pages, grant.pages, batch_pages)
+        block_bytes, segment_bytes = agent.geometry.bytes_per_block, agent.geometry.segment_bytes
+        batches = write_batches(agent.region_of(source), target, source_pages, grant.pages,
+                                max(1, self._batch_bytes // block_bytes))
+        notes: list[bytes] = []
+        if remote.batch_notes:
+            crcs = batch_crcs(batches, source_crcs, block_bytes, segment_bytes)
+            notes = notes_for(handle, batches, crcs, block_bytes)
+        else:
+            crcs = fold_block_crcs(source_crcs, segment_bytes, block_bytes)
         deadline = time.monotonic() + self._control.timeout_s + len(source_pages) * block_bytes / MIN_RATE_BYTES_S
         try:
-            agent.write(remote.name, batches, deadline, self._pace)
+            agent.write(remote.name, batches, deadline, self._pace, notes)
         except errors.Unavailable:
             self._peers.forget(self._control.address, agent)  # a dead target: load it afresh next time
             raise
-        self._crcs = fold_block_crcs(source_crcs, agent.geometry.segment_bytes, block_bytes)
+        self._crcs, self._noted = crcs, bool(notes)
 
     def commit(self, handle: str, chunk_crcs: Mapping[int, int], replica_lease_s: float) -> int:
         if not self.active:
             return self._fallback.commit(handle, chunk_crcs, replica_lease_s)
         try:
-            return self._control.commit(handle, self._crcs or chunk_crcs, replica_lease_s, shared_memory=True)
+            return self._control.commit(handle, self._crcs or chunk_crcs, replica_lease_s, shared_memory=True,
+                                        nixl_batches=self._noted)
         except errors.Unavailable:
             self._peers.forget(self._control.address, self._agent)  # type: ignore[arg-type]
             raise

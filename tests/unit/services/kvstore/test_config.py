@@ -32,6 +32,8 @@ def test_flags_beat_environment():
     (["--host-pages", "-1"], "host_pages"),
     (["--chunk-kib", "128"], "chunk_kib"),
     (["--chunk-kib", "8192"], "chunk_kib"),
+    (["--nixl-batch-kib", "128"], "nixl_batch_kib"),
+    (["--nixl-batch-kib", "131072"], "nixl_batch_kib"),
     (["--event-retention", "0"], "event_retention"),
     (["--heartbeat-interval-s", "0"], "heartbeat_interval_s"),
     (["--reservation-lease-s", "-1"], "reservation_lease_s"),

@@ -45,6 +45,22 @@ def test_batches_copy_exactly_the_pages(pages, batch_pages):
     assert sum(b.pages for b in batches) == len(src_pages)
     assert all(b.pages <= (batch_pages or len(src_pages)) for b in batches)
     assert sum(b.nbytes for b in batches) == len(src_pages) * 2 * LAYERS * SEGMENT
+    assert [b.first for b in batches] == list(np.cumsum([0] + [b.pages for b in batches[:-1]]))
+
+
+@pytest.mark.parametrize("batch_pages", [1, 2, 3])
+def test_a_batch_is_the_pairs_at_its_positions(batch_pages):
+    """Batch k writes exactly pairs [first, first + pages) of the lists, so
+    its bytes are that range of the reservation (what its note names)."""
+    source, target = pool(10, 1), pool(12, 2)
+    src_pages, dst_pages = [0, 1, 2, 7, 8, 3], [9, 3, 4, 5, 0, 11]
+    for batch in write_batches(region(source), region(target), src_pages, dst_pages, batch_pages):
+        target[...] = 0
+        apply([batch], source, target)
+        span = slice(batch.first, batch.first + batch.pages)
+        assert np.array_equal(target[:, :, dst_pages[span]], source[:, :, src_pages[span]])
+        untouched = [p for p in range(12) if p not in dst_pages[span]]
+        assert not target[:, :, untouched].any()
 
 
 def test_a_run_consecutive_on_both_sides_is_one_descriptor_per_layer_and_kv():
