@@ -237,6 +237,10 @@ class _Tick:
         for node in self.landing.get(name, ()):
             if node in self.live and node not in held:
                 held[node] = longest  # a copy landing there serves like a holder
+        # In node order: the walk gives a tie to the first option, and the
+        # index lists equal holders (and landing is a set) in string-hash order,
+        # which differs per process; the queue externality prices each node apart.
+        held = dict(sorted(held.items()))
         full_ms = self.pricer.prefill_ms(prompt, 0, block_size)
         fam = FamilyState(name, demand, list(profile.chain[:longest]), prompt,
                           source, host_only[source], held, host_only, [], full_ms,

@@ -160,9 +160,10 @@ def queue_externality_ms(work_before: Mapping[str, float], work_after: Mapping[s
     """Expected delay an action adds to the other requests routed to the
     nodes whose work it changes: requests arriving at rate r during an added
     busy time of W ms wait W/2 on average, r x W/1000 x W/2; work taken off a
-    node gives the same back (signed). ms."""
+    node gives the same back (signed). ms. Summed in node order, so the
+    figure does not depend on the process's string hashing (a set's order)."""
     total = 0.0
-    for node in set(work_before) | set(work_after):
+    for node in sorted(set(work_before) | set(work_after)):
         delta = work_after.get(node, 0.0) - work_before.get(node, 0.0)
         total += max(routes_per_s.get(node, 0.0), 0.0) * delta * abs(delta) / 2e3
     return total

@@ -355,3 +355,42 @@ def test_return_forecasts_and_burst_counts_have_their_own_floors(kind, count, or
     forecasts = core.context.forecasts
     forecasts.counts, forecasts.kinds = {FAMILY: count}, {FAMILY: kind}
     assert [o.spec.forecast for o in core.tick()] == [kind.value] * orders
+
+
+_TWO_EQUAL_HOLDERS = """
+from speckv.services.scheduler.cluster import NodeLoad
+from speckv.services.scheduler.holder_index import HolderEventKind
+from tests.support.scheduler_scenarios import CHAIN, FAMILY, BS, ScriptedForecasts, heartbeat_all, make_core, store
+forecasts = ScriptedForecasts()
+core, clock = make_core(6, "predictive", forecasts, planner={"horizon_s": 1.0, "plan_every_s": 0.0,
+                                                              "queue_externality": True})
+store(core, "n0", CHAIN)
+store(core, "n1", CHAIN)  # two holders of the same prefix, equally idle: the walk's tie
+other = list(range(90_000, 90_064))
+store(core, "n1", other, family="other")
+for i in range(40):  # routes to n1 only: the externality prices n0 and n1 apart
+    core.route(f"o-{i}", other + [95_000 + i], (len(other) + 1) * BS, "other")
+for i in range(2):
+    core.route(f"d-{i}", CHAIN + [97_000 + i], (len(CHAIN) + 1) * BS + 3, FAMILY)
+heartbeat_all(core, 6)
+forecasts.counts = {FAMILY: 300.0}
+print(sorted((o.spec.action.value, o.spec.source, o.spec.target, repr(o.spec.expected_benefit_ms))
+             for o in core.tick()))
+"""
+
+
+def test_the_plan_does_not_depend_on_string_hashing_with_the_queue_externality_on():
+    """Two holders of one prefix tie in the planner's walk, which gives a tie
+    to the option listed first; the holder index lists equal holders in a
+    set's order, which follows str hashing and so differs per process
+    (PYTHONHASHSEED). With the queue externality on, the node that takes the
+    work is priced (its routes per second), so the plan moved between runs
+    of the same simulation (docs/journal/planner.md, 2026-12-06). Holders are
+    walked in node order: the same orders, to the digit, whatever the seed."""
+    import os
+    import subprocess
+    import sys
+
+    plans = {subprocess.run([sys.executable, "-c", _TWO_EQUAL_HOLDERS], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip() for seed in range(8)}
+    assert len(plans) == 1 and plans != {"[]"}
