@@ -18,17 +18,14 @@ from speckv.services.scheduler.leadership.etcd_elector import EtcdElector
 from speckv.services.scheduler.leadership.keys import leader_key
 from speckv.services.scheduler.leadership.state_store import EtcdStateStore
 from tests.support.etcd import EtcdCluster, EtcdServer, etcd_cluster  # noqa: F401 - fixture
+from tests.support import waiting
 
 LEASE_S = 2
 WAIT_S = 60.0  # generous: two shared cores, three etcd members
 
 
 def wait_for(predicate, what):
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.02)
+    waiting.wait_for(predicate, what, WAIT_S)
 
 
 def raft_leader(cluster: EtcdCluster) -> EtcdServer:

@@ -14,17 +14,14 @@ from speckv.services.scheduler.leadership.adapters.etcd_keys import EtcdKeys
 from speckv.services.scheduler.leadership.etcd_elector import EtcdElector
 from speckv.services.scheduler.leadership.keys import leader_key
 from tests.support.etcd import etcd_cluster, etcd_server  # noqa: F401 - fixtures
+from tests.support import waiting
 
 LEASE_S = 60  # rounds every 20 s: only the watch can explain a take-over within WITHIN_S
 WITHIN_S = 10.0
 
 
 def wait_for(predicate, what, within=WITHIN_S):
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within} s: {what}")
-        time.sleep(0.02)
+    waiting.wait_for(predicate, what, within)
 
 
 def start_pair(endpoints):

@@ -24,17 +24,14 @@ from speckv.services.scheduler.leadership.state_store import EtcdStateStore
 from speckv.services.scheduler.orders import OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.ports import SavedNode
 from tests.support.etcd import etcd_server, fresh_etcd  # noqa: F401 - fixtures
+from tests.support import waiting
 
 LEASE_S = 2
 WAIT_S = 60.0  # generous: failover takes under two leases; two shared cores
 
 
 def wait_for(predicate, what):
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.02)
+    waiting.wait_for(predicate, what, WAIT_S)
 
 
 @pytest.fixture

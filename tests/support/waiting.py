@@ -15,3 +15,12 @@ def wait_until(predicate: Callable[[], object], timeout: float = TIMEOUT, every:
             return True
         pause.wait(every)
     return bool(predicate())
+
+
+def wait_for(predicate: Callable[[], object], what: str, within: float, every: float = 0.02) -> None:
+    """Returns as soon as predicate() is truthy; fails the test naming what
+    it waited for when `within` seconds pass first."""
+    import pytest
+
+    if not wait_until(predicate, within, every):
+        pytest.fail(f"not within {within} s: {what}")

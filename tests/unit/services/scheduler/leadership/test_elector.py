@@ -12,16 +12,13 @@ from speckv.services.common.clock import SystemClock
 from speckv.services.scheduler.leadership.elector import NO_LEADER, Leadership, SoleElector
 from speckv.services.scheduler.leadership.etcd_elector import EtcdElector
 from speckv.services.scheduler.leadership.memory_keys import MemoryKeys
+from tests.support import waiting
 
 WAIT_S = 30.0  # generous: a round is 1/3 s; two shared cores
 
 
 def wait_for(predicate, what):
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.01)
+    waiting.wait_for(predicate, what, WAIT_S)
 
 
 def test_a_sole_elector_leads_from_start_to_stop_at_its_epoch():
