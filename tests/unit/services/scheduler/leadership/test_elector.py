@@ -4,7 +4,6 @@ tests/services/test_scheduler_leadership.py)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
