@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 import uuid
 
-
 from speckv.services.scheduler.leadership.adapters.etcd_keys import EtcdKeys
 from speckv.services.scheduler.leadership.etcd_elector import EtcdElector
 from speckv.services.scheduler.leadership.keys import leader_key
