@@ -81,7 +81,7 @@ class GrpcReplicationTarget:
             order_id=order.order_id, block_hashes=order.block_hashes, lease_ms=max(1, round(lease_s * 1000)),
             source_node=order.source_node, family=order.family,
             parent_hash=order.parent or 0, has_parent=order.parent is not None, medium=order.tier.medium,
-            shared_memory=shared_memory, nixl=nixl)
+            shared_memory=shared_memory, nixl=nixl, pull=order.pull)
         try:
             reply = self._stub.Reserve(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:

@@ -19,7 +19,8 @@ class LocalTarget:
 
     def reserve(self, order: TransferOrder, lease_s: float) -> Grant:
         return self.target.reserve(order.order_id, list(order.block_hashes), lease_s, family=order.family,
-                                   parent=order.parent, source_node=order.source_node, tier=order.tier)
+                                   parent=order.parent, source_node=order.source_node, tier=order.tier,
+                                   engine_save=order.pull)  # a pull's copy is the node's own KV, as a save
 
     def write_chunks(self, handle: str, chunks: Iterator[Chunk], total_bytes: int) -> int:
         received = 0

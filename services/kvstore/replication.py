@@ -68,6 +68,7 @@ class TransferOrder:
     replica_lease_s: float = 0.0  # 0: the copies are ordinary blocks
     parent: BlockHash | None = None
     tier: Tier = Tier.DEVICE  # where the target keeps the copies
+    pull: bool = False  # the target asked for it: the copies land as its own blocks (STORED), not replicas
 
 
 @dataclass(frozen=True, slots=True)

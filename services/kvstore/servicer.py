@@ -25,7 +25,7 @@ from __future__ import annotations
 import hmac
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Mapping
 
 import grpc
@@ -154,7 +154,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
                 raise PermissionDenied("a pull needs data_plane_auth on this kvstore (so that the target's "
                                        "address is checked against the registry); only the admin may replicate")
         validate.family(request.order.family, "replicate: order.family", self._limits.max_family_chars)
-        result = self._replicator.replicate(order_from_proto(request.order), chunk_bytes=request.chunk_bytes,
+        order = replace(order_from_proto(request.order), pull=request.pull)
+        result = self._replicator.replicate(order, chunk_bytes=request.chunk_bytes,
                                             transport=request.transport)
         if result.error is not None:
             raise result.error  # the error interceptor maps it to its status
@@ -174,7 +175,8 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         grant = self._store.reserve(
             request.order_id, list(request.block_hashes), lease_s, family=request.family,
             parent=BlockHash(request.parent_hash) if request.has_parent else None, source_node=source,
-            tier=Tier.parse(request.medium), engine_save=request.engine_save)
+            # A pull's copy, like an engine's save, is the node's own KV: published STORED, not COMMITTED.
+            tier=Tier.parse(request.medium), engine_save=request.engine_save or request.pull)
         capability = self._gate.mint(grant, request.order_id, source) if self._gate is not None else b""
         reply = kvstore_pb2.ReserveResponse(handle=grant.handle, block_hashes=grant.hashes,
                                             bytes_per_block=grant.bytes_per_block, lease_deadline_s=grant.deadline_s,

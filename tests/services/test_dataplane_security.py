@@ -358,8 +358,11 @@ def test_over_tls_a_node_may_pull_into_itself_and_only_to_its_registered_address
         assert _pull(dst_engine, "dst", dst_server.address, CHAIN, source="other") \
             == grpc.StatusCode.PERMISSION_DENIED
         assert admin_dst.Lookup(kvstore_pb2.LookupRequest(block_hashes=CHAIN), timeout=TIMEOUT).prefix_blocks == 1
+        committed = admin_dst.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).blocks_committed_total
         assert _pull(dst_engine, "dst", dst_server.address, CHAIN) is None
         assert [b.data for b in get(admin_dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
+        # a pull's copy is the node's own (STORED), not a replica landing (COMMITTED)
+        assert admin_dst.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).blocks_committed_total == committed
 
 
 def _pull(source_stub, target: str, address: str, hashes: list[int], source: str = "") -> grpc.StatusCode | None:
@@ -367,7 +370,7 @@ def _pull(source_stub, target: str, address: str, hashes: list[int], source: str
     order = common_pb2.ReplicationOrder(order_id=f"pull-{target}-{len(hashes)}", family="f", block_hashes=hashes,
                                         source_node=source, target_node=target, target_address=address)
     try:
-        reply = source_stub.Replicate(kvstore_pb2.ReplicateRequest(order=order), timeout=TIMEOUT)
+        reply = source_stub.Replicate(kvstore_pb2.ReplicateRequest(order=order, pull=True), timeout=TIMEOUT)
     except grpc.RpcError as error:
         return error.code()
     assert reply.state == common_pb2.ORDER_STATE_COMMITTED, reply

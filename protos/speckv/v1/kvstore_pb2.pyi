@@ -218,14 +218,16 @@ class KVEvent(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., type: _Optional[_Union[KVEventType, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., block_size: _Optional[int] = ..., family: _Optional[str] = ..., node_id: _Optional[str] = ..., time_s: _Optional[float] = ..., order_id: _Optional[str] = ..., medium: _Optional[str] = ..., host_block_hashes: _Optional[_Iterable[int]] = ..., disk_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicateRequest(_message.Message):
-    __slots__ = ("order", "chunk_bytes", "transport")
+    __slots__ = ("order", "chunk_bytes", "transport", "pull")
     ORDER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     order: _common_pb2.ReplicationOrder
     chunk_bytes: int
     transport: str
-    def __init__(self, order: _Optional[_Union[_common_pb2.ReplicationOrder, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., transport: _Optional[str] = ...) -> None: ...
+    pull: bool
+    def __init__(self, order: _Optional[_Union[_common_pb2.ReplicationOrder, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., transport: _Optional[str] = ..., pull: _Optional[bool] = ...) -> None: ...
 
 class ReplicateResponse(_message.Message):
     __slots__ = ("order_id", "state", "blocks_sent", "blocks_skipped", "bytes_sent", "seconds", "message", "transport")
@@ -248,7 +250,7 @@ class ReplicateResponse(_message.Message):
     def __init__(self, order_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.OrderState, str]] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., seconds: _Optional[float] = ..., message: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium", "shared_memory", "engine_save", "nixl")
+    __slots__ = ("order_id", "block_hashes", "lease_ms", "source_node", "family", "parent_hash", "has_parent", "medium", "shared_memory", "engine_save", "pull", "nixl")
     ORDER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +261,7 @@ class ReserveRequest(_message.Message):
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_SAVE_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     NIXL_FIELD_NUMBER: _ClassVar[int]
     order_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -270,8 +273,9 @@ class ReserveRequest(_message.Message):
     medium: str
     shared_memory: bool
     engine_save: bool
+    pull: bool
     nixl: bool
-    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ..., engine_save: _Optional[bool] = ..., nixl: _Optional[bool] = ...) -> None: ...
+    def __init__(self, order_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., source_node: _Optional[str] = ..., family: _Optional[str] = ..., parent_hash: _Optional[int] = ..., has_parent: _Optional[bool] = ..., medium: _Optional[str] = ..., shared_memory: _Optional[bool] = ..., engine_save: _Optional[bool] = ..., pull: _Optional[bool] = ..., nixl: _Optional[bool] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("handle", "block_hashes", "bytes_per_block", "lease_deadline_s", "data_address", "capability", "capability_secret", "pages", "pages_medium", "pages_token")

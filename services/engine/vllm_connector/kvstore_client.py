@@ -137,7 +137,8 @@ class KVStoreClient:
                                             source_node="", target_node=target_node,
                                             target_address=target_address, policy="pull")
         try:
-            reply = self.stub.Replicate(kvstore_pb2.ReplicateRequest(order=order), timeout=self._transfer_timeout_s)
+            reply = self.stub.Replicate(kvstore_pb2.ReplicateRequest(order=order, pull=True),
+                                        timeout=self._transfer_timeout_s)
         except grpc.RpcError as error:
             log.warning("speckv kvstore %s: pull of %d blocks into %s failed (%s); the engine recomputes them",
                         self.address, len(ids), target_node, _code(error))
