@@ -39,7 +39,7 @@ class Pair:
         self.source_agent = NixlAgent(API, "s", {"GPU": self.source.host_pools()[Tier.DEVICE]}, TINY)
         self.target_agent = NixlAgent(API, "t", {"GPU": self.target.host_pools()[Tier.DEVICE]}, TINY)
         self.remote = self.source_agent.load_remote(self.target_agent.metadata())
-        self.landing = NixlLanding(self.target_agent.notifications, self.target, quiet_s=0.5).start()
+        self.landing = NixlLanding(self.target_agent.notifications, self.target, quiet_s=QUIET_S).start()
 
     def close(self) -> None:
         self.landing.stop()
@@ -79,6 +79,11 @@ class Pair:
     def commit(self, handle: str, crcs: dict[int, int]) -> int:
         self.landing.settle(handle, crcs.keys())
         return self.target.commit_shared(handle, crcs, 0.0, landed=True)
+
+
+# Generous: under a full suite the landing thread may wait seconds for a core, and a commit that stops
+# waiting before a bad note is read would take the lost-note path and not abort.
+QUIET_S = 5.0
 
 
 @pytest.fixture(scope="module")
