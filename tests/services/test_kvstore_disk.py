@@ -36,8 +36,10 @@ def test_a_restart_on_the_same_directory_reindexes_and_announces_the_disk(tmp_pa
     try:
         for pair in ([1, 2], [3, 4], [5, 6]):
             put(node, pair)
-        assert wait_until(lambda: stats(node).disk_used_pages == 2, timeout=TIMEOUT)
-        assert stats(node).blocks_dropped_total == 0 and stats(node).disk_counters["written"] == 2
+        # the writer counts a write just after its pages show as used: wait for both
+        assert wait_until(lambda: stats(node).disk_used_pages == 2 and stats(node).disk_counters["written"] == 2,
+                          timeout=TIMEOUT)
+        assert stats(node).blocks_dropped_total == 0
     finally:
         node.stop()
     again = start_kvstore("disk-a", disk_args(tmp_path, 8))
