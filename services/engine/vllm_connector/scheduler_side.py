@@ -218,9 +218,11 @@ class SchedulerSide:
         return request.request_id in self._loading
 
     def _drop_lease(self, req_id: str) -> None:
-        """Ends the pins of a lookup no load will use, and forgets its answer."""
+        """Forgets a lookup no load will use (its answer, its peer's answer)
+        and ends its pins if it pinned any: a later ask looks again, so a
+        preempted request never loads on a stale answer."""
+        self._matched.pop(req_id, None)
+        self._pulls.pop(req_id, None)
         lease = self._leases.pop(req_id, None)
         if lease is not None:
-            self._matched.pop(req_id, None)
-            self._pulls.pop(req_id, None)
             self._client.release(lease)

@@ -198,3 +198,15 @@ def test_a_request_whose_async_load_failed_is_never_offered_a_load_again():
     side.loads_ended({"r"}, {"r"})
     assert side.get_num_new_matched_tokens(req, 0) == (0, False)  # recomputed from its start
     assert counters.async_load_failures == 1
+
+
+def test_a_lookup_no_load_used_is_not_reused_when_the_request_is_asked_again():
+    # Nothing to load at allocation (the engine's own hit covered what the kvstore held), then preempted: when
+    # vLLM asks again the kvstore holds more, and the answer comes from a new lookup, not the first one.
+    side, ids, _ = make(held_blocks=2)
+    req = request()
+    assert side.get_num_new_matched_tokens(req, 3 * 32) == (0, False)
+    side.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4, 5, 6],)), 0)
+    for i in ids[2:4]:
+        side._client.blocks[i] = b""
+    assert side.get_num_new_matched_tokens(req, 0) == (4 * 32, False)
