@@ -55,11 +55,12 @@ class SchedulerConfig(ServerSettings):
         "folder of the durable control state (policy, order log, node registry; SQLite scheduler.db), so a "
         "restart resumes where it stopped; empty = memory only")})
     kv_events: str = field(default="", metadata={"help": (
-        "vLLM engines to index from their ZMQ KV events, no kvstore beside them: entries separated by ';', each "
+        "vLLM engines to index from their ZMQ KV events: entries separated by ';', each "
         "NODE=tcp://HOST:PORT (vLLM's PUB endpoint) with optional ,replay=tcp://HOST:PORT (its replay ROUTER), "
         ",address=HOST:PORT (what Route answers; default the PUB's), ,pages=N (its KV blocks), ,topic=T, "
         ",digest=HEX (its layout digest, which SpeckvConnector logs: its blocks are then indexed under the "
-        "ids routers send; else under vLLM's own); "
+        "ids routers send; else under vLLM's own), ,kvstore=1 (a kvstore registers this node: the engine's "
+        "events join its kvstore's as a second source, no address= or pages=); "
         "empty = none")})
     etcd: str = field(default="", metadata={"help": (
         "the etcd cluster where scheduler replicas elect the one that plans and keep the shared control state "

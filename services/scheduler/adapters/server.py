@@ -18,6 +18,7 @@ from speckv.services.common.traces.mooncake import load_mooncake
 from speckv.services.scheduler.adapters.compiled_start import restart_compiled
 from speckv.services.scheduler.adapters.config import SchedulerConfig
 from speckv.services.scheduler.adapters.event_sync import EventSync
+from speckv.services.scheduler.adapters.merged_sources import EngineAwareConfirm, EngineSourceSink, KVStoreEvents
 from speckv.services.scheduler.adapters.replica_role import ReplicaRole
 from speckv.services.scheduler.adapters.replica_setup import ReplicaSetup
 from speckv.services.scheduler.adapters.remote import KVStoreConfirmer, PredictorForecastSources, PredictorSender
@@ -29,7 +30,8 @@ from speckv.services.scheduler.arrival_reports import ArrivalReporter
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
 from speckv.services.scheduler.policy_config import load_policy_config
-from speckv.services.scheduler.ports import SchedulerSettings
+from speckv.services.scheduler.source_merge import SourceMerge
+from speckv.services.scheduler.ports import PrefixConfirmer, SchedulerSettings
 from speckv.services.scheduler.orders import ActionKind
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import ReplicaStats
@@ -43,14 +45,18 @@ class _NodeWiring:
     whenever it (re-)registers. A vLLM-fed node (--kv-events, at its
     configured address) has no kvstore to stream from: its feed is its own."""
 
-    def __init__(self, confirmer: KVStoreConfirmer, vllm_nodes: Mapping[NodeId, str]) -> None:
+    def __init__(self, confirmer: KVStoreConfirmer, vllm_nodes: Mapping[NodeId, str],
+                 engine_confirm: EngineAwareConfirm | None = None) -> None:
         self.confirmer = confirmer
         self.event_sync: EventSync | None = None
         self.vllm_nodes = vllm_nodes
+        self.engine_confirm = engine_confirm
 
     def node_registered(self, node_id: NodeId, address: str, generation: int, old_address: str | None) -> None:
         if old_address and old_address != address:
             self.confirmer.forget(old_address)
+        if self.engine_confirm is not None:
+            self.engine_confirm.registered(node_id, address)
         if self.event_sync is not None and self.vllm_nodes.get(node_id) != address:
             self.event_sync.follow(node_id, address, generation)
 
@@ -122,18 +128,26 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
                                           config.forecast_timeout_s, tls) if config.predictor else None)
     reporter = ArrivalReporter(sender, capacity=config.arrival_queue) if sender else None
     vllm_specs = parse_kv_events(config.kv_events)
-    wiring = _NodeWiring(confirmer, {NodeId(s.node_id): s.route_address for s in vllm_specs})
-    confirm = _SkipVllmConfirm(confirmer, [s.route_address for s in vllm_specs]) if vllm_specs else confirmer
+    engine_only = [s for s in vllm_specs if not s.kvstore]  # engines with no kvstore: their feed is the node's
+    confirm: PrefixConfirmer = (_SkipVllmConfirm(confirmer, [s.route_address for s in engine_only])
+                                if engine_only else confirmer)
+    engine_confirm = EngineAwareConfirm(confirm) if len(engine_only) < len(vllm_specs) else None
+    wiring = _NodeWiring(confirmer, {NodeId(s.node_id): s.route_address for s in engine_only}, engine_confirm)
     core = SchedulerCore(settings, clock, profile,
-                         confirmer=confirm if config.confirm_routes else None, arrivals=reporter,
+                         confirmer=(engine_confirm or confirm) if config.confirm_routes else None, arrivals=reporter,
                          listener=wiring, forecasts=forecasts, future=future_arrivals(config),
                          state=replicas.journal if replicas is not None else store)
     lost = _LossRule(core)
-    event_sync = EventSync(core.apply_kv_event, core.reset_inventory, telemetry, tls=tls,
+    merge = SourceMerge(core, [NodeId(s.node_id) for s in vllm_specs if s.kvstore])
+    if engine_confirm is not None:
+        engine_confirm.bind(merge)
+    kvstore_events = KVStoreEvents(core, merge)
+    event_sync = EventSync(kvstore_events.apply_kv_event, kvstore_events.reset_inventory, telemetry, tls=tls,
                            lost=lost.node_lost if config.loss_probe_s > 0 else None,
                            probe_s=config.loss_probe_s or 1.0)
     vllm_feeds = VllmEventFeeds(vllm_specs, core, profile.geometry.block_size,
-                                config.heartbeat_interval_ms / 1000.0) if vllm_specs else None
+                                config.heartbeat_interval_ms / 1000.0,
+                                beside_kvstore=EngineSourceSink(merge)) if vllm_specs else None
     if inventory is not None:
         inventory(core)
     else:

@@ -1,11 +1,15 @@
 """Nodes fed by vLLM's KV event streams (ZMQ adapter; the wire format and the
 sequence rules live in vllm_decode.py).
 
-`--kv-events` names vLLM engines that have no speckv kvstore beside them. For
-each one a thread subscribes (SUB) to the engine's ZMQ PUB endpoint, registers
-the node with the scheduler core when the connection first comes up, and
-feeds every batch through the same apply/reset path the kvstores' event
-streams use (event_sync.py), so the node is indexed and routed like any other.
+`--kv-events` names vLLM engines. For each one a thread subscribes (SUB) to
+the engine's ZMQ PUB endpoint. An engine with no speckv kvstore beside it: the
+thread registers the node with the scheduler core when the connection first
+comes up, and feeds every batch through the same apply/reset path the
+kvstores' event streams use (event_sync.py), so the node is indexed and
+routed like any other. An engine whose connector saves into a kvstore
+registered under the same node id (`kvstore=1`): the thread registers
+nothing and sends no heartbeats (the kvstore does both); its events join the
+kvstore's as a second source of the node's inventory (source_merge.py).
 
 Rules:
 - Liveness: the thread heartbeats the node (an empty load report: no queue
@@ -58,7 +62,8 @@ DEFAULT_PAGES = 65536  # a placeholder capacity when pages= is not given (only p
 POLL_MS = 100  # how often an idle thread checks for stop and heartbeats
 RECEIVE_HWM = 100_000  # as vLLM's PUB: live batches queue here while a replay runs
 MAX_REPLAY_BATCHES = 1_000_000  # bounds a runaway replay (vLLM buffers 10,000 by default)
-OPTIONS = ("replay", "address", "pages", "topic", "digest")
+OPTIONS = ("replay", "address", "pages", "topic", "digest", "kvstore")
+FLAGS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
 
 
 # --- configuration -----------------------------------------------------------
@@ -76,6 +81,8 @@ class VllmNodeSpec:
     # The engine's layout digest (the connector logs it): its blocks are indexed under the connector's ids,
     # which routers send (services/common/vllm_block_ids.py); None: under vLLM's own event ids.
     digest: bytes | None = None
+    # A kvstore registers this node and streams its tiers; the engine's events are the node's second source.
+    kvstore: bool = False
 
     @property
     def route_address(self) -> str:
@@ -85,7 +92,7 @@ class VllmNodeSpec:
 
 def parse_kv_events(text: str) -> list[VllmNodeSpec]:
     """Parses --kv-events: entries separated by ';', each
-    `NODE=PUB_ENDPOINT[,replay=ENDPOINT][,address=HOST:PORT][,pages=N][,topic=T][,digest=HEX]`.
+    `NODE=PUB_ENDPOINT[,replay=ENDPOINT][,address=HOST:PORT][,pages=N][,topic=T][,digest=HEX][,kvstore=1]`.
     InvalidArgument names the entry and what is wrong."""
     specs: list[VllmNodeSpec] = []
     for entry in (e.strip() for e in text.split(";")):
@@ -100,12 +107,12 @@ def parse_kv_events(text: str) -> list[VllmNodeSpec]:
             key, sep, value = option.partition("=")
             if not sep or key.strip() not in OPTIONS or key.strip() in values:
                 raise InvalidArgument(f"kv_events entry {entry!r}: option {option!r} is not one of "
-                                      "replay=, address=, pages=, topic=, digest= (each at most once)")
+                                      "replay=, address=, pages=, topic=, digest=, kvstore= (each at most once)")
             values[key.strip()] = value.strip()
         spec = VllmNodeSpec(node_id.strip(), endpoint.strip(), values.get("replay", ""), values.get("address", ""),
                             _pages(entry, values.get("pages")), values.get("topic", ""),
-                            _digest(entry, values.get("digest")))
-        _check_spec(entry, spec)
+                            _digest(entry, values.get("digest")), _flag(entry, "kvstore", values.get("kvstore")))
+        _check_spec(entry, spec, values)
         if any(s.node_id == spec.node_id for s in specs):
             raise InvalidArgument(f"kv_events: node {spec.node_id!r} is named twice")
         specs.append(spec)
@@ -121,6 +128,15 @@ def _digest(entry: str, text: str | None) -> bytes | None:
         raise InvalidArgument(f"kv_events entry {entry!r}: digest={text[:80]!r}: {exc}") from None
 
 
+def _flag(entry: str, name: str, text: str | None) -> bool:
+    if text is None:
+        return False
+    flag = FLAGS.get(text.lower())
+    if flag is None:
+        raise InvalidArgument(f"kv_events entry {entry!r}: {name}={text!r}: expected 1 or 0 (yes/no, true/false)")
+    return flag
+
+
 def _pages(entry: str, text: str | None) -> int:
     if text is None:
         return DEFAULT_PAGES
@@ -133,13 +149,19 @@ def _pages(entry: str, text: str | None) -> int:
     return pages
 
 
-def _check_spec(entry: str, spec: VllmNodeSpec) -> None:
+def _check_spec(entry: str, spec: VllmNodeSpec, values: dict[str, str]) -> None:
     for name, endpoint in (("endpoint", spec.endpoint), ("replay", spec.replay_endpoint)):
         if endpoint and not endpoint.startswith(("tcp://", "ipc://")):
             raise InvalidArgument(f"kv_events entry {entry!r}: {name} {endpoint!r} must be tcp://HOST:PORT "
                                   "or ipc://PATH (the scheduler connects; vLLM binds)")
     if spec.endpoint.startswith("tcp://") and ":" not in spec.endpoint[len("tcp://"):]:
         raise InvalidArgument(f"kv_events entry {entry!r}: endpoint {spec.endpoint!r} lacks a port")
+    if spec.kvstore:
+        given = [name for name in ("address", "pages") if name in values]
+        if given:
+            raise InvalidArgument(f"kv_events entry {entry!r}: {'= and '.join(given)}= cannot go with kvstore=1 "
+                                  "(the node's kvstore registers it, with its address and sizes)")
+        return
     if ":" not in spec.route_address:
         raise InvalidArgument(f"kv_events entry {entry!r}: give address=HOST:PORT (what Route answers)")
 
@@ -277,8 +299,11 @@ class VllmNodeFeed:
         except SpeckvError as exc:
             log.error("vLLM KV events of %s: cannot register the node (%s); its feed ends", self.node_id, exc)
             raise _Stop from None
-        log.info("node %s registered from vLLM KV events (Route answers %s; no kvstore confirms its prefixes)",
-                 self.node_id, self.spec.route_address)
+        if self.spec.kvstore:
+            log.info("vLLM KV events of %s: the engine's blocks join its kvstore's (a second source)", self.node_id)
+        else:
+            log.info("node %s registered from vLLM KV events (Route answers %s; no kvstore confirms its prefixes)",
+                     self.node_id, self.spec.route_address)
 
     def _drain(self, sub: zmq.Socket) -> None:
         """Handles what has arrived, a bounded number at a time so stop and
@@ -412,10 +437,18 @@ class VllmEventFeeds:
     """Owns one VllmNodeFeed per configured engine and their zmq context."""
 
     def __init__(self, specs: Sequence[VllmNodeSpec], sink: NodeSink, block_size: int,
-                 heartbeat_interval_s: float, replay_timeout_s: float = 2.0) -> None:
+                 heartbeat_interval_s: float, replay_timeout_s: float = 2.0,
+                 beside_kvstore: NodeSink | None = None) -> None:
+        """beside_kvstore: the sink of the engines named with kvstore=1
+        (merged_sources.EngineSourceSink); sink serves the others."""
         self._context = zmq.Context()
-        self.feeds = {NodeId(s.node_id): VllmNodeFeed(s, sink, self._context, block_size, heartbeat_interval_s,
-                                                      replay_timeout_s) for s in specs}
+        self.feeds: dict[NodeId, VllmNodeFeed] = {}
+        for s in specs:
+            if s.kvstore and beside_kvstore is None:
+                raise ValueError(f"kv_events node {s.node_id!r} has kvstore=1 and no sink for it was given")
+            self.feeds[NodeId(s.node_id)] = VllmNodeFeed(
+                s, beside_kvstore if s.kvstore and beside_kvstore is not None else sink, self._context,
+                block_size, heartbeat_interval_s, replay_timeout_s)
 
     def start(self) -> None:
         for feed in self.feeds.values():

@@ -233,9 +233,17 @@ def test_kv_events_spec():
     assert parse_kv_events("") == []
 
 
+def test_kv_events_spec_of_an_engine_beside_its_kvstore():
+    (a, b) = parse_kv_events("a=tcp://h:1,kvstore=1;b=ipc:///tmp/b.sock,kvstore=yes")
+    assert a.kvstore and b.kvstore  # no address needed: the kvstore registers the node
+    assert not parse_kv_events("a=tcp://h:1,kvstore=0")[0].kvstore
+
+
 @pytest.mark.parametrize("text", ["a", "=tcp://h:1", "a=h:1", "a=tcp://h", "a=tcp://h:1,replay=h:2",
                                   "a=tcp://h:1,color=red", "a=tcp://h:1,pages=0", "a=tcp://h:1,pages=x",
-                                  "a=ipc:///tmp/a", "a=tcp://h:1;a=tcp://h:2", "a=tcp://h:1,pages=1,pages=2"])
+                                  "a=ipc:///tmp/a", "a=tcp://h:1;a=tcp://h:2", "a=tcp://h:1,pages=1,pages=2",
+                                  "a=tcp://h:1,kvstore=maybe", "a=tcp://h:1,kvstore=1,address=h:2",
+                                  "a=tcp://h:1,kvstore=1,pages=5"])
 def test_kv_events_spec_rejects(text):
     with pytest.raises(InvalidArgument):
         parse_kv_events(text)
