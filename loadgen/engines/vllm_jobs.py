@@ -34,7 +34,6 @@ from speckv.services.common.traces import TraceRequest
 if TYPE_CHECKING:
     from speckv.loadgen.experiments.reference_router import Placement
 
-HASH_ALGO = "sha256"  # vLLM's default prefix_caching_hash_algo: the chain starts from a fixed seed
 
 
 def chain_block_ids(model_id: str, geometry: KVGeometry, tokens: Sequence[int]) -> list[int]:
@@ -43,10 +42,10 @@ def chain_block_ids(model_id: str, geometry: KVGeometry, tokens: Sequence[int]) 
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
 
-    from speckv.services.engine.vllm_connector.identity import block_ids
+    from speckv.services.engine.vllm_connector.identity import DEFAULT_HASH_ALGO, block_ids
 
     size = geometry.block_size
-    hash_fn = get_hash_fn_by_name(HASH_ALGO)
+    hash_fn = get_hash_fn_by_name(DEFAULT_HASH_ALGO)
     kv_cache_utils.init_none_hash(hash_fn)
     parent, hashes = None, []
     for start in range(0, len(tokens) - size + 1, size):
@@ -56,14 +55,10 @@ def chain_block_ids(model_id: str, geometry: KVGeometry, tokens: Sequence[int]) 
 
 
 def layout_digest(model_id: str, geometry: KVGeometry) -> bytes:
-    """The layout digest of the connector in an engine of this geometry (CPU page layout, rank 0, sha256):
-    what the scheduler's --kv-events digest= takes to index that engine's own events under the same ids."""
-    from speckv.services.engine.vllm_connector.identity import KVLayout
-    from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+    """The layout digest of the connector in an engine of this geometry (identity.cpu_layout)."""
+    from speckv.services.engine.vllm_connector.identity import cpu_layout
 
-    return KVLayout(model=model_id, dtype=geometry.dtype, block_size=geometry.block_size,
-                    num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads, head_dim=geometry.head_dim,
-                    tp_rank=0, page_layout=PAGE_LAYOUT, hash_algo=HASH_ALGO).digest()
+    return cpu_layout(model_id, geometry).digest()
 
 
 # tokens of whole blocks -> the connector's id of each block

@@ -2,7 +2,10 @@
 serving `speckv node add/remove` on its control socket (control.py). With
 `--engine vllm --model DIR`, also one vLLM OpenAI server per node beside its
 kvstore, SpeckvConnector loaded (vllm_servers.py); the kvstores take the
-model's KV geometry from its config.json."""
+model's KV geometry from its config.json, and the scheduler indexes each
+engine's own KV events beside its kvstore's (--kv-events NODE=...,kvstore=1,
+under the connector's layout digest), so Route sees the engines' prefix
+caches as well as the kvstores' tiers."""
 from __future__ import annotations
 
 import argparse
@@ -19,9 +22,15 @@ from speckv.services.cluster.control import ControlServer
 from speckv.services.cluster.launcher import ClusterSpec, LocalCluster, ServiceProcess, default_run_dir
 from speckv.services.cluster.status import wide_console
 from speckv.services.cluster.vllm_servers import (
-    VllmServerSpec, kvstore_geometry_args, start_servers, stop_server)
+    VllmServerSpec, kvstore_geometry_args, model_geometry, start_servers, stop_server)
+from speckv.services.common.engine_profile import get_profile
 from speckv.services.common.errors import InvalidArgument
+from speckv.services.engine.vllm_connector.identity import cpu_layout
 from speckv.services.common.node_sizes import NodeSizes
+
+
+VLLM_PROFILE = "tiny-llama-vllm-cpu"  # the profile fitted to the CPU build's prefill on this machine
+EVENTS_PORT_OFFSET = 100  # node-i's engine publishes its KV events on --vllm-port-base + this + i
 
 
 def services_table(services: Sequence[ServiceProcess]) -> Table:
@@ -56,7 +65,12 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
                         help="vllm: one vLLM OpenAI server per node beside its kvstore, with SpeckvConnector "
                              "(needs --model; vLLM installed: make venv)")
     parser.add_argument("--model", type=Path, default=None, help="the engines' model directory (with --engine vllm)")
-    parser.add_argument("--vllm-port-base", type=int, default=8100, help="node-i's vLLM server listens on this + i")
+    parser.add_argument("--vllm-port-base", type=int, default=8100,
+                        help="node-i's vLLM server listens on this + i, and publishes its KV events on this + 100 + i")
+    parser.add_argument("--engine-profile", default="",
+                        help="the scheduler's prefill profile (services/config/engine_profiles.json); default: "
+                             f"{VLLM_PROFILE} with --engine vllm (its block size must be the engines'), else the "
+                             "scheduler's own default")
     args = parser.parse_args(list(argv))
     if not 1 <= args.nodes <= 64:
         raise InvalidArgument(f"--nodes={args.nodes}: must be 1..64 on one machine")
@@ -67,11 +81,40 @@ def parse_spec(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[Cluster
         if args.model is None:
             raise InvalidArgument("--engine vllm needs --model DIR (a local model directory)")
         extra["kvstore"] = kvstore_geometry_args(args.model, "float32", args.block_size or 32)
+        extra["scheduler"] = ["--engine-profile", engine_profile(args), "--kv-events", engine_events(args)]
+    elif args.engine_profile:
+        extra["scheduler"] = ["--engine-profile", args.engine_profile]
     spec = ClusterSpec(nodes=args.nodes, host=args.host, geometry=args.geometry, block_size=args.block_size,
                        sizes=NodeSizes(args.device_pages, args.host_pages), policy=args.policy,
                        metrics_port_base=args.metrics_port_base, tls=args.tls, extra_args=extra,
                        replicas=args.replicas)
     return spec, args
+
+
+def engine_profile(args: argparse.Namespace) -> str:
+    """The scheduler's profile with vLLM engines: its block size must be theirs,
+    or the scheduler refuses every event of theirs (InvalidArgument here)."""
+    name = args.engine_profile or VLLM_PROFILE
+    block_size = get_profile(name).geometry.block_size
+    if block_size != (args.block_size or 32):
+        raise InvalidArgument(f"--engine-profile {name}: its block size is {block_size} tokens, the engines' "
+                              f"{args.block_size or 32} (--block-size)")
+    return name
+
+
+def events_endpoint(args: argparse.Namespace, index: int, bind: bool) -> str:
+    """Node index's engine publishes its KV events here (bind: as vLLM binds it)."""
+    return f"tcp://{'*' if bind else args.host}:{args.vllm_port_base + EVENTS_PORT_OFFSET + index}"
+
+
+def engine_events(args: argparse.Namespace) -> str:
+    """The scheduler's --kv-events: every node's engine, a second source beside
+    its kvstore, under the digest its connector names blocks by (the model as
+    vLLM has it, the kvstores' geometry)."""
+    geometry = model_geometry(args.model, "float32", args.block_size or 32)
+    digest = cpu_layout(str(args.model), geometry).digest().hex()
+    return ";".join(f"node-{i}={events_endpoint(args, i, bind=False)},digest={digest},kvstore=1"
+                    for i in range(args.nodes))
 
 
 def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path,
@@ -84,7 +127,8 @@ def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path
         tls = cluster.certs.engine(node) if cluster.certs is not None else None
         specs.append(VllmServerSpec(f"vllm-{node}", str(args.model), args.vllm_port_base + i, address,
                                     host=args.host, block_size=args.block_size or 32, core=i % cores, tls=tls,
-                                    node_id=node, peers=tuple((n, a) for n, a in addresses if n != node)))
+                                    node_id=node, peers=tuple((n, a) for n, a in addresses if n != node),
+                                    kv_events_endpoint=events_endpoint(args, int(node.split("-")[1]), bind=True)))
     return start_servers(specs, run_dir, environ)
 
 

@@ -28,6 +28,7 @@ from typing import Mapping
 
 from speckv.services.cluster.parent_death import child_environ
 from speckv.services.common.errors import InvalidArgument, Unavailable
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.rpc.tls import TlsFiles
 
 CONNECTOR_MODULE = "speckv.services.engine.vllm_connector.connector"
@@ -162,10 +163,10 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def kvstore_geometry_args(model_dir: Path, dtype: str, block_size: int) -> list[str]:
-    """kvstore flags giving it the KV geometry of the model in model_dir (its
-    Hugging Face config.json: layers, KV heads, head dim), so the connector's
-    blocks fit it; InvalidArgument when the config lacks them."""
+def model_geometry(model_dir: Path, dtype: str, block_size: int) -> KVGeometry:
+    """The KV geometry of the model in model_dir (its Hugging Face
+    config.json: layers, KV heads, head dim); InvalidArgument when the config
+    lacks them."""
     try:
         config = json.loads((model_dir / "config.json").read_text())
         layers, heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])
@@ -173,5 +174,13 @@ def kvstore_geometry_args(model_dir: Path, dtype: str, block_size: int) -> list[
         head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
     except (OSError, KeyError, ValueError, TypeError) as error:
         raise InvalidArgument(f"--model {model_dir}: cannot read its KV geometry from config.json ({error!r})") from None
-    return ["--num-layers", str(layers), "--num-kv-heads", str(kv_heads), "--head-dim", str(head_dim),
-            "--dtype", dtype, "--block-size", str(block_size)]
+    return KVGeometry(name="", num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+                      block_size=block_size)
+
+
+def kvstore_geometry_args(model_dir: Path, dtype: str, block_size: int) -> list[str]:
+    """kvstore flags giving it the KV geometry of the model in model_dir, so
+    the connector's blocks fit it."""
+    g = model_geometry(model_dir, dtype, block_size)
+    return ["--num-layers", str(g.num_layers), "--num-kv-heads", str(g.num_kv_heads), "--head-dim",
+            str(g.head_dim), "--dtype", dtype, "--block-size", str(block_size)]

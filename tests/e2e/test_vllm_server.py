@@ -22,13 +22,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from speckv.loadgen.engines.openai_stream import stream_completion
 from speckv.loadgen.engines.tiny_llama import TinyLlama, tiny_llama
-from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, prompt_block_ids
+from speckv.loadgen.engines.vllm_runner import BLOCK_SIZE, engine_layout_digest, prompt_block_ids
 from speckv.loadgen.engines.vllm_server import pull_params
 from speckv.services.cluster.vllm_servers import (
     VllmServerSpec, reset_prefix_cache, start_server, stop_server, wait_healthy)
 from speckv.services.common.rpc.telemetry import build_telemetry
-from speckv.v1 import common_pb2, kvstore_pb2
+from speckv.v1 import common_pb2, kvstore_pb2, scheduler_pb2
 from tests.support.kvstore_service import kvstore
+from tests.support.scheduler_service import scheduler
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -102,6 +104,37 @@ def test_a_request_naming_a_peer_in_kv_transfer_params_pulls_the_prefix_through_
     assert pulled.token_ids == first.token_ids
     assert held == PROMPT_BLOCKS  # copied here by the pull (the engine's own saves skip what it loaded)
     assert pulled.cached_tokens == PROMPT_BLOCKS * BLOCK_SIZE  # vLLM computed only the tail
+
+
+def test_the_scheduler_indexes_the_engines_own_cache_beside_its_kvstore(tmp_path):
+    """--kv-events node-0=...,kvstore=1: the engine's own KV events are the
+    node's second source. After the kvstore has lost the prompt (evicted by
+    other blocks), Route still finds it in the engine's prefix cache; once
+    that cache is emptied too, in neither."""
+    model = tiny_llama(tmp_path / "models", SPEC)
+    events = free_port()
+    feeds = f"node-0=tcp://127.0.0.1:{events},digest={engine_layout_digest(model, SPEC).hex()},kvstore=1"
+    with scheduler(engine_profile="tiny-llama-vllm-cpu", kv_events=feeds) as (scheduling, sched), \
+            kvstore(**{**KVSTORE, "device_pages": 64}, node_id="node-0", scheduler=scheduling.address,
+                    heartbeat_interval_s=0.2) as (store, stub):
+        spec = VllmServerSpec("vllm-0", str(model), free_port(), store.address, max_model_len=2048,
+                              kv_events_endpoint=f"tcp://*:{events}")
+        with serving(spec, tmp_path):
+            stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
+            ids = prompt_block_ids(model, SPEC, PROMPT)
+
+            def cached() -> int:
+                request = scheduler_pb2.RouteRequest(request_id="r", block_hashes=ids, prompt_tokens=len(PROMPT))
+                return sched.Route(request, timeout=30).cached_blocks
+
+            assert wait_until(lambda: cached() == PROMPT_BLOCKS)
+            _evict_with_other_blocks(stub, pages=64)
+            assert stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == 0
+            assert cached() == PROMPT_BLOCKS  # the engine's cache still holds it
+            reset_prefix_cache(spec)
+            # vLLM publishes the clearing with its next step's events: give it a step.
+            stream_completion(spec.url, spec.served_model_name, PROMPT[::-1][:BLOCK_SIZE + 1], 1)
+            assert wait_until(lambda: cached() == 0)
 
 
 def _evict_with_other_blocks(stub, pages: int) -> None:

@@ -20,9 +20,9 @@ What changes with them (e2e/engines.py has the other kinds):
   runs the real prefill (one output token) of its newest requests on the
   node each was routed to, up to the config's warm_kv_fraction of the
   kvstores' pages.
-- A route's pull (fetch_from) is not made: the connector loads from its own
-  node's kvstore only, so a pulled prefix is recomputed; KV reaches another
-  node only by the planner's replication orders.
+- A route's pull (fetch_from) is made by the node's connector: the request
+  names the peer in kv_transfer_params, the peer's kvstore copies the blocks
+  into the node's, and they load from there (docs/vllm_connector.md).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from speckv.loadgen.engines.vllm_jobs import VllmJobs, VllmPrompts
 from speckv.loadgen.engines.vllm_server import VllmServerEngine
 from speckv.services.cluster.ports import free_port
 from speckv.services.cluster.vllm_servers import VllmServerSpec, start_servers, stop_server
+from speckv.services.cluster.vllm_servers import model_geometry as server_model_geometry
 from speckv.services.common.engine_profile import EngineProfile
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.geometry import KVGeometry
@@ -61,16 +62,12 @@ class VllmModel:
 
 def model_geometry(directory: Path) -> tuple[KVGeometry, int]:
     """(KV geometry, vocabulary size) of a local Hugging Face model directory."""
+    geometry = server_model_geometry(directory, "float32", BLOCK_TOKENS)
     try:
-        config = json.loads((directory / "config.json").read_text())
-        heads = int(config["num_attention_heads"])
-        geometry = KVGeometry(name="", num_layers=int(config["num_hidden_layers"]),
-                              num_kv_heads=int(config.get("num_key_value_heads", heads)),
-                              head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
-                              dtype="float32", block_size=BLOCK_TOKENS)
-        return geometry, int(config["vocab_size"])
+        return geometry, int(json.loads((directory / "config.json").read_text())["vocab_size"])
     except (OSError, KeyError, ValueError, TypeError) as error:
-        raise InvalidArgument(f"--model {directory}: cannot read its geometry from config.json ({error!r})") from None
+        raise InvalidArgument(f"--model {directory}: cannot read its vocabulary size from config.json "
+                              f"({error!r})") from None
 
 
 def vllm_model(directory: Path | None, cache_root: Path) -> tuple[VllmModel, KVGeometry]:

@@ -26,7 +26,11 @@ import hashlib
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.vllm_block_ids import event_id, speckv_block_id
+
+CPU_PAGE_LAYOUT = "cpu:H,2,N,C"  # vLLM's CPU page layout, as pages.py converts it
+DEFAULT_HASH_ALGO = "sha256"  # vLLM's default prefix_caching_hash_algo: the chain starts from a fixed seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,16 @@ class KVLayout:
         fields = asdict(self)
         text = "\n".join(f"{name}={fields[name]}" for name in sorted(fields))
         return hashlib.sha256(text.encode()).digest()
+
+
+def cpu_layout(model_id: str, geometry: KVGeometry) -> KVLayout:
+    """The connector's layout in a CPU engine of this geometry (rank 0,
+    sha256): its digest is what the scheduler's --kv-events digest= takes to
+    index that engine's own events under the connector's ids. model_id: the
+    connector's model_id setting, else the model as vLLM has it (--model)."""
+    return KVLayout(model=model_id, dtype=geometry.dtype, block_size=geometry.block_size,
+                    num_layers=geometry.num_layers, num_kv_heads=geometry.num_kv_heads, head_dim=geometry.head_dim,
+                    tp_rank=0, page_layout=CPU_PAGE_LAYOUT, hash_algo=DEFAULT_HASH_ALGO)
 
 
 def block_id(digest: bytes, vllm_hash: bytes) -> int:

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from speckv.services.engine.vllm_connector.identity import CPU_PAGE_LAYOUT
 from speckv.services.kvstore.shm.runs import paired_runs
 
 if TYPE_CHECKING:
     import numpy as np
 
-PAGE_LAYOUT = "cpu:H,2,N,C"  # what identity.KVLayout.page_layout records for this conversion
+PAGE_LAYOUT = CPU_PAGE_LAYOUT  # what identity.KVLayout.page_layout records for this conversion
 
 
 def page_views(caches: Sequence[torch.Tensor], num_kv_heads: int, block_size: int,

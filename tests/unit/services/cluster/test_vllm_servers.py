@@ -10,7 +10,7 @@ import pytest
 
 from speckv.services.cluster.up import parse_spec
 from speckv.services.cluster.vllm_servers import (
-    CONNECTOR_MODULE, VllmServerSpec, kvstore_geometry_args, server_command, server_environ)
+    CONNECTOR_MODULE, VllmServerSpec, kvstore_geometry_args, model_geometry, server_command, server_environ)
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.rpc.tls import TlsFiles
 
@@ -57,3 +57,20 @@ def test_up_with_vllm_needs_a_model(tmp_path):
         {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64}))
     spec, args = parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--nodes", "2"], {})
     assert spec.extra_args["kvstore"][:2] == ["--num-layers", "2"] and args.vllm_port_base == 8100
+
+
+def test_up_with_vllm_indexes_each_engines_events_beside_its_kvstore(tmp_path):
+    from speckv.services.engine.vllm_connector.identity import cpu_layout
+    from speckv.services.scheduler.adapters.vllm_subscriber import parse_kv_events
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64}))
+    spec, _ = parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--nodes", "2"], {})
+    scheduler = spec.extra_args["scheduler"]
+    assert scheduler[scheduler.index("--engine-profile") + 1] == "tiny-llama-vllm-cpu"  # 32-token blocks
+    feeds = parse_kv_events(scheduler[scheduler.index("--kv-events") + 1])
+    digest = cpu_layout(str(tmp_path), model_geometry(tmp_path, "float32", 32)).digest()
+    assert [(f.node_id, f.endpoint, f.kvstore, f.digest) for f in feeds] == [
+        ("node-0", "tcp://127.0.0.1:8200", True, digest), ("node-1", "tcp://127.0.0.1:8201", True, digest)]
+    with pytest.raises(InvalidArgument, match="block size"):
+        parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--engine-profile", "llama-3-8b-h100"], {})
