@@ -111,7 +111,8 @@ def engine_setup(config: E2EConfig, kind: str = "emulated", model_dir: Path | No
 
         model, geometry = vllm_engines.vllm_model(model_dir, cache_root or Path.home() / ".cache" / "speckv")
         return EngineSetup(kind, geometry, 1, geometry.bytes_per_block, vllm_engines.START_BUDGET_S,
-                           int(config.warm_kv_fraction * config.nodes * config.pool_pages), vllm=model)
+                           int(config.warm_kv_fraction * config.nodes * config.pool_pages),
+                           vllm=vllm_engines.with_events(model, config.nodes))
     raise InvalidArgument(f"--engine={kind!r}: expected one of {', '.join(ENGINES)}")
 
 

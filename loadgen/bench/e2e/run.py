@@ -95,6 +95,11 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
     applied), its t=0 at oracle_offset_s on the scheduler's clock.
     predictor_args: extra predictor flags (the session-return model)."""
     setup = setup or engine_setup(config)
+    engine_events: list[str] = []
+    if setup.vllm is not None:
+        from speckv.loadgen.bench.e2e import vllm_engines
+
+        engine_events = vllm_engines.scheduler_events(setup.vllm, setup.geometry)
     link_gbps = config.link.gbps / setup.byte_scale
     preset, block_size, geometry_args = setup.cluster_geometry()
     extra = {k: list(v) for k, v in config.extra_args.items()}
@@ -105,6 +110,7 @@ def cluster_spec(config: E2EConfig, oracle_trace: Path, oracle_offset_s: float, 
                           "--tick-s", repr(config.scheduler_tick_s),
                           "--oracle-trace", str(oracle_trace), "--oracle-offset-s", repr(oracle_offset_s),
                           "--oracle-family", config.family,
+                          *engine_events,
                           *extra.get("scheduler", [])]
     # Replication moves scaled bytes on the wall clock: the kvstore's link cap
     # is the real link / byte scale x the replay's compression.

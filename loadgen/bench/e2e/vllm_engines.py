@@ -20,6 +20,9 @@ What changes with them (e2e/engines.py has the other kinds):
   runs the real prefill (one output token) of its newest requests on the
   node each was routed to, up to the config's warm_kv_fraction of the
   kvstores' pages.
+- Each engine publishes its own KV events, which the scheduler indexes
+  beside its node's kvstore (--kv-events ...,kvstore=1), so Route sees the
+  engines' prefix caches as well as the kvstores.
 - A route's pull (fetch_from) is made by the node's connector: the request
   names the peer in kv_transfer_params, the peer's kvstore copies the blocks
   into the node's, and they load from there (docs/vllm_connector.md).
@@ -28,12 +31,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
 from speckv.loadgen.engines.openai_stream import stream_completion
-from speckv.loadgen.engines.vllm_jobs import VllmJobs, VllmPrompts
+from speckv.loadgen.engines.vllm_jobs import VllmJobs, VllmPrompts, layout_digest
 from speckv.loadgen.engines.vllm_server import VllmServerEngine
 from speckv.services.cluster.ports import free_port
 from speckv.services.cluster.vllm_servers import VllmServerSpec, start_servers, stop_server
@@ -58,6 +61,22 @@ class VllmModel:
     directory: Path
     model_id: str
     prompts: VllmPrompts
+    events_ports: tuple[int, ...] = ()  # node-i's engine publishes its KV events on the i-th (with_events)
+
+
+def with_events(model: VllmModel, nodes: int) -> VllmModel:
+    """The model with a KV-event port per node (free now; every policy's run reuses them, one run at a time)."""
+    return replace(model, events_ports=tuple(free_port() for _ in range(nodes)))
+
+
+def scheduler_events(model: VllmModel, geometry: KVGeometry) -> list[str]:
+    """The scheduler's flags indexing each engine's own KV events beside its
+    node's kvstore (kvstore=1) under the connector's ids; none without ports."""
+    if not model.events_ports:
+        return []
+    digest = layout_digest(model.model_id, geometry).hex()
+    return ["--kv-events", ";".join(f"node-{i}=tcp://127.0.0.1:{port},digest={digest},kvstore=1"
+                                    for i, port in enumerate(model.events_ports))]
 
 
 def model_geometry(directory: Path) -> tuple[KVGeometry, int]:
@@ -88,7 +107,8 @@ def start_engines(model: VllmModel, addresses: Mapping[str, str], run_dir: Path,
     cores = os.cpu_count() or 1
     specs = [VllmServerSpec(f"vllm-{node}", str(model.directory), free_port(), address, core=i % cores,
                             max_model_len=MAX_MODEL_LEN, model_id=model.model_id, num_blocks=ENGINE_KV_BLOCKS,
-                            node_id=node, peers=tuple((n, a) for n, a in sorted(addresses.items()) if n != node))
+                            node_id=node, peers=tuple((n, a) for n, a in sorted(addresses.items()) if n != node),
+                            kv_events_endpoint=_events_endpoint(model, node))
              for i, (node, address) in enumerate(sorted(addresses.items()))]
     servers = start_servers(specs, run_dir, environ)
     engines: dict[str, VllmServerEngine] = {}
@@ -96,6 +116,11 @@ def start_engines(model: VllmModel, addresses: Mapping[str, str], run_dir: Path,
         engines[node] = VllmServerEngine(node, spec.url, spec.served_model_name, speed,
                                          on_close=lambda popen=popen: stop_server(popen))
     return engines
+
+
+def _events_endpoint(model: VllmModel, node: str) -> str:
+    index = int(node.rsplit("-", 1)[1])
+    return f"tcp://*:{model.events_ports[index]}" if index < len(model.events_ports) else ""
 
 
 def warm_prefill(engines: Mapping[str, VllmServerEngine], jobs: VllmJobs
