@@ -183,6 +183,8 @@ class Replicator:
         started = self._clock.now()
         result = ReplicationResult(order.order_id, TransferOutcome.FAILED)
         with self._store.hold(order.block_hashes, f"replicate order {order.order_id}"):
+            if order.parent is None and order.block_hashes:  # a run from mid-chain continues its chain there
+                order = replace(order, parent=self._store.parent_of(order.block_hashes[0]))
             target = connect(order.target_address)
             try:
                 self._run(order, target, result, chunk_bytes)

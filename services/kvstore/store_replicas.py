@@ -145,6 +145,17 @@ class ReplicaSides:
             with self._lock:
                 self._unpin_all(pinned)
 
+    def parent_of(self: KVStoreCore, block_hash: BlockHash) -> BlockHash | None:
+        """The parent this node recorded for the block (None: a chain's first
+        block, or one it does not hold): a copy starting mid-chain carries it,
+        so the target publishes the run as a continuation, not a new family."""
+        with self._lock:
+            for tier in self._tiers():
+                entry = tier.index.get(block_hash)
+                if entry is not None:
+                    return entry.parent
+            return None
+
     def pages_of(self: KVStoreCore, hashes: Sequence[BlockHash]) -> tuple[Tier, list[PageId]] | None:
         """The tier and pages of resident blocks when one tier holds them all
         (the device tier first), else None; the caller holds them pinned."""

@@ -136,3 +136,15 @@ def test_what_each_transport_carried_is_counted_by_outcome():
     transport = failed.transport
     assert carried[(transport, "committed")] == (1, TINY.bytes_per_block)
     assert carried[(transport, "failed")][0] == 1
+
+
+def test_a_run_copied_from_mid_chain_lands_as_its_continuation():
+    # Without its parent the target would publish blocks 3, 4 as a chain of their own, and the scheduler would
+    # take block 3 for the family's root (the order carries no parent: the source knows it).
+    source, target, replicator, _ = pair()
+    source.put_blocks(writes(1, 2, 3, 4))
+    assert replicator.replicate(order(3, 4)).outcome is TransferOutcome.COMMITTED
+    committed = [e for e in retained_events(target) if e.type is EventType.COMMITTED]
+    assert [(e.block_hashes, e.parent) for e in committed] == [((3, 4), 2)]
+    assert replicator.replicate(dataclasses.replace(order(1, 2), order_id="o2")).outcome is TransferOutcome.COMMITTED
+    assert [e.parent for e in retained_events(target) if e.type is EventType.COMMITTED][-1] is None
