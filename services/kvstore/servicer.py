@@ -145,8 +145,14 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         # An operator's call (the scheduler's orders reach the agent over WatchOrders, never here), or a
         # pull: the target node's engine asking for a copy into its own kvstore (the connector's
         # kv_transfer_params). A pull goes only to the target's registered address, so it needs the
-        # registry check (data_plane_auth) that an operator's call may go without.
-        if not authz.require_admin_or_target(context, request.order.target_node, "Replicate"):
+        # registry check (data_plane_auth) that an operator's call may go without, and it is only a pull:
+        # the copy lands as the target's own blocks, with no replica lease.
+        if not authz.require_admin_or_target_engine(context, request.order.target_node, "Replicate"):
+            if not request.pull:
+                raise PermissionDenied("an engine may only pull (ReplicateRequest.pull); replicas are the "
+                                       "scheduler's orders")
+            if request.order.lease_ms:
+                raise PermissionDenied("a pull's copy is the node's own KV: it carries no replica lease (lease_ms 0)")
             if request.order.source_node not in ("", self._store.node_id):
                 raise PermissionDenied(f"a pull names source node {request.order.source_node!r}; "
                                        f"this is {self._store.node_id!r}")

@@ -336,11 +336,13 @@ def test_a_sniffed_auth_frame_proves_nothing_and_written_bytes_cannot_be_rewritt
         assert [b.data for b in get(dst, *CHAIN)] == [block_bytes(h) for h in CHAIN]
 
 
-def test_over_tls_a_node_may_pull_into_itself_and_only_to_its_registered_address(tmp_path):
+def test_over_tls_a_nodes_engine_may_pull_into_it_and_only_to_its_registered_address(tmp_path):
     """A pull (the vLLM connector's kv_transfer_params): the target node's
     engine asks the source to Replicate into the target. Allowed for the
-    target itself, to its registered address only; another node's engine, an
-    address of its choosing, or another source are PERMISSION_DENIED."""
+    target's engine, as a pull, to its registered address only; another
+    node's engine, the target's kvstore certificate, a replica order (not a
+    pull, or with a lease), an address of its choosing, or another source are
+    PERMISSION_DENIED."""
     with tls_cluster(tmp_path, ["src", "dst", "other"]) as (certs, _, src_server, dst_server), \
             contextlib.ExitStack() as stack:
         def stub(address: str, files) -> kvstore_pb2_grpc.KVStoreStub:
@@ -354,6 +356,11 @@ def test_over_tls_a_node_may_pull_into_itself_and_only_to_its_registered_address
         dst_engine, other_engine = stub(src_server.address, certs.engine("dst")), \
             stub(src_server.address, certs.engine("other"))
         assert _pull(other_engine, "dst", dst_server.address, CHAIN) == grpc.StatusCode.PERMISSION_DENIED
+        dst_node = stub(src_server.address, certs.node("dst"))  # peers never read: a pull is the engine's
+        assert _pull(dst_node, "dst", dst_server.address, CHAIN) == grpc.StatusCode.PERMISSION_DENIED
+        assert _pull(dst_engine, "dst", dst_server.address, CHAIN, pull=False) == grpc.StatusCode.PERMISSION_DENIED
+        assert _pull(dst_engine, "dst", dst_server.address, CHAIN, lease_ms=60_000) \
+            == grpc.StatusCode.PERMISSION_DENIED
         assert _pull(dst_engine, "dst", "127.0.0.1:1", CHAIN) == grpc.StatusCode.PERMISSION_DENIED
         assert _pull(dst_engine, "dst", dst_server.address, CHAIN, source="other") \
             == grpc.StatusCode.PERMISSION_DENIED
@@ -365,12 +372,14 @@ def test_over_tls_a_node_may_pull_into_itself_and_only_to_its_registered_address
         assert admin_dst.GetStats(kvstore_pb2.StatsRequest(), timeout=TIMEOUT).blocks_committed_total == committed
 
 
-def _pull(source_stub, target: str, address: str, hashes: list[int], source: str = "") -> grpc.StatusCode | None:
+def _pull(source_stub, target: str, address: str, hashes: list[int], source: str = "", pull: bool = True,
+          lease_ms: int = 0) -> grpc.StatusCode | None:
     """A pull's Replicate: None when it committed, else the status it raised."""
     order = common_pb2.ReplicationOrder(order_id=f"pull-{target}-{len(hashes)}", family="f", block_hashes=hashes,
-                                        source_node=source, target_node=target, target_address=address)
+                                        source_node=source, target_node=target, target_address=address,
+                                        lease_ms=lease_ms)
     try:
-        reply = source_stub.Replicate(kvstore_pb2.ReplicateRequest(order=order, pull=True), timeout=TIMEOUT)
+        reply = source_stub.Replicate(kvstore_pb2.ReplicateRequest(order=order, pull=pull), timeout=TIMEOUT)
     except grpc.RpcError as error:
         return error.code()
     assert reply.state == common_pb2.ORDER_STATE_COMMITTED, reply

@@ -10,10 +10,11 @@ behaves as before. The rules (docs/security.md):
 - require_node_or_admin: the node, or an admin (WatchOrders, a
   ReportOrderStatus from anyone but the order's source node).
 - require_admin: an operator (SetPolicy, SubmitOrder, ReloadModel).
-- require_admin_or_target: KVStore.Replicate, an operator's, or a pull: the
-  order's target node (its kvstore or its engine) asking for a copy into
-  itself, which the Replicator then sends only to that node's registered
-  address.
+- require_admin_or_target_engine: KVStore.Replicate, an operator's, or a
+  pull: the order's target node's engine (its connector's certificate)
+  asking for a copy into its own kvstore, which the Replicator then sends
+  only to that node's registered address. A node's kvstore certificate may
+  not: peers never read blocks, and a pull is the engine's.
 - require_service_or_admin: another process of one service (a scheduler
   replica's ShareRoutes: only scheduler replicas, spiffe://speckv/service/
   scheduler) or an admin.
@@ -44,16 +45,16 @@ def require_admin(context: grpc.ServicerContext, call: str) -> None:
         raise PermissionDenied(f"{call}: {caller} may not; it needs the admin identity {ADMIN.uri}")
 
 
-def require_admin_or_target(context: grpc.ServicerContext, target_node: str, call: str) -> bool:
-    """Whether the caller is the admin (True) or the target node's kvstore
-    or engine (False); PermissionDenied for anyone else. Plaintext: True."""
+def require_admin_or_target_engine(context: grpc.ServicerContext, target_node: str, call: str) -> bool:
+    """Whether the caller is the admin (True) or the target node's engine
+    (False); PermissionDenied for anyone else. Plaintext: True."""
     caller = peer_identity(context)
     if caller is None or caller == ADMIN:
         return True
-    if target_node and caller in (Identity(Role.NODE, target_node), Identity(Role.ENGINE, target_node)):
+    if target_node and caller == Identity(Role.ENGINE, target_node):
         return False
     raise PermissionDenied(f"{call} to node {target_node!r}: {caller} may not; only the admin ({ADMIN.uri}) or "
-                           "the target node itself (a pull into itself) may")
+                           f"that node's engine ({Identity(Role.ENGINE, target_node).uri}: a pull into it) may")
 
 
 def require_node(context: grpc.ServicerContext, node_id: str, call: str) -> None:
