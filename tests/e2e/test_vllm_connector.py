@@ -285,7 +285,7 @@ def test_a_request_naming_a_peer_pulls_the_prefix_into_its_node_and_generates_th
     assert counters["load_failures"] == 0
     assert held == PROMPT_BLOCKS  # the pull left the prefix on this node
     assert run["outputs"][0] == first["outputs"][0]
-    assert len(run["outputs"][1]) == 4 and counters["lookup_failures"] >= 1  # node-9 down: recomputed
+    assert len(run["outputs"][1]) == 4 and counters["peer_lookup_failures"] >= 1  # node-9 down: recomputed
 
 
 def _closed_port() -> int:

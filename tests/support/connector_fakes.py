@@ -50,10 +50,12 @@ class FakePeer(FakeStore):
     def replicate_to(self, target_node, target_address, ids, family, order_id):
         self.orders.append((target_node, target_address, tuple(ids), family, order_id))
         if self.refuse or any(i not in self.blocks for i in ids) or target_node not in self.targets:
-            return False
-        for i in ids:
-            self.targets[target_node].blocks.setdefault(i, self.blocks[i])
-        return True
+            return None
+        held = self.targets[target_node].blocks
+        copied = [i for i in ids if i not in held]
+        for i in copied:
+            held[i] = self.blocks[i]
+        return len(copied)
 
 
 class CoreShared:

@@ -67,7 +67,7 @@ class SpeckvConnector(KVConnectorBase_V1):
                                      pin_at_lookup=settings.shared_memory, tls=tls)
         # The peers' kvstores a request may pull from; dialled lazily by gRPC, so a peer down costs nothing here.
         self._peers = {node: KVStoreClient(address, self.counters, settings.lookup_timeout_s,
-                                           settings.transfer_timeout_s, settings.max_message_mb, tls=tls)
+                                           settings.transfer_timeout_s, settings.max_message_mb, tls=tls, peer=True)
                        for node, address in settings.peers.items()}
         layout, why_not = layout_of(vllm_config, settings)
         why_not = tls_error or why_not

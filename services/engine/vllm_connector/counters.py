@@ -10,13 +10,15 @@ from dataclasses import dataclass, field, fields
 class Counters:
     """What one connector did. Blocks, calls, bytes and seconds; never reset."""
 
-    lookups: int = 0
+    lookups: int = 0  # of this node's kvstore
     lookup_failures: int = 0
+    peer_lookups: int = 0  # of a peer's kvstore that a request names to pull from
+    peer_lookup_failures: int = 0
     blocks_matched: int = 0  # offered to the engine past its own prefix-cache hit
     blocks_loaded: int = 0
     blocks_loaded_shared: int = 0  # of blocks_loaded, those copied from the kvstore's mapped pool
     load_failures: int = 0  # failed GetBlocks calls or blocks (each costs a recompute)
-    blocks_pulled: int = 0  # of blocks_loaded, those read from a peer's kvstore (kv_transfer_params' pull_from)
+    blocks_pulled: int = 0  # copied here from a peer's kvstore by pulls (kv_transfer_params' pull_from); not those held here already
     pull_failures: int = 0  # pulls whose peer load failed (a recompute)
     pulls_refused: int = 0  # requests naming a peer the connector does not know
     async_load_failures: int = 0  # requests whose background load failed (recomputed from their start)

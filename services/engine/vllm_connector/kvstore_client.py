@@ -54,8 +54,9 @@ class KVStoreClient:
 
     def __init__(self, address: str, counters: Counters, lookup_timeout_s: float = 0.5,
                  transfer_timeout_s: float = 10.0, max_message_mb: int = 64, pin_at_lookup: bool = False,
-                 tls: TlsMaterial | None = None) -> None:
-        """tls: mutual TLS as the node's engine (the kvstore must serve TLS); None: plaintext."""
+                 tls: TlsMaterial | None = None, peer: bool = False) -> None:
+        """tls: mutual TLS as the node's engine (the kvstore must serve TLS); None: plaintext;
+        peer: another node's kvstore (pulls): its lookups count as peer_lookups."""
         # bdp_probe off: large streamed messages are much faster on loopback without it (DESIGN.md, "Facts measured on these machines")
         options = [("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", max_message_mb * MIB),
                    ("grpc.max_send_message_length", max_message_mb * MIB)]
@@ -66,6 +67,8 @@ class KVStoreClient:
         self._lookup_timeout_s = lookup_timeout_s
         self._transfer_timeout_s = transfer_timeout_s
         self._pin_at_lookup = pin_at_lookup  # turned off for good when the kvstore cannot map
+        self._lookups, self._lookup_failures = ("peer_lookups", "peer_lookup_failures") if peer else \
+            ("lookups", "lookup_failures")
 
     def close(self) -> None:
         self._channel.close()
@@ -74,12 +77,12 @@ class KVStoreClient:
         """How many of ids, from the first, the kvstore holds; 0 on failure."""
         if not ids:
             return 0
-        self._counters.add(lookups=1)
+        self._counters.add(**{self._lookups: 1})
         try:
             reply = self.stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=list(ids)),
                                       timeout=self._lookup_timeout_s)
         except grpc.RpcError as error:
-            self._counters.add(lookup_failures=1)
+            self._counters.add(**{self._lookup_failures: 1})
             log.warning("speckv kvstore %s: lookup failed (%s); the engine recomputes", self.address, _code(error))
             return 0
         return int(reply.prefix_blocks)
@@ -87,7 +90,7 @@ class KVStoreClient:
     def map_prefix(self, ids: Sequence[int]) -> ReadLease | None:
         if not ids or not self._pin_at_lookup:
             return None
-        self._counters.add(lookups=1)
+        self._counters.add(**{self._lookups: 1})
         try:
             return map_blocks(self.stub, ids, self._transfer_timeout_s, self._lookup_timeout_s, prefix=True)
         except grpc.RpcError as error:
@@ -95,7 +98,7 @@ class KVStoreClient:
                 self._pin_at_lookup = False  # private pools, or an older kvstore: Lookup from now on
                 log.info("speckv kvstore %s: no shared pages to pin (%s); lookups only", self.address, _code(error))
             else:
-                self._counters.add(lookup_failures=1)
+                self._counters.add(**{self._lookup_failures: 1})
                 log.warning("speckv kvstore %s: lookup failed (%s); the engine recomputes", self.address,
                             _code(error))
             return None
@@ -129,10 +132,11 @@ class KVStoreClient:
         return [r.data for r in replies]
 
     def replicate_to(self, target_node: str, target_address: str, ids: Sequence[int], family: str,
-                     order_id: str) -> bool:
+                     order_id: str) -> int | None:
         """Asks this (a peer's) kvstore to copy the blocks into target's
         kvstore over its data plane (Replicate: a pull into target, which
-        target's engine may ask for); whether every block is there now."""
+        target's engine may ask for): how many it copied once every block
+        is there (those target held already are not copied), None on failure."""
         order = common_pb2.ReplicationOrder(order_id=order_id, family=family, block_hashes=list(ids),
                                             source_node="", target_node=target_node,
                                             target_address=target_address, policy="pull")
@@ -142,12 +146,12 @@ class KVStoreClient:
         except grpc.RpcError as error:
             log.warning("speckv kvstore %s: pull of %d blocks into %s failed (%s); the engine recomputes them",
                         self.address, len(ids), target_node, _code(error))
-            return False
+            return None
         if reply.state != common_pb2.ORDER_STATE_COMMITTED:
             log.warning("speckv kvstore %s: pull of %d blocks into %s ended %s (%s); the engine recomputes them",
                         self.address, len(ids), target_node, common_pb2.OrderState.Name(reply.state), reply.message)
-            return False
-        return True
+            return None
+        return int(reply.blocks_sent)
 
     def node_id(self) -> str:
         """The kvstore's node id ("" when it cannot be asked now)."""

@@ -127,7 +127,6 @@ class WorkerSide:
                 self._counters.add(pull_failures=1)
             return False
         self._counters.add(blocks_loaded=len(spec.block_ids),
-                           blocks_pulled=len(spec.block_ids) if path == "pull" else 0,
                            blocks_loaded_shared=len(spec.block_ids) if path == "shm" else 0,
                            bytes_loaded=len(spec.block_ids) * self._block_bytes,
                            load_seconds=time.perf_counter() - started)
@@ -153,8 +152,10 @@ class WorkerSide:
             return None
         self._pulls += 1
         order_id = f"pull-{target.node_id}-{spec.req_id}-{self._pulls}"
-        if not peer.replicate_to(target.node_id, target.address, spec.block_ids, spec.family, order_id):
+        copied = peer.replicate_to(target.node_id, target.address, spec.block_ids, spec.family, order_id)
+        if copied is None:
             return None
+        self._counters.add(blocks_pulled=copied)
         path = self._load_shared(spec) if self._shared is not None else self._load_grpc(spec)
         return "pull" if path is not None else None
 
