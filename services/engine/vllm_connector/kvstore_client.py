@@ -25,6 +25,8 @@ from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc
 
 log = logging.getLogger("speckv.vllm_connector")
 MIB = 1 << 20
+PEER_BACKOFF_S = 2.0  # a peer whose lookup failed is not asked for this long, doubling per failure
+PEER_BACKOFF_MAX_S = 60.0
 
 
 def map_blocks(stub: kvstore_pb2_grpc.KVStoreStub, ids: Sequence[int], lease_s: float, timeout_s: float,
@@ -69,13 +71,20 @@ class KVStoreClient:
         self._pin_at_lookup = pin_at_lookup  # turned off for good when the kvstore cannot map
         self._lookups, self._lookup_failures = ("peer_lookups", "peer_lookup_failures") if peer else \
             ("lookups", "lookup_failures")
+        # A peer whose lookup failed is not asked again for a while (doubling from PEER_BACKOFF_S up to
+        # PEER_BACKOFF_MAX_S): a black-holed peer would otherwise cost lookup_timeout_s inside vLLM's
+        # scheduler step for every request that names it. 0: ask (this node's own kvstore always is).
+        self._peer = peer
+        self._quiet_until = 0.0
+        self._backoff_s = PEER_BACKOFF_S
 
     def close(self) -> None:
         self._channel.close()
 
     def prefix_blocks(self, ids: Sequence[int]) -> int:
-        """How many of ids, from the first, the kvstore holds; 0 on failure."""
-        if not ids:
+        """How many of ids, from the first, the kvstore holds; 0 on failure
+        (and, for a peer, while it backs off after one)."""
+        if not ids or (self._peer and time.monotonic() < self._quiet_until):
             return 0
         self._counters.add(**{self._lookups: 1})
         try:
@@ -83,8 +92,16 @@ class KVStoreClient:
                                       timeout=self._lookup_timeout_s)
         except grpc.RpcError as error:
             self._counters.add(**{self._lookup_failures: 1})
-            log.warning("speckv kvstore %s: lookup failed (%s); the engine recomputes", self.address, _code(error))
+            if self._peer:
+                self._quiet_until = time.monotonic() + self._backoff_s
+                log.warning("speckv peer kvstore %s: lookup failed (%s); not asked again for %.0f s, its pulls "
+                            "are recomputed", self.address, _code(error), self._backoff_s)
+                self._backoff_s = min(self._backoff_s * 2, PEER_BACKOFF_MAX_S)
+            else:
+                log.warning("speckv kvstore %s: lookup failed (%s); the engine recomputes", self.address,
+                            _code(error))
             return 0
+        self._backoff_s = PEER_BACKOFF_S
         return int(reply.prefix_blocks)
 
     def map_prefix(self, ids: Sequence[int]) -> ReadLease | None:

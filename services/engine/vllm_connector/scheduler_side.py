@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("speckv.vllm_connector")
 LEASE_MARGIN_S = 1.0  # a lookup's pins this close to lapsing are renewed before a load relies on them
 PARAMS_KEY = "speckv"  # speckv's entry in a request's kv_transfer_params
+MAX_UNKNOWN_PEERS_LOGGED = 32  # distinct unknown peer names logged (once each); later ones are counted only
 
 
 def pull_source(params: Any) -> str:
@@ -121,8 +122,8 @@ class SchedulerSide:
         peer = self._peers.get(source)
         if peer is None:
             self._counters.add(pulls_refused=1)
-            if source not in self._unknown_peers:
-                self._unknown_peers.add(source)
+            if source not in self._unknown_peers and len(self._unknown_peers) < MAX_UNKNOWN_PEERS_LOGGED:
+                self._unknown_peers.add(source)  # bounded: the names come from API clients
                 log.warning("speckv: a request asks to pull from %r, not among the connector's peers %s; "
                             "it is not pulled", source, sorted(self._peers))
             return
@@ -204,7 +205,7 @@ class SchedulerSide:
     def loads_ended(self, finished: set[str], failed: set[str]) -> None:
         """The worker's report (vLLM's finished_recving / failed_recving)."""
         self._loading -= finished
-        self._load_failed |= failed
+        self._load_failed |= {r for r in failed if r in self._tracks}  # not of requests already finished
         if failed:
             self._counters.add(async_load_failures=len(failed))
 

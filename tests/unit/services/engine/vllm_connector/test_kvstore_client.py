@@ -24,6 +24,16 @@ def test_a_kvstore_that_is_down_answers_nothing_and_counts():
     assert snapshot["lookup_failures"] == 1 and snapshot["load_failures"] == 1 and snapshot["save_failures"] == 1
 
 
+def test_a_peer_that_failed_a_lookup_is_not_asked_again_for_a_while():
+    counters = Counters()
+    peer = KVStoreClient(free_address(), counters, lookup_timeout_s=0.5, peer=True)
+    assert peer.prefix_blocks([1, 2]) == 0 and peer.prefix_blocks([1, 2]) == 0
+    peer.close()
+    snapshot = counters.snapshot()
+    # one ask, then quiet: the second request costs nothing; counted apart from the node's own kvstore
+    assert (snapshot["peer_lookups"], snapshot["peer_lookup_failures"], snapshot["lookups"]) == (1, 1, 0)
+
+
 def test_put_lookup_get_round_trip_and_a_missing_block_is_nothing():
     data = [np.random.default_rng(i).integers(0, 256, TINY.bytes_per_block, dtype=np.uint8).tobytes()
             for i in range(3)]

@@ -184,8 +184,9 @@ def test_async_loads_go_out_with_the_next_step_and_hold_the_pages_until_reported
     assert [(l.page_ids, l.block_ids) for l in plan.async_loads] == [((1, 2, 3, 4), tuple(ids[:4]))]
     assert plan.loads == [] and side.build_step(step()).async_loads == []
     assert side.request_finished(req) is True  # ended while loading: vLLM keeps its pages
-    side.loads_ended({"r"}, set())
+    side.loads_ended({"r"}, {"r"})  # and its load then failed
     assert side.request_finished(req) is False
+    assert side._load_failed == set()  # nothing kept of a request that has ended
 
 
 def test_a_request_whose_async_load_failed_is_never_offered_a_load_again():
