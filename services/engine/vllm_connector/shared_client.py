@@ -21,6 +21,7 @@ reported as a load error (the pages may have been reused).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import Sequence
 
@@ -51,6 +52,7 @@ class SharedKVStore:
         self._counters = counters
         self._timeout_s = timeout_s
         self._lease_s = lease_s
+        self._remap_lock = threading.Lock()  # the loader thread and the step's saves may both find pools stale
 
     @classmethod
     def open(cls, stub: kvstore_pb2_grpc.KVStoreStub, address: str, counters: Counters, timeout_s: float,
@@ -87,10 +89,17 @@ class SharedKVStore:
         return lease
 
     def usable(self, lease: ReadLease) -> bool:
-        if all(token == self.pools.token(medium) for medium, token in lease.tokens.items()):
-            return True
-        self._stale("a read")
-        return False
+        return self.pools_for(lease) is not None
+
+    def pools_for(self, lease: ReadLease) -> MappedPools | None:
+        """The mapped pools the lease's pages lie in, taken once: a copy reads
+        from this object even if another thread remaps meanwhile. None (and
+        the pools mapped again for the next call) when they are not these."""
+        pools = self.pools
+        if all(token == pools.token(medium) for medium, token in lease.tokens.items()):
+            return pools
+        self._stale("a read", pools)
+        return None
 
     def release(self, lease: ReadLease) -> None:
         unpin(self._stub, lease, self._timeout_s)
@@ -109,8 +118,9 @@ class SharedKVStore:
                         _code(error))
             return None
         slot = WriteSlot(reply.handle, (), (), reply.pages_medium, reply.capability, reply.capability_secret)
-        if reply.pages_token != self.pools.token(reply.pages_medium):
-            self._stale("a save")
+        pools = self.pools
+        if reply.pages_token != pools.token(reply.pages_medium):
+            self._stale("a save", pools)
             self.abort(slot, "the writer mapped another arena")
             return None
         where = {block_id: i for i, block_id in enumerate(ids)}
@@ -142,16 +152,21 @@ class SharedKVStore:
         except grpc.RpcError:
             pass  # its lease reaps it
 
-    def _stale(self, what: str) -> None:
-        """The kvstore answered with arenas other than those mapped here (it
-        restarted): this call fails open, the pools are mapped again for the next."""
-        self._counters.add(shared_remaps=1)
-        log.warning("speckv kvstore %s: its shared pools changed (restarted?); %s falls back, pools remapped",
-                    self._address, what)
-        fresh = SharedKVStore.open(self._stub, self._address, self._counters, self._timeout_s, self._lease_s)
-        if fresh is not None:
-            self.pools.close()
-            self.pools = fresh.pools
+    def _stale(self, what: str, seen: MappedPools) -> None:
+        """The kvstore answered with arenas other than `seen` (it restarted):
+        this call fails open, the pools are mapped again for the next (once,
+        whichever thread finds it first). The old mapping is not closed here:
+        a copy on another thread may still read it; it goes with its last
+        reference."""
+        with self._remap_lock:
+            if self.pools is not seen:
+                return  # another thread has remapped already
+            self._counters.add(shared_remaps=1)
+            log.warning("speckv kvstore %s: its shared pools changed (restarted?); %s falls back, pools remapped",
+                        self._address, what)
+            fresh = SharedKVStore.open(self._stub, self._address, self._counters, self._timeout_s, self._lease_s)
+            if fresh is not None:
+                self.pools = fresh.pools
 
     def pool(self, medium: str) -> np.ndarray:
         return self.pools.pool(medium)
