@@ -76,7 +76,7 @@ def _leadership(state: scheduler_pb2.ClusterState) -> str:
 
 def transports_table(rows: Sequence[scheduler_pb2.TransportStats]) -> Table:
     """Per source, target and data plane: the copies it carried and their GiB
-    (committed orders since the scheduler started)."""
+    (committed orders, kept in the scheduler's state across restarts)."""
     table = Table(title="committed copies by transport")
     for column in ("source", "target", "transport", "orders", "GiB"):
         table.add_column(column)

@@ -52,7 +52,7 @@ class KVStoreConfig(ServerSettings):
     reservation_lease_s: float = field(default=10.0, metadata={"help": "lease of a replication reservation, renewed by each chunk, seconds"})
     peer_timeout_s: float = field(default=10.0, metadata={"help": "deadline of unary calls to peers and the scheduler, seconds"})
     transport: str = field(default="auto", metadata={"help": "replication data plane: auto (shared memory to a peer that shares its pools on this host, else nixl where both ends have it, else tcp), nixl (NIXL writes; tcp where an end lacks it), tcp (bulk TCP), grpc (WriteChunks only); all but grpc listen on data_port (docs/dataplane.md)"})
-    nixl: bool = field(default=False, metadata={"help": "start a NIXL agent (NIXL installed), its host pools registered, so peers may write replicas with NIXL (docs/dataplane.md); off by default: registering the pools takes seconds per GiB here (a 4 GB pool: 4.4 s to start instead of 0.7)"})
+    nixl: bool = field(default=False, metadata={"help": "start a NIXL agent (NIXL installed), its host pools registered, so peers may write replicas with NIXL (docs/dataplane.md); off by default: starting it (the nixl import, UCX) takes seconds here (4.4 s to start instead of 0.7)"})
     nixl_batch_kib: int = field(default=8192, metadata={"help": "bytes of one NIXL transfer into a peer, KiB (256..65536, rounded down to whole blocks, at least one): each is paced by the link cap and checked by the target as it lands (docs/dataplane.md)"})
     data_port: int = field(default=0, metadata={"help": "TCP data plane port when transport is auto or tcp; 0 picks a free one"})
     backend: str = field(default="numpy", metadata={"help": f"pool memory: {' | '.join(BACKEND_CHOICES)} (auto: CuPy when a CUDA device is present)"})

@@ -104,6 +104,7 @@ class SchedulerCore:
         self._orders = OrderTracker(journal=state)
         self._lifecycle = OrderLifecycle(self._orders, LeasedReplicas(), self._index, self._submit_locked,
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
+        self._lifecycle.transports.journal = state  # the copies by transport survive a restart with the orders
         self._feed = OrderFeed(settings.watch_queue)
         self._reuse = ReuseHistory(self._pcfg.reuse)
         self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link, disk)
@@ -456,6 +457,7 @@ class SchedulerCore:
         them from the shared state, where this one journaled them)."""
         with self._lock:
             self._orders.clear()
+            self._lifecycle.transports.restore(())  # the leader's figures come back with the state it adopts
 
     # --- state -------------------------------------------------------------
     def cluster_state(self) -> ClusterSnapshot:

@@ -12,7 +12,8 @@ tests inject their own or none.
 - StateJournal (optional; adapters/state_store.py): the durable control
   state. The core calls it, under its lock, at each change a restart must not
   forget: SetPolicy, a node's registration, each order's submission and
-  transition (through the OrderTracker's journal). `restore()` resumes from
+  transition (through the OrderTracker's journal), and the committed copies
+  by transport (through the TransportTally's). `restore()` resumes from
   what it saved (SavedState, SavedNode). Without one (the simulator, the
   tests, the default) all of it lives in memory only.
 """
@@ -27,6 +28,7 @@ from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.policy_config import PolicyConfig
 from speckv.services.scheduler.orders import Order, OrderJournal, OrderState
+from speckv.services.scheduler.replication.transports import Carried, TransportJournal
 
 
 class PrefixConfirmer(Protocol):
@@ -65,16 +67,18 @@ class SavedState:
     ones in any order, terminal ones in the order they finished;
     next_order_id: the number the next generated order id carries (above
     every id ever generated); order_totals: orders that ever reached each
-    terminal state."""
+    terminal state; transports: the committed copies each transport carried
+    between each pair of nodes."""
 
     policy: str = ""
     nodes: list[SavedNode] = field(default_factory=list)
     orders: list[Order] = field(default_factory=list)
     next_order_id: int = 1
     order_totals: dict[OrderState, int] = field(default_factory=dict)
+    transports: list[Carried] = field(default_factory=list)  # committed copies per (source, target, transport)
 
 
-class StateJournal(OrderJournal, Protocol):
+class StateJournal(OrderJournal, TransportJournal, Protocol):
     """The durable control state: each call is one transaction, made under
     the core's lock, before the call that made the change returns. A write
     that fails raises (Unavailable) and so fails that call."""

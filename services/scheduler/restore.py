@@ -13,6 +13,8 @@ once, on a core with no nodes and no orders, before serving.
   sends the ISSUED ones again; terminal ones stay reportable up to the
   tracker's retention; generated ids continue at saved.next_order_id, so none
   is ever reused.
+- Committed copies by transport (the tally `speckv status` prints): as saved,
+  replacing the core's (a replica taking over drops the figures it held).
 Not restored: replica leases, outcome statistics and link bookings of the
 orders before the restart (they start empty, as in a new run). Nothing is
 written back.
@@ -66,6 +68,7 @@ def restore_nodes_and_orders(saved: SavedState, cluster: Cluster, orders: OrderT
         registered.append((node.node_id, node.address, node.generation))
     for order in orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
         lifecycle.issued(order)
+    lifecycle.transports.restore(saved.transports)
     return registered
 
 
@@ -88,4 +91,5 @@ def adopt_state(saved: SavedState, cluster: Cluster, orders: OrderTracker, lifec
     orders.clear()
     for order in orders.restore(saved.orders, saved.next_order_id, saved.order_totals, now):
         lifecycle.issued(order)
+    lifecycle.transports.restore(saved.transports)
     return registered

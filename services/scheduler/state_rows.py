@@ -3,6 +3,8 @@ node, in the column order of the SQLite state store's tables
 (adapters/state_store.py), which the etcd state store (leadership/state_store.py)
 keeps too, so both read and write the same fields by the same code.
 
+- A transport row is one (source, target, transport)'s committed copies:
+  (source, target, transport, orders, bytes).
 - An order row ends with `finished`: the number of its place among terminal
   orders in the order they finished (None while active).
 - Block hashes are uint64, kept as one little-endian 8-byte word each
@@ -23,9 +25,11 @@ from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.orders import ActionKind, Order, OrderSpec, OrderState
 from speckv.services.scheduler.ports import SavedNode
+from speckv.services.scheduler.replication.transports import Carried, check_transport
 
 ORDER_FIELDS = 19
 NODE_FIELDS = 11
+CARRIED_FIELDS = 5
 
 
 def hashes_blob(hashes: Sequence[int]) -> bytes:
@@ -74,3 +78,16 @@ def node_from_row(row: Sequence[Any]) -> SavedNode:
     sizes = NodeSizes(int(capacity), int(host), None if retain_max is None else int(retain_max))
     return SavedNode(NodeId(node_id), address, sizes,
                      KVGeometry(int(layers), int(heads), int(head_dim), dtype, int(block_size), name))
+
+
+def carried_row(carried: Carried) -> tuple[object, ...]:
+    return (carried.source, carried.target, carried.transport, carried.orders, carried.bytes)
+
+
+def carried_from_row(row: Sequence[Any]) -> Carried:
+    source, target, transport, orders, nbytes = row
+    if not isinstance(source, str) or not isinstance(target, str) or not isinstance(transport, str):
+        raise TypeError(f"transport row {list(row)!r}: source, target and transport must be text")
+    if int(orders) <= 0 or int(nbytes) < 0:
+        raise ValueError(f"transport row {list(row)!r}: orders must be > 0 and bytes >= 0")
+    return Carried(source, target, check_transport(transport), int(orders), int(nbytes))

@@ -96,6 +96,40 @@ def test_a_restart_resumes_policy_nodes_and_orders(tmp_path):
         assert new > max(issued, moving, committed, failed)  # ids continue: o-00000005
 
 
+def transports(stub) -> list[tuple[str, str, str, int, int]]:
+    state = stub.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT)
+    return [(t.source_node, t.target_node, t.transport, t.orders, t.bytes) for t in state.transports]
+
+
+def test_the_copies_by_transport_survive_a_restart(tmp_path):
+    state_dir = str(tmp_path / "state")
+    with scheduler(state_dir=state_dir) as (_, stub):
+        for n in ("n1", "n2"):
+            register(stub, n, f"127.0.0.1:{n[1]}")
+        for transport, nbytes in (("tcp", 1000), ("tcp", 24), ("shm", 7), ("", 5)):
+            ack = stub.ReportOrderStatus(scheduler_pb2.OrderStatusReport(
+                order_id=submit(stub, "n1", "n2"), state=S.ORDER_STATE_COMMITTED, bytes_sent=nbytes,
+                transport=transport), timeout=TIMEOUT)
+            assert ack.state == S.ORDER_STATE_COMMITTED
+        unlabelled = submit(stub, "n2", "n1")
+        assert report(stub, unlabelled, S.ORDER_STATE_COMMITTED) == S.ORDER_STATE_COMMITTED
+        before = transports(stub)
+        assert ("n1", "n2", "tcp", 2, 1024) in before and ("n1", "n2", "shm", 1, 7) in before
+        (back,) = [r for r in before if r[:2] == ("n2", "n1")]
+        assert back[2:4] == ("", 1)  # no transport reported yet
+
+    with scheduler(state_dir=state_dir) as (_, stub):
+        assert transports(stub) == before
+        # the source's late report after the restart labels the copy the restored tally holds unlabelled
+        stub.ReportOrderStatus(scheduler_pb2.OrderStatusReport(
+            order_id=unlabelled, state=S.ORDER_STATE_COMMITTED, transport="nixl"), timeout=TIMEOUT)
+        after = transports(stub)
+        assert [r for r in after if r[:2] == ("n2", "n1")] == [("n2", "n1", "nixl", 1, back[4])]
+
+    with scheduler(state_dir=state_dir) as (_, stub):
+        assert transports(stub) == after
+
+
 def test_an_unusable_state_db_stops_the_start_with_a_clear_error(tmp_path):
     (tmp_path / DB_FILE).write_bytes(b"\0garbage" * 1000)
     config = SchedulerConfig(engine_profile="tiny", state_dir=str(tmp_path))

@@ -13,7 +13,9 @@ that every byte landed before the source commits. When the target's Reserve
 returned a write capability, the target's challenge is read first and an
 AUTH frame carrying the capability and the proof of its secret over the
 challenge's nonce goes first; every chunk then carries its MAC tag
-(dataplane/possession.py).
+(dataplane/possession.py), computed on a tagging thread while the chunk's
+payload is sent and sent itself ahead of the next frame (dataplane/tagger.py;
+the bytes on the wire are the same).
 
 A target without a data address (its transport is grpc) gets the chunks over
 WriteChunks instead: the fallback.
@@ -28,6 +30,7 @@ from typing import Iterator, Mapping
 from speckv.services.common import errors
 from speckv.services.kvstore.dataplane import possession, wire
 from speckv.services.kvstore.dataplane.listener import tune
+from speckv.services.kvstore.dataplane.tagger import AHEAD_MIN_BYTES, Tagger
 from speckv.services.kvstore.token_bucket import TokenBucket
 from speckv.services.kvstore.grpc_target import GrpcReplicationTarget
 from speckv.services.kvstore.replication import Chunk, TransferOrder
@@ -82,30 +85,41 @@ class TcpReplicationTarget:
     def _send(self, sock: socket.socket, handle: bytes, chunks: Iterator[Chunk], where: str) -> int:
         header, poller = wire.header_buffer(), select.poll()
         poller.register(sock, select.POLLIN)
+        tagger = Tagger("data-tag")
         try:
             key = self._authenticate(sock, header, handle) if self._capability else b""
             name = handle.decode("utf-8")
+            carried: list[memoryview] = []  # the previous chunk's tag, sent ahead of the next frame
             for chunk in chunks:
                 size = chunk.nbytes
                 self._pace(size)
                 head = wire.encode_header(header, wire.Kind.CHUNK, handle, chunk.offset, size, chunk.crc32c)
-                views = [head, *(chunk.pieces or (memoryview(chunk.data).cast("B"),))]
-                if key:
+                pieces = chunk.pieces or (memoryview(chunk.data).cast("B"),)
+                views, total = [*carried, head, *pieces], len(carried) * possession.TAG_BYTES + len(head) + size
+                carried = []
+                if not key:
+                    wire.send_views(sock, views, total)
+                elif size < AHEAD_MIN_BYTES:
                     mac = possession.ChunkMac(key, name, chunk.offset, size, chunk.crc32c)
-                    for piece in views[1:]:
+                    for piece in pieces:
                         mac.update(piece)
-                    views.append(memoryview(mac.tag()))
-                    size += possession.TAG_BYTES
-                wire.send_views(sock, views, len(head) + size)
+                    wire.send_views(sock, [*views, memoryview(mac.tag())], total + possession.TAG_BYTES)
+                else:  # the tag is computed while the payload goes out (tagger.py)
+                    tagger.start(possession.ChunkMac(key, name, chunk.offset, size, chunk.crc32c), pieces)
+                    wire.send_views(sock, views, total)
+                    carried = [memoryview(tagger.tag())]
                 if _readable(poller):
                     break  # the target answered early: an error; read it below
             else:
-                sock.sendall(wire.encode_header(header, wire.Kind.END, handle, 0, 0, 0))
+                end = wire.encode_header(header, wire.Kind.END, handle, 0, 0, 0)
+                wire.send_views(sock, [*carried, end], len(carried) * possession.TAG_BYTES + len(end))
             reply = wire.read_reply(sock)
         except errors.SpeckvError as exc:
             raise type(exc)(f"{where}: {exc}") from None
         except OSError as exc:
             raise errors.Unavailable(f"{where}: connection lost: {exc}") from None
+        finally:
+            tagger.close()
         reply.raise_for_status(where)
         return reply.bytes_received
 

@@ -8,8 +8,9 @@ missing, information when it was not asked for); later calls return None
 silently.
 
 NIXL is off unless the kvstore is started with --nixl (SPECKV_NIXL=true; the
-server passes the opposite in as `disabled`): registering the pools takes
-seconds per GiB.
+server passes the opposite in as `disabled`): importing nixl and starting
+its UCX backend takes seconds (registering the pools does not:
+docs/dataplane.md).
 """
 from __future__ import annotations
 

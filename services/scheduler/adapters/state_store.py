@@ -3,7 +3,10 @@
 
 What it keeps: the policy SetPolicy last chose, every node registration, and
 the order log (every active order, the terminal ones the OrderTracker still
-retains, the next generated id and the terminal totals). Not the block index
+retains, the next generated id and the terminal totals), and the committed
+copies per (source, target, transport) (`transport_totals`, from schema 3;
+each written in its own transaction just after the commit that counted it,
+as absolute counts). Not the block index
 (rebuilt from the kvstores' event streams), loads, liveness or replica
 leases: a restart learns those again within a heartbeat. The kvstores' pools
 are not state at all: KV is a cache.
@@ -42,14 +45,19 @@ from speckv.services.common.errors import FailedPrecondition, SpeckvError, Unava
 from speckv.services.common.ids import OrderId
 from speckv.services.scheduler.orders import Order, OrderState
 from speckv.services.scheduler.ports import SavedNode, SavedState
-from speckv.services.scheduler.state_rows import node_from_row, node_row, order_from_row, order_row
+from speckv.services.scheduler.replication.transports import Carried
+from speckv.services.scheduler.state_rows import (
+    carried_from_row, carried_row, node_from_row, node_row, order_from_row, order_row)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_FILE = "scheduler.db"
 LOCK_WAIT_S = 1.0  # how long open() waits for another holder of the database before refusing
 
+_TRANSPORT_TABLE = """CREATE TABLE transport_totals (
+        source TEXT NOT NULL, target TEXT NOT NULL, transport TEXT NOT NULL, orders INTEGER NOT NULL,
+        bytes INTEGER NOT NULL, PRIMARY KEY (source, target, transport))"""
 # `finished` numbers terminal orders in the order they finished (NULL while active).
 # nodes.retain_max_blocks is NULL for a node that did not report its retention cap.
 SCHEMA = (
@@ -68,10 +76,12 @@ SCHEMA = (
         bytes_sent INTEGER NOT NULL, blocks_sent INTEGER NOT NULL, finished INTEGER)""",
     "CREATE INDEX orders_finished ON orders (finished)",
     "CREATE TABLE order_totals (state TEXT PRIMARY KEY, count INTEGER NOT NULL)",
+    _TRANSPORT_TABLE,
 )
 # MIGRATIONS[v]: the statements that take a version-v database to v + 1.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE nodes ADD COLUMN retain_max_blocks INTEGER",),  # nodes saved before it: not reported
+    2: (_TRANSPORT_TABLE,),  # copies committed before it: not counted
 }
 _NODE_COLUMNS = ("node_id, address, capacity_pages, host_pages, num_layers, num_kv_heads, head_dim, dtype, "
                  "block_size, geometry_name, retain_max_blocks")
@@ -127,10 +137,13 @@ class StateStore:
                 f"SELECT {_ORDER_COLUMNS} FROM orders ORDER BY finished IS NOT NULL, finished, created_at, order_id")]
             totals = {OrderState(state): int(count) for state, count in self._read(
                 "SELECT state, count FROM order_totals")}
+            carried = [carried_from_row(row) for row in self._read(
+                "SELECT source, target, transport, orders, bytes FROM transport_totals "
+                "ORDER BY source, target, transport")]
         except (ValueError, TypeError, struct.error, SpeckvError) as exc:
             raise FailedPrecondition(f"state database {self.path}: a saved row does not read back ({exc}); "
                                      "it is damaged or was edited by hand") from None
-        return SavedState(meta.get("policy", ""), nodes, orders, next_id, totals)
+        return SavedState(meta.get("policy", ""), nodes, orders, next_id, totals, carried)
 
     # --- the journal (SchedulerCore's StateJournal) -----------------------
     def policy_set(self, name: str) -> None:
@@ -157,6 +170,12 @@ class StateStore:
             self._transaction(statements)
             if finished is not None:
                 self._finished = finished
+
+    def transports_counted(self, rows: Sequence[Carried]) -> None:
+        self._write([("INSERT OR REPLACE INTO transport_totals (source, target, transport, orders, bytes) "
+                      "VALUES (?, ?, ?, ?, ?)", carried_row(r)) if r.orders > 0 else
+                     ("DELETE FROM transport_totals WHERE source = ? AND target = ? AND transport = ?",
+                      (r.source, r.target, r.transport)) for r in rows])
 
     # --- plumbing ----------------------------------------------------------
     def _write(self, statements: list[tuple[str, tuple[object, ...]]]) -> None:

@@ -11,6 +11,8 @@ rows (state_rows.py), under /speckv/<cluster>/state/:
     nodes/<node id>       a node's registration: its row as JSON
     orders/<order id>     an order: its row as JSON (block hashes: base64 of the 8-byte words)
     totals/<state>        orders that ever reached that terminal state
+    transports/<s>/<t>/<k> committed copies source s -> target t over transport k
+                          (each name percent-quoted): its row as JSON (schema 2)
 Bounded as SQLite is: a terminal order the OrderTracker evicts is deleted in
 the txn of the change that evicted it.
 
@@ -38,6 +40,7 @@ import binascii
 import json
 import threading
 from typing import Any, Sequence
+from urllib.parse import quote
 
 from speckv.services.common.errors import FailedPrecondition, SpeckvError
 from speckv.services.common.ids import OrderId
@@ -45,10 +48,12 @@ from speckv.services.scheduler.leadership.elector import Leadership
 from speckv.services.scheduler.leadership.keys import FencedKeyStore, leader_key, state_prefix
 from speckv.services.scheduler.orders import Order, OrderState
 from speckv.services.scheduler.ports import SavedNode, SavedState
+from speckv.services.scheduler.replication.transports import Carried
 from speckv.services.scheduler.state_rows import (
-    NODE_FIELDS, ORDER_FIELDS, hashes_blob, node_from_row, node_row, order_from_row, order_row, row_finished)
+    CARRIED_FIELDS, NODE_FIELDS, ORDER_FIELDS, carried_from_row, carried_row, hashes_blob, node_from_row, node_row,
+    order_from_row, order_row, row_finished)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: transports/ (a scheduler reading 1 would refuse those keys)
 _BLOB = 2  # the block hashes' place in an order row
 
 
@@ -99,6 +104,7 @@ class EtcdStateStore:
                                          "was edited by hand") from None
         state.orders = [o for _, _, o in sorted(active, key=lambda t: t[:2])] + [o for _, o in sorted(
             done, key=lambda t: (t[0], t[1].created_at, t[1].order_id))]
+        state.transports.sort(key=lambda c: (c.source, c.target, c.transport))  # as SQLite's ORDER BY
         return state
 
     def _read_one(self, name: str, value: bytes, state: SavedState, active: list, done: list) -> None:
@@ -125,6 +131,11 @@ class EtcdStateStore:
                 done.append((finished, order))
         elif kind == "totals":
             state.order_totals[OrderState(rest)] = int(value)
+        elif kind == "transports":
+            carried = carried_from_row(_json_row(value, CARRIED_FIELDS))
+            if name != _carried_key(carried):
+                raise ValueError(f"its row names {_carried_key(carried)!r}")
+            state.transports.append(carried)
         else:
             raise ValueError(f"unknown key {name!r}")
 
@@ -152,6 +163,11 @@ class EtcdStateStore:
                 puts[f"orders/{order.order_id}"] = _order_value(order, finished if order.state.terminal else None)
             self._txn(puts, [f"orders/{order_id}" for order_id in evicted])
             self._counters = (finished, totals)
+
+    def transports_counted(self, rows: Sequence[Carried]) -> None:
+        with self._lock:
+            self._txn({_carried_key(r): _json(list(carried_row(r))) for r in rows if r.orders > 0},
+                      [_carried_key(r) for r in rows if r.orders <= 0])
 
     # --- plumbing ------------------------------------------------------------
     def _write(self, puts: dict[str, bytes]) -> None:
@@ -200,6 +216,12 @@ def _json_row(value: bytes, fields: int) -> list[Any]:
     if not isinstance(row, list) or len(row) != fields:
         raise ValueError(f"expected a row of {fields} fields")
     return row
+
+
+def _carried_key(carried: Carried) -> str:
+    """transports/<source>/<target>/<transport>, each percent-quoted (a node id may hold '/')."""
+    return "transports/" + "/".join(quote(part, safe="") for part in (carried.source, carried.target,
+                                                                         carried.transport))
 
 
 def _order_value(order: Order, finished: int | None) -> bytes:

@@ -128,9 +128,10 @@ class OrderLifecycle:
             return  # a prefetch or retain on one node: no replica to lease, no other source to retry from
         if order.state is OrderState.COMMITTED:
             blocks, nbytes = len(order.spec.block_hashes), self._copy_bytes(order)
-            self.transports.add(order.spec.source, order.spec.target, order.transport, nbytes)
             self.ledger.add(Replica(order.order_id, order.spec.family, order.spec.target, blocks, nbytes,
                                     now, now + order.spec.lease_ms / 1000.0))
+            # Last: its journal write may raise (Unavailable) after the commit is recorded.
+            self.transports.add(order.spec.source, order.spec.target, order.transport, nbytes)
         elif order.state is OrderState.FAILED:
             self._retry(order, attempts, now)
 

@@ -20,6 +20,7 @@ from speckv.services.scheduler.adapters.state_store import DB_FILE, SCHEMA_VERSI
 from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.ports import SavedNode, SchedulerSettings
+from speckv.services.scheduler.replication.transports import Carried
 from speckv.services.scheduler.orders import ActionKind, OrderSpec, OrderState, OrderTracker
 
 GEOMETRY = KVGeometry(2, 2, 16, "float32", 4)
@@ -128,9 +129,12 @@ def test_a_version_1_database_is_migrated_keeping_its_nodes_and_policy(tmp_path)
     assert saved.policy == "oracle"
     assert [(n.node_id, n.sizes) for n in saved.nodes] == [
         ("a", NodeSizes(100, 400, None))]  # saved before nodes reported a cap: none known
+    assert saved.transports == []  # copies committed before schema 3: not counted
     store.node_registered(SavedNode(NodeId("a"), "h:1", NodeSizes(100, 400, 200), GEOMETRY))
+    store.transports_counted([Carried("a", "b", "tcp", 1, 64)])
     store = reopen(store)
     assert [n.sizes.retain_max_blocks for n in store.load().nodes] == [200]
+    assert store.load().transports == [Carried("a", "b", "tcp", 1, 64)]
     store.close()
     with closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
@@ -345,6 +349,31 @@ def test_a_new_core_resumes_policy_nodes_and_orders(store):
             resumed.heartbeat(n, NodeLoad(free_pages=10))
         resumed.tick()
         assert resumed.get_order(issued.order_id).state is (OrderState.ISSUED if step != 0.2 else OrderState.EXPIRED)
+
+
+def test_the_copies_by_transport_survive_a_restart_and_count_on(store):
+    clock = ManualClock(1000.0)
+    core = new_core(store, clock)
+    for n in "ab":
+        core.register_node(n, f"h:{n}", NodeSizes(1000), None)
+    for transport, nbytes in (("tcp", 100), ("tcp", 28), ("nixl", 7), ("", 3)):
+        order = core.submit_order(spec("a", "b"))
+        core.report_order(order.order_id, OrderState.COMMITTED, "", nbytes, 3, transport)
+    before = core.cluster_state().transports
+    assert before == (Carried("a", "b", "", 1, 3), Carried("a", "b", "nixl", 1, 7), Carried("a", "b", "tcp", 2, 128))
+    store = reopen(store)
+
+    resumed = new_core(store, clock)
+    resumed.restore(store.load())
+    assert resumed.cluster_state().transports == before
+    for n in "ab":
+        resumed.heartbeat(n, NodeLoad(free_pages=10))
+    order = resumed.submit_order(spec("a", "b"))
+    resumed.report_order(order.order_id, OrderState.COMMITTED, "", 72, 3, "tcp")
+    store = reopen(store)
+    assert store.load().transports == [Carried("a", "b", "", 1, 3), Carried("a", "b", "nixl", 1, 7),
+                                       Carried("a", "b", "tcp", 3, 200)]
+    store.close()
 
 
 def test_a_saved_policy_that_cannot_run_here_leaves_the_configured_one(store):

@@ -25,6 +25,7 @@ from speckv.services.scheduler.leadership.memory_keys import MemoryKeys
 from speckv.services.scheduler.leadership.state_store import EtcdStateStore
 from speckv.services.scheduler.orders import ActionKind, OrderSpec, OrderState, OrderTracker
 from speckv.services.scheduler.ports import SavedNode, SchedulerSettings
+from speckv.services.scheduler.replication.transports import Carried
 
 CLUSTER = "c1"
 GEOMETRY = KVGeometry(2, 2, 16, "float32", 4)
@@ -84,6 +85,8 @@ def journal_a_history(journal, max_retained=2):
     for order, state in zip(done, (OrderState.COMMITTED, OrderState.FAILED, OrderState.COMMITTED,
                                    OrderState.EXPIRED)):
         tracker.report(order.order_id, state, 20.0)
+    journal.transports_counted([Carried("a", "b", "tcp", 2, 300), Carried("a/x", "b", "", 1, 5)])
+    journal.transports_counted([Carried("a/x", "b", "", 0, 0), Carried("a/x", "b", "shm", 1, 5)])
     return tracker
 
 
@@ -101,6 +104,7 @@ def test_it_loads_exactly_what_the_sqlite_store_loads_after_the_same_calls(store
     assert len(mine.orders) == 4 and mine.next_order_id == 7 and mine.policy == "oracle"
     assert mine.orders[0].spec.block_hashes == [BIG_HASH, 0, 7]
     assert mine.order_totals == {OrderState.COMMITTED: 2, OrderState.FAILED: 1, OrderState.EXPIRED: 1}
+    assert mine.transports == [Carried("a", "b", "tcp", 2, 300), Carried("a/x", "b", "shm", 1, 5)]
 
 
 def test_the_orders_the_tracker_evicts_are_deleted(store, keys):
@@ -164,6 +168,9 @@ def test_a_new_leaders_counts_continue_from_the_old_ones(store, keys):
     ("orders/o-1", json.dumps(["o-1"] * 19).encode()),
     ("meta/next_order_id", b"seven"),
     ("totals/committedish", b"1"),
+    ("transports/a/b/tcp", b'["a", "b", "tcp", 0, 5]'),
+    ("transports/a/b/tcp", b'["a", "b", "shm", 1, 5]'),
+    ("transports/a/b/TCP", b'["a", "b", "TCP", 1, 5]'),
     ("surprise", b"1"),
 ])
 def test_a_key_that_does_not_read_back_is_refused_at_load_naming_it(store, keys, name, value):

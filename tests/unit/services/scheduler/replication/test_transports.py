@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from speckv.services.common.errors import InvalidArgument
+from speckv.services.common.errors import InvalidArgument, Unavailable
 from speckv.services.common.ids import Family, NodeId
 from speckv.services.scheduler.holder_index import HolderEventKind
 from speckv.services.scheduler.orders import OrderSpec, OrderState
@@ -73,3 +73,50 @@ def test_a_commit_seen_in_kv_events_first_is_labelled_by_the_sources_report():
     assert core.cluster_state().transports == (Carried("n0", "n1", "shm", 1, unlabelled[0].bytes),)
     core.report_order(order.order_id, OrderState.COMMITTED, "", 0, 2, "tcp")  # a repeat relabels nothing
     assert core.cluster_state().transports == (Carried("n0", "n1", "shm", 1, unlabelled[0].bytes),)
+
+
+class Journal:
+    """Records each transports_counted call; raises while `broken`."""
+
+    def __init__(self):
+        self.calls: list[list[Carried]] = []
+        self.broken = False
+
+    def transports_counted(self, rows):
+        if self.broken:
+            raise Unavailable("the state database could not be written")
+        self.calls.append(list(rows))
+
+
+def test_the_journal_gets_the_absolute_rows_each_change_made():
+    journal = Journal()
+    tally = TransportTally(journal)
+    tally.add("a", "b", "tcp", 2 * MIB)
+    tally.add("a", "b", "tcp", MIB)
+    tally.add("a", "b", "", MIB)
+    tally.relabel("a", "b", "shm", MIB)
+    tally.relabel("a", "b", "shm", MIB)  # nothing unlabelled: no change, no write
+    assert journal.calls == [[Carried("a", "b", "tcp", 1, 2 * MIB)], [Carried("a", "b", "tcp", 2, 3 * MIB)],
+                             [Carried("a", "b", "", 1, MIB)],
+                             [Carried("a", "b", "", 0, 0), Carried("a", "b", "shm", 1, MIB)]]  # 0 orders: gone
+
+
+def test_a_journal_write_that_fails_changes_no_count():
+    journal = Journal()
+    tally = TransportTally(journal)
+    tally.add("a", "b", "", MIB)
+    journal.broken = True
+    with pytest.raises(Unavailable):
+        tally.add("a", "b", "tcp", MIB)
+    with pytest.raises(Unavailable):
+        tally.relabel("a", "b", "tcp", MIB)
+    assert tally.rows() == [Carried("a", "b", "", 1, MIB)]
+
+
+def test_restore_replaces_the_counts_without_journaling():
+    journal = Journal()
+    tally = TransportTally(journal)
+    tally.add("x", "y", "grpc", MIB)
+    tally.restore([Carried("a", "b", "tcp", 2, MIB), Carried("a", "b", "shm", 0, 0)])
+    assert tally.rows() == [Carried("a", "b", "tcp", 2, MIB)]
+    assert len(journal.calls) == 1
