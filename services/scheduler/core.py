@@ -61,6 +61,7 @@ from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.disk_backlog import DiskBacklog
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.observation import RouteObservation, RouteObserver
+from speckv.services.scheduler.routing.preference import decide
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
 from speckv.services.scheduler.routing.router import KvAwareRouter, RouteQuery, uncached_tokens
 from speckv.services.scheduler.snapshot import ClusterSnapshot, NodeReport, PolicyInfo
@@ -241,7 +242,9 @@ class SchedulerCore(OrderDesk):
         candidates = self._selector.candidates(hashes, now)
         if not candidates:
             raise Unavailable("no live node to route to")
-        decision = self._router.choose(query, candidates)
+        # The policy's routing hook (routing/preference.py), on the arrival clock; without one, the router's choice.
+        decision, candidates = decide(self._policy, self._router, self._selector, query, candidates, now, arrival_s,
+                                      lambda: len(self._cluster.live_nodes(now)))
         node = self._cluster.get(decision.node_id)
         observation = RouteObservation.of(query, decision, candidates,
                                           uncached_tokens(decision, query, node.geometry.block_size), arrival_s)

@@ -37,7 +37,7 @@ def test_route_batch_names_the_malformed_item(sched):
 def test_policies_switch_at_run_time_and_say_what_they_lack(sched):
     info = sched.SetPolicy(scheduler_pb2.SetPolicyRequest(name="reactive-heat"), timeout=TIMEOUT)
     assert info.name == "reactive-heat" and "heat" in info.description
-    assert list(info.available) == ["none", "oracle", "predictive", "reactive-heat", "reactive-migrate"]
+    assert list(info.available) == ["affinity", "none", "oracle", "predictive", "reactive-heat", "reactive-migrate"]
     for name, flag in (("predictive", "--predictor"), ("oracle", "--oracle-trace")):
         with pytest.raises(grpc.RpcError) as err:
             sched.SetPolicy(scheduler_pb2.SetPolicyRequest(name=name), timeout=TIMEOUT)
