@@ -138,7 +138,7 @@ class BurstWindow:
 
 class AffinityPolicy:
     name = "affinity"
-    description = ("llm-d's burst prefix-cache affinity: requests sharing a prompt prefix within a 100 ms window "
+    description = ("llm-d's burst prefix-cache affinity: requests sharing a prompt prefix within a batch window "
                    "are co-located on one node under a per-node fair share of the window; a routing "
                    "decision only (emits no orders).")
     needs_view = False  # plan() reads nothing
