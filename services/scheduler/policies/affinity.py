@@ -16,15 +16,18 @@ chain of full blocks is h_1..h_B:
 1. Identical group: a request whose whole chain equals one already routed in
    the window follows it to the first node of that group holding fewer than
    `max_per_replica` of the group's requests (llm-d's maxPerReplica, default
-   -1: no cap, the whole group on one node). Every such node full: the router
-   decides (the spill), and the group then follows that node too.
+   -1: no cap, the whole group on one node). Every such node full: the spill
+   (below), and the group then follows that node too.
 2. Prefix sharing (`min_colocate_tokens` > 0, llm-d's minColocateBlocks in
    tokens: m = ceil(min_colocate_tokens / block size) blocks): a node's run
    is the longest h_1..h_r that a request of this window routed to it
    carried. Among the nodes with a run of at least m blocks and still under
    their fair share, ceil(requests routed in the window, this one included,
    / live nodes), the longest run wins (ties: fewer requests of the window,
-   then node id). None qualifies: the router decides.
+   then node id). None qualifies: the spill.
+   The spill (`affinity.spill`): `router`, committed, leaves the request to
+   the router; `least_loaded` is llm-d's, the scored candidate with the
+   fewest requests of the window (ties: the shorter queue, then node id).
 3. Otherwise (the window's first request, no prefix, no match) the router's
    choice, the least expected TTFT, as under `none`: llm-d's other scorers.
 
