@@ -26,7 +26,7 @@ follow-ups: every request's follow_ups 0, in training and serving), surgeF
 (planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
 (session-return forecasts buy no copies, only prefetches and retains), norp (they buy no prefetches), recal
 (the session-return model serves with its level recalibration on: predictor.json's
-session_return.recalibration, enabled); norr
+session_return.recalibration, enabled), spillS (affinity.spill S: router or least_loaded); norr
 and norp are patched into the planner, so they run on the source, not the compiled build; joined with "+".
 Runs two simulations at a time in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
@@ -59,9 +59,11 @@ ORIGINAL_CANDIDATES = planner_module._Tick._candidates
 
 def config_for(variant: str):
     base = load_policy_config()
-    p, r = base.planner, base.retain
+    p, r, a = base.planner, base.retain, base.affinity
     for part in (v for v in variant.split("+") if v):
-        if part == "noprefetch":
+        if part.startswith("spill"):
+            a = replace(a, spill=part[5:])
+        elif part == "noprefetch":
             p = replace(p, prefetch=False)
         elif part == "ext":
             p = replace(p, queue_externality=True)
@@ -85,7 +87,7 @@ def config_for(variant: str):
             pass  # capN changes the e2e configuration: e2e_config_for
         else:
             raise ValueError(f"unknown variant {part!r}")
-    return replace(base, planner=p, retain=r)
+    return replace(base, planner=p, retain=r, affinity=a)
 
 
 def e2e_config_for(variant: str) -> str | None:

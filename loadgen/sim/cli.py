@@ -77,7 +77,7 @@ from speckv.loadgen.workload.scenarios import get_scenario, load_scenarios, pars
 from speckv.services.cluster.status import wide_console
 from speckv.services.common.errors import InvalidArgument, NotFound
 
-ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
+ALL_POLICIES = "none,reactive-heat,reactive-migrate,affinity,predictive,oracle"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

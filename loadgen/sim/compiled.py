@@ -92,6 +92,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/replication/retention_plan.py",
     "services/scheduler/replication/value.py",
     "services/scheduler/replication/replicas.py",
+    "services/scheduler/replication/order_desk.py",
     "services/scheduler/routing/candidates.py",
     "services/scheduler/routing/confirmation.py",
     "services/scheduler/routing/join_ramp.py",

@@ -14,8 +14,8 @@ request feeds the family catalog (chain, prompt length, heat) and marks a
 replica of its family on the chosen node as used: the route's
 RouteObservation (routing/observation.py), which a peer replica applies
 through observe_routes as if it had routed the request. Order transitions go
-through OrderLifecycle (retries, replicas, commits seen in KV events); what
-an order must satisfy against its nodes is replication/admission.py.
+through OrderLifecycle (retries, replicas, commits seen in KV events); the
+order RPCs are OrderDesk's (replication/order_desk.py), a mixin of this class.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Sequence
 
 from speckv.services.common.clock import Clock
 from speckv.services.common.engine_profile import EngineProfile, LinkModel
-from speckv.services.common.errors import FailedPrecondition, InvalidArgument, SpeckvError, Unavailable
+from speckv.services.common.errors import InvalidArgument, SpeckvError, Unavailable
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
@@ -48,17 +48,10 @@ from speckv.services.scheduler.ports import (
     StateJournal,
 )
 from speckv.services.scheduler.restore import adopt_state, restore_nodes_and_orders, saved_policy
-from speckv.services.scheduler.replication.admission import admitted
 from speckv.services.scheduler.replication.lifecycle import OrderLifecycle
-from speckv.services.scheduler.replication.order_feed import OrderFeed, Watcher
-from speckv.services.scheduler.orders import (
-    ActionKind,
-    Order,
-    OrderSpec,
-    OrderState,
-    OrderTracker,
-    validate_spec,
-)
+from speckv.services.scheduler.replication.order_desk import OrderDesk
+from speckv.services.scheduler.replication.order_feed import OrderFeed
+from speckv.services.scheduler.orders import ActionKind, Order, OrderState, OrderTracker
 from speckv.services.scheduler.replication.outcomes import ActionStats
 from speckv.services.scheduler.replication.replicas import LeasedReplicas
 from speckv.services.scheduler.reuse_history import ReuseHistory
@@ -68,6 +61,7 @@ from speckv.services.scheduler.routing.join_ramp import JoinRamp
 from speckv.services.scheduler.routing.disk_backlog import DiskBacklog
 from speckv.services.scheduler.routing.link_backlog import LinkBacklog
 from speckv.services.scheduler.routing.observation import RouteObservation, RouteObserver
+from speckv.services.scheduler.routing.preference import decide
 from speckv.services.scheduler.routing.route_records import PickedRoute, RouteRequestItem, RouteResult, route_query
 from speckv.services.scheduler.routing.router import KvAwareRouter, RouteQuery, uncached_tokens
 from speckv.services.scheduler.snapshot import ClusterSnapshot, NodeReport, PolicyInfo
@@ -77,7 +71,7 @@ from speckv.services.scheduler.views import ClusterView, NodeView, Plan
 log = logging.getLogger(__name__)
 
 
-class SchedulerCore:
+class SchedulerCore(OrderDesk):
     def __init__(self, settings: SchedulerSettings, clock: Clock, profile: EngineProfile,
                  registry: PolicyRegistry | None = None, confirmer: PrefixConfirmer | None = None,
                  arrivals: ArrivalSink | None = None, listener: NodeListener | None = None,
@@ -249,7 +243,9 @@ class SchedulerCore:
         candidates = self._selector.candidates(hashes, now)
         if not candidates:
             raise Unavailable("no live node to route to")
-        decision = self._router.choose(query, candidates)
+        # The policy's routing hook (routing/preference.py), on the arrival clock; without one, the router's choice.
+        decision, candidates = decide(self._policy, self._router, self._selector, query, candidates, now, arrival_s,
+                                      lambda: len(self._cluster.live_nodes(now)))
         node = self._cluster.get(decision.node_id)
         observation = RouteObservation.of(query, decision, candidates,
                                           uncached_tokens(decision, query, node.geometry.block_size), arrival_s)
@@ -258,74 +254,6 @@ class SchedulerCore:
 
     def _observe_routed_locked(self, observation: RouteObservation, now: float) -> bool:
         return self._observer.apply(observation, now)
-
-    # --- orders ----------------------------------------------------------
-    def submit_order(self, spec: OrderSpec) -> Order:
-        with self._lock:
-            return self._submit_locked(spec, self._clock.now())
-
-    def report_order(self, order_id: str, state: OrderState, message: str = "",
-                     bytes_sent: int = 0, blocks_sent: int = 0, transport: str = "") -> OrderState:
-        with self._lock:
-            order = self._lifecycle.report(order_id, state, self._clock.now(), message, bytes_sent, blocks_sent,
-                                           transport)
-            if order.state is OrderState.CANCELLED:
-                self._feed.publish(order.snapshot())  # its source may hold the issued copy
-            return order.state
-
-    def cancel_order(self, order_id: str, reason: str = "cancelled") -> Order:
-        """Cancels an order not yet started (ISSUED); FailedPrecondition otherwise."""
-        with self._lock:
-            return self._cancel_locked(order_id, self._clock.now(), reason)
-
-    def get_order(self, order_id: str) -> Order:
-        with self._lock:
-            return self._orders.get(order_id).snapshot()
-
-    def _cancel_locked(self, order_id: str, now: float, reason: str) -> Order:
-        """Cancels an ISSUED order and tells its source's watchers, which
-        may already hold the issued copy: they get one with `cancelled` set."""
-        order = self._lifecycle.cancel(order_id, now, reason).snapshot()
-        self._feed.publish(order)
-        return order
-
-    def watch_orders(self, node_id: str) -> Watcher:
-        """A watcher of orders whose source is node_id ("" = all), primed with
-        the ones still ISSUED so a reconnecting node misses nothing."""
-        with self._lock:
-            source = self._cluster.get(NodeId(node_id)).node_id if node_id else None
-            backlog = [o.snapshot() for o in self._orders.active(source) if o.state is OrderState.ISSUED]
-            return self._feed.watch(source, backlog)
-
-    def unwatch(self, watcher: Watcher) -> None:
-        self._feed.unwatch(watcher)
-
-    def _submit_locked(self, spec: OrderSpec, now: float) -> Order:
-        validate_spec(spec)
-        source, target = self._cluster.get(spec.source), self._cluster.get(spec.target)
-        for node in (source, target):
-            if not self._cluster.is_alive(node, now):
-                raise FailedPrecondition(f"node {node.node_id!r} is down; it takes no orders")
-        spec = admitted(spec, target)
-        order = self._orders.submit(spec, now)
-        self._lifecycle.issued(order)
-        if spec.action.copies:
-            # Booked when issued; a cancelled order's booking lapses on its own.
-            self._backlog.add(spec.source, spec.target, len(spec.block_hashes) * source.bytes_per_block, now)
-        elif spec.action is ActionKind.STAGE:  # its read holds the target's disk (disk_backlog.py)
-            chain = spec.block_hashes
-            self._disks.add_stage(target.node_id, chain, self._index.disk_only_count(target.node_id, chain, len(chain)),
-                                  target.bytes_per_block, now)
-        self._feed.publish(order.snapshot())
-        return order.snapshot()
-
-    def _alive(self, node_id: NodeId, now: float) -> bool:
-        node = self._cluster.find(node_id)
-        return node is not None and self._cluster.is_alive(node, now)
-
-    def _bytes_per_block(self, node_id: NodeId) -> int:
-        node = self._cluster.find(node_id)
-        return node.geometry.bytes_per_block if node else 0
 
     # --- policy and ticking ---------------------------------------------
     def set_policy(self, name: str) -> PolicyInfo:

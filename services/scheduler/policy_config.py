@@ -109,6 +109,14 @@ class MigrateSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AffinitySettings:
+    window_ms: float  # the batch window: placements made within it steer the requests that follow (ms)
+    max_per_replica: int  # requests of one identical-prompt group per node within a window (-1: unlimited)
+    min_colocate_tokens: int  # a leading prefix shared with a placed request that earns co-location (0: identical only)
+    spill: str  # where a request with affinity goes when its nodes are full: "least_loaded" (llm-d) or "router"
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyConfig:
     router: RouterSettings
     families: FamilySettings
@@ -117,6 +125,7 @@ class PolicyConfig:
     planner: PlannerSettings
     reactive_heat: HeatSettings
     reactive_migrate: MigrateSettings
+    affinity: AffinitySettings
     reuse: ReuseSettings
     retain: RetainSettings
     source: str = ""
@@ -157,12 +166,21 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.demand={self.planner.demand!r}: upper_quantile or expected_count")
         if self.reactive_migrate.target_queue_below_ms >= self.reactive_migrate.queue_threshold_ms:
             raise InvalidArgument("reactive_migrate.target_queue_below_ms must be below queue_threshold_ms")
+        a = self.affinity
+        if not (math.isfinite(a.window_ms) and 0 < a.window_ms <= 10000):
+            raise InvalidArgument(f"affinity.window_ms={a.window_ms} must be in (0, 10000] (llm-d's bound)")
+        if a.max_per_replica == 0 or a.max_per_replica < -1:
+            raise InvalidArgument(f"affinity.max_per_replica={a.max_per_replica} must be -1 (unlimited) or >= 1")
+        if a.spill not in ("least_loaded", "router"):
+            raise InvalidArgument(f"affinity.spill={a.spill!r}: least_loaded or router")
+        if a.min_colocate_tokens < 0:
+            raise InvalidArgument(f"affinity.min_colocate_tokens={a.min_colocate_tokens} must be >= 0")
 
 
 _SECTIONS: dict[str, type] = {"router": RouterSettings, "families": FamilySettings, "leases": LeaseSettings,
                               "budgets": BudgetSettings, "planner": PlannerSettings,
                               "reactive_heat": HeatSettings, "reactive_migrate": MigrateSettings,
-                              "reuse": ReuseSettings, "retain": RetainSettings}
+                              "affinity": AffinitySettings, "reuse": ReuseSettings, "retain": RetainSettings}
 
 
 def load_policy_config(path: Path | str | None = None) -> PolicyConfig:

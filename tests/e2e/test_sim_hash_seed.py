@@ -31,7 +31,7 @@ def _without_timing(value: object) -> object:
 def _simulate(tmp_path, seed: int) -> dict:
     out = tmp_path / f"seed{seed}.json"
     subprocess.run([sys.executable, "-m", "speckv.services.cli", "simulate", "--synthetic", "agent-cascades",
-                    "--nodes", "8", "--start-s", "1800", "--duration-s", "120", "--policies", "predictive,oracle",
+                    "--nodes", "8", "--start-s", "1800", "--duration-s", "120", "--policies", "predictive,oracle,affinity",
                     "--jobs", "1", "--json", str(out)],
                    env={**os.environ, "PYTHONHASHSEED": str(seed)}, check=True, capture_output=True, timeout=600)
     return json.loads(out.read_text())

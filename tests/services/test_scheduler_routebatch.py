@@ -37,7 +37,7 @@ def test_route_batch_names_the_malformed_item(sched):
 def test_policies_switch_at_run_time_and_say_what_they_lack(sched):
     info = sched.SetPolicy(scheduler_pb2.SetPolicyRequest(name="reactive-heat"), timeout=TIMEOUT)
     assert info.name == "reactive-heat" and "heat" in info.description
-    assert list(info.available) == ["none", "oracle", "predictive", "reactive-heat", "reactive-migrate"]
+    assert list(info.available) == ["affinity", "none", "oracle", "predictive", "reactive-heat", "reactive-migrate"]
     for name, flag in (("predictive", "--predictor"), ("oracle", "--oracle-trace")):
         with pytest.raises(grpc.RpcError) as err:
             sched.SetPolicy(scheduler_pb2.SetPolicyRequest(name=name), timeout=TIMEOUT)
@@ -45,3 +45,20 @@ def test_policies_switch_at_run_time_and_say_what_they_lack(sched):
     assert sched.GetPolicy(scheduler_pb2.GetPolicyRequest(), timeout=TIMEOUT).name == "reactive-heat"
     state = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT)
     assert state.policy == "reactive-heat" and state.replicas_committed == 0 and state.bytes_wasted == 0
+
+
+def test_affinity_set_at_run_time_co_locates_an_identical_burst_that_none_spreads(sched):
+    for n in ("n1", "n2", "n3", "n4"):
+        register(sched, n, "127.0.0.1:1")
+
+    def burst(base: int) -> set[str]:
+        requests = [scheduler_pb2.RouteRequest(request_id=f"b{base}-{i}", block_hashes=[base, base + 1],
+                                               prompt_tokens=40) for i in range(6)]
+        reply = sched.RouteBatch(scheduler_pb2.RouteBatchRequest(requests=requests), timeout=TIMEOUT)
+        return {r.node_id for r in reply.responses}
+
+    assert len(burst(1000)) > 1  # `none`: the router spreads the burst as its queue builds
+    info = sched.SetPolicy(scheduler_pb2.SetPolicyRequest(name="affinity"), timeout=TIMEOUT)
+    assert info.name == "affinity" and "llm-d" in info.description
+    assert len(burst(2000)) == 1  # one window (one batch, one instant): the whole group on one node
+    assert sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=TIMEOUT).replicas_committed == 0

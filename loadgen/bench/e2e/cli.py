@@ -78,7 +78,7 @@ from speckv.services.common.errors import InvalidArgument, NotFound
 from speckv.services.common.traces import TraceRequest, load_mooncake
 from speckv.services.scheduler.replication.outcomes import ActionStats
 
-ALL_POLICIES = "none,reactive-heat,reactive-migrate,predictive,oracle"
+ALL_POLICIES = "none,reactive-heat,reactive-migrate,affinity,predictive,oracle"
 VLLM_CONFIG = CONFIG_DIR / "e2e_vllm.json"  # the real engines' cluster (--engine vllm)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from speckv.services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from speckv.services.scheduler.policies.affinity import AffinityPolicy
 from speckv.services.scheduler.policies.base import Policy
 from speckv.services.scheduler.policies.context import PolicyContext
 from speckv.services.scheduler.policies.none import NonePolicy
@@ -17,7 +18,7 @@ from speckv.services.scheduler.policies.reactive_heat import ReactiveHeatPolicy
 from speckv.services.scheduler.policies.reactive_migrate import ReactiveMigratePolicy
 
 PolicyFactory = Callable[[], Policy]
-POLICY_NAMES = ("none", "reactive-heat", "reactive-migrate", "predictive", "oracle")
+POLICY_NAMES = ("none", "reactive-heat", "reactive-migrate", "affinity", "predictive", "oracle")
 # The policies whose plans read the predictor's forecasts (ctx.forecasts). The
 # others never ask it, so a simulation of one of them need not run a predictor.
 FORECAST_POLICIES = frozenset({PredictivePolicy.name})
@@ -48,7 +49,7 @@ class PolicyRegistry:
 
 
 def default_registry(context: PolicyContext | None = None) -> PolicyRegistry:
-    """The five policies; those needing inputs are built from context."""
+    """The six policies; those needing inputs are built from context."""
     registry = PolicyRegistry()
     registry.register(NonePolicy.name, NonePolicy, NonePolicy.description)
 
@@ -74,6 +75,8 @@ def default_registry(context: PolicyContext | None = None) -> PolicyRegistry:
                       ReactiveHeatPolicy.description)
     registry.register(ReactiveMigratePolicy.name, lambda: ReactiveMigratePolicy(needs("reactive-migrate")),
                       ReactiveMigratePolicy.description)
+    registry.register(AffinityPolicy.name, lambda: AffinityPolicy(needs("affinity").config.affinity),
+                      AffinityPolicy.description)
     registry.register(PredictivePolicy.name, predictive, PredictivePolicy.description)
     registry.register(OraclePolicy.name, oracle, OraclePolicy.description)
     return registry

@@ -49,6 +49,24 @@ class CandidateSelector:
         kept = [c for c in self._scored(hashes, now, held_back) if c.node_id not in held_back]
         return kept or out
 
+    def candidate(self, node_id: NodeId, hashes: list[int], now: float) -> Candidate | None:
+        """node_id as a candidate for hashes at now (None when it is not a
+        live node): what a route scores it at, for a node a policy's routing
+        preference names (preference.py) outside the ones candidates() took."""
+        live = self._cluster.live_among((node_id,), now)
+        if not live:
+            return None
+        n, holders = live[0], self._holders
+        held = holders.longest_prefix(node_id, hashes)
+        c = Candidate(n.node_id, n.pending_requests, held, n.geometry.block_size, n.bytes_per_block,
+                      n.queue_ms_now, self._backlog.wait_ms(node_id, now))
+        if holders.has_lower_tiers():
+            c.host_blocks, c.disk_blocks = holders.host_only_count(node_id, hashes, held), holders.disk_only_count(
+                node_id, hashes, held)
+            if self._disks is not None and c.disk_blocks:
+                self._disk_wait(c, hashes, now)
+        return c
+
     def _held_back(self, scored: list[Candidate], now: float) -> frozenset[NodeId]:
         """The ramping candidates over their allowance that do not hold
         strictly the longest prefix among scored."""

@@ -12,15 +12,15 @@ from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.orders import OrderSpec, OrderState
 
 
-def test_default_registry_has_the_five_policies():
+def test_default_registry_has_the_six_policies():
     reg = default_registry()
-    assert reg.available() == ["none", "oracle", "predictive", "reactive-heat", "reactive-migrate"]
+    assert reg.available() == ["affinity", "none", "oracle", "predictive", "reactive-heat", "reactive-migrate"]
     policy = reg.create("none")
     assert policy.name == "none" and "no speculative" in policy.description
 
 
 def test_unknown_policy_lists_available():
-    with pytest.raises(InvalidArgument, match="available: none, oracle"):
+    with pytest.raises(InvalidArgument, match="available: affinity, none, oracle"):
         default_registry().create("psychic")
 
 
