@@ -3,8 +3,10 @@
 The figures of metrics.summarize that are statistics of the requests
 (INTERVAL_FIGURES) get an interval: the records are drawn with replacement
 BOOTSTRAP_RESAMPLES times, each figure is recomputed on every draw, and its
-interval is the central CONFIDENCE share of those values. Totals of the run
-(bytes, orders, replicas) get none.
+interval is the central CONFIDENCE share of those values. The share of
+reusable tokens recovered (RATIO_FIGURES), a ratio of two sums over the
+requests, gets one the same way: each draw's ratio of its own sums. Totals
+of the run (bytes, orders, replicas) get none.
 
 A draw is held as how many times it took each record (a row of counts), not
 as the drawn sample itself: a percentile of the draw is then read off the
@@ -17,8 +19,8 @@ draws fit one chunk draws exactly what one call for all of them would.
 Paired differences: the records are put in request-id order before drawing,
 and the draws come from a fixed seed, so two runs of the same requests (two
 policies on one slice) draw the same requests in every draw. The difference
-of a figure between them, draw by draw, is then a paired bootstrap of that
-difference: it leaves out which requests the slice happened to hold, which
+of a figure between them (or their ratio: paired_ratio_intervals), draw by
+draw, is then a paired bootstrap of that difference: it leaves out which requests the slice happened to hold, which
 both runs share, and so is narrower than two overlapping intervals whenever
 the same requests are slow under both (long prompts are, under any policy).
 BootstrapDraws keeps each figure's value per draw (a few thousand floats)
@@ -35,13 +37,17 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from speckv.loadgen.experiments.metrics import RequestRecord, is_returning
+from speckv.loadgen.experiments.metrics import RequestRecord, is_returning, reuse_split
 from speckv.loadgen.experiments.results import PolicySummary
 
 # The figures of summarize that are statistics of the requests, and so get a
 # bootstrap interval; the rest are totals of the run or ratios of totals.
 INTERVAL_FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "burst_ttft_p99_ms", "returning_ttft_p99_ms",
                     "first_seen_ttft_p99_ms", "slo_attainment")
+# Ratios of two sums over the requests (a draw's figure is the ratio of its
+# sums): with both token maps, the share of reusable tokens recovered.
+# Beside INTERVAL_FIGURES, not among them: the live repeats read those alone.
+RATIO_FIGURES = ("reuse_recovered_ratio",)
 # Draws per interval: a percentile interval reads the tails of the draws, for
 # which Efron and Tibshirani ("An Introduction to the Bootstrap", 1993) ask
 # for at least 1,000; twice that keeps the 2.5 % point off a handful of draws.
@@ -89,11 +95,31 @@ def paired_intervals(draws: BootstrapDraws, baseline: BootstrapDraws,
     draw by draw over the same drawn requests (module docstring); draws in
     which either has no sample of the figure are left out. Empty when the
     two were not drawn from the same requests (their keys differ)."""
+    return _paired(draws, baseline, np.subtract, confidence)
+
+
+def paired_ratio_intervals(draws: BootstrapDraws, baseline: BootstrapDraws,
+                           confidence: float = CONFIDENCE) -> dict[str, tuple[float, float]]:
+    """As paired_intervals, of each figure's ratio, draws over baseline,
+    draw by draw (a draw where the baseline's figure is 0 is left out): the
+    interval of a verdict stated as a ratio, e.g. a returning p99 <= 0.7x
+    another cluster's on the same requests."""
+    return _paired(draws, baseline, _ratio_or_nan, confidence)
+
+
+def _paired(draws: BootstrapDraws, baseline: BootstrapDraws, combine,
+            confidence: float) -> dict[str, tuple[float, float]]:
     if draws.key != baseline.key:
         return {}
-    differences = {name: values - baseline.values[name] for name, values in draws.values.items()
-                   if name in baseline.values}  # equal keys: as many draws each
-    return intervals_of(BootstrapDraws(draws.key, differences), confidence)
+    combined = {name: combine(values, baseline.values[name]) for name, values in draws.values.items()
+                if name in baseline.values}  # equal keys: as many draws each
+    return intervals_of(BootstrapDraws(draws.key, combined), confidence)
+
+
+def _ratio_or_nan(values: np.ndarray, base: np.ndarray) -> np.ndarray:
+    out = np.full(values.shape, np.nan)
+    np.divide(values, base, out=out, where=base != 0)
+    return out
 
 
 def with_paired_intervals(summaries: Mapping[str, PolicySummary], draws: Mapping[str, BootstrapDraws],
@@ -151,7 +177,8 @@ def bootstrap_draws(records: Sequence[RequestRecord], bursts: frozenset[int], tt
     # Each group's records in TTFT order, so a draw's percentile is a rank in it.
     ranked = {name: _by_ttft(ttft, mask) for name, (_, mask) in groups.items()}
     within = (served & (np.nan_to_num(ttft, nan=math.inf) <= ttft_target_ms)).astype(float)
-    per_draw: dict[str, list[np.ndarray]] = {name: [] for name in [*groups, "slo_attainment"]}
+    shares = _recovered_shares(records, served, reusable_tokens, shared_tokens)
+    per_draw: dict[str, list[np.ndarray]] = {name: [] for name in [*groups, "slo_attainment", *shares]}
     rng = np.random.default_rng(seed)
     for rows in _chunk_rows(resamples, n):
         counts = draw_counts(rng.integers(0, n, size=(rows, n)), n)
@@ -159,7 +186,23 @@ def bootstrap_draws(records: Sequence[RequestRecord], bursts: frozenset[int], tt
             order = ranked[name]
             per_draw[name].append(counted_percentiles(counts[order], ttft[order], q))
         per_draw["slo_attainment"].append(within @ counts / n)
+        for name, (part, whole) in shares.items():
+            per_draw[name].append(_ratio_or_nan(part @ counts, whole @ counts))
     return BootstrapDraws(key, {name: np.concatenate(values) for name, values in per_draw.items()})
+
+
+def _recovered_shares(records: Sequence[RequestRecord], served: np.ndarray,
+                      reusable_tokens: Mapping[str, int] | None,
+                      shared_tokens: Mapping[str, int] | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """RATIO_FIGURES as (tokens recovered, reusable tokens beyond the shared
+    prefix) per served request (metrics.reuse_split), so a draw's figure is
+    the ratio of its two weighted sums, as summarize takes it over the run;
+    none without both token maps."""
+    if reusable_tokens is None or shared_tokens is None:
+        return {}
+    split = np.array([reuse_split(r, reusable_tokens, shared_tokens) for r in records], dtype=float).reshape(-1, 5)
+    split[~served] = 0.0
+    return {"reuse_recovered_ratio": (split[:, 1:].sum(axis=1), split[:, 0])}
 
 
 def _request_set_key(records: Sequence[RequestRecord], resamples: int, seed: int) -> str:

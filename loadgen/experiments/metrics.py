@@ -193,19 +193,13 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
     returning, first_seen = [], []
     beyond = device = host = disk = peer = 0
     for r in served:
-        total = reusable_tokens.get(r.request_id, 0)
-        shared = min(shared_tokens.get(r.request_id, 0), total)
-        (returning if total > shared else first_seen).append(r.ttft_ms)
-        cached = min(r.cached_tokens, total)
-        used = min(r.cached_tokens + r.fetched_tokens, total)
-        beyond += total - shared
-        hits = max(0, cached - shared)
-        from_host = min(r.promoted_tokens, hits)
-        from_disk = min(r.disk_tokens, from_host)
-        host += from_host - from_disk
-        disk += from_disk
-        device += hits - from_host
-        peer += max(0, used - max(cached, shared))
+        split = reuse_split(r, reusable_tokens, shared_tokens)
+        (returning if split[0] > 0 else first_seen).append(r.ttft_ms)
+        beyond += split[0]
+        device += split[1]
+        host += split[2]
+        disk += split[3]
+        peer += split[4]
     # Only runs that time the waits fill these (the simulator; the live replay does not yet): none timed is None.
     promotes = [r.promote_ms for r in served if r.promoted_tokens and not r.disk_tokens and r.promote_ms > 0]
     loads = [r.promote_ms for r in served if r.disk_tokens and r.promote_ms > 0]
@@ -219,6 +213,22 @@ def _reuse_figures(served: Sequence[RequestRecord], reusable_tokens: Mapping[str
             "promotion_ms_mean": float(np.mean(promotes)) if promotes else None,
             "disk_load_ms_mean": float(np.mean(loads)) if loads else None,
             "pull_ms_mean": float(np.mean(pulls)) if pulls else None}
+
+
+def reuse_split(r: RequestRecord, reusable_tokens: Mapping[str, int],
+                shared_tokens: Mapping[str, int]) -> tuple[int, int, int, int, int]:
+    """One request's reusable tokens beyond its shared prefix and where they
+    came from: (beyond, device, host, disk, peer) by _reuse_figures' rule
+    (the rest of beyond was recomputed). beyond > 0 exactly when r is a
+    returning request."""
+    total = reusable_tokens.get(r.request_id, 0)
+    shared = min(shared_tokens.get(r.request_id, 0), total)
+    cached = min(r.cached_tokens, total)
+    used = min(r.cached_tokens + r.fetched_tokens, total)
+    hits = max(0, cached - shared)
+    from_host = min(r.promoted_tokens, hits)
+    from_disk = min(r.disk_tokens, from_host)
+    return total - shared, hits - from_host, from_host - from_disk, from_disk, max(0, used - max(cached, shared))
 
 
 def _ratio(part: int, whole: int) -> float | None:

@@ -65,6 +65,7 @@ from speckv.loadgen.sim.comparison import (
     with_seed_repeats,
     write_reports,
 )
+from speckv.loadgen.sim.disk_tiers import disk_tier_rows, disk_tier_table
 from speckv.loadgen.sim.jobs import Job, train_once, train_returns_once
 from speckv.loadgen.sim.machine import describe_machine
 from speckv.loadgen.sim.pool import compiled_build, default_jobs, run_all
@@ -133,10 +134,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--host-pages", type=int, default=None,
                    help="each node's host tier in blocks (default: the config's cluster.host_pages; 0 turns the "
                         "host tier off)")
-    p.add_argument("--disk-blocks", type=int, default=None,
+    p.add_argument("--disk-blocks", default=None, metavar="N[,N...]",
                    help="each node's disk tier below its host tier, in blocks, read at the config's cluster.disk "
                         "profile (services/config/disks.json, default nvme-gen4) (default: the config's "
-                        "cluster.disk_pages, 0: none; needs a host tier)")
+                        "cluster.disk_pages, 0: none; needs a host tier). Several sizes (e.g. 0,57216) run every "
+                        "policy with each and print the disk-tier table: returning p99 ratios with paired 95 %% "
+                        "bootstrap intervals (disk_tiers.py); the other tables are the first size's")
     p.add_argument("--config", default=None, help="e2e config JSON (default: the committed one)")
     p.add_argument("--json", default=None, help="write the result JSON here")
     p.add_argument("--report", default=None, help="write the HTML report(s) into this directory")
@@ -172,9 +175,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.seed_list = _seeds(args)
     if args.host_pages is not None and args.host_pages < 0:
         raise InvalidArgument(f"--host-pages={args.host_pages}: must be >= 0 (0: no host tier)")
-    if args.disk_blocks is not None and (args.disk_blocks < 0 or (args.disk_blocks and args.host_pages == 0)):
-        raise InvalidArgument(f"--disk-blocks={args.disk_blocks}: must be >= 0 (0: no disk tier) and needs a "
-                              "host tier (--host-pages > 0)")
+    args.disk_list = _disk_sizes(args)
     if args.load_nodes is not None and args.load_nodes < 1:
         raise InvalidArgument(f"--load-nodes={args.load_nodes}: must be >= 1")
     if any(n < 1 for n in args.node_list) or (args.jobs is not None and args.jobs < 1) or args.speed <= 0:
@@ -199,11 +200,11 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
         get_scenario(args.synthetic, args.seed_list[0], config.block_tokens, scenarios)
     jobs = [Job(source, seed, n, p, args.start_s, args.duration_s, args.predictor, args.speed, args.config,
                 synthetic=bool(args.synthetic), scenarios_path=scenarios, host_pages=args.host_pages, cell=cell,
-                 disk_pages=args.disk_blocks,
-                 events=args.events, load_nodes=args.load_nodes, online_learning=args.online_learning == "on",
+                disk_pages=disk, events=args.events, load_nodes=args.load_nodes,
+                online_learning=args.online_learning == "on",
                 events_path=str(Path(args.events_file).resolve()) if args.events_file else None)
-            for seed in args.seed_list for cell in ([c.key for c in cells] or [()]) for n in nodes
-            for p in args.policy_list]
+            for seed in args.seed_list for cell in ([c.key for c in cells] or [()]) for disk in args.disk_list
+            for n in nodes for p in args.policy_list]
     console = wide_console()
     console.print(code_line, markup=False)
     machine = describe_machine()
@@ -218,6 +219,8 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     args.wall_s = time.perf_counter() - began
     if cells:
         return finish_sweep(args.sweeps, cells, results, args, machine, workers, console)
+    disk_rows = disk_tier_rows(results, [d or 0 for d in args.disk_list]) if len(args.disk_list) > 1 else []
+    results = [r for r in results if r.disk_pages == args.disk_list[0]]
     every_seed, results = results, [r for r in results if r.seed == args.seed_list[0]]
     comparison = assemble(results, args, config, machine)
     with_seed_repeats(comparison, every_seed, args.seed_list)
@@ -227,18 +230,39 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     ablation = ablation_of(results)
     if ablation:
         console.print(f"what each action measurably saved (ablation.py):\n{ablation_table(ablation)}", markup=False)
+    if disk_rows:
+        console.print(f"the disk tier (disk_tiers.py: returning p99 ratios on the same requests, paired 95 % "
+                      f"bootstrap intervals; the tables above are {args.disk_list[0]} blocks'):\n"
+                      f"{disk_tier_table(disk_rows)}", markup=False)
     totals = comparison.simulated
     assert totals is not None
     console.print(f"wall {args.wall_s:.1f} s for {len(jobs)} simulations in {workers} workers; "
                   f"{totals.simulated_events} events, {totals.events_per_s:.0f} events per CPU second; "
                   f"{machine['cores']} cores, reference loop {machine['reference_loop_ms']:.1f} ms (machine.py)")
     if args.json:
-        Path(args.json).write_text(json.dumps({**comparison.to_json(), "ablation": [r.to_json() for r in ablation]},
+        Path(args.json).write_text(json.dumps({**comparison.to_json(), "ablation": [r.to_json() for r in ablation],
+                                               **({"disk_tiers": [r.to_json() for r in disk_rows]} if disk_rows else {})},
                                               indent=2))
         console.print(f"JSON written to {args.json}")
     if args.report:
         write_reports(comparison, results, Path(args.report), console)
     return 1 if any(m.served == 0 for row in totals.by_nodes.values() for m in row.policies.values()) else 0
+
+
+def _disk_sizes(args: argparse.Namespace) -> list[int | None]:
+    """--disk-blocks as a list of distinct sizes ([None]: the configuration's)."""
+    if args.disk_blocks is None:
+        return [None]
+    try:
+        sizes = [int(x) for x in str(args.disk_blocks).split(",") if x.strip()]
+    except ValueError:
+        raise InvalidArgument(f"--disk-blocks={args.disk_blocks!r}: expected integers, e.g. 0,57216") from None
+    if not sizes or len(set(sizes)) != len(sizes) or any(n < 0 or (n and args.host_pages == 0) for n in sizes):
+        raise InvalidArgument(f"--disk-blocks={args.disk_blocks}: distinct sizes >= 0 (0: no disk tier), each "
+                              "but 0 needing a host tier (--host-pages > 0)")
+    if len(sizes) > 1 and (args.sweeps or len(args.seed_list) > 1):
+        raise InvalidArgument("several --disk-blocks sizes do not combine with --sweep or --seeds: run them apart")
+    return list(sizes)
 
 
 def _seeds(args: argparse.Namespace) -> list[int]:

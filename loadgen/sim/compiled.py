@@ -95,6 +95,7 @@ HOT_MODULES: tuple[str, ...] = (
     "services/scheduler/replication/order_desk.py",
     "services/scheduler/routing/candidates.py",
     "services/scheduler/routing/confirmation.py",
+    "services/scheduler/routing/disk_backlog.py",
     "services/scheduler/routing/join_ramp.py",
     "services/scheduler/routing/link_backlog.py",
     "services/scheduler/reuse_history.py",

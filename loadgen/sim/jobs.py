@@ -87,7 +87,8 @@ class Job:
     def label(self) -> str:
         """What the progress bar calls it: unique among one command's jobs."""
         where = f"{cell_label(self.cell)}, " if self.cell else ""
-        return f"{where}{self.nodes} nodes {self.policy}"
+        disk = f", disk {self.disk_pages}" if self.disk_pages is not None else ""
+        return f"{where}{self.nodes} nodes {self.policy}{disk}"
 
     @property
     def serves_lightgbm(self) -> bool:
@@ -117,6 +118,7 @@ class SimulationResult:
     cell: CellKey = ()  # the Job's
     seed: int = 7  # the Job's (a synthetic workload's realization)
     draws: BootstrapDraws | None = None  # each interval figure per bootstrap draw, for paired differences
+    disk_pages: int | None = None  # the Job's (None: the configuration's disk tier)
 
 
 def build_workload(job: Job, config: E2EConfig) -> tuple[ScaledTrace, list[str]]:
@@ -212,7 +214,7 @@ def _run_job(job: Job, progress) -> SimulationResult:
         timeline={"forecasts": run.forecasts, "forecast_horizon_s": settings.forecast_horizon_s,
                   "commits": [(t, b * config.real_bytes_per_block, f) for t, b, f in run.replicas.commits],
                   **({"node_load": _load_around_events(run)} if run.node_events else {})},
-        cell=job.cell, draws=draws)
+        cell=job.cell, draws=draws, disk_pages=job.disk_pages)
 
 
 def _load_around_events(run: SimRun) -> dict[str, object]:

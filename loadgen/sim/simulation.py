@@ -19,7 +19,8 @@ kvstore); replica blocks in its cached prefix are counted; the prefix blocks
 only the node's host tier holds are promoted (put into its device tier at
 once, their bytes over the node's host link, network.py with the host link
 model); a pull named by the route moves fetched_tokens x real bytes per
-token over the network from the holder at the same time; the job is
+token over the network from the holder at the same time, reading the pulled
+blocks only the holder's disk holds off that disk meanwhile (staging.pull); the job is
 submitted to the node's engine when both are in (its TTFT counts from the
 arrival, promotion and pull included). At the first token the prompt's new
 full blocks are stored on the node (STORED / REMOVED events per tier to the
@@ -69,7 +70,7 @@ from speckv.loadgen.sim.online_returns import FIT_CHECK_S, SimReturns
 from speckv.loadgen.sim.returns import TrainedReturns
 from speckv.loadgen.sim.scheduler_side import HEARTBEAT_PRIORITY, TICK_PRIORITY
 from speckv.loadgen.sim.settings import SimSettings
-from speckv.loadgen.sim.staging import StageReads, stage_up
+from speckv.loadgen.sim.staging import StageReads, pull, stage_up
 from speckv.loadgen.workload.node_events import ScheduledEvent
 from speckv.services.common.errors import SpeckvError
 from speckv.services.common.ids import NodeId
@@ -307,7 +308,9 @@ class Simulation:
         if fetched:
             flight.waiting += 1
             nbytes = fetched * self.config.real_geometry.bytes_per_token
-            self.network.start(record.fetch_from, node, nbytes, partial(_copy_done, self._copied, flight, "pull"))
+            pulled = hashes[route.cached_blocks:route.cached_blocks + route.fetch_blocks]
+            pull(self, NodeId(record.fetch_from), node, pulled, nbytes,
+                 partial(_copy_done, self._copied, flight, "pull"))
         if not flight.waiting:
             self._submit(flight)
 

@@ -11,13 +11,25 @@ request (or another stage) needing some of the blocks it reads waits for
 that read to land instead of reading them again behind it, as the live
 store's readers wait for a read of the same block already in flight
 (store_disk.py); only the blocks no stage is reading are read on its own.
+
+A pull whose source holds some of the pulled blocks on its disk alone reads
+them off the source's disk too (`pull`): the live source stages them from
+its disk before it serves them (store_disk.py), and the router prices the
+pull as max(wire, source's disk read + host copy) (router.py, fetch_n), so
+the simulated read starts with the network transfer and the pull lands when
+both have: max(wire, disk read) uncontended, each sharing its link with
+whatever else is on it (the source's own disk loads, its stage reads). The
+scheduler books the same read on the source's disk (DiskBacklog, through
+the route's observation). Not modelled: the source's host page that the
+live read goes through (the request path's promotions leave it out too),
+and the source's host link copy (a pull never charged it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from speckv.loadgen.sim.network import Transfer
+from speckv.loadgen.sim.network import Network, Transfer
 from speckv.services.common.ids import NodeId
 
 if TYPE_CHECKING:
@@ -114,3 +126,36 @@ def stage_up(sim: Simulation, node: NodeId, blocks: int, disk_hashes: Sequence[i
         host_links.start(f"{node}/host", node, blocks * nbytes, on_done)
 
     after_disk(sim, node, disk_hashes, copy)
+
+
+def pull(sim: Simulation, source: NodeId, target: NodeId, hashes: Sequence[int], nbytes: int,
+         on_done: Callable[[Transfer], None]) -> int:
+    """Starts a pull of hashes (the blocks beyond target's prefix, head
+    first; nbytes their bytes on the wire) from source to target over
+    sim.network; those only source's disk holds are read off it meanwhile
+    (joining a stage in flight there, as after_disk does). on_done runs with
+    the network transfer once both have landed. Returns how many blocks were
+    read off source's disk."""
+    network: Network = sim.network
+    from_disk = sim.kv[source].disk_only_hashes(hashes, len(hashes)) if sim.disk_links is not None else []
+    if not from_disk:
+        network.start(source, target, nbytes, on_done)
+        return 0
+    # The wire's transfer, once in; popped when handed on: held here it
+    # closes a cycle (transfer -> wire_done -> landed -> transfer) that
+    # the simulation, which runs without the cyclic collector, must not leave.
+    landed: list[Transfer] = []
+    left = [2]  # legs still running: the wire, the disk read
+
+    def leg_done() -> None:
+        left[0] -= 1
+        if not left[0]:
+            on_done(landed.pop())
+
+    def wire_done(transfer: Transfer) -> None:
+        landed.append(transfer)
+        leg_done()
+
+    network.start(source, target, nbytes, wire_done)
+    after_disk(sim, source, from_disk, leg_done)
+    return len(from_disk)

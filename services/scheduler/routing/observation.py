@@ -7,7 +7,9 @@ scheduler replica that did not answer the Route can observe the same record
 (pending load, link and disk bookings, pull and disk-load rates, reuse history, the family
 catalog and its root in the block index, replica use, action outcomes) as if
 it had routed the request itself. Applying an observation decides nothing
-and reads no candidates: every figure it needs travels in the record.
+and reads no candidates: every figure it needs travels in the record, but
+for how many of a pull's blocks its source reads off its disk, which the
+holder index says (kept by every replica from the same kvstore events).
 
 Applied at clock time `now` (s) to the chosen node, which must be known to
 this core (an observation of a node it does not know is skipped: a replica
@@ -95,6 +97,8 @@ class RouteObserver:
         if o.disk_blocks and self._disks is not None:
             self._disks.add(node_id, o.disk_blocks * node.bytes_per_block, arrival_s)
             self._disks.note_load(node_id, arrival_s)
+        if o.fetch_from is not None and o.fetch_blocks and self._disks is not None:
+            self._book_pull_read(o, node.bytes_per_block, arrival_s)
         hashes = o.block_hashes
         if hashes:
             self._reuse.wanted(hashes, now, o.cached_blocks + o.fetch_blocks, node_id)
@@ -104,3 +108,16 @@ class RouteObserver:
                 self._lifecycle.ledger.mark_used(o.family, node_id)
             self._lifecycle.outcomes.routed(o.family, node_id, o.cached_blocks > 0, now)
         return True
+
+    def _book_pull_read(self, o: RouteObservation, bytes_per_block: int, at_s: float) -> None:
+        """A pull's source stages the pulled blocks only its disk holds
+        before serving them: that read holds its disk (disk_backlog.py) as
+        the node's own disk loads do. Counted from this core's holder index
+        (every replica keeps it from the same events), over the pulled range."""
+        disks = self._disks
+        assert disks is not None and o.fetch_from is not None
+        pulled = o.block_hashes[o.cached_blocks:o.cached_blocks + o.fetch_blocks]
+        on_disk = self._index.disk_only_count(o.fetch_from, pulled, len(pulled))
+        if on_disk:
+            disks.add(o.fetch_from, on_disk * bytes_per_block, at_s)
+            disks.note_load(o.fetch_from, at_s)

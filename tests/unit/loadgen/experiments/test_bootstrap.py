@@ -163,3 +163,36 @@ def test_each_policy_but_the_baseline_gets_its_paired_intervals():
     assert out["predictive"].ci95_vs_none["ttft_p50_ms"] == pytest.approx((5.0, 5.0))
     assert out["predictive"].to_json()["ci95_vs_none"]["ttft_p50_ms"] == pytest.approx([5.0, 5.0])
     assert with_paired_intervals(summaries, {"predictive": draws["predictive"]}) == summaries  # no baseline
+
+
+def test_a_paired_ratio_interval_is_exact_for_a_run_twice_as_slow_and_empty_for_other_requests():
+    from speckv.loadgen.experiments.bootstrap import bootstrap_draws, paired_ratio_intervals
+    from speckv.loadgen.experiments.metrics import RequestRecord
+
+    def run(scale: float, ids: range) -> list[RequestRecord]:
+        return [RequestRecord(f"r{i:03d}", 1.0 + i, "f", 1000, 10, "node-0", ttft_ms=scale * (50.0 + (i * 37) % 400))
+                for i in ids]
+
+    base = bootstrap_draws(run(1.0, range(200)), frozenset(), 2000.0, resamples=300)
+    slow = bootstrap_draws(run(2.0, range(200)), frozenset(), 2000.0, resamples=300)
+    ratios = paired_ratio_intervals(slow, base)
+    low, high = ratios["ttft_p99_ms"]
+    assert low == pytest.approx(2.0) and high == pytest.approx(2.0)  # same requests in every draw: no spread
+    assert paired_ratio_intervals(bootstrap_draws(run(2.0, range(1, 201)), frozenset(), 2000.0, resamples=300),
+                                  base) == {}
+
+
+def test_reuse_recovered_gets_an_interval_holding_the_runs_share():
+    from speckv.loadgen.experiments.bootstrap import bootstrap_draws, intervals_of
+    from speckv.loadgen.experiments.metrics import RequestRecord, summarize
+    from speckv.loadgen.experiments.replica_ledger import ReplicaLedger
+
+    records = [RequestRecord(f"r{i:03d}", float(i), "f", 1000, 10, "node-0", ttft_ms=100.0 + i,
+                             cached_tokens=(i % 5) * 100) for i in range(100)]
+    reusable = {r.request_id: 600 for r in records}
+    shared = {r.request_id: 100 for r in records}
+    summary = summarize(records, frozenset(), 2000.0, ReplicaLedger().totals(), 64, {}, reusable, None, shared)
+    low, high = intervals_of(bootstrap_draws(records, frozenset(), 2000.0, reusable, shared,
+                                             resamples=500))["reuse_recovered_ratio"]
+    assert low < summary.reuse_recovered_ratio < high
+    assert 0.0 < low and high < 1.0

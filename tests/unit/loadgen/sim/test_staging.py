@@ -15,6 +15,7 @@ from speckv.services.common.engine_profile import LinkModel
 from speckv.services.common.ids import Family
 from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
+from speckv.services.scheduler.cluster import NodeLoad
 from speckv.services.common.traces import TraceRequest
 from speckv.services.scheduler.orders import ActionKind, OrderSpec
 
@@ -80,3 +81,31 @@ def test_a_request_arriving_while_a_stage_reads_its_blocks_waits_for_that_read()
     assert back.promote_ms == pytest.approx((landed_s - 20.0) * 1e3 + CONFIG.host_link.transfer_ms(nbytes), rel=1e-6)
     assert (sim.stage_reads.joined_reads, sim.stage_reads.joined_blocks) == (1, 4)
     assert sim.disk_links is not None and sim.disk_links.stats[f"{node}/disk"].bytes == nbytes  # read once
+
+
+def test_a_pull_reads_the_blocks_only_its_sources_disk_holds():
+    """node-0 holds a's blocks on its disk alone and is busy, so a goes to
+    node-1 and pulls them over a 400 Gbit/s network: node-0 reads them off
+    its disk while the wire carries them, and the pull lands when both have
+    (51.7 ms of disk read against 5.4 ms of wire), as the router priced it;
+    the scheduler booked that read on node-0's disk. Before, the pull took
+    the wire's 5.4 ms and node-0's disk stayed idle."""
+    config = dataclasses.replace(CONFIG, link=LinkModel(400.0, 0.05))
+    settings = dataclasses.replace(SimSettings.from_e2e(config, nodes=2), drain_s=60.0, sizes=NodeSizes(4, 4, 0),
+                                   disk_pages=16, disk=DISK)
+    sim = Simulation(config, settings, "none", [req(1.0, 1, "a")])
+    src, dst = sim.ids
+    for first, family in ((1, "a"), (11, "b"), (21, "c")):  # a ends on the disk alone: b and c push it down
+        hashes = list(range(first, first + 4))
+        sim._apply(src, sim.kv[src].put(hashes, sim.queue.now()), hashes[0], family, sim.queue.now())
+    assert sim.kv[src].disk_only_hashes([1, 2, 3, 4], 4) == [1, 2, 3, 4]
+    waits: list[float] = []
+    sim.core.heartbeat(src, NodeLoad(queued_tokens=200_000))  # at the arrival, before the first heartbeat round
+    sim.queue.at(1.0 + 1e-4, lambda: waits.append(sim.core._view(sim.queue.now()).disk_wait_ms.get(src, 0.0)))
+    run = sim.run()
+    back = run.records[-1]
+    nbytes = 4 * config.real_bytes_per_block
+    assert back.served and back.node_id == dst and back.fetch_from == src and back.fetched_tokens == 4 * B
+    assert back.fetch_ms == pytest.approx(DISK.transfer_ms(nbytes), rel=1e-6)
+    assert sim.disk_links is not None and sim.disk_links.stats[f"{src}/disk"].bytes == nbytes
+    assert waits == [pytest.approx(DISK.transfer_ms(nbytes) - 0.1, rel=1e-6)]

@@ -8,13 +8,18 @@ import math
 
 import pytest
 
-from speckv.services.common.engine_profile import LinkModel
+from speckv.services.common.clock import ManualClock
+from speckv.services.common.engine_profile import LinkModel, get_profile
 from speckv.services.common.ids import NodeId
+from speckv.services.common.node_sizes import NodeSizes
 from speckv.services.common.tiers import Tier
 from speckv.services.scheduler.holder_index import HolderEventKind, IndexEvent
+from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.orders import ActionKind, OrderSpec
+from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.routing.disk_backlog import DiskBacklog
-from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, make_core
+from tests.support.scheduler_scenarios import BS, CHAIN, FAMILY, heartbeat_all, load, make_core
 
 DISK = LinkModel(41.6, overhead_ms=0.09)  # nvme-gen4: 5.2 GB/s
 GIB = 2**30
@@ -98,3 +103,28 @@ def test_a_request_joins_a_stage_of_its_prefix_in_flight():
     assert (routed.node_id, routed.disk_blocks) == ("n0", 128)
     host_ms = LinkModel(400.0, 0.05).transfer_ms(len(CHAIN) * 2 * 2**20)
     assert routed.promote_ms == pytest.approx(read_ms + host_ms)
+
+
+def test_a_pull_off_a_holders_disk_holds_that_disk():
+    """n0 is busy, so the request goes to n1 and pulls CHAIN from n0 over
+    a 400 Gbit/s network, n0's disk alone holding it: n0 stages the blocks
+    off its disk before it serves them, so that read is booked on n0's disk
+    (one read of the 128 blocks, counted as a disk load there) as n0's own
+    loads are. Before, only the wire was booked and n0's disk looked idle."""
+    config = load_policy_config()
+    clock = ManualClock(100.0)
+    core = SchedulerCore(SchedulerSettings(node_timeout_s=5.0, policy_config=config, link_gbps=400.0,
+                                           link_overhead_ms=0.05, host_link_gbps=400.0, host_link_overhead_ms=0.05,
+                                           disk_gbps=41.6, disk_overhead_ms=0.09),
+                         clock, get_profile("llama-3-8b-h100"))
+    for i in range(2):
+        core.register_node(f"n{i}", f"127.0.0.1:{7000 + i}", NodeSizes(512, 1024), None)
+    assert core.apply_kv_event(NodeId("n0"), core.generation("n0"),
+                               IndexEvent(HolderEventKind.STORED, CHAIN, False, FAMILY, tier=Tier.DISK))
+    heartbeat_all(core, 2)
+    load(core, "n0", 200_000)
+    routed = core.route("r1", CHAIN + [1], (len(CHAIN) + 1) * BS, FAMILY)
+    assert (routed.node_id, routed.fetch_from, routed.fetch_blocks) == ("n1", "n0", 128)
+    view = core._view(clock.now())
+    assert view.disk_wait_ms == {NodeId("n0"): pytest.approx(DISK.transfer_ms(len(CHAIN) * 2 * 2**20))}
+    assert view.disk_loads_per_s[NodeId("n0")] > 0
