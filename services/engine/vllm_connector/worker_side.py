@@ -44,7 +44,7 @@ from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.port import KVStorePort, PeerPort, PullTarget, ReadLease, SharedPort
 from speckv.services.engine.vllm_connector.pages import (
-    gather_blocks, page_views, pages_to_pool, pool_tensor, pool_to_pages, scatter_blocks)
+    gather_blocks, page_arrays, page_views, pages_to_pool, pool_to_pages, raw, scatter_blocks)
 from speckv.services.engine.vllm_connector.plan import LoadSpec, SaveSpec, StepPlan
 
 log = logging.getLogger("speckv.vllm_connector")
@@ -73,7 +73,7 @@ class WorkerSide:
         self._pulls = 0  # order ids of this worker's pulls
         self._shared = shared
         self._counters = counters
-        self._views: list[torch.Tensor] = []
+        self._pages: list[np.ndarray] = []  # each layer's pages [blocks, H, 2, N, C] as unsigned ints (pages.py)
         self._block_bytes = 0  # canonical bytes of one block, set by register_kv_caches
         self._load_errors: set[int] = set()
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue(MAX_QUEUED_SAVES)
@@ -86,14 +86,15 @@ class WorkerSide:
         if len(names) != self._layout.num_layers:
             raise ValueError(f"SpeckvConnector: {len(names)} KV cache layers, the layout says "
                              f"{self._layout.num_layers}")
-        self._views = page_views([kv_caches[n] for n in names], self._layout.num_kv_heads,
-                                 self._layout.block_size, self._layout.head_dim)
-        one_page = self._views[0][0]  # [heads, 2, block_size, head_dim] of one layer
-        self._block_bytes = len(self._views) * one_page.numel() * one_page.element_size()
+        views = page_views([kv_caches[n] for n in names], self._layout.num_kv_heads, self._layout.block_size,
+                           self._layout.head_dim)
+        self._pages = page_arrays(views)
+        one_page = self._pages[0][0]  # [heads, 2, block_size, head_dim] of one layer
+        self._block_bytes = len(self._pages) * one_page.nbytes
 
-    def _block_shape(self, count: int) -> tuple[int, ...]:
+    def _block_shape(self) -> tuple[int, ...]:
         layout = self._layout
-        return (count, layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        return (layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
 
     @property
     def shared(self) -> bool:
@@ -112,7 +113,7 @@ class WorkerSide:
     def _load_one(self, spec: LoadSpec) -> bool:
         """One load into the engine's pages, counted; whether it succeeded."""
         started = time.perf_counter()
-        if not self._views:
+        if not self._pages:
             if spec.lease is not None:
                 self._submit(lambda lease=spec.lease: self._client.release(lease))
             return False
@@ -141,7 +142,14 @@ class WorkerSide:
         data = self._client.get(spec.block_ids)
         if data is None:
             return None
-        scatter_blocks(self._views, spec.page_ids, self._staged(data))
+        if any(len(block) != self._block_bytes for block in data):
+            self._counters.add(load_failures=1)
+            log.warning("speckv kvstore: blocks of %s bytes, this engine's are %d; the engine recomputes them",
+                        sorted({len(block) for block in data}), self._block_bytes)
+            return None
+        dtype, shape = self._pages[0].dtype, self._block_shape()
+        # Straight from the received bytes into the pages: no staging copy.
+        scatter_blocks(self._pages, spec.page_ids, [np.frombuffer(block, dtype=dtype).reshape(shape) for block in data])
         return "grpc"
 
     def _pull(self, spec: LoadSpec) -> str | None:
@@ -190,7 +198,7 @@ class WorkerSide:
         have been reused under it)."""
         copying = time.perf_counter()
         for medium, (positions, pool_pages) in lease.by_medium(start, len(spec.block_ids)).items():
-            pool_to_pages(self._views, self._pool(medium), pool_pages, [spec.page_ids[i] for i in positions])
+            pool_to_pages(self._pages, self._pool(medium), pool_pages, [spec.page_ids[i] for i in positions])
         self._counters.add(load_copy_seconds=time.perf_counter() - copying)
         if time.monotonic() > lease.until:
             self._counters.add(load_failures=1)
@@ -199,32 +207,22 @@ class WorkerSide:
             return None
         return "shm"
 
-    def _pool(self, medium: str) -> torch.Tensor:
-        """The mapped pool as a tensor (made per call: cheap, and the port
-        may have mapped the pools again since the last one)."""
+    def _pool(self, medium: str) -> np.ndarray:
+        """The mapped pool's bytes as the pages' unsigned ints (asked per
+        call: the port may have mapped the pools again since the last one)."""
         assert self._shared is not None
-        return pool_tensor(self._shared.pool(medium), self._views[0].dtype)
-
-    def _staged(self, data: list[bytes]) -> torch.Tensor:
-        """The blocks' bytes as one canonical tensor, in one copy (NumPy
-        copies from the immutable gRPC bytes without torch's read-only warning)."""
-        size = len(data[0])
-        staging = np.empty(size * len(data), dtype=np.uint8)
-        for i, block in enumerate(data):
-            staging[i * size:(i + 1) * size] = np.frombuffer(block, dtype=np.uint8)
-        dtype = self._views[0].dtype
-        return torch.from_numpy(staging).view(dtype).view(self._block_shape(len(data)))
+        return raw(self._shared.pool(medium))
 
     def save(self, plan: StepPlan) -> None:
-        if not plan.saves or not self._views:
+        if not plan.saves or not self._pages:
             return
         started = time.perf_counter()
         for spec in plan.saves:
             if self._shared is not None:
                 self._save_shared(spec)
                 continue
-            blocks = gather_blocks(self._views, spec.page_ids)
-            data = [blocks[i].numpy().tobytes() for i in range(len(spec.page_ids))]
+            blocks = gather_blocks(self._pages, spec.page_ids)
+            data = [blocks[i].tobytes() for i in range(len(spec.page_ids))]
             self._submit(lambda spec=spec, data=data: self._client.put(
                 spec.block_ids, spec.parents, spec.family, data), dropped=len(data))
         self._counters.add(save_seconds=time.perf_counter() - started)
@@ -236,7 +234,7 @@ class WorkerSide:
         if slot is None:
             return
         if slot.positions:
-            pages_to_pool(self._views, [spec.page_ids[i] for i in slot.positions], self._pool(slot.medium),
+            pages_to_pool(self._pages, [spec.page_ids[i] for i in slot.positions], self._pool(slot.medium),
                           list(slot.pages))
         self._submit(lambda: shared.commit(slot), dropped=len(slot.positions))
 

@@ -63,10 +63,10 @@ def test_caches_of_another_layer_count_are_refused():
 
 
 def canonical(worker_caches, pages):
-    from speckv.services.engine.vllm_connector.pages import gather_blocks, page_views
+    from speckv.services.engine.vllm_connector.pages import gather_blocks, page_arrays, page_views
     names = layer_order(list(worker_caches))
     views = page_views([worker_caches[n] for n in names], LAYOUT.num_kv_heads, LAYOUT.block_size, LAYOUT.head_dim)
-    return gather_blocks(views, pages)
+    return gather_blocks(page_arrays(views), pages)
 
 
 def test_shared_memory_saves_land_in_the_kvstore_pool_and_load_back_bit_for_bit():
@@ -78,7 +78,7 @@ def test_shared_memory_saves_land_in_the_kvstore_pool_and_load_back_bit_for_bit(
     saver.flush()
     stored = [bytes(b) for _, b in shared.store.get_blocks([11, 12, 13])]
     expected = canonical(source, [5, 2, 6])
-    assert stored == [expected[i].numpy().tobytes() for i in range(3)]
+    assert stored == [expected[i].tobytes() for i in range(3)]
     loader = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
     target = caches(seed=None)
     loader.register_kv_caches(target)
