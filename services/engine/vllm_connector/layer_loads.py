@@ -1,5 +1,5 @@
 """A step's loads copied layer by layer beside its forward (the connector's
-`load_by_layer`, on by default).
+`load_by_layer`; off by default, docs/vllm_connector.md says why).
 
 vLLM 0.32 calls start_load_kv before a step's forward when the step has
 loads (SchedulerOutput.has_sync_kv_loads), and, in every attention layer,

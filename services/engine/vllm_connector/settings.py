@@ -41,7 +41,9 @@ class ConnectorSettings:
     peers: Mapping[str, str] = field(default_factory=dict)  # node id -> host:port of its kvstore (pulls)
     node_id: str = ""  # this node's id, as pulls name it; empty: asked of the kvstore (GetStats) at start
     load_async: bool = False  # load beside the engine's steps (vLLM's async loads) instead of before the forward
-    load_by_layer: bool = True  # a step's loads copied layer by layer beside its forward (layer_loads.py)
+    # A step's loads copied layer by layer beside its forward (layer_loads.py); off: whole, before it. Off by
+    # default: on this CPU engine it measured no gain and a noisier load (docs/vllm_connector.md).
+    load_by_layer: bool = False
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any]) -> "ConnectorSettings":

@@ -5,9 +5,9 @@ step's newly computed full blocks after it (wait_for_save).
 Two paths, chosen once when the connector starts: the same-host one when
 the kvstore's pools are mapped here (a SharedPort, shared_client.py), else
 gRPC (page_loads.py says how a load readies and copies on each). A step's
-loads run layer by layer on a thread beside its forward by default
-(layer_loads.py: wait_for_layer_load(i) waits for layer i only); with
-`load_by_layer` off they are copied whole in start_load_kv. Either way a
+loads are copied whole in start_load_kv, before its forward, or with
+`load_by_layer` layer by layer on a thread beside it (layer_loads.py:
+wait_for_layer_load(i) waits for layer i only). Either way a
 load that fails reports its pages through get_block_ids_with_load_errors
 in the same step; with kv_load_failure_policy "recompute" vLLM then
 recomputes them. With `load_async` the same loads run on a background
@@ -60,7 +60,7 @@ def layer_order(names: Sequence[str]) -> list[str]:
 class WorkerSide:
     def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters,
                  shared: SharedPort | None = None, peers: Mapping[str, PeerPort] | None = None,
-                 pull_target: PullTarget | None = None, load_by_layer: bool = True) -> None:
+                 pull_target: PullTarget | None = None, load_by_layer: bool = False) -> None:
         """peers: the peers' kvstores by node id; pull_target: this node as
         pulls name it (None: pulls fail open); load_by_layer: a step's loads
         beside its forward, layer by layer (else whole, before it)."""

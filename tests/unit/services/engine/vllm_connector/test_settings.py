@@ -21,8 +21,8 @@ def test_a_kvstore_is_required():
         ConnectorSettings.parse({})
 
 
-def test_loads_go_layer_by_layer_unless_turned_off():
-    assert ConnectorSettings.parse({"kvstore": "h:1"}).load_by_layer is True
-    assert ConnectorSettings.parse({"kvstore": "h:1", "load_by_layer": False}).load_by_layer is False
+def test_loads_go_layer_by_layer_only_when_asked():
+    assert ConnectorSettings.parse({"kvstore": "h:1"}).load_by_layer is False
+    assert ConnectorSettings.parse({"kvstore": "h:1", "load_by_layer": True}).load_by_layer is True
     with pytest.raises(ValueError, match="load_by_layer"):
         ConnectorSettings.parse({"kvstore": "h:1", "load_by_layer": "no"})

@@ -213,7 +213,7 @@ def test_waiting_for_a_layer_by_its_vllm_name_finds_its_pages_loaded():
     saver.register_kv_caches(source)
     saver.save(StepPlan(saves=[SaveSpec("r", (3, 4), (61, 62), (None, 61), "61")]))
     saver.flush()
-    loader = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)  # load_by_layer: the default
+    loader = WorkerSide(LAYOUT, FakeStore(), Counters(), shared, load_by_layer=True)
     target = caches(seed=None)
     loader.register_kv_caches(target)
     loader.load(StepPlan(loads=[LoadSpec("r", (5, 6), (61, 62))]))
