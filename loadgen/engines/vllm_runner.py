@@ -3,7 +3,7 @@ for the real-engine tests and `speckv bench vllm`:
 `python -m speckv.loadgen.engines.vllm_runner SPEC OUT`.
 
 SPEC (JSON): model, kvstore (host:port; absent or empty: no connector), model_id, shared_memory, node_id,
-peers and load_async (optional: the connector's settings of those names), pull_from_each (optional, one node id per prompt
+peers, load_async and load_by_layer (optional: the connector's settings of those names), pull_from_each (optional, one node id per prompt
 that its kv_transfer_params name to pull from, "" none), prompts (lists
 of token ids), max_tokens (or max_tokens_each, one per prompt; generation
 ignores EOS, so a prompt yields exactly that many), keep_cache (optional, one bool per prompt: keep
@@ -85,7 +85,7 @@ def main(spec_path: str, out_path: str) -> None:
     connected = bool(spec.get("kvstore"))  # no kvstore: the engine alone, without the connector
     extra = {"kvstore": spec.get("kvstore"), **({"model_id": spec["model_id"]} if spec.get("model_id") else {}),
              **({"shared_memory": spec["shared_memory"]} if "shared_memory" in spec else {}),
-             **{key: spec[key] for key in ("node_id", "peers", "load_async") if key in spec}}
+             **{key: spec[key] for key in ("node_id", "peers", "load_async", "load_by_layer") if key in spec}}
     max_len = spec.get("max_model_len", 4096)
     transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}

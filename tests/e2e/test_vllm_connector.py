@@ -99,6 +99,17 @@ def test_a_fresh_engine_loads_the_prefix_and_generates_the_same_tokens(first, st
     assert second["outputs"] == first["outputs"]
 
 
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_layer_by_layer_loads_generate_the_same_tokens(first, store, model, tmp_path, shared_memory):
+    """load_by_layer: the loads run beside the forward, each attention layer
+    waiting for its own pages only."""
+    server, _ = store
+    layered = run_engine({"model": str(model), "kvstore": server.address, "prompts": [PROMPT], "max_tokens": 16,
+                          "shared_memory": shared_memory, "load_by_layer": True}, tmp_path)
+    assert layered["counters"]["blocks_loaded"] == PROMPT_BLOCKS and layered["counters"]["load_failures"] == 0
+    assert layered["outputs"] == first["outputs"]
+
+
 def test_an_engine_saving_over_grpc_stores_the_same_bytes(first, store, model, tmp_path):
     """The gRPC path (shared memory off) saves bytes equal to what the
     shared-memory path saved, block for block."""
@@ -205,11 +216,12 @@ class CorruptKVStore(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.PutBlocksResponse(stored=sum(1 for _ in request_iterator))
 
 
-@pytest.mark.parametrize("load_async", [False, True])
-def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, tmp_path, load_async):
-    """Loaded before the forward, a failed block is a load error (vLLM
-    recomputes it); loaded in the background, the request is reported failed
-    (vLLM recomputes it from the start). Either way the engine answers."""
+@pytest.mark.parametrize("load_async, load_by_layer", [(False, False), (False, True), (True, False)])
+def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, tmp_path, load_async, load_by_layer):
+    """Loaded for the forward (whole or layer by layer), a failed block is a
+    load error (vLLM recomputes it); loaded in the background, the request is
+    reported failed (vLLM recomputes it from the start). Either way the
+    engine answers."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
                          options=[("grpc.max_send_message_length", 64 << 20)])
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(CorruptKVStore(), server)
@@ -217,7 +229,8 @@ def test_blocks_failing_their_checksum_are_recomputed_not_served(first, model, t
     server.start()
     try:
         corrupt = run_engine({"model": str(model), "kvstore": f"127.0.0.1:{port}", "prompts": [PROMPT],
-                              "max_tokens": 16, "load_async": load_async}, tmp_path)
+                              "max_tokens": 16, "load_async": load_async, "load_by_layer": load_by_layer},
+                             tmp_path)
     finally:
         server.stop(grace=None)
     assert corrupt["counters"]["blocks_matched"] == PROMPT_BLOCKS

@@ -98,8 +98,8 @@ class CoreShared:
         """The KVStorePort side of pinning at lookup, over the same core."""
         return self.map_for_read(ids, prefix=True)
 
-    def usable(self, lease):
-        return all(self.pools.token(m) == t for m, t in lease.tokens.items())
+    def pools_for(self, lease):
+        return self.pools if all(self.pools.token(m) == t for m, t in lease.tokens.items()) else None
 
     def release(self, lease):
         if lease.ids:

@@ -91,7 +91,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         self._shared = _open_shared(self._client, layout, settings, self.counters) \
             if layout is not None and role == KVConnectorRole.WORKER and settings.shared_memory else None
         self._worker = WorkerSide(layout, self._client, self.counters, self._shared, self._peers,
-                                  _pull_target(self._client, settings)) \
+                                  _pull_target(self._client, settings), settings.load_by_layer) \
             if layout is not None and role == KVConnectorRole.WORKER else None
 
     # Scheduler side
@@ -132,12 +132,16 @@ class SpeckvConnector(KVConnectorBase_V1):
             self._worker.load(metadata.plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv loaded every layer already
+        # Called in each attention layer before it reads its pages (vLLM's maybe_transfer_kv_layer).
+        if self._worker is not None:
+            self._worker.wait_for_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
         return  # wait_for_save copies every layer's pages at once, after the forward
 
     def wait_for_save(self) -> None:
+        if self._worker is not None:
+            self._worker.finish_loads()  # after the forward: the step's layer-by-layer loads end with it
         if self._worker is not None and self.has_connector_metadata():
             metadata = self._get_connector_metadata()
             if isinstance(metadata, SpeckvMetadata):

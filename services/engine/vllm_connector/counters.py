@@ -29,7 +29,7 @@ class Counters:
     shared_remaps: int = 0  # the kvstore's shared pools changed under the connector (a restart): mapped again
     load_seconds: float = 0.0  # wall time of the worker's loads (the kvstore call, checks, copy into the pages)
     bytes_loaded: int = 0
-    load_copy_seconds: float = 0.0  # of load_seconds, the copies between the mapped pool and the pages (same host)
+    load_copy_seconds: float = 0.0  # of load_seconds, the copies into the pages (from the mapped pool or received bytes)
     save_seconds: float = 0.0  # wall time the worker's saves held the engine's step (wait_for_save): copies, Reserve
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

@@ -84,6 +84,13 @@ class WriteSlot:
     secret: bytes = b""
 
 
+class MappedPoolSet(Protocol):
+    """A kvstore's pools as mapped here (shm.mapped_pool.MappedPools)."""
+
+    def pool(self, medium: str) -> np.ndarray:
+        """The mapped pool [layers, 2, pages, block_size, heads, head_dim]."""
+
+
 class SharedPort(Protocol):
     """The same-host path (shared_client.SharedKVStore): the kvstore's pools
     mapped here; every method fails open (None / False), counted."""
@@ -91,9 +98,10 @@ class SharedPort(Protocol):
     def map_for_read(self, ids: Sequence[int]) -> ReadLease | None:
         """Pins the blocks under a lease and says where they lie."""
 
-    def usable(self, lease: ReadLease) -> bool:
-        """Whether the lease's pages lie in the arenas mapped here (False
-        after a kvstore restart: the pools are then mapped again)."""
+    def pools_for(self, lease: ReadLease) -> "MappedPoolSet | None":
+        """The mapped pools the lease's pages lie in, taken once (a copy reads
+        this object even if another thread maps the pools again); None after
+        a kvstore restart: the pools are then mapped again for the next call."""
 
     def release(self, lease: ReadLease) -> None:
         """Ends the pins (the lease would end them anyway)."""

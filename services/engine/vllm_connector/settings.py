@@ -41,15 +41,19 @@ class ConnectorSettings:
     peers: Mapping[str, str] = field(default_factory=dict)  # node id -> host:port of its kvstore (pulls)
     node_id: str = ""  # this node's id, as pulls name it; empty: asked of the kvstore (GetStats) at start
     load_async: bool = False  # load beside the engine's steps (vLLM's async loads) instead of before the forward
+    # A step's loads copied layer by layer beside its forward (layer_loads.py); off: whole, before it. Off by
+    # default: on this CPU engine it measured no gain and a noisier load (docs/vllm_connector.md).
+    load_by_layer: bool = False
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any]) -> "ConnectorSettings":
         if not extra.get("kvstore"):
             raise ValueError("SpeckvConnector: kv_connector_extra_config needs 'kvstore' (host:port)")
         known = {k: extra[k] for k in ("kvstore", "model_id", "lookup_timeout_s", "transfer_timeout_s",
-                                       "max_message_mb", "shared_memory", "tls_cert", "tls_key", "tls_ca", "peers", "node_id", "load_async") if k in extra}
+                                       "max_message_mb", "shared_memory", "tls_cert", "tls_key", "tls_ca", "peers", "node_id", "load_async",
+                                       "load_by_layer") if k in extra}
         settings = cls(**known)
-        for flag in ("shared_memory", "load_async"):
+        for flag in ("shared_memory", "load_async", "load_by_layer"):
             if not isinstance(getattr(settings, flag), bool):
                 raise ValueError(f"SpeckvConnector: {flag}={getattr(settings, flag)!r}: true or false")
         if len({bool(settings.tls_cert), bool(settings.tls_key), bool(settings.tls_ca)}) != 1:

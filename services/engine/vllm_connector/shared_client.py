@@ -83,13 +83,10 @@ class SharedKVStore:
             self._counters.add(load_failures=1)
             log.warning("speckv kvstore: map of %d blocks failed (%s); the engine recomputes", len(ids), _code(error))
             return None
-        if not self.usable(lease):
+        if self.pools_for(lease) is None:
             self.release(lease)
             return None
         return lease
-
-    def usable(self, lease: ReadLease) -> bool:
-        return self.pools_for(lease) is not None
 
     def pools_for(self, lease: ReadLease) -> MappedPools | None:
         """The mapped pools the lease's pages lie in, taken once: a copy reads

@@ -19,3 +19,10 @@ def test_peers_that_are_not_a_map_of_node_to_address_are_refused(peers):
 def test_a_kvstore_is_required():
     with pytest.raises(ValueError, match="kvstore"):
         ConnectorSettings.parse({})
+
+
+def test_loads_go_layer_by_layer_only_when_asked():
+    assert ConnectorSettings.parse({"kvstore": "h:1"}).load_by_layer is False
+    assert ConnectorSettings.parse({"kvstore": "h:1", "load_by_layer": True}).load_by_layer is True
+    with pytest.raises(ValueError, match="load_by_layer"):
+        ConnectorSettings.parse({"kvstore": "h:1", "load_by_layer": "no"})

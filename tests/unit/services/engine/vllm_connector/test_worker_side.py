@@ -1,5 +1,6 @@
 from dataclasses import replace
 
+import pytest
 import torch
 
 from speckv.services.engine.vllm_connector.counters import Counters
@@ -7,6 +8,9 @@ from speckv.services.engine.vllm_connector.plan import LoadSpec, SaveSpec, StepP
 from speckv.services.engine.vllm_connector.port import PullTarget
 from speckv.services.engine.vllm_connector.worker_side import WorkerSide, layer_order
 from tests.support.connector_fakes import LAYOUT, CoreShared, FakePeer, FakeStore
+
+BY_LAYER = pytest.mark.parametrize("by_layer", [True, False], ids=["by-layer", "whole"])
+
 
 def caches(seed: int | None):
     make = (lambda: torch.randn(8, 2, 32, 32)) if seed is not None else (lambda: torch.zeros(8, 2, 32, 32))
@@ -20,7 +24,8 @@ def test_layers_are_ordered_by_their_index():
                                                                                 "m.layers.10.a"]
 
 
-def test_a_saved_block_loads_back_into_other_pages_bit_for_bit():
+@BY_LAYER
+def test_a_saved_block_loads_back_into_other_pages_bit_for_bit(by_layer):
     store, counters = FakeStore(), Counters()
     saver = WorkerSide(LAYOUT, store, counters)
     source = caches(seed=1)
@@ -28,23 +33,26 @@ def test_a_saved_block_loads_back_into_other_pages_bit_for_bit():
     saver.save(StepPlan(saves=[SaveSpec("r", (5, 2), (11, 12), (None, 11), "11")]))
     saver.shutdown()
     assert sorted(store.blocks) == [11, 12] and counters.blocks_saved == 0  # the fake counts nothing itself
-    loader = WorkerSide(LAYOUT, store, Counters())
+    loader = WorkerSide(LAYOUT, store, Counters(), load_by_layer=by_layer)
     target = caches(seed=None)
     loader.register_kv_caches(target)
     loader.load(StepPlan(loads=[LoadSpec("r", (0, 7), (11, 12))]))
+    loader.finish_loads()  # the step's forward is over
     for name in source:
         assert torch.equal(target[name][0], source[name][5]) and torch.equal(target[name][7], source[name][2])
     assert loader.take_load_errors() == set()
     loader.shutdown()
 
 
-def test_a_failed_load_reports_its_pages_once():
+@BY_LAYER
+def test_a_failed_load_reports_its_pages_once(by_layer):
     store = FakeStore()
     store.blocks[11] = b"\0" * (2 * 2 * 32 * 2 * 16 * 4)
     store.broken.add(11)
-    worker = WorkerSide(LAYOUT, store, Counters())
+    worker = WorkerSide(LAYOUT, store, Counters(), load_by_layer=by_layer)
     worker.register_kv_caches(caches(seed=None))
     worker.load(StepPlan(loads=[LoadSpec("r", (3,), (11,))]))
+    worker.finish_loads()  # the step's forward is over
     assert worker.take_load_errors() == {3}
     assert worker.take_load_errors() == set()
     worker.shutdown()
@@ -63,13 +71,14 @@ def test_caches_of_another_layer_count_are_refused():
 
 
 def canonical(worker_caches, pages):
-    from speckv.services.engine.vllm_connector.pages import gather_blocks, page_views
+    from speckv.services.engine.vllm_connector.pages import gather_blocks, page_arrays, page_views
     names = layer_order(list(worker_caches))
     views = page_views([worker_caches[n] for n in names], LAYOUT.num_kv_heads, LAYOUT.block_size, LAYOUT.head_dim)
-    return gather_blocks(views, pages)
+    return gather_blocks(page_arrays(views), pages)
 
 
-def test_shared_memory_saves_land_in_the_kvstore_pool_and_load_back_bit_for_bit():
+@BY_LAYER
+def test_shared_memory_saves_land_in_the_kvstore_pool_and_load_back_bit_for_bit(by_layer):
     shared, counters = CoreShared(), Counters()
     saver = WorkerSide(LAYOUT, FakeStore(), counters, shared)
     source = caches(seed=3)
@@ -78,11 +87,12 @@ def test_shared_memory_saves_land_in_the_kvstore_pool_and_load_back_bit_for_bit(
     saver.flush()
     stored = [bytes(b) for _, b in shared.store.get_blocks([11, 12, 13])]
     expected = canonical(source, [5, 2, 6])
-    assert stored == [expected[i].numpy().tobytes() for i in range(3)]
-    loader = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    assert stored == [expected[i].tobytes() for i in range(3)]
+    loader = WorkerSide(LAYOUT, FakeStore(), Counters(), shared, load_by_layer=by_layer)
     target = caches(seed=None)
     loader.register_kv_caches(target)
     loader.load(StepPlan(loads=[LoadSpec("r", (0, 1, 7), (11, 12, 13))]))
+    loader.finish_loads()  # the step's forward is over
     loader.flush()
     for name in source:
         for s, t in ((5, 0), (2, 1), (6, 7)):
@@ -108,20 +118,23 @@ def test_shared_memory_save_skips_blocks_the_kvstore_holds():
     worker.shutdown()
 
 
-def test_shared_memory_load_of_a_missing_block_or_past_its_lease_is_a_load_error():
+@BY_LAYER
+def test_shared_memory_load_of_a_missing_block_or_past_its_lease_is_a_load_error(by_layer):
     shared = CoreShared(lease_s=-1.0)  # every lease has lapsed by the time the copy ends
-    worker = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    worker = WorkerSide(LAYOUT, FakeStore(), Counters(), shared, load_by_layer=by_layer)
     worker.register_kv_caches(caches(seed=6))
     worker.save(StepPlan(saves=[SaveSpec("r", (1,), (31,), (None,), "31")]))
     worker.flush()
     worker.load(StepPlan(loads=[LoadSpec("r", (4,), (31,)), LoadSpec("q", (6,), (99,))]))
+    worker.finish_loads()  # the step's forward is over
     assert worker.take_load_errors() == {4, 6}
     worker.flush()
     assert shared.store.stats().pinned_pages == 0  # the lapsed one's pins were still released
     worker.shutdown()
 
 
-def test_a_load_pinned_at_lookup_copies_without_a_call_and_releases_the_lease():
+@BY_LAYER
+def test_a_load_pinned_at_lookup_copies_without_a_call_and_releases_the_lease(by_layer):
     shared = CoreShared()
     saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
     source = caches(seed=8)
@@ -131,10 +144,12 @@ def test_a_load_pinned_at_lookup_copies_without_a_call_and_releases_the_lease():
     lease = shared.map_prefix([41, 42, 43, 44])
     assert lease.ids == (41, 42, 43)
     counters = Counters()
-    loader = WorkerSide(LAYOUT, shared, counters, shared)  # the port releases through the same core
+    # the port releases through the same core
+    loader = WorkerSide(LAYOUT, shared, counters, shared, load_by_layer=by_layer)
     target = caches(seed=None)
     loader.register_kv_caches(target)
     loader.load(StepPlan(loads=[LoadSpec("r", (6, 7), (42, 43), lease, 1)]))
+    loader.finish_loads()  # the step's forward is over
     loader.flush()
     for name in source:
         assert torch.equal(target[name][6], source[name][2]) and torch.equal(target[name][7], source[name][3])
@@ -143,7 +158,8 @@ def test_a_load_pinned_at_lookup_copies_without_a_call_and_releases_the_lease():
     loader.shutdown()
 
 
-def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released():
+@BY_LAYER
+def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released(by_layer):
     shared = CoreShared()
     saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
     saver.register_kv_caches(caches(seed=9))
@@ -152,16 +168,18 @@ def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released():
     lease = shared.map_prefix([51])
     store = FakeStore()
     store.blocks[52] = [bytes(b) for _, b in shared.store.get_blocks([51])][0]
-    loader = WorkerSide(LAYOUT, store, Counters(), shared)
+    loader = WorkerSide(LAYOUT, store, Counters(), shared, load_by_layer=by_layer)
     loader.register_kv_caches(caches(seed=None))
     loader.load(StepPlan(loads=[LoadSpec("r", (3,), (52,), lease, 0)]))  # the lease names 51, the load 52
-    loader.flush()
-    assert loader.take_load_errors() == set() and store.released == [lease]
+    errors = loader.take_load_errors()  # waits for the step's loads (by layer: on their thread)
+    loader.flush()  # and then for the release they queued
+    assert errors == set() and store.released == [lease]
     saver.shutdown()
     loader.shutdown()
 
 
-def test_a_pull_copies_into_the_nodes_kvstore_then_loads_from_it_bit_for_bit():
+@BY_LAYER
+def test_a_pull_copies_into_the_nodes_kvstore_then_loads_from_it_bit_for_bit(by_layer):
     store, counters = FakeStore(), Counters()
     peer = FakePeer({"n1": store})
     saver = WorkerSide(LAYOUT, peer, Counters())
@@ -169,10 +187,12 @@ def test_a_pull_copies_into_the_nodes_kvstore_then_loads_from_it_bit_for_bit():
     saver.register_kv_caches(source)
     saver.save(StepPlan(saves=[SaveSpec("r", (4, 6), (21, 22), (None, 21), "21")]))
     saver.shutdown()
-    loader = WorkerSide(LAYOUT, store, counters, peers={"n2": peer}, pull_target=PullTarget("n1", "h:1"))
+    loader = WorkerSide(LAYOUT, store, counters, peers={"n2": peer}, pull_target=PullTarget("n1", "h:1"),
+                        load_by_layer=by_layer)
     target = caches(seed=None)
     loader.register_kv_caches(target)
     loader.load(StepPlan(loads=[LoadSpec("r", (1, 2), (21, 22), source="n2", family="21")]))
+    loader.finish_loads()  # the step's forward is over
     assert peer.orders[0][:4] == ("n1", "h:1", (21, 22), "21")
     assert sorted(store.blocks) == [21, 22]  # the pull left them on this node
     for name in source:
@@ -180,7 +200,29 @@ def test_a_pull_copies_into_the_nodes_kvstore_then_loads_from_it_bit_for_bit():
     assert loader.take_load_errors() == set() and counters.blocks_pulled == 2
     peer.refuse = True
     loader.load(StepPlan(loads=[LoadSpec("r2", (3,), (23,), source="n2", family="23")]))
+    loader.finish_loads()  # the step's forward is over
     assert loader.take_load_errors() == {3} and counters.pull_failures == 1
     loader.load(StepPlan(loads=[LoadSpec("r3", (5,), (21,), source="n9", family="21")]))  # a peer it lacks
     assert loader.take_load_errors() == {5} and counters.pull_failures == 2
+    loader.shutdown()
+
+
+def test_waiting_for_a_layer_by_its_vllm_name_finds_its_pages_loaded():
+    shared = CoreShared()
+    saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    source = caches(seed=12)
+    saver.register_kv_caches(source)
+    saver.save(StepPlan(saves=[SaveSpec("r", (3, 4), (61, 62), (None, 61), "61")]))
+    saver.flush()
+    loader = WorkerSide(LAYOUT, FakeStore(), Counters(), shared, load_by_layer=True)
+    target = caches(seed=None)
+    loader.register_kv_caches(target)
+    loader.load(StepPlan(loads=[LoadSpec("r", (5, 6), (61, 62))]))
+    loader.wait_for_layer("model.layers.0.self_attn.attn")
+    first = "model.layers.0.self_attn.attn"
+    assert torch.equal(target[first][5], source[first][3]) and torch.equal(target[first][6], source[first][4])
+    loader.wait_for_layer("not.a.layer")  # a name it never registered waits for every layer
+    assert all(torch.equal(target[name][5], source[name][3]) for name in source)
+    assert loader.take_load_errors() == set()
+    saver.shutdown()
     loader.shutdown()
