@@ -106,7 +106,8 @@ class SchedulerCore:
                                          self._alive, self._bytes_per_block, self._pcfg.leases.max_retries)
         self._feed = OrderFeed(settings.watch_queue)
         self._reuse = ReuseHistory(self._pcfg.reuse)
-        self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link, disk)
+        self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link, disk,
+                                     self._pcfg.router.prefill_ahead_weight)
         self._confirmation = RouteConfirmation(self._router, confirmer, arrivals)
         self._backlog, self._disks = LinkBacklog(link), DiskBacklog(disk)
         self._ramp = JoinRamp(self._pcfg.router.join_ramp_s)

@@ -36,6 +36,21 @@ size S), and each live node n:
               (n's own host hits are promoted while the pull runs)
   TTFT_n    = queue_n + min(local_n, pull_n)
 
+The prefill-ahead charge (`router.prefill_ahead_weight` w, 0: off): a
+request that waits for a promotion or pull joins its node's engine queue
+only when that ends, so a request routed after it that starts sooner goes
+ahead of it, and its whole prefill delays it. The choice (not the request's
+own TTFT_n, which the decision reports) is made on
+
+  TTFT_n + w * prefill_n * ahead_n
+
+with prefill_n the request's own prefill at n and ahead_n how many requests
+already routed to n will join its queue after this one would (their
+promotion or pull ends later than this request's own, if any). So a long
+new prompt avoids a node whose routed requests are still fetching their
+prefixes when another node costs it less than the delay it would put on
+them (issue 45, the returning tail's largest class; docs/planner.md).
+
 The pull is chosen only when pull_n < local_n (strictly cheaper); the
 response then names H and c_H - c_n blocks. Recomputing is local_n of a node
 with c_n = 0. Cached tokens are capped at P - 1 because the engine always
@@ -87,6 +102,8 @@ class Candidate:
     # disk_joined, until a stage in flight that reads these very blocks lands (the read is then that one).
     disk_wait_ms: float = 0.0
     disk_joined: bool = False
+    # ms from now until each request routed here that waits for a promotion or pull joins its engine's queue
+    entering_ms: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
@@ -127,11 +144,14 @@ class KvAwareRouter:
     name = "kv-aware"
 
     def __init__(self, profile: EngineProfile, link: LinkModel, seed: int = 0, tie_ms: float = 1.0,
-                 host_link: LinkModel | None = None, disk: LinkModel | None = None) -> None:
+                 host_link: LinkModel | None = None, disk: LinkModel | None = None,
+                 prefill_ahead_weight: float = 0.0) -> None:
         """host_link: the host<->device link of every node (None: no host
         tiers); disk: every node's disk reads as a link (None: disk blocks
-        are priced as host hits, as before disks were priced)."""
+        are priced as host hits, as before disks were priced);
+        prefill_ahead_weight: w of the prefill-ahead charge (0: off)."""
         self._profile = profile
+        self._ahead_weight = prefill_ahead_weight
         self._link = link
         self._host_link = host_link
         self._disk = disk
@@ -157,7 +177,10 @@ class KvAwareRouter:
             figures = memo.get(key)
             if figures is None:
                 figures = memo[key] = self._figures(query, c, holder if pulls else None)
-            scores.append(c.queue_ms + figures[1] + figures[0] if figures[1] else c.queue_ms + figures[0])
+            score = c.queue_ms + figures[1] + figures[0] if figures[1] else c.queue_ms + figures[0]
+            if c.entering_ms and self._ahead_weight:
+                score += self._ahead_weight * figures[0] * sum(1 for ms in c.entering_ms if ms > figures[1])
+            scores.append(score)
         limit = min(scores) + self._tie_ms
         tied = [c for c, score in zip(candidates, scores) if score <= limit]
         if len(tied) > 1:
