@@ -29,6 +29,7 @@ class RouterSettings:
     join_ramp_s: float  # a node joining a serving cluster takes its share of misses over this long (0: at once)
     pending_stale_s: float  # routed work no queue report has counted for this long (s) starts draining (cluster.py)
     prefill_ahead_weight: float  # w of the router's prefill-ahead charge (router.py); 0: off
+    prefill_ahead_budget_tokens: int  # B: the engines' chunked-prefill budget per step, tokens (router.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,7 @@ class PolicyConfig:
                   "budgets.replica_memory_fraction", "planner.min_burst_probability", "reuse.prior_p",
                   "planner.min_return_probability", "retain.min_probability")
         _finite_not_negative(self, "router.prefill_ahead_weight")
+        _positive(self, "router.prefill_ahead_budget_tokens")
         if self.router.join_ramp_s < 0:
             raise InvalidArgument(f"router.join_ramp_s={self.router.join_ramp_s} must be >= 0")
         if self.planner.plan_every_s < 0:
