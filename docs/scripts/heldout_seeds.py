@@ -17,7 +17,8 @@ conversation trace's validation slice, before the evaluated last 30 %):
         ../shared/traces/mooncake_conversation_trace.jsonl 0 none,predictive,predictive:occ
 
 Variants of predictive (the committed policies.json, changed in one place):
-noprefetch (planner.prefetch false), ext (planner.queue_externality true),
+noprefetch (planner.prefetch false), ext (planner.queue_externality true), aheadW (the router's
+prefill-ahead charge, router.prefill_ahead_weight W; "ahead" alone: 1),
 hN (planner.horizon_s N), nowK (planner.nowcast_min_routes K; now0: no
 nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 (retain.displacement "occupancy"), curve (retain.pricing "curve"), ttlN (retain.ttl_s N), capN (the e2e configuration's
@@ -59,10 +60,12 @@ ORIGINAL_CANDIDATES = planner_module._Tick._candidates
 
 def config_for(variant: str):
     base = load_policy_config()
-    p, r, a = base.planner, base.retain, base.affinity
+    p, r, a, router = base.planner, base.retain, base.affinity, base.router
     for part in (v for v in variant.split("+") if v):
         if part.startswith("spill"):
             a = replace(a, spill=part[5:])
+        elif part.startswith("ahead"):
+            router = replace(router, prefill_ahead_weight=float(part[5:] or 1.0))
         elif part == "noprefetch":
             p = replace(p, prefetch=False)
         elif part == "ext":
@@ -87,7 +90,7 @@ def config_for(variant: str):
             pass  # capN changes the e2e configuration: e2e_config_for
         else:
             raise ValueError(f"unknown variant {part!r}")
-    return replace(base, planner=p, retain=r, affinity=a)
+    return replace(base, planner=p, retain=r, affinity=a, router=router)
 
 
 def e2e_config_for(variant: str) -> str | None:

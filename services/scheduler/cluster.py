@@ -139,6 +139,9 @@ class Node:
     # Cluster.queue_ms(self) as of the last change to its inputs (heartbeat, route, loss), kept
     # by Cluster where it updates the load board: the router reads it per candidate of every route.
     queue_ms_now: float = 0.0
+    # Clock s at which requests routed here join its engine's queue, for those that wait for a promotion
+    # or pull first (routed later, a request without one enters ahead of them): Cluster.entering_ms.
+    entering: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.bytes_per_block = self.geometry.bytes_per_block
@@ -293,12 +296,15 @@ class Cluster:
         return sorted(went_down)
 
     def add_pending(self, node_id: NodeId, tokens: int, prefill_ms: float = 0.0,
-                    now: float | None = None) -> None:
+                    now: float | None = None, enters_in_ms: float = 0.0) -> None:
         """Work routed to node_id at clock time now (None: its last
         heartbeat's) before its next queue report: tokens to prefill and their
-        expected prefill time (ms)."""
+        expected prefill time (ms); enters_in_ms > 0: it joins the engine's
+        queue only that long after now (a promotion or pull first)."""
         node = self._nodes[node_id]
         at = node.last_heartbeat if now is None else now
+        if enters_in_ms > 0:
+            node.entering.append(at + enters_in_ms / 1000.0)
         start = max(node.drained_to, node.queue_reported_at + self._stale_s)
         if (at - start) * 1000.0 >= node.pending_ms:
             # What was pending would be worked off by `at` (if a later
@@ -315,6 +321,15 @@ class Cluster:
         self.routes_total += 1
         node.queue_ms_now = self.queue_ms(node)
         self._board.set_load(node_id, node.queue_ms_now)
+
+    @staticmethod
+    def entering_ms(node: Node, now: float) -> tuple[float, ...]:
+        """How long (ms from now) until each request routed to node that is
+        still waiting for its promotion or pull joins its engine's queue
+        (those that joined are forgotten here)."""
+        waiting = [at for at in node.entering if at > now]
+        node.entering = waiting
+        return tuple((at - now) * 1000.0 for at in waiting)
 
     def _drain(self, node: Node, now: float) -> None:
         """Works off the node's pending work at one ms of prefill per ms of

@@ -101,7 +101,9 @@ class SchedulerCore(OrderDesk):
         self._lifecycle.transports.journal = state  # the copies by transport survive a restart with the orders
         self._feed = OrderFeed(settings.watch_queue)
         self._reuse = ReuseHistory(self._pcfg.reuse)
-        self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link, disk)
+        self._router = KvAwareRouter(profile, link, settings.router_seed, settings.tie_ms, host_link, disk,
+                                     self._pcfg.router.prefill_ahead_weight,
+                                     self._pcfg.router.prefill_ahead_budget_tokens)
         self._confirmation = RouteConfirmation(self._router, confirmer, arrivals)
         self._backlog, self._disks = LinkBacklog(link), DiskBacklog(disk)
         self._ramp = JoinRamp(self._pcfg.router.join_ramp_s)

@@ -28,6 +28,8 @@ class RouterSettings:
     spread_candidates: int  # least-loaded non-holders scored per route besides the holders
     join_ramp_s: float  # a node joining a serving cluster takes its share of misses over this long (0: at once)
     pending_stale_s: float  # routed work no queue report has counted for this long (s) starts draining (cluster.py)
+    prefill_ahead_weight: float  # w of the router's prefill-ahead charge (router.py); 0: off
+    prefill_ahead_budget_tokens: int  # B: the engines' chunked-prefill budget per step, tokens (router.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,8 @@ class PolicyConfig:
         _fraction(self, "families.prompt_ewma_alpha", "budgets.link_budget_fraction",
                   "budgets.replica_memory_fraction", "planner.min_burst_probability", "reuse.prior_p",
                   "planner.min_return_probability", "retain.min_probability")
+        _finite_not_negative(self, "router.prefill_ahead_weight")
+        _positive(self, "router.prefill_ahead_budget_tokens")
         if self.router.join_ramp_s < 0:
             raise InvalidArgument(f"router.join_ramp_s={self.router.join_ramp_s} must be >= 0")
         if self.planner.plan_every_s < 0:

@@ -20,7 +20,7 @@ class Leadership(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., answering_is_leader: _Optional[bool] = ...) -> None: ...
 
 class RouteObservation(_message.Message):
-    __slots__ = ("family", "block_hashes", "prompt_tokens", "node_id", "cached_blocks", "fetch_blocks", "fetch_from", "pull_holder", "prefill_ms", "uncached_tokens", "arrival_time_s", "disk_blocks")
+    __slots__ = ("family", "block_hashes", "prompt_tokens", "node_id", "cached_blocks", "fetch_blocks", "fetch_from", "pull_holder", "prefill_ms", "uncached_tokens", "arrival_time_s", "disk_blocks", "enters_in_ms")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class RouteObservation(_message.Message):
     UNCACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_TIME_S_FIELD_NUMBER: _ClassVar[int]
     DISK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ENTERS_IN_MS_FIELD_NUMBER: _ClassVar[int]
     family: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     prompt_tokens: int
@@ -45,7 +46,8 @@ class RouteObservation(_message.Message):
     uncached_tokens: int
     arrival_time_s: float
     disk_blocks: int
-    def __init__(self, family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., node_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., fetch_blocks: _Optional[int] = ..., fetch_from: _Optional[str] = ..., pull_holder: _Optional[str] = ..., prefill_ms: _Optional[float] = ..., uncached_tokens: _Optional[int] = ..., arrival_time_s: _Optional[float] = ..., disk_blocks: _Optional[int] = ...) -> None: ...
+    enters_in_ms: float
+    def __init__(self, family: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., node_id: _Optional[str] = ..., cached_blocks: _Optional[int] = ..., fetch_blocks: _Optional[int] = ..., fetch_from: _Optional[str] = ..., pull_holder: _Optional[str] = ..., prefill_ms: _Optional[float] = ..., uncached_tokens: _Optional[int] = ..., arrival_time_s: _Optional[float] = ..., disk_blocks: _Optional[int] = ..., enters_in_ms: _Optional[float] = ...) -> None: ...
 
 class RouteObservations(_message.Message):
     __slots__ = ("replica_id", "routes")

@@ -95,15 +95,18 @@ class CandidateSelector:
             nodes.extend(cluster.get(node_id) for node_id in cluster.least_loaded(self._spread, now, exclude))
         held = lengths.get
         wait_ms = self._backlog.wait_ms
+        entering = cluster.entering_ms
         # n.queue_ms_now is cluster.queue_ms(n), kept by the cluster at every change of its inputs.
         if not self._holders.has_lower_tiers():  # no node holds a block below its device tier: all 0
             return [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
-                              n.bytes_per_block, n.queue_ms_now, wait_ms(n.node_id, now)) for n in nodes]
+                              n.bytes_per_block, n.queue_ms_now, wait_ms(n.node_id, now),
+                              entering_ms=entering(n, now) if n.entering else ()) for n in nodes]
         host_only, disk_only = self._holders.host_only_count, self._holders.disk_only_count
         out = [Candidate(n.node_id, n.pending_requests, held(n.node_id, 0), n.geometry.block_size,
                          n.bytes_per_block, n.queue_ms_now, wait_ms(n.node_id, now),
                          host_only(n.node_id, hashes, held(n.node_id, 0)),
-                         disk_only(n.node_id, hashes, held(n.node_id, 0))) for n in nodes]
+                         disk_only(n.node_id, hashes, held(n.node_id, 0)),
+                         entering_ms=entering(n, now) if n.entering else ()) for n in nodes]
         if self._disks is not None:
             for c in out:
                 if c.disk_blocks:

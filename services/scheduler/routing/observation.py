@@ -49,7 +49,10 @@ class RouteObservation:
     arrival_s: when the request arrived (<= the routing clock's now).
     disk_blocks: of cached_blocks, those node_id reads off its own disk
     (disk_backlog.py books that read; 0 when none, or when they come with a
-    stage in flight there that the request joins)."""
+    stage in flight there that the request joins). enters_in_ms: how long
+    after the route the request joins node_id's engine queue, its promotion
+    or pull first (0: at once); a request routed there later without one
+    goes ahead of it (router.py, the prefill-ahead charge)."""
 
     family: Family
     block_hashes: Sequence[int]
@@ -63,6 +66,7 @@ class RouteObservation:
     uncached_tokens: int
     arrival_s: float
     disk_blocks: int = 0
+    enters_in_ms: float = 0.0
 
     @classmethod
     def of(cls, query: RouteQuery, decision: RouteDecision, candidates: Sequence[Candidate], uncached: int,
@@ -71,7 +75,8 @@ class RouteObservation:
         holder = decision.fetch_from or longer_holder(candidates, decision)
         return cls(query.family, query.block_hashes, query.prompt_tokens, decision.node_id, decision.cached_blocks,
                    decision.fetch_blocks, decision.fetch_from, holder, decision.prefill_ms, uncached, arrival_s,
-                   0 if decision.disk_joined else decision.disk_blocks)
+                   0 if decision.disk_joined else decision.disk_blocks,
+                   max(decision.promote_ms, decision.fetch_ms))
 
 
 class RouteObserver:
@@ -89,7 +94,7 @@ class RouteObserver:
             return False
         arrival_s = min(o.arrival_s, now)
         node_id = node.node_id
-        self._cluster.add_pending(node_id, o.uncached_tokens, o.prefill_ms, now)
+        self._cluster.add_pending(node_id, o.uncached_tokens, o.prefill_ms, now, o.enters_in_ms)
         if o.fetch_from is not None:
             self._backlog.add(o.fetch_from, node_id, o.fetch_blocks * node.bytes_per_block, arrival_s)
         if o.pull_holder is not None:

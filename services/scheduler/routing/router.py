@@ -36,6 +36,24 @@ size S), and each live node n:
               (n's own host hits are promoted while the pull runs)
   TTFT_n    = queue_n + min(local_n, pull_n)
 
+The prefill-ahead charge (`router.prefill_ahead_weight` w, 0: off): a
+request that waits for a promotion or pull joins its node's engine queue
+only when that ends, so a request routed after it that starts sooner goes
+ahead of it. With chunked prefill (a budget of B tokens per engine step,
+`router.prefill_ahead_budget_tokens`, vLLM's default 8,192) a prompt of N
+new tokens holds the budget for its steps beyond the first, so a request
+that joins behind it waits about prefill_n * max(0, N - B) / N. The choice
+(not the request's own TTFT_n, which the decision reports) is made on
+
+  TTFT_n + w * ahead_n * prefill_n * max(0, N_n - B) / N_n
+
+with ahead_n how many requests already routed to n will join its queue
+after this one would (their promotion or pull ends later than this
+request's own, if any). So a long new prompt avoids a node whose routed
+requests are still fetching their prefixes when another node costs it less
+than the delay it would put on them (issue 45, the returning tail's largest
+class; docs/planner.md); a prompt within one step's budget is not charged.
+
 The pull is chosen only when pull_n < local_n (strictly cheaper); the
 response then names H and c_H - c_n blocks. Recomputing is local_n of a node
 with c_n = 0. Cached tokens are capped at P - 1 because the engine always
@@ -87,6 +105,8 @@ class Candidate:
     # disk_joined, until a stage in flight that reads these very blocks lands (the read is then that one).
     disk_wait_ms: float = 0.0
     disk_joined: bool = False
+    # ms from now until each request routed here that waits for a promotion or pull joins its engine's queue
+    entering_ms: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
@@ -127,11 +147,16 @@ class KvAwareRouter:
     name = "kv-aware"
 
     def __init__(self, profile: EngineProfile, link: LinkModel, seed: int = 0, tie_ms: float = 1.0,
-                 host_link: LinkModel | None = None, disk: LinkModel | None = None) -> None:
+                 host_link: LinkModel | None = None, disk: LinkModel | None = None,
+                 prefill_ahead_weight: float = 0.0, prefill_ahead_budget_tokens: int = 8192) -> None:
         """host_link: the host<->device link of every node (None: no host
         tiers); disk: every node's disk reads as a link (None: disk blocks
-        are priced as host hits, as before disks were priced)."""
+        are priced as host hits, as before disks were priced);
+        prefill_ahead_weight, prefill_ahead_budget_tokens: w and B of the
+        prefill-ahead charge (0: off)."""
         self._profile = profile
+        self._ahead_weight = prefill_ahead_weight
+        self._ahead_budget = prefill_ahead_budget_tokens
         self._link = link
         self._host_link = host_link
         self._disk = disk
@@ -157,7 +182,10 @@ class KvAwareRouter:
             figures = memo.get(key)
             if figures is None:
                 figures = memo[key] = self._figures(query, c, holder if pulls else None)
-            scores.append(c.queue_ms + figures[1] + figures[0] if figures[1] else c.queue_ms + figures[0])
+            score = c.queue_ms + figures[1] + figures[0] if figures[1] else c.queue_ms + figures[0]
+            if c.entering_ms and self._ahead_weight:
+                score += self._ahead_charge(query, c, figures, holder_blocks)
+            scores.append(score)
         limit = min(scores) + self._tie_ms
         tied = [c for c, score in zip(candidates, scores) if score <= limit]
         if len(tied) > 1:
@@ -167,6 +195,18 @@ class KvAwareRouter:
 
     def estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None) -> RouteDecision:
         return self._estimate(query, node, holder, {})
+
+    def _ahead_charge(self, query: RouteQuery, node: Candidate, figures: Figures, holder_blocks: int) -> float:
+        """w x (requests routed to node that would join its queue after this
+        one) x the part of this one's prefill beyond one step's budget."""
+        jumped = sum(1 for ms in node.entering_ms if ms > figures[1])
+        if not jumped:
+            return 0.0
+        cached_blocks = holder_blocks if figures[2] else figures[4]
+        new = query.prompt_tokens - min(cached_blocks * node.block_size, query.prompt_tokens - 1)
+        if new <= self._ahead_budget:
+            return 0.0
+        return self._ahead_weight * jumped * figures[0] * (new - self._ahead_budget) / new
 
     def _estimate(self, query: RouteQuery, node: Candidate, holder: Candidate | None,
                   memo: dict[MemoKey, Figures]) -> RouteDecision:

@@ -174,3 +174,15 @@ def test_the_retained_count_is_kept_as_last_reported_and_forgotten_by_a_new_regi
 def test_a_prefill_estimate_must_be_finite_and_non_negative(bad):
     with pytest.raises(InvalidArgument, match="queued_prefill_ms"):
         LoadReport(queued_prefill_ms=bad)
+
+
+def test_requests_fetching_before_they_join_the_queue_are_counted_until_they_do():
+    c = Cluster(node_timeout_s=5.0)
+    c.register(NodeId("a"), "h:a", NodeSizes(100), GEO, now=0.0)
+    c.add_pending(NodeId("a"), 10, 1.0, now=1.0, enters_in_ms=500.0)
+    c.add_pending(NodeId("a"), 10, 1.0, now=1.0)  # no transfer: in the queue at once, not counted
+    c.add_pending(NodeId("a"), 10, 1.0, now=1.2, enters_in_ms=100.0)
+    node = c.get(NodeId("a"))
+    assert c.entering_ms(node, 1.25) == pytest.approx((250.0, 50.0))
+    assert c.entering_ms(node, 1.4) == pytest.approx((100.0,))
+    assert c.entering_ms(node, 1.6) == () and node.entering == []

@@ -15,7 +15,7 @@ from speckv.services.scheduler.routing.observation import RouteObservation
 def observation(**changes) -> RouteObservation:
     fields = dict(family=Family("f"), block_hashes=[1, 2, 3, 4], prompt_tokens=70, node_id=NodeId("n1"),
                   cached_blocks=3, fetch_blocks=0, fetch_from=None, pull_holder=NodeId("n2"), prefill_ms=12.5,
-                  uncached_tokens=22, arrival_s=101.25, disk_blocks=2)
+                  uncached_tokens=22, arrival_s=101.25, disk_blocks=2, enters_in_ms=35.5)
     fields.update(changes)
     return RouteObservation(**fields)
 
@@ -31,3 +31,11 @@ def test_more_disk_blocks_than_cached_blocks_is_refused():
     m.disk_blocks = 4
     with pytest.raises(InvalidArgument, match=r"routes\[3\]: 4 disk blocks of 3 cached"):
         observation_from_proto(m, "routes[3]")
+
+
+@pytest.mark.parametrize("enters_in_ms", [-1.0, float("nan"), 4e6])
+def test_an_entry_delay_no_route_could_price_is_refused(enters_in_ms):
+    m = observation_to_proto(observation())
+    m.enters_in_ms = enters_in_ms
+    with pytest.raises(InvalidArgument, match="enters_in_ms"):
+        observation_from_proto(m, "routes[0]")

@@ -56,7 +56,8 @@ def planner_state(core: SchedulerCore, now: float) -> tuple:
                   view.index.family_root(f)) for f in families)
     reuse = tuple(view.reuse.p_reuse(NodeId(n), t, now) for n in "abc" for t in (Tier.DEVICE, Tier.HOST))
     state = core.cluster_state()
-    return (view.nodes, tuple(r.routes_total for r in state.nodes), dict(view.link_wait_ms), dict(view.pulls_per_s),
+    entering = tuple(tuple(core._cluster.get(NodeId(n)).entering) for n in "abc")  # the prefill-ahead charge's
+    return (entering, view.nodes, tuple(r.routes_total for r in state.nodes), dict(view.link_wait_ms), dict(view.pulls_per_s),
             fams, view.families.hot(now, 1), view.families.node_route_rates(now), reuse, state.replicas,
             core.action_outcomes(), view.replica_blocks)
 
@@ -72,6 +73,7 @@ def test_a_peer_that_observes_the_routes_ends_where_the_router_did():
     assert all(o is not None for o in observations)
     assert [o.node_id for o in observations] == [r.node_id for r in results]
     assert any(o.fetch_from is not None for o in observations), "the scenario must exercise a pull"
+    assert any(o.enters_in_ms > 0 for o in observations), "and a request that joins its queue after a transfer"
     peer.observe_routes(observations)
     assert planner_state(peer, clock.now()) == planner_state(router, clock.now())
     assert planner_state(peer, clock.now()) != untouched

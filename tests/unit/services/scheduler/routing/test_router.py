@@ -247,3 +247,40 @@ def test_a_load_joining_a_stage_in_flight_waits_for_its_end_and_reads_nothing_it
     d = r.choose(query(), [c])
     assert d.cached_blocks == 64 and d.disk_blocks == 64 and d.disk_joined
     assert d.promote_ms == pytest.approx(60.0, abs=5e-3)
+
+
+def ahead_router(gbps=25.0, budget=512):
+    return KvAwareRouter(PROFILE, LinkModel(gbps, overhead_ms=1.0), prefill_ahead_weight=1.0,
+                         prefill_ahead_budget_tokens=budget)
+
+
+def test_the_prefill_ahead_charge_sends_a_long_new_prompt_past_requests_still_fetching():
+    # a has two requests routed there that join its engine queue in 50 and 80 ms (their pulls first); b is 5 ms
+    # busier. A new 1,032-token prompt (113 ms of prefill everywhere) would go ahead of both on a.
+    fetching = Candidate(NodeId("a"), 2, 0, GEO.block_size, GEO.bytes_per_block, 0.0, entering_ms=(50.0, 80.0))
+    busier = Candidate(NodeId("b"), 0, 0, GEO.block_size, GEO.bytes_per_block, 5.0)
+    assert router().choose(query(), [fetching, busier]).node_id == "a"  # off: its own TTFT alone
+    decision = ahead_router(budget=512).choose(query(), [fetching, busier])
+    # charged 2 x 113.2 ms x (1032 - 512) / 1032 = 114 ms at a: b
+    assert decision.node_id == "b"
+    assert decision.expected_ttft_ms == pytest.approx(5.0 + 10 + 0.1 * 1032)  # the request's own, uncharged
+    # within one step's budget it shares its step with them: no charge
+    assert ahead_router(budget=2048).choose(query(), [fetching, busier]).node_id == "a"
+
+
+def test_the_charge_counts_only_requests_that_would_join_after_this_one():
+    # The request pulls 64 blocks from holder h (~11 ms over 100 Gb/s before its prefill of 4,000 new tokens),
+    # so at a it joins the queue after the request entering in 5 ms and before the one entering in 300 ms.
+    long = RouteQuery("r", list(range(1, 65)), 64 * 16 + 4000, Family("f"))
+    holder = cand("h", cached=64, queued=200_000)
+    a = Candidate(NodeId("a"), 2, 0, GEO.block_size, GEO.bytes_per_block, 0.0, entering_ms=(5.0, 300.0))
+    charged = ahead_router(gbps=100.0)
+    pull = charged.estimate(long, a, holder)
+    assert pull.fetch_from == "h" and 5.0 < pull.fetch_ms < 300.0
+    one = pull.prefill_ms * (4000 - 512) / 4000  # one charged request
+    # b pulls the same way with no one fetching there. Busier than a by half a charge, it wins; by one and a
+    # half, a wins: the request entering in 5 ms is not charged.
+    b = Candidate(NodeId("b"), 0, 0, GEO.block_size, GEO.bytes_per_block, one * 0.5)
+    assert charged.choose(long, [a, b, holder]).node_id == "b"
+    b_far = Candidate(NodeId("b"), 0, 0, GEO.block_size, GEO.bytes_per_block, one * 1.5)
+    assert charged.choose(long, [a, b_far, holder]).node_id == "a"
