@@ -38,6 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from speckv.loadgen.experiments.bootstrap import with_paired_intervals
+from speckv.loadgen.experiments.demo_report import VERDICT_TITLE
 from speckv.loadgen.experiments.e2e_config import SliceSpec
 from speckv.loadgen.experiments.metrics import burst_runs
 from speckv.loadgen.experiments.repeats import RepeatDifference, mean_difference
@@ -110,7 +111,7 @@ class DemoVerdict:
         realizations = (f"seeds {', '.join(map(str, self.seeds))} (services/config/scenarios.json, "
                         f"'{EVALUATION_SET}')" if self.seeds else "the one trace (no seeds: it has one realization)")
         bursts = " / ".join(str(r.bursts) for r in self.runs)
-        return (f"Verdict (simulated): {self.workload}, trace seconds [{self.window.start_s:g}, "
+        return (f"{VERDICT_TITLE}: {self.workload}, trace seconds [{self.window.start_s:g}, "
                 f"{self.window.start_s + self.window.duration_s:g}), {self.nodes} nodes, {realizations}; bursts in "
                 f"the window: {bursts}{' per seed' if self.seeds else ''}; burst p99 against {BASELINE}, "
                 f"{self.interval}.")

@@ -48,6 +48,7 @@ DEMO_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "p99 ms"), ("bur
 DEMO_PANELS = {"ttft_p50_ms": "TTFT p50 (ms)", "ttft_p99_ms": "TTFT p99 (ms)",
                "burst_ttft_p99_ms": "TTFT p99 in burst seconds (ms)"}
 LIVE_CHECK = "Live check"
+VERDICT_TITLE = "Verdict (simulated)"  # demo_verdict.DemoVerdict.headline begins with it
 SIMULATED_RUN = "simulated"
 LIVE_RUN = "live, 95 % CI"
 TIE_MARK = "≈"
@@ -202,7 +203,7 @@ def write_demo_report(out_dir: Path, heading: str, verdict: VerdictView, simulat
                                       + demo_markdown(simulated.policies, live.policies, simulated.floor) + "\n")
     plots = {
         "verdict_window.png": (_verdict_figure(verdict),
-                               f"Verdict (simulated): TTFT p99 in burst seconds over the window, per policy; one "
+                               f"{VERDICT_TITLE}: TTFT p99 in burst seconds over the window, per policy; one "
                                f"bar per realization ({', '.join(verdict.run_labels)}). Lower is better."),
         "timeline.png": (timeline_figure(verdict.timelines, verdict.arrivals),
                          f"Verdict window (simulated, {verdict.label}): arrivals per second of up to three of its "
@@ -381,8 +382,8 @@ def _demo_html(heading: str, verdict: VerdictView, simulated: Comparison, live: 
         "pre{font-size:12px;background:#f6f6f6;padding:8px;overflow-x:auto}"])
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>speckv demo</title><style>{style}</style>"
             f"</head><body><h1>speckv demo</h1><p class=heading>{html.escape(heading)}</p>"
-            f"<h2>Verdict (simulated): burst p99 against {BASELINE} over a window of several bursts</h2>"
-            f"<p class=heading>{html.escape(verdict.heading)}</p>"
+            f"<h2>{VERDICT_TITLE}: burst p99 against {BASELINE} over a window of several bursts</h2>"
+            f"<p class=heading>{html.escape(verdict.heading.removeprefix(VERDICT_TITLE + ': '))}</p>"
             f"<table><tr>{verdict_head}</tr>{verdict_body}</table><p class=legend>{html.escape(verdict.legend)}</p>"
             f"{figures(['verdict_window.png', 'timeline.png'])}"
             f"<h2>{LIVE_CHECK}: the first slice of the window, simulated and live</h2>"
