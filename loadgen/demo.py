@@ -23,8 +23,9 @@ before the workload's largest burst after the warm-up:
   overlap). The live slice is short because a live run costs its cluster's
   start-up and real time; a simulation costs seconds of CPU.
 
-The console prints the live check's table, then the verdict's, each titled;
-the HTML report has both, the charts and every figure.
+The console prints the verdict's table once simulated (before the live
+runs), then the live check's, each titled; the HTML report has both, the
+charts and every figure.
 
 `--engine vllm` runs the same demo on real engines: the live clusters are
 vLLM OpenAI servers with SpeckvConnector (`speckv bench e2e --engine vllm`,
@@ -325,6 +326,11 @@ def _run(args: argparse.Namespace, console, config: E2EConfig, workload: DemoWor
         verdict = pending.finish(console, trained if setup.kind != "vllm" else None)
     finally:
         pending.close()
+    # The verdict first: it is ready in seconds, and a live cluster that fails to start does not lose it.
+    view = _verdict_view(verdict)
+    console.print(view.heading, markup=False, highlight=False, soft_wrap=True)
+    console.print(verdict_console_table(view))
+    console.print(view.legend, markup=False, highlight=False, soft_wrap=True)
     live, live_runs = e2e.compare_requests(workload.name, workload.requests, args.live_list, config, slice_,
                                            environ, console, quick=True, setup=setup)
     agreements = [agreement(p, live_runs[p].records, sim_runs[p].records) for p in args.live_list if p in sim_runs]
@@ -339,10 +345,6 @@ def _run(args: argparse.Namespace, console, config: E2EConfig, workload: DemoWor
     table = demo_table(title, simulated.policies, live.policies, simulated.floor)
     console.print(table)
     console.print(DEMO_LEGEND, markup=False, highlight=False, width=max(80, console.measure(table).maximum))
-    view = _verdict_view(verdict)
-    console.print(view.heading, markup=False, highlight=False, soft_wrap=True)
-    console.print(verdict_console_table(view))
-    console.print(view.legend, markup=False, highlight=False, soft_wrap=True)
     extra = {"workload": {"name": workload.name, "synthetic": workload.synthetic, "slice": asdict(slice_),
                           "verdict_window": asdict(window)}}
     if args.json:
