@@ -146,8 +146,8 @@ def evaluation_seeds() -> list[int]:
 
 
 class PendingVerdict:
-    """The verdict under way: start() submits every realization but the
-    first to worker processes (spawned, one per realization, at most
+    """The verdict under way: constructing it submits every realization but
+    the first to worker processes (spawned, one per realization, at most
     MAX_WORKERS at once), so they simulate while the caller does other CPU
     work (the live check's simulations); finish() runs the first
     realization in this process, with the caller's model when it has one,
@@ -186,7 +186,7 @@ class PendingVerdict:
                 predictor = predictor or described
                 runs.append(run)
                 _progress(console, run, len(self.policies), time.perf_counter() - self._began,
-                          ", in a worker process since the demo began")
+                          ", in a worker process started with the demo")
         finally:
             self.close()
         spec = f"--synthetic {self.source} --seeds {EVALUATION_SET}" if self.synthetic else f"--trace {self.source}"
@@ -196,7 +196,6 @@ class PendingVerdict:
         return DemoVerdict(self.workload, self.window, self.nodes, [s for s in self.seeds if s is not None], runs,
                            judge(runs, self.policies), command,
                            predictor or "not run (no policy here reads forecasts)")
-
 
     def close(self) -> None:
         """Ends the workers (idempotent): on an error before finish, the
