@@ -53,8 +53,8 @@ SIMULATED_RUN = "simulated"
 LIVE_RUN = "live, 95 % CI"
 TIE_MARK = "≈"
 DEMO_LEGEND = (f"Live check. simulated: the deterministic simulator (loadgen/sim) on this slice at the live "
-               f"replay's speed, the live check's policies, beside the live rows (the verdict is the longer simulated window "
-               f"below). live: the real services on this machine, one fresh cluster per policy, each "
+               f"replay's speed, the live check's policies, beside the live rows (the verdict is the longer "
+               f"simulated window). live: the real services on this machine, one fresh cluster per policy, each "
                f"figure with its 95 % bootstrap interval over the slice's requests. {TIE_MARK}: a tie with "
                f"{BASELINE} of the same kind of run (simulated: the 95 % interval of the difference, drawn over "
                "the same requests for both, holds 0; live: their 95 % intervals overlap): no difference is shown "
@@ -212,10 +212,10 @@ def write_demo_report(out_dir: Path, heading: str, verdict: VerdictView, simulat
                          "only the policies that read forecasts run the predictor in the simulator) and the "
                          "replicas committed for it (ticks), per policy."),
         "slice.png": (_demo_figures(simulated.policies, live.policies, simulated.floor),
-                        f"{LIVE_CHECK}: TTFT per policy on the slice. Bars: simulated, with the 95 % bootstrap interval over requests as a "
-                        f"whisker; diamonds: live, with theirs. Hatched bars and hollow diamonds tie with {BASELINE} "
-                        "of the same kind of run (is_tie); the dashed line is the floor (an idle node "
-                        "with every reusable token cached)."),
+                      f"{LIVE_CHECK}: TTFT per policy on the slice. Bars: simulated, with the 95 % bootstrap "
+                      "interval over requests as a whisker; diamonds: live, with theirs. Hatched bars and hollow "
+                      f"diamonds tie with {BASELINE} of the same kind of run (is_tie); the dashed line is the floor "
+                      "(an idle node with every reusable token cached)."),
         "ttft_cdf.png": (_demo_cdf(ttfts, simulated.ttft_target_ms),
                          f"{LIVE_CHECK}: share of the slice's requests with at most a given TTFT: simulated (solid) "
                          "and live (dashed), one colour per policy. Further left is faster."),
@@ -379,18 +379,22 @@ def _demo_html(heading: str, verdict: VerdictView, simulated: Comparison, live: 
         ".heading{font-size:16px;max-width:900px}.legend{color:#555;font-size:14px;max-width:900px}",
         ".wide{overflow-x:auto}.wide table{font-size:13px}.wide td,.wide th{padding:3px 6px}",
         ".wide td:first-child,.wide th:first-child{text-align:left}",
-        "pre{font-size:12px;background:#f6f6f6;padding:8px;overflow-x:auto}"])
+        "pre{font-size:12px;background:#f6f6f6;padding:8px;overflow-x:auto}",
+        # The verdict's per-seed titles wrap, so its table fits the page beside every seed's column.
+        "table.verdict th{white-space:normal;max-width:110px;vertical-align:bottom}"])
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>speckv demo</title><style>{style}</style>"
             f"</head><body><h1>speckv demo</h1><p class=heading>{html.escape(heading)}</p>"
             f"<h2>{VERDICT_TITLE}: burst p99 against {BASELINE} over a window of several bursts</h2>"
             f"<p class=heading>{html.escape(verdict.heading.removeprefix(VERDICT_TITLE + ': '))}</p>"
-            f"<table><tr>{verdict_head}</tr>{verdict_body}</table><p class=legend>{html.escape(verdict.legend)}</p>"
+            f"<div class=wide><table class=verdict><tr>{verdict_head}</tr>{verdict_body}</table></div>"
+            f"<p class=legend>{html.escape(verdict.legend)}</p>"
             f"{figures(['verdict_window.png', 'timeline.png'])}"
             f"<h2>{LIVE_CHECK}: the first slice of the window, simulated and live</h2>"
             f"<table><tr>{head}</tr>"
             f"{''.join(body)}</table><p class=legend>{html.escape(DEMO_LEGEND)}</p>"
             f"{figures(['slice.png', 'ttft_cdf.png', 'bytes_over_time.png'])}"
-            f"<h2>Every figure of the live check</h2><p class=legend>README.md, \"Reading the comparison\", says what each "
+            f"<h2>Every figure of the live check</h2><p class=legend>README.md, \"Reading the comparison\", says "
+            "what each "
             f"column means.</p>{details}"
             f"<details><summary>JSON</summary><pre>{html.escape(json.dumps(data, indent=2))}</pre></details>"
             "</body></html>")

@@ -27,7 +27,8 @@ def test_demo_gives_a_simulated_verdict_over_several_bursts_and_a_live_check(tmp
     assert verdict["seeds"] == [] and "paired" in verdict["interval"]  # one trace: one realization
     (run,) = verdict["runs"]
     assert run["bursts"] >= 2 and set(run["policies"]) == {"none", "reactive-heat", "predictive"}
-    assert verdict["window"]["duration_s"] == 60 and verdict["window"]["start_s"] == summary["workload"]["slice"]["start_s"]
+    assert verdict["window"]["duration_s"] == 60
+    assert verdict["window"]["start_s"] == summary["workload"]["slice"]["start_s"]
     assert {v["policy"]: v["verdict"] for v in verdict["verdicts"]}["none"] == "baseline"
     # The live check: the live policies, simulated on the slice and live.
     assert set(summary["simulated"]["policies"]) == set(summary["live"]["policies"]) == {"none", "predictive"}
