@@ -1,10 +1,12 @@
-"""The demo's report: one slice simulated and live side by side. Its table
-(demo_cells) and its chart mark as a tie every figure that is_tie
-(report.py) finds tied with the baseline policy's of the same kind of run (a
-simulated figure: the paired interval of their difference holds 0; a live
-one: their intervals overlap), and its verdict is the simulated one. Written
-as the comparison report is (report.py): result.json, table.md, PNG plots
-(matplotlib, Agg) and one self-contained HTML page embedding them.
+"""The demo's report: the verdict (a window of several bursts, simulated on
+each seed; VerdictView, rendered from demo_verdict.py's rows) first, then the
+live check: one short slice simulated and live side by side. The live
+check's table (demo_cells) and its chart mark as a tie every figure that
+is_tie (report.py) finds tied with the baseline policy's of the same kind of
+run (a simulated figure: the paired interval of their difference holds 0; a
+live one: their intervals overlap). Written as the comparison report is
+(report.py): result.json, table.md, PNG plots (matplotlib, Agg) and one
+self-contained HTML page embedding them.
 """
 from __future__ import annotations
 
@@ -34,7 +36,6 @@ from speckv.loadgen.experiments.report import (  # noqa: E402
     VERDICT_FIGURE,
     fmt,
     is_tie,
-    verdict_line,
     timeline_figure,
     versus,
 )
@@ -46,17 +47,53 @@ DEMO_COLUMNS = [("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "p99 ms"), ("bur
                 ("slo_attainment", "SLO")]
 DEMO_PANELS = {"ttft_p50_ms": "TTFT p50 (ms)", "ttft_p99_ms": "TTFT p99 (ms)",
                "burst_ttft_p99_ms": "TTFT p99 in burst seconds (ms)"}
+LIVE_CHECK = "Live check"
+VERDICT_TITLE = "Verdict (simulated)"  # demo_verdict.DemoVerdict.headline begins with it
 SIMULATED_RUN = "simulated"
 LIVE_RUN = "live, 95 % CI"
 TIE_MARK = "≈"
-DEMO_LEGEND = (f"simulated: the deterministic simulator of this slice (loadgen/sim), every policy; the verdict "
-               f"comes from these rows. live: the real services on this machine, one fresh cluster per policy, each "
+DEMO_LEGEND = (f"Live check. simulated: the deterministic simulator (loadgen/sim) on this slice at the live "
+               f"replay's speed, the live check's policies, beside the live rows (the verdict is the longer "
+               f"simulated window). live: the real services on this machine, one fresh cluster per policy, each "
                f"figure with its 95 % bootstrap interval over the slice's requests. {TIE_MARK}: a tie with "
                f"{BASELINE} of the same kind of run (simulated: the 95 % interval of the difference, drawn over "
                "the same requests for both, holds 0; live: their 95 % intervals overlap): no difference is shown "
                "there. "
                "A live difference outside the intervals is no verdict either: they leave out how much a rerun "
                "moves. floor: the TTFT of an idle node with every reusable token cached.")
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictView:
+    """The demo's verdict as the report shows it (demo_verdict.verdict_table's rows).
+
+    heading: which window, seeds and interval; legend: how it was made and
+    reproduced; per_run: per policy, its burst p99 (ms) on each realization
+    named in run_labels; timelines and arrivals: the first realization's
+    window, per policy, as timeline_figure draws them (label names it)."""
+
+    heading: str
+    titles: list[str]
+    rows: list[list[str]]
+    legend: str
+    timelines: Mapping[str, Mapping[str, object]]
+    arrivals: Sequence[tuple[float, str]]
+    label: str
+    run_labels: Sequence[str] = ()
+    per_run: Mapping[str, Sequence[float | None]] | None = None
+
+    def markdown(self) -> str:
+        return "\n".join(["| " + " | ".join(self.titles) + " |", "|---|" + "---:|" * (len(self.titles) - 1),
+                          *("| " + " | ".join(r) + " |" for r in self.rows)])
+
+
+def verdict_console_table(view: VerdictView) -> Table:
+    table = Table(box=box.SIMPLE_HEAD)
+    for i, name in enumerate(view.titles):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in view.rows:
+        table.add_row(*row)
+    return table
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,44 +185,72 @@ def demo_markdown(simulated: Mapping[str, PolicySummary], live: Mapping[str, Pol
     return "\n".join(lines)
 
 
-def write_demo_report(out_dir: Path, heading: str, simulated: Comparison, live: Comparison,
+def write_demo_report(out_dir: Path, heading: str, verdict: VerdictView, simulated: Comparison, live: Comparison,
                       ttfts: Mapping[str, Mapping[str, Sequence[float]]],
                       timelines: Mapping[str, Mapping[str, Mapping[str, object]]],
-                      arrivals: Sequence[tuple[float, str]], extra: Mapping[str, object]) -> Path:
-    """Writes result.json, table.md, the PNGs and index.html of one demo
-    slice; returns index.html's path. heading: what was run, in a sentence.
-    ttfts and timelines are keyed by run (SIMULATED_RUN, LIVE_RUN), then
-    by policy, as write_report's; extra: more top-level JSON (the workload)."""
+                      extra: Mapping[str, object]) -> Path:
+    """Writes result.json, table.md, the PNGs and index.html of one demo;
+    returns index.html's path. heading: what was run, in a sentence;
+    verdict: the simulated window's verdict; simulated and live: the live
+    check's slice. ttfts and timelines (the slice's: its bytes over time)
+    are keyed by run (SIMULATED_RUN, LIVE_RUN), then by policy, as
+    write_report's; extra: more top-level JSON (the workload, the verdict)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     data = {**extra, "simulated": simulated.to_json(), "live": live.to_json()}
     (out_dir / "result.json").write_text(json.dumps(data, indent=2))
-    (out_dir / "table.md").write_text(demo_markdown(simulated.policies, live.policies, simulated.floor) + "\n")
+    (out_dir / "table.md").write_text(f"{verdict.heading}\n\n{verdict.markdown()}\n\n{LIVE_CHECK}: the slice, "
+                                      "simulated and live\n\n"
+                                      + demo_markdown(simulated.policies, live.policies, simulated.floor) + "\n")
     plots = {
-        "verdict.png": (_demo_figures(simulated.policies, live.policies, simulated.floor),
-                        "TTFT per policy. Bars: simulated, with the 95 % bootstrap interval over requests as a "
-                        f"whisker; diamonds: live, with theirs. Hatched bars and hollow diamonds tie with {BASELINE} "
-                        "of the same kind of run (is_tie); the dashed line is the floor (an idle node "
-                        "with every reusable token cached)."),
+        "verdict_window.png": (_verdict_figure(verdict),
+                               f"{VERDICT_TITLE}: TTFT p99 in burst seconds over the window, per policy; one "
+                               f"bar per realization ({', '.join(verdict.run_labels)}). Lower is better."),
+        "timeline.png": (timeline_figure(verdict.timelines, verdict.arrivals),
+                         f"Verdict window (simulated, {verdict.label}): arrivals per second of up to three of its "
+                         "busiest families (grey), the predictor's forecast of each in the same unit (lines: the "
+                         "requests it expects within its horizon, named in the legend, divided by that horizon; "
+                         "only the policies that read forecasts run the predictor in the simulator) and the "
+                         "replicas committed for it (ticks), per policy."),
+        "slice.png": (_demo_figures(simulated.policies, live.policies, simulated.floor),
+                      f"{LIVE_CHECK}: TTFT per policy on the slice. Bars: simulated, with the 95 % bootstrap "
+                      "interval over requests as a whisker; diamonds: live, with theirs. Hatched bars and hollow "
+                      f"diamonds tie with {BASELINE} of the same kind of run (is_tie); the dashed line is the floor "
+                      "(an idle node with every reusable token cached)."),
         "ttft_cdf.png": (_demo_cdf(ttfts, simulated.ttft_target_ms),
-                         "Share of requests with at most a given TTFT: simulated (solid) and live (dashed), one "
-                         "colour per policy. Further left is faster."),
-        "timeline.png": (timeline_figure(timelines.get(LIVE_RUN, {}), arrivals),
-                         "Live: arrivals per second of up to three of the slice's busiest families (grey), the "
-                         "predictor's forecast of each in the same unit (lines: the requests it expects within "
-                         "its horizon, named in the legend, divided by that horizon; every live cluster runs the "
-                         "predictor, only predictive acts on it) and the replicas committed for it (ticks), "
-                         "per policy."),
+                         f"{LIVE_CHECK}: share of the slice's requests with at most a given TTFT: simulated (solid) "
+                         "and live (dashed), one colour per policy. Further left is faster."),
         "bytes_over_time.png": (_demo_bytes(timelines, simulated.slice.start_s,
                                             simulated.slice.start_s + simulated.slice.duration_s),
-                                "Bytes copied by replication so far, in bytes of the real model: simulated (solid) "
-                                "and live (dashed)."),
+                                f"{LIVE_CHECK}: bytes copied by replication so far over the slice, in bytes of the "
+                                "real model: simulated (solid) and live (dashed)."),
     }
     for name, (figure, _) in plots.items():
         figure.savefig(out_dir / name, dpi=110, bbox_inches="tight")
         plt.close(figure)
     index = out_dir / "index.html"
-    index.write_text(_demo_html(heading, simulated, live, out_dir, {n: c for n, (_, c) in plots.items()}, data))
+    index.write_text(_demo_html(heading, verdict, simulated, live, out_dir, {n: c for n, (_, c) in plots.items()},
+                                data))
     return index
+
+
+def _verdict_figure(verdict: VerdictView):
+    """Grouped bars: per policy, its burst p99 on each realization."""
+    per_run = verdict.per_run or {}
+    names = list(per_run)
+    runs = len(verdict.run_labels) or 1
+    figure, ax = plt.subplots(figsize=(8, 3.8))
+    width = 0.8 / runs
+    x = np.arange(len(names))
+    for k, label in enumerate(verdict.run_labels or [""]):
+        values = [per_run[n][k] if k < len(per_run[n]) and per_run[n][k] is not None else np.nan for n in names]
+        ax.bar(x - 0.4 + width * (k + 0.5), values, width, color=f"C{k}", label=label or None)
+    ax.set_xticks(x, names, rotation=20, ha="right")
+    ax.set_ylabel("burst TTFT p99 (ms)")
+    ax.set_ylim(bottom=0)
+    if verdict.run_labels:
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
 
 
 def _policy_colors(names: Sequence[str]) -> dict[str, str]:
@@ -279,8 +344,8 @@ def _demo_bytes(timelines: Mapping[str, Mapping[str, Mapping[str, object]]], sta
     return figure
 
 
-def _demo_html(heading: str, simulated: Comparison, live: Comparison, out_dir: Path, captions: Mapping[str, str],
-               data: Mapping[str, object]) -> str:
+def _demo_html(heading: str, verdict: VerdictView, simulated: Comparison, live: Comparison, out_dir: Path,
+               captions: Mapping[str, str], data: Mapping[str, object]) -> str:
     rows = _demo_rows(simulated.policies, live.policies, simulated.floor)
     head = "".join(f"<th{' class=l' if i < 2 else ''}>{html.escape(t)}</th>" for i, t in enumerate(demo_titles()))
     body = []
@@ -289,19 +354,22 @@ def _demo_html(heading: str, simulated: Comparison, live: Comparison, out_dir: P
         tds = "".join(f"<td{' class=tie' if c.tie else ''}>{html.escape(c.marked())}</td>" for c in cells)
         body.append(f"<tr{group}{' style=color:#777' if dim else ''}><td class=l>{html.escape(name)}</td>"
                     f"<td class=l>{html.escape(run)}</td>{tds}</tr>")
-    base = simulated.policies.get(BASELINE)
-    verdicts = "".join(f"<li><b>{html.escape(name)}</b>: {html.escape(verdict_line(row, base))}</li>"
-                       for name, row in simulated.policies.items() if name != BASELINE and base is not None)
-    figures = "".join(
-        f"<figure><img alt='{html.escape(n)}' src='data:image/png;base64,"
-        f"{base64.b64encode((out_dir / n).read_bytes()).decode()}'/><figcaption>{html.escape(c)}</figcaption>"
-        "</figure>" for n, c in captions.items())
+    verdict_head = "".join(f"<th{' class=l' if i == 0 else ''}>{html.escape(t)}</th>"
+                           for i, t in enumerate(verdict.titles))
+    verdict_body = "".join("<tr>" + "".join(f"<td{' class=l' if i == 0 else ''}>{html.escape(c)}</td>"
+                                            for i, c in enumerate(r)) + "</tr>" for r in verdict.rows)
+
+    def figures(names: Sequence[str]) -> str:
+        return "".join(
+            f"<figure><img alt='{html.escape(n)}' src='data:image/png;base64,"
+            f"{base64.b64encode((out_dir / n).read_bytes()).decode()}'/><figcaption>{html.escape(captions[n])}"
+            "</figcaption></figure>" for n in names if n in captions)
     details = "".join(
         f"<h3>{html.escape(label)}</h3>"
         + "".join(f"<div class=wide>{_columns_html(c.policies, c.floor, columns)}</div>"
                   for columns in (LEAD_COLUMNS, HEADLINE_COLUMNS))
         + f"<ul>{''.join(f'<li>{html.escape(str(n))}</li>' for n in c.notes)}</ul>"
-        for label, c in (("Simulated", simulated), ("Live", live)))
+        for label, c in ((f"{LIVE_CHECK}, simulated", simulated), (f"{LIVE_CHECK}, live", live)))
     style = "".join([
         "body{font-family:system-ui,sans-serif;max-width:1180px;margin:24px auto;padding:0 16px;color:#222}",
         "table{border-collapse:collapse;font-size:14px;margin:8px 0}",
@@ -311,13 +379,22 @@ def _demo_html(heading: str, simulated: Comparison, live: Comparison, out_dir: P
         ".heading{font-size:16px;max-width:900px}.legend{color:#555;font-size:14px;max-width:900px}",
         ".wide{overflow-x:auto}.wide table{font-size:13px}.wide td,.wide th{padding:3px 6px}",
         ".wide td:first-child,.wide th:first-child{text-align:left}",
-        "pre{font-size:12px;background:#f6f6f6;padding:8px;overflow-x:auto}"])
+        "pre{font-size:12px;background:#f6f6f6;padding:8px;overflow-x:auto}",
+        # The verdict's per-seed titles wrap, so its table fits the page beside every seed's column.
+        "table.verdict th{white-space:normal;max-width:110px;vertical-align:bottom}"])
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>speckv demo</title><style>{style}</style>"
             f"</head><body><h1>speckv demo</h1><p class=heading>{html.escape(heading)}</p>"
+            f"<h2>{VERDICT_TITLE}: burst p99 against {BASELINE} over a window of several bursts</h2>"
+            f"<p class=heading>{html.escape(verdict.heading.removeprefix(VERDICT_TITLE + ': '))}</p>"
+            f"<div class=wide><table class=verdict><tr>{verdict_head}</tr>{verdict_body}</table></div>"
+            f"<p class=legend>{html.escape(verdict.legend)}</p>"
+            f"{figures(['verdict_window.png', 'timeline.png'])}"
+            f"<h2>{LIVE_CHECK}: the first slice of the window, simulated and live</h2>"
             f"<table><tr>{head}</tr>"
             f"{''.join(body)}</table><p class=legend>{html.escape(DEMO_LEGEND)}</p>"
-            f"<h2>Verdict (simulated): burst-window p99 against {BASELINE}</h2><ul>{verdicts}</ul>{figures}"
-            f"<h2>Every figure</h2><p class=legend>README.md, \"Reading the comparison\", says what each "
+            f"{figures(['slice.png', 'ttft_cdf.png', 'bytes_over_time.png'])}"
+            f"<h2>Every figure of the live check</h2><p class=legend>README.md, \"Reading the comparison\", says "
+            "what each "
             f"column means.</p>{details}"
             f"<details><summary>JSON</summary><pre>{html.escape(json.dumps(data, indent=2))}</pre></details>"
             "</body></html>")

@@ -46,6 +46,8 @@ from speckv.loadgen.experiments.results import PolicySummary
 from speckv.services.common.engine_profile import EngineProfile
 
 BURST_TOP_FRACTION = 0.05
+# Burst seconds at most this far apart are one burst (burst_runs).
+BURST_GAP_S = 2
 
 
 @dataclass(slots=True)
@@ -94,6 +96,18 @@ def burst_seconds(arrivals_s: Iterable[float], top_fraction: float = BURST_TOP_F
     k = max(1, math.ceil(top_fraction * counts.size))
     threshold = max(1, int(np.sort(counts)[::-1][k - 1]))
     return frozenset(int(s) + int(seconds.min()) for s in np.nonzero(counts >= threshold)[0])
+
+
+def burst_runs(bursts: frozenset[int], gap: int = BURST_GAP_S) -> list[tuple[int, int]]:
+    """The bursts as [first, last] trace seconds, in time order: burst seconds
+    at most `gap` apart belong to one burst."""
+    runs: list[list[int]] = []
+    for second in sorted(bursts):
+        if runs and second - runs[-1][1] <= gap:
+            runs[-1][1] = second
+        else:
+            runs.append([second, second])
+    return [(first, last) for first, last in runs]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

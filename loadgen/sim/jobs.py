@@ -26,7 +26,7 @@ from speckv.loadgen.experiments.event_metrics import event_figures
 from speckv.loadgen.experiments.event_table import LOAD_WINDOW_S
 from speckv.loadgen.experiments.metrics import burst_seconds, summarize
 from speckv.loadgen.experiments.results import FloorSummary, PolicySummary, SimulatedRunFigures
-from speckv.loadgen.experiments.ttft_floor import floor_summary, slice_floor
+from speckv.loadgen.experiments.ttft_floor import SliceFloor, floor_summary, slice_floor
 from speckv.loadgen.experiments.utilisation import busy_series, utilisation
 from speckv.loadgen.sim.ablation import parse_variant
 from speckv.loadgen.sim.compiled import running_compiled
@@ -160,14 +160,49 @@ def run_job(job: Job, progress=None) -> SimulationResult:
         return _run_job(job, progress)
 
 
-def _run_job(job: Job, progress) -> SimulationResult:
+@dataclass(slots=True)
+class PreparedWorkload:
+    """What every policy's simulation of one (workload, seed, node count,
+    slice) shares: the configuration, the (scaled) workload, the slice's
+    rows [lo, hi) of it, the history before the slice, the burst seconds and
+    the floor. Built once by prepare; read only by run_prepared."""
+
+    config: E2EConfig
+    workload: ScaledTrace
+    notes: list[str]
+    start_s: float
+    lo: int
+    hi: int
+    history: list[TraceRequest]
+    bursts: frozenset[int]
+    floor: SliceFloor
+
+
+def prepare(job: Job) -> PreparedWorkload:
+    """The shared part of job's simulation (its policy is not read)."""
     config = cell_config(job.config_path, job.cell)
     workload, notes = build_workload(job, config)
     start = job.start_s if job.start_s is not None else float(workload.times[0]) if len(workload) else 0.0
     end = start + job.duration_s if job.duration_s is not None else math.inf
     lo, hi = workload.window(start, end)
     hlo, _ = workload.window(start - config.warmup_s, start)
-    history = [workload[i] for i in range(hlo, lo)]
+    # Each copy's floor is its base request's: copies have disjoint blocks, and
+    # only the rotation's wrap point (a conversation split across it) differs.
+    floor = slice_floor([], workload.base, config.profile).rows(workload.base_rows(lo, hi))
+    return PreparedWorkload(config, workload, notes, start, lo, hi, [workload[i] for i in range(hlo, lo)],
+                            burst_seconds(workload.times.tolist()), floor)
+
+
+def _run_job(job: Job, progress) -> SimulationResult:
+    return run_prepared(job, prepare(job), progress)
+
+
+def run_prepared(job: Job, prepared: PreparedWorkload, progress=None) -> SimulationResult:
+    """job's simulation on its prepared workload (prepare(job), or that of a
+    job differing from it only in policy or model): the same result as
+    run_job's. The caller sets collection (collection_for)."""
+    config, workload, lo, hi, start = prepared.config, prepared.workload, prepared.lo, prepared.hi, prepared.start_s
+    notes = list(prepared.notes)
     settings = replace(SimSettings.from_e2e(config, nodes=job.nodes, speed=job.speed, predictor=job.predictor,
                                             host_pages=job.host_pages, disk_pages=job.disk_pages),
                        online_returns=job.online_learning)
@@ -182,13 +217,10 @@ def _run_job(job: Job, progress) -> SimulationResult:
 
     node_events = (resolve(get_event_set(job.events, job.events_path), workload.times[lo:hi], job.events)
                    if job.events else [])
-    sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), history, report,
+    sim = Simulation(config, settings, job.policy, SliceView(workload, lo, hi), prepared.history, report,
                      future=workload, trained=trained, returns=job.returns, node_events=node_events)
     run = sim.run()
-    bursts = burst_seconds(workload.times.tolist())
-    # Each copy's floor is its base request's: copies have disjoint blocks, and
-    # only the rotation's wrap point (a conversation split across it) differs.
-    floor = slice_floor([], workload.base, config.profile).rows(workload.base_rows(lo, hi))
+    bursts, floor = prepared.bursts, prepared.floor
     reusable, shared = floor.by_request_key(), floor.shared_by_request_key()
     summary = summarize(run.records, bursts, config.ttft_target_ms, run.replicas, config.real_bytes_per_block,
                         run.orders, reusable, config.profile, shared)

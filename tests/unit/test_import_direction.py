@@ -53,7 +53,8 @@ ADAPTERS = {
     "speckv.services.predictor.servicer",
     "speckv.services.scheduler.adapters.*",
 }
-LOADGEN_LAYERS = [("workload", "profiles"), ("engines",), ("experiments",), ("sim", "bench"), ("demo",)]
+LOADGEN_LAYERS = [("workload", "profiles"), ("engines",), ("experiments",), ("sim", "bench"), ("demo_verdict",),
+                  ("demo",)]
 
 
 def module_name(path: Path) -> str:

@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 
 from speckv.loadgen.experiments.demo_report import (
+    LIVE_CHECK,
     LIVE_RUN,
     SIMULATED_RUN,
     TIE_MARK,
+    VerdictView,
     demo_cells,
     demo_markdown,
     demo_table,
@@ -110,20 +112,38 @@ def page(tmp_path_factory):
                             floor=FloorSummary(80.0, 100.0, 120.0, 130.0), notes=["a note"])
     timeline = {"forecasts": [(11.0, "f", 3.0), (12.0, "f", 5.0)], "forecast_horizon_s": 10.0,
                 "commits": [(12.5, 2**30, "f")]}
-    index = write_demo_report(tmp_path_factory.mktemp("report"), "what ran", comparison,
+    index = write_demo_report(tmp_path_factory.mktemp("report"), "what ran", VERDICT, comparison,
                               replace(comparison, policies=live),
                               {SIMULATED_RUN: {p: [100.0, 200.0] for p in simulated},
                                LIVE_RUN: {p: [150.0, 250.0] for p in live}},
                               {SIMULATED_RUN: {p: timeline for p in simulated}, LIVE_RUN: {p: timeline for p in live}},
-                              [(10.5, "f"), (11.5, "f")], {"workload": {"name": "synthetic:x"}})
+                              {"workload": {"name": "synthetic:x"}})
     return index
 
 
-def test_the_report_holds_the_table_legend_charts_and_json(page):
+# The verdict window's view as demo.py builds it from demo_verdict.verdict_table.
+VERDICT = VerdictView(
+    heading="Verdict (simulated): synthetic:x, trace seconds [10, 190), 4 nodes, seeds 7, 11",
+    titles=["policy", "seed 7 burst p99 ms", "seed 11 burst p99 ms", "verdict"],
+    rows=[["none", "2000", "2100", "baseline"], ["predictive", "1000", "1100", "better"]],
+    legend="how it was made",
+    timelines={"predictive": {"forecasts": [(11.0, "f", 3.0), (40.0, "f", 5.0)], "forecast_horizon_s": 10.0,
+                              "commits": [(12.5, 2**30, "f")]},
+               "none": {"forecasts": [], "commits": []}},
+    arrivals=[(10.5, "f"), (11.5, "f"), (41.0, "f"), (100.0, "g")], label="seed 7", run_labels=["seed 7", "seed 11"],
+    per_run={"none": [2000.0, 2100.0], "predictive": [1000.0, 1100.0]})
+
+
+def test_the_report_holds_the_verdict_the_live_check_legends_charts_and_json(page):
     text = page.read_text()
-    assert text.count("data:image/png;base64,") == 4
+    assert text.count("data:image/png;base64,") == 5
     assert "Verdict (simulated)" in text and f"{TIE_MARK} " in text and "95 % bootstrap interval" in text
-    assert (page.parent / "table.md").exists() and '"live"' in (page.parent / "result.json").read_text()
+    assert f"<h2>{LIVE_CHECK}" in text and "seed 11 burst p99 ms" in text and "how it was made" in text
+    # The verdict comes before the live check, and the live check's rows say which are simulated and which live.
+    assert text.index("Verdict (simulated)") < text.index(f"<h2>{LIVE_CHECK}") < text.index(LIVE_RUN)
+    table = (page.parent / "table.md").read_text()
+    assert table.index("| predictive | 1000 | 1100 | better |") < table.index(f"| predictive | {LIVE_RUN} |")
+    assert '"live"' in (page.parent / "result.json").read_text()
 
 
 def test_time_lines_skip_families_where_nothing_happens_over_time():
