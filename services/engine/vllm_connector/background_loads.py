@@ -5,8 +5,11 @@ it in finished_recving; it then schedules the request with the loaded
 tokens as computed. A request in failed_recving (also in finished_recving)
 is recomputed from its start.
 
-One thread runs the loads in the order they were started, so a long one (a
-pull from a peer) holds later loads, never the engine's steps.
+Two threads: one runs the node's own loads in the order they were started,
+the other the pulls from peers (a pull waits for a peer's copy, up to the
+transfer timeout), so a slow peer holds later pulls, never a local load
+nor the engine's steps. A request's local load and its pull write disjoint
+pages.
 
 Invariants: a request is reported exactly once, after every one of its
 loads has ended (failed when any failed); its pages are written only
@@ -30,6 +33,7 @@ class BackgroundLoads:
         """load_one: runs one load into the engine's pages; whether it succeeded (it never raises)."""
         self._load_one = load_one
         self._pool = futures.ThreadPoolExecutor(1, thread_name_prefix="speckv-load")
+        self._pulls = futures.ThreadPoolExecutor(1, thread_name_prefix="speckv-pull")
         self._lock = threading.Lock()
         self._remaining: dict[str, int] = {}  # req_id -> its loads not yet ended
         self._failed_any: set[str] = set()
@@ -41,7 +45,7 @@ class BackgroundLoads:
             for spec in specs:
                 self._remaining[spec.req_id] = self._remaining.get(spec.req_id, 0) + 1
         for spec in specs:
-            self._pool.submit(self._run, spec)
+            (self._pulls if spec.source else self._pool).submit(self._run, spec)
 
     def _run(self, spec: LoadSpec) -> None:
         try:
@@ -73,4 +77,6 @@ class BackgroundLoads:
             return len(self._remaining)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Ends the threads after the loads running now (queued ones are dropped: the engine is stopping)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pulls.shutdown(wait=True, cancel_futures=True)

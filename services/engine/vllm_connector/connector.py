@@ -16,7 +16,7 @@ mapped pools (shared_client.py), elsewhere over gRPC (kvstore_client.py).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import grpc
 
@@ -91,7 +91,7 @@ class SpeckvConnector(KVConnectorBase_V1):
         self._shared = _open_shared(self._client, layout, settings, self.counters) \
             if layout is not None and role == KVConnectorRole.WORKER and settings.shared_memory else None
         self._worker = WorkerSide(layout, self._client, self.counters, self._shared, self._peers,
-                                  _pull_target(self._client, settings), settings.load_by_layer) \
+                                  _pull_target_or_later(self._client, settings), settings.load_by_layer) \
             if layout is not None and role == KVConnectorRole.WORKER else None
 
     # Scheduler side
@@ -193,6 +193,16 @@ def _pull_target(client: KVStoreClient, settings: ConnectorSettings) -> PullTarg
                     "(set node_id in kv_connector_extra_config)", settings.kvstore)
         return None
     return PullTarget(node_id, settings.kvstore)
+
+
+def _pull_target_or_later(client: KVStoreClient,
+                          settings: ConnectorSettings) -> PullTarget | Callable[[], PullTarget | None] | None:
+    """This node as pulls name it, or, when its kvstore cannot say yet (it
+    starts after the engine), how to ask again at the first pull."""
+    target = _pull_target(client, settings)
+    if target is not None or not settings.peers:
+        return target
+    return lambda: _pull_target(client, settings)
 
 
 def _open_shared(client: KVStoreClient, layout: KVLayout, settings: ConnectorSettings,

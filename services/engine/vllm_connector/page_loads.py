@@ -33,6 +33,7 @@ from speckv.services.engine.vllm_connector.port import (
 from speckv.services.kvstore.shm.runs import Run, paired_runs
 
 log = logging.getLogger("speckv.vllm_connector")
+RESOLVE_RETRY_S = 10.0  # how often a node id the kvstore could not say is asked again
 
 
 @dataclass(slots=True)
@@ -58,14 +59,18 @@ class PageLoader:
 
     def __init__(self, client: KVStorePort, counters: Counters, submit: Callable[[Callable[[], object]], None],
                  shared: SharedPort | None = None, peers: Mapping[str, PeerPort] | None = None,
-                 pull_target: PullTarget | None = None) -> None:
-        """submit: runs a call on the worker's sender thread (releases go there, off the step)."""
+                 pull_target: PullTarget | Callable[[], PullTarget | None] | None = None) -> None:
+        """submit: runs a call on the worker's sender thread (releases go there, off the step);
+        pull_target: this node as pulls name it, or how to find it out (asked again at most every
+        RESOLVE_RETRY_S until it answers: the kvstore may start after the engine)."""
         self._client = client
         self._counters = counters
         self._submit = submit
         self._shared = shared
         self._peers = dict(peers or {})
-        self._pull_target = pull_target
+        self._pull_target = pull_target if isinstance(pull_target, PullTarget) else None
+        self._resolve = None if pull_target is None or isinstance(pull_target, PullTarget) else pull_target
+        self._resolve_after = 0.0  # time.monotonic() before which the target is not asked again
         self._pulls = 0  # order ids of this worker's pulls
         self.pages: list[np.ndarray] = []
         self.block_shape: tuple[int, ...] = ()  # canonical [layers, 2, N, H, C] of one block
@@ -150,6 +155,10 @@ class PageLoader:
         count = len(spec.block_ids)
         if lease.ids[spec.lease_start:spec.lease_start + count] != spec.block_ids:
             log.warning("speckv: a load's blocks are not its lookup's; loading them over gRPC")
+        elif time.monotonic() > lease.until:
+            # Its pins lapsed while it waited (a queued background load): the pages may hold other blocks
+            # by now, so read the blocks, checked, over gRPC rather than copy and then refuse the copy.
+            log.info("speckv: a load's pins lapsed before it ran; loading its %d blocks over gRPC", count)
         elif self._shared is not None and (pools := self._shared.pools_for(lease)) is not None:
             return self._pinned(spec, lease, spec.lease_start, started, release, pools)
         ready = self._grpc(spec, started)
@@ -181,9 +190,15 @@ class PageLoader:
         blocks = [np.frombuffer(block, dtype=dtype).reshape(self.block_shape) for block in data]
         return ReadyLoad(spec, "grpc", started, blocks=blocks)
 
+    def _target(self) -> PullTarget | None:
+        if self._pull_target is None and self._resolve is not None and time.monotonic() >= self._resolve_after:
+            self._resolve_after = time.monotonic() + RESOLVE_RETRY_S
+            self._pull_target = self._resolve()
+        return self._pull_target
+
     def _pull(self, spec: LoadSpec, started: float) -> ReadyLoad | None:
         """The peer copies the blocks into this node's kvstore; then they are readied from it."""
-        peer, target = self._peers.get(spec.source), self._pull_target
+        peer, target = self._peers.get(spec.source), self._target()
         if peer is None or target is None:  # the scheduler side plans pulls only from known peers
             log.warning("speckv: a pull from %r that this worker cannot make (peer known: %s, own node known: "
                         "%s); the engine recomputes", spec.source, peer is not None, target is not None)

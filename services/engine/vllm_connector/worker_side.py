@@ -60,9 +60,10 @@ def layer_order(names: Sequence[str]) -> list[str]:
 class WorkerSide:
     def __init__(self, layout: KVLayout, client: KVStorePort, counters: Counters,
                  shared: SharedPort | None = None, peers: Mapping[str, PeerPort] | None = None,
-                 pull_target: PullTarget | None = None, load_by_layer: bool = False) -> None:
+                 pull_target: PullTarget | Callable[[], PullTarget | None] | None = None,
+                 load_by_layer: bool = False) -> None:
         """peers: the peers' kvstores by node id; pull_target: this node as
-        pulls name it (None: pulls fail open); load_by_layer: a step's loads
+        pulls name it, or how to find it out (None: pulls fail open); load_by_layer: a step's loads
         beside its forward, layer by layer (else whole, before it)."""
         self._layout = layout
         self._client = client

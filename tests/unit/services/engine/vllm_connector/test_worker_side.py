@@ -1,3 +1,4 @@
+import time
 from dataclasses import replace
 
 import pytest
@@ -179,6 +180,30 @@ def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released(by_lay
 
 
 @BY_LAYER
+def test_a_lease_that_lapsed_before_its_load_ran_reads_over_grpc_not_the_pages(by_layer):
+    shared = CoreShared()
+    saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    source = caches(seed=9)
+    saver.register_kv_caches(source)
+    saver.save(StepPlan(saves=[SaveSpec("r", (1,), (51,), (None,), "51")]))
+    saver.flush()
+    lease = replace(shared.map_prefix([51]), until=time.monotonic() - 1.0)  # queued past its pins
+    store, counters = FakeStore(), Counters()
+    store.blocks[51] = [bytes(b) for _, b in shared.store.get_blocks([51])][0]
+    loader = WorkerSide(LAYOUT, store, counters, shared, load_by_layer=by_layer)
+    target = caches(seed=None)
+    loader.register_kv_caches(target)
+    loader.load(StepPlan(loads=[LoadSpec("r", (3,), (51,), lease, 0)]))
+    errors = loader.take_load_errors()
+    loader.flush()
+    assert errors == set() and store.released == [lease] and counters.load_failures == 0
+    for name in source:
+        assert torch.equal(target[name][3], source[name][1])
+    saver.shutdown()
+    loader.shutdown()
+
+
+@BY_LAYER
 def test_a_pull_copies_into_the_nodes_kvstore_then_loads_from_it_bit_for_bit(by_layer):
     store, counters = FakeStore(), Counters()
     peer = FakePeer({"n1": store})
@@ -225,4 +250,19 @@ def test_waiting_for_a_layer_by_its_vllm_name_finds_its_pages_loaded():
     assert all(torch.equal(target[name][5], source[name][3]) for name in source)
     assert loader.take_load_errors() == set()
     saver.shutdown()
+    loader.shutdown()
+
+
+def test_a_node_id_the_kvstore_could_not_say_at_start_is_asked_again_at_a_pull():
+    store, counters = FakeStore(), Counters()
+    peer = FakePeer({"n1": store})
+    peer.blocks[21] = bytes(LAYOUT.num_layers * 2 * LAYOUT.block_size * LAYOUT.num_kv_heads * LAYOUT.head_dim * 4)
+    answers = iter([None, PullTarget("n1", "h:1")])  # the kvstore was not up when the engine started
+    loader = WorkerSide(LAYOUT, store, counters, peers={"n2": peer}, pull_target=lambda: next(answers))
+    loader.register_kv_caches(caches(seed=None))
+    loader.load(StepPlan(loads=[LoadSpec("r", (1,), (21,), source="n2", family="21")]))
+    assert loader.take_load_errors() == {1} and counters.pull_failures == 1  # not known yet: recomputed
+    loader._loader._resolve_after = 0.0  # the retry interval has passed
+    loader.load(StepPlan(loads=[LoadSpec("r2", (2,), (21,), source="n2", family="21")]))
+    assert loader.take_load_errors() == set() and counters.blocks_pulled == 1
     loader.shutdown()
