@@ -59,7 +59,8 @@ class CandidateSelector:
         n, holders = live[0], self._holders
         held = holders.longest_prefix(node_id, hashes)
         c = Candidate(n.node_id, n.pending_requests, held, n.geometry.block_size, n.bytes_per_block,
-                      n.queue_ms_now, self._backlog.wait_ms(node_id, now))
+                      n.queue_ms_now, self._backlog.wait_ms(node_id, now),
+                      entering_ms=self._cluster.entering_ms(n, now) if n.entering else ())
         if holders.has_lower_tiers():
             c.host_blocks, c.disk_blocks = holders.host_only_count(node_id, hashes, held), holders.disk_only_count(
                 node_id, hashes, held)
