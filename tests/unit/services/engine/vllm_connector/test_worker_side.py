@@ -13,6 +13,18 @@ from tests.support.connector_fakes import LAYOUT, CoreShared, FakePeer, FakeStor
 BY_LAYER = pytest.mark.parametrize("by_layer", [True, False], ids=["by-layer", "whole"])
 
 
+def saved_block(seed: int, block_id: int):
+    """A shared-memory kvstore holding block_id, saved from page 1 of caches(seed); and those caches."""
+    shared = CoreShared()
+    saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
+    source = caches(seed=seed)
+    saver.register_kv_caches(source)
+    saver.save(StepPlan(saves=[SaveSpec("r", (1,), (block_id,), (None,), str(block_id))]))
+    saver.flush()
+    saver.shutdown()
+    return shared, source
+
+
 def caches(seed: int | None):
     make = (lambda: torch.randn(8, 2, 32, 32)) if seed is not None else (lambda: torch.zeros(8, 2, 32, 32))
     if seed is not None:
@@ -161,11 +173,7 @@ def test_a_load_pinned_at_lookup_copies_without_a_call_and_releases_the_lease(by
 
 @BY_LAYER
 def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released(by_layer):
-    shared = CoreShared()
-    saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
-    saver.register_kv_caches(caches(seed=9))
-    saver.save(StepPlan(saves=[SaveSpec("r", (1,), (51,), (None,), "51")]))
-    saver.flush()
+    shared, _ = saved_block(seed=9, block_id=51)
     lease = shared.map_prefix([51])
     store = FakeStore()
     store.blocks[52] = [bytes(b) for _, b in shared.store.get_blocks([51])][0]
@@ -175,18 +183,12 @@ def test_a_lease_of_other_blocks_falls_back_to_grpc_and_is_still_released(by_lay
     errors = loader.take_load_errors()  # waits for the step's loads (by layer: on their thread)
     loader.flush()  # and then for the release they queued
     assert errors == set() and store.released == [lease]
-    saver.shutdown()
     loader.shutdown()
 
 
 @BY_LAYER
 def test_a_lease_that_lapsed_before_its_load_ran_reads_over_grpc_not_the_pages(by_layer):
-    shared = CoreShared()
-    saver = WorkerSide(LAYOUT, FakeStore(), Counters(), shared)
-    source = caches(seed=9)
-    saver.register_kv_caches(source)
-    saver.save(StepPlan(saves=[SaveSpec("r", (1,), (51,), (None,), "51")]))
-    saver.flush()
+    shared, source = saved_block(seed=9, block_id=51)
     lease = replace(shared.map_prefix([51]), until=time.monotonic() - 1.0)  # queued past its pins
     store, counters = FakeStore(), Counters()
     store.blocks[51] = [bytes(b) for _, b in shared.store.get_blocks([51])][0]
@@ -199,7 +201,6 @@ def test_a_lease_that_lapsed_before_its_load_ran_reads_over_grpc_not_the_pages(b
     assert errors == set() and store.released == [lease] and counters.load_failures == 0
     for name in source:
         assert torch.equal(target[name][3], source[name][1])
-    saver.shutdown()
     loader.shutdown()
 
 
