@@ -29,7 +29,7 @@ from speckv.services.engine.vllm_connector.identity import cpu_layout
 from speckv.services.common.node_sizes import NodeSizes
 
 
-VLLM_PROFILE = "tiny-llama-vllm-cpu"  # the profile fitted to the CPU build's prefill on this machine
+VLLM_PROFILE = "tiny-llama-vllm-cpu"  # the CPU build's profile (its source: services/config/engine_profiles.json)
 EVENTS_PORT_OFFSET = 100  # node-i's engine publishes its KV events on --vllm-port-base + this + i
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 
-# The verdict's simulations come on top of the two live clusters: beyond the suite's 300 s on a loaded 2-core VM.
+# The verdict's simulations come on top of the two live clusters, so this test gets twice the suite's timeout.
 @pytest.mark.timeout(600)
 def test_demo_gives_a_simulated_verdict_over_several_bursts_and_a_live_check(tmp_path, traces_dir):
     out = tmp_path / "result.json"

@@ -41,8 +41,8 @@ class ConnectorSettings:
     peers: Mapping[str, str] = field(default_factory=dict)  # node id -> host:port of its kvstore (pulls)
     node_id: str = ""  # this node's id, as pulls name it; empty: asked of the kvstore (GetStats) at start
     load_async: bool = False  # load beside the engine's steps (vLLM's async loads) instead of before the forward
-    # A step's loads copied layer by layer beside its forward (layer_loads.py); off: whole, before it. Off by
-    # default: on this CPU engine it measured no gain and a noisier load (docs/vllm_connector.md).
+    # A step's loads copied layer by layer beside its forward (layer_loads.py); off: whole, before it. Why it
+    # is off by default: docs/vllm_connector.md, "Layer-by-layer loads".
     load_by_layer: bool = False
 
     @classmethod
