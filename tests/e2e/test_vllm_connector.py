@@ -29,8 +29,7 @@ import grpc
 import numpy as np
 import pytest
 
-from speckv.services.engine.vllm_connector.identity import KVLayout, block_ids
-from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+from speckv.services.engine.vllm_connector.identity import CPU_PAGE_LAYOUT as PAGE_LAYOUT, KVLayout, block_ids
 from speckv.v1 import common_pb2, kvstore_pb2, kvstore_pb2_grpc, scheduler_pb2
 from tests.support.kvstore_service import kvstore
 from tests.support.scheduler_service import scheduler

@@ -16,7 +16,7 @@ mapped pools (shared_client.py), elsewhere over gRPC (kvstore_client.py).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import grpc
 
@@ -28,6 +28,7 @@ from speckv.services.common.rpc.tls import TlsFiles, TlsMaterial
 from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.counters import ALL_COUNTERS, Counters
 from speckv.services.engine.vllm_connector.kvstore_client import KVStoreClient
+from speckv.services.engine.vllm_connector.pages import PageKind, pages_refused
 from speckv.services.engine.vllm_connector.plan import StepPlan
 from speckv.services.engine.vllm_connector.port import PullTarget
 from speckv.services.engine.vllm_connector.scheduler_side import SchedulerSide
@@ -123,8 +124,18 @@ class SpeckvConnector(KVConnectorBase_V1):
     # Worker side
 
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
-        if self._worker is not None:
-            self._worker.register_kv_caches(kv_caches)
+        if self._worker is None or self.layout is None:
+            return
+        why_not = pages_refused(PageKind(self.layout.page_layout), _attention_backends(self._vllm_config, kv_caches),
+                                {name: cache.device.type for name, cache in kv_caches.items()})
+        try:
+            if not why_not:
+                self._worker.register_kv_caches(kv_caches)
+        except ValueError as error:
+            why_not = str(error)
+        if why_not:
+            # No pages registered: every load the scheduler side plans fails and is recomputed, nothing is saved.
+            log.warning("SpeckvConnector off on this worker (%s): its loads are recomputed", why_not)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         metadata = self._get_connector_metadata()
@@ -170,6 +181,19 @@ class SpeckvConnector(KVConnectorBase_V1):
         for peer in self._peers.values():
             peer.close()
         self._client.close()
+
+
+def _attention_backends(vllm_config: "VllmConfig", names: Iterable[str]) -> dict[str, str | None]:
+    """Each layer's attention backend name as vLLM chose it (None where it cannot be read)."""
+    layers = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+    backends: dict[str, str | None] = {}
+    for name in names:
+        backend = getattr(layers.get(name), "attn_backend", None)
+        try:
+            backends[name] = backend.get_name() if backend is not None else None
+        except Exception:  # noqa: BLE001 - an unreadable backend is an unknown one: refused, not guessed
+            backends[name] = None
+    return backends
 
 
 def _tls(settings: ConnectorSettings) -> tuple[TlsMaterial | None, str]:

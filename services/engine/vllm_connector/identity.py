@@ -29,7 +29,10 @@ from typing import Iterable
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.vllm_block_ids import event_id, speckv_block_id
 
-CPU_PAGE_LAYOUT = "cpu:H,2,N,C"  # vLLM's CPU page layout, as pages.py converts it
+CPU_PAGE_LAYOUT = "cpu:H,2,N,C"  # vLLM's CPU attention pages, as pages.py converts them
+# vLLM's CUDA attention backends' pages (K and V halves of each token's content), as pages.py converts them.
+# Another device's numerics give other bytes for the same tokens, so CPU and CUDA engines never share blocks.
+CUDA_PAGE_LAYOUT = "cuda:H,N,2,C"
 DEFAULT_HASH_ALGO = "sha256"  # vLLM's default prefix_caching_hash_algo: the chain starts from a fixed seed
 
 
@@ -45,7 +48,7 @@ class KVLayout:
     num_kv_heads: int  # per tensor-parallel rank
     head_dim: int
     tp_rank: int
-    page_layout: str  # the engine's per-block page layout, e.g. "cpu:H,2,N,C"
+    page_layout: str  # the engine's device and page kind, e.g. "cpu:H,2,N,C" (pages.PageKind)
     hash_algo: str  # vLLM's prefix_caching_hash_algo
 
     def digest(self) -> bytes:

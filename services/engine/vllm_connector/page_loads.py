@@ -26,7 +26,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from speckv.services.engine.vllm_connector.counters import Counters
-from speckv.services.engine.vllm_connector.pages import pool_to_pages_layer, raw, scatter_blocks
+from speckv.services.engine.vllm_connector.pages import (
+    Pages, cuda_settle, item_size, pool_to_pages_layer, raw, scatter_blocks)
 from speckv.services.engine.vllm_connector.plan import LoadSpec
 from speckv.services.engine.vllm_connector.port import (
     KVStorePort, MappedPoolSet, PeerPort, PullTarget, ReadLease, SharedPort)
@@ -55,7 +56,8 @@ class ReadyLoad:
 
 class PageLoader:
     """The stages of a load into the pages registered in `pages` (each
-    layer's [blocks, H, 2, N, C] as pages.page_arrays gives them)."""
+    layer's [blocks, 2, N, H, C] as pages.page_arrays gives them: NumPy
+    arrays of CPU pages or torch tensors of CUDA pages)."""
 
     def __init__(self, client: KVStorePort, counters: Counters, submit: Callable[[Callable[[], object]], None],
                  shared: SharedPort | None = None, peers: Mapping[str, PeerPort] | None = None,
@@ -72,7 +74,7 @@ class PageLoader:
         self._resolve = None if pull_target is None or isinstance(pull_target, PullTarget) else pull_target
         self._resolve_after = 0.0  # time.monotonic() before which the target is not asked again
         self._pulls = 0  # order ids of this worker's pulls
-        self.pages: list[np.ndarray] = []
+        self.pages: list[Pages] = []
         self.block_shape: tuple[int, ...] = ()  # canonical [layers, 2, N, H, C] of one block
         self.block_bytes = 0
 
@@ -112,6 +114,8 @@ class PageLoader:
             pool_to_pages_layer(self.pages[layer], pool, layer, runs)
         if ready.blocks:
             scatter_blocks([self.pages[layer]], ready.spec.page_ids, [block[layer:layer + 1] for block in ready.blocks])
+        # Device copies complete before the layer counts as written: the forward may read it from another thread.
+        cuda_settle(self.pages)
         ready.copy_seconds += time.perf_counter() - copying
 
     def end(self, ready: ReadyLoad, copied: bool = True) -> bool:
@@ -185,7 +189,7 @@ class PageLoader:
             log.warning("speckv kvstore: blocks of %s bytes, this engine's are %d; the engine recomputes them",
                         sorted({len(block) for block in data}), self.block_bytes)
             return None
-        dtype = self.pages[0].dtype
+        dtype = np.dtype(f"u{item_size(self.pages[0])}")
         # Views of the received bytes: the copies read them straight into the pages, no staging.
         blocks = [np.frombuffer(block, dtype=dtype).reshape(self.block_shape) for block in data]
         return ReadyLoad(spec, "grpc", started, blocks=blocks)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from speckv.services.engine.vllm_connector.identity import KVLayout
-from speckv.services.engine.vllm_connector.pages import PAGE_LAYOUT
+from speckv.services.engine.vllm_connector.pages import kind_for_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +74,16 @@ def layout_of(vllm_config: Any, settings: ConnectorSettings) -> tuple[KVLayout |
     if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
         return None, "tensor or pipeline parallel engines are a later step (one rank only)"
     device = str(getattr(vllm_config.device_config, "device_type", "cpu"))
-    if device != "cpu":
-        return None, f"device {device!r}: only vLLM's CPU page layout is converted so far"
+    kind = kind_for_device(device)
+    if kind is None:
+        return None, f"device {device!r}: only vLLM's CPU and CUDA page layouts are converted"
     dtype = cache.cache_dtype if cache.cache_dtype != "auto" else str(model.dtype).removeprefix("torch.")
+    if "nvfp4" in dtype:
+        # NVFP4 pages keep K and V in separate head groups with block scales beside them: another layout.
+        return None, f"KV cache dtype {dtype!r}: its pages are not converted"
     layout = KVLayout(
         model=settings.model_id or str(model.model), dtype=dtype, block_size=int(cache.block_size),
         num_layers=model.get_num_layers(parallel), num_kv_heads=model.get_num_kv_heads(parallel),
-        head_dim=model.get_head_size(), tp_rank=0, page_layout=PAGE_LAYOUT,
+        head_dim=model.get_head_size(), tp_rank=0, page_layout=kind.value,
         hash_algo=str(cache.prefix_caching_hash_algo))
     return layout, ""

@@ -40,7 +40,8 @@ from speckv.services.engine.vllm_connector.counters import Counters
 from speckv.services.engine.vllm_connector.identity import KVLayout
 from speckv.services.engine.vllm_connector.layer_loads import LayerLoads
 from speckv.services.engine.vllm_connector.page_loads import PageLoader, ReadyLoad
-from speckv.services.engine.vllm_connector.pages import gather_blocks, page_arrays, page_views, pages_to_pool, raw
+from speckv.services.engine.vllm_connector.pages import (
+    PageKind, Pages, block_bytes, gather_blocks, page_arrays, page_views, pages_to_pool, raw)
 from speckv.services.engine.vllm_connector.plan import SaveSpec, StepPlan
 from speckv.services.engine.vllm_connector.port import KVStorePort, PeerPort, PullTarget, SharedPort
 
@@ -69,7 +70,7 @@ class WorkerSide:
         self._client = client
         self._shared = shared
         self._counters = counters
-        self._pages: list[np.ndarray] = []  # each layer's pages [blocks, H, 2, N, C] as unsigned ints (pages.py)
+        self._pages: list[Pages] = []  # each layer's pages [blocks, 2, N, H, C] as unsigned ints (pages.py)
         self._layer_index: dict[str, int] = {}  # vLLM's attention layer name -> its position in _pages
         self._load_errors: set[int] = set()
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue(MAX_QUEUED_SAVES)
@@ -86,12 +87,13 @@ class WorkerSide:
             raise ValueError(f"SpeckvConnector: {len(names)} KV cache layers, the layout says "
                              f"{self._layout.num_layers}")
         layout = self._layout
-        views = page_views([kv_caches[n] for n in names], layout.num_kv_heads, layout.block_size, layout.head_dim)
+        views = page_views([kv_caches[n] for n in names], layout.num_kv_heads, layout.block_size, layout.head_dim,
+                           PageKind(layout.page_layout))
         self._pages = page_arrays(views)
         self._layer_index = {name: i for i, name in enumerate(names)}
         self._loader.pages = self._pages
         self._loader.block_shape = (layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
-        self._loader.block_bytes = len(self._pages) * self._pages[0][0].nbytes
+        self._loader.block_bytes = block_bytes(self._pages)
 
     @property
     def shared(self) -> bool:

@@ -35,11 +35,11 @@ def pool_of(pages=POOL_PAGES, dtype=torch.float32):
 
 
 def expected_pages(pool, pool_pages, engine_pages, base):
-    """The reference: block by block and layer by layer, [2, N, H, C] of the pool into [H, 2, N, C] of a page."""
+    """The reference: block by block and layer by layer, [2, N, H, C] of the pool into a page's logical view."""
     out = [layer.copy() for layer in base]
     for src, dst in zip(pool_pages, engine_pages):
         for layer in range(LAYERS):
-            out[layer][dst] = pool[layer, :, src].transpose(2, 0, 1, 3)
+            out[layer][dst] = pool[layer, :, src]
     return out
 
 
@@ -63,7 +63,7 @@ def test_gather_reads_the_cpu_backends_k_and_v_halves():
 def test_page_arrays_are_the_engines_memory():
     layers = caches(fill="zeros")
     pages = arrays(layers)
-    pages[1][3, 1, 0, 2, 5] = np.float32(2.5).view(np.uint32)
+    pages[1][3, 0, 2, 1, 5] = np.float32(2.5).view(np.uint32)  # page 3, K, token 2, head 1, element 5
     # vLLM's CPU kernels' view [pages, heads, 2 * block, dim]: the K half, token 2
     assert layers[1].view(ENGINE_PAGES, HEADS, 2 * BLOCK, DIM)[3, 1, 2, 5].item() == 2.5
 
