@@ -7,42 +7,15 @@ The tensors are CPU tensors: the same torch code runs on a CUDA device
 import numpy as np
 import pytest
 import torch
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor, compute_layout_strides, create_kv_cache_views
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from speckv.services.engine.vllm_connector.pages import (
     PageKind, block_bytes, gather_blocks, kind_for_device, page_arrays, page_views, pages_refused, pages_to_pool,
     pool_to_pages, scatter_blocks)
+from tests.support.vllm_page_cases import (
+    BLOCK, DIM, HEADS, INTS, LAYERS, PAGES, bits, cpu_backend_kv, cuda_backend_kv, vllm_caches)
 
-HEADS, BLOCK, DIM, LAYERS, PAGES = 2, 32, 16, 3, 9
 COUNTS = [0, 1, 4, 5, 6]  # empty, one, and around a run of five
-INTS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-
-
-def vllm_caches(layout: KVCacheLayout, dtype=torch.bfloat16, device="cpu") -> list[torch.Tensor]:
-    """vLLM's per-layer views [blocks, heads, block_size, 2 * head_dim] of one
-    backing buffer in this layout, filled with random bits."""
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=dtype)
-    strides = compute_layout_strides(spec, PAGES, LAYERS, layout)
-    size = LAYERS * PAGES * spec.page_size_bytes
-    tensor = KVCacheTensor(size=size, layers=[f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)],
-                           layer_stride=strides[0], block_stride=strides[1])
-    backing = torch.randint(-128, 127, (size,), dtype=torch.int8, device=device)
-    return create_kv_cache_views(backing, spec, PAGES, layout, tensor)
-
-
-def cuda_backend_kv(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V [blocks, N, H, C] as flash_attn.py, triton_attn.py and flex_attention.py read them."""
-    return cache.transpose(1, 2).split(DIM, dim=-1)
-
-
-def cpu_backend_kv(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V [blocks, H, N, C] as cpu_attn.py reads them."""
-    return cache.view(cache.shape[0], HEADS, 2 * BLOCK, DIM).chunk(2, dim=2)
-
-
-def bits(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.contiguous().view(INTS[tensor.dtype]).cpu().numpy()
 
 
 def arrays(caches, kind):
