@@ -13,7 +13,10 @@
 # 4. the GPU benchmark (speckv.kernels.bench), printed and written as JSON to
 #    $OUT/gpu_bench.json ($OUT defaults to ./out);
 # 5. the kvstore's tier moves (demote/promote through the staged copy) beside
-#    a plain pinned host<->device copy, to $OUT/tier_moves.json.
+#    a plain pinned host<->device copy, to $OUT/tier_moves.json;
+# 6. the vLLM connector's page copies on CUDA pages (torch) beside a plain
+#    host->device copy and memcpy, to $OUT/page_copy.json (its parity tests,
+#    tests/gpu/test_connector_*_cuda.py, ran in step 3).
 #
 # Environment: PYTHON (default python3), OUT, BENCH_GEOMETRY (llama-3-8b),
 # BENCH_BLOCKS (default: about 256 MiB of blocks). Every step runs; the exit
@@ -79,6 +82,9 @@ moves = tier_moves(preset("llama-3-8b"), 128, 5)
 print(json.dumps(moves, indent=1))
 open(sys.argv[1], "w").write(json.dumps(moves, indent=1))
 EOF
+
+step "connector page copies (vLLM's CUDA page layout) -> $RESULTS/page_copy.json"
+"$PY" docs/scripts/page_copy_speed.py --json "$RESULTS/page_copy.json" || failed=1
 
 step "done: $([ $failed = 0 ] && echo all steps passed || echo SOME STEP FAILED)"
 exit $failed
