@@ -62,6 +62,7 @@ class Skip(enum.Enum):
     BLOCK_SIZE = "block_size"  # block_size differs from the scheduler's
     UNKNOWN_MEDIUM = "unknown_medium"  # a medium that is neither GPU nor CPU
     KV_GROUP = "kv_group"  # a KV cache group other than 0 (hybrid models)
+    ENGINE_DEAD = "engine_dead"  # a batch that arrived while the engine's health probe said it was dead
 
 
 class BadInput(ValueError):

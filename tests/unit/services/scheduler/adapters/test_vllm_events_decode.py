@@ -239,11 +239,18 @@ def test_kv_events_spec_of_an_engine_beside_its_kvstore():
     assert not parse_kv_events("a=tcp://h:1,kvstore=0")[0].kvstore
 
 
+def test_kv_events_spec_with_the_engines_health_url():
+    (a, b) = parse_kv_events("a=tcp://h:1,kvstore=1,health=http://h:8000/health;b=tcp://h:2,address=h:3")
+    assert (a.health, b.health) == ("http://h:8000/health", "")  # without health=: not probed
+
+
 @pytest.mark.parametrize("text", ["a", "=tcp://h:1", "a=h:1", "a=tcp://h", "a=tcp://h:1,replay=h:2",
                                   "a=tcp://h:1,color=red", "a=tcp://h:1,pages=0", "a=tcp://h:1,pages=x",
                                   "a=ipc:///tmp/a", "a=tcp://h:1;a=tcp://h:2", "a=tcp://h:1,pages=1,pages=2",
                                   "a=tcp://h:1,kvstore=maybe", "a=tcp://h:1,kvstore=1,address=h:2",
-                                  "a=tcp://h:1,kvstore=1,pages=5"])
+                                  "a=tcp://h:1,kvstore=1,pages=5", "a=tcp://h:1,kvstore=1,health=h:8000",
+                                  "a=tcp://h:1,kvstore=1,health=", "a=tcp://h:1,kvstore=1,health=http://h:x/health",
+                                  "a=tcp://h:1,kvstore=1,health=tcp://h:1/health"])
 def test_kv_events_spec_rejects(text):
     with pytest.raises(InvalidArgument):
         parse_kv_events(text)
