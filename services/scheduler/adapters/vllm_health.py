@@ -41,10 +41,14 @@ def check_health_url(url: str) -> str:
 
 
 def http_probe(url: str, timeout_s: float) -> Probe:
-    """GET url: answered when the reply is 2xx within timeout_s (connect and read each)."""
+    """GET url: answered when the reply is 2xx within timeout_s (connect and
+    read each). Never through a proxy (HTTP_PROXY and the like are ignored):
+    it is the engine itself that must answer."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
     def probe() -> tuple[bool, str]:
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            with opener.open(url, timeout=timeout_s) as reply:
                 reply.read()
                 return 200 <= reply.status < 300, f"HTTP {reply.status}"
         except urllib.error.HTTPError as error:  # 503: vLLM has declared its engine dead

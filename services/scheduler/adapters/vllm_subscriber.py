@@ -260,6 +260,8 @@ class VllmNodeFeed:
                     self._stats.revivals += 1
                 log.info("vLLM engine of %s answers %s again: taken to be back empty; its events repopulate it",
                          self.node_id, self.spec.health)
+                if self._connected and self._generation is None:
+                    self._register()  # now, not at its next batch: a quiet engine is routable again too
 
     def _engine_died(self, outcome: Outcome, detail: str) -> None:
         """Drops the engine's blocks: node_lost (an engine-only node goes
@@ -272,6 +274,9 @@ class VllmNodeFeed:
         reason = f"engine health {self.spec.health}: {outcome.failures} probes failed ({detail}; {since})"
         if self._generation is not None:
             self._sink.node_lost(self.spec.node_id, reason, self._generation)
+            # It registers again, a new incarnation, when it answers: before that no batch may be applied
+            # (an engine-only node is down: its events would be refused, which ends a feed).
+            self._generation = None
         with self._lock:
             self._stats.deaths += 1
         log.warning("vLLM engine of %s declared dead (%s): its blocks leave the index%s", self.node_id, reason,
