@@ -24,7 +24,7 @@ Rules:
   is reset, the kvstore's blocks stay), stops heartbeating and registering,
   and skips the batches that still arrive (Skip.ENGINE_DEAD). When the probe
   answers again the engine is taken to be back empty: an engine-only node
-  registers again (its next heartbeat is refused), and the next batch starts
+  registers again at once (a new incarnation), and the next batch starts
   over as a fresh subscription (reset, replay from 0), so its events
   repopulate it.
 - Sequences (SequenceTracker): a gap is caught up from the engine's replay
