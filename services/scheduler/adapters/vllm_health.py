@@ -7,8 +7,9 @@ ever changed from the thread that applies the engine's events.
 
 Why HTTP /health and not vLLM's replay socket: the API server is what
 routers send requests to; vLLM 0.32 answers 200 there while the server and
-its engine core run and 503 once it has declared the engine dead, and once
-the process is gone the port refuses. The replay ROUTER lives in the engine
+its engine core run and 503 once the engine core is dead (its `errored`
+flag: a hung engine core still answers 200), and once the process is gone
+the port refuses. The replay ROUTER lives in the engine
 core's publisher thread, beside the PUB socket whose disconnection the
 subscriber already sees, and it keeps answering when the API server is gone.
 """
