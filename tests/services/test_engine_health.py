@@ -7,7 +7,9 @@ is dead):
   kvstore's stay; the restarted engine comes back empty and its events
   repopulate it;
 - an engine-only node goes down at once (no heartbeat timeout), and is
-  registered again, empty, when the engine answers again."""
+  registered again, empty, when the engine answers again;
+- a false alarm (the same engine answers again) costs a replay from its
+  replay socket (vLLM 0.32's frames), not its blocks."""
 from __future__ import annotations
 
 import threading
@@ -148,5 +150,26 @@ def test_an_engine_only_node_goes_down_when_its_engine_answers_503_and_returns_e
             assert wait_until(lambda: nodes(sched)["vllm-a"].num_blocks == 1)
             reply = route(sched, [3003])
             assert (reply.node_id, reply.cached_blocks) == ("vllm-a", 1)
+    finally:
+        engine.close()
+
+
+def test_a_false_alarm_costs_a_replay_not_the_blocks(zmq_context, health):
+    engine = FakeVllm(zmq_context, replay=True, replay_topic=True)  # vLLM 0.32 replays with the topic frame
+    spec = f"vllm-a={engine.endpoint},replay={engine.replay_endpoint},address=127.0.0.1:18000,health={health.url}"
+    try:
+        with scheduler(kv_events=spec, heartbeat_interval_ms=200, node_timeout_s=600.0, **FAST_PROBES) as (_, sched):
+            engine.wait_subscribed()
+            engine.publish(map_batch(map_stored([3001, 3002], block_size=TINY_BLOCK)))
+            assert wait_until(lambda: "vllm-a" in nodes(sched) and nodes(sched)["vllm-a"].num_blocks == 2)
+            health.status = 503
+            assert wait_until(lambda: not nodes(sched)["vllm-a"].alive)
+            health.status = 200
+            assert wait_until(lambda: nodes(sched)["vllm-a"].alive)
+            # The engine never died: its next batch starts a fresh subscription, replayed from 0.
+            engine.publish(map_batch(map_stored([3003], parent=3002, block_size=TINY_BLOCK)))
+            assert wait_until(lambda: nodes(sched)["vllm-a"].num_blocks == 3)
+            assert engine.replay_requests == [0]
+            assert route(sched, [3001, 3002, 3003]).cached_blocks == 3
     finally:
         engine.close()

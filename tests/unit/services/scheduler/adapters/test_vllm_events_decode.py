@@ -194,6 +194,16 @@ def test_replay_frames_and_request():
         split_replay_frames([(9).to_bytes(8, "big"), b"p"])  # a REQ-style reply without the delimiter
 
 
+def test_replay_frames_of_vllm_0_32_carry_the_topic():
+    """vllm/distributed/kv_events.py 0.32, _service_replay: (client, '', topic,
+    seq, payload) per batch, (client, '', '', END_SEQ, '') at the end; the
+    DEALER receives all but the client."""
+    assert split_replay_frames([b"", b"kv-events", (9).to_bytes(8, "big"), b"p"]) == (9, b"p")
+    assert split_replay_frames([b"", b"", (-1).to_bytes(8, "big", signed=True), b""]) is None
+    with pytest.raises(BadInput):
+        split_replay_frames([b"", b"kv-events", b"x", (9).to_bytes(8, "big"), b"p"])
+
+
 # --- sequences ----------------------------------------------------------------
 
 def test_sequence_rules():
