@@ -5,7 +5,9 @@ kvstore, SpeckvConnector loaded (vllm_servers.py); the kvstores take the
 model's KV geometry from its config.json, and the scheduler indexes each
 engine's own KV events beside its kvstore's (--kv-events NODE=...,kvstore=1,
 under the connector's layout digest), so Route sees the engines' prefix
-caches as well as the kvstores' tiers."""
+caches as well as the kvstores' tiers, and probes each engine's /health
+(health=), so an engine that dies drops out of the index while its kvstore
+lives on."""
 from __future__ import annotations
 
 import argparse
@@ -102,6 +104,16 @@ def engine_profile(args: argparse.Namespace) -> str:
     return name
 
 
+def node_index(node: str) -> int:
+    """i of node-i (the cluster's node names): its engine's ports are counted from it."""
+    return int(node.rsplit("-", 1)[1])
+
+
+def engine_url(args: argparse.Namespace, index: int) -> str:
+    """Node index's vLLM OpenAI server."""
+    return f"http://{args.host}:{args.vllm_port_base + index}"
+
+
 def events_endpoint(args: argparse.Namespace, index: int, bind: bool) -> str:
     """Node index's engine publishes its KV events here (bind: as vLLM binds it)."""
     return f"tcp://{'*' if bind else args.host}:{args.vllm_port_base + EVENTS_PORT_OFFSET + index}"
@@ -110,11 +122,11 @@ def events_endpoint(args: argparse.Namespace, index: int, bind: bool) -> str:
 def engine_events(args: argparse.Namespace) -> str:
     """The scheduler's --kv-events: every node's engine, a second source beside
     its kvstore, under the digest its connector names blocks by (the model as
-    vLLM has it, the kvstores' geometry)."""
+    vLLM has it, the kvstores' geometry), probed at its server's /health."""
     geometry = model_geometry(args.model, "float32", args.block_size or 32)
     digest = cpu_layout(str(args.model), geometry).digest().hex()
-    return ";".join(f"node-{i}={events_endpoint(args, i, bind=False)},digest={digest},kvstore=1"
-                    for i in range(args.nodes))
+    return ";".join(f"node-{i}={events_endpoint(args, i, bind=False)},digest={digest},kvstore=1,"
+                    f"health={engine_url(args, i)}/health" for i in range(args.nodes))
 
 
 def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path,
@@ -123,12 +135,13 @@ def start_engines(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path
     cores = os.cpu_count() or 1
     specs = []
     addresses = sorted(cluster.node_addresses().items())
-    for i, (node, address) in enumerate(addresses):
+    for node, address in addresses:
+        i = node_index(node)  # not the position in the sorted names: node-10 sorts before node-2
         tls = cluster.certs.engine(node) if cluster.certs is not None else None
         specs.append(VllmServerSpec(f"vllm-{node}", str(args.model), args.vllm_port_base + i, address,
                                     host=args.host, block_size=args.block_size or 32, core=i % cores, tls=tls,
                                     node_id=node, peers=tuple((n, a) for n, a in addresses if n != node),
-                                    kv_events_endpoint=events_endpoint(args, int(node.split("-")[1]), bind=True)))
+                                    kv_events_endpoint=events_endpoint(args, i, bind=True)))
     return start_servers(specs, run_dir, environ)
 
 

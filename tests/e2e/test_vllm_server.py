@@ -137,6 +137,38 @@ def test_the_scheduler_indexes_the_engines_own_cache_beside_its_kvstore(tmp_path
             assert wait_until(lambda: cached() == 0)
 
 
+def test_a_dead_engine_leaves_the_index_and_its_kvstores_blocks_stay(tmp_path):
+    """--kv-events node-0=...,kvstore=1,health=URL: once the engine's server
+    is stopped, its /health refuses and the engine's own blocks leave the
+    index, while the node (its kvstore live) keeps its kvstore's blocks."""
+    model = tiny_llama(tmp_path / "models", SPEC)
+    events, port = free_port(), free_port()
+    feeds = (f"node-0=tcp://127.0.0.1:{events},digest={engine_layout_digest(model, SPEC).hex()},kvstore=1,"
+             f"health=http://127.0.0.1:{port}/health")
+    with scheduler(engine_profile="tiny-llama-vllm-cpu", kv_events=feeds) as (scheduling, sched), \
+            kvstore(**{**KVSTORE, "device_pages": 64}, node_id="node-0", scheduler=scheduling.address,
+                    heartbeat_interval_s=0.2) as (store, stub):
+        spec = VllmServerSpec("vllm-0", str(model), port, store.address, max_model_len=2048,
+                              kv_events_endpoint=f"tcp://*:{events}")
+        ids = prompt_block_ids(model, SPEC, PROMPT)
+
+        def cached() -> int:
+            request = scheduler_pb2.RouteRequest(request_id="r", block_hashes=ids, prompt_tokens=len(PROMPT))
+            return sched.Route(request, timeout=30).cached_blocks
+
+        def node() -> scheduler_pb2.NodeState:
+            state = sched.GetClusterState(scheduler_pb2.ClusterStateRequest(), timeout=30)
+            return {n.node_id: n for n in state.nodes}["node-0"]
+
+        with serving(spec, tmp_path):
+            stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
+            assert wait_until(lambda: cached() == PROMPT_BLOCKS)
+            _evict_with_other_blocks(stub, pages=64)  # the prompt is now in the engine's cache alone
+            assert cached() == PROMPT_BLOCKS
+        assert wait_until(lambda: cached() == 0, timeout=60)  # the server stopped: the engine is dead
+        assert node().alive and node().num_blocks == 64  # the kvstore's blocks stay
+
+
 def _evict_with_other_blocks(stub, pages: int) -> None:
     """Fills the kvstore's pages with unrelated blocks (their bytes of the
     right size), so the least recently used, the prompt's, are evicted."""

@@ -23,7 +23,10 @@ class FakeVllm:
     that answers a replay request (start sequence, 8 bytes) with each
     buffered (sequence, payload) from there, then (-1, b"")."""
 
-    def __init__(self, context: zmq.Context, replay: bool, port: int | None = None, answer: bool = True) -> None:
+    def __init__(self, context: zmq.Context, replay: bool, port: int | None = None, answer: bool = True,
+                 replay_topic: bool = False) -> None:
+        """replay_topic: replay as vLLM 0.32 does, a topic frame before each sequence (older releases: none)."""
+        self._replay_topic = [b"kv-events"] if replay_topic else []
         self.pub = context.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.port = self._bind(port)
@@ -81,8 +84,8 @@ class FakeVllm:
                 if not answer:
                     continue
                 for sequence, payload in batches:
-                    router.send_multipart([client, b"", sequence.to_bytes(8, "big"), payload])
-                router.send_multipart([client, b"", END_SEQ, b""])
+                    router.send_multipart([client, b"", *self._replay_topic, sequence.to_bytes(8, "big"), payload])
+                router.send_multipart([client, b"", *([b""] if self._replay_topic else []), END_SEQ, b""])
         finally:
             router.close(linger=0)
 

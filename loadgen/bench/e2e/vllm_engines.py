@@ -22,7 +22,8 @@ What changes with them (e2e/engines.py has the other kinds):
   kvstores' pages.
 - Each engine publishes its own KV events, which the scheduler indexes
   beside its node's kvstore (--kv-events ...,kvstore=1), so Route sees the
-  engines' prefix caches as well as the kvstores.
+  engines' prefix caches as well as the kvstores, and probes its /health
+  (health=), so an engine that dies leaves the index while its kvstore lives.
 - A route's pull (fetch_from) is made by the node's connector: the request
   names the peer in kv_transfer_params, the peer's kvstore copies the blocks
   into the node's, and they load from there (docs/vllm_connector.md).
@@ -62,20 +63,27 @@ class VllmModel:
     model_id: str
     prompts: VllmPrompts
     events_ports: tuple[int, ...] = ()  # node-i's engine publishes its KV events on the i-th (with_events)
+    http_ports: tuple[int, ...] = ()  # node-i's engine serves the OpenAI API (and /health) on the i-th
 
 
 def with_events(model: VllmModel, nodes: int) -> VllmModel:
-    """The model with a KV-event port per node (free now; every policy's run reuses them, one run at a time)."""
-    return replace(model, events_ports=tuple(free_port() for _ in range(nodes)))
+    """The model with a KV-event port and a server port per node (free now;
+    every policy's run reuses them, one run at a time): the scheduler's flags
+    name both before the engines start."""
+    return replace(model, events_ports=tuple(free_port() for _ in range(nodes)),
+                   http_ports=tuple(free_port() for _ in range(nodes)))
 
 
 def scheduler_events(model: VllmModel, geometry: KVGeometry) -> list[str]:
     """The scheduler's flags indexing each engine's own KV events beside its
-    node's kvstore (kvstore=1) under the connector's ids; none without ports."""
+    node's kvstore (kvstore=1) under the connector's ids, each engine probed at
+    its server's /health; none without ports."""
     if not model.events_ports:
         return []
     digest = layout_digest(model.model_id, geometry).hex()
+    health = [f",health=http://127.0.0.1:{port}/health" for port in model.http_ports]
     return ["--kv-events", ";".join(f"node-{i}=tcp://127.0.0.1:{port},digest={digest},kvstore=1"
+                                    f"{health[i] if i < len(health) else ''}"
                                     for i, port in enumerate(model.events_ports))]
 
 
@@ -105,7 +113,7 @@ def start_engines(model: VllmModel, addresses: Mapping[str, str], run_dir: Path,
     """One healthy server per node (node i on core i mod cores), each as an
     engine whose close() also stops its server."""
     cores = os.cpu_count() or 1
-    specs = [VllmServerSpec(f"vllm-{node}", str(model.directory), free_port(), address, core=i % cores,
+    specs = [VllmServerSpec(f"vllm-{node}", str(model.directory), _http_port(model, node), address, core=i % cores,
                             max_model_len=MAX_MODEL_LEN, model_id=model.model_id, num_blocks=ENGINE_KV_BLOCKS,
                             node_id=node, peers=tuple((n, a) for n, a in sorted(addresses.items()) if n != node),
                             kv_events_endpoint=_events_endpoint(model, node))
@@ -116,6 +124,12 @@ def start_engines(model: VllmModel, addresses: Mapping[str, str], run_dir: Path,
         engines[node] = VllmServerEngine(node, spec.url, spec.served_model_name, speed,
                                          on_close=lambda popen=popen: stop_server(popen))
     return engines
+
+
+def _http_port(model: VllmModel, node: str) -> int:
+    """The port the scheduler's health= names for the node's engine (free_port() without one)."""
+    index = int(node.rsplit("-", 1)[1])
+    return model.http_ports[index] if index < len(model.http_ports) else free_port()
 
 
 def _events_endpoint(model: VllmModel, node: str) -> str:

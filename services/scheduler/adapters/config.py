@@ -10,7 +10,8 @@ from speckv.services.common.discovery import parse_targets, split_host_port
 from speckv.services.common.errors import InvalidArgument
 from speckv.services.common.rpc.server import ServerSettings
 from speckv.services.common.traces.mooncake import FAMILY_MODES
-from speckv.services.scheduler.adapters.vllm_subscriber import parse_kv_events
+from speckv.services.scheduler.adapters.vllm_spec import parse_kv_events
+from speckv.services.scheduler.engine_liveness import LivenessRule
 from speckv.services.scheduler.leadership.adapters.etcd_endpoints import EtcdTls, parse_endpoints
 from speckv.services.scheduler.policies.registry import default_registry
 from speckv.services.scheduler.policy_config import load_policy_config
@@ -60,8 +61,17 @@ class SchedulerConfig(ServerSettings):
         ",address=HOST:PORT (what Route answers; default the PUB's), ,pages=N (its KV blocks), ,topic=T, "
         ",digest=HEX (its layout digest, which SpeckvConnector logs: its blocks are then indexed under the "
         "ids routers send; else under vLLM's own), ,kvstore=1 (a kvstore registers this node: the engine's "
-        "events join its kvstore's as a second source, no address= or pages=); "
+        "events join its kvstore's as a second source, no address= or pages=), ,health=http://HOST:PORT/health "
+        "(the engine's OpenAI server, probed every engine_health_interval_s: after engine_health_failures "
+        "failures in a row the engine is dead and its blocks leave the index; beside a kvstore its kvstore's stay, "
+        "an engine-only node goes down; it comes back empty when the probe answers again); "
         "empty = none")})
+    engine_health_interval_s: float = field(default=1.0, metadata={
+        "help": "seconds between two health probes of a --kv-events engine named with health="})
+    engine_health_timeout_s: float = field(default=2.0, metadata={
+        "help": "a health probe not answered 2xx within this many seconds has failed"})
+    engine_health_failures: int = field(default=3, metadata={
+        "help": "failed health probes in a row that make a --kv-events engine dead (its blocks dropped)"})
     etcd: str = field(default="", metadata={"help": (
         "the etcd cluster where scheduler replicas elect the one that plans and keep the shared control state "
         "(docs/replicas.md): its members' client URLs, comma-separated, each http://HOST:PORT or "
@@ -92,6 +102,15 @@ class SchedulerConfig(ServerSettings):
     @property
     def etcd_tls(self) -> EtcdTls:
         return EtcdTls(self.etcd_ca, self.etcd_cert, self.etcd_key)
+
+    def engine_health(self) -> LivenessRule:
+        """How engines named with health= are probed; InvalidArgument names the bad field."""
+        try:
+            return LivenessRule(self.engine_health_interval_s, self.engine_health_timeout_s,
+                                self.engine_health_failures)
+        except ValueError as exc:
+            raise InvalidArgument(f"{exc} (engine_health_interval_s, engine_health_timeout_s, "
+                                  "engine_health_failures)") from None
 
     def validate(self) -> None:
         ServerSettings.validate(self)
@@ -135,6 +154,7 @@ class SchedulerConfig(ServerSettings):
         if self.oracle_family not in FAMILY_MODES:
             raise InvalidArgument(f"oracle_family={self.oracle_family!r}: expected one of {', '.join(FAMILY_MODES)}")
         parse_kv_events(self.kv_events)
+        self.engine_health()
         if self.compiled not in COMPILED_MODES:
             raise InvalidArgument(f"compiled={self.compiled!r}: expected one of {', '.join(COMPILED_MODES)}")
         if self.etcd and self.state_dir:

@@ -9,7 +9,9 @@
   It registers nothing and reports no liveness (the kvstore registers the
   node and heartbeats it); its generation is a constant, so the feed never
   ends on a re-registration, which the merge follows instead; its heartbeat
-  tick lets the merge send the engine's blocks again after one.
+  tick lets the merge send the engine's blocks again after one. The engine
+  declared dead by its health probe (node_lost) costs the node the engine's
+  source only: it is reset, the kvstore's blocks stay and the node stays up.
 - EngineAwareConfirm: Route's confirming Lookup asks the kvstore, which
   knows its own tiers only; the engine's cache is known from its events. The
   node holds the longer of the two prefixes.
@@ -76,6 +78,10 @@ class EngineSourceSink:
 
     def reset_inventory(self, node_id: NodeId, generation: int) -> bool:
         return self._merge.reset(node_id, EventSource.ENGINE, None)
+
+    def node_lost(self, node_id: str, reason: str, generation: int | None = None) -> bool:
+        """The engine died (its cache with it); the node is its kvstore's and stays up."""
+        return self._merge.reset(NodeId(node_id), EventSource.ENGINE, None)
 
 
 class EngineAwareConfirm:

@@ -25,7 +25,8 @@ from speckv.services.scheduler.adapters.remote import KVStoreConfirmer, Predicto
 from speckv.services.scheduler.adapters.servicer import RequestLimits, SchedulerServicer
 from speckv.services.scheduler.adapters.state_store import StateStore
 from speckv.services.scheduler.adapters.ticker import Ticker
-from speckv.services.scheduler.adapters.vllm_subscriber import VllmEventFeeds, parse_kv_events
+from speckv.services.scheduler.adapters.vllm_spec import parse_kv_events
+from speckv.services.scheduler.adapters.vllm_subscriber import VllmEventFeeds
 from speckv.services.scheduler.arrival_reports import ArrivalReporter
 from speckv.services.scheduler.core import SchedulerCore
 from speckv.services.scheduler.forecasts import TraceFutureArrivals
@@ -147,7 +148,8 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
                            probe_s=config.loss_probe_s or 1.0)
     vllm_feeds = VllmEventFeeds(vllm_specs, core, profile.geometry.block_size,
                                 config.heartbeat_interval_ms / 1000.0,
-                                beside_kvstore=EngineSourceSink(merge)) if vllm_specs else None
+                                beside_kvstore=EngineSourceSink(merge),
+                                health_rule=config.engine_health()) if vllm_specs else None
     if inventory is not None:
         inventory(core)
     else:
@@ -225,6 +227,9 @@ def build_server(config: SchedulerConfig, telemetry: Telemetry, clock: Clock | N
         "speckv.scheduler.vllm_catch_ups": lambda: [] if vllm_feeds is None else [
             (float(n), {"node": node, "outcome": outcome}) for node, stats in vllm_feeds.stats().items()
             for outcome, n in (("replayed", stats.replays), ("reset", stats.resets))],
+        "speckv.scheduler.vllm_engine_health": lambda: [] if vllm_feeds is None else [
+            (float(n), {"node": node, "transition": transition}) for node, stats in vllm_feeds.stats().items()
+            for transition, n in (("died", stats.deaths), ("revived", stats.revivals))],
     })
     return server
 

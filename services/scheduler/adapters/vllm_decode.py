@@ -62,6 +62,7 @@ class Skip(enum.Enum):
     BLOCK_SIZE = "block_size"  # block_size differs from the scheduler's
     UNKNOWN_MEDIUM = "unknown_medium"  # a medium that is neither GPU nor CPU
     KV_GROUP = "kv_group"  # a KV cache group other than 0 (hybrid models)
+    ENGINE_DEAD = "engine_dead"  # a batch that arrived while the engine's health probe said it was dead
 
 
 class BadInput(ValueError):
@@ -109,15 +110,18 @@ def split_frames(frames: Sequence[bytes]) -> tuple[int, bytes]:
 
 
 def split_replay_frames(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
-    """(sequence, payload) of one replayed batch as a DEALER receives it
-    (empty delimiter, seq, payload); None for the end marker (sequence -1,
-    empty payload)."""
-    if len(frames) != 3 or frames[0] != b"" or len(frames[1]) != SEQUENCE_BYTES:
-        raise BadInput(Skip.BAD_FRAMES, f"replay reply of {len(frames)} frames, expected '', sequence, payload")
-    sequence = int.from_bytes(frames[1], "big", signed=True)
-    if sequence < 0 or not frames[2]:
+    """(sequence, payload) of one replayed batch as a DEALER receives it:
+    (empty delimiter, seq, payload) from older vLLM releases and speckv's
+    kvstore, (empty delimiter, topic, seq, payload) from vLLM 0.32, whose
+    `_service_replay` sends the topic too (its end marker's topic is empty);
+    None for the end marker (sequence -1, empty payload)."""
+    if len(frames) not in (3, 4) or frames[0] != b"" or len(frames[-2]) != SEQUENCE_BYTES:
+        raise BadInput(Skip.BAD_FRAMES, f"replay reply of {len(frames)} frames, expected '', [topic,] sequence, "
+                                        "payload")
+    sequence = int.from_bytes(frames[-2], "big", signed=True)
+    if sequence < 0 or not frames[-1]:
         return None
-    return sequence, bytes(frames[2])
+    return sequence, bytes(frames[-1])
 
 
 def replay_request(start: int) -> list[bytes]:

@@ -16,6 +16,17 @@ Rules:
   figures, like a kvstore's) every heartbeat interval while its connection to
   the PUB socket is up, so an engine that goes away stops getting routes after
   node_timeout_s. Anyone may still report the node's queue via Heartbeat.
+  vLLM's publisher sends no heartbeat of its own, so with `health=URL` a
+  prober (vllm_health.py, rules in engine_liveness.py) also GETs the engine's
+  /health: when it declares the engine dead the thread drops the engine's
+  blocks (`node_lost`: an engine-only node goes down at once, as a kvstore's
+  lost stream takes its node down; beside a kvstore only the engine's source
+  is reset, the kvstore's blocks stay), stops heartbeating and registering,
+  and skips the batches that still arrive (Skip.ENGINE_DEAD). When the probe
+  answers again the engine is taken to be back empty: an engine-only node
+  registers again at once (a new incarnation), and the next batch starts
+  over as a fresh subscription (reset, replay from 0), so its events
+  repopulate it.
 - Sequences (SequenceTracker): a gap is caught up from the engine's replay
   (ROUTER) socket; with no replay endpoint, or a replay that fails or no
   longer holds every missed batch, the node's inventory is reset and the feed
@@ -38,11 +49,10 @@ from typing import Protocol, Sequence
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from speckv.services.common.errors import InvalidArgument, SpeckvError
+from speckv.services.common.errors import SpeckvError
 from speckv.services.common.geometry import KVGeometry
 from speckv.services.common.ids import NodeId
 from speckv.services.common.node_sizes import NodeSizes
-from speckv.services.common.vllm_block_ids import parse_digest
 from speckv.services.scheduler.adapters.vllm_decode import (
     BadInput,
     SequenceTracker,
@@ -53,117 +63,20 @@ from speckv.services.scheduler.adapters.vllm_decode import (
     split_frames,
     split_replay_frames,
 )
+from speckv.services.scheduler.adapters.vllm_health import HealthProber, http_probe
+from speckv.services.scheduler.adapters.vllm_spec import DEFAULT_PAGES, VllmNodeSpec, parse_kv_events
 from speckv.services.scheduler.cluster import LoadReport
+from speckv.services.scheduler.engine_liveness import LivenessRule, Outcome, Transition
 from speckv.services.scheduler.holder_index import IndexEvent
+
+__all__ = ["DEFAULT_PAGES", "FeedStats", "NodeSink", "VllmEventFeeds", "VllmNodeFeed", "VllmNodeSpec",
+           "parse_kv_events"]  # the spec's names, re-exported for this module's callers
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PAGES = 65536  # a placeholder capacity when pages= is not given (only policies read it)
 POLL_MS = 100  # how often an idle thread checks for stop and heartbeats
 RECEIVE_HWM = 100_000  # as vLLM's PUB: live batches queue here while a replay runs
 MAX_REPLAY_BATCHES = 1_000_000  # bounds a runaway replay (vLLM buffers 10,000 by default)
-OPTIONS = ("replay", "address", "pages", "topic", "digest", "kvstore")
-FLAGS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
-
-
-# --- configuration -----------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class VllmNodeSpec:
-    """One vLLM engine (one data-parallel rank: each rank publishes on its own port)."""
-
-    node_id: str
-    endpoint: str  # vLLM's PUB socket, e.g. tcp://10.0.0.5:5557
-    replay_endpoint: str = ""  # vLLM's replay ROUTER socket; "" = no catch-up, gaps reset the node
-    address: str = ""  # what Route answers for this node (the engine's serving host:port)
-    pages: int = DEFAULT_PAGES  # the engine's KV blocks (vLLM's num_gpu_blocks)
-    topic: str = ""  # topic prefix subscribed to (vLLM's default topic is "")
-    # The engine's layout digest (the connector logs it): its blocks are indexed under the connector's ids,
-    # which routers send (services/common/vllm_block_ids.py); None: under vLLM's own event ids.
-    digest: bytes | None = None
-    # A kvstore registers this node and streams its tiers; the engine's events are the node's second source.
-    kvstore: bool = False
-
-    @property
-    def route_address(self) -> str:
-        """address, else the PUB endpoint's host:port."""
-        return self.address or self.endpoint.split("://", 1)[1]
-
-
-def parse_kv_events(text: str) -> list[VllmNodeSpec]:
-    """Parses --kv-events: entries separated by ';', each
-    `NODE=PUB_ENDPOINT[,replay=ENDPOINT][,address=HOST:PORT][,pages=N][,topic=T][,digest=HEX][,kvstore=1]`.
-    InvalidArgument names the entry and what is wrong."""
-    specs: list[VllmNodeSpec] = []
-    for entry in (e.strip() for e in text.split(";")):
-        if not entry:
-            continue
-        head, *options = [part.strip() for part in entry.split(",")]
-        node_id, sep, endpoint = head.partition("=")
-        if not sep or not node_id.strip():
-            raise InvalidArgument(f"kv_events entry {entry!r}: expected NODE=tcp://HOST:PORT[,replay=...]")
-        values: dict[str, str] = {}
-        for option in options:
-            key, sep, value = option.partition("=")
-            if not sep or key.strip() not in OPTIONS or key.strip() in values:
-                raise InvalidArgument(f"kv_events entry {entry!r}: option {option!r} is not one of "
-                                      "replay=, address=, pages=, topic=, digest=, kvstore= (each at most once)")
-            values[key.strip()] = value.strip()
-        spec = VllmNodeSpec(node_id.strip(), endpoint.strip(), values.get("replay", ""), values.get("address", ""),
-                            _pages(entry, values.get("pages")), values.get("topic", ""),
-                            _digest(entry, values.get("digest")), _flag(entry, "kvstore", values.get("kvstore")))
-        _check_spec(entry, spec, values)
-        if any(s.node_id == spec.node_id for s in specs):
-            raise InvalidArgument(f"kv_events: node {spec.node_id!r} is named twice")
-        specs.append(spec)
-    return specs
-
-
-def _digest(entry: str, text: str | None) -> bytes | None:
-    if text is None:
-        return None
-    try:
-        return parse_digest(text)
-    except ValueError as exc:
-        raise InvalidArgument(f"kv_events entry {entry!r}: digest={text[:80]!r}: {exc}") from None
-
-
-def _flag(entry: str, name: str, text: str | None) -> bool:
-    if text is None:
-        return False
-    flag = FLAGS.get(text.lower())
-    if flag is None:
-        raise InvalidArgument(f"kv_events entry {entry!r}: {name}={text!r}: expected 1 or 0 (yes/no, true/false)")
-    return flag
-
-
-def _pages(entry: str, text: str | None) -> int:
-    if text is None:
-        return DEFAULT_PAGES
-    try:
-        pages = int(text)
-    except ValueError:
-        pages = 0
-    if pages <= 0:
-        raise InvalidArgument(f"kv_events entry {entry!r}: pages={text!r} must be a whole number > 0")
-    return pages
-
-
-def _check_spec(entry: str, spec: VllmNodeSpec, values: dict[str, str]) -> None:
-    for name, endpoint in (("endpoint", spec.endpoint), ("replay", spec.replay_endpoint)):
-        if endpoint and not endpoint.startswith(("tcp://", "ipc://")):
-            raise InvalidArgument(f"kv_events entry {entry!r}: {name} {endpoint!r} must be tcp://HOST:PORT "
-                                  "or ipc://PATH (the scheduler connects; vLLM binds)")
-    if spec.endpoint.startswith("tcp://") and ":" not in spec.endpoint[len("tcp://"):]:
-        raise InvalidArgument(f"kv_events entry {entry!r}: endpoint {spec.endpoint!r} lacks a port")
-    if spec.kvstore:
-        given = [name for name in ("address", "pages") if name in values]
-        if given:
-            raise InvalidArgument(f"kv_events entry {entry!r}: {'= and '.join(given)}= cannot go with kvstore=1 "
-                                  "(the node's kvstore registers it, with its address and sizes)")
-        return
-    if ":" not in spec.route_address:
-        raise InvalidArgument(f"kv_events entry {entry!r}: give address=HOST:PORT (what Route answers)")
 
 
 # --- the scheduler side ------------------------------------------------------
@@ -182,6 +95,8 @@ class NodeSink(Protocol):
 
     def reset_inventory(self, node_id: NodeId, generation: int) -> bool: ...
 
+    def node_lost(self, node_id: str, reason: str, generation: int | None = None) -> bool: ...
+
 
 @dataclass(slots=True)
 class FeedStats:
@@ -191,6 +106,8 @@ class FeedStats:
     events: int = 0  # index events applied
     replays: int = 0  # catch-ups that recovered every missed batch
     resets: int = 0  # inventory resets (gaps not recovered, restarts, reconnections)
+    deaths: int = 0  # times the health probe declared the engine dead (its blocks dropped)
+    revivals: int = 0  # times it answered again after that
     skipped: dict[str, int] = field(default_factory=dict)  # Skip reason -> count (events, or batches for
     # bad_frames / garbage)
 
@@ -204,8 +121,13 @@ class VllmNodeFeed:
     its own thread (zmq sockets are not thread-safe)."""
 
     def __init__(self, spec: VllmNodeSpec, sink: NodeSink, context: zmq.Context, block_size: int,
-                 heartbeat_interval_s: float, replay_timeout_s: float = 2.0) -> None:
+                 heartbeat_interval_s: float, replay_timeout_s: float = 2.0,
+                 health_rule: LivenessRule | None = None) -> None:
         self.spec, self.node_id = spec, NodeId(spec.node_id)
+        rule = health_rule or LivenessRule()
+        self._prober = (HealthProber(spec.node_id, http_probe(spec.health, rule.timeout_s), rule)
+                        if spec.health else None)
+        self._engine_dead = False  # as the prober last said (only this feed's thread reads or writes it)
         self._sink, self._context = sink, context
         self._decoder = VllmBatchDecoder(block_size, spec.digest)
         self._tracker = SequenceTracker()
@@ -220,21 +142,27 @@ class VllmNodeFeed:
 
     def start(self) -> "VllmNodeFeed":
         self._thread.start()
+        if self._prober is not None:
+            self._prober.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        if self._prober is not None:
+            self._prober.stop()
 
     def join(self, timeout_s: float) -> bool:
-        """True when the thread has ended."""
+        """True when the thread has ended (the prober's may end later: it holds no socket)."""
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self._prober is not None:
+            self._prober.join(timeout_s)
         return not self._thread.is_alive()
 
     def stats(self) -> FeedStats:
         with self._lock:
             s = self._stats
-            return FeedStats(s.batches, s.events, s.replays, s.resets, dict(s.skipped))
+            return FeedStats(s.batches, s.events, s.replays, s.resets, s.deaths, s.revivals, dict(s.skipped))
 
     # --- the thread -------------------------------------------------------
     def _run(self) -> None:
@@ -253,10 +181,11 @@ class VllmNodeFeed:
                 ready = dict(poller.poll(POLL_MS))
                 if monitor in ready:
                     self._on_monitor(recv_monitor_message(monitor))
+                self._check_health()
                 if sub in ready:
                     self._drain(sub)
                 now = time.monotonic()
-                if self._connected and self._generation is not None and now >= next_beat:
+                if self._connected and self._generation is not None and not self._engine_dead and now >= next_beat:
                     if self._sink.generation(self.spec.node_id) != self._generation:
                         self._stale()  # never keep alive a registration that is not ours
                     if not self._sink.heartbeat(self.node_id, LoadReport()):
@@ -276,7 +205,7 @@ class VllmNodeFeed:
         if message["event"] == zmq.EVENT_CONNECTED:
             self._connected = True
             log.info("vLLM KV events of %s: connected to %s", self.node_id, self.spec.endpoint)
-            if self._generation is None:
+            if self._generation is None and not self._engine_dead:
                 self._register()
         elif message["event"] == zmq.EVENT_DISCONNECTED:
             self._connected = False
@@ -313,9 +242,45 @@ class VllmNodeFeed:
                 frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if self._engine_dead:  # its blocks left the index; what it says now waits for its revival's replay
+                self._count(Skip.ENGINE_DEAD, 1, "a batch arrived while the health probe says the engine is dead")
+                continue
             if self._generation is None:
                 self._register()  # a batch raced the monitor's connected event
             self._on_message(frames)
+
+    def _check_health(self) -> None:
+        """Acts on what the prober concluded since the last look."""
+        for outcome, detail in self._prober.take() if self._prober is not None else ():
+            if outcome.transition is Transition.DIED:
+                self._engine_died(outcome, detail)
+            elif outcome.transition is Transition.REVIVED:
+                self._engine_dead = False
+                with self._lock:
+                    self._stats.revivals += 1
+                log.info("vLLM engine of %s answers %s again: taken to be back empty; its events repopulate it",
+                         self.node_id, self.spec.health)
+                if self._connected and self._generation is None:
+                    self._register()  # now, not at its next batch: a quiet engine is routable again too
+
+    def _engine_died(self, outcome: Outcome, detail: str) -> None:
+        """Drops the engine's blocks: node_lost (an engine-only node goes
+        down; beside a kvstore, only the engine's source is reset). The next
+        batch after the revival starts over as a fresh subscription."""
+        self._engine_dead = True
+        self._tracker.lost_connection()
+        since = (f"silent for {outcome.silent_s:.1f} s" if outcome.ever_answered
+                 else "it never answered")
+        reason = f"engine health {self.spec.health}: {outcome.failures} probes failed ({detail}; {since})"
+        if self._generation is not None:
+            self._sink.node_lost(self.spec.node_id, reason, self._generation)
+            # It registers again, a new incarnation, when it answers: before that no batch may be applied
+            # (an engine-only node is down: its events would be refused, which ends a feed).
+            self._generation = None
+        with self._lock:
+            self._stats.deaths += 1
+        log.warning("vLLM engine of %s declared dead (%s): its blocks leave the index%s", self.node_id, reason,
+                    " (its kvstore's stay)" if self.spec.kvstore else ", the node goes down")
 
     def _on_message(self, frames: list[bytes]) -> None:
         try:
@@ -438,9 +403,10 @@ class VllmEventFeeds:
 
     def __init__(self, specs: Sequence[VllmNodeSpec], sink: NodeSink, block_size: int,
                  heartbeat_interval_s: float, replay_timeout_s: float = 2.0,
-                 beside_kvstore: NodeSink | None = None) -> None:
+                 beside_kvstore: NodeSink | None = None, health_rule: LivenessRule | None = None) -> None:
         """beside_kvstore: the sink of the engines named with kvstore=1
-        (merged_sources.EngineSourceSink); sink serves the others."""
+        (merged_sources.EngineSourceSink); sink serves the others.
+        health_rule: how the engines named with health= are probed."""
         self._context = zmq.Context()
         self.feeds: dict[NodeId, VllmNodeFeed] = {}
         for s in specs:
@@ -448,7 +414,7 @@ class VllmEventFeeds:
                 raise ValueError(f"kv_events node {s.node_id!r} has kvstore=1 and no sink for it was given")
             self.feeds[NodeId(s.node_id)] = VllmNodeFeed(
                 s, beside_kvstore if s.kvstore and beside_kvstore is not None else sink, self._context,
-                block_size, heartbeat_interval_s, replay_timeout_s)
+                block_size, heartbeat_interval_s, replay_timeout_s, health_rule)
 
     def start(self) -> None:
         for feed in self.feeds.values():

@@ -70,7 +70,8 @@ def test_up_with_vllm_indexes_each_engines_events_beside_its_kvstore(tmp_path):
     assert scheduler[scheduler.index("--engine-profile") + 1] == "tiny-llama-vllm-cpu"  # 32-token blocks
     feeds = parse_kv_events(scheduler[scheduler.index("--kv-events") + 1])
     digest = cpu_layout(str(tmp_path), model_geometry(tmp_path, "float32", 32)).digest()
-    assert [(f.node_id, f.endpoint, f.kvstore, f.digest) for f in feeds] == [
-        ("node-0", "tcp://127.0.0.1:8200", True, digest), ("node-1", "tcp://127.0.0.1:8201", True, digest)]
+    assert [(f.node_id, f.endpoint, f.kvstore, f.digest, f.health) for f in feeds] == [
+        ("node-0", "tcp://127.0.0.1:8200", True, digest, "http://127.0.0.1:8100/health"),
+        ("node-1", "tcp://127.0.0.1:8201", True, digest, "http://127.0.0.1:8101/health")]  # each engine's server
     with pytest.raises(InvalidArgument, match="block size"):
         parse_spec(["--engine", "vllm", "--model", str(tmp_path), "--engine-profile", "llama-3-8b-h100"], {})

@@ -21,3 +21,13 @@ def test_limit_defaults_and_flags():
 def test_limits_must_be_positive(field):
     with pytest.raises(InvalidArgument, match=field):
         parse("--" + field.replace("_", "-"), "0")
+
+
+def test_engine_health_probing_defaults_and_refusals():
+    rule = parse().engine_health()
+    assert (rule.interval_s, rule.timeout_s, rule.failures) == (1.0, 2.0, 3)
+    assert parse("--engine-health-failures", "5").engine_health().failures == 5
+    for flag, value in (("--engine-health-interval-s", "0"), ("--engine-health-timeout-s", "-1"),
+                        ("--engine-health-failures", "0")):
+        with pytest.raises(InvalidArgument, match="engine_health"):
+            parse(flag, value)

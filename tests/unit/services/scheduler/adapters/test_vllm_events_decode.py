@@ -194,6 +194,16 @@ def test_replay_frames_and_request():
         split_replay_frames([(9).to_bytes(8, "big"), b"p"])  # a REQ-style reply without the delimiter
 
 
+def test_replay_frames_of_vllm_0_32_carry_the_topic():
+    """vllm/distributed/kv_events.py 0.32, _service_replay: (client, '', topic,
+    seq, payload) per batch, (client, '', '', END_SEQ, '') at the end; the
+    DEALER receives all but the client."""
+    assert split_replay_frames([b"", b"kv-events", (9).to_bytes(8, "big"), b"p"]) == (9, b"p")
+    assert split_replay_frames([b"", b"", (-1).to_bytes(8, "big", signed=True), b""]) is None
+    with pytest.raises(BadInput):
+        split_replay_frames([b"", b"kv-events", b"x", (9).to_bytes(8, "big"), b"p"])
+
+
 # --- sequences ----------------------------------------------------------------
 
 def test_sequence_rules():
@@ -239,11 +249,18 @@ def test_kv_events_spec_of_an_engine_beside_its_kvstore():
     assert not parse_kv_events("a=tcp://h:1,kvstore=0")[0].kvstore
 
 
+def test_kv_events_spec_with_the_engines_health_url():
+    (a, b) = parse_kv_events("a=tcp://h:1,kvstore=1,health=http://h:8000/health;b=tcp://h:2,address=h:3")
+    assert (a.health, b.health) == ("http://h:8000/health", "")  # without health=: not probed
+
+
 @pytest.mark.parametrize("text", ["a", "=tcp://h:1", "a=h:1", "a=tcp://h", "a=tcp://h:1,replay=h:2",
                                   "a=tcp://h:1,color=red", "a=tcp://h:1,pages=0", "a=tcp://h:1,pages=x",
                                   "a=ipc:///tmp/a", "a=tcp://h:1;a=tcp://h:2", "a=tcp://h:1,pages=1,pages=2",
                                   "a=tcp://h:1,kvstore=maybe", "a=tcp://h:1,kvstore=1,address=h:2",
-                                  "a=tcp://h:1,kvstore=1,pages=5"])
+                                  "a=tcp://h:1,kvstore=1,pages=5", "a=tcp://h:1,kvstore=1,health=h:8000",
+                                  "a=tcp://h:1,kvstore=1,health=", "a=tcp://h:1,kvstore=1,health=http://h:x/health",
+                                  "a=tcp://h:1,kvstore=1,health=tcp://h:1/health"])
 def test_kv_events_spec_rejects(text):
     with pytest.raises(InvalidArgument):
         parse_kv_events(text)
