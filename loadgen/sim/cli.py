@@ -32,7 +32,8 @@ The predictor runs only in the simulations of the policies that read its
 forecasts (FORECAST_POLICIES: predictive), so only their report time lines
 draw forecasts; the live bench draws the same line for every policy.
 --predictor lightgbm trains the model once, before any worker starts
-(jobs.py says on what).
+(jobs.py says on what); --predictor online refits it inside each
+simulation, in virtual time, from the arrivals it routes (online_counts.py).
 
 --sweep KEY=V1,V2 (link, profile; repeatable) runs every cell of their
 cartesian product, each on the base configuration with that cell's values
@@ -98,7 +99,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--start-s", type=float, default=None, help="slice start, trace s (default: the first arrival)")
     p.add_argument("--duration-s", type=float, default=None, help="slice length, trace s (default: to the end)")
     p.add_argument("--predictor", choices=PREDICTOR_KINDS, default="builtin",
-                   help="builtin EWMA (as the live cluster) or LightGBM trained on the trace before the slice")
+                   help="builtin EWMA (as the live cluster), LightGBM trained on the trace before the slice, or "
+                        "online: the EWMA until LightGBM refitted every 300 virtual s on the arrivals the "
+                        "simulation routed validates (the live predictor's --retrain-interval-s; online_counts.py)")
     p.add_argument("--train-trace", default=None,
                    help="with --predictor lightgbm: train on the whole of this other trace instead of the "
                         "replayed trace's time before the slice")

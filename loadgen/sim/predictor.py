@@ -6,6 +6,9 @@ Models:
   builtin model), warmed with the arrivals of the `warmup_s` of trace before
   the slice as the live e2e run warms the service: the Simulation routes them
   through the scheduler core, which reports each to this core.
+- "online": "builtin" at the start, then LightGBM refitted in virtual time
+  from the arrivals the simulation routes (online_counts.py): no trace time
+  before the slice is needed.
 - "lightgbm": the LightGBM bundle trained with the one training path
   (services/predictor/fitting/training.py, services/config/predictor.json, quick
   hyperparameters) by `train_lightgbm` on trace arrivals strictly before the
@@ -39,7 +42,7 @@ from speckv.services.predictor.serving.observations import Arrival
 from speckv.services.scheduler.arrival_reports import ArrivalRecord
 from speckv.services.scheduler.forecasts import Forecast
 
-PREDICTOR_KINDS = ("builtin", "lightgbm")
+PREDICTOR_KINDS = ("builtin", "lightgbm", "online")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,9 @@ def build_predictor(kind: str, clock: Clock, trained: TrainedPredictor | None = 
     config = PredictorConfig()
     if kind == "builtin":
         return PredictorCore(clock, config.builtin_model(), config.core_settings()), "builtin EWMA"
+    if kind == "online":  # online_counts.py refits it in virtual time
+        return (PredictorCore(clock, config.builtin_model(), config.core_settings()),
+                "builtin EWMA until the first validated online refit")
     if kind != "lightgbm":
         raise InvalidArgument(f"--predictor={kind!r}: expected one of {', '.join(PREDICTOR_KINDS)}")
     if trained is None:

@@ -162,6 +162,7 @@ class Simulation:
         wiring = forecast_wiring.wire(variant.policy, settings, policies, self.queue.clock, trained, returns,
                                       history, start)
         self._forecasts, self._returns, self.predictor_note = wiring.forecasts, wiring.returns, wiring.note
+        self._refits = wiring.refits
         arrivals, source = wiring.arrivals, wiring.source
         self.ids = [NodeId(f"node-{i}") for i in range(settings.nodes)]
         sizes = settings.sizes
@@ -245,11 +246,16 @@ class Simulation:
             q.at(event.at_s, partial(failover.node_event, self, event), TICK_PRIORITY)
         if self._returns is not None and self._returns.fitter is not None:
             q.after(FIT_CHECK_S, self._fit_tick, TICK_PRIORITY)
+        if self._refits is not None:
+            q.after(self._refits.interval_s, self._refit_tick, TICK_PRIORITY)
         deadline = (self._requests[-1].arrival_s if self._requests else q.now()) + self.settings.drain_s
         total = len(self._requests)
         q.run(until_s=deadline, stop=lambda: self._done >= total)
         if self._returns is not None and self._returns.fitter is not None:
             self.predictor_note += f"; {self._returns.note()}"
+        if self._refits is not None:
+            self.predictor_note += f"; {self._refits.note()}"
+            self._refits.close()
         for record in self.records:
             if not record.served and not record.error:
                 record.error = "not finished before the drain deadline"
@@ -261,6 +267,11 @@ class Simulation:
                       q.now() - (self._requests[0].arrival_s if self._requests else q.now()),
                       self.network.bytes_total, self.predictor_note, time.process_time() - began_cpu, actions,
                       self.membership.outcomes, self.membership.lifetimes)
+
+    def _refit_tick(self) -> None:
+        assert self._refits is not None
+        self._refits.tick(self.queue.now())
+        self.queue.after(self._refits.interval_s, self._refit_tick, TICK_PRIORITY)
 
     def _fit_tick(self) -> None:
         assert self._returns is not None

@@ -70,3 +70,15 @@ def test_lightgbm_is_trained_only_when_a_policy_reads_forecasts(traces_dir, poli
     first = jobs.Job(str(path), 7, CONFIG.nodes, "none", 600.0, 5.0, "lightgbm", 1.0, None)
     trained = jobs.train_once(args, CONFIG, first, wide_console())
     assert (trained is not None) == trains
+
+
+def test_the_online_predictor_refits_inside_the_simulation_in_virtual_time(trace, monkeypatch):
+    from speckv.loadgen.sim import online_counts
+
+    monkeypatch.setattr(online_counts, "REFIT_INTERVAL_S", 5.0)  # four refits in the 20 s slice
+    history, requests = trace
+    settings = dataclasses.replace(SimSettings.from_e2e(CONFIG), drain_s=120.0, predictor="online")
+    run = Simulation(CONFIG, settings, "predictive", requests, history).run()
+    assert all(r.served for r in run.records)
+    assert run.predictor.startswith("builtin EWMA until the first validated online refit")
+    assert "count and burst models refitted online every 5 s" in run.predictor
