@@ -88,7 +88,8 @@ def main(spec_path: str, out_path: str) -> None:
              **{key: spec[key] for key in ("node_id", "peers", "load_async", "load_by_layer") if key in spec}}
     max_len = spec.get("max_model_len", 4096)
     transfer = {"kv_connector": "SpeckvConnector", "kv_connector_module_path": CONNECTOR_MODULE,
-                "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
+                "kv_role": "kv_both", "kv_load_failure_policy": spec.get("load_failure_policy", "recompute"),
+                "kv_connector_extra_config": extra}
     events = spec.get("kv_events_port")  # also publish vLLM's own KV events there, and collect them
     # vLLM's PUB connects to a host:port endpoint (it binds only wildcard ones): the collector binds first.
     collector = EventCollector(f"tcp://127.0.0.1:{events}") if events else None

@@ -191,6 +191,15 @@ def test_blocks_of_another_model_digest_are_never_loaded(first, store, model, tm
     assert other["outputs"] == first["outputs"]  # the same weights, recomputed
 
 
+def test_the_connector_stays_off_where_a_failed_load_would_fail_the_request(first, store, model, tmp_path):
+    server, _ = store
+    # vLLM's default kv_load_failure_policy "fail" ends a request whose load failed: speckv then loads nothing.
+    failing = run_engine({"model": str(model), "kvstore": server.address, "load_failure_policy": "fail",
+                          "prompts": [PROMPT], "max_tokens": 16}, tmp_path)
+    assert failing["outputs"] == first["outputs"]
+    assert failing["counters"]["lookups"] == 0 and failing["counters"]["blocks_loaded"] == 0
+
+
 def test_a_kvstore_that_is_down_costs_a_recompute_not_a_request(first, model, tmp_path):
     address = f"127.0.0.1:{_closed_port()}"
     down = run_engine({"model": str(model), "kvstore": address, "prompts": [PROMPT], "max_tokens": 16}, tmp_path)

@@ -72,7 +72,12 @@ class SpeckvConnector(KVConnectorBase_V1):
                        for node, address in settings.peers.items()}
         layout, why_not = layout_of(vllm_config, settings)
         why_not = tls_error or why_not
-        if layout is not None and role == KVConnectorRole.SCHEDULER:
+        policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", None)
+        if layout is not None and policy != "recompute":
+            # vLLM's default, "fail", ends a request whose load failed: speckv's loads must fail open.
+            why_not = (f"kv_load_failure_policy is {policy!r}: set \"recompute\" so that a failed load costs a "
+                       "recompute, not the request")
+        if layout is not None and role == KVConnectorRole.SCHEDULER and not why_not:
             why_not = _geometry_mismatch(self._client, layout)
         if why_not:
             log.warning("SpeckvConnector off (%s): the engine runs without the kvstore", why_not)
@@ -82,11 +87,6 @@ class SpeckvConnector(KVConnectorBase_V1):
             # What the scheduler needs to index this engine's own KV events under these ids (--kv-events).
             log.info("SpeckvConnector on kvstore %s; layout digest %s (the scheduler's --kv-events digest=)",
                      settings.kvstore, layout.digest().hex())
-        if layout is not None and getattr(self._kv_transfer_config, "kv_load_failure_policy", "") != "recompute":
-            # vLLM's default, "fail", ends a request whose load failed: speckv's loads must fail open.
-            log.warning("SpeckvConnector: kv_load_failure_policy is %r; set \"recompute\" so that a failed load "
-                        "costs a recompute, not the request", getattr(self._kv_transfer_config,
-                                                                     "kv_load_failure_policy", None))
         self._scheduler = SchedulerSide(layout, self._client, self.counters, self._peers, settings.load_async) \
             if layout is not None and role == KVConnectorRole.SCHEDULER else None
         self._shared = _open_shared(self._client, layout, settings, self.counters) \
@@ -156,7 +156,17 @@ class SpeckvConnector(KVConnectorBase_V1):
         if self._worker is not None and self.has_connector_metadata():
             metadata = self._get_connector_metadata()
             if isinstance(metadata, SpeckvMetadata):
-                self._worker.save(metadata.plan)
+                try:
+                    self._worker.save(metadata.plan)
+                except Exception:  # noqa: BLE001 - a save that cannot be made leaves its blocks engine-only
+                    self.counters.add(save_failures=1)
+                    log.exception("speckv: a save failed; its blocks stay engine-only")
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-by-layer loads wait in each attention layer (wait_for_layer_load),
+        which a full CUDA graph's replay skips: they need vLLM's piecewise graphs."""
+        return extra_config.get("load_by_layer") is True
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Background loads that ended (load_async); a failed one is also finished, as vLLM asks."""

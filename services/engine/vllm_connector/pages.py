@@ -90,6 +90,9 @@ def page_views(caches: Sequence[torch.Tensor], num_kv_heads: int, block_size: in
     """Each layer's cache as [num_blocks, 2, block_size, heads, head_dim] (a
     view: no copy). ValueError when a tensor has another shape, or its
     head_dim rows are not contiguous (a layout this conversion does not know)."""
+    if len({cache.dtype for cache in caches}) > 1:
+        # vLLM's kv_cache_dtype_skip_layers keeps some layers in another dtype: one block, one element size.
+        raise ValueError(f"KV caches of mixed dtypes {sorted({str(c.dtype) for c in caches})}")
     views = []
     for cache in caches:
         expected = (num_kv_heads, block_size, 2 * head_dim)
@@ -155,10 +158,6 @@ def _same_items(pages: Pages, other: Pages) -> None:
         raise ValueError(f"pages of {item_size(pages)}-byte items against {item_size(other)}-byte items")
 
 
-def _permuted(array: Pages, axes: tuple[int, ...]) -> Pages:
-    return array.transpose(axes) if isinstance(array, np.ndarray) else array.permute(axes)
-
-
 def _copy(target: Pages, source: Pages) -> None:
     """target[...] = source, bytes; NumPy's copy when both are host arrays,
     torch's (across devices) otherwise."""
@@ -191,7 +190,11 @@ def pool_to_pages_layer(pages: Pages, pool: np.ndarray, layer: int, runs: Sequen
     _same_items(pages, pool)
     source = raw(pool)[layer]
     for run in runs:
-        _copy(pages[run.dst:run.dst + run.count], source[:, run.src:run.src + run.count].transpose(1, 0, 2, 3, 4))
+        if isinstance(pages, np.ndarray):
+            _copy(pages[run.dst:run.dst + run.count], source[:, run.src:run.src + run.count].transpose(1, 0, 2, 3, 4))
+            continue
+        for half in (0, 1):  # device pages: each half's pool run [n, N, H, C] is contiguous, copied as it lies
+            _copy(pages[run.dst:run.dst + run.count, half], source[half, run.src:run.src + run.count])
 
 
 def pool_to_pages(pages: Sequence[Pages], pool: np.ndarray, pool_pages: Sequence[int],
@@ -211,8 +214,12 @@ def pages_to_pool(pages: Sequence[Pages], engine_pages: Sequence[int], pool: np.
     for run in paired_runs(engine_pages, pool_pages):
         for layer, layer_pages in enumerate(pages):
             _same_items(layer_pages, pool)
-            _copy(target[layer, :, run.dst:run.dst + run.count],
-                  _permuted(layer_pages[run.src:run.src + run.count], (1, 0, 2, 3, 4)))  # [2, n, N, H, C]
+            if isinstance(layer_pages, np.ndarray):
+                _copy(target[layer, :, run.dst:run.dst + run.count],
+                      layer_pages[run.src:run.src + run.count].transpose(1, 0, 2, 3, 4))  # [2, n, N, H, C]
+                continue
+            for half in (0, 1):  # device pages: into each half's contiguous pool run
+                _copy(target[layer, half, run.dst:run.dst + run.count], layer_pages[run.src:run.src + run.count, half])
 
 
 def gather_blocks(pages: Sequence[Pages], page_ids: Sequence[int]) -> np.ndarray:

@@ -134,3 +134,10 @@ def test_pages_of_an_unknown_backend_or_another_device_are_refused():
     assert "'cpu'" in pages_refused(cuda, {"l0": "TRITON_ATTN"}, {"l0": "cpu"})
     assert "CPU_ATTN" in pages_refused(cuda, {"l0": "CPU_ATTN"}, {"l0": "cuda"})
     assert pages_refused(PageKind.CPU_HALVES, {"l0": "CPU_ATTN"}, {"l0": "cpu"}) == ""
+
+
+def test_caches_of_mixed_dtypes_are_refused():
+    # vLLM's kv_cache_dtype_skip_layers: some layers in another dtype, so no one block size fits every layer.
+    caches = vllm_caches(KVCacheLayout.LBHNC, torch.bfloat16)[:2] + vllm_caches(KVCacheLayout.LBHNC, torch.float16)[:1]
+    with pytest.raises(ValueError, match="mixed dtypes"):
+        page_views(caches, HEADS, BLOCK, DIM, PageKind.CONTENT_HALVES)
