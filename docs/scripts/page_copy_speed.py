@@ -13,26 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Callable
 
 import numpy as np
 import torch
 
+from speckv.loadgen.bench.transfer.tiers import best_gbps
 from speckv.services.engine.vllm_connector.pages import (
     PageKind, gather_blocks, page_arrays, page_views, pages_to_pool, pool_to_pages)
-
-
-def best_seconds(run: Callable[[], None], repeats: int, settle: Callable[[], None]) -> float:
-    run()
-    settle()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        settle()
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def measure(device: str, args: argparse.Namespace) -> dict[str, float]:
@@ -58,7 +46,7 @@ def measure(device: str, args: argparse.Namespace) -> dict[str, float]:
         staging = torch.empty(nbytes, dtype=torch.uint8, device=device)
         host = torch.from_numpy(source)
         cases["host -> device copy (contiguous)"] = lambda: staging.copy_(host)
-    return {name: nbytes / best_seconds(run, args.repeats, settle) / 1e9 for name, run in cases.items()}
+    return {name: best_gbps(nbytes, run, args.repeats, settle) for name, run in cases.items()}
 
 
 def main() -> None:

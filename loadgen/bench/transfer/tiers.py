@@ -25,7 +25,7 @@ from speckv.services.kvstore.pool import PageId, PagePool
 from speckv.services.kvstore.tier import PageMover
 
 
-def _best(nbytes: int, run: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
+def best_gbps(nbytes: int, run: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
     run()
     sync()
     best = float("inf")
@@ -58,18 +58,18 @@ def _measure(geometry: KVGeometry, blocks: int, repeats: int, device_backend, ho
     down, up = _scattered(blocks, 1), _scattered(blocks, 2)
     nbytes = blocks * geometry.bytes_per_block
     sync = device_backend.synchronize
-    demote = _best(nbytes, lambda: mover.move(device, down, host, up), repeats, sync)
-    promote = _best(nbytes, lambda: mover.move(host, up, device, down), repeats, sync)
+    demote = best_gbps(nbytes, lambda: mover.move(device, down, host, up), repeats, sync)
+    promote = best_gbps(nbytes, lambda: mover.move(host, up, device, down), repeats, sync)
     if device_backend.on_device:
         pinned = host_backend.host_empty(nbytes)
         on_device = device_backend.empty((nbytes,), np.dtype(np.uint8))
-        ceiling_down = _best(nbytes, lambda: on_device.get(out=pinned), repeats, sync)
-        ceiling_up = _best(nbytes, lambda: on_device.set(pinned), repeats, sync)
+        ceiling_down = best_gbps(nbytes, lambda: on_device.get(out=pinned), repeats, sync)
+        ceiling_up = best_gbps(nbytes, lambda: on_device.set(pinned), repeats, sync)
         ceiling = {"device_to_host_gbps": ceiling_down, "host_to_device_gbps": ceiling_up}
         return {"demote_gbps": demote, "promote_gbps": promote, **ceiling,
                 "demote_over_copy": demote / ceiling_down, "promote_over_copy": promote / ceiling_up}
     src = np.ones(nbytes, dtype=np.uint8)
     dst = np.ones(nbytes, dtype=np.uint8)
-    memcpy = _best(nbytes, lambda: np.copyto(dst, src), repeats)
+    memcpy = best_gbps(nbytes, lambda: np.copyto(dst, src), repeats)
     return {"demote_gbps": demote, "promote_gbps": promote, "memcpy_gbps": memcpy,
             "demote_over_memcpy": demote / memcpy, "promote_over_memcpy": promote / memcpy}
