@@ -173,3 +173,27 @@ def test_a_false_alarm_costs_a_replay_not_the_blocks(zmq_context, health):
             assert route(sched, [3001, 3002, 3003]).cached_blocks == 3
     finally:
         engine.close()
+
+
+def test_an_engine_that_answers_after_it_was_taken_for_dead_has_its_first_batch_indexed(zmq_context, health):
+    # A starting engine: its server does not answer yet, so the prober declares it dead; the prober's next
+    # round is far away (60 s), so only the feed's own probe at the batch can take the batch in.
+    engine = FakeVllm(zmq_context, replay=False)
+    reader = InMemoryMetricReader()
+    slow_rounds = {"engine_health_interval_s": 60.0, "engine_health_timeout_s": 1.0, "engine_health_failures": 1}
+    health.status = 503
+    spec = f"n1={engine.endpoint},kvstore=1,health={health.url}"
+    try:
+        with scheduler(kv_events=spec, heartbeat_interval_ms=200, **slow_rounds,
+                       telemetry=build_telemetry("scheduler", {}, metric_readers=(reader,))) as (server, sched), \
+                kvstore("n1", server.address) as (_, kv1):
+            engine.wait_subscribed()
+            assert wait_until(lambda: metric(reader, "speckv.scheduler.vllm_engine_health").get(
+                (("node", "n1"), ("transition", "died"))) == 1)
+            assert put_chain(kv1, CHAIN).stored == len(CHAIN)
+            health.status = 200  # the server is up now; the prober will not look again for a minute
+            engine.publish(map_batch(map_stored(ENGINE_ONLY, block_size=TINY_BLOCK)))
+            assert wait_until(lambda: nodes(sched)["n1"].num_blocks == 3 + len(CHAIN))
+            assert route(sched, ENGINE_ONLY).cached_blocks == 3
+    finally:
+        engine.close()

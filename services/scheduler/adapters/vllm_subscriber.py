@@ -112,6 +112,9 @@ class FeedStats:
     # bad_frames / garbage)
 
 
+ANSWER_PROBE_S = 0.25  # a dead engine's batches probe its server at most this often (the feed thread's own GET)
+
+
 class _Stop(Exception):
     """The node's generation moved on, or stop() was called: end the thread."""
 
@@ -125,9 +128,10 @@ class VllmNodeFeed:
                  health_rule: LivenessRule | None = None) -> None:
         self.spec, self.node_id = spec, NodeId(spec.node_id)
         rule = health_rule or LivenessRule()
-        self._prober = (HealthProber(spec.node_id, http_probe(spec.health, rule.timeout_s), rule)
-                        if spec.health else None)
+        self._probe = http_probe(spec.health, rule.timeout_s) if spec.health else None
+        self._prober = HealthProber(spec.node_id, self._probe, rule) if self._probe is not None else None
         self._engine_dead = False  # as the prober last said (only this feed's thread reads or writes it)
+        self._probed_at = -math.inf  # time.monotonic() of this thread's last own probe of a dead engine
         self._sink, self._context = sink, context
         self._decoder = VllmBatchDecoder(block_size, spec.digest)
         self._tracker = SequenceTracker()
@@ -242,7 +246,8 @@ class VllmNodeFeed:
                 frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if self._engine_dead:  # its blocks left the index; what it says now waits for its revival's replay
+            if self._engine_dead and not self._answers_now():
+                # Its blocks left the index and its server does not answer: what a dying engine still says.
                 self._count(Skip.ENGINE_DEAD, 1, "a batch arrived while the health probe says the engine is dead")
                 continue
             if self._generation is None:
@@ -254,14 +259,32 @@ class VllmNodeFeed:
         for outcome, detail in self._prober.take() if self._prober is not None else ():
             if outcome.transition is Transition.DIED:
                 self._engine_died(outcome, detail)
-            elif outcome.transition is Transition.REVIVED:
-                self._engine_dead = False
-                with self._lock:
-                    self._stats.revivals += 1
-                log.info("vLLM engine of %s answers %s again: taken to be back empty; its events repopulate it",
-                         self.node_id, self.spec.health)
-                if self._connected and self._generation is None:
-                    self._register()  # now, not at its next batch: a quiet engine is routable again too
+            elif outcome.transition is Transition.REVIVED and self._engine_dead:
+                self._revive()
+
+    def _answers_now(self) -> bool:
+        """A batch arrived from an engine taken for dead: probe its server at
+        once (at most every ANSWER_PROBE_S) rather than drop the batch until
+        the prober's next round. An engine starting up is declared dead before
+        its server first answers, and the first batches it publishes once it
+        does would otherwise be lost (no replay brings them back)."""
+        now = time.monotonic()
+        if self._probe is None or now - self._probed_at < ANSWER_PROBE_S:
+            return False
+        self._probed_at = now
+        healthy, _detail = self._probe()
+        if healthy:
+            self._revive()
+        return healthy
+
+    def _revive(self) -> None:
+        self._engine_dead = False
+        with self._lock:
+            self._stats.revivals += 1
+        log.info("vLLM engine of %s answers %s again: taken to be back empty; its events repopulate it",
+                 self.node_id, self.spec.health)
+        if self._connected and self._generation is None:
+            self._register()  # now, not at its next batch: a quiet engine is routable again too
 
     def _engine_died(self, outcome: Outcome, detail: str) -> None:
         """Drops the engine's blocks: node_lost (an engine-only node goes
