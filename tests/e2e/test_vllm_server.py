@@ -164,6 +164,7 @@ def test_a_dead_engine_leaves_the_index_and_its_kvstores_blocks_stay(tmp_path):
             stream_completion(spec.url, spec.served_model_name, PROMPT, 16)
             assert wait_until(lambda: cached() == PROMPT_BLOCKS)
             _evict_with_other_blocks(stub, pages=64)  # the prompt is now in the engine's cache alone
+            assert stub.Lookup(kvstore_pb2.LookupRequest(block_hashes=ids), timeout=30).prefix_blocks == 0
             assert cached() == PROMPT_BLOCKS
         assert wait_until(lambda: cached() == 0, timeout=60)  # the server stopped: the engine is dead
         assert node().alive and node().num_blocks == 64  # the kvstore's blocks stay
