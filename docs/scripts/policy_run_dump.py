@@ -5,6 +5,8 @@ analysis without rerunning (docs/journal/planner.md, "Dominance on
 document-bursts seed 13, traced"):
 
     PYTHONHASHSEED=0 .venv/bin/python docs/scripts/policy_run_dump.py document-bursts 13 predictive OUT.pkl
+
+POLICY may name a variant of heldout_seeds.py's config_for (e.g. predictive:lead2).
 """
 import dataclasses
 import pickle
@@ -12,9 +14,14 @@ import sys
 import time
 
 import speckv.loadgen.sim.scheduler_side as side
+import speckv.loadgen.sim.simulation as simmod
+from heldout_seeds import config_for
 from synthetic_slice import synthetic_slice
 
-scenario, seed, policy, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+scenario, seed, spec, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+policy, _, variant = spec.partition(":")
+config = config_for(variant)
+simmod.load_policy_config = lambda *a, **k: config
 chosen = synthetic_slice(scenario, 16, 1800.0, 600.0, seed)
 orders: list = []
 original_report = side.report
