@@ -24,7 +24,7 @@ nowcast), lgbm (the LightGBM predictor instead of the builtin), occ
 (retain.displacement "occupancy"), curve (retain.pricing "curve"), ttlN (retain.ttl_s N), capN (the e2e configuration's
 cluster.retain_max_share N / 100), nosig (agent-fanout without announced
 follow-ups: every request's follow_ups 0, in training and serving), surgeF
-(planner.surge_replan_factor F), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
+(planner.surge_replan_factor F), leadL (planner.nowcast_lead_s L), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
 (session-return forecasts buy no copies, only prefetches and retains), norp (they buy no prefetches), recal
 (the session-return model serves with its level recalibration on: predictor.json's
 session_return.recalibration, enabled), spillS (affinity.spill S: router or least_loaded); norr
@@ -74,6 +74,8 @@ def config_for(variant: str):
             p = replace(p, insurance_life_s=float(part[3:]))
         elif part.startswith("price"):
             p = replace(p, copy_ms_per_gib=float(part[5:]))
+        elif part.startswith("lead"):
+            p = replace(p, nowcast_lead_s=float(part[4:]))
         elif part.startswith("surge"):
             p = replace(p, surge_replan_factor=float(part[5:]))
         elif part == "occ":

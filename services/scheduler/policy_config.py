@@ -80,6 +80,7 @@ class PlannerSettings:
     redundancy_min_saving_ms: float  # a redundant copy must be expected to save at least this much TTFT (ms)
     nowcast_min_routes: int  # predictive: families routed this often in families.recent_window_s get a nowcast (0: off)
     surge_replan_factor: float  # predictive: plan at once when a surge grew this much since the last plan (0: off)
+    nowcast_lead_s: float  # predictive: a nowcast's horizon is horizon_s plus this (s), a copy's time to land (0: off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,7 @@ class PolicyConfig:
             raise InvalidArgument(f"planner.min_net_ms={self.planner.min_net_ms} must be >= 0")
         if self.families.surge_min_routes < 1:
             raise InvalidArgument(f"families.surge_min_routes={self.families.surge_min_routes} must be >= 1")
-        _finite_not_negative(self, "planner.insurance_life_s", "planner.copy_ms_per_gib",
+        _finite_not_negative(self, "planner.insurance_life_s", "planner.copy_ms_per_gib", "planner.nowcast_lead_s",
                              "planner.failure_rate_per_node_hour", "planner.redundancy_min_saving_ms")
         if self.retain.pricing not in ("uniform", "curve"):
             raise InvalidArgument(f"retain.pricing={self.retain.pricing!r}: uniform or curve")

@@ -5,7 +5,9 @@ live cluster, an in-process predictor in the simulator) for the top
 `planner.max_families_per_tick` families by expected arrivals within
 `planner.horizon_s` seconds, plus a nowcast of every family whose burst the
 cluster is in (nowcast.py: its rate over the last `families.recent_window_s`
-kept up over the horizon, where that exceeds the forecast); plan() hands
+kept up over the horizon, where that exceeds the forecast; with
+`planner.nowcast_lead_s` > 0 kept up that much longer, so a copy that lands
+after the horizon is priced against the burst it would still meet); plan() hands
 them to the Planner (planner.py),
 which prices every candidate replica and prefetch in milliseconds of TTFT
 (saving minus the evictions and link delay it causes) and admits, greedily,
@@ -47,6 +49,7 @@ class PlanningPolicy:
         self._max_families = context.config.planner.max_families_per_tick
         self._every_s = context.config.planner.plan_every_s
         self._nowcast_window_s = context.config.families.recent_window_s
+        self._nowcast_lead_s = context.config.planner.nowcast_lead_s
         self._nowcast_min_routes = context.config.planner.nowcast_min_routes if self.nowcast else 0
         self._surge_factor = context.config.planner.surge_replan_factor if self.nowcast else 0.0
         self._surging_at_plan: dict[str, int] = {}  # family -> its routes in the recent window at the last plan
@@ -74,7 +77,8 @@ class PlanningPolicy:
         self._surging_at_plan = dict(surging)
         forecasts = self._forecasts
         if surging:
-            forecasts = forecasts + nowcast_forecasts(surging, self._horizon_s, self._nowcast_window_s)
+            forecasts = forecasts + nowcast_forecasts(surging, self._horizon_s, self._nowcast_window_s,
+                                                      self._nowcast_lead_s)
         return self._planner.plan(now, view, forecasts, self.name)
 
     def _surge_grew(self, surging: list[tuple[str, int]]) -> bool:

@@ -124,3 +124,29 @@ def test_a_replan_factor_that_is_not_off_or_above_one_is_refused(factor):
     bad = dataclasses.replace(config, planner=dataclasses.replace(config.planner, surge_replan_factor=factor))
     with pytest.raises(InvalidArgument, match="surge_replan_factor"):
         bad.validate()
+
+
+def test_the_lead_keeps_the_recent_rate_up_past_the_horizon():
+    catalog = catalog_with([(0.0, A), (0.3, A), (0.6, A), (0.9, A)])
+    (f,) = nowcast_forecasts(catalog.surging(1.0, 3), 2.0, 1.0, lead_s=2.0)
+    assert f.horizon_s == 4.0 and f.expected_count == pytest.approx(12.0)  # 3 a second over 2 + 2 s
+
+
+def test_a_copy_that_lands_after_the_horizon_is_bought_only_with_the_lead():
+    """A 128-block copy takes longer than a 50 ms horizon to land: without a
+    lead it serves none of the demand priced and is worth nothing, however
+    long the holder's queue; with one it meets the burst it would still find."""
+    without = _burst_in_progress("predictive", ScriptedForecasts(), horizon_s=0.05)
+    assert without.tick() == []
+    core = _burst_in_progress("predictive", ScriptedForecasts(), horizon_s=0.05, nowcast_lead_s=1.0)
+    orders = core.tick()
+    assert orders and {o.spec.family for o in orders} == {FAMILY}
+    assert all(o.spec.expected_benefit_ms > 0 and o.spec.source == "n0" for o in orders)
+
+
+@pytest.mark.parametrize("lead", [-1.0, float("inf"), float("nan")])
+def test_a_lead_that_is_not_finite_and_not_negative_is_refused(lead):
+    config = load_policy_config()
+    bad = dataclasses.replace(config, planner=dataclasses.replace(config.planner, nowcast_lead_s=lead))
+    with pytest.raises(InvalidArgument, match="nowcast_lead_s"):
+        bad.validate()
