@@ -29,7 +29,7 @@ follow-ups: every request's follow_ups 0, in training and serving), surgeF
 (the session-return model serves with its level recalibration on: predictor.json's
 session_return.recalibration, enabled), spillS (affinity.spill S: router or least_loaded); norr
 and norp are patched into the planner, so they run on the source, not the compiled build; joined with "+".
-Runs two simulations at a time in forked workers (the variant is patched
+Runs two simulations at a time (WORKERS in the environment: that many) in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
 import collections
 import dataclasses
@@ -235,7 +235,7 @@ if __name__ == "__main__":
         sys.exit(0)
     out, scenarios, seeds, specs = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(","), sys.argv[4].split(",")
     tasks = [(sc, int(sd), spec) for sc in scenarios for sd in seeds for spec in specs]
-    with mp.get_context("fork").Pool(2) as pool, open(out, "a") as f:
+    with mp.get_context("fork").Pool(int(os.environ.get("WORKERS", "2"))) as pool, open(out, "a") as f:
         for row in pool.imap_unordered(run, tasks):
             f.write(json.dumps(row) + "\n")
             f.flush()
