@@ -12,10 +12,10 @@ charge sent it elsewhere), or not moved (it queued behind what the charge
 moved, or behind its own node's changed queue). Used for docs/planner.md
 ("The router's prefill-ahead charge"):
 
-    PYTHONPATH=.shim python docs/scripts/ahead_charge_trace.py document-bursts 19 none 1 [VARIANT]
+    PYTHONHASHSEED=0 PYTHONPATH=.shim python docs/scripts/ahead_charge_trace.py document-bursts 19 none 1
 
-VARIANT names a refinement of the charge as a router keyword (e.g.
-prefill_ahead_mode=...); on the source build only (it wraps the route call).
+On the source build only (it wraps the route call). The warm start's routes
+are decided twice as well and counted apart (their requests have no record).
 """
 import dataclasses
 import math
@@ -31,14 +31,13 @@ from speckv.services.scheduler.policy_config import load_policy_config
 from speckv.services.scheduler.routing.router import best_holder
 
 scenario, seed, policy, weight = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-extra = dict(kv.split("=") for kv in sys.argv[5:])
 chosen = synthetic_slice(scenario, 16, 1800.0, 600.0, seed)
 bursts = burst_seconds(chosen.workload.times.tolist())
 BASE = load_policy_config()
 
 
 def with_weight(w: float):
-    router = dataclasses.replace(BASE.router, prefill_ahead_weight=w, **extra)
+    router = dataclasses.replace(BASE.router, prefill_ahead_weight=w)
     return dataclasses.replace(BASE, router=router)
 
 
@@ -114,7 +113,6 @@ print(f"routes moved by the charge: {len(moved_all) - len(warm)} of {len(b)}, {l
 dm = np.array([b[k].ttft_ms - a[k].ttft_ms for k in moved_burst]) if moved_burst else np.zeros(1)
 print(f"moved burst requests: TTFT change mean {dm.mean():+.0f} ms, median {np.median(dm):+.0f}, "
       f"slower > 50 ms {(dm > 50).sum()}, faster > 50 ms {(dm < -50).sum()}")
-p99 = np.percentile(tb, 99)
 tail = [k for k in sorted(ids, key=lambda k: -b[k].ttft_ms) if b[k].ttft_ms >= np.percentile(tb, 98)]
 print(f"tail (>= p98 of w={weight:g}): {len(tail)} requests, moved {sum(k in moved_all for k in tail)}")
 for k in tail[:30]:
