@@ -27,9 +27,10 @@ follow-ups: every request's follow_ups 0, in training and serving), surgeF
 (planner.surge_replan_factor F), leadL (planner.nowcast_lead_s L), priceP (planner.copy_ms_per_gib P), insL (planner.insurance_life_s L), norr
 (session-return forecasts buy no copies, only prefetches and retains), norp (they buy no prefetches), recal
 (the session-return model serves with its level recalibration on: predictor.json's
-session_return.recalibration, enabled), spillS (affinity.spill S: router or least_loaded); norr
+session_return.recalibration, enabled), spillS (affinity.spill S: router or least_loaded), rseedK (the
+router's tie-break seed K instead of 0: a placebo, no policy's change); norr
 and norp are patched into the planner, so they run on the source, not the compiled build; joined with "+".
-Runs two simulations at a time in forked workers (the variant is patched
+Runs two simulations at a time (WORKERS in the environment: that many) in forked workers (the variant is patched
 into the worker's configuration before it starts)."""
 import collections
 import dataclasses
@@ -51,6 +52,7 @@ from speckv.loadgen.sim import jobs
 from speckv.loadgen.sim.returns import train_returns
 from speckv.services.scheduler.forecasts import ForecastKind
 from speckv.services.scheduler.policy_config import load_policy_config
+from speckv.services.scheduler.ports import SchedulerSettings
 from speckv.services.scheduler.replication import planner as planner_module
 from speckv.services.scheduler.orders import ActionKind
 
@@ -88,8 +90,8 @@ def config_for(variant: str):
             p = replace(p, horizon_s=float(part[1:]))
         elif part.startswith("now"):
             p = replace(p, nowcast_min_routes=int(part[3:]))
-        elif part.startswith("cap") or part in ("lgbm", "base", "nosig", "norr", "norp", "recal"):
-            pass  # capN changes the e2e configuration: e2e_config_for
+        elif part.startswith(("cap", "rseed")) or part in ("lgbm", "base", "nosig", "norr", "norp", "recal"):
+            pass  # capN changes the e2e configuration (e2e_config_for), rseedK the scheduler settings (run)
         else:
             raise ValueError(f"unknown variant {part!r}")
     return replace(base, planner=p, retain=r, affinity=a, router=router)
@@ -144,6 +146,11 @@ def run(task):
     if planner_module._Tick._candidates is not wanted:
         planner_module._Tick._candidates = wanted  # TypeError on the compiled build: run norr on the source
     simmod.load_policy_config = lambda *a, **k: cfg
+    # rseedK: the router's tie-break RNG seeded K (a placebo: a change that is no policy's, to see how far one
+    # different route early on moves a slice's figures; a worker runs several tasks: reset it every time)
+    seeds = [int(part[5:]) for part in variant.split("+") if part.startswith("rseed")]
+    simmod.SchedulerSettings = functools.partial(SchedulerSettings, router_seed=seeds[-1]) if seeds \
+        else SchedulerSettings
     recal = "recal" in variant.split("+")
     use_recalibration(recal)
     # nosig: the generator's follow_ups are never set (a worker runs several tasks: reset it every time)
@@ -237,7 +244,7 @@ if __name__ == "__main__":
         sys.exit(0)
     out, scenarios, seeds, specs = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(","), sys.argv[4].split(",")
     tasks = [(sc, int(sd), spec) for sc in scenarios for sd in seeds for spec in specs]
-    with mp.get_context("fork").Pool(2) as pool, open(out, "a") as f:
+    with mp.get_context("fork").Pool(int(os.environ.get("WORKERS", "2"))) as pool, open(out, "a") as f:
         for row in pool.imap_unordered(run, tasks):
             f.write(json.dumps(row) + "\n")
             f.flush()

@@ -50,7 +50,7 @@ class RouteObservation:
     disk_blocks: of cached_blocks, those node_id reads off its own disk
     (disk_backlog.py books that read; 0 when none, or when they come with a
     stage in flight there that the request joins). enters_in_ms: how long
-    after the route the request joins node_id's engine queue, its promotion
+    after its arrival the request joins node_id's engine queue, its promotion
     or pull first (0: at once); a request routed there later without one
     goes ahead of it (router.py, the prefill-ahead charge)."""
 
@@ -94,7 +94,10 @@ class RouteObserver:
             return False
         arrival_s = min(o.arrival_s, now)
         node_id = node.node_id
-        self._cluster.add_pending(node_id, o.uncached_tokens, o.prefill_ms, now, o.enters_in_ms)
+        # It joins the engine queue enters_in_ms after it arrived, as its pull is booked on the links from then:
+        # the warm start's history, routed at once long after it arrived, leaves nobody still fetching.
+        enters_in_ms = o.enters_in_ms - (now - arrival_s) * 1000.0
+        self._cluster.add_pending(node_id, o.uncached_tokens, o.prefill_ms, now, max(0.0, enters_in_ms))
         if o.fetch_from is not None:
             self._backlog.add(o.fetch_from, node_id, o.fetch_blocks * node.bytes_per_block, arrival_s)
         if o.pull_holder is not None:

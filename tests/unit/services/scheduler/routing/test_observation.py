@@ -107,3 +107,18 @@ def test_an_observation_from_a_peer_whose_clock_runs_ahead_books_nothing_in_the_
     assert view.families.heat(FAMILY, clock.now()) == 1
     assert observation.fetch_from is not None
     assert 0 < max(view.link_wait_ms.values()) < 30_000.0  # booked from the peer's now, not 30 s ahead of it
+
+
+def test_a_request_joins_its_engine_queue_counted_from_its_arrival_not_from_the_route():
+    # The warm start routes its history long after it arrived: a pull that ended then leaves no one still
+    # fetching on the node (the prefill-ahead charge would count such phantoms); a fresh one books what is left.
+    router, _ = replica()
+    peer, clock = replica()
+    observation = router.route("r", CHAIN, 64 * BS + 3, FAMILY).observation
+    assert observation is not None
+    now = clock.now()
+    node = peer._cluster.get(observation.node_id)
+    peer.observe_routes([replace(observation, arrival_s=now - 600.0, enters_in_ms=80.0)])
+    assert peer._cluster.entering_ms(node, now) == ()
+    peer.observe_routes([replace(observation, arrival_s=now - 0.03, enters_in_ms=80.0)])
+    assert peer._cluster.entering_ms(node, now) == pytest.approx((50.0,))
